@@ -1,0 +1,118 @@
+"""The local engine: `nodes` simulated nodes of real processes on this machine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trebuchet.errors import UserError
+from trebuchet.launch.plan import describe, local_plan
+from trebuchet.launch.procs import alive, start_time
+from trebuchet.launch.submit import Submission
+from trebuchet.spec.load import LoadedSpec
+from trebuchet.store.db import RunRecord, Store
+from trebuchet.store.files import append_event, write_json
+from trebuchet.store.paths import runs_dir
+from trebuchet.store.states import CANCELLED, LOST, TERMINAL
+
+ORPHAN_PENDING_S = 60.0
+
+
+class LocalBackend:
+    name = "local"
+
+    def check(self, loaded: LoadedSpec) -> None:
+        spec = loaded.spec
+        if spec.launcher == "mpirun":
+            raise UserError(
+                f"{loaded.source}: launcher: mpirun is not supported by the local backend yet; "
+                "use native, torchrun or none"
+            )
+        if spec.environment is not None:
+            raise UserError(
+                f"{loaded.source}: environment: building environments is not supported yet; "
+                "omit it to run in the current environment"
+            )
+        if spec.launcher == "torchrun" and not shutil.which("torchrun"):
+            raise UserError(
+                f"{loaded.source}: launcher: torchrun is not on PATH "
+                "(install torch in this environment, or use launcher: native)"
+            )
+
+    def render(self, loaded: LoadedSpec) -> str:
+        self.check(loaded)
+        placeholder = runs_dir() / "RUN_ID"
+        plan = local_plan(loaded.spec, loaded.workdir, "RUN_ID", placeholder, dict(os.environ))
+        return describe(plan)
+
+    def submit(self, sub: Submission, attach: bool) -> str | None:
+        plan = local_plan(
+            sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir, dict(os.environ)
+        )
+        write_json(sub.run_dir / "plan.json", plan.to_json())
+        if attach:
+            from trebuchet.launch.follow import Follower
+            from trebuchet.launch.supervisor import Supervisor
+
+            sup = Supervisor(plan, sub.store, Follower())
+            sup.install_signals()
+            state = sup.run()
+            self.cancel_signal = sup.cancel_signal
+            return state
+        log = os.open(sub.run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "trebuchet.launch.supervisor", str(sub.run_dir)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                close_fds=True,
+            )  # fmt: skip
+        finally:
+            os.close(log)
+        sub.store.update_run(
+            sub.record.id, only_if_active=True, supervisor_pid=proc.pid,
+            supervisor_start=start_time(proc.pid), host=socket.gethostname(),
+        )  # fmt: skip
+        return None
+
+    def refresh(self, store: Store, runs: list[RunRecord]) -> None:
+        """Active runs whose supervisor vanished without an outcome become LOST."""
+        me = socket.gethostname()
+        now = time.time()
+        for rec in runs:
+            if not rec.active or (rec.host and rec.host != me):
+                continue
+            if rec.supervisor_pid is None:
+                if now - rec.created_at < ORPHAN_PENDING_S:
+                    continue
+            elif alive(rec.supervisor_pid, rec.supervisor_start):
+                continue
+            fresh = store.get(rec.id)  # it may have finished since it was read
+            if (
+                fresh
+                and fresh.active
+                and store.update_run(rec.id, only_if_active=True, state=LOST, ended_at=now)
+            ):
+                append_event(Path(rec.run_dir), "lost", reason="supervisor gone")
+                rec.state = LOST
+
+    def cancel(self, store: Store, run: RunRecord) -> None:
+        if run.host and run.host != socket.gethostname():
+            raise UserError(f"run {run.id} is supervised on host {run.host}; cancel it there")
+        if run.supervisor_pid and alive(run.supervisor_pid, run.supervisor_start):
+            os.kill(run.supervisor_pid, 15)
+            deadline = time.time() + float(os.environ.get("TREB_GRACE_S", "5")) + 15
+            while time.time() < deadline:
+                rec = store.get(run.id)
+                if rec is None or rec.state in TERMINAL:
+                    return
+                time.sleep(0.1)
+            raise UserError(f"run {run.id} did not stop within the grace period")
+        store.update_run(run.id, only_if_active=True, state=CANCELLED, ended_at=time.time())
+
+
+BACKEND = LocalBackend()

@@ -1,0 +1,90 @@
+"""`treb logs`: one rank's log as written, or all of them prefixed; `-f` follows to the end."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+from trebuchet.cli.common import refresh
+from trebuchet.errors import UserError
+from trebuchet.launch.follow import Follower
+from trebuchet.store.db import RunRecord, Store
+
+LOG_RE = re.compile(r"^(rank|node)-(\d+)\.log$")
+
+
+def log_files(
+    rec: RunRecord, attempt: int, rank: int | None, node: int | None
+) -> list[tuple[str, Path]]:
+    """(label, path) of the logs of one attempt that match the filters, in rank order."""
+    adir = Path(rec.run_dir) / f"attempt-{attempt}"
+    found: list[tuple[int, int, str, Path]] = []
+    ppn = max(1, rec.procs_per_node)
+    for path in adir.glob("*.log") if adir.is_dir() else []:
+        m = LOG_RE.match(path.name)
+        if not m:
+            continue
+        kind, num = m.group(1), int(m.group(2))
+        if kind == "rank":
+            r_node, label = num // ppn, f"{num // ppn}:{num % ppn}"
+            if (rank is not None and num != rank) or (node is not None and r_node != node):
+                continue
+            found.append((r_node, 1 + num, label, path))
+        else:
+            if rank is not None or (node is not None and num != node):
+                continue
+            found.append((num, 0, str(num), path))
+    return [(label, path) for _, _, label, path in sorted(found)]
+
+
+def main(args: argparse.Namespace) -> int:
+    store = Store()
+    rec = store.resolve(args.run)
+    attempt = rec.attempt if args.attempt is None else args.attempt
+    if args.attempt is not None and not (Path(rec.run_dir) / f"attempt-{attempt}").is_dir():
+        raise UserError(f"run {rec.id} has no attempt {attempt}")
+    files = log_files(rec, attempt, args.rank, args.node)
+    if not files and not args.follow:
+        what = f" for rank {args.rank}" if args.rank is not None else ""
+        what += f" for node {args.node}" if args.node is not None else ""
+        raise UserError(f"run {rec.id} has no logs{what} in attempt {attempt} (state {rec.state})")
+    out = sys.stdout.buffer
+    if len(files) == 1 and not args.follow and args.tail is None:
+        with open(files[0][1], "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                out.write(chunk)
+        return 0
+    single = args.rank is not None and len(files) == 1
+    follower = Follower(out, prefix=(lambda _label: b"") if single else None)
+    for label, path in files:
+        follower.add(label, path, tail_lines=args.tail)
+    follower.pump()
+    if args.follow:
+        _follow(store, rec, follower, args)
+    follower.close()
+    return 0
+
+
+def _follow(store: Store, rec: RunRecord, follower: Follower, args: argparse.Namespace) -> None:
+    """Print new lines until the run ends; picks up new files and new attempts."""
+    attempt = rec.attempt if args.attempt is None else args.attempt
+    next_check = 0.0
+    while True:
+        follower.pump()
+        now = time.monotonic()
+        if now >= next_check:
+            next_check = now + 0.5
+            fresh = store.get(rec.id) or rec
+            refresh(store, [fresh])
+            fresh = store.get(rec.id) or fresh
+            if args.attempt is None and fresh.attempt != attempt:
+                attempt = fresh.attempt
+            for label, path in log_files(fresh, attempt, args.rank, args.node):
+                follower.add(label, path)
+            if not fresh.active:
+                follower.pump()
+                return
+        time.sleep(0.1)

@@ -1,0 +1,100 @@
+"""`treb` entry point: parse arguments, import only the verb asked for, map errors to exits."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+VERBS = {
+    "run": "launch a spec (attached: streams logs, Ctrl+C cancels)",
+    "ps": "list runs",
+    "status": "one run: state, attempts, per-rank exit codes, first failure",
+    "logs": "print or follow a run's logs",
+    "cancel": "stop a run",
+    "render": "show exactly what would be launched",
+    "schema": "print the spec's JSON Schema",
+}
+
+
+def _add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="SPEC", help="workload spec (YAML)")
+    p.add_argument(
+        "-o",
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field, e.g. -o nodes=2 -o env.LR=0.1 (repeatable)",
+    )
+    p.add_argument("--on", default="local", metavar="BACKEND", help="engine: local (default)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="treb", description="trebuchet: one YAML file, any engine, for distributed training."
+    )
+    parser.add_argument("--version", action="store_true", help="print the version")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    p = sub.add_parser("run", help=VERBS["run"])
+    _add_spec_args(p)
+    p.add_argument(
+        "--detach", "-d", action="store_true", help="return at once; follow with treb logs -f"
+    )
+    p.add_argument("--name", help="run name (default: the spec's name)")
+    p = sub.add_parser("ps", help=VERBS["ps"])
+    p.add_argument("--all", "-a", action="store_true", help="every run, not only recent ones")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("status", help=VERBS["status"])
+    p.add_argument(
+        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: latest)"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("logs", help=VERBS["logs"])
+    p.add_argument(
+        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: latest)"
+    )
+    p.add_argument("--rank", type=int, help="only this global rank")
+    p.add_argument("--node", type=int, help="only this node")
+    p.add_argument("--attempt", type=int, help="attempt number (default: the latest)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
+    p.add_argument("--tail", type=int, metavar="N", help="only the last N lines of each log")
+    p = sub.add_parser("cancel", help=VERBS["cancel"])
+    p.add_argument("run", metavar="RUN", help="run id or unique prefix")
+    p = sub.add_parser("render", help=VERBS["render"])
+    _add_spec_args(p)
+    sub.add_parser("schema", help=VERBS["schema"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from importlib.metadata import version
+
+        print(f"treb {version('trebuchet')}")
+        return 0
+    if not args.verb:
+        parser.print_help()
+        return 2
+    from trebuchet.errors import SpecError, TrebError
+
+    try:
+        module = importlib.import_module(f"trebuchet.cli.{args.verb}_cmd")
+        return int(module.main(args) or 0)
+    except SpecError as exc:
+        for problem in exc.problems:
+            print(f"treb: {problem}", file=sys.stderr)
+        return exc.exit_code
+    except TrebError as exc:
+        print(f"treb: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""`treb ps`: the runs of this user, newest first."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from trebuchet.cli.common import STATE_STYLE, age, console, refresh
+from trebuchet.spec.duration import human
+from trebuchet.store.db import Store
+
+RECENT = 20
+
+
+def main(args: argparse.Namespace) -> int:
+    store = Store()
+    refresh(store, store.list(active_only=True))
+    runs = store.list() if args.all else store.list(limit=RECENT)
+    if not args.all:  # active runs always show, however old
+        seen = {r.id for r in runs}
+        runs += [r for r in store.list(active_only=True) if r.id not in seen]
+    if args.json:
+        print(json.dumps([r.to_json() for r in runs], indent=2))
+        return 0
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("ID", "NAME", "BACKEND", "STATE", "SHAPE", "ATTEMPT", "AGE", "DURATION"):
+        table.add_column(col, no_wrap=True)
+    for r in runs:
+        state = f"[{STATE_STYLE.get(r.state, '')}]{r.state}[/]"
+        table.add_row(
+            r.id, r.name, r.backend, state, f"{r.nodes}x{r.procs_per_node}",
+            f"{r.attempt + 1}/{r.max_attempts}", age(r.created_at), human(r.duration),
+        )  # fmt: skip
+    con = console()
+    if runs:
+        con.print(table)
+    else:
+        con.print("no runs yet (start one with `treb run SPEC`)")
+    return 0

@@ -1,0 +1,46 @@
+"""Texts shown about a run: the end-of-run summary and the tail of the failing log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trebuchet.cli.common import describe_failure
+from trebuchet.spec.duration import human
+from trebuchet.store.db import RunRecord, Store
+
+TAIL_LINES = 15
+
+
+def tail_text(path: Path, lines: int = TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            data = fh.read().decode(errors="replace")
+    except OSError:
+        return []
+    return [ln for ln in data.replace("\r", "\n").splitlines() if ln.strip()][-lines:]
+
+
+def final_summary(store: Store, rec: RunRecord) -> str:
+    out = [f"treb: run {rec.id} ({rec.name}) {rec.state} after {human(rec.duration)}"]
+    if rec.max_attempts > 1 or rec.attempt:
+        out[0] += f", attempt {rec.attempt + 1} of {rec.max_attempts}"
+    if rec.first_failure:
+        ff = rec.first_failure
+        stopped = [p for p in store.procs(rec.id, ff.get("attempt")) if p["stopped_by_launcher"]]
+        out.append(f"treb: first failure: {describe_failure(ff)}")
+        if stopped:
+            out.append(
+                f"treb: {len(stopped)} other process(es) were stopped by the launcher after it"
+            )
+        log = ff.get("log")
+        if log:
+            tail = tail_text(Path(log))
+            if tail:
+                out.append(f"treb: last lines of {log}:")
+                out += [f"    {line}" for line in tail]
+    elif rec.state != "SUCCEEDED":
+        out.append(f"treb: see `treb status {rec.id}` and `treb logs {rec.id}`")
+    return "\n".join(out)

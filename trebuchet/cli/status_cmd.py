@@ -1,0 +1,68 @@
+"""`treb status`: one run in full: state, attempts, each process's outcome, first failure."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from trebuchet.cli.common import STATE_STYLE, clock, console, describe_failure, refresh
+from trebuchet.spec.duration import human
+from trebuchet.store.db import Store
+
+
+def main(args: argparse.Namespace) -> int:
+    store = Store()
+    rec = store.resolve(args.run)
+    refresh(store, [rec])
+    rec = store.get(rec.id) or rec
+    attempts = store.attempts(rec.id)
+    procs = store.procs(rec.id)
+    run_dir = Path(rec.run_dir)
+    for p in procs:
+        name = f"rank-{p['rank']}.log" if p["rank"] is not None else f"node-{p['node']}.log"
+        p["log"] = str(run_dir / f"attempt-{p['attempt']}" / name)
+        p["log_name"] = f"attempt-{p['attempt']}/{name}"
+    if args.json:
+        for p in procs:
+            p.pop("log_name")
+        out = rec.to_json()
+        out["attempts"] = attempts
+        out["procs"] = procs
+        print(json.dumps(out, indent=2))
+        return 0
+    from rich.table import Table
+
+    con = console()
+    style = STATE_STYLE.get(rec.state, "")
+    con.print(f"run [bold]{rec.id}[/]  {rec.name}  [{style}]{rec.state}[/]")
+    con.print(
+        f"  {rec.backend}, launcher {rec.launcher}, {rec.nodes} node(s) x {rec.procs_per_node}, "
+        f"attempt {rec.attempt + 1} of {rec.max_attempts}"
+    )
+    con.print(f"  created {clock(rec.created_at)}, ran {human(rec.duration)}")
+    if rec.spec_path:
+        con.print(f"  spec    {rec.spec_path}")
+    con.print(f"  run dir {rec.run_dir}")
+    if rec.first_failure:
+        con.print(f"  [red]first failure[/]: {describe_failure(rec.first_failure)}")
+        con.print(f"    log {rec.first_failure.get('log')}")
+    if attempts:
+        con.print("attempts:")
+        for a in attempts:
+            why = f" ({a['reason']})" if a["reason"] else ""
+            con.print(f"  {a['attempt']}  {a['state']:<10} {clock(a['started_at'])} -> "
+                      f"{clock(a['ended_at'])}{why}")  # fmt: skip
+    if procs:
+        table = Table(box=None, pad_edge=False, title=None)
+        for col in ("ATTEMPT", "PROC", "RANK", "PID", "EXIT", "SIGNAL", "STOPPED", "LOG"):
+            table.add_column(col, no_wrap=True)
+        for p in procs:
+            table.add_row(
+                str(p["attempt"]), p["label"], "-" if p["rank"] is None else str(p["rank"]),
+                str(p["pid"] or "-"), "-" if p["exit_code"] is None else str(p["exit_code"]),
+                p["signal"] or "-", "by launcher" if p["stopped_by_launcher"] else "-",
+                p.pop("log_name"),
+            )  # fmt: skip
+        con.print(table)
+    return 0

@@ -1,0 +1,162 @@
+"""What each process of a run gets: argv, environment, working directory, log file.
+
+The plan is plain JSON, computed once at submission, so the supervisor that executes it
+needs neither pydantic nor the spec, and `treb render --on local` shows exactly it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Under torchrun each worker appends its own output to its rank file, then becomes the command.
+RANK_LOG_WRAPPER = 'exec >>"$TREB_RUN_DIR/attempt-$TREB_ATTEMPT/rank-$RANK.log" 2>&1; exec "$@"'
+
+
+@dataclass
+class ProcPlan:
+    """One process the supervisor starts (a rank, or a per-node agent)."""
+
+    label: str
+    node: int
+    rank: int | None
+    local_rank: int | None
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    log: str
+
+
+@dataclass
+class Plan:
+    """Every process of one attempt, plus what the supervisor needs to run attempts."""
+
+    run_id: str
+    run_dir: str
+    launcher: str
+    nodes: int
+    procs_per_node: int
+    master_addr: str
+    master_port: int
+    retries: int
+    timeout: float | None
+    secrets: list[str]
+    procs: list[ProcPlan]
+    streams: list[list[str]] = field(default_factory=list)  # [label, log file name]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Plan:
+        procs = [ProcPlan(**p) for p in data["procs"]]
+        return cls(**{**data, "procs": procs})
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def command_argv(command: str | list[str]) -> list[str]:
+    """A string runs in bash (its $VARS expand on the node); a list runs as is."""
+    return ["bash", "-c", command] if isinstance(command, str) else list(command)
+
+
+def local_plan(
+    spec: Any, workdir: Path, run_id: str, run_dir: Path, environ: dict[str, str]
+) -> Plan:
+    """The plan for the local backend: `nodes` simulated nodes on this machine."""
+    nodes, ppn = spec.nodes, spec.ranks_per_node
+    world = nodes * ppn
+    addr = "127.0.0.1"
+    port = spec.master_port or free_port(addr)
+    base = {
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": str(port),
+        "NUM_NODES": str(nodes),
+        "TREB_RUN_ID": run_id,
+        "TREB_RUN_DIR": str(run_dir),
+        "TREB_CHECKPOINT_DIR": str(run_dir / "checkpoints"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if spec.launcher != "none" and "OMP_NUM_THREADS" not in environ:
+        # Simulated nodes share this machine, so its CPUs are split over all local ranks.
+        base["OMP_NUM_THREADS"] = str(max(1, usable_cpus() // world))
+    base.update(spec.env)
+    cmd = command_argv(spec.command)
+    procs: list[ProcPlan] = []
+    streams: list[list[str]] = []
+    for node in range(nodes):
+        node_env = {**base, "NODE_RANK": str(node), "GROUP_RANK": str(node)}
+        if spec.launcher == "native":
+            for local in range(ppn):
+                rank = node * ppn + local
+                env = {
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(local),
+                    "WORLD_SIZE": str(world),
+                    "LOCAL_WORLD_SIZE": str(ppn),
+                    "GROUP_WORLD_SIZE": str(nodes),
+                    "ROLE_RANK": str(rank),
+                    "ROLE_WORLD_SIZE": str(world),
+                    **node_env,
+                }
+                label = f"{node}:{local}"
+                procs.append(
+                    ProcPlan(label, node, rank, local, cmd, env, str(workdir), f"rank-{rank}.log")
+                )
+                streams.append([label, f"rank-{rank}.log"])
+        elif spec.launcher == "torchrun":
+            argv = [
+                "torchrun", "--nnodes", str(nodes), "--node_rank", str(node),
+                "--nproc_per_node", str(ppn), "--master_addr", addr, "--master_port", str(port),
+                "--no-python", "bash", "-c", RANK_LOG_WRAPPER, "treb-rank", *cmd,
+            ]  # fmt: skip
+            procs.append(
+                ProcPlan(
+                    f"{node}", node, None, None, argv, node_env, str(workdir), f"node-{node}.log"
+                )
+            )
+            streams.append([f"{node}", f"node-{node}.log"])
+            for local in range(ppn):
+                streams.append([f"{node}:{local}", f"rank-{node * ppn + local}.log"])
+        else:  # none: the user's own launcher, once per node
+            env = {**node_env, "LOCAL_WORLD_SIZE": str(ppn)}
+            procs.append(
+                ProcPlan(f"{node}", node, None, None, cmd, env, str(workdir), f"node-{node}.log")
+            )
+            streams.append([f"{node}", f"node-{node}.log"])
+    return Plan(
+        run_id=run_id, run_dir=str(run_dir), launcher=spec.launcher, nodes=nodes,
+        procs_per_node=ppn, master_addr=addr, master_port=port, retries=spec.retries,
+        timeout=spec.timeout, secrets=list(spec.secrets), procs=procs, streams=streams,
+    )  # fmt: skip
+
+
+def describe(plan: Plan, attempt: int = 0) -> str:
+    """Human-readable plan: each process's command line and environment (secrets masked)."""
+    lines = [
+        f"# {len(plan.procs)} process(es), launcher {plan.launcher}, "
+        f"{plan.nodes} node(s) x {plan.procs_per_node}; inherits the submitting environment"
+    ]
+    for p in plan.procs:
+        env = {**p.env, "TREB_ATTEMPT": str(attempt)}
+        env.update({name: "***" for name in plan.secrets})
+        lines.append(f"\n[{p.label}] cwd={shlex.quote(p.cwd)} log=attempt-{attempt}/{p.log}")
+        lines += [f"  {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+        lines.append("  $ " + shlex.join(p.argv))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,277 @@
+"""Runs a plan to its end: attempts, first-failure teardown, cancel, timeout, records.
+
+It is the attached `treb run` itself, or a small background process for detached runs
+(`python -m trebuchet.launch.supervisor RUN_DIR`). It imports neither torch nor pydantic.
+Every rank runs in its own process group and dies with the supervisor (PDEATHSIG), so a
+run can be torn down whole and never leaves orphans.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from trebuchet.launch.follow import Follower
+from trebuchet.launch.plan import Plan, ProcPlan
+from trebuchet.launch.procs import die_with_parent, signal_group, signal_name, start_time
+from trebuchet.store.db import Store
+from trebuchet.store.files import append_event, read_json, write_json
+from trebuchet.store.states import (
+    CANCELLED,
+    FAILED,
+    LOST,
+    RETRYING,
+    RUNNING,
+    SUCCEEDED,
+    TIMEOUT,
+)
+
+GRACE_S = float(os.environ.get("TREB_GRACE_S", "5"))
+SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass
+class Live:
+    """A started process and what became of it."""
+
+    plan: ProcPlan
+    popen: subprocess.Popen | None
+    started: float
+    ended: float | None = None
+    returncode: int | None = None
+    stopped_by_launcher: bool = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen else None
+
+    def outcome(self) -> dict:
+        rc = self.returncode
+        return {
+            "label": self.plan.label,
+            "rank": self.plan.rank,
+            "node": self.plan.node,
+            "local_rank": self.plan.local_rank,
+            "pid": self.pid,
+            "exit_code": None if rc is None else (rc if rc >= 0 else 128 - rc),
+            "signal": None if rc is None else signal_name(rc),
+            "started_at": self.started,
+            "ended_at": self.ended,
+            "stopped_by_launcher": self.stopped_by_launcher,
+        }
+
+
+class Supervisor:
+    def __init__(self, plan: Plan, store: Store, follower: Follower | None = None) -> None:
+        self.plan = plan
+        self.store = store
+        self.follower = follower
+        self.run_dir = Path(plan.run_dir)
+        self.cancel_signal: int | None = None
+        self.force_kill = False
+        self.live: list[Live] = []
+        self.first_failure: dict | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    # -- signals ---------------------------------------------------------------------------
+    def install_signals(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, self._on_cancel)
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, self._on_forward)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+
+    def _on_cancel(self, signum: int, _frame: object) -> None:
+        if self.cancel_signal is not None:
+            self.force_kill = True  # a second Ctrl+C: no more grace
+        self.cancel_signal = signum
+
+    def _on_forward(self, signum: int, _frame: object) -> None:
+        for lv in self.live:
+            if lv.ended is None and lv.pid:
+                signal_group(lv.pid, signum)
+
+    # -- the run ---------------------------------------------------------------------------
+    def run(self) -> str:
+        rid = self.plan.run_id
+        me = os.getpid()
+        self.store.update_run(
+            rid, state=RUNNING, started_at=time.time(), supervisor_pid=me,
+            supervisor_start=start_time(me), host=socket.gethostname(),
+        )  # fmt: skip
+        append_event(self.run_dir, "run_started", pid=me)
+        attempt = 0
+        while True:
+            state = self.run_attempt(attempt)
+            if state == FAILED and attempt < self.plan.retries and self.cancel_signal is None:
+                self.store.update_run(rid, state=RETRYING)
+                append_event(self.run_dir, "retrying", attempt=attempt + 1)
+                attempt += 1
+                continue
+            break
+        self.finish(state)
+        return state
+
+    def finish(self, state: str) -> None:
+        codes = [lv.outcome()["exit_code"] for lv in self.live]
+        exit_code = next((c for c in codes if c), 0)
+        if self.first_failure:
+            exit_code = self.first_failure["exit_code"]
+        self.store.update_run(
+            self.plan.run_id, state=state, ended_at=time.time(), exit_code=exit_code,
+            first_failure=self.first_failure,
+        )  # fmt: skip
+        append_event(self.run_dir, "run_ended", state=state)
+
+    def run_attempt(self, attempt: int) -> str:
+        rid = self.plan.run_id
+        adir = self.run_dir / f"attempt-{attempt}"
+        adir.mkdir(mode=0o700, exist_ok=True)
+        now = time.time()
+        self.store.set_attempt(rid, attempt, state=RUNNING, started_at=now)
+        self.store.update_run(rid, attempt=attempt, state=RUNNING)
+        append_event(self.run_dir, "attempt_started", attempt=attempt)
+        self.first_failure = None
+        self.live = [self._spawn(p, adir, attempt) for p in self.plan.procs]
+        self.store.set_procs(rid, attempt, [self._proc_row(lv) for lv in self.live])
+        if self.follower:
+            for label, name in self.plan.streams:
+                self.follower.add(label, adir / name)
+        reason = self._watch(attempt, adir, now)
+        ended = time.time()
+        self.store.set_procs(rid, attempt, [self._proc_row(lv) for lv in self.live])
+        state = {"cancel": CANCELLED, "timeout": TIMEOUT, "failure": FAILED}.get(reason, SUCCEEDED)
+        if reason is None and any(lv.returncode != 0 for lv in self.live):
+            state = FAILED
+        self.store.set_attempt(rid, attempt, state=state, ended_at=ended, reason=reason)
+        append_event(self.run_dir, "attempt_ended", attempt=attempt, state=state)
+        return state
+
+    def _spawn(self, p: ProcPlan, adir: Path, attempt: int) -> Live:
+        env = dict(os.environ)
+        env.update({k: self._resolve_secrets(v) for k, v in p.env.items()})
+        env["TREB_ATTEMPT"] = str(attempt)
+        fd = os.open(adir / p.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            popen = subprocess.Popen(
+                p.argv, env=env, cwd=p.cwd, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
+                start_new_session=True, preexec_fn=die_with_parent, close_fds=True,
+            )  # fmt: skip
+        except OSError as exc:
+            os.write(fd, f"treb: cannot start {p.argv[0]!r}: {exc.strerror}\n".encode())
+            lv = Live(p, None, time.time(), ended=time.time(), returncode=127)
+            self._record_end(lv, adir)
+            return lv
+        finally:
+            os.close(fd)
+        return Live(p, popen, time.time())
+
+    def _resolve_secrets(self, value: str) -> str:
+        names = set(self.plan.secrets)
+        return SECRET_REF.sub(
+            lambda m: os.environ.get(m.group(1), "") if m.group(1) in names else m.group(0), value
+        )
+
+    def _watch(self, attempt: int, adir: Path, started: float) -> str | None:
+        """Wait for every process; returns why the attempt was stopped early, if it was."""
+        reason: str | None = None
+        kill_at: float | None = None
+        timeout_at = started + self.plan.timeout if self.plan.timeout else None
+        poll = 0.05 if self.follower else 0.2
+        while True:
+            for lv in self.live:
+                if lv.ended is None and lv.popen and lv.popen.poll() is not None:
+                    lv.returncode = lv.popen.returncode
+                    lv.ended = time.time()
+                    signal_group(lv.popen.pid, signal.SIGKILL)  # leftovers of the rank's group
+                    self._record_end(lv, adir)
+                    if lv.returncode != 0 and reason is None:
+                        reason = "failure"
+                        kill_at = self._teardown(attempt)
+            if reason is None and self.cancel_signal is not None:
+                reason = "cancel"
+                kill_at = self._teardown(attempt)
+            if reason is None and timeout_at and time.time() > timeout_at:
+                reason = "timeout"
+                kill_at = self._teardown(attempt)
+            if kill_at is not None and (time.time() >= kill_at or self.force_kill):
+                for lv in self.live:
+                    if lv.ended is None and lv.pid:
+                        signal_group(lv.pid, signal.SIGKILL)
+            if self.follower:
+                self._pump()
+            if all(lv.ended is not None for lv in self.live):
+                return reason
+            select.select([self._wake_r], [], [], poll)
+            try:
+                while os.read(self._wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def _pump(self) -> None:
+        try:
+            self.follower.pump()  # type: ignore[union-attr]
+        except OSError:  # the terminal went away (closed pipe); the run goes on
+            self.follower = None
+
+    def _teardown(self, attempt: int) -> float:
+        """SIGTERM every live process group; returns when to SIGKILL what is left."""
+        for lv in self.live:
+            if lv.ended is None and lv.pid:
+                lv.stopped_by_launcher = True
+                signal_group(lv.pid, signal.SIGTERM)
+        append_event(self.run_dir, "teardown", attempt=attempt)
+        return time.time() + GRACE_S
+
+    def _record_end(self, lv: Live, adir: Path) -> None:
+        out = lv.outcome()
+        write_json(adir / (Path(lv.plan.log).stem + ".json"), out)
+        if lv.returncode and not lv.stopped_by_launcher and self.first_failure is None:
+            self.first_failure = {
+                **out,
+                "attempt": int(adir.name.split("-")[1]),
+                "log": str(adir / lv.plan.log),
+            }
+            self.store.update_run(self.plan.run_id, first_failure=self.first_failure)
+
+    def _proc_row(self, lv: Live) -> dict:
+        out = lv.outcome()
+        return {
+            "label": out["label"], "rank": out["rank"], "node": out["node"],
+            "local_rank": out["local_rank"], "pid": out["pid"], "exit_code": out["exit_code"],
+            "signal": out["signal"], "ended_at": out["ended_at"],
+            "stopped_by_launcher": int(lv.stopped_by_launcher),
+        }  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    """Entry of a detached run's background supervisor."""
+    run_dir = Path(argv[0])
+    plan = Plan.from_json(read_json(run_dir / "plan.json"))
+    store = Store()
+    sup = Supervisor(plan, store)
+    sup.install_signals()
+    try:
+        state = sup.run()
+    except BaseException:
+        traceback.print_exc()
+        store.update_run(plan.run_id, only_if_active=True, state=LOST, ended_at=time.time())
+        return 1
+    return 0 if state == SUCCEEDED else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

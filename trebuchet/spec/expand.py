@@ -1,0 +1,77 @@
+"""`${VAR}` and `${VAR:-default}` expansion from the submitting environment.
+
+`command` is never expanded (the node's shell does that at run time) and secret names stay
+as `${NAME}` references, resolved only in memory when ranks start, so no value reaches disk.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+VAR = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{([^}]*)\}?")
+NOT_EXPANDED = {("command",), ("slurm", "setup")}
+
+
+class ExpandError(Exception):
+    """A `${...}` that cannot be expanded; carries the message tail."""
+
+
+def expand_text(
+    text: str, environ: Mapping[str, str], secrets: frozenset[str] = frozenset(), defer: bool = True
+) -> str:
+    """Expand one string; secret names stay `${NAME}` when `defer`, else are an error."""
+
+    def sub(m: re.Match[str]) -> str:
+        whole = m.group(0)
+        if whole == "$${":
+            return "${"
+        name, default = m.group(1), m.group(2)
+        if name is None:
+            raise ExpandError(f"{whole!r} is not a valid ${{VAR}} or ${{VAR:-default}} reference")
+        if name in secrets:
+            if defer:
+                return whole
+            raise ExpandError(
+                f"${{{name}}} is a secret; secrets may be referenced in env values only"
+            )
+        if name in environ:
+            return environ[name]
+        if default is not None:
+            return default
+        raise ExpandError(
+            f"${{{name}}} is not set in the submitting environment and has no default "
+            f"(set it, or write ${{{name}:-value}})"
+        )
+
+    return VAR.sub(sub, text)
+
+
+def expand_tree(
+    data: Any, environ: Mapping[str, str], secrets: frozenset[str], path: tuple = ()
+) -> tuple[Any, list[tuple[tuple, str]]]:
+    """Expand every string below `data`; returns the new data and (path, error) pairs."""
+    errors: list[tuple[tuple, str]] = []
+    if path in NOT_EXPANDED:
+        return data, errors
+    if isinstance(data, dict):
+        out = {}
+        for k, v in data.items():
+            out[k], errs = expand_tree(v, environ, secrets, (*path, k))
+            errors += errs
+        return out, errors
+    if isinstance(data, list):
+        items = []
+        for i, v in enumerate(data):
+            new, errs = expand_tree(v, environ, secrets, (*path, i))
+            items.append(new)
+            errors += errs
+        return items, errors
+    if isinstance(data, str) and "${" in data:
+        # Secrets may be referenced from env values only, where they resolve at launch.
+        try:
+            return expand_text(data, environ, secrets, defer=path[:1] == ("env",)), errors
+        except ExpandError as exc:
+            return data, [(path, str(exc))]
+    return data, errors

@@ -1,0 +1,267 @@
+"""Spec file -> validated Spec, with every problem reported as `file:line: field: why`."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from trebuchet.errors import SpecError, UserError
+from trebuchet.spec.expand import expand_tree
+from trebuchet.spec.model import Spec
+from trebuchet.spec.yamlsrc import Located, parse_yaml
+
+ENGINE_BLOCKS = ("slurm", "skypilot", "kubernetes")
+
+
+@dataclass
+class LoadedSpec:
+    """A validated spec and where it came from."""
+
+    spec: Spec
+    path: Path | None
+    workdir: Path
+
+    @property
+    def source(self) -> str:
+        return str(self.path) if self.path else "<spec>"
+
+
+def default_name(path: Path | None) -> str:
+    """A valid run name from the file's stem ("My Job.yaml" -> "my-job")."""
+    stem = path.stem if path else "job"
+    name = re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-._")
+    return (name or "job")[:63]
+
+
+def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
+    """`key.sub=value` -> (("key", "sub"), value parsed as a YAML scalar or flow list)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip() or any(not p for p in key.strip().split(".")):
+        raise UserError(f"-o {text}: expected key.sub=value")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        parsed = value
+    return tuple(key.strip().split(".")), parsed
+
+
+def apply_overrides(located: Located, overrides: Sequence[str]) -> None:
+    """Set each override in the raw data, remembering it as the source of that field."""
+    if located.data is None:
+        located.data = {}
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = located.data
+        for depth, key in enumerate(keys[:-1]):
+            child = node.get(key) if isinstance(node, dict) else None
+            if child is None:
+                child = {}
+                node[key] = child
+            if not isinstance(child, dict):
+                raise UserError(f"-o {text}: {'.'.join(keys[: depth + 1])} is not a mapping")
+            node = child
+        node[keys[-1]] = value
+        for i in range(1, len(keys) + 1):
+            located.origins[keys[:i]] = f"-o {text}"
+
+
+def load_spec(
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+    text: str | None = None,
+    data: dict | None = None,
+) -> LoadedSpec:
+    """Load, expand, override and validate a spec from a file, YAML text or a dict."""
+    environ = os.environ if environ is None else environ
+    p = Path(path) if path is not None else None
+    source = str(p) if p else "<spec>"
+    if data is not None:
+        located = Located(_copy(data), {(): 1}, source)
+    else:
+        if text is None:
+            if p is None:
+                raise UserError("no spec given")
+            try:
+                text = p.read_text()
+            except FileNotFoundError:
+                raise UserError(f"{p}: no such spec file") from None
+            except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+                raise UserError(f"{p}: cannot read spec: {exc}") from None
+        located = parse_yaml(text, source)
+    if located.data is not None and not isinstance(located.data, dict):
+        raise SpecError(
+            [f"{source}:1: the spec must be a mapping of fields, got {_kind(located.data)}"]
+        )
+    apply_overrides(located, overrides)
+    raw = located.data or {}
+    secrets = raw.get("secrets")
+    secret_names = (
+        frozenset(s for s in secrets if isinstance(s, str))
+        if isinstance(secrets, list)
+        else frozenset()
+    )
+    raw, errors = expand_tree(raw, environ, secret_names)
+    problems = [f"{located.where(p_)}: {_dotted(p_)}: {msg}" for p_, msg in errors]
+    raw.setdefault("name", default_name(p))
+    try:
+        spec = Spec.model_validate(raw)
+    except ValidationError as exc:
+        problems += _problems(exc, located, raw)
+    if problems:
+        raise SpecError(sorted(problems, key=_line_key))
+    base = p.resolve().parent if p else Path.cwd()
+    workdir = (base / spec.workdir).resolve()
+    if not workdir.is_dir():
+        raise SpecError([f"{located.where(('workdir',))}: workdir: {workdir} is not a directory"])
+    return LoadedSpec(spec=spec, path=p.resolve() if p else None, workdir=workdir)
+
+
+def _line_key(problem: str) -> tuple[int, str]:
+    m = re.match(r"[^:]*:(\d+):", problem)
+    return (int(m.group(1)) if m else 1 << 30, problem)
+
+
+def _copy(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_copy(v) for v in data]
+    return data
+
+
+def _kind(value: Any) -> str:
+    return {
+        list: "a list",
+        str: "a string",
+        int: "a number",
+        float: "a number",
+        bool: "a boolean",
+    }.get(type(value), type(value).__name__)
+
+
+def _dotted(path: Sequence[Any]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "spec"
+
+
+def _field_path(loc: Sequence[Any], raw: Any) -> tuple:
+    """Trim pydantic's loc to the user's key path (drop union tags and validator names)."""
+    path: list[Any] = []
+    node = raw
+    model: type[BaseModel] | None = Spec
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            path.append(part)
+            node = node[part]
+            model = _sub_model(model, part)
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            path.append(part)
+            node = node[part]
+        elif model is not None and part in model.model_fields:
+            path.append(part)  # a missing field
+            break
+        else:
+            continue
+    return tuple(path)
+
+
+def _sub_model(model: type[BaseModel] | None, name: Any) -> type[BaseModel] | None:
+    if model is None or name not in model.model_fields:
+        return None
+    ann = model.model_fields[name].annotation
+    for cand in (ann, *getattr(ann, "__args__", ())):
+        if isinstance(cand, type) and issubclass(cand, BaseModel):
+            return cand
+    return None
+
+
+def _field_info(path: tuple) -> tuple[type[BaseModel] | None, Any]:
+    model: type[BaseModel] | None = Spec
+    info = None
+    for part in path:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            return model, info
+        info = model.model_fields[part]
+        model = _sub_model(model, part)
+    return model, info
+
+
+ITEM_ALLOWED = {
+    "env": "a string, number or boolean",
+    "secrets": "an environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
+    "command": "a non-empty string",
+}
+
+
+def _allowed(path: tuple) -> str | None:
+    if len(path) == 2 and path[0] in ITEM_ALLOWED:
+        return ITEM_ALLOWED[str(path[0])]
+    _, info = _field_info(path)
+    extra = getattr(info, "json_schema_extra", None)
+    return extra.get("x-allowed") if isinstance(extra, dict) else None
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _problems(exc: ValidationError, located: Located, raw: dict) -> list[str]:
+    problems: list[str] = []
+    seen: set[tuple] = set()
+    for err in exc.errors():
+        loc = err["loc"]
+        etype = err["type"]
+        path = _field_path(loc, raw)
+        if etype == "extra_forbidden":
+            path = _field_path(loc[:-1], raw) + (loc[-1],)
+        if path in seen:
+            continue
+        seen.add(path)
+        where = located.where(path)
+        field = _dotted(path)
+        if etype == "extra_forbidden":
+            problems.append(f"{where}: {field}: unknown field{_suggest(path)}")
+        elif etype == "missing":
+            problems.append(f"{where}: {field}: required field is missing ({_allowed(path)})")
+        elif etype == "value_error" and "@" in err["msg"]:
+            field, _, msg = err["msg"].split("@", 1)[1].partition("|")
+            problems.append(f"{located.where(tuple(field.split('.')))}: {field}: {msg}")
+        elif len(path) == 2 and path[0] == "env" and loc[-1] == "[key]":
+            problems.append(
+                f"{where}: {field}: is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)"
+            )
+        else:
+            what = _allowed(path) or err["msg"].lower()
+            got = err.get("input")
+            problems.append(f"{where}: {field}: must be {what}, got {_show(got)}")
+    return problems
+
+
+def _suggest(path: tuple) -> str:
+    """A did-you-mean hint, including keys that belong in an engine block."""
+    parent_model, _ = _field_info(path[:-1]) if len(path) > 1 else (Spec, None)
+    if parent_model is None:
+        return ""
+    key = str(path[-1])
+    close = difflib.get_close_matches(key, list(parent_model.model_fields), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean '{close[0]}'?"
+    if parent_model is Spec:
+        for block in ENGINE_BLOCKS:
+            sub = _sub_model(Spec, block)
+            if sub and key in sub.model_fields:
+                return f"; did you mean '{block}.{key}'? (engine settings go in their block)"
+    fields = ", ".join(parent_model.model_fields)
+    return f" (allowed: {fields})"

@@ -1,0 +1,208 @@
+"""The workload spec as typed models: one source of truth for validation and `treb schema`.
+
+Each field carries `x-allowed`, the phrase used in error messages ("must be <allowed>").
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from trebuchet.spec.duration import ALLOWED as DURATION_ALLOWED
+from trebuchet.spec.duration import parse_duration
+
+NAME_RE = r"^[a-z0-9][a-z0-9._-]*$"
+ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+Launcher = Literal["native", "torchrun", "mpirun", "none"]
+
+
+def _env_value(v: Any) -> str:
+    """Env values may be written as numbers or booleans; the process sees strings."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (str, int, float)):
+        return str(v)
+    raise ValueError("not a scalar")
+
+
+EnvName = Annotated[str, Field(pattern=ENV_NAME_RE)]
+EnvValue = Annotated[str, BeforeValidator(_env_value)]
+
+
+def allowed(text: str, description: str, **kw: Any) -> Any:
+    """A Field whose error phrase and editor help are given once."""
+    extra = {"x-allowed": text}
+    return Field(description=description, json_schema_extra=extra, **kw)
+
+
+class Block(BaseModel):
+    """Strict base: an unknown key is an error, never silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class CondaEnv(Block):
+    environment_file: str | None = allowed(
+        "a path", "conda environment.yml, relative to the spec", default=None
+    )
+    python: str | None = allowed('a version string such as "3.11"', "Python version", default=None)
+    conda_bin: str | None = allowed(
+        "micromamba, mamba, conda or a path", "conda executable", default=None
+    )
+
+
+class Environment(Block):
+    name: str | None = allowed("a name", "cache name under TREB_HOME/envs", default=None)
+    python: str | None = allowed(
+        'a version string such as "3.11"', "Python version of the venv", default=None
+    )
+    requirements: str | list[str] | None = allowed(
+        "a file path or a list of requirement strings", "pip requirements", default=None
+    )
+    setup: str | None = allowed(
+        "a path to a shell script", "runs inside the env after requirements", default=None
+    )
+    conda: CondaEnv | None = allowed(
+        "a mapping", "build a conda prefix instead of a venv", default=None
+    )
+    image: str | None = allowed("a container image reference", "container image", default=None)
+    mounts: list[str] = allowed(
+        "a list of SRC:DST strings", "container mounts", default_factory=list
+    )
+    reuse: bool = allowed(
+        "true or false", "reuse a built env while its inputs are unchanged", default=True
+    )
+    cleanup: bool = allowed("true or false", "remove the env after the run", default=False)
+
+
+class Slurm(Block):
+    account: str | None = allowed("a string", "#SBATCH --account", default=None)
+    partition: str | None = allowed("a string", "#SBATCH --partition", default=None)
+    qos: str | None = allowed("a string", "#SBATCH --qos", default=None)
+    time: str | None = allowed(
+        "a Slurm time such as 04:00:00", "#SBATCH --time (default: timeout)", default=None
+    )
+    exclusive: bool | None = allowed("true or false", "#SBATCH --exclusive", default=None)
+    constraint: str | None = allowed("a string", "#SBATCH --constraint", default=None)
+    mem: str | None = allowed("a Slurm memory size such as 64G", "#SBATCH --mem", default=None)
+    cpus_per_task: int | None = allowed(
+        "an integer >= 1", "#SBATCH --cpus-per-task", default=None, ge=1
+    )
+    mpi: str | None = allowed(
+        "an srun --mpi value such as pmix or pmi2", "srun --mpi", default=None
+    )
+    sbatch_args: list[str] = allowed(
+        "a list of strings", "extra #SBATCH options", default_factory=list
+    )
+    setup: list[str] = allowed(
+        "a list of shell lines", "lines run in the batch script before srun", default_factory=list
+    )
+
+
+class SkyPilot(Block):
+    cloud: str | None = allowed("a cloud name", "resources.cloud", default=None)
+    accelerators: str | None = allowed(
+        "an accelerator spec such as H100:8", "resources.accelerators", default=None
+    )
+    use_spot: bool | None = allowed("true or false", "resources.use_spot", default=None)
+    region: str | None = allowed("a region name", "resources.region", default=None)
+    disk_size: int | None = allowed(
+        "an integer >= 1 (GB)", "resources.disk_size", default=None, ge=1
+    )
+
+
+class Kubernetes(Block):
+    namespace: str | None = allowed("a namespace name", "Kubernetes namespace", default=None)
+    image: str | None = allowed("a container image reference", "pod image", default=None)
+
+
+class Spec(Block):
+    """A workload: what to run, on how many nodes and processes, with which software."""
+
+    name: str = allowed(
+        "a name matching [a-z0-9][a-z0-9._-]*",
+        "run name (default: file stem)",
+        pattern=NAME_RE,
+        max_length=63,
+    )
+    command: str | list[str] = allowed(
+        "a non-empty string (run by bash) or a non-empty list of strings (run as is)",
+        "what every rank runs",
+    )
+    workdir: str = allowed(
+        "a directory path", "working directory, relative to the spec file", default="."
+    )
+    launcher: Launcher = allowed(
+        "one of native, torchrun, mpirun, none", "who starts the ranks", default="native"
+    )
+    nodes: int = allowed("an integer >= 1", "number of nodes", default=1, ge=1)
+    procs_per_node: int | None = allowed(
+        "an integer >= 1", "ranks per node (default: gpus_per_node, or 1)", default=None, ge=1
+    )
+    gpus_per_node: int = allowed(
+        "an integer >= -1 (-1: all visible)", "GPUs per node", default=0, ge=-1
+    )
+    env: dict[EnvName, EnvValue] = allowed(
+        "a mapping of NAME: value (strings, numbers or booleans)",
+        "extra environment",
+        default_factory=dict,
+    )
+    secrets: list[EnvName] = allowed(
+        "a list of environment variable names",
+        "names passed from the submitting shell",
+        default_factory=list,
+    )
+    environment: Environment | None = allowed(
+        "a mapping", "software environment (omitted: the current one)", default=None
+    )
+    retries: int = allowed("an integer >= 0", "extra attempts after a failed one", default=0, ge=0)
+    timeout: float | None = allowed(DURATION_ALLOWED, "per-attempt time limit", default=None)
+    master_port: int | None = allowed(
+        "an integer between 1024 and 65535", "fixed MASTER_PORT", default=None, ge=1024, le=65535
+    )
+    profile: Literal["none", "nsys", "torch"] = allowed(
+        "one of none, nsys, torch", "profiler", default="none"
+    )
+    slurm: Slurm = allowed("a mapping", "Slurm-specific settings", default_factory=Slurm)
+    skypilot: SkyPilot = allowed(
+        "a mapping", "SkyPilot-specific settings", default_factory=SkyPilot
+    )
+    kubernetes: Kubernetes = allowed(
+        "a mapping", "Kubernetes-specific settings", default_factory=Kubernetes
+    )
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _command(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip():
+            return v
+        if isinstance(v, list) and v and all(isinstance(x, str) for x in v) and v[0].strip():
+            return v
+        raise ValueError("bad command")
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _timeout(cls, v: Any) -> Any:
+        return None if v is None else parse_duration(v)
+
+    @model_validator(mode="after")
+    def _cross(self) -> Spec:
+        clash = sorted(set(self.secrets) & set(self.env))
+        if clash:
+            raise ValueError(
+                f"@secrets|{clash[0]} is also set in env; "
+                "a secret's value comes from the shell only"
+            )
+        return self
+
+    @property
+    def ranks_per_node(self) -> int:
+        """procs_per_node, defaulting to one rank per GPU (or 1 without GPUs)."""
+        if self.procs_per_node:
+            return self.procs_per_node
+        return self.gpus_per_node if self.gpus_per_node > 0 else 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node

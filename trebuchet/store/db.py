@@ -1,0 +1,260 @@
+"""The run index: one SQLite file shared by every `treb` process of the user.
+
+WAL mode lets `treb ps` read while runs write; every write is one short statement or an
+IMMEDIATE transaction, and a long busy timeout waits out writers instead of failing with
+"database is locked".
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from trebuchet.errors import UserError
+from trebuchet.store.paths import db_path
+from trebuchet.store.states import ACTIVE
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    launcher TEXT NOT NULL,
+    state TEXT NOT NULL,
+    nodes INTEGER NOT NULL,
+    procs_per_node INTEGER NOT NULL,
+    attempt INTEGER NOT NULL DEFAULT 0,
+    max_attempts INTEGER NOT NULL DEFAULT 1,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    ended_at REAL,
+    exit_code INTEGER,
+    first_failure TEXT,
+    run_dir TEXT NOT NULL,
+    spec_path TEXT,
+    host TEXT,
+    supervisor_pid INTEGER,
+    supervisor_start TEXT,
+    backend_id TEXT
+);
+CREATE INDEX IF NOT EXISTS runs_created ON runs (created_at);
+CREATE INDEX IF NOT EXISTS runs_state ON runs (state);
+CREATE TABLE IF NOT EXISTS attempts (
+    run_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    started_at REAL,
+    ended_at REAL,
+    reason TEXT,
+    PRIMARY KEY (run_id, attempt)
+);
+CREATE TABLE IF NOT EXISTS procs (
+    run_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    label TEXT NOT NULL,
+    rank INTEGER,
+    node INTEGER NOT NULL,
+    local_rank INTEGER,
+    pid INTEGER,
+    exit_code INTEGER,
+    signal TEXT,
+    ended_at REAL,
+    stopped_by_launcher INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (run_id, attempt, label)
+);
+"""
+
+
+@dataclass
+class RunRecord:
+    """One row of `runs`; first_failure is decoded JSON."""
+
+    id: str
+    name: str
+    backend: str
+    launcher: str
+    state: str
+    nodes: int
+    procs_per_node: int
+    run_dir: str
+    created_at: float
+    attempt: int = 0
+    max_attempts: int = 1
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    first_failure: dict[str, Any] | None = None
+    spec_path: str | None = None
+    host: str | None = None
+    supervisor_pid: int | None = None
+    supervisor_start: str | None = None
+    backend_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+    @property
+    def duration(self) -> float | None:
+        if self.started_at is None:
+            return None
+        return (self.ended_at or time.time()) - self.started_at
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        out["shape"] = f"{self.nodes}x{self.procs_per_node}"
+        return out
+
+
+COLUMNS = [f.name for f in fields(RunRecord) if f.name != "extra"]
+
+
+def _record(row: sqlite3.Row) -> RunRecord:
+    data = dict(row)
+    if data.get("first_failure"):
+        data["first_failure"] = json.loads(data["first_failure"])
+    return RunRecord(**data)
+
+
+class Store:
+    """Access to runs.db; cheap to open, safe to use from many processes at once."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or db_path()
+        self.conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute("PRAGMA busy_timeout = 60000")
+        self._init()
+
+    def _init(self) -> None:
+        for _ in range(100):
+            try:
+                if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    self.conn.execute("PRAGMA journal_mode = WAL")
+                self.conn.execute("PRAGMA synchronous = NORMAL")
+                if not self.conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE name = 'procs'"
+                ).fetchone():
+                    with self.transaction() as c:
+                        for statement in SCHEMA.split(";"):
+                            if statement.strip():
+                                c.execute(statement)
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                time.sleep(0.05)
+        raise UserError(f"{self.path}: database stayed locked")
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """An IMMEDIATE transaction: takes the write lock up front, so it never deadlocks."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # -- runs ---------------------------------------------------------------------------
+    def insert_run(self, rec: RunRecord) -> None:
+        data = rec.to_json()
+        data.pop("shape")
+        data["first_failure"] = json.dumps(rec.first_failure) if rec.first_failure else None
+        cols = ", ".join(data)
+        marks = ", ".join(f":{k}" for k in data)
+        self.conn.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", data)
+
+    def update_run(self, run_id: str, only_if_active: bool = False, **values: Any) -> bool:
+        """Set columns of one run; with only_if_active, a finished run is left alone."""
+        if "first_failure" in values and values["first_failure"] is not None:
+            values["first_failure"] = json.dumps(values["first_failure"])
+        sets = ", ".join(f"{k} = :{k}" for k in values)
+        sql = f"UPDATE runs SET {sets} WHERE id = :_id"
+        if only_if_active:
+            sql += " AND state IN ('PENDING', 'RUNNING', 'RETRYING')"
+        cur = self.conn.execute(sql, {**values, "_id": run_id})
+        return cur.rowcount > 0
+
+    def get(self, run_id: str) -> RunRecord | None:
+        row = self.conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return _record(row) if row else None
+
+    def resolve(self, ref: str | None) -> RunRecord:
+        """A run by id or unique id prefix (or name); None means the latest run."""
+        if not ref:
+            row = self.conn.execute(
+                "SELECT * FROM runs ORDER BY created_at DESC LIMIT 1"
+            ).fetchone()
+            if not row:
+                raise UserError("no runs yet (start one with `treb run SPEC`)")
+            return _record(row)
+        rows = self.conn.execute(
+            "SELECT * FROM runs WHERE id LIKE ? ESCAPE '\\' ORDER BY created_at DESC LIMIT 2",
+            (ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",),
+        ).fetchall()
+        if len(rows) == 1:
+            return _record(rows[0])
+        if len(rows) > 1:
+            raise UserError(f"run id prefix {ref!r} is ambiguous; give more characters")
+        row = self.conn.execute(
+            "SELECT * FROM runs WHERE name = ? ORDER BY created_at DESC LIMIT 1", (ref,)
+        ).fetchone()
+        if row:
+            return _record(row)
+        raise UserError(f"no run matches {ref!r} (see `treb ps --all`)")
+
+    def list(self, limit: int | None = None, active_only: bool = False) -> list[RunRecord]:
+        sql = "SELECT * FROM runs"
+        if active_only:
+            sql += " WHERE state IN ('PENDING', 'RUNNING', 'RETRYING')"
+        sql += " ORDER BY created_at DESC"
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        return [_record(r) for r in self.conn.execute(sql).fetchall()]
+
+    # -- attempts and processes ------------------------------------------------------------
+    def set_attempt(self, run_id: str, attempt: int, **values: Any) -> None:
+        cols = {"run_id": run_id, "attempt": attempt, **values}
+        names = ", ".join(cols)
+        marks = ", ".join(f":{k}" for k in cols)
+        updates = ", ".join(f"{k} = excluded.{k}" for k in values) or "state = state"
+        self.conn.execute(
+            f"INSERT INTO attempts ({names}) VALUES ({marks}) "
+            f"ON CONFLICT (run_id, attempt) DO UPDATE SET {updates}",
+            cols,
+        )
+
+    def attempts(self, run_id: str) -> list[dict[str, Any]]:
+        rows = self.conn.execute(
+            "SELECT * FROM attempts WHERE run_id = ? ORDER BY attempt", (run_id,)
+        ).fetchall()
+        return [dict(r) for r in rows]
+
+    def set_procs(self, run_id: str, attempt: int, procs: Iterable[dict[str, Any]]) -> None:
+        with self.transaction() as c:
+            for p in procs:
+                cols = {"run_id": run_id, "attempt": attempt, **p}
+                names = ", ".join(cols)
+                marks = ", ".join(f":{k}" for k in cols)
+                c.execute(f"INSERT OR REPLACE INTO procs ({names}) VALUES ({marks})", cols)
+
+    def procs(self, run_id: str, attempt: int | None = None) -> list[dict[str, Any]]:
+        sql = "SELECT * FROM procs WHERE run_id = ?"
+        args: list[Any] = [run_id]
+        if attempt is not None:
+            sql += " AND attempt = ?"
+            args.append(attempt)
+        sql += " ORDER BY attempt, node, rank, label"
+        return [dict(r) for r in self.conn.execute(sql, args).fetchall()]
