@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from trebuchet.launch.submit import Submission
+    from trebuchet.launcher.submit import Submission
     from trebuchet.spec.load import LoadedSpec
     from trebuchet.store.db import RunRecord, Store
 

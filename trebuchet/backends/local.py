@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 from trebuchet.errors import UserError
-from trebuchet.launch.plan import describe, local_plan
-from trebuchet.launch.procs import alive, start_time
-from trebuchet.launch.submit import Submission
+from trebuchet.launcher.plan import describe, local_plan
+from trebuchet.launcher.procs import alive, start_time
+from trebuchet.launcher.submit import Submission
 from trebuchet.spec.load import LoadedSpec
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event, write_json
@@ -56,8 +56,8 @@ class LocalBackend:
         )
         write_json(sub.run_dir / "plan.json", plan.to_json())
         if attach:
-            from trebuchet.launch.follow import Follower
-            from trebuchet.launch.supervisor import Supervisor
+            from trebuchet.launcher.follow import Follower
+            from trebuchet.launcher.supervisor import Supervisor
 
             sup = Supervisor(plan, sub.store, Follower())
             sup.install_signals()
@@ -67,7 +67,7 @@ class LocalBackend:
         log = os.open(sub.run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "trebuchet.launch.supervisor", str(sub.run_dir)],
+                [sys.executable, "-m", "trebuchet.launcher.supervisor", str(sub.run_dir)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                 close_fds=True,
             )  # fmt: skip

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from trebuchet.cli.common import refresh
 from trebuchet.errors import UserError
-from trebuchet.launch.follow import Follower
+from trebuchet.launcher.follow import Follower
 from trebuchet.store.db import RunRecord, Store
 
 LOG_RE = re.compile(r"^(rank|node)-(\d+)\.log$")

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from trebuchet.backends import get_backend
-from trebuchet.launch.submit import prepare
+from trebuchet.launcher.submit import prepare
 from trebuchet.spec.load import load_spec
 from trebuchet.store.db import Store
 from trebuchet.store.states import EXIT_CODES

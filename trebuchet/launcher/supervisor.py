@@ -1,7 +1,7 @@
 """Runs a plan to its end: attempts, first-failure teardown, cancel, timeout, records.
 
 It is the attached `treb run` itself, or a small background process for detached runs
-(`python -m trebuchet.launch.supervisor RUN_DIR`). It imports neither torch nor pydantic.
+(`python -m trebuchet.launcher.supervisor RUN_DIR`). It imports neither torch nor pydantic.
 Every rank runs in its own process group and dies with the supervisor (PDEATHSIG), so a
 run can be torn down whole and never leaves orphans.
 """
@@ -20,9 +20,9 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from trebuchet.launch.follow import Follower
-from trebuchet.launch.plan import Plan, ProcPlan
-from trebuchet.launch.procs import die_with_parent, signal_group, signal_name, start_time
+from trebuchet.launcher.follow import Follower
+from trebuchet.launcher.plan import Plan, ProcPlan
+from trebuchet.launcher.procs import die_with_parent, signal_group, signal_name, start_time
 from trebuchet.store.db import Store
 from trebuchet.store.files import append_event, read_json, write_json
 from trebuchet.store.states import (

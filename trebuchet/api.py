@@ -1,0 +1,99 @@
+"""The Python API: `launch()` a spec, get a `Run` whose `wait()` raises when the run fails."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trebuchet.errors import RunFailed, UserError
+from trebuchet.store.db import RunRecord, Store
+from trebuchet.store.states import SUCCEEDED, TERMINAL
+
+
+class Run:
+    """A handle on a run in the store; every property reads its current record."""
+
+    def __init__(self, run_id: str, store: Store | None = None) -> None:
+        self.id = run_id
+        self._store = store or Store()
+
+    def __repr__(self) -> str:
+        return f"Run({self.id!r}, state={self.state!r})"
+
+    @property
+    def record(self) -> RunRecord:
+        from trebuchet.cli.common import refresh
+
+        rec = self._store.get(self.id)
+        if rec is None:
+            raise UserError(f"no run {self.id}")
+        if rec.active:
+            refresh(self._store, [rec])
+            rec = self._store.get(self.id) or rec
+        return rec
+
+    @property
+    def state(self) -> str:
+        return self.record.state
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.record.run_dir)
+
+    def wait(self, timeout: float | None = None, poll: float = 0.2) -> Run:
+        """Block until the run ends; raise RunFailed unless it SUCCEEDED."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            rec = self.record
+            if rec.state in TERMINAL:
+                if rec.state != SUCCEEDED:
+                    from trebuchet.cli.common import describe_failure
+
+                    detail = describe_failure(rec.first_failure) if rec.first_failure else ""
+                    raise RunFailed(rec.id, rec.state, detail)
+                return self
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run {self.id} still {rec.state} after {timeout} s")
+            time.sleep(poll)
+
+    def cancel(self) -> None:
+        from trebuchet.backends import get_backend
+
+        rec = self.record
+        if rec.active:
+            get_backend(rec.backend).cancel(self._store, rec)
+
+    def logs(self, rank: int = 0, attempt: int | None = None) -> str:
+        """The text of one rank's log (under torchrun/none: the node's log if no rank log)."""
+        rec = self.record
+        adir = Path(rec.run_dir) / f"attempt-{rec.attempt if attempt is None else attempt}"
+        for name in (f"rank-{rank}.log", f"node-{rank}.log"):
+            if (adir / name).exists():
+                return (adir / name).read_text(errors="replace")
+        return ""
+
+
+def launch(
+    spec_or_path: str | Path | dict[str, Any],
+    on: str = "local",
+    overrides: Sequence[str] = (),
+    name: str | None = None,
+) -> Run:
+    """Validate and start a run in the background; returns at once with its Run."""
+    from trebuchet.backends import get_backend
+    from trebuchet.launcher.submit import prepare
+    from trebuchet.spec.load import load_spec
+
+    extra = [f"name={name}"] if name else []
+    if isinstance(spec_or_path, dict):
+        loaded = load_spec(data=spec_or_path, overrides=[*overrides, *extra])
+    else:
+        loaded = load_spec(spec_or_path, overrides=[*overrides, *extra])
+    backend = get_backend(on)
+    backend.check(loaded)
+    store = Store()
+    sub = prepare(loaded, on, store)
+    backend.submit(sub, attach=False)
+    return Run(sub.record.id, store)

@@ -1,0 +1,1 @@
+"""Turning a spec into processes: plans, the supervisor, log following."""

@@ -1,0 +1,1 @@
+"""The workload spec: models, YAML loading with located errors, expansion."""

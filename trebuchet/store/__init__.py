@@ -1,0 +1,1 @@
+"""Where runs are recorded: the SQLite index and the run directories."""
