@@ -23,6 +23,7 @@ from pathlib import Path
 from trebuchet.launcher.follow import Follower
 from trebuchet.launcher.plan import Plan, ProcPlan
 from trebuchet.launcher.procs import die_with_parent, signal_group, signal_name, start_time
+from trebuchet.launcher.watchdog import Watchdog
 from trebuchet.store.db import Store
 from trebuchet.store.files import append_event, read_json, write_json
 from trebuchet.store.states import (
@@ -80,6 +81,7 @@ class Supervisor:
         self.force_kill = False
         self.live: list[Live] = []
         self.first_failure: dict | None = None
+        self.watchdog: Watchdog | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -112,16 +114,20 @@ class Supervisor:
             supervisor_start=start_time(me), host=socket.gethostname(),
         )  # fmt: skip
         append_event(self.run_dir, "run_started", pid=me)
-        attempt = 0
-        while True:
-            state = self.run_attempt(attempt)
-            if state == FAILED and attempt < self.plan.retries and self.cancel_signal is None:
-                self.store.update_run(rid, state=RETRYING)
-                append_event(self.run_dir, "retrying", attempt=attempt + 1)
-                attempt += 1
-                continue
-            break
-        self.finish(state)
+        self.watchdog = Watchdog(rid, str(self.run_dir))
+        try:
+            attempt = 0
+            while True:
+                state = self.run_attempt(attempt)
+                if state == FAILED and attempt < self.plan.retries and self.cancel_signal is None:
+                    self.store.update_run(rid, state=RETRYING)
+                    append_event(self.run_dir, "retrying", attempt=attempt + 1)
+                    attempt += 1
+                    continue
+                break
+            self.finish(state)
+        finally:
+            self.watchdog.done()
         return state
 
     def finish(self, state: str) -> None:
@@ -176,6 +182,8 @@ class Supervisor:
             return lv
         finally:
             os.close(fd)
+        if self.watchdog:
+            self.watchdog.watch(popen.pid)
         return Live(p, popen, time.time())
 
     def _resolve_secrets(self, value: str) -> str:

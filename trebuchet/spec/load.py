@@ -245,7 +245,10 @@ def _problems(exc: ValidationError, located: Located, raw: dict) -> list[str]:
         else:
             what = _allowed(path) or err["msg"].lower()
             got = err.get("input")
-            problems.append(f"{where}: {field}: must be {what}, got {_show(got)}")
+            hint = ""
+            if isinstance(got, (int, float)) and not isinstance(got, bool) and "string" in what:
+                hint = " (YAML read a number: put the value in quotes)"
+            problems.append(f"{where}: {field}: must be {what}, got {_show(got)}{hint}")
     return problems
 
 

@@ -1,0 +1,57 @@
+"""Shared fixtures: a fresh TREB_HOME per test and a `treb` runner over real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = str(Path(sys.executable).parent)
+
+
+@pytest.fixture
+def treb_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "treb-home"
+    monkeypatch.setenv("TREB_HOME", str(home))
+    # Ranks run in the submitting environment: make it this test interpreter's.
+    monkeypatch.setenv("PATH", BIN + os.pathsep + os.environ.get("PATH", ""))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    return home
+
+
+TrebFn = Callable[..., subprocess.CompletedProcess]
+
+
+@pytest.fixture
+def treb(treb_home: Path) -> TrebFn:
+    """Run the real `treb` CLI in a child process; returns the CompletedProcess."""
+
+    def run(
+        *args: str, timeout: float = 300, env: dict | None = None, **kw
+    ) -> subprocess.CompletedProcess:
+        full_env = {**os.environ, **(env or {})}
+        return subprocess.run(
+            [sys.executable, "-m", "trebuchet", *args], capture_output=True, text=True,
+            timeout=timeout, env=full_env, **kw,
+        )  # fmt: skip
+
+    return run
+
+
+def status_json(treb: TrebFn, run: str = "") -> dict:
+    res = treb("status", *([run] if run else []), "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def write_spec(directory: Path, text: str, name: str = "job.yaml") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(text)
+    return path

@@ -1,0 +1,58 @@
+"""`treb render --on local` output, checked against golden files (UPDATE_GOLDEN=1 rewrites)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from trebuchet.cli.main import main
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden"
+SPEC = """\
+name: render-me
+command: python train.py --lr ${LR:-0.1} "$RANK"
+nodes: 2
+procs_per_node: 2
+master_port: 29511
+secrets: [HF_TOKEN]
+env:
+  OMP_NUM_THREADS: 3
+  QUOTED: "it's a $value; rm -rf /"
+  FROM_SECRET: ${HF_TOKEN}
+"""
+
+
+@pytest.mark.parametrize("launcher", ["native", "torchrun", "none"])
+def test_render_matches_golden(
+    launcher, tmp_path: Path, treb_home: Path, capsys, monkeypatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_super_secret_value")
+    work = tmp_path / "work"
+    work.mkdir()
+    spec = work / "job.yaml"
+    spec.write_text(SPEC)
+    assert main(["render", str(spec), "-o", f"launcher={launcher}"]) == 0
+    out = capsys.readouterr().out
+    assert "hf_super_secret_value" not in out
+    normal = out.replace(str(treb_home), "$TREB_HOME").replace(str(work), "$WORKDIR")
+    golden = GOLDEN / f"render-local-{launcher}.txt"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(normal)
+    assert normal == golden.read_text()
+
+
+def test_schema_is_valid_json_schema_and_accepts_examples(capsys) -> None:
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert schema["additionalProperties"] is False
+    assert "nodes" in schema["properties"] and "command" in schema["required"]
+    jsonschema = pytest.importorskip("jsonschema")
+    import yaml
+
+    for spec in Path(__file__).resolve().parents[2].glob("examples/*/job.yaml"):
+        jsonschema.validate(yaml.safe_load(spec.read_text()), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"command": "x", "nodez": 1}, schema)

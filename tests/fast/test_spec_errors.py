@@ -1,0 +1,223 @@
+"""A table of malformed specs: each exits 2 and names the file, line and field, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trebuchet.cli.main import main
+
+GOOD = "command: python train.py\n"
+
+# (case id, spec text, overrides, expected line, expected fragments of the message)
+CASES = [
+    ("nodes-word", "command: x\nnodes: two\n", [], 2, ["nodes: must be an integer >= 1", "'two'"]),
+    ("nodes-zero", "command: x\nnodes: 0\n", [], 2, ["nodes: must be an integer >= 1", "got 0"]),
+    ("nodes-negative", "command: x\nnodes: -3\n", [], 2, ["nodes:", ">= 1"]),
+    ("nodes-float", "command: x\nnodes: 1.5\n", [], 2, ["nodes: must be an integer"]),
+    (
+        "procs-zero",
+        "command: x\n\nprocs_per_node: 0\n",
+        [],
+        3,
+        ["procs_per_node: must be an integer >= 1"],
+    ),
+    ("gpus-bad", "command: x\ngpus_per_node: -2\n", [], 2, ["gpus_per_node:", ">= -1"]),
+    (
+        "unknown-key",
+        "command: x\nnodez: 2\n",
+        [],
+        2,
+        ["nodez: unknown field", "did you mean 'nodes'"],
+    ),
+    (
+        "unknown-nested",
+        "command: x\nslurm:\n  acount: a\n",
+        [],
+        3,
+        ["slurm.acount: unknown field", "'account'"],
+    ),
+    (
+        "misplaced-engine-key",
+        "command: x\npartition: gpu\n",
+        [],
+        2,
+        ["partition: unknown field", "slurm.partition"],
+    ),
+    (
+        "launcher-typo",
+        "command: x\nlauncher: torchrn\n",
+        [],
+        2,
+        ["launcher: must be one of native, torchrun"],
+    ),
+    ("command-missing", "nodes: 1\n", [], 1, ["command: required field is missing"]),
+    ("command-empty", "command: ''\n", [], 1, ["command: must be a non-empty string"]),
+    ("command-blank", "command: '   '\n", [], 1, ["command: must be"]),
+    ("command-empty-list", "command: []\n", [], 1, ["command: must be"]),
+    ("command-mapping", "command: {a: 1}\n", [], 1, ["command: must be"]),
+    ("command-list-of-ints", "command: [1, 2]\n", [], 1, ["command: must be"]),
+    ("bad-yaml", "command: x\nnodes: [1\n", [], 3, ["invalid YAML"]),
+    ("tab-indent", "command: x\nenv:\n\tA: 1\n", [], 3, ["invalid YAML"]),
+    ("duplicate-key", "command: x\nnodes: 1\nnodes: 2\n", [], 3, ["nodes: duplicate key"]),
+    ("not-a-mapping", "- a\n- b\n", [], 1, ["must be a mapping", "a list"]),
+    ("scalar-doc", "hello\n", [], 1, ["must be a mapping"]),
+    (
+        "missing-var",
+        "command: x\nenv:\n  DATA: ${TREB_TEST_NOPE}\n",
+        [],
+        3,
+        ["env.DATA", "${TREB_TEST_NOPE} is not set", ":-"],
+    ),
+    ("bad-var-syntax", "command: x\nenv:\n  DATA: ${1BAD}\n", [], 3, ["env.DATA", "not a valid"]),
+    (
+        "env-list-value",
+        "command: x\nenv:\n  A: [1, 2]\n",
+        [],
+        3,
+        ["env.A: must be a string, number or boolean"],
+    ),
+    (
+        "env-bad-name",
+        "command: x\nenv:\n  9LIVES: 1\n",
+        [],
+        3,
+        ["env.9LIVES", "not a valid variable name"],
+    ),
+    ("env-not-mapping", "command: x\nenv: [A]\n", [], 2, ["env: must be a mapping"]),
+    (
+        "secret-bad-name",
+        "command: x\nsecrets: [HF-TOKEN]\n",
+        [],
+        2,
+        ["secrets[0]: must be an environment variable"],
+    ),
+    (
+        "secret-in-env",
+        "command: x\nsecrets: [TOK]\nenv:\n  TOK: a\n",
+        [],
+        2,
+        ["TOK is also set in env"],
+    ),
+    (
+        "secret-outside-env",
+        "command: x\nsecrets: [TOK]\nslurm:\n  account: ${TOK}\n",
+        [],
+        4,
+        ["slurm.account", "secret"],
+    ),
+    ("name-invalid", "name: My Job\ncommand: x\n", [], 1, ["name: must be a name matching"]),
+    ("retries-negative", "command: x\nretries: -1\n", [], 2, ["retries: must be an integer >= 0"]),
+    ("timeout-garbage", "command: x\ntimeout: soon\n", [], 2, ["timeout: must be a duration"]),
+    ("timeout-zero", "command: x\ntimeout: 0\n", [], 2, ["timeout: must be a duration"]),
+    (
+        "master-port-low",
+        "command: x\nmaster_port: 80\n",
+        [],
+        2,
+        ["master_port: must be an integer between"],
+    ),
+    (
+        "profile-bad",
+        "command: x\nprofile: perf\n",
+        [],
+        2,
+        ["profile: must be one of none, nsys, torch"],
+    ),
+    (
+        "bool-as-int",
+        "command: x\nslurm:\n  exclusive: maybe\n",
+        [],
+        3,
+        ["slurm.exclusive: must be true or false"],
+    ),
+    (
+        "environment-bad",
+        "command: x\nenvironment:\n  pyhton: '3.11'\n",
+        [],
+        3,
+        ["environment.pyhton", "'python'"],
+    ),
+    (
+        "sbatch-args-string",
+        "command: x\nslurm:\n  sbatch_args: --foo\n",
+        [],
+        3,
+        ["slurm.sbatch_args: must be a list"],
+    ),
+    (
+        "workdir-missing",
+        "command: x\nworkdir: does/not/exist\n",
+        [],
+        2,
+        ["workdir:", "is not a directory"],
+    ),
+    (
+        "override-bad-value",
+        GOOD,
+        ["nodes=two"],
+        None,
+        ["-o nodes=two: nodes: must be an integer >= 1"],
+    ),
+    (
+        "override-unknown",
+        GOOD,
+        ["slurm.acount=x"],
+        None,
+        ["-o slurm.acount=x: slurm.acount: unknown field"],
+    ),
+    ("override-syntax", GOOD, ["nodes"], None, ["-o nodes: expected key.sub=value"]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_spec_exit_2_with_location(case, tmp_path: Path, treb_home: Path, capsys) -> None:
+    _, text, overrides, line, fragments = case
+    spec = tmp_path / "job.yaml"
+    spec.write_text(text)
+    args = ["render", str(spec)]
+    for o in overrides:
+        args += ["-o", o]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    if line is not None:
+        assert f"{spec}:{line}:" in err, err
+    for frag in fragments:
+        assert frag in err, err
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path, treb_home: Path, capsys) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text("command: x\nnodes: two\nlauncher: nope\nfoo: 1\n")
+    assert main(["run", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert f"{spec}:2: nodes" in err and f"{spec}:3: launcher" in err and f"{spec}:4: foo" in err
+
+
+def test_missing_spec_file(tmp_path: Path, treb_home: Path, capsys) -> None:
+    assert main(["run", str(tmp_path / "nope.yaml")]) == 2
+    assert "no such spec file" in capsys.readouterr().err
+
+
+def test_missing_secret_is_bad_input(tmp_path: Path, treb_home: Path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("TREB_TEST_SECRET", raising=False)
+    spec = tmp_path / "job.yaml"
+    spec.write_text("command: x\nsecrets: [TREB_TEST_SECRET]\n")
+    assert main(["run", str(spec)]) == 2
+    assert "TREB_TEST_SECRET not set" in capsys.readouterr().err
+    assert not (treb_home / "runs").exists() or not any((treb_home / "runs").iterdir())
+
+
+def test_real_cli_process_prints_no_traceback(tmp_path: Path, treb_home: Path) -> None:
+    """The same through a real `treb` process, as a user sees it."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text("command: python train.py\nnodes: two\n")
+    res = subprocess.run(
+        [sys.executable, "-m", "trebuchet", "run", str(spec)], capture_output=True, text=True
+    )
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"treb: {spec}:2: nodes: must be an integer >= 1, got 'two'"
