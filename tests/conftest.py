@@ -44,6 +44,13 @@ def treb(treb_home: Path) -> TrebFn:
     return run
 
 
+def needs(module: str):
+    """Import an optional test dependency: skipped locally when absent, a failure in CI."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        return __import__(module)
+    return pytest.importorskip(module)
+
+
 def status_json(treb: TrebFn, run: str = "") -> dict:
     res = treb("status", *([run] if run else []), "--json")
     assert res.returncode == 0, res.stderr

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import needs
 from trebuchet import dist
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,7 +97,7 @@ def test_slurm_nodelist_first_host(
     "expr", ["tn[1-2]", "nodeA,nodeB[1-3]", "gpu[007-009,12],x", "a[1-2]b[3-4]-ib,c"]
 )
 def test_builtin_expansion_matches_python_hostlist(expr: str) -> None:
-    hostlist = pytest.importorskip("hostlist")
+    hostlist = needs("hostlist")
     assert dist._expand_builtin(expr) == hostlist.expand_hostlist(expr)
 
 

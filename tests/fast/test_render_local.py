@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import needs
 from trebuchet.cli.main import main
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
@@ -49,7 +50,7 @@ def test_schema_is_valid_json_schema_and_accepts_examples(capsys) -> None:
     schema = json.loads(capsys.readouterr().out)
     assert schema["additionalProperties"] is False
     assert "nodes" in schema["properties"] and "command" in schema["required"]
-    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema = needs("jsonschema")
     import yaml
 
     for spec in Path(__file__).resolve().parents[2].glob("examples/*/job.yaml"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, status_json, write_spec
+from tests.conftest import REPO, needs, status_json, write_spec
 
 pytestmark = pytest.mark.integration
 SCRIPT = REPO / "tests" / "integration" / "scripts" / "dump_env.py"
@@ -74,7 +74,7 @@ def test_none_launcher_once_per_node(treb, tmp_path: Path) -> None:
 
 
 def test_torchrun_launcher_sets_rank_vars_and_per_rank_logs(treb, tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    needs("torch")
     spec = write_spec(
         tmp_path, f"command: python {SCRIPT}\nlauncher: torchrun\nnodes: 2\nprocs_per_node: 2\n"
     )

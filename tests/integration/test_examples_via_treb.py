@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, status_json
+from tests.conftest import REPO, needs, status_json
 
 pytestmark = pytest.mark.integration
 DIGITS = REPO / "examples" / "digits-ddp" / "job.yaml"
@@ -18,8 +18,8 @@ HELLO = REPO / "examples" / "hello" / "job.yaml"
     "launcher,nodes", [("native", 1), ("native", 2), ("torchrun", 1), ("torchrun", 2)]
 )
 def test_digits_ddp_trains(launcher: str, nodes: int, treb) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("sklearn")
+    needs("torch")
+    needs("sklearn")
     res = treb("run", str(DIGITS), "-o", f"launcher={launcher}", "-o", f"nodes={nodes}",
                "-o", "command=python train.py --epochs 8", timeout=600)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
@@ -38,7 +38,7 @@ def test_digits_ddp_trains(launcher: str, nodes: int, treb) -> None:
 @pytest.mark.parametrize("launcher", ["native", "none", "torchrun"])
 def test_hello_checks_the_contract_and_talks_over_master_port(launcher: str, treb) -> None:
     if launcher == "torchrun":
-        pytest.importorskip("torch")
+        needs("torch")
     res = treb("run", str(HELLO), "-o", f"launcher={launcher}", timeout=120)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "CONTRACT FAIL" not in res.stdout + res.stderr

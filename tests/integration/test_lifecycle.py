@@ -119,7 +119,8 @@ def test_detached_run_seen_from_other_processes_and_cancelled(treb, tmp_path: Pa
 def test_ctrl_c_cancels_attached_run_with_130(treb_home: Path, tmp_path: Path, treb) -> None:
     spec = write_spec(tmp_path, f"command: '{SLEEPER}'\nprocs_per_node: 2\n")
     cmd = [sys.executable, "-m", "trebuchet", "run", str(spec)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(cmd, stdout=pipe, stderr=pipe, start_new_session=True)
     try:
         _wait_for(
             lambda: len(list((treb_home / "runs").glob("*/child-*.pid"))) == 2, what="ranks up"

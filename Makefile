@@ -1,0 +1,32 @@
+# `make test` is the one test command (README, .ci/run): own venv, all deps, whole suite.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml examples/digits-ddp/requirements.txt | cksum | cut -d' ' -f1)
+
+.PHONY: test test-fast lint bench clean
+
+$(STAMP): pyproject.toml examples/digits-ddp/requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]' -r examples/digits-ddp/requirements.txt python-hostlist
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -m "not integration"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/launch_overhead.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/cli_startup.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache
