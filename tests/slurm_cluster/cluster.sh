@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A real 2-node Slurm cluster on this one machine, for integration tests and CI.
 #
-#   cluster.sh install   apt-get install slurm-wlm munge iproute2 (skipped when present)
+#   cluster.sh install   apt-get install slurm-wlm munge iproute2 libpmix-dev (skipped
+#                        when present)
 #   cluster.sh up        start it (idempotent: returns at once when already healthy)
 #   cluster.sh down      stop it and undo every change it made (idempotent)
 #   cluster.sh status    print sinfo; exit 0 when healthy, 1 otherwise
@@ -22,6 +23,11 @@
 #   TREB_SLURM_NET      first three octets of the private /24 used inside the namespaces
 #                       (default 10.77.0)
 #   TREB_SLURM_TIMEOUT  seconds `up` waits for both nodes to be idle (default 60)
+#   TREB_SLURM_FAKE_GPUS  N > 0: each node offers N fake GPUs (gres gpu, backed by empty
+#                       files) so that --gpus-per-node jobs can be scheduled (default 0)
+#   TREB_SLURM_DEBUG    SlurmctldDebug/SlurmdDebug level (default info)
+# `up` on a healthy cluster whose slurm.conf would come out different (other settings)
+# rebuilds it; otherwise it returns at once.
 set -euo pipefail
 
 DIR="${TREB_SLURM_DIR:-/var/tmp/treb-slurm}"
@@ -92,7 +98,7 @@ stop_pids() {   # stop_pids COMM PID...: SIGTERM all, wait up to 10 s, then SIGK
 # ---------------------------------------------------------------------------- install
 is_installed() {
     local p
-    for p in slurm-wlm munge iproute2; do
+    for p in slurm-wlm munge iproute2 libpmix-dev; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || return 1
     done
     command -v nsenter >/dev/null && command -v unshare >/dev/null && command -v flock >/dev/null
@@ -100,11 +106,14 @@ is_installed() {
 
 cmd_install() {
     need_root
-    if is_installed; then log "slurm-wlm, munge, iproute2 already installed"; return 0; fi
+    if is_installed; then log "slurm-wlm, munge, iproute2, libpmix-dev already installed"; return 0; fi
     export DEBIAN_FRONTEND=noninteractive
     # An old or missing package list makes the install fail: refresh once.
     apt-get update -qq
     apt-get install -y -qq slurm-wlm munge iproute2 util-linux >/dev/null
+    # libpmix.so (only in the -dev package) is what Debian's mpi/pmix plugin loads:
+    # without it `srun --mpi=pmix` fails with "can not load PMIx library".
+    apt-get install -y -qq --no-install-recommends libpmix-dev >/dev/null
     is_installed || die "install failed"
     log "installed: $(slurmctld -V)"
 }
@@ -205,14 +214,14 @@ hosts_up() {
 }
 
 # ---------------------------------------------------------------------------- config
-write_conf() {
+render_conf() {   # slurm.conf on stdout
     local cpus mem_mb n gres=""
     cpus="$(nproc)"
     mem_mb="$(awk '/^MemTotal:/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)"
-    mkdir -p "$DIR/etc"
     {
         cat <<EOF
 # Written by trebuchet tests/slurm_cluster/cluster.sh; rewritten by every cold 'up'.
+# SlurmUser=root: jobs run as root here; the "shared filesystem" is this machine's.
 ClusterName=$CLUSTER
 SlurmctldHost=$(hostname)($BRIDGE_IP)
 SlurmUser=root
@@ -241,8 +250,8 @@ SlurmdLogFile=$LOG/slurmd-%n.log
 # Per-node TmpFS: srun --mpi=pmix makes \$TmpFS/spmix_appdir_<uid>_<job>.<step> on each
 # node; with one shared /tmp the second node fails with "File exists".
 TmpFS=$DIR/tmp/%n
-SlurmctldDebug=info
-SlurmdDebug=info
+SlurmctldDebug=${TREB_SLURM_DEBUG:-info}
+SlurmdDebug=${TREB_SLURM_DEBUG:-info}
 SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
@@ -257,11 +266,18 @@ EOF
         # OverSubscribe=FORCE:4: up to 4 jobs may share a core, so several tests (or a
         # 2-node x 2-task job next to another) fit on a 2-core machine.
         echo "PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4"
-    } >"$CONF"
-    # Count-only GPUs (no device files): lets --gpus-per-node/--gres=gpu:N jobs be
-    # scheduled on a machine without GPUs. Slurm sets no CUDA_VISIBLE_DEVICES for them.
+    }
+}
+
+write_gres() {
+    # Fake GPUs (TREB_SLURM_FAKE_GPUS=N): lets --gpus-per-node/--gres=gpu:N jobs be
+    # scheduled on a machine without GPUs.
+    local i
     if [ "$FAKE_GPUS" -gt 0 ]; then
-        echo "NodeName=$(IFS=,; echo "${NODES[*]}") Name=gpu Count=$FAKE_GPUS" >"$DIR/etc/gres.conf"
+        # Slurm drops a GPU without File=; plain empty files do (no device cgroup here).
+        mkdir -p "$DIR/dev"
+        for ((i = 0; i < FAKE_GPUS; i++)); do : >"$DIR/dev/fakegpu$i"; done
+        echo "NodeName=$(IFS=,; echo "${NODES[*]}") Name=gpu File=$DIR/dev/fakegpu[0-$((FAKE_GPUS - 1))]" >"$DIR/etc/gres.conf"
     else
         rm -f "$DIR/etc/gres.conf"
     fi
@@ -276,8 +292,8 @@ daemons_alive() {
     done
 }
 
-# Node states that count as up: idle, allocated, mixed (possibly with a * or ~ etc.
-# suffix is NOT accepted: '*' means not responding).
+# Node states that count as up: idle, alloc, mix, comp. A suffix ('*' = not
+# responding, '~' = powered off, ...) or drain/down/inval does not count.
 nodes_up() {    # nodes_up [idle]: all nodes up (or, with "idle", all idle)
     local want="${1:-}" out n st
     out="$(timeout 10 sinfo -h -N -p debug -o '%N %t' 2>/dev/null)" || return 1
@@ -357,15 +373,24 @@ start_daemons() {
 
 cmd_up() {
     need_root
-    is_installed || die "slurm-wlm/munge/iproute2 missing: run '$0 install' first"
+    local c
+    for c in slurmctld slurmd sinfo munged munge unmunge ip nsenter unshare flock; do
+        command -v "$c" >/dev/null || die "$c missing: run '$0 install' first"
+    done
     mkdir -p "$DIR"
     exec 9>"$DIR/lock"; flock 9
-    if healthy; then log "already up"; return 0; fi
+    mkdir -p "$DIR/etc"
+    render_conf >"$CONF.want"
+    if healthy && cmp -s "$CONF.want" "$CONF"; then
+        rm -f "$CONF.want"
+        log "already up"
+        return 0
+    fi
 
     local t0=$SECONDS n
     # Whatever is left of an earlier cluster goes first (keeps a working munged).
     teardown
-    rm -rf "$STATE" "$SPOOL" "$LOG" "$DIR/tmp"
+    rm -rf "$STATE" "$SPOOL" "$LOG" "$DIR/tmp" "$DIR/dev"
     mkdir -p "$RUN" "$LOG" "$STATE" "$DIR/etc"
     for n in "${NODES[@]}"; do mkdir -p "$SPOOL/slurmd-$n" "$DIR/tmp/$n"; done
     chmod 755 "$DIR" "$RUN" "$LOG"
@@ -373,7 +398,8 @@ cmd_up() {
     munge_up
     net_up
     hosts_up
-    write_conf
+    mv "$CONF.want" "$CONF"
+    write_gres
     start_daemons
 
     local deadline=$((SECONDS + TIMEOUT))

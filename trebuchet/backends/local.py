@@ -110,8 +110,11 @@ class LocalBackend:
                 rec = store.get(run.id)
                 if rec is None or rec.state in TERMINAL:
                     return
-                time.sleep(0.1)
-            raise UserError(f"run {run.id} did not stop within the grace period")
+                if not alive(run.supervisor_pid, run.supervisor_start):
+                    break  # it died of the SIGTERM before it could record anything
+                time.sleep(0.05)
+            else:
+                raise UserError(f"run {run.id} did not stop within the grace period")
         store.update_run(run.id, only_if_active=True, state=CANCELLED, ended_at=time.time())
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trebuchet.cli.common import STATE_STYLE, age, console, refresh
+from trebuchet.cli.common import STATE_STYLE, age, refresh
 from trebuchet.spec.duration import human
 from trebuchet.store.db import Store
 
@@ -22,20 +22,16 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.to_json() for r in runs], indent=2))
         return 0
-    from rich.table import Table
+    if not runs:
+        print("no runs yet (start one with `treb run SPEC`)")
+        return 0
+    from trebuchet.cli.table import print_table
 
-    table = Table(box=None, pad_edge=False)
-    for col in ("ID", "NAME", "BACKEND", "STATE", "SHAPE", "ATTEMPT", "AGE", "DURATION"):
-        table.add_column(col, no_wrap=True)
-    for r in runs:
-        state = f"[{STATE_STYLE.get(r.state, '')}]{r.state}[/]"
-        table.add_row(
-            r.id, r.name, r.backend, state, f"{r.nodes}x{r.procs_per_node}",
-            f"{r.attempt + 1}/{r.max_attempts}", age(r.created_at), human(r.duration),
-        )  # fmt: skip
-    con = console()
-    if runs:
-        con.print(table)
-    else:
-        con.print("no runs yet (start one with `treb run SPEC`)")
+    rows = [
+        [r.id, r.name, r.backend, r.state, f"{r.nodes}x{r.procs_per_node}",
+         f"{r.attempt + 1}/{r.max_attempts}", age(r.created_at), human(r.duration)]
+        for r in runs
+    ]  # fmt: skip
+    headers = ["ID", "NAME", "BACKEND", "STATE", "SHAPE", "ATTEMPT", "AGE", "DURATION"]
+    print_table(headers, rows, [STATE_STYLE.get(r.state) for r in runs])
     return 0

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from trebuchet.spec.duration import ALLOWED as DURATION_ALLOWED
 from trebuchet.spec.duration import parse_duration
@@ -26,6 +34,11 @@ def _env_value(v: Any) -> str:
     raise ValueError("not a scalar")
 
 
+# Written as "2h" or 7200 in YAML, held as seconds once validated.
+Duration = Annotated[
+    float,
+    WithJsonSchema({"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string"}]}),
+]
 EnvName = Annotated[str, Field(pattern=ENV_NAME_RE)]
 EnvValue = Annotated[str, BeforeValidator(_env_value)]
 
@@ -157,7 +170,7 @@ class Spec(Block):
         "a mapping", "software environment (omitted: the current one)", default=None
     )
     retries: int = allowed("an integer >= 0", "extra attempts after a failed one", default=0, ge=0)
-    timeout: float | None = allowed(DURATION_ALLOWED, "per-attempt time limit", default=None)
+    timeout: Duration | None = allowed(DURATION_ALLOWED, "per-attempt time limit", default=None)
     master_port: int | None = allowed(
         "an integer between 1024 and 65535", "fixed MASTER_PORT", default=None, ge=1024, le=65535
     )
