@@ -119,7 +119,10 @@ cmd_install() {
 }
 
 # ---------------------------------------------------------------------------- munge
-munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+munge_ok() {
+    [ -S /run/munge/munge.socket.2 ] || return 1   # no socket: skip munge's retries
+    munge -n 2>/dev/null | unmunge >/dev/null 2>&1
+}
 
 munge_up() {
     if munge_ok; then return 0; fi
@@ -308,7 +311,8 @@ nodes_up() {    # nodes_up [idle]: all nodes up (or, with "idle", all idle)
 }
 
 healthy() {
-    [ -f "$CONF" ] && munge_ok && daemons_alive && nodes_up
+    # daemons_alive first: munge's client retries for seconds when munged is gone.
+    [ -f "$CONF" ] && daemons_alive && munge_ok && nodes_up
 }
 
 # ---------------------------------------------------------------------------- logs
@@ -387,7 +391,13 @@ cmd_up() {
         return 0
     fi
 
-    local t0=$SECONDS n
+    local t0=$SECONDS n other
+    # Names (bridge, namespaces, node names) are fixed: one test cluster per machine.
+    other="$(grep -F '# BEGIN trebuchet slurm test cluster (' /etc/hosts | grep -vxF "$HOSTS_BEGIN" || true)"
+    if [ -n "$other" ]; then
+        other="${other#*(}"
+        die "another test cluster is up (TREB_SLURM_DIR=${other%)}): run its 'down' first"
+    fi
     # Whatever is left of an earlier cluster goes first (keeps a working munged).
     teardown
     rm -rf "$STATE" "$SPOOL" "$LOG" "$DIR/tmp" "$DIR/dev"

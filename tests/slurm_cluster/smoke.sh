@@ -65,7 +65,7 @@ fi
 step "torch DDP (gloo) across 2 nodes: torchrun per node, 2 procs each"
 if "$PYTHON" -c 'import torch' 2>/dev/null; then
     rc=0
-    srun -N2 --ntasks-per-node=1 bash -c "'$PYTHON' -m torch.distributed.run --nnodes 2 \
+    TMPDIR="$WORK" srun -N2 --ntasks-per-node=1 bash -c "'$PYTHON' -m torch.distributed.run --nnodes 2 \
         --node_rank \$SLURM_NODEID --nproc_per_node 2 --master_addr tn1 --master_port 29555 \
         '$HERE/ddp_allreduce.py'" >"$WORK/ddp.log" 2>&1 || rc=$?
     grep -E '^rank' "$WORK/ddp.log" | sort || true
