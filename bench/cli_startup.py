@@ -31,10 +31,17 @@ def fill_store(home: Path, count: int) -> None:
             rid = f"{i:08x}"
             store.insert_run(
                 RunRecord(
-                    id=rid, name=f"bench-{i % 17}", backend="local", launcher="native",
-                    state="SUCCEEDED" if i % 5 else "FAILED", nodes=1 + i % 4, procs_per_node=2,
-                    run_dir=str(run_dir(rid)), created_at=now - (count - i) * 60,
-                    started_at=now - (count - i) * 60 + 1, ended_at=now - (count - i) * 60 + 30,
+                    id=rid,
+                    name=f"bench-{i % 17}",
+                    backend="local",
+                    launcher="native",
+                    state="SUCCEEDED" if i % 5 else "FAILED",
+                    nodes=1 + i % 4,
+                    procs_per_node=2,
+                    run_dir=str(run_dir(rid)),
+                    created_at=now - (count - i) * 60,
+                    started_at=now - (count - i) * 60 + 1,
+                    ended_at=now - (count - i) * 60 + 30,
                 )  # fmt: skip
             )
     store.close()
@@ -60,7 +67,9 @@ def main() -> None:
             "treb ps --json": [treb, "ps", "--json"],
         }
         t = alternate(cmds, args.repeats, env)
-        print(f"# CLI start-up, {args.runs} runs in the store, {machine()}, median of {args.repeats}")
+        print(
+            f"# CLI start-up, {args.runs} runs in the store, {machine()}, median of {args.repeats}"
+        )
         for name, xs in t.items():
             print(f"{name:<16} {median(xs):.3f} s")
 

@@ -9,21 +9,26 @@ import time
 from collections.abc import Sequence
 
 
-def time_cmd(argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None) -> float:
+def time_cmd(
+    argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None
+) -> float:
     """Wall seconds of one command; it must succeed."""
     t0 = time.perf_counter()
     res = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     elapsed = time.perf_counter() - t0
     if res.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed ({res.returncode}): {res.stderr.decode()[-2000:]}")
+        raise SystemExit(
+            f"{' '.join(argv)} failed ({res.returncode}): {res.stderr.decode()[-2000:]}"
+        )
     return elapsed
 
 
-def alternate(cmds: dict[str, Sequence[str]], repeats: int, env: dict[str, str], cwd: str | None = None
-              ) -> dict[str, list[float]]:  # fmt: skip
+def alternate(
+    cmds: dict[str, Sequence[str]], repeats: int, env: dict[str, str], cwd: str | None = None
+) -> dict[str, list[float]]:
     """Run each command once per round, in turn, so machine noise hits all of them alike."""
     times: dict[str, list[float]] = {name: [] for name in cmds}
-    for name, argv in cmds.items():  # warm caches once, untimed
+    for argv in cmds.values():  # warm caches once, untimed
         time_cmd(argv, env, cwd)
     for _ in range(repeats):
         for name, argv in cmds.items():

@@ -31,7 +31,9 @@ def main() -> None:
         work = Path(tmp)
         (work / "noop.py").write_text("pass\n")
         env = {**os.environ, "TREB_HOME": str(work / "home")}
-        print(f"# launch overhead, no-op rank script, {machine()}, {args.repeats} alternating rounds")
+        print(
+            f"# launch overhead, no-op rank script, {machine()}, {args.repeats} alternating rounds"
+        )
         print(f"{'ranks':>5} {'torchrun s':>11} {'treb s':>8} {'ratio':>6}")
         for n in args.ranks:
             spec = work / f"noop{n}.yaml"
