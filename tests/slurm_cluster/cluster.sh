@@ -77,7 +77,7 @@ pid_alive() {   # pid_alive PID COMM   (a zombie counts as dead)
     stat="${stat##*) }"
     [ "${stat%% *}" != Z ]
 }
-pid_from() { [ -s "$1" ] && tr -dc 0-9 <"$1" || true; }
+pid_from() { if [ -s "$1" ]; then tr -dc 0-9 <"$1"; fi; }
 
 stop_pids() {   # stop_pids COMM PID...: SIGTERM all, wait up to 10 s, then SIGKILL
     local comm="$1" pid i left; shift
@@ -341,7 +341,7 @@ teardown() {
         [ -e "/var/run/netns/$n" ] || continue
         pids="$(ip netns pids "$n" 2>/dev/null || true)"
         [ -n "$pids" ] || continue
-        log "ending leftover processes in $n:" $pids
+        log "ending leftover processes in $n: $(tr '\n' ' ' <<<"$pids")"
         for p in $pids; do kill -TERM "$p" 2>/dev/null || true; done
         sleep 1
         for p in $(ip netns pids "$n" 2>/dev/null || true); do kill -KILL "$p" 2>/dev/null || true; done
@@ -370,6 +370,7 @@ start_daemons() {
         # with "No filesystem mounted on /sys/fs/cgroup". unshare --uts gives the node
         # its own hostname, so that `hostname` in a job is the node name, which
         # resolves (via /etc/hosts) to the node's address, not to 127.0.x.
+        # shellcheck disable=SC2016  # $1/$2 are expanded by that sh
         nsenter --net="/var/run/netns/$n" unshare --uts \
             sh -c 'hostname "$1"; exec slurmd -f "$2" -N "$1"' sh "$n" "$CONF" 9>&-
     done
@@ -400,7 +401,7 @@ cmd_up() {
     fi
     # Whatever is left of an earlier cluster goes first (keeps a working munged).
     teardown
-    rm -rf "$STATE" "$SPOOL" "$LOG" "$DIR/tmp" "$DIR/dev"
+    rm -rf "$STATE" "$SPOOL" "$LOG" "${DIR:?}/tmp" "${DIR:?}/dev"
     mkdir -p "$RUN" "$LOG" "$STATE" "$DIR/etc"
     for n in "${NODES[@]}"; do mkdir -p "$SPOOL/slurmd-$n" "$DIR/tmp/$n"; done
     chmod 755 "$DIR" "$RUN" "$LOG"
@@ -416,7 +417,7 @@ cmd_up() {
     until nodes_up idle; do
         if [ $SECONDS -ge $deadline ]; then
             log "nodes not idle after ${TIMEOUT}s"
-            sinfo -N -p debug 2>&1 || true
+            timeout 10 sinfo -N -p debug 2>&1 || true
             cmd_logs
             exit 1
         fi

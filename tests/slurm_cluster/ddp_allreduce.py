@@ -4,6 +4,7 @@ Run under torchrun on each node of the test cluster (see smoke.sh). Also prints 
 address the node's hostname resolves to, which is what gloo binds to when
 GLOO_SOCKET_IFNAME is unset: it must be the node's address, not 127.0.x.
 """
+
 import os
 import socket
 import sys
@@ -21,7 +22,7 @@ expect = world * (world + 1) / 2
 sys.stdout.write(
     f"rank {rank}/{world} host {host} addr {socket.gethostbyname(host)} "
     f"local_rank {os.environ.get('LOCAL_RANK')} all_reduce {t.item():g} "
-    f"{'OK' if t.item() == expect else 'WRONG expected %g' % expect}\n"
+    f"{'OK' if t.item() == expect else f'WRONG expected {expect:g}'}\n"
 )
 sys.stdout.flush()
 dist.destroy_process_group()

@@ -3,6 +3,7 @@
 # Run after `cluster.sh up`. Exits non-zero on the first failed check.
 #   PYTHON=/path/to/python  interpreter with torch for the DDP check (default: the repo's
 #                           .venv/bin/python; the check is skipped when torch is missing)
+# shellcheck disable=SC2016  # single-quoted commands are expanded in the jobs
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
