@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trebuchet.launcher.policies import policies_for
+
 # Under torchrun each worker appends its own output to its rank file, then becomes the command.
 RANK_LOG_WRAPPER = 'exec >>"$TREB_RUN_DIR/attempt-$TREB_ATTEMPT/rank-$RANK.log" 2>&1; exec "$@"'
 
@@ -47,6 +49,11 @@ class Plan:
     secrets: list[str]
     procs: list[ProcPlan]
     streams: list[list[str]] = field(default_factory=list)  # [label, log file name]
+    port_auto: bool = True  # a fresh free port per attempt (a fixed master_port is kept)
+    grace_period: float = 5.0
+    checkpoint_signal: str = "SIGUSR2"
+    warning_seconds: float | None = None
+    log_policies: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,6 +151,9 @@ def local_plan(
         run_id=run_id, run_dir=str(run_dir), launcher=spec.launcher, nodes=nodes,
         procs_per_node=ppn, master_addr=addr, master_port=port, retries=spec.retries,
         timeout=spec.timeout, secrets=list(spec.secrets), procs=procs, streams=streams,
+        port_auto=spec.master_port is None, grace_period=spec.grace_period,
+        checkpoint_signal=spec.checkpoint_signal, warning_seconds=spec.warning_seconds,
+        log_policies=policies_for(spec),
     )  # fmt: skip
 
 

@@ -76,3 +76,53 @@ def signal_name(returncode: int) -> str | None:
     with contextlib.suppress(ValueError):
         return signal.Signals(-returncode).name
     return f"SIG{-returncode}"
+
+
+def _pids() -> list[int]:
+    return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+
+
+def processes_of_run(run_id: str, exclude: set[int] | None = None) -> list[int]:
+    """Every live process whose environment carries TREB_RUN_ID=run_id: the ranks and
+    whatever they started, even daemons that left the rank's process group or session."""
+    needle = f"TREB_RUN_ID={run_id}\0".encode()
+    found = []
+    for pid in _pids():
+        if exclude and pid in exclude:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = b"\0" + fh.read()
+        except OSError:
+            continue
+        if b"\0" + needle in env or env.endswith(b"\0" + needle[:-1]):
+            found.append(pid)
+    return [p for p in found if not _is_zombie(p)]
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of `pid` (from /proc/<pid>/task/*/children when the kernel has it)."""
+    kids: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                kids += [int(x) for x in fh.read().split()]
+        return kids
+    except OSError:
+        pass
+    for child in _pids():
+        try:
+            with open(f"/proc/{child}/stat", "rb") as fh:
+                if int(fh.read().rsplit(b")", 1)[1].split()[1]) == pid:
+                    kids.append(child)
+        except (OSError, ValueError, IndexError):
+            continue
+    return kids
+
+
+def signal_pid(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False

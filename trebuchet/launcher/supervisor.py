@@ -2,8 +2,9 @@
 
 It is the attached `treb run` itself, or a small background process for detached runs
 (`python -m trebuchet.launcher.supervisor RUN_DIR`). It imports neither torch nor pydantic.
-Every rank runs in its own process group and dies with the supervisor (PDEATHSIG), so a
-run can be torn down whole and never leaves orphans.
+Every rank runs in its own process group and dies with the supervisor (PDEATHSIG and the
+watchdog); at the end of each attempt anything still carrying the run's TREB_RUN_ID is
+killed, so a run never leaves orphans.
 """
 
 from __future__ import annotations
@@ -20,24 +21,25 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from trebuchet.launcher import policies
 from trebuchet.launcher.follow import Follower
-from trebuchet.launcher.plan import Plan, ProcPlan
-from trebuchet.launcher.procs import die_with_parent, signal_group, signal_name, start_time
+from trebuchet.launcher.plan import Plan, ProcPlan, free_port
+from trebuchet.launcher.procs import (
+    children,
+    die_with_parent,
+    processes_of_run,
+    signal_group,
+    signal_name,
+    signal_pid,
+    start_time,
+)
 from trebuchet.launcher.watchdog import Watchdog
 from trebuchet.store.db import Store
 from trebuchet.store.files import append_event, read_json, write_json
-from trebuchet.store.states import (
-    CANCELLED,
-    FAILED,
-    LOST,
-    RETRYING,
-    RUNNING,
-    SUCCEEDED,
-    TIMEOUT,
-)
+from trebuchet.store.states import CANCELLED, FAILED, LOST, RETRYING, RUNNING, SUCCEEDED, TIMEOUT
 
-GRACE_S = float(os.environ.get("TREB_GRACE_S", "5"))
 SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+HEARTBEAT_S = 5.0
 
 
 @dataclass
@@ -82,6 +84,7 @@ class Supervisor:
         self.live: list[Live] = []
         self.first_failure: dict | None = None
         self.watchdog: Watchdog | None = None
+        self.policy_retries: dict[str, int] = {}
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -101,16 +104,32 @@ class Supervisor:
         self.cancel_signal = signum
 
     def _on_forward(self, signum: int, _frame: object) -> None:
+        self.signal_ranks(signum)
+
+    def rank_pids(self) -> list[int]:
+        """The processes that run the user's code: under torchrun the agent's workers."""
+        pids: list[int] = []
         for lv in self.live:
             if lv.ended is None and lv.pid:
-                signal_group(lv.pid, signum)
+                if self.plan.launcher == "torchrun":
+                    pids += children(lv.pid)
+                else:
+                    pids.append(lv.pid)
+        return pids
+
+    def signal_ranks(self, signum: int) -> None:
+        """Deliver e.g. the checkpoint signal to every rank (not to helpers such as
+        data-loader workers, whose default action for SIGUSR1/2 would be to die)."""
+        for pid in self.rank_pids():
+            signal_pid(pid, signum)
 
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> str:
         rid = self.plan.run_id
         me = os.getpid()
+        now = time.time()
         self.store.update_run(
-            rid, state=RUNNING, started_at=time.time(), supervisor_pid=me,
+            rid, state=RUNNING, started_at=now, last_seen=now, supervisor_pid=me,
             supervisor_start=start_time(me), host=socket.gethostname(),
         )  # fmt: skip
         append_event(self.run_dir, "run_started", pid=me)
@@ -119,7 +138,7 @@ class Supervisor:
             attempt = 0
             while True:
                 state = self.run_attempt(attempt)
-                if state == FAILED and attempt < self.plan.retries and self.cancel_signal is None:
+                if self._should_retry(state, attempt):
                     self.store.update_run(rid, state=RETRYING)
                     append_event(self.run_dir, "retrying", attempt=attempt + 1)
                     attempt += 1
@@ -129,6 +148,30 @@ class Supervisor:
         finally:
             self.watchdog.done()
         return state
+
+    def _should_retry(self, state: str, attempt: int) -> bool:
+        """Retries (and log policies) decide; a cancel is never retried."""
+        if state not in (FAILED, TIMEOUT) or self.cancel_signal is not None:
+            return False
+        adir = self.run_dir / f"attempt-{attempt}"
+        logs = [adir / p.log for p in self.plan.procs]
+        logs += [adir / name for _, name in self.plan.streams if adir / name not in logs]
+        if self.first_failure and self.first_failure.get("log"):
+            logs.insert(0, Path(self.first_failure["log"]))
+        found = policies.match(self.plan.log_policies, logs) if state == FAILED else None
+        normal_used = attempt - sum(self.policy_retries.values())
+        if found:
+            policy, line = found
+            name = policy["name"]
+            append_event(self.run_dir, "log_policy", attempt=attempt, policy=name,
+                         action=policy["action"], line=line)  # fmt: skip
+            self.store.set_attempt(self.plan.run_id, attempt, reason=f"{name}: {policy['action']}")
+            if policy["action"] == "no_retry":
+                return False
+            if self.policy_retries.get(name, 0) < policy.get("max_retries", 3):
+                self.policy_retries[name] = self.policy_retries.get(name, 0) + 1
+                return True
+        return normal_used < self.plan.retries
 
     def finish(self, state: str) -> None:
         codes = [lv.outcome()["exit_code"] for lv in self.live]
@@ -148,14 +191,18 @@ class Supervisor:
         now = time.time()
         self.store.set_attempt(rid, attempt, state=RUNNING, started_at=now)
         self.store.update_run(rid, attempt=attempt, state=RUNNING)
-        append_event(self.run_dir, "attempt_started", attempt=attempt)
+        port = self.plan.master_port
+        if attempt and self.plan.port_auto:  # the old port may linger in TIME_WAIT
+            port = free_port(self.plan.master_addr)
+        append_event(self.run_dir, "attempt_started", attempt=attempt, master_port=port)
         self.first_failure = None
-        self.live = [self._spawn(p, adir, attempt) for p in self.plan.procs]
+        self.live = [self._spawn(p, adir, attempt, port) for p in self.plan.procs]
         self.store.set_procs(rid, attempt, [self._proc_row(lv) for lv in self.live])
         if self.follower:
             for label, name in self.plan.streams:
                 self.follower.add(label, adir / name)
         reason = self._watch(attempt, adir, now)
+        self._kill_strays(attempt)
         ended = time.time()
         self.store.set_procs(rid, attempt, [self._proc_row(lv) for lv in self.live])
         state = {"cancel": CANCELLED, "timeout": TIMEOUT, "failure": FAILED}.get(reason, SUCCEEDED)
@@ -165,14 +212,19 @@ class Supervisor:
         append_event(self.run_dir, "attempt_ended", attempt=attempt, state=state)
         return state
 
-    def _spawn(self, p: ProcPlan, adir: Path, attempt: int) -> Live:
+    def _spawn(self, p: ProcPlan, adir: Path, attempt: int, port: int) -> Live:
         env = dict(os.environ)
         env.update({k: self._resolve_secrets(v) for k, v in p.env.items()})
         env["TREB_ATTEMPT"] = str(attempt)
+        argv = list(p.argv)
+        if "MASTER_PORT" in p.env:
+            env["MASTER_PORT"] = str(port)
+        if self.plan.launcher == "torchrun" and "--master_port" in argv:
+            argv[argv.index("--master_port") + 1] = str(port)
         fd = os.open(adir / p.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             popen = subprocess.Popen(
-                p.argv, env=env, cwd=p.cwd, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
+                argv, env=env, cwd=p.cwd, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
                 start_new_session=True, preexec_fn=die_with_parent, close_fds=True,
             )  # fmt: skip
         except OSError as exc:
@@ -197,6 +249,10 @@ class Supervisor:
         reason: str | None = None
         kill_at: float | None = None
         timeout_at = started + self.plan.timeout if self.plan.timeout else None
+        warn_at = timeout_at - (self.plan.warning_seconds or 0) if timeout_at else None
+        heartbeat_at = time.time() + HEARTBEAT_S
+        ckpt_sig = int(signal.Signals[self.plan.checkpoint_signal])
+        warned = False
         poll = 0.05 if self.follower else 0.2
         while True:
             for lv in self.live:
@@ -204,20 +260,35 @@ class Supervisor:
                     lv.returncode = lv.popen.returncode
                     lv.ended = time.time()
                     signal_group(lv.popen.pid, signal.SIGKILL)  # leftovers of the rank's group
+                    if warned and lv.returncode == -ckpt_sig:
+                        # It did not handle the timeout warning: part of the timeout, not a bug.
+                        lv.stopped_by_launcher = True
+                        reason = reason or "timeout"
+                        kill_at = kill_at or self._teardown(attempt)
                     self._record_end(lv, adir)
                     if lv.returncode != 0 and reason is None:
                         reason = "failure"
                         kill_at = self._teardown(attempt)
+            now = time.time()
             if reason is None and self.cancel_signal is not None:
                 reason = "cancel"
                 kill_at = self._teardown(attempt)
-            if reason is None and timeout_at and time.time() > timeout_at:
+            if warn_at is not None and reason is None and now >= warn_at:
+                warn_at = None
+                warned = True
+                self.signal_ranks(ckpt_sig)
+                append_event(self.run_dir, "timeout_warning", attempt=attempt,
+                             signal=self.plan.checkpoint_signal)  # fmt: skip
+            if reason is None and timeout_at and now > timeout_at:
                 reason = "timeout"
                 kill_at = self._teardown(attempt)
-            if kill_at is not None and (time.time() >= kill_at or self.force_kill):
+            if kill_at is not None and (now >= kill_at or self.force_kill):
                 for lv in self.live:
                     if lv.ended is None and lv.pid:
                         signal_group(lv.pid, signal.SIGKILL)
+            if now >= heartbeat_at:
+                heartbeat_at = now + HEARTBEAT_S
+                self.store.update_run(self.plan.run_id, last_seen=now)
             if self.follower:
                 self._pump()
             if all(lv.ended is not None for lv in self.live):
@@ -242,17 +313,23 @@ class Supervisor:
                 lv.stopped_by_launcher = True
                 signal_group(lv.pid, signal.SIGTERM)
         append_event(self.run_dir, "teardown", attempt=attempt)
-        return time.time() + GRACE_S
+        return time.time() + self.plan.grace_period
+
+    def _kill_strays(self, attempt: int) -> None:
+        """Anything of this run still alive (a daemon a rank left behind) is killed now."""
+        exclude = {os.getpid(), self.watchdog.pid if self.watchdog else -1}
+        strays = processes_of_run(self.plan.run_id, exclude)
+        for pid in strays:
+            signal_pid(pid, signal.SIGKILL)
+        if strays:
+            append_event(self.run_dir, "strays_killed", attempt=attempt, pids=strays)
 
     def _record_end(self, lv: Live, adir: Path) -> None:
         out = lv.outcome()
         write_json(adir / (Path(lv.plan.log).stem + ".json"), out)
         if lv.returncode and not lv.stopped_by_launcher and self.first_failure is None:
-            self.first_failure = {
-                **out,
-                "attempt": int(adir.name.split("-")[1]),
-                "log": str(adir / lv.plan.log),
-            }
+            attempt = int(adir.name.split("-")[1])
+            self.first_failure = {**out, "attempt": attempt, "log": str(adir / lv.plan.log)}
             self.store.update_run(self.plan.run_id, first_failure=self.first_failure)
 
     def _proc_row(self, lv: Live) -> dict:

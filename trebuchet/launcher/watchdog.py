@@ -12,7 +12,7 @@ import os
 import signal
 import time
 
-from trebuchet.launcher.procs import signal_group
+from trebuchet.launcher.procs import processes_of_run, signal_group
 
 
 class Watchdog:
@@ -74,6 +74,8 @@ def _child(r: int, run_id: str, run_dir: str) -> None:  # pragma: no cover - for
     # The supervisor vanished without saying done: end everything it started.
     for pgid in groups:
         signal_group(pgid, signal.SIGKILL)
+    for pid in processes_of_run(run_id, {os.getpid()}):  # daemons that left their group
+        os.kill(pid, signal.SIGKILL)
     from trebuchet.store.db import Store
     from trebuchet.store.files import append_event
     from trebuchet.store.states import LOST

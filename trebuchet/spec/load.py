@@ -190,7 +190,9 @@ def _field_info(path: tuple) -> tuple[type[BaseModel] | None, Any]:
     model: type[BaseModel] | None = Spec
     info = None
     for part in path:
-        if model is None or not isinstance(part, str) or part not in model.model_fields:
+        if isinstance(part, int):
+            continue  # a list item has its list's model
+        if model is None or part not in model.model_fields:
             return model, info
         info = model.model_fields[part]
         model = _sub_model(model, part)
@@ -248,6 +250,9 @@ def _problems(exc: ValidationError, located: Located, raw: dict) -> list[str]:
             hint = ""
             if isinstance(got, (int, float)) and not isinstance(got, bool) and "string" in what:
                 hint = " (YAML read a number: put the value in quotes)"
+            detail = str(err["msg"]).removeprefix("Value error, ")
+            if etype == "value_error" and not detail.startswith("bad "):
+                hint += f" ({detail})"
             problems.append(f"{where}: {field}: must be {what}, got {_show(got)}{hint}")
     return problems
 

@@ -130,6 +130,33 @@ class Kubernetes(Block):
     image: str | None = allowed("a container image reference", "pod image", default=None)
 
 
+CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+class LogPolicy(Block):
+    """What a failed attempt's logs decide about retrying (as Determined's log_policies)."""
+
+    name: str | None = allowed("a name", "shown in status when the policy matched", default=None)
+    pattern: str = allowed("a regular expression", "searched in the failed attempt's rank logs")
+    action: Literal["no_retry", "retry"] = allowed(
+        "one of no_retry, retry", "no_retry: the failure is final; retry: retry even past `retries`"
+    )
+    max_retries: int = allowed(
+        "an integer >= 0", "retry: at most this many extra attempts", default=3, ge=0
+    )
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        import re
+
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from None
+        return v
+
+
 class Spec(Block):
     """A workload: what to run, on how many nodes and processes, with which software."""
 
@@ -171,6 +198,27 @@ class Spec(Block):
     )
     retries: int = allowed("an integer >= 0", "extra attempts after a failed one", default=0, ge=0)
     timeout: Duration | None = allowed(DURATION_ALLOWED, "per-attempt time limit", default=None)
+    timeout_warning: Duration | None = allowed(
+        DURATION_ALLOWED,
+        "send checkpoint_signal this long before the timeout (default: min(60 s, 10%))",
+        default=None,
+    )
+    grace_period: Duration = allowed(
+        DURATION_ALLOWED, "between SIGTERM and SIGKILL when stopping ranks", default=5.0
+    )
+    checkpoint_signal: str = allowed(
+        "one of " + ", ".join(CHECKPOINT_SIGNALS),
+        "signal that asks ranks to checkpoint (sent before a timeout)",
+        default="SIGUSR2",
+    )
+    log_policies: list[LogPolicy] = allowed(
+        "a list of {pattern, action} mappings",
+        "checked first, before the default policies",
+        default_factory=list,
+    )
+    default_log_policies: bool = allowed(
+        "true or false", "also apply the shipped policies (CUDA OOM: no_retry, ...)", default=True
+    )
     master_port: int | None = allowed(
         "an integer between 1024 and 65535", "fixed MASTER_PORT", default=None, ge=1024, le=65535
     )
@@ -194,10 +242,28 @@ class Spec(Block):
             return v
         raise ValueError("bad command")
 
-    @field_validator("timeout", mode="before")
+    @field_validator("timeout", "timeout_warning", "grace_period", mode="before")
     @classmethod
-    def _timeout(cls, v: Any) -> Any:
+    def _duration(cls, v: Any) -> Any:
         return None if v is None else parse_duration(v)
+
+    @field_validator("checkpoint_signal", mode="before")
+    @classmethod
+    def _signal(cls, v: Any) -> Any:
+        name = str(v).upper()
+        name = name if name.startswith("SIG") else "SIG" + name
+        if name not in CHECKPOINT_SIGNALS:
+            raise ValueError("bad signal")
+        return name
+
+    @property
+    def warning_seconds(self) -> float | None:
+        """When to send the checkpoint signal before a timeout."""
+        if self.timeout is None:
+            return None
+        if self.timeout_warning is not None:
+            return min(self.timeout_warning, self.timeout)
+        return min(60.0, 0.1 * self.timeout)
 
     @model_validator(mode="after")
     def _cross(self) -> Spec:

@@ -41,7 +41,8 @@ CREATE TABLE IF NOT EXISTS runs (
     host TEXT,
     supervisor_pid INTEGER,
     supervisor_start TEXT,
-    backend_id TEXT
+    backend_id TEXT,
+    last_seen REAL
 );
 CREATE INDEX IF NOT EXISTS runs_created ON runs (created_at);
 CREATE INDEX IF NOT EXISTS runs_state ON runs (state);
@@ -95,6 +96,7 @@ class RunRecord:
     supervisor_pid: int | None = None
     supervisor_start: str | None = None
     backend_id: str | None = None
+    last_seen: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -139,6 +141,11 @@ class Store:
                 if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                     self.conn.execute("PRAGMA journal_mode = WAL")
                 self.conn.execute("PRAGMA synchronous = NORMAL")
+                cols = {r[1] for r in self.conn.execute("PRAGMA table_info(runs)")}
+                if cols and "last_seen" not in cols:  # a store made by 0.1.0's first builds
+                    with self.transaction() as c:
+                        if "last_seen" not in {r[1] for r in c.execute("PRAGMA table_info(runs)")}:
+                            c.execute("ALTER TABLE runs ADD COLUMN last_seen REAL")
                 if not self.conn.execute(
                     "SELECT 1 FROM sqlite_master WHERE name = 'procs'"
                 ).fetchone():
