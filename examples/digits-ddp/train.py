@@ -103,6 +103,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--cpu", action="store_true", help="gloo on CPU even with GPUs")
+    parser.add_argument(
+        "--crash-after-epoch", type=int, default=0, metavar="N",
+        help="fault drill: on the first attempt (TREB_ATTEMPT=0) the last rank exits with "
+        "code 1 once epoch N is checkpointed, so a retry can resume from it",
+    )  # fmt: skip
     args = parser.parse_args()
 
     rank, world, device = setup(args.cpu)
@@ -125,6 +130,12 @@ def main() -> None:
 
     samples, train_time = 0, 0.0
     for epoch in range(start + 1, args.epochs + 1):
+        drill = args.crash_after_epoch and epoch == args.crash_after_epoch + 1
+        if drill and os.environ.get("TREB_ATTEMPT", "0") == "0":
+            dist.barrier()  # rank 0 has written the checkpoint of the previous epoch
+            if rank == world - 1:
+                print(f"simulated crash after epoch {args.crash_after_epoch}", flush=True)
+                os._exit(1)
         sampler.set_epoch(epoch)
         ddp.train()
         stats = torch.zeros(2, device=device)  # sum of per-sample loss, samples

@@ -139,6 +139,7 @@ class Supervisor:
             while True:
                 state = self.run_attempt(attempt)
                 if self._should_retry(state, attempt):
+                    self._say(f"attempt {attempt} {state}; retrying as attempt {attempt + 1}")
                     self.store.update_run(rid, state=RETRYING)
                     append_event(self.run_dir, "retrying", attempt=attempt + 1)
                     attempt += 1
@@ -165,6 +166,7 @@ class Supervisor:
             name = policy["name"]
             append_event(self.run_dir, "log_policy", attempt=attempt, policy=name,
                          action=policy["action"], line=line)  # fmt: skip
+            self._say(f"log policy {name} ({policy['action']}) matched: {line}")
             self.store.set_attempt(self.plan.run_id, attempt, reason=f"{name}: {policy['action']}")
             if policy["action"] == "no_retry":
                 return False
@@ -299,6 +301,12 @@ class Supervisor:
                     pass
             except BlockingIOError:
                 pass
+
+    def _say(self, text: str) -> None:
+        """A launcher message on the attached terminal (detached runs have events.jsonl)."""
+        if self.follower:
+            self._pump()
+            print(f"treb: {text}", file=sys.stderr, flush=True)
 
     def _pump(self) -> None:
         try:

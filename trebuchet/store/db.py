@@ -233,6 +233,14 @@ class Store:
 
     # -- attempts and processes ------------------------------------------------------------
     def set_attempt(self, run_id: str, attempt: int, **values: Any) -> None:
+        """Create or update one attempt's row (a new row needs a state)."""
+        if "state" not in values:
+            sets = ", ".join(f"{k} = :{k}" for k in values)
+            self.conn.execute(
+                f"UPDATE attempts SET {sets} WHERE run_id = :_r AND attempt = :_a",
+                {**values, "_r": run_id, "_a": attempt},
+            )
+            return
         cols = {"run_id": run_id, "attempt": attempt, **values}
         names = ", ".join(cols)
         marks = ", ".join(f":{k}" for k in cols)
