@@ -143,12 +143,14 @@ def test_timeout_warns_with_the_checkpoint_signal_then_stops(treb, tmp_path: Pat
     script.write_text(
         "import os, signal, time, pathlib\n"
         "def ckpt(*_):\n"
-        "    pathlib.Path(os.environ['TREB_CHECKPOINT_DIR'], 'saved-' + os.environ['RANK']).touch()\n"
+        "    d = os.environ['TREB_CHECKPOINT_DIR']\n"
+        "    pathlib.Path(d, 'saved-' + os.environ['RANK']).touch()\n"
         "signal.signal(signal.SIGUSR1, ckpt)\n"
         "print('ready', flush=True)\n"
         "time.sleep(300)\n"
     )
-    spec = f"command: [{PY}, {script}]\nprocs_per_node: 2\ntimeout: 3s\ntimeout_warning: 2s\ncheckpoint_signal: USR1\n"
+    spec = f"command: [{PY}, {script}]\nprocs_per_node: 2\n"
+    spec += "timeout: 3s\ntimeout_warning: 2s\ncheckpoint_signal: USR1\n"
     res, st = run_case(treb, tmp_path, spec)
     assert res.returncode == 1 and st["state"] == "TIMEOUT"
     saved = sorted(p.name for p in (Path(st["run_dir"]) / "checkpoints").iterdir())
@@ -200,8 +202,10 @@ def test_log_policy_no_retry_stops_retries(treb, tmp_path: Path) -> None:
 
 
 def test_log_policy_retry_goes_past_retries_but_is_bounded(treb, tmp_path: Path) -> None:
-    spec = ("command: 'echo flaky interconnect; exit 1'\nretries: 1\n"
-            "log_policies:\n  - {name: flaky, pattern: 'flaky interconnect', action: retry, max_retries: 2}\n")  # fmt: skip
+    spec = (
+        "command: 'echo flaky interconnect; exit 1'\nretries: 1\nlog_policies:\n"
+        "  - {name: flaky, pattern: 'flaky interconnect', action: retry, max_retries: 2}\n"
+    )
     res, st = run_case(treb, tmp_path, spec)
     assert st["state"] == "FAILED"
     assert len(st["attempts"]) == 4  # 1 + 2 granted by the policy + 1 of `retries`
@@ -213,8 +217,8 @@ def test_digits_ddp_resumes_from_its_checkpoint(treb, tmp_path: Path) -> None:
     job = REPO / "examples" / "digits-ddp" / "job.yaml"
     clean = treb("run", str(job), "-o", "command=python train.py --epochs 5", timeout=600)
     assert clean.returncode == 0, clean.stderr[-2000:]
-    crashed = treb("run", str(job), "-o", "command=python train.py --epochs 5 --crash-after-epoch 2",
-                   "-o", "retries=1", timeout=600)  # fmt: skip
+    drill = "command=python train.py --epochs 5 --crash-after-epoch 2"
+    crashed = treb("run", str(job), "-o", drill, "-o", "retries=1", timeout=600)
     assert crashed.returncode == 0, crashed.stderr[-2000:]
     st = status_json(treb)
     assert [a["state"] for a in st["attempts"]] == ["FAILED", "SUCCEEDED"]
