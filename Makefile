@@ -27,6 +27,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/launch_overhead.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/cli_startup.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/teardown.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
