@@ -16,7 +16,7 @@ from trebuchet.launcher.procs import alive, start_time
 from trebuchet.launcher.submit import Submission
 from trebuchet.spec.load import LoadedSpec
 from trebuchet.store.db import RunRecord, Store
-from trebuchet.store.files import append_event, write_json
+from trebuchet.store.files import append_event, read_json, write_json
 from trebuchet.store.paths import runs_dir
 from trebuchet.store.states import CANCELLED, LOST, TERMINAL
 
@@ -105,7 +105,8 @@ class LocalBackend:
             raise UserError(f"run {run.id} is supervised on host {run.host}; cancel it there")
         if run.supervisor_pid and alive(run.supervisor_pid, run.supervisor_start):
             os.kill(run.supervisor_pid, 15)
-            deadline = time.time() + float(os.environ.get("TREB_GRACE_S", "5")) + 15
+            plan = read_json(Path(run.run_dir) / "plan.json") or {}
+            deadline = time.time() + float(plan.get("grace_period", 5.0)) + 15
             while time.time() < deadline:
                 rec = store.get(run.id)
                 if rec is None or rec.state in TERMINAL:
