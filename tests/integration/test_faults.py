@@ -130,6 +130,19 @@ def test_signals_to_the_launcher(sig, code, state, treb, treb_home: Path, tmp_pa
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    if state == "LOST":  # the watchdog records it at once, before any `treb` reconciles
+        import sqlite3
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with sqlite3.connect(treb_home / "runs.db") as db:
+                (raw,) = db.execute("SELECT state FROM runs").fetchone()
+            if raw == "LOST":
+                break
+            time.sleep(0.05)
+        assert raw == "LOST"
+        events = (next((treb_home / "runs").iterdir()) / "events.jsonl").read_text()
+        assert "watchdog ended its processes" in events
     st = status_json(treb)
     assert_no_survivors(st["id"])
     assert st["state"] == state

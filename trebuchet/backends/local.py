@@ -10,8 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+from trebuchet.envs import gpus
+from trebuchet.envs.build import python_executable
+from trebuchet.envs.recipe import recipe_for
+from trebuchet.envs.wrap import engine_problem
 from trebuchet.errors import UserError
-from trebuchet.launcher.plan import describe, local_plan
+from trebuchet.launcher.plan import Placement, describe, local_plan
 from trebuchet.launcher.procs import alive, start_time
 from trebuchet.launcher.submit import Submission
 from trebuchet.spec.load import LoadedSpec
@@ -26,34 +30,77 @@ ORPHAN_PENDING_S = 60.0
 class LocalBackend:
     name = "local"
 
+    def __init__(self) -> None:
+        self._placements: dict[int, Placement] = {}
+
+    def placement(self, loaded: LoadedSpec) -> Placement:
+        """GPUs per simulated node and the environment recipe; raises UserError."""
+        key = id(loaded)
+        if key in self._placements:
+            return self._placements[key]
+        spec = loaded.spec
+        vendor, detected = "none", []
+        if spec.gpus_per_node != 0 or spec.environment is not None:
+            vendor, detected = gpus.detect()
+        if spec.gpu_vendor != "auto":
+            vendor = spec.gpu_vendor
+        try:
+            node_gpus = gpus.node_masks(
+                spec.gpus_per_node, gpus.existing_mask(vendor, os.environ), detected, spec.nodes
+            )
+        except gpus.GpuError as exc:
+            raise UserError(f"{loaded.where('gpus_per_node')}: gpus_per_node: {exc}") from None
+        place = Placement(vendor, node_gpus, recipe_for(spec, loaded.base, vendor))
+        self._placements[key] = place
+        return place
+
     def check(self, loaded: LoadedSpec) -> None:
         spec = loaded.spec
         if spec.launcher == "mpirun":
             raise UserError(
-                f"{loaded.source}: launcher: mpirun is not supported by the local backend yet; "
-                "use native, torchrun or none"
+                f"{loaded.where('launcher')}: launcher: mpirun is not supported by the local "
+                "backend yet; use native, torchrun or none"
             )
-        if spec.environment is not None:
+        recipe = self.placement(loaded).recipe
+        where = loaded.where("environment")
+        if recipe and recipe.kind == "image":
+            problem = engine_problem()
+            if problem:
+                raise UserError(f"{where}: environment.image: {problem}")
+        elif recipe and recipe.kind == "conda" and not recipe.conda_bin:
             raise UserError(
-                f"{loaded.source}: environment: building environments is not supported yet; "
-                "omit it to run in the current environment"
+                f"{where}: environment.conda: no micromamba, mamba or conda on PATH "
+                "(install one, or set environment.conda.conda_bin)"
             )
-        if spec.launcher == "torchrun" and not shutil.which("torchrun"):
+        elif recipe and recipe.kind == "venv" and not python_executable(recipe.python):
             raise UserError(
-                f"{loaded.source}: launcher: torchrun is not on PATH "
+                f"{loaded.where('environment', 'python')}: environment.python: Python "
+                f"{recipe.python} is not installed here; install it (your OS packages, pyenv, "
+                f"or `uv python install {recipe.python}` where the network allows) or use "
+                f"{sys.version_info.major}.{sys.version_info.minor}"
+            )
+        if spec.launcher == "torchrun" and recipe is None and not shutil.which("torchrun"):
+            raise UserError(
+                f"{loaded.where('launcher')}: launcher: torchrun is not on PATH "
                 "(install torch in this environment, or use launcher: native)"
             )
 
     def render(self, loaded: LoadedSpec) -> str:
-        self.check(loaded)
+        """What would run; tools that are only needed to run (an engine) are not required."""
+        if loaded.spec.launcher == "mpirun":
+            self.check(loaded)
         placeholder = runs_dir() / "RUN_ID"
-        plan = local_plan(loaded.spec, loaded.workdir, "RUN_ID", placeholder, dict(os.environ))
+        plan = local_plan(
+            loaded.spec, loaded.workdir, "RUN_ID", placeholder, dict(os.environ),
+            self.placement(loaded),
+        )  # fmt: skip
         return describe(plan)
 
     def submit(self, sub: Submission, attach: bool) -> str | None:
         plan = local_plan(
-            sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir, dict(os.environ)
-        )
+            sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir, dict(os.environ),
+            self.placement(sub.loaded),
+        )  # fmt: skip
         write_json(sub.run_dir / "plan.json", plan.to_json())
         if attach:
             from trebuchet.launcher.follow import Follower
@@ -92,11 +139,10 @@ class LocalBackend:
             elif alive(rec.supervisor_pid, rec.supervisor_start):
                 continue
             fresh = store.get(rec.id)  # it may have finished since it was read
-            if (
-                fresh
-                and fresh.active
-                and store.update_run(rec.id, only_if_active=True, state=LOST, ended_at=now)
-            ):
+            if not fresh or not fresh.active:
+                continue
+            last = fresh.last_seen or fresh.started_at or fresh.created_at
+            if store.update_run(rec.id, only_if_active=True, state=LOST, ended_at=last):
                 append_event(Path(rec.run_dir), "lost", reason="supervisor gone")
                 rec.state = LOST
 

@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trebuchet.envs.gpus import gpu_env
+from trebuchet.envs.recipe import Recipe
+from trebuchet.envs.wrap import wrap_argv
 from trebuchet.launcher.policies import policies_for
 
 # Under torchrun each worker appends its own output to its rank file, then becomes the command.
@@ -54,6 +57,9 @@ class Plan:
     checkpoint_signal: str = "SIGUSR2"
     warning_seconds: float | None = None
     log_policies: list[dict[str, Any]] = field(default_factory=list)
+    hooks: list[dict[str, Any]] = field(default_factory=list)  # pre/post commands per node
+    environment: dict[str, Any] | None = None  # an envs.recipe.Recipe as JSON
+    path_prepend: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,14 +89,28 @@ def command_argv(command: str | list[str]) -> list[str]:
     return ["bash", "-c", command] if isinstance(command, str) else list(command)
 
 
+@dataclass
+class Placement:
+    """What the local machine gives a run: GPUs per simulated node and the environment."""
+
+    vendor: str = "none"
+    node_gpus: list[list[str]] = field(default_factory=list)
+    recipe: Recipe | None = None
+
+
 def local_plan(
-    spec: Any, workdir: Path, run_id: str, run_dir: Path, environ: dict[str, str]
-) -> Plan:
+    spec: Any, workdir: Path, run_id: str, run_dir: Path, environ: dict[str, str],
+    place: Placement | None = None,
+) -> Plan:  # fmt: skip
     """The plan for the local backend: `nodes` simulated nodes on this machine."""
-    nodes, ppn = spec.nodes, spec.ranks_per_node
+    place = place or Placement(node_gpus=[[] for _ in range(spec.nodes)])
+    nodes = spec.nodes
+    ppn = spec.ranks_per_node
+    if spec.procs_per_node is None and spec.gpus_per_node == -1 and place.node_gpus[0]:
+        ppn = len(place.node_gpus[0])  # one rank per visible GPU
     world = nodes * ppn
-    addr = "127.0.0.1"
-    port = spec.master_port or free_port(addr)
+    addr = spec.env.get("MASTER_ADDR", "127.0.0.1")
+    port = spec.fixed_port or free_port("127.0.0.1")
     base = {
         "MASTER_ADDR": addr,
         "MASTER_PORT": str(port),
@@ -103,12 +123,33 @@ def local_plan(
     if spec.launcher != "none" and "OMP_NUM_THREADS" not in environ:
         # Simulated nodes share this machine, so its CPUs are split over all local ranks.
         base["OMP_NUM_THREADS"] = str(max(1, usable_cpus() // world))
+    recipe = place.recipe
+    if recipe and recipe.kind == "venv":
+        base["VIRTUAL_ENV"] = recipe.prefix
     base.update(spec.env)
     cmd = command_argv(spec.command)
+    mounts = [f"{workdir}:{workdir}", f"{run_dir}:{run_dir}"]
+    secret_names = list(spec.secrets)
+
+    def wrap(argv: list[str], env: dict[str, str], node: int, label: str) -> list[str]:
+        names = [*env, "TREB_ATTEMPT", *secret_names]
+        gpus = place.node_gpus[node]
+        return wrap_argv(recipe, argv, names, mounts, str(workdir), gpus, f"treb-{run_id}-{label}")
+
     procs: list[ProcPlan] = []
     streams: list[list[str]] = []
+    hooks: list[dict[str, Any]] = []
     for node in range(nodes):
-        node_env = {**base, "NODE_RANK": str(node), "GROUP_RANK": str(node)}
+        node_env = {
+            **base, "NODE_RANK": str(node), "GROUP_RANK": str(node),
+            **gpu_env(place.vendor, place.node_gpus[node], spec.gpus_per_node),
+        }  # fmt: skip
+        for when, text in (("pre", spec.pre), ("post", spec.post)):
+            if text:
+                env = {**node_env, "LOCAL_WORLD_SIZE": str(ppn)}
+                argv = wrap(["bash", "-c", text], env, node, f"{when}{node}")
+                hooks.append({"when": when, "node": node, "argv": argv, "env": env,
+                              "cwd": str(workdir), "log": f"{when}-node-{node}.log"})  # fmt: skip
         if spec.launcher == "native":
             for local in range(ppn):
                 rank = node * ppn + local
@@ -123,8 +164,9 @@ def local_plan(
                     **node_env,
                 }
                 label = f"{node}:{local}"
+                argv = wrap(cmd, env, node, f"r{rank}")
                 procs.append(
-                    ProcPlan(label, node, rank, local, cmd, env, str(workdir), f"rank-{rank}.log")
+                    ProcPlan(label, node, rank, local, argv, env, str(workdir), f"rank-{rank}.log")
                 )
                 streams.append([label, f"rank-{rank}.log"])
         elif spec.launcher == "torchrun":
@@ -133,6 +175,7 @@ def local_plan(
                 "--nproc_per_node", str(ppn), "--master_addr", addr, "--master_port", str(port),
                 "--no-python", "bash", "-c", RANK_LOG_WRAPPER, "treb-rank", *cmd,
             ]  # fmt: skip
+            argv = wrap(argv, node_env, node, f"n{node}")
             procs.append(
                 ProcPlan(
                     f"{node}", node, None, None, argv, node_env, str(workdir), f"node-{node}.log"
@@ -143,17 +186,20 @@ def local_plan(
                 streams.append([f"{node}:{local}", f"rank-{node * ppn + local}.log"])
         else:  # none: the user's own launcher, once per node
             env = {**node_env, "LOCAL_WORLD_SIZE": str(ppn)}
+            argv = wrap(cmd, env, node, f"n{node}")
             procs.append(
-                ProcPlan(f"{node}", node, None, None, cmd, env, str(workdir), f"node-{node}.log")
+                ProcPlan(f"{node}", node, None, None, argv, env, str(workdir), f"node-{node}.log")
             )
             streams.append([f"{node}", f"node-{node}.log"])
     return Plan(
         run_id=run_id, run_dir=str(run_dir), launcher=spec.launcher, nodes=nodes,
         procs_per_node=ppn, master_addr=addr, master_port=port, retries=spec.retries,
-        timeout=spec.timeout, secrets=list(spec.secrets), procs=procs, streams=streams,
-        port_auto=spec.master_port is None, grace_period=spec.grace_period,
+        timeout=spec.timeout, secrets=secret_names, procs=procs, streams=streams,
+        port_auto=spec.fixed_port is None, grace_period=spec.grace_period,
         checkpoint_signal=spec.checkpoint_signal, warning_seconds=spec.warning_seconds,
-        log_policies=policies_for(spec),
+        log_policies=policies_for(spec), hooks=hooks,
+        environment=recipe.to_json() if recipe else None,
+        path_prepend=[f"{recipe.prefix}/bin"] if recipe and recipe.kind == "venv" else [],
     )  # fmt: skip
 
 
@@ -163,6 +209,15 @@ def describe(plan: Plan, attempt: int = 0) -> str:
         f"# {len(plan.procs)} process(es), launcher {plan.launcher}, "
         f"{plan.nodes} node(s) x {plan.procs_per_node}; inherits the submitting environment"
     ]
+    if plan.environment:
+        env = plan.environment
+        where = env.get("image") or env.get("prefix")
+        lines.append(f"# environment: {env['kind']} {where} (stamp {env.get('stamp') or '-'})")
+    if plan.path_prepend:
+        lines.append(f"# PATH starts with {':'.join(plan.path_prepend)}")
+    for h in plan.hooks:
+        lines.append(f"\n[{h['when']} node {h['node']}] cwd={shlex.quote(h['cwd'])}")
+        lines.append("  $ " + shlex.join(h["argv"]))
     for p in plan.procs:
         env = {**p.env, "TREB_ATTEMPT": str(attempt)}
         env.update({name: "***" for name in plan.secrets})

@@ -36,7 +36,7 @@ def check_secrets(loaded: LoadedSpec, environ: dict[str, str] | os._Environ) -> 
     missing = [n for n in loaded.spec.secrets if n not in environ]
     if missing:
         raise UserError(
-            f"{loaded.source}: secrets: {', '.join(missing)} not set in this shell "
+            f"{loaded.where('secrets')}: secrets: {', '.join(missing)} not set in this shell "
             "(secrets are read from the submitting environment at launch)"
         )
 

@@ -38,7 +38,7 @@ from trebuchet.store.db import Store
 from trebuchet.store.files import append_event, read_json, write_json
 from trebuchet.store.states import CANCELLED, FAILED, LOST, RETRYING, RUNNING, SUCCEEDED, TIMEOUT
 
-SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 HEARTBEAT_S = 5.0
 
 
@@ -135,6 +135,9 @@ class Supervisor:
         append_event(self.run_dir, "run_started", pid=me)
         self.watchdog = Watchdog(rid, str(self.run_dir))
         try:
+            if not self.prepare_environment():
+                self.finish(FAILED)
+                return FAILED
             attempt = 0
             while True:
                 state = self.run_attempt(attempt)
@@ -148,7 +151,46 @@ class Supervisor:
             self.finish(state)
         finally:
             self.watchdog.done()
+            if self.plan.environment and self.plan.environment.get("cleanup"):
+                from trebuchet.envs.build import remove
+                from trebuchet.envs.recipe import Recipe
+
+                remove(Recipe.from_json(self.plan.environment))
         return state
+
+    def prepare_environment(self) -> bool:
+        """Build or reuse the run's environment; False (and a recorded failure) if it fails."""
+        if not self.plan.environment:
+            return True
+        from trebuchet.envs.build import BuildError, ensure
+        from trebuchet.envs.recipe import Recipe
+
+        recipe = Recipe.from_json(self.plan.environment)
+        log_path = self.run_dir / "environment.log"
+        self._say(f"environment {recipe.name} ({recipe.kind}): checking")
+        t0 = time.time()
+        try:
+            with open(log_path, "a") as log:
+                info = ensure(recipe, log)
+        except (BuildError, OSError) as exc:
+            self.first_failure = {"label": "environment", "rank": None, "node": None,
+                                  "local_rank": None, "exit_code": 1, "signal": None,
+                                  "ended_at": time.time(), "attempt": 0, "log": str(log_path),
+                                  "message": str(exc)}  # fmt: skip
+            self.store.set_attempt(
+                self.plan.run_id, 0, state=FAILED, started_at=t0, ended_at=time.time(),
+                reason="environment build failed",
+            )  # fmt: skip
+            append_event(self.run_dir, "environment_failed", error=str(exc))
+            self._say(f"environment build failed: {exc}")
+            return False
+        append_event(
+            self.run_dir, "environment_ready", reused=info.get("reused"),
+            seconds=time.time() - t0, stamp=recipe.stamp, prefix=recipe.prefix,
+        )  # fmt: skip
+        verb = "reused" if info.get("reused") else "built"
+        self._say(f"environment {recipe.name} {verb} in {time.time() - t0:.2f}s")
+        return True
 
     def _should_retry(self, state: str, attempt: int) -> bool:
         """Retries (and log policies) decide; a cancel is never retried."""
@@ -172,6 +214,10 @@ class Supervisor:
                 return False
             if self.policy_retries.get(name, 0) < policy.get("max_retries", 3):
                 self.policy_retries[name] = self.policy_retries.get(name, 0) + 1
+                granted = sum(self.policy_retries.values())
+                self.store.update_run(
+                    self.plan.run_id, max_attempts=1 + self.plan.retries + granted
+                )
                 return True
         return normal_used < self.plan.retries
 
@@ -198,6 +244,10 @@ class Supervisor:
             port = free_port(self.plan.master_addr)
         append_event(self.run_dir, "attempt_started", attempt=attempt, master_port=port)
         self.first_failure = None
+        if not self._run_hooks("pre", adir, attempt):
+            self.live = []
+            self.store.set_attempt(rid, attempt, state=FAILED, ended_at=time.time(), reason="pre")
+            return CANCELLED if self.cancel_signal is not None else FAILED
         self.live = [self._spawn(p, adir, attempt, port) for p in self.plan.procs]
         self.store.set_procs(rid, attempt, [self._proc_row(lv) for lv in self.live])
         if self.follower:
@@ -205,9 +255,12 @@ class Supervisor:
                 self.follower.add(label, adir / name)
         reason = self._watch(attempt, adir, now)
         self._kill_strays(attempt)
+        if not self._run_hooks("post", adir, attempt) and reason is None:
+            reason = "post"
         ended = time.time()
         self.store.set_procs(rid, attempt, [self._proc_row(lv) for lv in self.live])
-        state = {"cancel": CANCELLED, "timeout": TIMEOUT, "failure": FAILED}.get(reason, SUCCEEDED)
+        states = {"cancel": CANCELLED, "timeout": TIMEOUT, "failure": FAILED, "post": FAILED}
+        state = states.get(reason, SUCCEEDED)
         if reason is None and any(lv.returncode != 0 for lv in self.live):
             state = FAILED
         self.store.set_attempt(rid, attempt, state=state, ended_at=ended, reason=reason)
@@ -218,6 +271,8 @@ class Supervisor:
         env = dict(os.environ)
         env.update({k: self._resolve_secrets(v) for k, v in p.env.items()})
         env["TREB_ATTEMPT"] = str(attempt)
+        if self.plan.path_prepend:
+            env["PATH"] = os.pathsep.join([*self.plan.path_prepend, os.environ.get("PATH", "")])
         argv = list(p.argv)
         if "MASTER_PORT" in p.env:
             env["MASTER_PORT"] = str(port)
@@ -240,16 +295,59 @@ class Supervisor:
             self.watchdog.watch(popen.pid)
         return Live(p, popen, time.time())
 
+    def _run_hooks(self, when: str, adir: Path, attempt: int) -> bool:
+        """The spec's pre/post command on every node, in parallel; False if one failed."""
+        hooks = [h for h in self.plan.hooks if h["when"] == when]
+        if not hooks:
+            return True
+        procs = []
+        for h in hooks:
+            hook = ProcPlan(f"{when}:{h['node']}", h["node"], None, None, h["argv"], h["env"],
+                            h["cwd"], h["log"])  # fmt: skip
+            procs.append(self._spawn(hook, adir, attempt, self.plan.master_port))
+        while any(lv.popen and lv.popen.poll() is None for lv in procs):
+            if self.cancel_signal is not None:
+                for lv in procs:
+                    if lv.pid and lv.popen and lv.popen.poll() is None:
+                        lv.stopped_by_launcher = True
+                        signal_group(lv.pid, signal.SIGKILL)
+            select.select([self._wake_r], [], [], 0.1)
+            self._drain_wakeups()
+        ok = True
+        for lv in procs:
+            if lv.popen:
+                lv.returncode, lv.ended = lv.popen.returncode, time.time()
+                self._record_end(lv, adir)
+            ok = ok and lv.returncode == 0
+        append_event(self.run_dir, f"{when}_hooks", attempt=attempt, ok=ok)
+        if not ok:
+            self._say(f"{when} command failed on a node; see attempt-{attempt}/{when}-node-*.log")
+        return ok
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while os.read(self._wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
     def _resolve_secrets(self, value: str) -> str:
         names = set(self.plan.secrets)
-        return SECRET_REF.sub(
-            lambda m: os.environ.get(m.group(1), "") if m.group(1) in names else m.group(0), value
-        )
+
+        def sub(m: re.Match[str]) -> str:
+            if m.group(1) not in names:
+                return m.group(0)
+            return os.environ.get(m.group(1)) or (m.group(2) or "")
+
+        return SECRET_REF.sub(sub, value)
 
     def _watch(self, attempt: int, adir: Path, started: float) -> str | None:
         """Wait for every process; returns why the attempt was stopped early, if it was."""
         reason: str | None = None
         kill_at: float | None = None
+        if any(lv.popen is None for lv in self.live):  # a process could not even start
+            reason = "failure"
+            kill_at = self._teardown(attempt)
         timeout_at = started + self.plan.timeout if self.plan.timeout else None
         warn_at = timeout_at - (self.plan.warning_seconds or 0) if timeout_at else None
         heartbeat_at = time.time() + HEARTBEAT_S
@@ -296,11 +394,7 @@ class Supervisor:
             if all(lv.ended is not None for lv in self.live):
                 return reason
             select.select([self._wake_r], [], [], poll)
-            try:
-                while os.read(self._wake_r, 512):
-                    pass
-            except BlockingIOError:
-                pass
+            self._drain_wakeups()
 
     def _say(self, text: str) -> None:
         """A launcher message on the attached terminal (detached runs have events.jsonl)."""

@@ -1,8 +1,10 @@
-"""A forked helper that ends a run's process groups if its supervisor dies (even by SIGKILL).
+"""A helper process that ends a run's processes if its supervisor dies (even by SIGKILL).
 
 PDEATHSIG only reaches a rank's first process; the watchdog also ends what the ranks
-started, and records the run as LOST at once instead of leaving it RUNNING. It lives in
-its own session, so a Ctrl+C or a kill of the terminal's group does not take it down first.
+started, and records the run as LOST at once instead of leaving it RUNNING. It is a fresh
+process in its own session (a forked copy of the supervisor could not use SQLite safely),
+so a Ctrl+C or a kill of the terminal's group does not take it down first. The supervisor
+writes `+PGID` lines to its stdin as it starts ranks and `done` when it finishes.
 """
 
 from __future__ import annotations
@@ -10,76 +12,67 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
-
-from trebuchet.launcher.procs import processes_of_run, signal_group
+from pathlib import Path
 
 
 class Watchdog:
     """The supervisor's end of the pipe: announce process groups, then say done."""
 
     def __init__(self, run_id: str, run_dir: str) -> None:
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the forked child
-            code = 0
-            try:
-                os.close(w)
-                _child(r, run_id, run_dir)
-            except BaseException:
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(r)
-        self._w: int | None = w
-        self.pid = pid
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trebuchet.launcher.watchdog", run_id, run_dir],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True,
+        )  # fmt: skip
+        self.pid = self.proc.pid
+
+    def _send(self, line: str) -> None:
+        if self.proc.stdin and not self.proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.write(line.encode())
+                self.proc.stdin.flush()
 
     def watch(self, pgid: int) -> None:
-        if self._w is not None:
-            os.write(self._w, f"+{pgid}\n".encode())
+        self._send(f"+{pgid}\n")
 
     def done(self) -> None:
         """The supervisor finished on its own: the watchdog leaves without killing."""
-        if self._w is None:
-            return
-        with contextlib.suppress(OSError):
-            os.write(self._w, b"done\n")
-        os.close(self._w)
-        self._w = None
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
+        self._send("done\n")
+        if self.proc.stdin:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
 
 
-def _child(r: int, run_id: str, run_dir: str) -> None:  # pragma: no cover - forked child
-    os.setsid()
-    signal.set_wakeup_fd(-1)
+def main(run_id: str, run_dir: str) -> int:
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    os.closerange(0, r)
-    os.closerange(r + 1, 1 << 16)
     groups: set[int] = set()
-    buf = b""
-    while True:
-        data = os.read(r, 4096)
-        if not data:
-            break
-        buf += data
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            if line == b"done":
-                return
-            if line.startswith(b"+"):
-                groups.add(int(line[1:]))
-    # The supervisor vanished without saying done: end everything it started.
+    for raw in sys.stdin.buffer:
+        line = raw.strip()
+        if line == b"done":
+            return 0
+        if line.startswith(b"+"):
+            groups.add(int(line[1:]))
+    # EOF without `done`: the supervisor vanished. End everything it started.
+    from trebuchet.launcher.procs import processes_of_run, signal_group, signal_pid
+
     for pgid in groups:
         signal_group(pgid, signal.SIGKILL)
     for pid in processes_of_run(run_id, {os.getpid()}):  # daemons that left their group
-        os.kill(pid, signal.SIGKILL)
+        signal_pid(pid, signal.SIGKILL)
     from trebuchet.store.db import Store
     from trebuchet.store.files import append_event
     from trebuchet.store.states import LOST
 
-    store = Store()
-    if store.update_run(run_id, only_if_active=True, state=LOST, ended_at=time.time()):
-        append_event(__import__("pathlib").Path(run_dir), "lost", reason="supervisor died")
+    if Store().update_run(run_id, only_if_active=True, state=LOST, ended_at=time.time()):
+        append_event(Path(run_dir), "lost", reason="supervisor died; watchdog ended its processes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -28,13 +28,13 @@ def _parse_text(text: str) -> float:
     if re.fullmatch(r"\d+(\.\d+)?", text):
         return float(text)
     if re.fullmatch(r"(\d+-)?\d+(:\d+){0,2}", text):
-        days = 0
-        if "-" in text:
+        days, has_days = 0, "-" in text
+        if has_days:
             d, text = text.split("-", 1)
             days = int(d)
         nums = [int(x) for x in text.split(":")]
-        # Slurm's forms: MM, MM:SS, HH:MM:SS (and D-HH, D-HH:MM, D-HH:MM:SS).
-        if days:
+        # Slurm's forms: MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (a bare number is seconds).
+        if has_days:
             nums += [0] * (3 - len(nums))
             h, m, s = nums
         elif len(nums) == 3:

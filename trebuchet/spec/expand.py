@@ -36,10 +36,10 @@ def expand_text(
             raise ExpandError(
                 f"${{{name}}} is a secret; secrets may be referenced in env values only"
             )
+        if default is not None:  # as in the shell: ${VAR:-x} also replaces an empty VAR
+            return environ.get(name) or default
         if name in environ:
             return environ[name]
-        if default is not None:
-            return default
         raise ExpandError(
             f"${{{name}}} is not set in the submitting environment and has no default "
             f"(set it, or write ${{{name}:-value}})"

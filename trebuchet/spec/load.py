@@ -28,10 +28,16 @@ class LoadedSpec:
     spec: Spec
     path: Path | None
     workdir: Path
+    base: Path = Path(".")  # the spec file's folder: environment files are relative to it
+    located: Located | None = None
 
     @property
     def source(self) -> str:
         return str(self.path) if self.path else "<spec>"
+
+    def where(self, *path: str) -> str:
+        """`file:line` of a field, for errors found after validation (by a backend)."""
+        return self.located.where(path) if self.located else self.source
 
 
 def default_name(path: Path | None) -> str:
@@ -42,14 +48,21 @@ def default_name(path: Path | None) -> str:
 
 
 def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
-    """`key.sub=value` -> (("key", "sub"), value parsed as a YAML scalar or flow list)."""
+    """`key.sub=value` -> (("key", "sub"), value).
+
+    The value stays the text typed (validation converts "2" to an integer where one is
+    expected; env.LR=0.10 stays "0.10", name=0123 stays "0123"); only flow collections
+    ([a, b], {k: v}) and null are read as YAML."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip() or any(not p for p in key.strip().split(".")):
         raise UserError(f"-o {text}: expected key.sub=value")
-    try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
-    except yaml.YAMLError:
-        parsed = value
+    parsed: Any = value
+    stripped = value.strip()
+    if stripped[:1] in ("[", "{") or stripped in ("null", "~"):
+        try:
+            parsed = yaml.safe_load(stripped)
+        except yaml.YAMLError:
+            raise UserError(f"-o {text}: the value is not valid YAML") from None
     return tuple(key.strip().split(".")), parsed
 
 
@@ -122,7 +135,31 @@ def load_spec(
     workdir = (base / spec.workdir).resolve()
     if not workdir.is_dir():
         raise SpecError([f"{located.where(('workdir',))}: workdir: {workdir} is not a directory"])
-    return LoadedSpec(spec=spec, path=p.resolve() if p else None, workdir=workdir)
+    missing = [
+        f"{located.where(field)}: {_dotted(field)}: {base / value} does not exist"
+        for field, value in _input_files(spec)
+        if not (base / value).is_file()
+    ]
+    if missing:
+        raise SpecError(missing)
+    return LoadedSpec(
+        spec=spec, path=p.resolve() if p else None, workdir=workdir, base=base, located=located
+    )
+
+
+def _input_files(spec: Spec) -> list[tuple[tuple[str, ...], str]]:
+    """Files an environment is built from (relative to the spec file), by field."""
+    env = spec.environment
+    if env is None:
+        return []
+    out = []
+    if isinstance(env.requirements, str):
+        out.append((("environment", "requirements"), env.requirements))
+    if env.setup:
+        out.append((("environment", "setup"), env.setup))
+    if env.conda and env.conda.environment_file:
+        out.append((("environment", "conda", "environment_file"), env.conda.environment_file))
+    return out
 
 
 def _line_key(problem: str) -> tuple[int, str]:
@@ -251,7 +288,7 @@ def _problems(exc: ValidationError, located: Located, raw: dict) -> list[str]:
             if isinstance(got, (int, float)) and not isinstance(got, bool) and "string" in what:
                 hint = " (YAML read a number: put the value in quotes)"
             detail = str(err["msg"]).removeprefix("Value error, ")
-            if etype == "value_error" and not detail.startswith("bad "):
+            if etype == "value_error" and not detail.startswith("bad ") and detail not in what:
                 hint += f" ({detail})"
             problems.append(f"{where}: {field}: must be {what}, got {_show(got)}{hint}")
     return problems

@@ -31,7 +31,7 @@ def _env_value(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, (str, int, float)):
         return str(v)
-    raise ValueError("not a scalar")
+    raise ValueError("bad value")
 
 
 # Written as "2h" or 7200 in YAML, held as seconds once validated.
@@ -88,6 +88,33 @@ class Environment(Block):
     )
     cleanup: bool = allowed("true or false", "remove the env after the run", default=False)
 
+    @model_validator(mode="after")
+    def _combos(self) -> Environment:
+        """Forms that cannot make sense are refused before anything is built."""
+        if self.image and self.conda:
+            raise ValueError("@environment.image|cannot be combined with environment.conda")
+        if self.image and (self.python or self.requirements or self.setup):
+            raise ValueError(
+                "@environment.image|python, requirements and setup do not apply to an image; "
+                "bake them into the image"
+            )
+        if self.mounts and not self.image:
+            raise ValueError("@environment.mounts|mounts need environment.image")
+        if self.conda and self.python:
+            raise ValueError("@environment.python|for conda, set environment.conda.python")
+        if self.conda and not (self.conda.environment_file or self.conda.python):
+            raise ValueError(
+                "@environment.conda|needs environment_file or python (no way to create it)"
+            )
+        for m in self.mounts:
+            if ":" not in m:
+                raise ValueError(f"@environment.mounts|{m!r} is not SRC:DST[:ro]")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "image" if self.image else "conda" if self.conda else "venv"
+
 
 class Slurm(Block):
     account: str | None = allowed("a string", "#SBATCH --account", default=None)
@@ -130,6 +157,11 @@ class Kubernetes(Block):
     image: str | None = allowed("a container image reference", "pod image", default=None)
 
 
+# Set by the launcher for each process; a spec cannot override them.
+LAUNCHER_VARS = frozenset(
+    {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+     "NUM_NODES", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE"}
+)  # fmt: skip
 CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
@@ -196,6 +228,17 @@ class Spec(Block):
     environment: Environment | None = allowed(
         "a mapping", "software environment (omitted: the current one)", default=None
     )
+    gpu_vendor: Literal["auto", "nvidia", "amd"] = allowed(
+        "one of auto, nvidia, amd", "GPU vendor (auto: detected)", default="auto"
+    )
+    pre: str | None = allowed(
+        "a shell command", "runs on each node, inside the environment, before the ranks",
+        default=None,
+    )  # fmt: skip
+    post: str | None = allowed(
+        "a shell command", "runs on each node, inside the environment, after the ranks",
+        default=None,
+    )  # fmt: skip
     retries: int = allowed("an integer >= 0", "extra attempts after a failed one", default=0, ge=0)
     timeout: Duration | None = allowed(DURATION_ALLOWED, "per-attempt time limit", default=None)
     timeout_warning: Duration | None = allowed(
@@ -267,6 +310,17 @@ class Spec(Block):
 
     @model_validator(mode="after")
     def _cross(self) -> Spec:
+        for name in self.env:
+            if name in LAUNCHER_VARS or name.startswith("TREB_"):
+                raise ValueError(f"@env.{name}|is set by the launcher for each process")
+        if "MASTER_PORT" in self.env:
+            if self.master_port is not None:
+                raise ValueError("@env.MASTER_PORT|set master_port or env.MASTER_PORT, not both")
+            if (
+                not self.env["MASTER_PORT"].isdigit()
+                or not 0 < int(self.env["MASTER_PORT"]) < 65536
+            ):
+                raise ValueError("@env.MASTER_PORT|must be a port number")
         clash = sorted(set(self.secrets) & set(self.env))
         if clash:
             raise ValueError(
@@ -281,6 +335,13 @@ class Spec(Block):
         if self.procs_per_node:
             return self.procs_per_node
         return self.gpus_per_node if self.gpus_per_node > 0 else 1
+
+    @property
+    def fixed_port(self) -> int | None:
+        """MASTER_PORT when the spec pins it (master_port or env.MASTER_PORT)."""
+        if self.master_port:
+            return self.master_port
+        return int(self.env["MASTER_PORT"]) if "MASTER_PORT" in self.env else None
 
     @property
     def world_size(self) -> int:

@@ -8,6 +8,7 @@ IMMEDIATE transaction, and a long busy timeout waits out writers instead of fail
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -130,6 +131,8 @@ class Store:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or db_path()
+        if not self.path.exists():  # private to the user, like the run directories
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
         self.conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
         self.conn.row_factory = sqlite3.Row
         self.conn.execute("PRAGMA busy_timeout = 60000")

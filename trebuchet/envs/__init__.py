@@ -1,0 +1,1 @@
+"""Workload environments (venv, conda prefix, container image) and GPU masks."""
