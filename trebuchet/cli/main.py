@@ -14,6 +14,7 @@ VERBS = {
     "cancel": "stop a run",
     "render": "show exactly what would be launched",
     "schema": "print the spec's JSON Schema",
+    "build": "build or refresh the spec's environment now",
 }
 
 
@@ -64,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help=VERBS["render"])
     _add_spec_args(p)
     sub.add_parser("schema", help=VERBS["schema"])
+    p = sub.add_parser("build", help=VERBS["build"])
+    _add_spec_args(p)
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     return parser
 
 
