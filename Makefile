@@ -28,6 +28,7 @@ bench: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/launch_overhead.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/cli_startup.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/teardown.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/env_build.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
