@@ -48,7 +48,7 @@ def test_native_contract_two_simulated_nodes(treb, tmp_path: Path) -> None:
         assert e["OMP_NUM_THREADS"] == str(expected_omp)
         assert e["EXTRA"] == "from-spec"
         assert e["_argv"] == ["a b", "$RANK"]  # a list command is not expanded by any shell
-        assert e["_cwd"] == str(tmp_path)
+        assert e["_cwd"] == e["TREB_CODE_DIR"] == str(run_dir / "code")  # the snapshot
         assert "TREB_HOME" in e  # the submitting environment is inherited
 
 

@@ -19,6 +19,8 @@ def main(args: argparse.Namespace) -> int:
     backend.check(loaded)
     store = Store()
     sub = prepare(loaded, args.on, store)
+    for warning in sub.warnings:
+        print(f"treb: warning: {warning}", file=sys.stderr)
     rec = sub.record
     if args.detach:
         backend.submit(sub, attach=False)

@@ -44,6 +44,9 @@ def main(args: argparse.Namespace) -> int:
     if rec.spec_path:
         con.print(f"  spec    {rec.spec_path}")
     con.print(f"  run dir {rec.run_dir}")
+    if rec.git_commit:
+        dirty = " with uncommitted changes" if rec.git_dirty else ""
+        con.print(f"  code    git {rec.git_commit[:12]}{dirty}")
     if rec.first_failure:
         con.print(f"  [red]first failure[/]: {describe_failure(rec.first_failure)}")
         con.print(f"    log {rec.first_failure.get('log')}")

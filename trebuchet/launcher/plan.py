@@ -118,6 +118,7 @@ def local_plan(
         "TREB_RUN_ID": run_id,
         "TREB_RUN_DIR": str(run_dir),
         "TREB_CHECKPOINT_DIR": str(run_dir / "checkpoints"),
+        "TREB_CODE_DIR": str(workdir),
         "PYTHONUNBUFFERED": "1",
     }
     if spec.launcher != "none" and "OMP_NUM_THREADS" not in environ:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
 from trebuchet.errors import UserError
+from trebuchet.launcher.snapshot import parse_size, take
 from trebuchet.spec.load import LoadedSpec
 from trebuchet.store.db import RunRecord, Store
-from trebuchet.store.files import append_event, write_atomic
+from trebuchet.store.files import append_event, write_atomic, write_json
 from trebuchet.store.paths import run_dir
 from trebuchet.store.states import PENDING
 
@@ -26,6 +28,7 @@ class Submission:
     record: RunRecord
     run_dir: Path
     store: Store
+    warnings: list[str] = field(default_factory=list)
 
 
 def new_run_id() -> str:
@@ -64,13 +67,33 @@ def prepare(loaded: LoadedSpec, backend: str, store: Store) -> Submission:
     else:  # pragma: no cover - 5 collisions of 32 random bits
         raise UserError("could not allocate a run id")
     (path / "checkpoints").mkdir(mode=0o700)
+    warnings: list[str] = []
+    git_commit, git_dirty = None, None
+    if spec.snapshot:
+        try:
+            snap = take(loaded.workdir, path / "code", parse_size(spec.snapshot_max_size))
+        except UserError:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        write_json(path / "snapshot.json", {**asdict(snap), "source": str(loaded.workdir)})
+        git_commit, git_dirty = snap.git_commit, snap.git_dirty
+        if snap.untracked_left_out:
+            shown = ", ".join(snap.untracked_left_out[:5])
+            more = len(snap.untracked_left_out) - 5
+            warnings.append(
+                f"{len(snap.untracked_left_out)} untracked file(s) left out of the code snapshot: "
+                f"{shown}{f' and {more} more' if more > 0 else ''} (git add them, list them in "
+                ".trebignore, or set snapshot: false)"
+            )
+        loaded.workdir = Path(snap.path)
     write_atomic(path / "spec.yaml", resolved_spec_yaml(loaded))
     rec = RunRecord(
         id=rid, name=spec.name, backend=backend, launcher=spec.launcher, state=PENDING,
         nodes=spec.nodes, procs_per_node=spec.ranks_per_node, run_dir=str(path),
         created_at=time.time(), max_attempts=spec.retries + 1,
-        spec_path=str(loaded.path) if loaded.path else None,
+        spec_path=str(loaded.path) if loaded.path else None, git_commit=git_commit,
+        git_dirty=None if git_dirty is None else int(git_dirty),
     )  # fmt: skip
     store.insert_run(rec)
     append_event(path, "submitted", backend=backend)
-    return Submission(loaded=loaded, record=rec, run_dir=path, store=store)
+    return Submission(loaded=loaded, record=rec, run_dir=path, store=store, warnings=warnings)

@@ -268,6 +268,19 @@ class Spec(Block):
     profile: Literal["none", "nsys", "torch"] = allowed(
         "one of none, nsys, torch", "profiler", default="none"
     )
+    profile_ranks: list[Annotated[int, Field(ge=0)]] | None = allowed(
+        "a list of ranks (integers >= 0)", "profile only these ranks (default: all)", default=None
+    )
+    snapshot: bool = allowed(
+        "true or false", "run a copy of the workdir made at submission", default=True
+    )
+    snapshot_max_size: str = allowed(
+        "a size such as 200MB or 2GB", "refuse a snapshot larger than this", default="200MB"
+    )
+    ignore_checks: list[str] = allowed(
+        "a list of preflight finding ids", "silence these `treb check` findings",
+        default_factory=list,
+    )  # fmt: skip
     slurm: Slurm = allowed("a mapping", "Slurm-specific settings", default_factory=Slurm)
     skypilot: SkyPilot = allowed(
         "a mapping", "SkyPilot-specific settings", default_factory=SkyPilot

@@ -43,7 +43,11 @@ CREATE TABLE IF NOT EXISTS runs (
     supervisor_pid INTEGER,
     supervisor_start TEXT,
     backend_id TEXT,
-    last_seen REAL
+    last_seen REAL,
+    git_commit TEXT,
+    git_dirty INTEGER,
+    sweep_id TEXT,
+    params TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_created ON runs (created_at);
 CREATE INDEX IF NOT EXISTS runs_state ON runs (state);
@@ -73,6 +77,13 @@ CREATE TABLE IF NOT EXISTS procs (
 """
 
 
+# Columns added after the first schema; older stores gain them on open.
+ADDED_COLUMNS = {
+    "last_seen": "REAL", "git_commit": "TEXT", "git_dirty": "INTEGER", "sweep_id": "TEXT",
+    "params": "TEXT",
+}  # fmt: skip
+
+
 @dataclass
 class RunRecord:
     """One row of `runs`; first_failure is decoded JSON."""
@@ -98,6 +109,10 @@ class RunRecord:
     supervisor_start: str | None = None
     backend_id: str | None = None
     last_seen: float | None = None
+    git_commit: str | None = None
+    git_dirty: int | None = None
+    sweep_id: str | None = None
+    params: str | None = None  # JSON of a sweep point's overrides
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -145,10 +160,12 @@ class Store:
                     self.conn.execute("PRAGMA journal_mode = WAL")
                 self.conn.execute("PRAGMA synchronous = NORMAL")
                 cols = {r[1] for r in self.conn.execute("PRAGMA table_info(runs)")}
-                if cols and "last_seen" not in cols:  # a store made by 0.1.0's first builds
+                if cols and not set(ADDED_COLUMNS) <= cols:  # a store made by an older build
                     with self.transaction() as c:
-                        if "last_seen" not in {r[1] for r in c.execute("PRAGMA table_info(runs)")}:
-                            c.execute("ALTER TABLE runs ADD COLUMN last_seen REAL")
+                        have = {r[1] for r in c.execute("PRAGMA table_info(runs)")}
+                        for name, kind in ADDED_COLUMNS.items():
+                            if name not in have:
+                                c.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
                 if not self.conn.execute(
                     "SELECT 1 FROM sqlite_master WHERE name = 'procs'"
                 ).fetchone():
