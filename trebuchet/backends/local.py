@@ -79,6 +79,11 @@ class LocalBackend:
                 f"or `uv python install {recipe.python}` where the network allows) or use "
                 f"{sys.version_info.major}.{sys.version_info.minor}"
             )
+        if spec.profile == "nsys" and recipe is None and not shutil.which("nsys"):
+            raise UserError(
+                f"{loaded.where('profile')}: profile: nsys is not on PATH (install NVIDIA Nsight "
+                "Systems, or use profile: torch or none)"
+            )
         if spec.launcher == "torchrun" and recipe is None and not shutil.which("torchrun"):
             raise UserError(
                 f"{loaded.where('launcher')}: launcher: torchrun is not on PATH "

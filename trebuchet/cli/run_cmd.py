@@ -35,6 +35,9 @@ def main(args: argparse.Namespace) -> int:
 
     final = store.get(rec.id) or rec
     print(final_summary(store, final), file=sys.stderr)
+    if loaded.spec.profile != "none":
+        where = sub.run_dir / "profile"
+        print(f"treb: profiles ({loaded.spec.profile}) in {where}", file=sys.stderr)
     sig = getattr(backend, "cancel_signal", None)
     if state == "CANCELLED" and sig:
         return 128 + int(sig)

@@ -20,6 +20,22 @@ from trebuchet.launcher.policies import policies_for
 
 # Under torchrun each worker appends its own output to its rank file, then becomes the command.
 RANK_LOG_WRAPPER = 'exec >>"$TREB_RUN_DIR/attempt-$TREB_ATTEMPT/rank-$RANK.log" 2>&1; exec "$@"'
+# profile: nsys wraps each selected rank (RANK is known inside the rank, under any launcher).
+NSYS_OPTIONS = "--trace=cuda,nvtx,osrt,cudnn,cublas --sample=none --force-overwrite=true"
+NSYS_WRAPPER = (
+    'r="${RANK:-node$NODE_RANK}"; '
+    'case " ${TREB_PROFILE_RANKS:-$r} " in *" $r "*) '
+    'out="$TREB_RUN_DIR/profile/attempt-$TREB_ATTEMPT/rank-$r"; mkdir -p "${out%/*}"; '
+    f'exec nsys profile {NSYS_OPTIONS} -o "$out" "$@";; '
+    'esac; exec "$@"'
+)
+
+
+def profiled(spec: Any, argv: list[str]) -> list[str]:
+    """argv wrapped in `nsys profile` when the spec asks for it."""
+    if spec.profile != "nsys":
+        return argv
+    return ["bash", "-c", NSYS_WRAPPER, "treb-nsys", *argv]
 
 
 @dataclass
@@ -127,8 +143,12 @@ def local_plan(
     recipe = place.recipe
     if recipe and recipe.kind == "venv":
         base["VIRTUAL_ENV"] = recipe.prefix
+    if spec.profile_ranks is not None:
+        base["TREB_PROFILE_RANKS"] = " ".join(str(r) for r in spec.profile_ranks)
+    if spec.profile == "torch":  # the workload turns torch.profiler on when it sees this
+        base["TREB_TORCH_PROFILE_DIR"] = str(run_dir / "profile" / "torch")
     base.update(spec.env)
-    cmd = command_argv(spec.command)
+    cmd = profiled(spec, command_argv(spec.command))
     mounts = [f"{workdir}:{workdir}", f"{run_dir}:{run_dir}"]
     secret_names = list(spec.secrets)
 
