@@ -15,6 +15,7 @@ VERBS = {
     "render": "show exactly what would be launched",
     "schema": "print the spec's JSON Schema",
     "build": "build or refresh the spec's environment now",
+    "import": "a spec from an sbatch script, AI Runtime YAML, madengine card or NeMo config",
 }
 
 
@@ -65,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help=VERBS["render"])
     _add_spec_args(p)
     sub.add_parser("schema", help=VERBS["schema"])
+    p = sub.add_parser("import", help=VERBS["import"])
+    p.add_argument("kind", choices=["sbatch", "air", "madengine", "nemo"], metavar="KIND",
+                   help="sbatch | air | madengine | nemo")  # fmt: skip
+    p.add_argument("file", metavar="FILE", help="the file to import")
+    p.add_argument("--tags", action="append", default=[], metavar="TAG",
+                   help="madengine: the card whose name or tags match (repeatable)")  # fmt: skip
+    p.add_argument("--recipe", metavar="TARGET", help="nemo: the recipe class to run")
     p = sub.add_parser("build", help=VERBS["build"])
     _add_spec_args(p)
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")

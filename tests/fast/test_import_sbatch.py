@@ -1,0 +1,281 @@
+"""`treb import sbatch`: seed 004's Megatron Bridge templates, seed 003's script, hand-written
+edge cases; every imported spec loads, every dropped part is reported with its line."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.fast.import_helpers import FIXTURES, imported, notes_at, run_import
+from trebuchet.importers.shell import split_script
+
+SBATCH = sorted(p.name for p in FIXTURES.glob("*.sbatch"))
+
+
+@pytest.mark.parametrize("name", SBATCH)
+def test_every_fixture_imports_to_a_spec_that_loads(name, capsys, tmp_path) -> None:
+    data, err, loaded = imported(capsys, tmp_path, "sbatch", name)
+    assert loaded.spec.command
+    for line in err:  # every note names the file and a line (or the file as a whole)
+        assert line.startswith(f"treb import: {FIXTURES / name}"), line
+
+
+def test_seed_003_script_torchrun_in_bash_c(capsys, tmp_path) -> None:
+    data, err, loaded = imported(capsys, tmp_path, "sbatch", "databricks-llama-sft.sbatch")
+    spec = loaded.spec
+    assert (spec.name, spec.launcher, spec.nodes, spec.gpus_per_node) == (
+        "llama-sft",
+        "torchrun",
+        2,
+        8,
+    )
+    assert spec.ranks_per_node == 8 and spec.master_port == 29500
+    assert spec.command == "python train.py"
+    assert spec.slurm.time == "02:00:00"
+    assert any("--node-rank" in e and "sets the node rank" in e for e in notes_at(err, 10))
+
+
+def test_seed_004_srun_native(capsys, tmp_path) -> None:
+    data, err, loaded = imported(capsys, tmp_path, "sbatch", "megatron-native.sbatch")
+    spec = loaded.spec
+    assert spec.launcher == "native" and spec.ranks_per_node == 8 and spec.gpus_per_node == 8
+    # $WORKDIR substituted from the script, the rest kept for the node's shell
+    assert spec.command == (
+        "cd /opt/Megatron-Bridge && uv sync && uv run --no-sync python <script.py> <args>"
+    )
+    assert spec.environment.image == "<PATH_TO_YOUR_CONTAINER>.sqsh"
+    assert spec.environment.mounts == [
+        "<SHARED_FS>:<SHARED_FS>",
+        "<PATH_TO_MEGATRON_BRIDGE>:/opt/Megatron-Bridge",
+        "<PATH_TO_DATA>:/opt/data",
+    ]
+    assert spec.slurm.mpi == "pmix" and spec.slurm.exclusive is True
+    assert (spec.slurm.time, spec.slurm.partition) == ("00:30:00", "batch")
+    assert spec.secrets == ["GH_TOKEN", "HF_TOKEN"]
+    assert spec.env["NCCL_NVLS_ENABLE"] == "0" and spec.env["HF_HOME"] == "<SHARED_FS>/HF_HOME"
+    # the phase-1 srun stays in the batch script, with the variables it uses, one line each
+    setup = spec.slurm.setup
+    assert setup[-1].startswith("srun --mpi=pmix -N 1 --ntasks=1 --container-image=")
+    assert 'WORKDIR="/opt/Megatron-Bridge"' in setup
+    assert all("\n" not in s for s in setup)
+    assert any("--nodes=<NNODES>" in e and "not carried over" in e for e in notes_at(err, 6))
+    assert any("--output=" in e for e in notes_at(err, 12))
+    assert any("DATA_PATH" in e for e in notes_at(err, 18))
+    assert any("--no-container-mount-home" in e for e in notes_at(err, 37))
+
+
+@pytest.mark.parametrize(
+    "name,script",
+    [
+        (
+            "megatron-bridge.sbatch",
+            "scripts/training/run_recipe.py --recipe '<recipe_name>' "
+            "model.tensor_model_parallel_size=1 "
+            "model.pipeline_model_parallel_size=1 ...overrides...",
+        ),
+        (
+            "megatron-mlm.sbatch",
+            "3rdparty/Megatron-LM/pretrain_gpt.py --tensor-model-parallel-size"
+            " 1 --pipeline-model-parallel-size 1 ...args...",
+        ),
+    ],
+)
+def test_seed_004_torch_distributed_run_inside_train_cmd(name, script, capsys, tmp_path) -> None:
+    data, err, loaded = imported(capsys, tmp_path, "sbatch", name)
+    spec = loaded.spec
+    assert spec.launcher == "torchrun" and spec.ranks_per_node == 8
+    assert spec.command.endswith("uv run python " + script)
+    # \$WANDB_API_KEY was escaped in TRAIN_CMD: a runtime reference, and a secret by name
+    assert "wandb login $WANDB_API_KEY" in spec.command
+    assert set(spec.secrets) == {"GH_TOKEN", "HF_TOKEN", "WANDB_API_KEY"}
+    assert "torch.distributed.run" not in spec.command and "SLURM_NODEID" not in spec.command
+    if name == "megatron-mlm.sbatch":
+        assert (
+            "PYTHONPATH=/opt/Megatron-Bridge/3rdparty/Megatron-LM:${PYTHONPATH:-} uv run"
+            in spec.command
+        )
+    joined = "\n".join(err)
+    assert "tee" in joined and "after the main srun" in joined and "2>&1" in joined
+
+
+def test_seed_004_full_template_no_torchrun_is_native_one_rank_per_node(capsys, tmp_path) -> None:
+    data, err, loaded = imported(capsys, tmp_path, "sbatch", "megatron-template.sbatch")
+    spec = loaded.spec
+    assert spec.launcher == "native" and spec.ranks_per_node == 1 and spec.gpus_per_node == 8
+    assert spec.command.endswith("cd /opt/Megatron-Bridge && uv sync && <TRAINING_COMMAND_HERE>")
+    assert any("placeholders kept" in e and "<TRAINING_COMMAND_HERE>" in e for e in err)
+
+
+def test_short_forms_several_options_per_line_and_secrets(capsys, tmp_path) -> None:
+    out, errtext, code = run_import(capsys, "sbatch", "short-forms.sbatch")
+    assert code == 0
+    for value in ("hf_abcdefghijklmnopqrstuvwxyz0123", "0123456789abcdef0123456789abcdef01234567"):
+        assert value not in out and value not in errtext  # never printed
+    data, err, loaded = imported(capsys, tmp_path, "sbatch", "short-forms.sbatch")
+    spec = loaded.spec
+    assert (spec.name, spec.nodes, spec.gpus_per_node, spec.launcher) == (
+        "my-job",
+        2,
+        8,
+        "torchrun",
+    )
+    sl = spec.slurm
+    assert (sl.time, sl.partition, sl.account, sl.qos, sl.constraint) == (
+        "01:30:00",
+        "gpu",
+        "proj42",
+        "normal",
+        "h100",
+    )
+    assert sl.cpus_per_task == 1  # -c 12 per torchrun task = 1 per rank (8 ranks)
+    assert sl.sbatch_args == ["--mail-type=END"]
+    assert sl.setup == [
+        "module purge",
+        "module load cuda/12.4 nccl",
+        "source /shared/venvs/train/bin/activate",
+    ]
+    assert spec.secrets == ["HF_TOKEN", "WANDB_API_KEY"]
+    assert spec.env["NCCL_DEBUG"] == "INFO"
+    # \" and \$ inside double quotes are undone; nothing in the value is expanded
+    assert spec.env["RUN_TAG"] == 'it\'s "quoted" $(not run) ${NOT_EXPANDED}'
+    assert spec.command == 'python train.py --lr 3e-4 --tag "$RUN_TAG" --hf $HF_TOKEN'
+    assert spec.environment.image == "nvcr.io/nvidia/pytorch:24.05-py3"
+    assert spec.environment.mounts == ["/data:/data", "/ckpt:/ckpt"]
+    assert (spec.checkpoint_signal, spec.timeout_warning) == ("SIGUSR1", 120)
+    assert loaded.workdir == FIXTURES  # --chdir=. relative to the script
+    assert any("UNUSED" in e for e in notes_at(err, 21))
+    assert any("--max-restarts=3" in e and "not carried over" in e for e in notes_at(err, 22))
+
+
+def test_native_srun_with_quoted_args_and_missing_chdir(capsys, tmp_path) -> None:
+    data, err, loaded = imported(capsys, tmp_path, "sbatch", "native.sbatch")
+    spec = loaded.spec
+    assert spec.launcher == "native" and spec.nodes == 4 and spec.ranks_per_node == 8
+    assert spec.command == (
+        "cd /nonexistent/cluster/path && python train.py --data "
+        "'/data/my set' --out \"$SLURM_JOB_ID\""
+    )
+    assert spec.slurm.mpi == "pmi2" and spec.slurm.mem == "0"
+    assert any("--requeue" in e for e in notes_at(err, 5))
+    assert any("echo finished" in e for e in notes_at(err, 8))
+
+
+def test_hostile_values_are_carried_literally(capsys, tmp_path) -> None:
+    script = tmp_path / "hostile.sbatch"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH --nodes=1 --ntasks-per-node=2\n"
+        "export NOTE='a \"b\" $(rm -rf /) `id` ${X}'\n"
+        "srun python t.py --msg 'it'\\''s $(whoami) `id`' --x \"$(date)\"\n"
+    )
+    from trebuchet.cli.main import main
+
+    assert main(["import", "sbatch", str(script)]) == 0
+    out = capsys.readouterr().out
+    (tmp_path / "job.yaml").write_text(out)
+    from trebuchet.spec.load import load_spec
+
+    spec = load_spec(tmp_path / "job.yaml", environ={}).spec
+    assert spec.env["NOTE"] == 'a "b" $(rm -rf /) `id` ${X}'
+    assert spec.command == "python t.py --msg 'it'\"'\"'s $(whoami) `id`' --x \"$(date)\""
+
+
+def test_errors_are_exit_2_with_a_line(capsys, tmp_path) -> None:
+    bad = tmp_path / "bad.sbatch"
+    bad.write_text("#!/bin/bash\nsrun bash -c 'unterminated\n")
+    from trebuchet.cli.main import main
+
+    assert main(["import", "sbatch", str(bad)]) == 2
+    assert re.search(r"bad.sbatch:2: cannot read the script", capsys.readouterr().err)
+    assert main(["import", "sbatch", str(tmp_path / "missing.sbatch")]) == 2
+
+
+def test_lexer_undoes_escapes_like_bash() -> None:
+    (cmd,) = split_script('echo "a \\$B \\"c\\" \\\\ d" \'$e\' f\\ g\n')
+    assert [w.value() for w in cmd.words] == ["echo", 'a $B "c" \\ d', "$e", "f g"]
+
+
+SLURM_KEYS = ("nodes", "ntasks-per-node", "gpus-per-node", "time", "partition", "account")
+# What each original asks Slurm for (the template's --nodes=<NNODES> is not a request).
+ORIGINAL = {
+    "databricks-llama-sft.sbatch": {
+        "nodes": "2",
+        "ntasks-per-node": "1",
+        "gpus-per-node": "8",
+        "time": "02:00:00",
+    },
+    "megatron-native.sbatch": {
+        "ntasks-per-node": "8",
+        "gpus-per-node": "8",
+        "time": "00:30:00",
+        "account": "<YOUR_ACCOUNT>",
+        "partition": "batch",
+    },
+    "megatron-template.sbatch": {
+        "ntasks-per-node": "1",
+        "gpus-per-node": "8",
+        "time": "00:30:00",
+        "account": "<YOUR_ACCOUNT>",
+        "partition": "batch",
+    },
+    "megatron-bridge.sbatch": {
+        "ntasks-per-node": "1",
+        "gpus-per-node": "8",
+        "time": "00:30:00",
+        "account": "<YOUR_ACCOUNT>",
+        "partition": "batch",
+    },
+    "megatron-mlm.sbatch": {
+        "ntasks-per-node": "1",
+        "gpus-per-node": "8",
+        "time": "00:30:00",
+        "account": "<YOUR_ACCOUNT>",
+        "partition": "batch",
+    },
+    "short-forms.sbatch": {
+        "nodes": "2",
+        "ntasks-per-node": "1",
+        "gpus-per-node": "8",
+        "time": "01:30:00",
+        "partition": "gpu",
+        "account": "proj42",
+    },
+    "native.sbatch": {
+        "nodes": "4",
+        "ntasks-per-node": "8",
+        "gpus-per-node": "8",
+        "time": "2-00:00:00",
+        "partition": "batch",
+        "account": "ml",
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(ORIGINAL))
+def test_imported_spec_renders_to_the_same_slurm_request(
+    name, capsys, tmp_path, treb_home, monkeypatch
+) -> None:
+    from trebuchet.backends import KNOWN
+
+    if "slurm" not in KNOWN:
+        pytest.skip("the Slurm backend is not there yet")
+    for secret in ("HF_TOKEN", "GH_TOKEN", "WANDB_API_KEY"):
+        monkeypatch.setenv(secret, "x")
+    data, err, loaded = imported(capsys, tmp_path, "sbatch", name)
+    from trebuchet.cli.main import main
+
+    assert main(["render", str(tmp_path / "job.yaml"), "--on", "slurm"]) == 0, (
+        capsys.readouterr().err
+    )
+    script = capsys.readouterr().out
+    asked = dict(re.findall(r"^#SBATCH --([a-z-]+)=(.*)$", script, re.M))
+    want = ORIGINAL[name]
+    for key in SLURM_KEYS:
+        if key in want:
+            assert asked.get(key, "").strip('"') == want[key], (key, asked)
+    if (
+        name != "databricks-llama-sft.sbatch"
+        and name != "short-forms.sbatch"
+        and name != "native.sbatch"
+    ):
+        assert "nodes" not in want  # <NNODES>: reported, and the spec asks for 1

@@ -1,0 +1,30 @@
+"""Reading YAML/JSON inputs with the line of every key, for importers' notes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trebuchet.errors import SpecError, UserError
+from trebuchet.spec.yamlsrc import Located, parse_yaml
+
+
+def read_located(path: str | Path) -> Located:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise UserError(f"{p}: cannot read: {exc}") from None
+    try:
+        return parse_yaml(text.replace("\t", "    "), str(p))
+    except SpecError as exc:
+        raise UserError("\n".join(exc.problems)) from None
+
+
+def line_of(loc: Located, *path: Any) -> int | None:
+    p = tuple(path)
+    while p:
+        if p in loc.lines:
+            return loc.lines[p]
+        p = p[:-1]
+    return None
