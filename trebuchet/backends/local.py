@@ -15,7 +15,7 @@ from trebuchet.envs.build import python_executable
 from trebuchet.envs.recipe import recipe_for
 from trebuchet.envs.wrap import engine_problem
 from trebuchet.errors import UserError
-from trebuchet.launcher.plan import Placement, describe, local_plan
+from trebuchet.launcher.plan import Placement, Plan, describe, local_plan
 from trebuchet.launcher.procs import alive, start_time
 from trebuchet.launcher.submit import Submission
 from trebuchet.spec.load import LoadedSpec
@@ -101,12 +101,16 @@ class LocalBackend:
         )  # fmt: skip
         return describe(plan)
 
-    def submit(self, sub: Submission, attach: bool) -> str | None:
+    def write_plan(self, sub: Submission) -> Plan:
         plan = local_plan(
             sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir, dict(os.environ),
             self.placement(sub.loaded),
         )  # fmt: skip
         write_json(sub.run_dir / "plan.json", plan.to_json())
+        return plan
+
+    def submit(self, sub: Submission, attach: bool) -> str | None:
+        plan = self.write_plan(sub)
         if attach:
             from trebuchet.launcher.follow import Follower
             from trebuchet.launcher.supervisor import Supervisor
@@ -116,19 +120,7 @@ class LocalBackend:
             state = sup.run()
             self.cancel_signal = sup.cancel_signal
             return state
-        log = os.open(sub.run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "trebuchet.launcher.supervisor", str(sub.run_dir)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                close_fds=True,
-            )  # fmt: skip
-        finally:
-            os.close(log)
-        sub.store.update_run(
-            sub.record.id, only_if_active=True, supervisor_pid=proc.pid,
-            supervisor_start=start_time(proc.pid), host=socket.gethostname(),
-        )  # fmt: skip
+        start_supervisor(sub.store, sub.record.id, sub.run_dir)
         return None
 
     def refresh(self, store: Store, runs: list[RunRecord]) -> None:
@@ -168,6 +160,24 @@ class LocalBackend:
             else:
                 raise UserError(f"run {run.id} did not stop within the grace period")
         store.update_run(run.id, only_if_active=True, state=CANCELLED, ended_at=time.time())
+
+
+def start_supervisor(store: Store, run_id: str, run_dir: Path) -> int:
+    """A detached run's supervisor: a background process in its own session."""
+    log = os.open(run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trebuchet.launcher.supervisor", str(run_dir)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            close_fds=True,
+        )  # fmt: skip
+    finally:
+        os.close(log)
+    store.update_run(
+        run_id, only_if_active=True, supervisor_pid=proc.pid,
+        supervisor_start=start_time(proc.pid), host=socket.gethostname(),
+    )  # fmt: skip
+    return proc.pid
 
 
 BACKEND = LocalBackend()

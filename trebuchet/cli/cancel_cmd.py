@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 from trebuchet.backends import get_backend
 from trebuchet.store.db import Store
@@ -10,6 +11,17 @@ from trebuchet.store.db import Store
 
 def main(args: argparse.Namespace) -> int:
     store = Store()
+    members = store.sweep_runs(args.run)
+    if members:  # pending points are cancelled first, so the driver starts no more of them
+        for r in members:
+            if r.state == "PENDING" and not r.supervisor_pid:
+                store.update_run(r.id, only_if_active=True, state="CANCELLED", ended_at=time.time())
+        for r in members:
+            fresh = store.get(r.id)
+            if fresh and fresh.active:
+                get_backend(fresh.backend).cancel(store, fresh)
+        print(f"sweep {members[0].sweep_id}: cancelled")
+        return 0
     rec = store.resolve(args.run)
     if not rec.active:
         print(f"run {rec.id} already ended: {rec.state}")

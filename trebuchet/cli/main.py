@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="run name (default: the spec's name)")
     p = sub.add_parser("ps", help=VERBS["ps"])
     p.add_argument("--all", "-a", action="store_true", help="every run, not only recent ones")
+    p.add_argument("--sweep", metavar="SWEEP", help="only the runs of this sweep (id or prefix)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("status", help=VERBS["status"])
     p.add_argument(

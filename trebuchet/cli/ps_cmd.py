@@ -15,8 +15,11 @@ RECENT = 20
 def main(args: argparse.Namespace) -> int:
     store = Store()
     refresh(store, store.list(active_only=True))
-    runs = store.list() if args.all else store.list(limit=RECENT)
-    if not args.all:  # active runs always show, however old
+    if args.sweep:
+        runs = store.sweep_runs(args.sweep)
+    else:
+        runs = store.list() if args.all else store.list(limit=RECENT)
+    if not args.all and not args.sweep:  # active runs always show, however old
         seen = {r.id for r in runs}
         runs += [r for r in store.list(active_only=True) if r.id not in seen]
     if args.json:
@@ -33,5 +36,10 @@ def main(args: argparse.Namespace) -> int:
         for r in runs
     ]  # fmt: skip
     headers = ["ID", "NAME", "BACKEND", "STATE", "SHAPE", "ATTEMPT", "AGE", "DURATION"]
+    if any(r.sweep_id for r in runs):  # the sweep and the point's parameters
+        headers += ["SWEEP", "PARAMS"]
+        for row, r in zip(rows, runs, strict=True):
+            params = " ".join(f"{k}={v}" for k, v in json.loads(r.params or "{}").items())
+            row += [r.sweep_id or "-", params or "-"]
     print_table(headers, rows, [STATE_STYLE.get(r.state) for r in runs])
     return 0

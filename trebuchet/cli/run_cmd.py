@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from trebuchet.backends import get_backend
+from trebuchet.launcher import sweep
 from trebuchet.launcher.submit import prepare
 from trebuchet.spec.load import load_spec
 from trebuchet.store.db import Store
@@ -14,7 +15,12 @@ from trebuchet.store.states import EXIT_CODES
 
 def main(args: argparse.Namespace) -> int:
     overrides = list(args.override) + ([f"name={args.name}"] if args.name else [])
-    loaded = load_spec(args.spec, overrides)
+    fixed, axes = sweep.points(overrides, None)
+    loaded = load_spec(args.spec, fixed)
+    if loaded.spec.sweep or axes != [{}]:
+        from trebuchet.cli.sweep_run import run_sweep
+
+        return run_sweep(args, fixed, sweep.points(overrides, loaded.spec.sweep)[1])
     backend = get_backend(args.on)
     backend.check(loaded)
     store = Store()

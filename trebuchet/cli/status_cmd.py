@@ -13,6 +13,9 @@ from trebuchet.store.db import Store
 
 def main(args: argparse.Namespace) -> int:
     store = Store()
+    members = store.sweep_runs(args.run) if args.run else []
+    if members:
+        return sweep_status(store, members, args.json)
     rec = store.resolve(args.run)
     refresh(store, [rec])
     rec = store.get(rec.id) or rec
@@ -68,4 +71,27 @@ def main(args: argparse.Namespace) -> int:
                 p.pop("log_name"),
             )  # fmt: skip
         con.print(table)
+    return 0
+
+
+def sweep_status(store: Store, runs: list, as_json: bool) -> int:
+    """A sweep: each point's parameters, state and exit code, side by side."""
+    refresh(store, runs)
+    runs = [store.get(r.id) or r for r in runs]
+    if as_json:
+        points = [{**r.to_json(), "params": json.loads(r.params or "{}")} for r in runs]
+        out = {"sweep_id": runs[0].sweep_id, "runs": points}
+        print(json.dumps(out, indent=2))
+        return 0
+    from trebuchet.cli.table import print_table
+
+    states = [r.state for r in runs]
+    counts = ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states)))
+    print(f"sweep {runs[0].sweep_id}: {len(runs)} runs ({counts})")
+    keys = sorted({k for r in runs for k in json.loads(r.params or "{}")})
+    rows = [[r.id, r.state, "-" if r.exit_code is None else str(r.exit_code), human(r.duration),
+             *[json.loads(r.params or "{}").get(k, "-") for k in keys]] for r in runs]  # fmt: skip
+    print_table(
+        ["ID", "STATE", "EXIT", "DURATION", *keys], rows, [STATE_STYLE.get(s) for s in states]
+    )
     return 0

@@ -277,6 +277,15 @@ class Spec(Block):
     snapshot_max_size: str = allowed(
         "a size such as 200MB or 2GB", "refuse a snapshot larger than this", default="200MB"
     )
+    sweep: dict[str, list[str | int | float | bool]] | None = allowed(
+        "a mapping of field path to a list of values, e.g. {env.LR: [0.1, 0.01]}",
+        "launch the cross product of these overrides as separate runs of one sweep",
+        default=None,
+    )
+    sweep_parallel: int | None = allowed(
+        "an integer >= 1", "at most this many runs of a sweep at once (local default 1)",
+        default=None, ge=1,
+    )  # fmt: skip
     ignore_checks: list[str] = allowed(
         "a list of preflight finding ids", "silence these `treb check` findings",
         default_factory=list,

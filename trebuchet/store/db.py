@@ -242,6 +242,19 @@ class Store:
             return _record(row)
         raise UserError(f"no run matches {ref!r} (see `treb ps --all`)")
 
+    def sweep_runs(self, ref: str) -> list[RunRecord]:
+        """The runs of the sweep whose id starts with `ref` (empty: no such sweep)."""
+        if not (ref.startswith("s") and len(ref) >= 2):
+            return []
+        rows = self.conn.execute(
+            "SELECT * FROM runs WHERE sweep_id LIKE ? ORDER BY created_at",
+            (ref.replace("%", "").replace("_", "") + "%",),
+        ).fetchall()
+        runs = [_record(r) for r in rows]
+        if len({r.sweep_id for r in runs}) > 1:
+            raise UserError(f"sweep id prefix {ref!r} is ambiguous; give more characters")
+        return runs
+
     def list(self, limit: int | None = None, active_only: bool = False) -> list[RunRecord]:
         sql = "SELECT * FROM runs"
         if active_only:

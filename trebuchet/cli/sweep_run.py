@@ -1,0 +1,61 @@
+"""`treb run` of a sweep: one recorded run per point, grouped under a sweep id."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from typing import Any
+
+from trebuchet.backends import get_backend
+from trebuchet.errors import UserError
+from trebuchet.launcher import sweep
+from trebuchet.launcher.submit import prepare
+from trebuchet.spec.load import load_spec
+from trebuchet.store.db import Store
+from trebuchet.store.files import write_json
+
+
+def run_sweep(args: argparse.Namespace, fixed: list[str], points: list[dict[str, str]]) -> int:
+    if args.on != "local":
+        raise UserError(f"--on {args.on}: sweeps run on the local backend only so far")
+    backend = get_backend("local")
+    # Validate every point before anything is recorded: a bad value fails the whole sweep.
+    specs = []
+    for point in points:
+        extra = [f"{k}={v}" for k, v in point.items()] + ["sweep=null"]
+        loaded = load_spec(args.spec, fixed + extra)
+        backend.check(loaded)
+        specs.append((point, loaded))
+    store = Store()
+    sweep_id = sweep.new_sweep_id()
+    parallel = specs[0][1].spec.sweep_parallel or 1
+    runs: list[dict[str, Any]] = []
+    for index, (point, loaded) in enumerate(specs):
+        sub = prepare(loaded, "local", store)
+        store.update_run(sub.record.id, sweep_id=sweep_id, params=json.dumps(point, sort_keys=True))
+        plan = backend.write_plan(sub)  # type: ignore[attr-defined]
+        runs.append({"index": index, "id": sub.record.id, "run_dir": str(sub.run_dir),
+                     "params": point, "streams": plan.streams})  # fmt: skip
+        for warning in sub.warnings if index == 0 else []:
+            print(f"treb: warning: {warning}", file=sys.stderr)
+    path = sweep.sweep_file(sweep_id)
+    write_json(path, {"id": sweep_id, "parallel": parallel, "runs": runs})
+    print(f"treb: sweep {sweep_id}: {len(runs)} runs, at most {parallel} at once", file=sys.stderr)
+    for run in runs:
+        print(f"treb:   {run['index']}  {run['id']}  {run['params']}", file=sys.stderr)
+    if args.detach:
+        subprocess.Popen(
+            [sys.executable, "-m", "trebuchet.launcher.sweep", str(path)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True,
+        )  # fmt: skip
+        print(sweep_id)
+        return 0
+    failed, sig = sweep.drive(json.loads(path.read_text()), follow=True)
+    if sig:
+        return 128 + sig
+    print(f"treb: sweep {sweep_id}: {len(runs) - failed} of {len(runs)} runs succeeded",
+          file=sys.stderr)  # fmt: skip
+    return 1 if failed else 0
