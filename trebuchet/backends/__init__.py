@@ -8,6 +8,8 @@ from trebuchet.backends.base import Backend
 from trebuchet.errors import UserError
 
 KNOWN = {"local": "trebuchet.backends.local"}
+KNOWN["skypilot"] = "trebuchet.backends.skypilot"  # renders a task; runs via SkyPilot
+KNOWN["kubernetes"] = "trebuchet.backends.kubernetes"  # renders manifests; applies them
 
 
 def get_backend(name: str) -> Backend:

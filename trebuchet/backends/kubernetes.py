@@ -1,0 +1,234 @@
+"""Kubernetes: the spec as an indexed Job (one pod per node) plus a headless Service.
+
+Pod i of Job J is reachable as J-i.J (the Service is named after the Job and is the
+pods' subdomain), so MASTER_ADDR is the index-0 pod's name and NODE_RANK is the pod's
+completion index. GPUs are requested as nvidia.com/gpu (the spec has no vendor field yet).
+Secrets come from a Kubernetes Secret named after the workload, one key per secret name;
+trebuchet never writes their values into a manifest. Rendering needs nothing installed;
+`treb run --on kubernetes` applies the manifests with the official client
+(`pip install 'trebuchet[kubernetes]'`) and the current kubeconfig context.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from trebuchet.backends.node_script import SECRET_REF, check_common, node_script
+from trebuchet.errors import UserError
+from trebuchet.spec.load import LoadedSpec
+
+INSTALL = "install it with: pip install 'trebuchet[kubernetes]'"
+DEFAULT_PORT = 29500
+GPU_RESOURCE = "nvidia.com/gpu"  # amd.com/gpu once the spec says which vendor
+LABEL = "trebuchet.dev/workload"
+
+
+def k8s_name(name: str) -> str:
+    """A DNS-1123 label short enough for `<job>-<index>` pod host names."""
+    out = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
+    return (out or "job")[:50].rstrip("-")
+
+
+class KubernetesBackend:
+    name = "kubernetes"
+
+    def check(self, loaded: LoadedSpec) -> None:
+        self.check_render(loaded)
+        try:
+            import kubernetes  # noqa: F401
+        except ImportError:
+            raise UserError(
+                f"--on kubernetes: the kubernetes package is not installed; {INSTALL}"
+            ) from None
+
+    def check_render(self, loaded: LoadedSpec) -> None:
+        spec, src = loaded.spec, loaded.source
+        check_common(spec, src, "Kubernetes")
+        if not (spec.kubernetes.image or (spec.environment and spec.environment.image)):
+            raise UserError(
+                f"{src}: kubernetes.image: a pod needs an image (set "
+                "kubernetes.image or environment.image)"
+            )
+        env = spec.environment
+        if env and (env.requirements or env.setup or env.conda or env.python or env.mounts):
+            raise UserError(
+                f"{src}: environment: only image is used on Kubernetes; bake "
+                "requirements and setup into the image, mount volumes with "
+                "your own manifests"
+            )
+
+    def manifests(self, loaded: LoadedSpec, run_id: str = "RUN_ID") -> list[dict[str, Any]]:
+        self.check_render(loaded)
+        spec = loaded.spec
+        name = k8s_name(spec.name)
+        ns = spec.kubernetes.namespace
+        image = spec.kubernetes.image or spec.environment.image  # type: ignore[union-attr]
+        port = spec.master_port or DEFAULT_PORT
+        labels = {LABEL: name, "trebuchet.dev/run-id": k8s_name(run_id)}
+        meta: dict[str, Any] = {"name": name, "labels": labels}
+        if ns:
+            meta["namespace"] = ns
+        service = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {**meta, "labels": dict(labels)},
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": {"job-name": name},
+                "ports": [{"name": "master", "port": port, "targetPort": port}],
+            },
+        }
+        env: list[dict[str, Any]] = [
+            {"name": s, "valueFrom": {"secretKeyRef": {"name": name, "key": s}}}
+            for s in spec.secrets
+        ]
+        for key, value in spec.env.items():
+            if any(m.group(1) in spec.secrets for m in SECRET_REF.finditer(value)):
+                continue  # exported by the pod script, where the secret is resolved
+            env.append({"name": key, "value": value.replace("$(", "$$(")})
+        env += [
+            {"name": "NUM_NODES", "value": str(spec.nodes)},
+            {"name": "MASTER_ADDR", "value": f"{name}-0.{name}"},
+            {"name": "MASTER_PORT", "value": str(port)},
+            {"name": "TREB_RUN_ID", "value": run_id},
+            {"name": "TREB_ATTEMPT", "value": "0"},
+        ]
+        head = [
+            'export NODE_RANK="$JOB_COMPLETION_INDEX"',
+            'export TREB_RUN_DIR="${TREB_RUN_DIR:-/tmp/trebuchet/$TREB_RUN_ID}"',
+            'export TREB_CHECKPOINT_DIR="$TREB_RUN_DIR/checkpoints"',
+            'mkdir -p "$TREB_CHECKPOINT_DIR"',
+        ]
+        container: dict[str, Any] = {
+            "name": "trainer",
+            "image": image,
+            "command": ["bash", "-c", node_script(spec, head)],
+            "env": env,
+            "ports": [{"containerPort": port, "name": "master"}],
+        }
+        if spec.gpus_per_node > 0:
+            gpus = str(spec.gpus_per_node)
+            container["resources"] = {"limits": {GPU_RESOURCE: gpus}}
+        job_spec: dict[str, Any] = {
+            "completionMode": "Indexed",
+            "completions": spec.nodes,
+            "parallelism": spec.nodes,
+            "backoffLimit": spec.retries,
+            "template": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {
+                    "subdomain": name,
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": max(1, int(spec.grace_period)),
+                    "containers": [container],
+                },
+            },
+        }
+        if spec.timeout:
+            job_spec["activeDeadlineSeconds"] = int(-(-spec.timeout // 1)) * (spec.retries + 1)
+        job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {**meta, "labels": dict(labels)},
+            "spec": job_spec,
+        }
+        return [service, job]
+
+    def render(self, loaded: LoadedSpec) -> str:
+        import yaml
+
+        from trebuchet.importers.common import _Dumper
+
+        spec = loaded.spec
+        name = k8s_name(spec.name)
+        head = (
+            f"# Kubernetes manifests for {spec.name} ({loaded.source}).\n"
+            f"# GPUs as {GPU_RESOURCE}. Secrets come from the Secret {name!r}, one key "
+            "per name:\n"
+        )
+        if spec.secrets:
+            keys = " ".join(f'--from-literal={s}="${s}"' for s in spec.secrets)
+            head += f"#   kubectl create secret generic {name} {keys}\n"
+        docs = [
+            yaml.dump(m, Dumper=_Dumper, sort_keys=False, width=1000)
+            for m in self.manifests(loaded)
+        ]
+        return head + "---\n" + "---\n".join(docs)
+
+    def submit(self, sub: Any, attach: bool) -> str | None:
+        import time
+
+        try:
+            from kubernetes import client, config, utils
+        except ImportError:
+            _fail(sub, "the kubernetes package is not installed")
+            raise UserError(
+                f"--on kubernetes: the kubernetes package is not installed; {INSTALL}"
+            ) from None
+        from trebuchet.store.files import append_event, write_atomic
+
+        docs = self.manifests(sub.loaded, sub.record.id)
+        write_atomic(sub.run_dir / "manifests.yaml", self.render(sub.loaded))
+        try:
+            config.load_kube_config()
+            api = client.ApiClient()
+            ns = sub.loaded.spec.kubernetes.namespace or "default"
+            utils.create_from_yaml(api, yaml_objects=docs, namespace=ns)
+        except Exception as exc:  # config, auth, API errors: the run records why
+            _fail(sub, f"Kubernetes refused the manifests: {exc}")
+            raise UserError(f"--on kubernetes: could not apply the manifests: {exc}") from None
+        name = docs[1]["metadata"]["name"]
+        sub.store.update_run(sub.record.id, backend_id=f"{ns}/{name}", state="RUNNING")
+        append_event(sub.run_dir, "kubernetes", job=name, namespace=ns)
+        if not attach:
+            return None
+        batch = client.BatchV1Api(api)
+        while True:  # the Job's own conditions say how it ended
+            status = batch.read_namespaced_job_status(name, ns).status
+            if status.succeeded and status.succeeded >= sub.loaded.spec.nodes:
+                state = "SUCCEEDED"
+                break
+            if any(c.type == "Failed" and c.status == "True" for c in status.conditions or []):
+                state = "FAILED"
+                break
+            time.sleep(5)
+        sub.store.update_run(sub.record.id, state=state, ended_at=time.time())
+        return state
+
+    def refresh(self, store: Any, runs: list[Any]) -> None:
+        """Kubernetes keeps the Job's state (`kubectl get job`); not polled from here."""
+
+    def cancel(self, store: Any, run: Any) -> None:
+        import time
+
+        try:
+            from kubernetes import client, config
+        except ImportError:
+            raise UserError(
+                f"--on kubernetes: the kubernetes package is not installed; {INSTALL}"
+            ) from None
+        ns, _, name = (run.backend_id or "").partition("/")
+        if not name:
+            raise UserError(f"run {run.id} has no Kubernetes Job recorded")
+        config.load_kube_config()
+        body = client.V1DeleteOptions(propagation_policy="Foreground")
+        client.BatchV1Api().delete_namespaced_job(name, ns, body=body)
+        client.CoreV1Api().delete_namespaced_service(name, ns)
+        store.update_run(run.id, only_if_active=True, state="CANCELLED", ended_at=time.time())
+
+
+def _fail(sub: Any, why: str) -> None:
+    import time
+
+    sub.store.update_run(
+        sub.record.id,
+        only_if_active=True,
+        state="FAILED",
+        ended_at=time.time(),
+        first_failure={"reason": why},
+    )
+
+
+BACKEND = KubernetesBackend()

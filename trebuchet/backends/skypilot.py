@@ -1,0 +1,277 @@
+"""SkyPilot: the spec as a SkyPilot task YAML; `treb run --on skypilot` hands it to SkyPilot.
+
+Rendering needs nothing installed. Submitting uses SkyPilot's Python API (`pip install
+'trebuchet[skypilot]'`): a managed job (`sky.jobs.launch`) when the spec asks for spot
+instances or retries, so SkyPilot recovers it, otherwise a cluster launch (`sky.launch`)
+that is torn down when the job ends. trebuchet does not follow SkyPilot runs after that:
+`sky jobs queue` / `sky queue` and `sky logs` do.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from trebuchet.backends.node_script import SECRET_REF, check_common, node_script
+from trebuchet.errors import UserError
+from trebuchet.spec.load import LoadedSpec
+
+INSTALL = "install it with: pip install 'trebuchet[skypilot]'"
+DEFAULT_PORT = 29500
+ENV_ROOT = ".trebuchet/envs"
+
+
+class SkyPilotBackend:
+    name = "skypilot"
+
+    def check(self, loaded: LoadedSpec) -> None:
+        """Refuse what a task YAML cannot express; submitting also needs the package."""
+        self.check_render(loaded)
+        try:
+            import sky  # noqa: F401
+        except ImportError:
+            raise UserError(
+                f"--on skypilot: the skypilot package is not installed; {INSTALL}"
+            ) from None
+
+    def check_render(self, loaded: LoadedSpec) -> None:
+        spec, src = loaded.spec, loaded.source
+        check_common(spec, src, "SkyPilot")
+        env = spec.environment
+        if env and env.mounts:
+            raise UserError(
+                f"{src}: environment.mounts: SkyPilot cannot bind-mount host "
+                "paths into the image; use SkyPilot file_mounts or a bucket"
+            )
+        if spec.gpus_per_node > 0 and not spec.skypilot.accelerators:
+            raise UserError(
+                f"{src}: skypilot.accelerators: SkyPilot needs the GPU type, e.g. "
+                f"skypilot.accelerators: H100:{spec.gpus_per_node}"
+            )
+        acc = spec.skypilot.accelerators
+        m = re.fullmatch(r"([^:,\s]+)(?::(\d+))?", acc or "")
+        if acc and not m:
+            raise UserError(f"{src}: skypilot.accelerators: {acc!r} is not NAME or NAME:COUNT")
+        if m and m.group(2) and spec.gpus_per_node and int(m.group(2)) != spec.gpus_per_node:
+            raise UserError(
+                f"{src}: skypilot.accelerators {acc} asks for {m.group(2)} GPUs per "
+                f"node but gpus_per_node is {spec.gpus_per_node}"
+            )
+        for path in _env_files(loaded):
+            if not _inside(path, loaded.workdir):
+                raise UserError(
+                    f"{src}: {path} is outside workdir {loaded.workdir}: SkyPilot "
+                    "only uploads workdir"
+                )
+
+    def task(self, loaded: LoadedSpec, run_id: str = "RUN_ID") -> dict[str, Any]:
+        """The task as data (what render prints, what submit hands to SkyPilot)."""
+        self.check_render(loaded)
+        spec = loaded.spec
+        task: dict[str, Any] = {
+            "name": spec.name,
+            "workdir": str(loaded.workdir),
+            "num_nodes": spec.nodes,
+        }
+        res: dict[str, Any] = {}
+        sk = spec.skypilot
+        if sk.accelerators:
+            acc = sk.accelerators
+            if ":" not in acc and spec.gpus_per_node > 0:
+                acc = f"{acc}:{spec.gpus_per_node}"
+            res["accelerators"] = acc
+        for key in ("cloud", "region", "use_spot", "disk_size"):
+            value = getattr(sk, key)
+            if value is not None:
+                res[key] = value
+        if spec.environment and spec.environment.image:
+            res["image_id"] = "docker:" + spec.environment.image
+        if spec.retries:
+            res["job_recovery"] = {
+                "strategy": "EAGER_NEXT_REGION",
+                "max_restarts_on_errors": spec.retries,
+            }
+        if res:
+            task["resources"] = res
+        envs = {k: v for k, v in spec.env.items() if not _uses_secret(v, spec.secrets)}
+        envs.update({"TREB_RUN_ID": run_id, "TREB_ATTEMPT": "0"})
+        task["envs"] = envs
+        if spec.secrets:
+            task["secrets"] = {name: None for name in spec.secrets}
+        setup, activate = _setup(loaded)
+        if setup:
+            task["setup"] = setup
+        port = spec.master_port or DEFAULT_PORT
+        head = [
+            'export NODE_RANK="$SKYPILOT_NODE_RANK" NUM_NODES="$SKYPILOT_NUM_NODES"',
+            f'export MASTER_ADDR="$(echo "$SKYPILOT_NODE_IPS" | head -n1)" MASTER_PORT={port}',
+            'export TREB_RUN_DIR="$HOME/.trebuchet/runs/$TREB_RUN_ID"',
+            'export TREB_CHECKPOINT_DIR="$TREB_RUN_DIR/checkpoints"',
+            'mkdir -p "$TREB_CHECKPOINT_DIR"',
+        ]
+        task["run"] = node_script(spec, head, activate)
+        return task
+
+    def render(self, loaded: LoadedSpec) -> str:
+        from trebuchet.importers.common import dump_yaml
+
+        head = (
+            f"# SkyPilot task for {loaded.spec.name} ({loaded.source}); secrets are "
+            "named only: SkyPilot takes their values from --secret NAME\n"
+        )
+        return head + dump_yaml(self.task(loaded))
+
+    def submit(self, sub: Any, attach: bool) -> str | None:
+        try:
+            import sky
+        except ImportError:
+            _fail(sub, "the skypilot package is not installed")
+            raise UserError(
+                f"--on skypilot: the skypilot package is not installed; {INSTALL}"
+            ) from None
+        from trebuchet.store.files import append_event, write_atomic
+
+        loaded, spec = sub.loaded, sub.loaded.spec
+        data = self.task(loaded, sub.record.id)
+        from trebuchet.importers.common import dump_yaml
+
+        write_atomic(sub.run_dir / "skypilot-task.yaml", dump_yaml(data))
+        values = [(n, os.environ[n]) for n in spec.secrets]  # checked present by prepare()
+        task = sky.Task.from_yaml_config(data, secrets_overrides=values or None)
+        managed = bool(spec.retries or spec.skypilot.use_spot)
+        try:
+            if managed:
+                request = sky.jobs.launch(task, name=f"{spec.name}-{sub.record.id}")
+            else:
+                request = sky.launch(task, cluster_name=f"treb-{sub.record.id}", down=True)
+            result = sky.stream_and_get(request)
+        except Exception as exc:  # SkyPilot's errors are many; the run records why
+            _fail(sub, f"SkyPilot refused the task: {exc}")
+            raise UserError(f"--on skypilot: SkyPilot refused the task: {exc}") from None
+        job_id = result[0] if isinstance(result, tuple) and result else result
+        if isinstance(job_id, list):
+            job_id = job_id[0] if job_id else None
+        backend_id = f"{'jobs' if managed else 'cluster:treb-' + sub.record.id}:{job_id}"
+        sub.store.update_run(sub.record.id, backend_id=backend_id, state="RUNNING")
+        append_event(sub.run_dir, "skypilot", managed=managed, job_id=job_id)
+        if not attach:
+            return None
+        if managed:
+            rc = sky.jobs.tail_logs(job_id=job_id, follow=True)
+        else:
+            rc = sky.tail_logs(f"treb-{sub.record.id}", job_id, follow=True)
+        import time
+
+        state = "SUCCEEDED" if rc == 0 else "FAILED"
+        sub.store.update_run(
+            sub.record.id,
+            state=state,
+            ended_at=time.time(),
+            exit_code=rc if isinstance(rc, int) else None,
+        )
+        return state
+
+    def refresh(self, store: Any, runs: list[Any]) -> None:
+        """SkyPilot tracks its jobs itself (`sky jobs queue`); states here stay as submitted."""
+
+    def cancel(self, store: Any, run: Any) -> None:
+        try:
+            import sky
+        except ImportError:
+            raise UserError(
+                f"--on skypilot: the skypilot package is not installed; {INSTALL}"
+            ) from None
+        kind, _, job = (run.backend_id or "").rpartition(":")
+        if not job or job == "None":
+            raise UserError(f"run {run.id} has no SkyPilot job id recorded")
+        if kind == "jobs":
+            sky.get(sky.jobs.cancel(job_ids=[int(job)]))
+        else:
+            sky.get(sky.cancel(kind.removeprefix("cluster:"), job_ids=[int(job)]))
+        import time
+
+        store.update_run(run.id, only_if_active=True, state="CANCELLED", ended_at=time.time())
+
+
+def _fail(sub: Any, why: str) -> None:
+    import time
+
+    sub.store.update_run(
+        sub.record.id,
+        only_if_active=True,
+        state="FAILED",
+        ended_at=time.time(),
+        first_failure={"reason": why},
+    )
+
+
+def _uses_secret(value: str, secrets: list[str]) -> bool:
+    return any(m.group(1) in secrets for m in SECRET_REF.finditer(value))
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def _env_files(loaded: LoadedSpec) -> list[Path]:
+    env = loaded.spec.environment
+    base = loaded.path.parent if loaded.path else Path.cwd()
+    files = []
+    if env:
+        if isinstance(env.requirements, str):
+            files.append(base / env.requirements)
+        if env.setup:
+            files.append(base / env.setup)
+        if env.conda and env.conda.environment_file:
+            files.append(base / env.conda.environment_file)
+    return files
+
+
+def _rel(loaded: LoadedSpec, value: str) -> str:
+    """A file of the environment, relative to workdir (where SkyPilot runs setup)."""
+    base = loaded.path.parent if loaded.path else Path.cwd()
+    return os.path.relpath((base / value).resolve(), loaded.workdir.resolve())
+
+
+def _setup(loaded: LoadedSpec) -> tuple[str | None, list[str]]:
+    """The setup script that builds the environment, and the run lines that enter it."""
+    env = loaded.spec.environment
+    if env is None or not (env.requirements or env.setup or env.conda or env.python):
+        return None, []
+    q = shlex.quote
+    name = q(env.name or loaded.spec.name)
+    lines = ["set -e", f'TREB_ENV="$HOME/{ENV_ROOT}/"{name}']
+    if env.conda:
+        conda = q(env.conda.conda_bin or "conda")
+        if env.conda.environment_file:
+            lines.append(
+                f'{conda} env create -y -p "$TREB_ENV" -f '
+                f"{q(_rel(loaded, env.conda.environment_file))}"
+            )
+        else:
+            py = env.conda.python or env.python
+            lines.append(f'{conda} create -y -p "$TREB_ENV"' + (f" python={q(py)}" if py else ""))
+    elif env.python:
+        lines.append("python3 -m pip install -q uv")
+        lines.append(f'python3 -m uv venv --seed --python {q(env.python)} "$TREB_ENV"')
+    else:
+        lines.append('python3 -m venv "$TREB_ENV"')
+    lines.append('export PATH="$TREB_ENV/bin:$PATH"')
+    if isinstance(env.requirements, str):
+        lines.append(f"python -m pip install -r {q(_rel(loaded, env.requirements))}")
+    elif env.requirements:
+        lines.append("python -m pip install " + " ".join(q(r) for r in env.requirements))
+    if env.setup:
+        lines.append(f"bash {q(_rel(loaded, env.setup))}")
+    activate = [f'export PATH="$HOME/{ENV_ROOT}/"{name}"/bin:$PATH"']
+    return "\n".join(lines) + "\n", activate
+
+
+BACKEND = SkyPilotBackend()
