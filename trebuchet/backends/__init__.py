@@ -8,6 +8,7 @@ from trebuchet.backends.base import Backend
 from trebuchet.errors import UserError
 
 KNOWN = {"local": "trebuchet.backends.local"}
+KNOWN["slurm"] = "trebuchet.backends.slurm"  # sbatch script; submits, follows, cancels
 KNOWN["skypilot"] = "trebuchet.backends.skypilot"  # renders a task; runs via SkyPilot
 KNOWN["kubernetes"] = "trebuchet.backends.kubernetes"  # renders manifests; applies them
 

@@ -58,6 +58,8 @@ def describe_failure(ff: dict | None) -> str:
         who = f"rank {ff['rank']} (node {ff['node']}, local rank {ff['local_rank']})"
     else:
         who = f"node {ff['node']} process"
+    if ff.get("host"):  # engines with real nodes (slurm) record where the process ran
+        who += f" on {ff['host']}"
     how = (
         f"was killed by {ff['signal']}"
         if ff.get("signal")

@@ -1,0 +1,297 @@
+"""The Slurm engine: render an sbatch script, submit it, follow it, cancel it.
+
+Why it is shaped this way: the job itself writes every outcome (slurm_runtime.py) into the
+run directory on the shared filesystem, so following a run costs one squeue call per poll
+for all of the user's active runs (never one per run, never sacct unless Slurm keeps no
+other trace) plus reading small files; `treb logs -f` reads the rank logs directly.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trebuchet.backends import slurm_state as st
+from trebuchet.backends.slurm_script import CONTROL, problems, render_script
+from trebuchet.errors import SpecError, UserError
+from trebuchet.store.db import RunRecord, Store
+from trebuchet.store.files import append_event, write_atomic
+from trebuchet.store.paths import runs_dir
+from trebuchet.store.states import CANCELLED, FAILED, LOST, SUCCEEDED, TERMINAL
+
+if TYPE_CHECKING:  # `treb ps` refreshes slurm runs: it must not import pydantic
+    from trebuchet.launcher.submit import Submission
+    from trebuchet.spec.load import LoadedSpec
+
+ORPHAN_PENDING_S = 120.0  # a run recorded this long ago without a job id never reached sbatch
+SQUEUE_MIN_INTERVAL_S = 1.0  # one process asks squeue at most this often (slurmctld's RPCs)
+POLL_S = 1.0  # attached runs: how often the state is refreshed
+
+
+class SlurmBackend:
+    name = "slurm"
+
+    def __init__(self) -> None:
+        self.cancel_signal: int | None = None
+        self._queue_cache: tuple[float, frozenset[str], dict[str, st.QueueInfo]] | None = None
+
+    # -- checks and rendering --------------------------------------------------------------
+    def check(self, loaded: LoadedSpec) -> None:
+        """What `treb run --on slurm` needs: a spec Slurm can run, and sbatch."""
+        self._check_spec(loaded)
+        if not shutil.which("sbatch"):
+            raise UserError(
+                "--on slurm: sbatch is not on PATH (run treb where Slurm's commands work, "
+                "e.g. a login node; `treb render --on slurm` shows the script anywhere)"
+            )
+
+    def _check_spec(self, loaded: LoadedSpec) -> None:
+        spec = loaded.spec
+        if spec.launcher == "mpirun":
+            raise UserError(
+                f"{loaded.where('launcher')}: launcher: mpirun is not supported by the slurm "
+                "backend; use native (srun starts every rank; slurm.mpi sets srun --mpi)"
+            )
+        env = spec.environment
+        if env is not None and not env.image:
+            raise UserError(
+                f"{loaded.where('environment')}: environment: on slurm only a container image "
+                "(environment.image, with mounts) is supported, through pyxis; a venv or "
+                "conda environment is not built on the cluster yet: omit `environment` and "
+                "submit from the environment the nodes should use (sbatch exports PATH)"
+            )
+        if getattr(spec, "profile", "none") != "none":
+            raise UserError(
+                f"{loaded.where('profile')}: profile: {spec.profile} is not supported by the "
+                "slurm backend yet"
+            )
+        found = [f"{loaded.where(*path)}: {'.'.join(path)}: {why}" for path, why in problems(spec)]
+        if found:
+            raise SpecError(found)
+        home = str(runs_dir())
+        if CONTROL.search(home) or '"' in home:
+            raise UserError(f"TREB_HOME {home!r}: Slurm's --output cannot name this path")
+
+    def render(self, loaded: LoadedSpec) -> str:
+        self._check_spec(loaded)
+        placeholder = runs_dir() / "RUN_ID"
+        return render_script(loaded.spec, loaded.workdir, "RUN_ID", placeholder)
+
+    # -- submission --------------------------------------------------------------------------
+    def submit(self, sub: Submission, attach: bool) -> str | None:
+        script = render_script(sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir)
+        path = sub.run_dir / "submit.sbatch"
+        write_atomic(path, script)
+        job_id = self._sbatch(sub, path)
+        sub.store.update_run(sub.record.id, backend_id=job_id, host=socket.gethostname())
+        append_event(sub.run_dir, "sbatch", job_id=job_id)
+        print(f"treb: Slurm job {job_id}; script {path}", file=sys.stderr)
+        if not attach:
+            return None
+        rec = sub.store.get(sub.record.id) or sub.record
+        return self._attach(sub.store, rec)
+
+    def _sbatch(self, sub: Submission, path: Path) -> str:
+        try:
+            res = subprocess.run(
+                ["sbatch", "--parsable", str(path)], cwd=sub.loaded.workdir,
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            why = f"sbatch did not answer: {exc}"
+        else:
+            job_id = res.stdout.strip().split(";")[0]
+            if res.returncode == 0 and job_id.isdigit():
+                return job_id
+            why = res.stderr.strip() or res.stdout.strip() or f"exit {res.returncode}"
+            why = f"sbatch refused the job: {why.splitlines()[-1]}"
+        sub.store.set_attempt(sub.record.id, 0, state=FAILED, ended_at=time.time(), reason=why)
+        sub.store.update_run(sub.record.id, state=FAILED, ended_at=time.time())
+        append_event(sub.run_dir, "sbatch_failed", reason=why)
+        raise UserError(why)
+
+    # -- following ---------------------------------------------------------------------------
+    def _queue(self, job_ids: list[str]) -> dict[str, st.QueueInfo] | None:
+        """squeue for these jobs: one call, reused for SQUEUE_MIN_INTERVAL_S in a process."""
+        wanted = frozenset(job_ids)
+        now = time.monotonic()
+        cache = self._queue_cache
+        if cache and now - cache[0] < SQUEUE_MIN_INTERVAL_S and wanted <= cache[1]:
+            return cache[2]
+        jobs = st.squeue_jobs(sorted(wanted))
+        if jobs is not None:
+            self._queue_cache = (now, wanted, jobs)
+        return jobs
+
+    def refresh(self, store: Store, runs: list[RunRecord]) -> None:
+        """One squeue call for every active run given, then each run's records."""
+        active = [r for r in runs if r.active and r.backend == self.name]
+        if not active:
+            return
+        queue = self._queue([r.backend_id for r in active if r.backend_id])
+        gone: list[RunRecord] = []
+        for rec in active:
+            if not self._update(store, rec, queue):
+                gone.append(rec)
+        if gone and shutil.which("sacct"):  # forgotten by squeue: ask accounting, once
+            queue = {**(queue or {}), **st.sacct_jobs([str(r.backend_id) for r in gone])}
+        for rec in gone:
+            self._finish(store, rec, st.read_job_files(Path(rec.run_dir)), queue or {})
+
+    def _update(self, store: Store, rec: RunRecord, queue: dict[str, st.QueueInfo] | None) -> bool:
+        """Bring one run up to date; False when its job is gone and needs a final look."""
+        now = time.time()
+        if not rec.backend_id:
+            if now - rec.created_at > ORPHAN_PENDING_S:
+                store.set_attempt(rec.id, 0, state=LOST, reason="never reached sbatch")
+                store.update_run(rec.id, only_if_active=True, state=LOST, ended_at=now)
+            return True
+        files = st.read_job_files(Path(rec.run_dir))
+        self._store_attempts(store, rec, files)
+        if queue is None:  # squeue did not answer: nothing can be concluded
+            return True
+        info = queue.get(rec.backend_id)
+        live = st.live_state(info, files) if info else None
+        if live:
+            values: dict[str, Any] = {"state": live, "attempt": files.last_attempt or 0}
+            if rec.started_at is None and files.attempts:
+                values["started_at"] = files.attempts[min(files.attempts)].get("started_at")
+            store.update_run(rec.id, only_if_active=True, **values)
+            return True
+        if info is None and files.result is None:
+            return False
+        self._finish(store, rec, files, queue)
+        return True
+
+    def _store_attempts(self, store: Store, rec: RunRecord, files: st.JobFiles) -> None:
+        for n, att in sorted(files.attempts.items()):
+            store.set_attempt(
+                rec.id, n, state=att.get("state") or "RUNNING", started_at=att.get("started_at"),
+                ended_at=att.get("ended_at"), reason=att.get("reason") or None,
+            )  # fmt: skip
+            rows = st.proc_rows(files.records.get(n, []))
+            if rows:
+                store.set_procs(rec.id, n, rows)
+
+    def _finish(
+        self, store: Store, rec: RunRecord, files: st.JobFiles, queue: dict[str, st.QueueInfo]
+    ) -> None:
+        """The job has ended (or vanished): its final state, root cause and exit code."""
+        state, reason = st.final_state(files, queue.get(str(rec.backend_id)), str(rec.backend_id))
+        last = files.last_attempt
+        now = time.time()
+        ff = None
+        if state == FAILED and last is not None:
+            found = st.first_failure(files.records.get(last, []))
+            if found:
+                ff = {**found, "attempt": last}
+        result = files.result or {}
+        exit_code = 0 if state == SUCCEEDED else (ff or {}).get("exit_code")
+        if exit_code is None and isinstance(result.get("exit_code"), int):
+            exit_code = result["exit_code"]
+        n = 0 if last is None else last
+        att = files.attempts.get(n, {})
+        if att.get("state") in (None, "RUNNING") or state == LOST:
+            store.set_attempt(rec.id, n, state=state, ended_at=now, reason=reason)
+        started = files.attempts[min(files.attempts)].get("started_at") if files.attempts else None
+        if store.update_run(
+            rec.id, only_if_active=True, state=state, attempt=n, exit_code=exit_code,
+            first_failure=ff, ended_at=result.get("ended_at") or now,
+            started_at=rec.started_at or started,
+        ):  # fmt: skip
+            append_event(Path(rec.run_dir), "run_ended", state=state, reason=reason)
+
+    def _attach(self, store: Store, rec: RunRecord) -> str:
+        """Stream the logs until the job ends; Ctrl+C (or SIGTERM) cancels the job."""
+        from trebuchet.launcher.follow import Follower
+
+        follower = Follower()
+        run_dir = Path(rec.run_dir)
+        self.cancel_signal = None
+        cancelled_at: float | None = None
+        presses = 0
+
+        def on_signal(signum: int, _frame: object) -> None:
+            nonlocal presses
+            presses += 1
+            self.cancel_signal = signum
+
+        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            follower.add("batch", run_dir / "batch.log")
+            next_poll = 0.0
+            while True:
+                now = time.monotonic()
+                if self.cancel_signal is not None and cancelled_at is None:
+                    print(f"treb: cancelling Slurm job {rec.backend_id}", file=sys.stderr)
+                    self._scancel(rec)
+                    cancelled_at = now
+                if now >= next_poll:
+                    next_poll = now + POLL_S
+                    self.refresh(store, [rec])
+                    rec = store.get(rec.id) or rec
+                    for label, name in streams(rec):
+                        follower.add(label, run_dir / f"attempt-{rec.attempt}" / name)
+                follower.pump()
+                if rec.state in TERMINAL:
+                    break
+                if cancelled_at is not None and (presses > 1 or now - cancelled_at > 60):
+                    if presses > 1:
+                        self._scancel(rec, "KILL")
+                    store.update_run(rec.id, only_if_active=True, state=CANCELLED,
+                                     ended_at=time.time())  # fmt: skip
+                    break
+                time.sleep(0.1)
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            follower.close()
+        rec = store.get(rec.id) or rec
+        return rec.state
+
+    # -- cancel ------------------------------------------------------------------------------
+    def _scancel(self, rec: RunRecord, sig: str | None = None) -> None:
+        """One scancel; the marker file tells the job's own trap that it was cancelled."""
+        write_atomic(Path(rec.run_dir) / "cancel-requested", f"{time.time()}\n")
+        if not rec.backend_id:
+            return
+        cmd = ["scancel", *([f"--signal={sig}", "--full"] if sig else []), rec.backend_id]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise UserError(f"scancel failed: {exc}") from None
+        if res.returncode != 0 and "Invalid job id" not in res.stderr:
+            raise UserError(f"scancel {rec.backend_id} failed: {res.stderr.strip()}")
+
+    def cancel(self, store: Store, run: RunRecord) -> None:
+        self._scancel(run)
+        deadline = time.time() + float(os.environ.get("TREB_SLURM_CANCEL_WAIT_S", "60"))
+        while time.time() < deadline:
+            self.refresh(store, [run])
+            rec = store.get(run.id)
+            if rec is None or rec.state in TERMINAL:
+                return
+            time.sleep(0.5)
+        store.update_run(run.id, only_if_active=True, state=CANCELLED, ended_at=time.time())
+
+
+def streams(rec: RunRecord) -> list[tuple[str, str]]:
+    """(label, log file name) of every process of an attempt, as the local backend shows them."""
+    ppn = max(1, rec.procs_per_node)
+    out: list[tuple[str, str]] = []
+    for node in range(rec.nodes):
+        if rec.launcher != "native":
+            out.append((str(node), f"node-{node}.log"))
+        if rec.launcher != "none":
+            out += [(f"{node}:{i}", f"rank-{node * ppn + i}.log") for i in range(ppn)]
+    return out
+
+
+BACKEND = SlurmBackend()

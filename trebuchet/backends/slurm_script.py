@@ -1,0 +1,264 @@
+"""Spec -> sbatch script: #SBATCH lines, quoted values, then the static runtime.
+
+Why a generated script and not a template users edit: each pitfall of hand-written sbatch
+scripts is handled once here (tasks per node by launcher, runtime expansion of $RANK and
+$SLURM_NODEID, a per-job port, secrets by name only, srun flags 22.05 no longer inherits),
+and every value is one shlex-quoted word, so no value can break the script or run code.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from trebuchet.backends import slurm_runtime as rt
+from trebuchet.spec.duration import slurm_time
+
+SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+REQUEUE_MARGIN_S = 10  # requeue this long before the time limit when ranks do not stop
+# sbatch options trebuchet sets itself; the spec field to use instead.
+MANAGED = {
+    "--nodes": "nodes", "-N": "nodes", "--ntasks": "procs_per_node", "-n": "procs_per_node",
+    "--ntasks-per-node": "procs_per_node", "--output": "(the run directory)",
+    "-o": "(the run directory)", "--error": "(the run directory)", "-e": "(the run directory)",
+    "--open-mode": "(the run directory)", "--job-name": "name", "-J": "name",
+    "--signal": "timeout_warning / checkpoint_signal", "--time": "slurm.time or timeout",
+    "-t": "slurm.time or timeout", "--requeue": "retries", "--no-requeue": "retries",
+    "--chdir": "workdir", "-D": "workdir", "--wrap": "command",
+}  # fmt: skip
+
+
+def q(value: object) -> str:
+    return shlex.quote(str(value))
+
+
+def slurm_seconds(text: str) -> float | None:
+    """Seconds in a Slurm --time value (a bare number is minutes); None when unlimited."""
+    t = text.strip().upper()
+    if t in ("UNLIMITED", "INFINITE"):
+        return None
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
+    if not m:
+        raise ValueError(text)
+    d, a, b, c = (int(x) if x else None for x in m.groups())
+    if d is not None:  # D-H, D-H:M, D-H:M:S
+        return d * 86400 + (a or 0) * 3600 + (b or 0) * 60 + (c or 0)
+    if c is not None:  # H:M:S
+        return a * 3600 + b * 60 + c
+    if b is not None:  # M:S
+        return a * 60 + b
+    return a * 60.0  # M
+
+
+def time_limit(spec: Any) -> tuple[str | None, float | None]:
+    """The --time value and its seconds: slurm.time when set, else the spec's timeout."""
+    if spec.slurm.time:
+        return spec.slurm.time, slurm_seconds(spec.slurm.time)
+    if spec.timeout:
+        return slurm_time(spec.timeout), float(spec.timeout)
+    return None, None
+
+
+def warning_seconds(spec: Any, limit: float | None) -> int | None:
+    """When Slurm sends the checkpoint signal before the limit (whole seconds, >= 1)."""
+    if limit is None:
+        return None
+    warn = getattr(spec, "timeout_warning", None)
+    warn = min(warn, limit) if warn else min(60.0, 0.1 * limit)
+    return max(1, int(-(-warn // 1)))
+
+
+def tasks_per_node(spec: Any) -> int:
+    """native: one Slurm task per rank; torchrun and none: one per node (seed 004)."""
+    return spec.ranks_per_node if spec.launcher == "native" else 1
+
+
+def cpus_per_task(spec: Any) -> int | None:
+    """slurm.cpus_per_task is per rank; a per-node task (torchrun, none) needs them all."""
+    cpus = spec.slurm.cpus_per_task
+    if cpus is None:
+        return None
+    return cpus if spec.launcher == "native" else cpus * spec.ranks_per_node
+
+
+def problems(spec: Any) -> list[tuple[tuple[str, ...], str]]:
+    """(field path, why) for what cannot go into an sbatch script safely or at all."""
+    out: list[tuple[tuple[str, ...], str]] = []
+    sl = spec.slurm
+    for name in ("account", "partition", "qos", "constraint", "mem", "time", "mpi"):
+        value = getattr(sl, name)
+        if value is not None and (CONTROL.search(value) or '"' in value or not value.strip()):
+            out.append((("slurm", name), "must be one line without double quotes"))
+    if sl.time:
+        try:
+            slurm_seconds(sl.time)
+        except ValueError:
+            out.append((("slurm", "time"), f"{sl.time!r} is not a Slurm time (D-HH:MM:SS)"))
+    for i, arg in enumerate(sl.sbatch_args):
+        flag = arg.split("=", 1)[0].strip()
+        if CONTROL.search(arg) or '"' in arg or not arg.startswith("-"):
+            out.append((("slurm", "sbatch_args"), f"item {i} ({arg!r}): one option per item, "
+                        "starting with -, one line, no double quotes"))  # fmt: skip
+        elif flag in MANAGED or flag.startswith(tuple(f"{m}=" for m in MANAGED)):
+            out.append((("slurm", "sbatch_args"), f"{flag} is set by trebuchet: use "
+                        f"{MANAGED[flag]} in the spec"))  # fmt: skip
+        elif flag == "--export" and not arg.partition("=")[2].startswith("ALL"):
+            out.append((("slurm", "sbatch_args"), "--export must keep ALL: the job gets "
+                        "PATH and the secrets from the submitting environment"))  # fmt: skip
+    for i, line in enumerate(sl.setup):
+        if "\n" in line or "\r" in line:
+            out.append((("slurm", "setup"), f"item {i}: one shell line per item"))
+    if spec.gpus_per_node == -1:
+        out.append((("gpus_per_node",), "-1 (all visible) has no Slurm equivalent: give the "
+                    "number of GPUs per node"))  # fmt: skip
+    signal = getattr(spec, "checkpoint_signal", "SIGUSR2")
+    if signal == "SIGTERM":
+        out.append((("checkpoint_signal",), "SIGTERM is what Slurm sends at the time limit: "
+                    "use SIGUSR1 or SIGUSR2"))  # fmt: skip
+    env = spec.environment
+    for i, mount in enumerate(env.mounts if env else []):
+        if "," in mount or CONTROL.search(mount):
+            out.append((("environment", "mounts"), f"item {i}: no commas (pyxis separator)"))
+    return out
+
+
+def _directive(flag: str, value: object | None = None) -> str:
+    """One #SBATCH line; sbatch reads double-quoted values (checked free of quotes)."""
+    if value is None:
+        return f"#SBATCH {flag}"
+    text = str(value)
+    if re.search(r"[\s#'$`\\]", text):
+        text = f'"{text}"'
+    return f"#SBATCH {flag}={text}"
+
+
+def _extra_arg(arg: str) -> str:
+    flag, eq, value = arg.partition("=")
+    return _directive(flag, value) if eq else f"#SBATCH {arg}"
+
+
+def sbatch_lines(spec: Any, run_dir: Path) -> list[str]:
+    sl = spec.slurm
+    lines = [
+        _directive("--job-name", spec.name),
+        _directive("--nodes", spec.nodes),
+        _directive("--ntasks-per-node", tasks_per_node(spec)),
+    ]
+    cpus = cpus_per_task(spec)
+    if cpus:
+        lines.append(_directive("--cpus-per-task", cpus))
+    if spec.gpus_per_node > 0:
+        lines.append(_directive("--gpus-per-node", spec.gpus_per_node))
+    for flag, value in (("--mem", sl.mem), ("--account", sl.account),
+                        ("--partition", sl.partition), ("--qos", sl.qos),
+                        ("--constraint", sl.constraint)):  # fmt: skip
+        if value:
+            lines.append(_directive(flag, value))
+    if sl.exclusive:
+        lines.append(_directive("--exclusive"))
+    limit_text, limit = time_limit(spec)
+    if limit_text:
+        lines.append(_directive("--time", limit_text))
+    warn = warning_seconds(spec, limit)
+    if warn:
+        sig = getattr(spec, "checkpoint_signal", "SIGUSR2").removeprefix("SIG")
+        lines.append(_directive("--signal", f"B:{sig}@{warn}"))
+    lines.append(_directive("--requeue" if spec.retries else "--no-requeue"))
+    out = str(run_dir / "batch.log").replace("%", "%%")
+    lines += [_directive("--output", out), _directive("--open-mode", "append")]
+    lines += [_extra_arg(a) for a in sl.sbatch_args]
+    return lines
+
+
+def srun_args(spec: Any, run_dir: Path, workdir: Path, per_node: bool = False) -> list[str]:
+    """srun flags of one step: the ranks (or, per_node, one task per node for pre/post)."""
+    ntasks = 1 if per_node else tasks_per_node(spec)
+    args = [f"--nodes={spec.nodes}", f"--ntasks-per-node={ntasks}", "--kill-on-bad-exit=0",
+            "--export=ALL"]  # fmt: skip
+    cpus = cpus_per_task(spec)
+    if cpus and not per_node:
+        args.append(f"--cpus-per-task={cpus}")  # 22.05's srun no longer inherits it
+    if spec.slurm.mpi and not per_node:
+        args.append(f"--mpi={spec.slurm.mpi}")
+    env = spec.environment
+    if env is not None and env.image:
+        mounts = [f"{run_dir}:{run_dir}", f"{workdir}:{workdir}", *env.mounts]
+        args += [f"--container-image={env.image}", f"--container-mounts={','.join(mounts)}",
+                 f"--container-workdir={workdir}", "--no-container-mount-home"]  # fmt: skip
+    return args
+
+
+def env_value(value: str, secrets: set[str]) -> str:
+    """A shell word for an env value: literal text quoted, ${SECRET} expanded in the job."""
+    parts: list[str] = []
+    pos = 0
+    for m in SECRET_REF.finditer(value):
+        if m.group(1) not in secrets:
+            continue
+        if m.start() > pos:
+            parts.append(q(value[pos : m.start()]))
+        parts.append(f'"${{{m.group(1)}}}"')
+        pos = m.end()
+    if pos < len(value) or not parts:
+        parts.append(q(value[pos:]))
+    return "".join(parts)
+
+
+def _array(name: str, items: list[str]) -> str:
+    return f"{name}=({' '.join(q(i) for i in items)})"
+
+
+def render_script(spec: Any, workdir: Path, run_id: str, run_dir: Path) -> str:
+    """The whole sbatch script for one run."""
+    cmd = ["bash", "-c", spec.command] if isinstance(spec.command, str) else list(spec.command)
+    signal = getattr(spec, "checkpoint_signal", "SIGUSR2")
+    fixed = getattr(spec, "fixed_port", None) or spec.master_port
+    secrets = set(spec.secrets)
+    head = [
+        "#!/bin/bash",
+        f"# trebuchet run {run_id} ({spec.name}): {spec.nodes} node(s) x "
+        f"{spec.ranks_per_node} rank(s), launcher {spec.launcher}, "
+        f"{spec.retries + 1} attempt(s) at most.",
+        "# Rendered by `treb render --on slurm`, submitted by `treb run --on slurm`.",
+        *sbatch_lines(spec, run_dir),
+        "",
+        "# ---- values from the spec: each is one quoted shell word",
+        f"TREB_RUN_ID={q(run_id)}",
+        f"TREB_RUN_DIR={q(run_dir)}",
+        f"TREB_WORKDIR={q(workdir)}",
+        f"TREB_LAUNCHER={q(spec.launcher)}",
+        f"TREB_NODES={spec.nodes}",
+        f"TREB_PPN={spec.ranks_per_node}",
+        f"TREB_MAX_ATTEMPTS={spec.retries + 1}",
+        f"TREB_GRACE={max(1, int(-(-getattr(spec, 'grace_period', 5.0) // 1)))}",
+        f"TREB_CHECKPOINT_SIGNAL={q(signal)}",
+        f"TREB_REQUEUE_MARGIN={REQUEUE_MARGIN_S}",
+        f"TREB_MASTER_PORT={q(fixed or '')}",
+        f"TREB_PRE={q(getattr(spec, 'pre', None) or '')}",
+        f"TREB_POST={q(getattr(spec, 'post', None) or '')}",
+        "# secrets: values come from the submitting environment (sbatch exports it), never "
+        "from this file",
+        _array("TREB_SECRETS", sorted(secrets)),
+        "# the command: argv of every rank; a string runs in bash on the node, where $RANK, "
+        "$SLURM_NODEID... expand",
+        _array("TREB_CMD", cmd),
+        _array("TREB_SRUN", srun_args(spec, run_dir, workdir)),
+        _array("TREB_SRUN_HOOK", srun_args(spec, run_dir, workdir, per_node=True)),
+        "",
+        "# ---- trebuchet runtime (static text)",
+        '# The wrapper every task runs (srun ... bash -c "$TREB_TASK_SH" treb-task MODE CMD...)',
+        "IFS= read -r -d '' TREB_TASK_SH <<'TREB_TASK_EOF' || true",
+        rt.HELPERS + rt.TASK.rstrip("\n"),
+        "TREB_TASK_EOF",
+        rt.HELPERS.rstrip("\n"),
+        rt.BATCH_FUNCS.rstrip("\n"),
+        rt.PRELUDE.rstrip("\n"),
+        "",
+        "# ---- env from the spec (after trebuchet's own variables: the spec wins)",
+    ]
+    head += [f"export {k}={env_value(v, secrets)}" for k, v in spec.env.items()]
+    head += ["", "# ---- slurm.setup", *spec.slurm.setup, "", "# ---- attempts"]
+    return "\n".join(head) + "\n" + rt.MAIN

@@ -1,0 +1,203 @@
+"""A Slurm run's state from what the job wrote (records) and what squeue says (one call).
+
+Why both: the records in the run directory hold every rank's exit code, its node and why
+each attempt ended, with or without accounting; squeue says whether the job still exists
+(pending, requeued, completing) and, for a while after the end, how Slurm ended it.
+Nothing here polls: `squeue_jobs` is one call for all the runs being refreshed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trebuchet.store.states import (
+    CANCELLED,
+    FAILED,
+    PENDING,
+    RETRYING,
+    RUNNING,
+    SUCCEEDED,
+    TIMEOUT,
+)
+
+# squeue's long state names: still alive (the job may yet write records) ...
+PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
+                  "RESV_DEL_HOLD", "SUSPENDED", "STOPPED"}  # fmt: skip
+RUNNING_STATES = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"}
+# ... or ended, with what that means for trebuchet (and why, for the attempt row).
+ENDED_STATES = {
+    "COMPLETED": (SUCCEEDED, None),
+    "FAILED": (FAILED, "job failed"),
+    "CANCELLED": (CANCELLED, "cancelled in Slurm"),
+    "TIMEOUT": (TIMEOUT, "time limit"),
+    "DEADLINE": (TIMEOUT, "deadline reached"),
+    "NODE_FAIL": (FAILED, "node failure"),
+    "BOOT_FAIL": (FAILED, "node boot failure"),
+    "PREEMPTED": (FAILED, "preempted"),
+    "OUT_OF_MEMORY": (FAILED, "out of memory"),
+    "SPECIAL_EXIT": (FAILED, "special exit"),
+    "REVOKED": (CANCELLED, "revoked (federation)"),
+}
+RECORD_RE = re.compile(r"^(rank|node)-(\d+)\.json$")
+
+
+@dataclass
+class QueueInfo:
+    """One job as squeue (or sacct) sees it."""
+
+    state: str
+    reason: str = ""
+    nodes: str = ""
+
+
+@dataclass
+class JobFiles:
+    """Everything the job wrote into the run directory so far."""
+
+    attempts: dict[int, dict[str, Any]] = field(default_factory=dict)
+    records: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    result: dict[str, Any] | None = None
+
+    @property
+    def last_attempt(self) -> int | None:
+        return max(self.attempts) if self.attempts else None
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):  # absent, or (never: renamed into place) half written
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_job_files(run_dir: Path) -> JobFiles:
+    files = JobFiles(result=_read(run_dir / "result.json"))
+    for adir in run_dir.glob("attempt-*"):
+        try:
+            n = int(adir.name.split("-", 1)[1])
+        except ValueError:
+            continue
+        att = _read(adir / "attempt.json")
+        if att is not None:
+            files.attempts[n] = att
+        recs = []
+        for path in adir.glob("*.json"):
+            if RECORD_RE.match(path.name):
+                rec = _read(path)
+                if rec is not None:
+                    recs.append(rec)
+        files.records[n] = recs
+    return files
+
+
+def parse_squeue(text: str) -> dict[str, QueueInfo]:
+    """`squeue -h -o '%i|%T|%r|%N'` lines -> {job id: QueueInfo}."""
+    jobs: dict[str, QueueInfo] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) >= 2 and parts[0]:
+            jobs[parts[0]] = QueueInfo(
+                parts[1].split()[0].rstrip("+"), *(p.strip() for p in parts[2:4])
+            )
+    return jobs
+
+
+def squeue_jobs(job_ids: list[str], timeout: float = 30.0) -> dict[str, QueueInfo] | None:
+    """One squeue call for all these jobs (finished ones too, while Slurm keeps them).
+
+    None when squeue cannot answer (no Slurm here, controller down): then no run's state
+    may be concluded from a job's absence."""
+    if not job_ids:
+        return {}
+    cmd = ["squeue", "--noheader", "--states=all", f"--jobs={','.join(job_ids)}",
+           "--format=%i|%T|%r|%N"]  # fmt: skip
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if res.returncode != 0:
+        # One unknown id is an error ("Invalid job id specified"); it means: not there.
+        if "Invalid job id" in res.stderr:
+            return {}
+        return None
+    return parse_squeue(res.stdout)
+
+
+def sacct_jobs(job_ids: list[str], timeout: float = 30.0) -> dict[str, QueueInfo]:
+    """How Slurm ended jobs squeue forgot, where accounting is on; {} where it is not."""
+    if not job_ids:
+        return {}
+    cmd = ["sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={','.join(job_ids)}",
+           "--format=JobID,State"]  # fmt: skip
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if res.returncode != 0:
+        return {}
+    return parse_squeue(res.stdout)
+
+
+def live_state(info: QueueInfo, files: JobFiles) -> str | None:
+    """The run's state while its job is still in the queue or running; None once ended."""
+    if info.state in PENDING_STATES:
+        return RETRYING if files.attempts else PENDING
+    if info.state in RUNNING_STATES:
+        return RUNNING
+    return None
+
+
+def first_failure(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The earliest non-zero outcome that was not a cascade (a rank stopped by the
+    teardown or by Slurm); a rank's record before a node agent's (torchrun)."""
+    failed = [
+        r for r in records
+        if r.get("exit_code") not in (None, 0) and not r.get("stopped_by_launcher")
+    ]  # fmt: skip
+    if not failed:
+        return None
+    failed.sort(key=lambda r: (r.get("rank") is None, r.get("ended_at") or 0.0))
+    return failed[0]
+
+
+def proc_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of the store's procs table for one attempt."""
+    return [
+        {
+            "label": r["label"],
+            "rank": r.get("rank"),
+            "node": r.get("node", 0),
+            "local_rank": r.get("local_rank"),
+            "pid": r.get("pid"),
+            "exit_code": r.get("exit_code"),
+            "signal": r.get("signal"),
+            "ended_at": r.get("ended_at"),
+            "stopped_by_launcher": int(bool(r.get("stopped_by_launcher"))),
+        }  # fmt: skip
+        for r in records
+        if isinstance(r.get("label"), str)
+    ]
+
+
+def final_state(files: JobFiles, info: QueueInfo | None, job_id: str) -> tuple[str, str | None]:
+    """(state, reason) of a run whose job has left the queue."""
+    result = files.result
+    slurm = ENDED_STATES.get(info.state) if info else None
+    if result and result.get("state") in (SUCCEEDED, FAILED, TIMEOUT, CANCELLED):
+        guessed = result.get("source") == "signal"  # from inside the job, at SIGTERM
+        if guessed and slurm and slurm[0] not in (SUCCEEDED, result["state"]):
+            return slurm  # Slurm knows better (preempted, node failure)
+        return str(result["state"]), result.get("reason")
+    if slurm:
+        return slurm[0], f"{slurm[1] or 'completed'} (Slurm state {info.state}; " \
+            "the job left no result record)"  # fmt: skip
+    return "LOST", (
+        f"job {job_id} left the queue without an outcome record: is TREB_HOME on a "
+        "filesystem the nodes share, and did the job start at all? (see batch.log)"
+    )
