@@ -16,6 +16,7 @@ VERBS = {
     "schema": "print the spec's JSON Schema",
     "build": "build or refresh the spec's environment now",
     "import": "a spec from an sbatch script, AI Runtime YAML, madengine card or NeMo config",
+    "check": "preflight checks: mistakes a queue wait would reveal, found now",
 }
 
 
@@ -44,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--detach", "-d", action="store_true", help="return at once; follow with treb logs -f"
     )
     p.add_argument("--name", help="run name (default: the spec's name)")
+    p.add_argument(
+        "--no-check", action="store_true", help="skip the preflight checks (see treb check)"
+    )
     p = sub.add_parser("ps", help=VERBS["ps"])
     p.add_argument("--all", "-a", action="store_true", help="every run, not only recent ones")
     p.add_argument("--sweep", metavar="SWEEP", help="only the runs of this sweep (id or prefix)")
@@ -77,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("build", help=VERBS["build"])
     _add_spec_args(p)
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    p = sub.add_parser("check", help=VERBS["check"])
+    _add_spec_args(p)
+    p.add_argument("--json", action="store_true", help="machine-readable findings")
     return parser
 
 

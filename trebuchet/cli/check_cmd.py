@@ -1,0 +1,70 @@
+"""`treb check`: the preflight findings for a spec on an engine, before anything is queued.
+
+Exit 0 when there is no error (warnings allowed), 1 when there are errors, 2 on bad input
+(an invalid spec, an unknown backend). Also reports what the engine itself would refuse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+from trebuchet.errors import SpecError, UserError
+from trebuchet.preflight import ERROR, Finding, preflight
+from trebuchet.preflight.findings import count
+from trebuchet.spec.load import load_spec
+
+# Engines the spec knows (docs: --on); checks apply to them whether or not this
+# installation has the backend module yet.
+ENGINES = ("local", "slurm", "skypilot", "kubernetes")
+
+
+def _engine_refusals(loaded, backend_name: str) -> list[Finding]:
+    """What `treb run` would refuse in the backend's own check, as findings."""
+    from trebuchet.backends import KNOWN, get_backend
+
+    if backend_name not in KNOWN:
+        return []
+    try:
+        backend = get_backend(backend_name)
+    except ImportError:  # listed, but not part of this installation yet
+        return []
+    try:
+        backend.check(loaded)
+    except SpecError as exc:
+        problems = exc.problems
+    except UserError as exc:
+        problems = str(exc).splitlines()
+    else:
+        return []
+    out = []
+    for text in problems:
+        head, sep, rest = text.partition(": ")
+        where, message = (
+            (head, rest) if sep and re.search(r":\d+$", head) else (loaded.where(), text)
+        )
+        fix = f"`treb run --on {backend_name}` stops here; change what the message names"
+        out.append(Finding("backend-refuses", ERROR, message, fix, where))
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    from trebuchet.backends import KNOWN
+
+    if args.on not in ENGINES and args.on not in KNOWN:
+        raise UserError(f"--on {args.on}: unknown backend (known: {', '.join(ENGINES)})")
+    loaded = load_spec(args.spec, args.override)
+    findings = preflight(loaded, args.on)
+    findings = _engine_refusals(loaded, args.on) + findings
+    errors = sum(f.is_error for f in findings)
+    if args.json:
+        print(json.dumps({
+            "spec": loaded.source, "backend": args.on, "ok": errors == 0, "errors": errors,
+            "warnings": len(findings) - errors, "findings": [f.as_dict() for f in findings],
+        }, indent=2))  # fmt: skip
+    else:
+        for f in findings:
+            print(f.text())
+        print(f"treb check: {count(findings)} ({loaded.source}, --on {args.on})")
+    return 1 if errors else 0

@@ -1,0 +1,40 @@
+"""What every check gets: the loaded spec, the engine it is checked for, the environment."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from trebuchet.preflight.findings import Finding
+
+if TYPE_CHECKING:
+    from trebuchet.spec.load import LoadedSpec
+
+
+@dataclass
+class Context:
+    loaded: LoadedSpec
+    backend: str
+    environ: Mapping[str, str]
+
+    @property
+    def spec(self) -> Any:
+        return self.loaded.spec
+
+    @property
+    def remote(self) -> bool:
+        """The ranks run on other machines than the submitting host."""
+        return self.backend != "local"
+
+    @property
+    def multi_node(self) -> bool:
+        """Several machines, each with its own local disks (local nodes share this one)."""
+        return self.remote and self.spec.nodes > 1
+
+    def at(self, *path: str | int) -> str:
+        """`file:line` of a field (or the `-o` that set it)."""
+        return self.loaded.where(*path)  # type: ignore[arg-type]
+
+    def finding(self, id: str, severity: str, message: str, fix: str, *path: str | int) -> Finding:
+        return Finding(id, severity, message, fix, self.at(*path))

@@ -1,0 +1,128 @@
+"""Ask Slurm whether the partition can ever hold the job (Determined's users waited forever).
+
+One `sinfo` call; when sinfo is missing, slow or failing there is no finding: the checks
+must never fail because Slurm is absent or busy.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+from trebuchet.preflight.context import Context
+from trebuchet.preflight.findings import ERROR, WARNING, Finding
+
+SINFO_TIMEOUT_S = 5.0
+GRES_GPU = re.compile(r"^gpu(?::[^:(]+)?:(\d+)")
+
+
+def _args_partition(sbatch_args: list[str]) -> str | None:
+    """A partition given as a raw sbatch option (-p X, --partition=X)."""
+    found = None
+    for i, arg in enumerate(sbatch_args):
+        if arg in ("-p", "--partition") and i + 1 < len(sbatch_args):
+            found = sbatch_args[i + 1]
+        elif arg.startswith("--partition="):
+            found = arg.split("=", 1)[1]
+        elif arg.startswith("-p") and len(arg) > 2:
+            found = arg[2:]
+    return found
+
+
+def gres_gpus(gres: str) -> int:
+    """GPUs per node in a %G value: 'gpu:a100:8(S:0-1),gpu:v100:2' -> 10, '(null)' -> 0."""
+    total = 0
+    for entry in re.split(r",(?![^(]*\))", gres):
+        m = GRES_GPU.match(entry.strip())
+        if m:
+            total += int(m.group(1))
+    return total
+
+
+def sinfo(ctx: Context) -> list[tuple[str, bool, int, int]] | None:
+    """(partition, is default, nodes, GPUs per node) per sinfo line, or None."""
+    exe = shutil.which("sinfo", path=ctx.environ.get("PATH"))
+    if exe is None:
+        return None
+    try:
+        res = subprocess.run(
+            [exe, "-h", "-a", "-o", "%P|%D|%G"], capture_output=True, text=True,
+            timeout=SINFO_TIMEOUT_S, env=dict(ctx.environ), stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if res.returncode != 0:
+        return None
+    rows = []
+    for line in res.stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 3 or not parts[1].isdigit():
+            continue
+        name = parts[0]
+        rows.append((name.rstrip("*"), name.endswith("*"), int(parts[1]), gres_gpus(parts[2])))
+    return rows or None
+
+
+def partition_capacity(ctx: Context) -> list[Finding]:
+    if ctx.backend != "slurm":
+        return []
+    spec = ctx.spec
+    named = spec.slurm.partition or _args_partition(spec.slurm.sbatch_args)
+    rows = sinfo(ctx)
+    if rows is None:
+        return []
+    path = ("slurm", "partition") if spec.slurm.partition else ("slurm", "sbatch_args")
+    if named is None:
+        defaults = {r[0] for r in rows if r[1]}
+        if len(defaults) != 1:
+            return []
+        named = defaults.pop()
+    mine = [r for r in rows if r[0] == named]
+    if not mine:
+        known = ", ".join(sorted({r[0] for r in rows}))
+        return [
+            ctx.finding(
+                "unknown-partition",
+                WARNING,
+                f"sinfo does not know partition {named!r} (partitions here: {known}): "
+                "sbatch would refuse the job",
+                "set slurm.partition to one of the partitions sinfo lists",
+                *path,
+            )
+        ]
+    total = sum(r[2] for r in mine)
+    gpus = spec.gpus_per_node if spec.gpus_per_node > 0 else 0
+    fit = sum(r[2] for r in mine if r[3] >= gpus)
+    if spec.nodes <= fit:
+        return []
+    most = max(r[3] for r in mine)
+    if gpus and most < gpus:
+        have = f"at most {most} GPU(s)" if most else "no GPUs"
+        what = f"gpus_per_node {gpus} but the nodes of partition {named!r} have {have}"
+        fix = (
+            f"ask for at most {most} GPUs per node, or pick a partition with bigger nodes"
+            if most
+            else "pick a partition with GPUs (slurm.partition), or set gpus_per_node: 0"
+        )
+        where: tuple[str, ...] = ("gpus_per_node",)
+    elif fit < total:
+        what = (
+            f"nodes {spec.nodes} with {gpus} GPUs each, but partition {named!r} has only "
+            f"{fit} node(s) with {gpus} or more GPUs ({total} in all)"
+        )
+        fix = f"ask for at most {fit} nodes, or fewer GPUs per node"
+        where = ("nodes",)
+    else:
+        what = f"nodes {spec.nodes}, but partition {named!r} has only {total} node(s)"
+        fix = f"ask for at most {total} nodes, or pick a bigger partition"
+        where = ("nodes",)
+    return [
+        ctx.finding(
+            "partition-too-small",
+            ERROR,
+            what + ": the job could never start (it would wait in the queue forever or be refused)",
+            fix,
+            *where,
+        )
+    ]

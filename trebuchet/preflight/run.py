@@ -1,0 +1,92 @@
+"""Run every check, drop what the spec silences, and (for `treb run`) refuse errors."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, TextIO
+
+from trebuchet.preflight import launchers, parallelism, partition, storage, timelimit
+from trebuchet.preflight.context import Context
+from trebuchet.preflight.findings import CHECKS, WARNING, Finding, count
+
+if TYPE_CHECKING:
+    from trebuchet.spec.load import LoadedSpec
+
+Check = Callable[[Context], list[Finding]]
+ALL_CHECKS: tuple[Check, ...] = (
+    storage.host_inputs,
+    storage.node_local_cache,
+    storage.node_local_workdir,
+    storage.node_local_treb_home,
+    timelimit.time_limit,
+    partition.partition_capacity,
+    parallelism.parallel_sizes,
+    launchers.nested_launchers,
+    launchers.torchrun_nnodes,
+)
+
+
+def _line(f: Finding) -> int:
+    _, _, tail = f.where.rpartition(":")
+    return int(tail) if tail.isdigit() else 1 << 30
+
+
+def preflight(
+    loaded: LoadedSpec, backend_name: str, environ: Mapping[str, str] | None = None
+) -> list[Finding]:
+    """The findings for `loaded` on `backend_name`: errors first, then by line.
+
+    Findings whose id is in the spec's `ignore_checks` are left out."""
+    ctx = Context(loaded, backend_name, os.environ if environ is None else environ)
+    findings = all_findings(ctx)
+    ignored = set(getattr(ctx.spec, "ignore_checks", None) or ())
+    kept = [f for f in findings if f.id not in ignored]
+    return sorted(kept, key=lambda f: (not f.is_error, _line(f)))
+
+
+def all_findings(ctx: Context) -> list[Finding]:
+    """Every finding, silenced ones included."""
+    out: list[Finding] = []
+    for check in ALL_CHECKS:
+        out += check(ctx)
+    for i, name in enumerate(getattr(ctx.spec, "ignore_checks", None) or ()):
+        if name not in CHECKS:
+            out.append(
+                ctx.finding(
+                    "unknown-check-id",
+                    WARNING,
+                    f"ignore_checks: {name!r} is not a check id, so it silences nothing",
+                    "use an id from `treb check` output or docs/preflight.md",
+                    "ignore_checks",
+                    i,
+                )
+            )
+    return out
+
+
+def enforce(
+    loaded: LoadedSpec,
+    backend_name: str,
+    stream: TextIO | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> list[Finding]:
+    """For `treb run`: print warnings; raise SpecError (exit 2) when there are errors."""
+    from trebuchet.errors import SpecError
+
+    stream = sys.stderr if stream is None else stream
+    findings = preflight(loaded, backend_name, environ)
+    for f in findings:
+        if not f.is_error:
+            for line in f.text().splitlines():
+                print(f"treb: {line}", file=stream)
+    errors = [f for f in findings if f.is_error]
+    if errors:
+        lines = [line for f in errors for line in f.text().splitlines()]
+        lines.append(
+            f"preflight: {count(errors)}, nothing was started (silence one with "
+            "`ignore_checks: [ID]` in the spec, or skip all checks with --no-check)"
+        )
+        raise SpecError(lines)
+    return findings
