@@ -181,3 +181,34 @@ def test_none_launcher_runs_once_per_node(tmp_path, capsys) -> None:
     )
     code, outdir = run_script(tmp_path, capsys, spec, node=1)
     assert code == 0 and (outdir / "n").read_text() == "1 2 10.1.0.7 4\n"
+
+
+def test_run_hands_the_task_to_skypilots_api(tmp_path, capsys, monkeypatch, treb_home) -> None:
+    """A stand-in `sky` module records the calls: managed job, secrets from the shell."""
+    import types
+
+    calls: dict = {}
+
+    class Task:
+        @staticmethod
+        def from_yaml_config(config, secrets_overrides=None):
+            calls["config"], calls["secrets"] = config, secrets_overrides
+            return "TASK"
+
+    jobs = types.SimpleNamespace(
+        launch=lambda task, name: calls.setdefault("launch", (task, name)) and "REQ",
+        tail_logs=lambda job_id, follow: 0,
+    )
+    fake = types.SimpleNamespace(Task=Task, jobs=jobs, stream_and_get=lambda req: ([7], None))
+    monkeypatch.setitem(sys.modules, "sky", fake)
+    monkeypatch.setenv("HF_TOKEN", "hf_from_the_shell_123")
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: sky-run\ncommand: echo hi\nretries: 1\nsecrets: [HF_TOKEN]\n")
+    assert main(["run", str(spec), "--on", "skypilot"]) == 0
+    assert calls["secrets"] == [("HF_TOKEN", "hf_from_the_shell_123")]
+    assert calls["config"]["secrets"] == {"HF_TOKEN": None}  # the task itself has no value
+    assert calls["launch"][1].startswith("sky-run-")
+    capsys.readouterr()
+    assert main(["ps", "--json"]) == 0
+    (run,) = yaml.safe_load(capsys.readouterr().out)
+    assert run["state"] == "SUCCEEDED" and run["backend"] == "skypilot"

@@ -199,13 +199,10 @@ class SkyPilotBackend:
 def _fail(sub: Any, why: str) -> None:
     import time
 
-    sub.store.update_run(
-        sub.record.id,
-        only_if_active=True,
-        state="FAILED",
-        ended_at=time.time(),
-        first_failure={"reason": why},
-    )
+    from trebuchet.store.files import append_event
+
+    sub.store.update_run(sub.record.id, only_if_active=True, state="FAILED", ended_at=time.time())
+    append_event(sub.run_dir, "failed", reason=why)
 
 
 def _uses_secret(value: str, secrets: list[str]) -> bool:
