@@ -51,6 +51,18 @@ def needs(module: str):
     return pytest.importorskip(module)
 
 
+def needs_program(name: str) -> str:
+    """A program the test needs: skipped locally when absent, a failure in CI."""
+    import shutil
+
+    found = shutil.which(name)
+    if not found:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"{name} is not installed (make test installs it)")
+        pytest.skip(f"{name} is not installed")
+    return found
+
+
 def status_json(treb: TrebFn, run: str = "") -> dict:
     res = treb("status", *([run] if run else []), "--json")
     assert res.returncode == 0, res.stderr

@@ -151,3 +151,18 @@ def test_render_image_passes_values_by_name_only(tmp_path, treb_home, capsys, mo
     assert " run --rm --init --name treb-RUN_ID-r0 " in cmd
     assert "-v /data:/data:ro" in cmd and "-e HF_TOKEN" in cmd and "-e RANK" in cmd
     assert cmd.endswith("nvcr.io/nvidia/pytorch:24.05-py3 bash -c 'python t.py'")
+
+
+def test_render_mpirun_and_horovod(tmp_path, treb_home, capsys) -> None:
+    code, out, _ = _render(tmp_path, "command: python t.py\nnodes: 2\nprocs_per_node: 2\nlauncher: mpirun\n", capsys)
+    if code == 2:  # OpenMPI is not installed on this machine
+        pytest.skip("mpirun not installed")
+    cmd = next(line for line in out.splitlines() if line.startswith("  $ "))
+    assert cmd.startswith("  $ mpirun -np 4 -H localhost:4 --bind-to none -x LOCAL_WORLD_SIZE")
+    assert "export RANK=${OMPI_COMM_WORLD_RANK" in cmd and cmd.endswith("treb-rank bash -c 'python t.py'")
+    from trebuchet.launcher.plan import mpi_argv
+
+    assert mpi_argv("horovod", 16, ["localhost", "128.140.2.4"], 8, {}) == [
+        "horovodrun", "-np", "16", "-H", "localhost:8,128.140.2.4:8",
+        "--start-timeout", "120", "--gloo-timeout-seconds", "120",
+    ]  # fmt: skip

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, needs, status_json
+from tests.conftest import REPO, needs, needs_program, status_json
 
 pytestmark = pytest.mark.integration
 DIGITS = REPO / "examples" / "digits-ddp" / "job.yaml"
@@ -35,10 +35,12 @@ def test_digits_ddp_trains(launcher: str, nodes: int, treb) -> None:
     assert "accuracy:" in (run_dir / "attempt-0" / "rank-0.log").read_text()
 
 
-@pytest.mark.parametrize("launcher", ["native", "none", "torchrun"])
+@pytest.mark.parametrize("launcher", ["native", "none", "torchrun", "mpirun"])
 def test_hello_checks_the_contract_and_talks_over_master_port(launcher: str, treb) -> None:
     if launcher == "torchrun":
         needs("torch")
+    if launcher == "mpirun":
+        needs_program("mpirun")
     res = treb("run", str(HELLO), "-o", f"launcher={launcher}", timeout=120)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "CONTRACT FAIL" not in res.stdout + res.stderr

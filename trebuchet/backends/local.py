@@ -56,10 +56,15 @@ class LocalBackend:
 
     def check(self, loaded: LoadedSpec) -> None:
         spec = loaded.spec
-        if spec.launcher == "mpirun":
+        launcher_exe = {"mpirun": "mpirun", "horovod": "horovodrun"}.get(spec.launcher)
+        if launcher_exe and spec.environment is None and not shutil.which(launcher_exe):
+            how = (
+                "OpenMPI (Debian: apt-get install openmpi-bin)"
+                if launcher_exe == "mpirun"
+                else "horovod"
+            )
             raise UserError(
-                f"{loaded.where('launcher')}: launcher: mpirun is not supported by the local "
-                "backend yet; use native, torchrun or none"
+                f"{loaded.where('launcher')}: launcher: {launcher_exe} is not on PATH; install {how}"
             )
         recipe = self.placement(loaded).recipe
         where = loaded.where("environment")
@@ -92,8 +97,6 @@ class LocalBackend:
 
     def render(self, loaded: LoadedSpec) -> str:
         """What would run; tools that are only needed to run (an engine) are not required."""
-        if loaded.spec.launcher == "mpirun":
-            self.check(loaded)
         placeholder = runs_dir() / "RUN_ID"
         plan = local_plan(
             loaded.spec, loaded.workdir, "RUN_ID", placeholder, dict(os.environ),

@@ -20,6 +20,17 @@ from trebuchet.launcher.policies import policies_for
 
 # Under torchrun each worker appends its own output to its rank file, then becomes the command.
 RANK_LOG_WRAPPER = 'exec >>"$TREB_RUN_DIR/attempt-$TREB_ATTEMPT/rank-$RANK.log" 2>&1; exec "$@"'
+# Under mpirun/horovodrun each rank maps the MPI variables onto the contract, then logs to its
+# own file. Locally every simulated node is this host, so node and local rank come from RANK.
+MPI_RANK_WRAPPER = (
+    "export RANK=${OMPI_COMM_WORLD_RANK:-${HOROVOD_RANK:-$PMI_RANK}} "
+    "WORLD_SIZE=${OMPI_COMM_WORLD_SIZE:-${HOROVOD_SIZE:-$PMI_SIZE}}; "
+    "export LOCAL_RANK=$((RANK % LOCAL_WORLD_SIZE)) NODE_RANK=$((RANK / LOCAL_WORLD_SIZE)); "
+    "export GROUP_RANK=$NODE_RANK; "
+    'exec >>"$TREB_RUN_DIR/attempt-$TREB_ATTEMPT/rank-$RANK.log" 2>&1; exec "$@"'
+)
+HOROVOD_TIMEOUT_S = 120
+
 # profile: nsys wraps each selected rank (RANK is known inside the rank, under any launcher).
 NSYS_OPTIONS = "--trace=cuda,nvtx,osrt,cudnn,cublas --sample=none --force-overwrite=true"
 NSYS_WRAPPER = (
@@ -205,6 +216,22 @@ def local_plan(
             streams.append([f"{node}", f"node-{node}.log"])
             for local in range(ppn):
                 streams.append([f"{node}:{local}", f"rank-{node * ppn + local}.log"])
+        elif spec.launcher in ("mpirun", "horovod"):
+            if node == 0:  # one launcher process for the whole run, on the first node
+                env = {**node_env, "LOCAL_WORLD_SIZE": str(ppn), "WORLD_SIZE": str(world)}
+                env.pop("NODE_RANK")
+                env.pop("GROUP_RANK")
+                if (
+                    os.geteuid() == 0 and spec.launcher == "mpirun"
+                ):  # OpenMPI refuses root otherwise
+                    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+                argv = mpi_argv(spec.launcher, world, ["localhost"] * 1, world, env) + [
+                    "bash", "-c", MPI_RANK_WRAPPER, "treb-rank", *cmd]  # fmt: skip
+                argv = wrap(argv, env, node, "mpi")
+                procs.append(ProcPlan("0", 0, None, None, argv, env, str(workdir), "node-0.log"))
+                streams.append(["0", "node-0.log"])
+            for local in range(ppn):
+                streams.append([f"{node}:{local}", f"rank-{node * ppn + local}.log"])
         else:  # none: the user's own launcher, once per node
             env = {**node_env, "LOCAL_WORLD_SIZE": str(ppn)}
             argv = wrap(cmd, env, node, f"n{node}")
@@ -222,6 +249,21 @@ def local_plan(
         environment=recipe.to_json() if recipe else None,
         path_prepend=[f"{recipe.prefix}/bin"] if recipe and recipe.kind == "venv" else [],
     )  # fmt: skip
+
+
+def mpi_argv(
+    launcher: str, np: int, hosts: list[str], slots: int, env: dict[str, str]
+) -> list[str]:
+    """`mpirun -np N -H host:slots,...` (OpenMPI) or `horovodrun` as Determined starts it."""
+    host_list = ",".join(f"{h}:{slots}" for h in hosts)
+    if launcher == "horovod":
+        return ["horovodrun", "-np", str(np), "-H", host_list,
+                "--start-timeout", str(HOROVOD_TIMEOUT_S),
+                "--gloo-timeout-seconds", str(HOROVOD_TIMEOUT_S)]  # fmt: skip
+    argv = ["mpirun", "-np", str(np), "-H", host_list, "--bind-to", "none"]
+    for name in sorted(env):  # mpirun passes variables to remote ranks only with -x
+        argv += ["-x", name]
+    return argv
 
 
 def describe(plan: Plan, attempt: int = 0) -> str:

@@ -22,7 +22,7 @@ from trebuchet.spec.duration import parse_duration
 
 NAME_RE = r"^[a-z0-9][a-z0-9._-]*$"
 ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
-Launcher = Literal["native", "torchrun", "mpirun", "none"]
+Launcher = Literal["native", "torchrun", "mpirun", "horovod", "none"]
 
 
 def _env_value(v: Any) -> str:
@@ -206,7 +206,7 @@ class Spec(Block):
         "a directory path", "working directory, relative to the spec file", default="."
     )
     launcher: Launcher = allowed(
-        "one of native, torchrun, mpirun, none", "who starts the ranks", default="native"
+        "one of native, torchrun, mpirun, horovod, none", "who starts the ranks", default="native"
     )
     nodes: int = allowed("an integer >= 1", "number of nodes", default=1, ge=1)
     procs_per_node: int | None = allowed(
