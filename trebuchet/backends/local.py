@@ -63,9 +63,8 @@ class LocalBackend:
                 if launcher_exe == "mpirun"
                 else "horovod"
             )
-            raise UserError(
-                f"{loaded.where('launcher')}: launcher: {launcher_exe} is not on PATH; install {how}"
-            )
+            where = loaded.where("launcher")
+            raise UserError(f"{where}: launcher: {launcher_exe} is not on PATH; install {how}")
         recipe = self.placement(loaded).recipe
         where = loaded.where("environment")
         if recipe and recipe.kind == "image":
