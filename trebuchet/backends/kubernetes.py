@@ -2,7 +2,7 @@
 
 Pod i of Job J is reachable as J-i.J (the Service is named after the Job and is the
 pods' subdomain), so MASTER_ADDR is the index-0 pod's name and NODE_RANK is the pod's
-completion index. GPUs are requested as nvidia.com/gpu (the spec has no vendor field yet).
+completion index. GPUs are requested as nvidia.com/gpu, or amd.com/gpu with gpu_vendor: amd.
 Secrets come from a Kubernetes Secret named after the workload, one key per secret name;
 trebuchet never writes their values into a manifest. Rendering needs nothing installed;
 `treb run --on kubernetes` applies the manifests with the official client
@@ -20,7 +20,11 @@ from trebuchet.spec.load import LoadedSpec
 
 INSTALL = "install it with: pip install 'trebuchet[kubernetes]'"
 DEFAULT_PORT = 29500
-GPU_RESOURCE = "nvidia.com/gpu"  # amd.com/gpu once the spec says which vendor
+GPU_RESOURCES = {"amd": "amd.com/gpu"}  # anything else (auto, nvidia): nvidia.com/gpu
+
+
+def gpu_resource(spec: Any) -> str:
+    return GPU_RESOURCES.get(spec.gpu_vendor, "nvidia.com/gpu")
 LABEL = "trebuchet.dev/workload"
 
 
@@ -110,7 +114,7 @@ class KubernetesBackend:
         }
         if spec.gpus_per_node > 0:
             gpus = str(spec.gpus_per_node)
-            container["resources"] = {"limits": {GPU_RESOURCE: gpus}}
+            container["resources"] = {"limits": {gpu_resource(spec): gpus}}
         job_spec: dict[str, Any] = {
             "completionMode": "Indexed",
             "completions": spec.nodes,
@@ -145,7 +149,7 @@ class KubernetesBackend:
         name = k8s_name(spec.name)
         head = (
             f"# Kubernetes manifests for {spec.name} ({loaded.source}).\n"
-            f"# GPUs as {GPU_RESOURCE}. Secrets come from the Secret {name!r}, one key "
+            f"# GPUs as {gpu_resource(spec)}. Secrets come from the Secret {name!r}, one key "
             "per name:\n"
         )
         if spec.secrets:
