@@ -14,6 +14,7 @@ VERBS = {
     "cancel": "stop a run",
     "render": "show exactly what would be launched",
     "schema": "print the spec's JSON Schema",
+    "diagnose": "root cause of a failed run, or of logs from elsewhere",
     "build": "build or refresh the spec's environment now",
     "import": "a spec from an sbatch script, AI Runtime YAML, madengine card or NeMo config",
     "check": "preflight checks: mistakes a queue wait would reveal, found now",
@@ -84,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help=VERBS["check"])
     _add_spec_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable findings")
+    p = sub.add_parser("diagnose", help=VERBS["diagnose"])
+    p.add_argument("targets", nargs="*", metavar="RUN | LOG",
+                   help="a run id or prefix (default: latest), or log files / a log directory")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
 

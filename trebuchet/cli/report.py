@@ -1,14 +1,48 @@
-"""Texts shown about a run: the end-of-run summary and the tail of the failing log."""
+"""Texts shown about a run: the end-of-run summary, the tail of the failing log, and the
+diagnosis (cause and fix) of a run that did not succeed."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from trebuchet.cli.common import describe_failure
 from trebuchet.spec.duration import human
 from trebuchet.store.db import RunRecord, Store
 
 TAIL_LINES = 15
+NOT_OK = ("FAILED", "TIMEOUT", "LOST", "CANCELLED")
+
+
+def _diagnosis(store: Store | None, rec: RunRecord) -> Any:
+    """The run's Diagnosis when it did not succeed (or has a failure already), else None."""
+    if rec.state not in NOT_OK and not rec.first_failure:
+        return None
+    from trebuchet.diagnose.report import diagnose_record
+
+    return diagnose_record(store, rec)
+
+
+def diagnosis_lines(store: Store | None, rec: RunRecord) -> list[str]:
+    """'cause: ...' and 'fix: ...'; a log diagnosis cannot read never hides the rest."""
+    try:
+        d = _diagnosis(store, rec)
+    except Exception as exc:  # noqa: BLE001 - status and run summaries must still print
+        return [f"diagnosis unavailable: {exc!r}"]
+    if d is None:
+        return []
+    from trebuchet.diagnose.report import two_lines
+
+    return two_lines(d)
+
+
+def diagnosis_json(store: Store | None, rec: RunRecord) -> dict[str, Any] | None:
+    """{"root_cause": ..., "ranks": [...]} for `treb status --json` (None when it succeeded)."""
+    try:
+        d = _diagnosis(store, rec)
+    except Exception as exc:  # noqa: BLE001
+        return {"error": repr(exc)}
+    return None if d is None else d.to_json()
 
 
 def tail_text(path: Path, lines: int = TAIL_LINES) -> list[str]:
@@ -43,4 +77,5 @@ def final_summary(store: Store, rec: RunRecord) -> str:
                 out += [f"    {line}" for line in tail]
     elif rec.state != "SUCCEEDED":
         out.append(f"treb: see `treb status {rec.id}` and `treb logs {rec.id}`")
+    out += [f"treb: {line}" for line in diagnosis_lines(store, rec)]
     return "\n".join(out)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from trebuchet.cli.common import STATE_STYLE, clock, console, describe_failure, refresh
+from trebuchet.cli.report import diagnosis_json, diagnosis_lines
 from trebuchet.spec.duration import human
 from trebuchet.store.db import Store
 
@@ -32,6 +33,7 @@ def main(args: argparse.Namespace) -> int:
         out = rec.to_json()
         out["attempts"] = attempts
         out["procs"] = procs
+        out["diagnosis"] = diagnosis_json(store, rec)
         print(json.dumps(out, indent=2))
         return 0
     from rich.table import Table
@@ -53,6 +55,8 @@ def main(args: argparse.Namespace) -> int:
     if rec.first_failure:
         con.print(f"  [red]first failure[/]: {describe_failure(rec.first_failure)}")
         con.print(f"    log {rec.first_failure.get('log')}")
+    for line in diagnosis_lines(store, rec):
+        con.print(f"  {line}", markup=False, highlight=False)
     if attempts:
         con.print("attempts:")
         for a in attempts:

@@ -1,0 +1,247 @@
+"""Diagnosis of real failing programs run by `treb run`: python and torch scripts that raise,
+hang in a collective, kill themselves with SIGKILL (as the OOM killer would), crash with
+SIGSEGV, import a missing module, miss the launcher's variables, find their port taken,
+run past their time limit, are cancelled, or lose their launcher.
+
+Each case checks `treb diagnose RUN --json` (the issue's shape and category names), and some
+also the two lines at the end of `treb run` and in `treb status`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import needs, status_json, write_spec
+
+pytestmark = pytest.mark.integration
+PY = sys.executable
+
+
+def diagnose(treb, run: str = "") -> dict:
+    res = treb("diagnose", *([run] if run else []), "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert set(data) >= {"root_cause", "ranks"}
+    return data
+
+
+def role(data: dict, rank: int) -> str:
+    return next(r["role"] for r in data["ranks"] if r["rank"] == rank)
+
+
+def run(treb, tmp_path: Path, spec: str, script: str | None = None, *args: str):
+    if script is not None:
+        (tmp_path / "job.py").write_text(script)
+    return treb("run", str(write_spec(tmp_path, spec)), *args, timeout=180)
+
+
+def test_python_exception_names_rank_frame_and_cascade(treb, tmp_path: Path) -> None:
+    script = (
+        "import os, time\n"
+        "def load_batch(i):\n"
+        "    raise ValueError(f'corrupt sample in batch {i}')\n"
+        "if os.environ['RANK'] == '2':\n"
+        "    time.sleep(0.5)\n"
+        "    load_batch(17)\n"
+        "time.sleep(300)\n"
+    )
+    res = run(treb, tmp_path, f"command: [{PY}, job.py]\nnodes: 2\nprocs_per_node: 2\n", script)
+    assert res.returncode == 1
+    root = diagnose(treb)["root_cause"]
+    assert (root["category"], root["rank"], root["node"]) == ("python_exception", 2, "1")
+    assert "ValueError: corrupt sample in batch 17" in root["summary"]
+    assert "job.py:3 in load_batch" in root["summary"]
+    assert root["evidence"][-1].endswith("ValueError: corrupt sample in batch 17")
+    data = diagnose(treb)
+    assert [role(data, r) for r in (0, 1, 3)] == ["stopped"] * 3
+    # the two lines at the end of the attached run, and in `treb status`
+    assert "treb: cause: python_exception on rank 2 (node 1): ValueError" in res.stderr
+    assert "treb: fix:" in res.stderr
+    assert "cause: python_exception on rank 2" in treb("status").stdout
+    st = status_json(treb)
+    assert st["diagnosis"]["root_cause"]["rank"] == 2
+
+
+def test_sigkill_without_launcher_kill_is_killed(treb, tmp_path: Path) -> None:
+    # kill -9 of one rank, as the kernel OOM killer does
+    spec = "command: 'if [ $RANK = 1 ]; then sleep 0.5; kill -9 $$; fi; exec sleep 300'\n"
+    run(treb, tmp_path, spec + "procs_per_node: 3\n")
+    data = diagnose(treb)
+    root = data["root_cause"]
+    assert (root["category"], root["rank"]) == ("killed", 1)
+    assert "SIGKILL" in root["summary"] and "OOM" in root["summary"]
+    assert role(data, 0) == role(data, 2) == "stopped"
+
+
+def test_segfault(treb, tmp_path: Path) -> None:
+    script = "import os, time, ctypes\nif os.environ['RANK'] == '0':\n    time.sleep(0.3)\n" \
+             "    ctypes.string_at(0)\ntime.sleep(300)\n"  # fmt: skip
+    run(treb, tmp_path, f"command: [{PY}, job.py]\nprocs_per_node: 2\n", script)
+    root = diagnose(treb)["root_cause"]
+    assert (root["category"], root["rank"]) == ("segfault", 0)
+    assert "SIGSEGV" in root["summary"]
+
+
+def test_missing_module(treb, tmp_path: Path) -> None:
+    run(treb, tmp_path, f"command: [{PY}, job.py]\n", "import numpy\nimport flash_attn_nope\n")
+    root = diagnose(treb)["root_cause"]
+    assert root["category"] == "missing_module" and root["rank"] == 0
+    assert "No module named 'flash_attn_nope'" in root["summary"]
+
+
+def test_command_not_found(treb, tmp_path: Path) -> None:
+    run(treb, tmp_path, "command: [no-such-trainer-xyz, --lr, '0.1']\n")
+    root = diagnose(treb)["root_cause"]
+    assert root["category"] == "missing_module" and "no-such-trainer-xyz" in root["summary"]
+
+
+def test_script_not_started_by_a_launcher(treb, tmp_path: Path) -> None:
+    needs("torch")
+    script = "import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+    run(treb, tmp_path, f"launcher: none\ncommand: [{PY}, job.py]\n", script)
+    root = diagnose(treb)["root_cause"]
+    assert root["category"] == "launch_env_missing", root
+    assert "RANK expected, but not set" in root["summary"]
+
+
+HANG_AT_INIT = (
+    "import datetime, os, time\nimport torch.distributed as dist\n"
+    "if os.environ['RANK'] == os.environ['HANG']:\n"
+    "    print('loading a huge shard', flush=True)\n    time.sleep(300)\n"
+    "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=3))\n"
+)
+
+
+def test_rank_that_never_joins_init_is_named(treb, tmp_path: Path) -> None:
+    needs("torch")
+    spec = f"command: [{PY}, job.py]\nprocs_per_node: 4\nenv: {{HANG: '2'}}\n"
+    res = run(treb, tmp_path, spec, HANG_AT_INIT)
+    assert res.returncode == 1
+    st = status_json(treb)
+    assert st["first_failure"]["rank"] != 2  # the launcher saw a victim fail first
+    data = diagnose(treb)
+    root = data["root_cause"]
+    assert (root["category"], root["rank"]) == ("collective_timeout", 2), root
+    assert "rank 2 never joined" in root["summary"]
+    assert any("loading a huge shard" in e for e in root["evidence"])
+    assert role(data, 2) == "root_cause"
+
+
+def test_rank_that_hangs_before_a_collective_is_named(treb, tmp_path: Path) -> None:
+    needs("torch")
+    script = (
+        "import datetime, os, time, torch\nimport torch.distributed as dist\n"
+        "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=3))\n"
+        "if dist.get_rank() == 1:\n    print('rank 1 stuck in data loading', flush=True)\n"
+        "    time.sleep(300)\n"
+        "dist.all_reduce(torch.ones(1))\n"
+    )
+    run(treb, tmp_path, f"command: [{PY}, job.py]\nprocs_per_node: 2\n", script)
+    root = diagnose(treb)["root_cause"]
+    assert (root["category"], root["rank"]) == ("collective_timeout", 1), root
+    assert "Timed out waiting" in root["summary"]
+
+
+def test_port_already_taken_by_another_program(treb, tmp_path: Path) -> None:
+    needs("torch")
+    holder = socket.socket()
+    holder.bind(("0.0.0.0", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        script = "import datetime, torch.distributed as dist\n" \
+                 "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=5))\n"  # fmt: skip
+        spec = f"command: [{PY}, job.py]\nprocs_per_node: 2\nmaster_port: {port}\n"
+        run(treb, tmp_path, spec, script)
+    finally:
+        holder.close()
+    root = diagnose(treb)["root_cause"]
+    assert root["category"] == "port_in_use" and root["rank"] is None, root
+    assert "EADDRINUSE" in " ".join(root["evidence"])
+
+
+def test_time_limit(treb, tmp_path: Path) -> None:
+    res = run(treb, tmp_path, "command: 'echo working; exec sleep 300'\ntimeout: 2s\n")
+    assert res.returncode == 1
+    root = diagnose(treb)["root_cause"]
+    assert root["category"] == "time_limit" and root["rank"] is None
+    assert "time limit" in root["summary"]
+    assert "treb: cause: time_limit" in res.stderr
+
+
+def test_cancelled(treb, treb_home: Path, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "command: 'echo up; exec sleep 300'\nprocs_per_node: 2\n")
+    rid = treb("run", str(spec), "--detach").stdout.strip()
+    deadline = time.monotonic() + 60
+    while not list((treb_home / "runs" / rid).glob("attempt-0/rank-*.log")):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert treb("cancel", rid).returncode == 0
+    data = diagnose(treb, rid)
+    assert data["root_cause"]["category"] == "cancelled"
+    assert all(r["role"] == "stopped" for r in data["ranks"])
+
+
+def test_launcher_killed_is_a_lost_supervisor(treb, treb_home: Path, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "command: 'echo up; exec sleep 300'\n")
+    proc = subprocess.Popen([sys.executable, "-m", "trebuchet", "run", str(spec)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not [p for p in (treb_home / "runs").glob("*/attempt-0/rank-0.log") if p.read_text()]:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while status_json(treb)["state"] != "LOST":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    root = diagnose(treb)["root_cause"]
+    assert root["category"] == "node_failure" and "supervisor" in root["summary"]
+
+
+def test_unknown_failure_keeps_rank_and_last_error_lines(treb, tmp_path: Path) -> None:
+    spec = ("command: 'if [ $RANK = 1 ]; then echo \"checksum mismatch in shard 9\" >&2; "
+            "echo \"giving up\" >&2; exit 3; fi; exec sleep 300'\nprocs_per_node: 2\n")  # fmt: skip
+    run(treb, tmp_path, spec)
+    root = diagnose(treb)["root_cause"]
+    assert (root["category"], root["rank"]) == ("unknown", 1)
+    assert "exit code 3" in root["summary"]
+    assert any("checksum mismatch" in e for e in root["evidence"])
+
+
+def test_torchrun_launcher_run(treb, tmp_path: Path) -> None:
+    needs("torch")
+    script = (
+        "import os, time\n"
+        "def shard(i):\n    raise KeyError(f'missing column label in shard {i}')\n"
+        "if os.environ['RANK'] == '3':\n    time.sleep(0.5)\n    shard(7)\n"
+        "time.sleep(300)\n"
+    )
+    spec = f"launcher: torchrun\ncommand: [{PY}, job.py]\nnodes: 2\nprocs_per_node: 2\n"
+    run(treb, tmp_path, spec, script)
+    data = diagnose(treb)
+    root = data["root_cause"]
+    assert (root["category"], root["rank"], root["node"]) == ("python_exception", 3, "1"), root
+    assert "job.py:3 in shard" in root["summary"]
+    assert role(data, 0) == "stopped"
+
+
+def test_a_copied_run_directory_is_diagnosed_without_the_store(treb, tmp_path: Path) -> None:
+    script = "import os, time\nif os.environ['RANK'] == '1':\n    time.sleep(0.3)\n" \
+             "    raise RuntimeError('loss is NaN at step 12')\ntime.sleep(300)\n"  # fmt: skip
+    run(treb, tmp_path, f"command: [{PY}, job.py]\nprocs_per_node: 2\n", script)
+    run_dir = status_json(treb)["run_dir"]
+    res = treb("diagnose", run_dir, "--json", env={"TREB_HOME": str(tmp_path / "elsewhere")})
+    root = json.loads(res.stdout)["root_cause"]
+    assert (root["category"], root["rank"]) == ("python_exception", 1)
+    assert "loss is NaN" in root["summary"]

@@ -1,0 +1,44 @@
+"""`treb diagnose [RUN | LOG FILES...] [--json]`: the root cause of a failure.
+
+An argument that names an existing file or directory is read as logs from anywhere (a
+torchrun console log, an srun job log, a per-rank log directory, a copied run directory);
+otherwise it is a run id or prefix, and no argument means the latest run. Exit code 0 when
+a diagnosis was made (whatever it says), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from trebuchet.errors import UserError
+
+
+def main(args: argparse.Namespace) -> int:
+    from trebuchet.diagnose import report
+
+    targets: list[str] = list(args.targets)
+    paths = [Path(t) for t in targets if Path(t).exists()]
+    if paths and len(paths) != len(targets):
+        missing = [t for t in targets if not Path(t).exists()]
+        raise UserError(f"no such file or directory: {', '.join(missing)}")
+    if paths:
+        d = report.diagnose_paths(paths)
+    else:
+        if len(targets) > 1:
+            raise UserError("give one run id, or log files that exist")
+        from trebuchet.cli.common import refresh
+        from trebuchet.store.db import Store
+
+        store = Store()
+        rec = store.resolve(targets[0] if targets else None)
+        refresh(store, [rec])
+        rec = store.get(rec.id) or rec
+        d = report.diagnose_record(store, rec)
+    if args.json:
+        print(json.dumps(d.to_json(), indent=2))
+    else:
+        sys.stdout.write(report.text(d))
+    return 0

@@ -1,0 +1,210 @@
+"""The causes trebuchet recognises: a category, the log lines that show it, a remedy.
+
+Each rule has a strength. CAUSE lines explain a failure by themselves (an exception, an
+out-of-memory, a port taken); TIMEOUT lines are what ranks print while they wait for a
+rank that is not there (the cause is elsewhere, usually the rank that never joined);
+CASCADE lines are what ranks print when they are torn down because another one failed.
+The root cause is the strongest, earliest line: a CAUSE beats a TIMEOUT beats a CASCADE.
+
+The patterns come from the messages of torch (c10d, gloo, NCCL's ProcessGroup), torchrun,
+NCCL, Slurm (srun, slurmstepd) and the kernel, as they appear in real logs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+CAUSE, TIMEOUT, CASCADE = 2, 1, 0
+
+# The categories, in the order of docs/diagnose.md, with their one-line remedies.
+REMEDIES: dict[str, str] = {
+    "python_exception": "Fix the error at the user-code frame shown; run that rank's command "
+    "alone (`treb logs RUN --rank R` has its whole output) to reproduce it.",
+    "killed": "SIGKILL without a launcher kill is usually the kernel OOM killer: use less host "
+    "memory per node (fewer DataLoader workers or ranks per node, smaller buffers) or ask for "
+    "more (slurm.mem); `dmesg` or the Slurm oom-kill message confirms it.",
+    "gpu_oom": "Lower the per-GPU batch size or sequence length, use mixed precision or "
+    "activation checkpointing, or shard the model (FSDP/ZeRO); "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps with fragmentation.",
+    "collective_timeout": "A rank never reached the collective (it crashed, hung or was "
+    "slower than the timeout): look at the rank named here; raise init_process_group(timeout=) "
+    "only when it is merely slow (rank 0 saving a checkpoint while the others wait).",
+    "port_in_use": "Another process holds the port: drop master_port from the spec (each "
+    "attempt then gets a free one) or pick a port nobody uses (`ss -ltnp` shows the holder).",
+    "network_unreachable": "The ranks cannot reach each other: set GLOO_SOCKET_IFNAME / "
+    "NCCL_SOCKET_IFNAME to the interface that links the nodes (never lo) and check that "
+    "MASTER_ADDR resolves to that interface's address on every node.",
+    "missing_module": "The environment the ranks ran in lacks a package or program: install it "
+    "there (environment: requirements) or fix PATH/PYTHONPATH so every node sees the same one.",
+    "launch_env_missing": "The script expects a launcher's variables (RANK, WORLD_SIZE, ...): "
+    "run it with launcher: native or torchrun, or call trebuchet.dist.init_env() so srun, "
+    "mpirun and SkyPilot variables fill them.",
+    "segfault": "A native crash: check that torch, CUDA/ROCm, NCCL and the driver match and "
+    "that wheels were built for this CPU; rerun with PYTHONFAULTHANDLER=1 (or under gdb) "
+    "for the native stack.",
+    "time_limit": "The attempt reached its time limit: raise timeout: (or slurm.time), or save "
+    "checkpoints on the warning signal (checkpoint_signal) and set retries: to resume.",
+    "node_failure": "A node (or the process supervising the run) went away: resubmit; exclude "
+    "the node if it happens again, and use retries: with checkpoints to ride it out.",
+    "cancelled": "Nothing failed: the run was cancelled (treb cancel, Ctrl+C, scancel or a "
+    "preemption); resubmit it when wanted.",
+    "unknown": "No known cause was found: read the evidence lines and the failing rank's "
+    "whole log (`treb logs RUN --rank R`).",
+}
+CATEGORIES = tuple(REMEDIES)
+TITLES: dict[str, str] = {
+    "python_exception": "Python exception",
+    "killed": "killed (kernel OOM killer or kill -9)",
+    "gpu_oom": "GPU out of memory (CUDA/HIP)",
+    "collective_timeout": "collective or rendezvous timeout",
+    "port_in_use": "port already in use",
+    "network_unreachable": "peers unreachable / wrong network interface",
+    "missing_module": "missing module or wrong environment",
+    "launch_env_missing": "script not started by a launcher",
+    "segfault": "native crash (segmentation fault, illegal instruction, abort)",
+    "time_limit": "time limit reached",
+    "node_failure": "node failure",
+    "cancelled": "cancelled",
+    "unknown": "unknown",
+}
+
+# What exit codes mean (128 + N: killed by signal N). Some launchers (srun, the seed's
+# checklist) report a signal number as the code: 9 and 15 are read as SIGKILL and SIGTERM.
+EXIT_CODES: dict[int, str] = {
+    1: "a Python error (uncaught exception) or another failure",
+    2: "a usage error (bad arguments)",
+    9: "SIGKILL, as some tools report it (usually the OOM killer)",
+    15: "SIGTERM, as some tools report it (stopped in the cascade)",
+    126: "the command is not executable",
+    127: "the command was not found",
+    129: "SIGHUP (the terminal or session went away)",
+    130: "SIGINT (Ctrl+C)",
+    132: "SIGILL (illegal instruction: a binary built for another CPU)",
+    134: "SIGABRT (abort: an uncaught C++ exception, an assertion, the NCCL watchdog)",
+    135: "SIGBUS (bus error)",
+    136: "SIGFPE (arithmetic error)",
+    137: "SIGKILL (the kernel OOM killer, or kill -9)",
+    139: "SIGSEGV (segmentation fault)",
+    143: "SIGTERM (stopped: the cascade after another rank failed, a cancel or a limit)",
+}
+SIGNAL_CATEGORY = {
+    "SIGSEGV": "segfault",
+    "SIGILL": "segfault",
+    "SIGBUS": "segfault",
+    "SIGFPE": "segfault",
+    "SIGABRT": "segfault",
+    "SIGKILL": "killed",
+}
+STOP_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
+
+
+def signal_of(exit_code: int | None, signal: str | None) -> str | None:
+    """The signal a process died of, from a recorded name or a 128+N / -N exit code."""
+    if signal:
+        return signal
+    if exit_code is None:
+        return None
+    num = -exit_code if exit_code < 0 else exit_code - 128 if exit_code > 128 else None
+    names = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
+             9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}  # fmt: skip
+    return names.get(num) if num else None
+
+
+def exit_meaning(exit_code: int | None, signal: str | None = None) -> str:
+    """'exit code 137: SIGKILL (the kernel OOM killer, or kill -9)' and the like."""
+    if exit_code is None and not signal:
+        return "no exit status recorded"
+    if exit_code is not None and exit_code < 0:  # torchrun's -N
+        exit_code = 128 - exit_code
+    text = f"exit code {exit_code}" if exit_code is not None else f"signal {signal}"
+    meaning = EXIT_CODES.get(exit_code) if exit_code is not None else None
+    return f"{text}: {meaning}" if meaning else text
+
+
+@dataclass(frozen=True)
+class Rule:
+    category: str  # one of CATEGORIES, or "cascade"
+    strength: int
+    pattern: re.Pattern[str]
+    loopback: bool = False  # only a fault when the ranks span several hosts
+
+
+def _rule(category: str, strength: int, pattern: str, loopback: bool = False) -> Rule:
+    return Rule(category, strength, re.compile(pattern), loopback)
+
+
+# Order matters: the first rule that matches a line decides its category.
+RULES: tuple[Rule, ...] = (
+    _rule("gpu_oom", CAUSE, r"(?:CUDA|HIP) out of memory|torch\.(?:cuda\.)?OutOfMemoryError"
+          r"|CUBLAS_STATUS_ALLOC_FAILED|HIP_ERROR_OutOfMemory|hipErrorOutOfMemory"
+          r"|cudaErrorMemoryAllocation|CUDA error: out of memory|Cuda failure 'out of memory'"),
+    _rule("killed", CAUSE, r"oom-kill|oom_kill|Out of memory: Killed process|invoked oom-killer"
+          r"|Memory cgroup out of memory"),
+    _rule("launch_env_missing", CAUSE,
+          r"environment variable (?:RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK) "
+          r"expected, but not set|KeyError: '(?:RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE"
+          r"|MASTER_ADDR|MASTER_PORT)'|must be launched with (?:torchrun|a launcher)"),
+    _rule("missing_module", CAUSE, r"ModuleNotFoundError: No module named|ImportError: "
+          r"|cannot open shared object file|undefined symbol: |: command not found"
+          r"|treb: cannot start |GLIBC_[\d.]+' not found"),
+    _rule("port_in_use", CAUSE, r"EADDRINUSE|[Aa]ddress already in use|errno: 98\b"),
+    _rule("network_unreachable", CAUSE, r"remote=\[(?:127\.\d+\.\d+\.\d+|::1|::ffff:127\.[\d.]+)\]",
+          loopback=True),
+    _rule("network_unreachable", CAUSE, r"Network is unreachable|No route to host"
+          r"|Name or service not known|Temporary failure in name resolution"
+          r"|Connect to \S+<\d+> failed|Software caused connection abort|NCCL WARN .*connect"
+          r"|Bootstrap : no socket interface found|unhandled system error"),
+    _rule("collective_timeout", TIMEOUT, r"Watchdog caught collective operation timeout"
+          r"|wait timeout after \d+ ?ms|Timed out waiting \d+ ?ms for (?:recv|send) operation"
+          r"|retr(?:ie|ei)ving ncclUniqueId from \[\d+\]|crash on rank \d+|Socket Timeout"
+          r"|client socket has timed out after|store based barrier|failed to pass monitoredBarrier"
+          r"|RendezvousTimeoutError|waiting for clients\. \d+/\d+ clients joined|Connect timeout"
+          r"|timed out connecting|collective operation timeout|DistStoreError"
+          r"|detected by watchdog at work"),
+    _rule("segfault", CAUSE, r"Segmentation fault|SIGSEGV|Illegal instruction|SIGILL|SIGBUS"
+          r"|Bus error|Floating point exception|Signal (?:11|4|7|8) \(|Fatal Python error: "
+          r"(?:Segmentation|Bus|Illegal|Floating)"),
+    _rule("segfault", TIMEOUT, r"terminate called after throwing|Fatal Python error: Aborted"
+          r"|SIGABRT|Signal 6 \(|Aborted \(core dumped\)"),
+    _rule("time_limit", CAUSE, r"DUE TO TIME LIMIT|[Tt]ime limit (?:reached|exceeded)"),
+    _rule("node_failure", CAUSE, r"DUE TO NODE FAILURE|Node failure on|NODE_FAIL"
+          r"|Communication connection failure|not responding, setting DOWN"),
+    _rule("cancelled", CAUSE,
+          r"DUE TO PREEMPTION|CANCELLED AT [0-9T:-]+(?: DUE TO JOB REQUEUE)? \*\*\*"),
+    _rule("cascade", CASCADE, r"SIGTERM|Signal 15 \(|Terminated|Connection closed by peer"
+          r"|Connection reset by peer|Broken pipe|communicator was aborted|has been aborted"
+          r"|closing signal|SignalException|ChildFailedError|watchdog thread terminated"
+          r"|remote process exited|Job step aborted|forcing job termination|Force Terminated"
+          r"|_step_signal|KeyboardInterrupt"),
+)  # fmt: skip
+
+# Lines that look like errors but are warnings or notes (never evidence of a cause).
+BENIGN = re.compile(
+    r"\bWARN(?:ING)?\b|Warning:|UserWarning|FutureWarning|DeprecationWarning|^\[?W\d{4} "
+    r"|NCCL INFO|\bINFO\b|^\s*warnings\.warn"
+)
+# A line that reads like an error when no rule knows it (for the `unknown` evidence).
+ERRORISH = re.compile(
+    r"\b[Ee]rror\b|Exception\b|Traceback|\b[Ff]atal\b|\bFAILED\b|\b[Ff]ailed\b|\b[Ff]ailure\b"
+    r"|\b[Kk]illed\b|\b[Aa]borted\b|[Ss]egmentation fault|timed out|[Cc]onnection refused"
+    r"|unreachable|CANCELLED AT|exit(?:ed with exit)? code [1-9]|ERROR\b"
+)
+EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning)\b(?::|$)"
+)
+
+
+def match(text: str, multi_host: bool | None = None) -> Rule | None:
+    """The first rule whose pattern occurs in the line (loopback rules only across hosts)."""
+    for rule in RULES:
+        if rule.loopback and multi_host is False:
+            continue
+        if rule.pattern.search(text):
+            return rule
+    return None
+
+
+def errorish(text: str) -> bool:
+    """Looks like an error and is not a warning."""
+    return bool(ERRORISH.search(text) or match(text)) and not BENIGN.search(text)

@@ -1,0 +1,343 @@
+"""Pick the root cause among the ranks.
+
+In order:
+1. what the run's state says by itself (cancelled, time limit, supervisor lost) and what
+   the scheduler said about the whole job before any task failed (Slurm's "DUE TO TIME
+   LIMIT", "NODE FAILURE", a plain "CANCELLED AT");
+2. the first failing process (the launcher's outcome records, torchrun's root cause,
+   srun's first "task N: Exited" line), when its own log explains it;
+3. otherwise a death by signal of that process (SIGKILL with no launcher kill: the OOM
+   killer; SIGSEGV, SIGILL, SIGBUS: a native crash);
+4. otherwise the earliest cause any rank's log shows (a rank can hit CUDA OOM and hang
+   while the others time out and exit first);
+5. otherwise a collective timeout, blamed on the rank that never joined when the logs
+   tell which one: the rank a timeout message names (a store key, "ncclUniqueId from [0]",
+   monitoredBarrier), the rank that never enqueued the collective, or the one rank whose
+   log stayed silent while the others timed out;
+6. otherwise the first failure's exit code, and its last error-looking lines (unknown).
+
+Ranks stopped by the launcher, or ended by SIGTERM after another rank failed, are the
+cascade and never the root cause.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from trebuchet.diagnose import catalog
+from trebuchet.diagnose.catalog import CASCADE, CAUSE, TIMEOUT
+from trebuchet.diagnose.classify import Finding, Hit, classify
+from trebuchet.diagnose.sources import Case, Unit
+
+NO_TS = float("inf")
+
+
+@dataclass
+class Diagnosis:
+    category: str | None  # None: nothing failed (or not yet)
+    summary: str
+    rank: int | None = None
+    node: str | None = None
+    evidence: list[str] = field(default_factory=list)
+    frame: str | None = None
+    log: str | None = None
+    units: list[Unit] = field(default_factory=list)
+    roles: dict[int, str] = field(default_factory=dict)  # id(unit) -> role
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
+    run: dict[str, Any] | None = None
+
+    @property
+    def remedy(self) -> str:
+        return catalog.REMEDIES.get(self.category or "", "")
+
+    def root_json(self) -> dict[str, Any] | None:
+        if self.category is None:
+            return None
+        return {
+            "rank": self.rank, "node": self.node, "category": self.category,
+            "summary": self.summary, "remedy": self.remedy, "evidence": self.evidence,
+        }  # fmt: skip
+
+    def ranks_json(self) -> list[dict[str, Any]]:
+        out = []
+        for u in self.units:
+            best = u.finding.best if u.finding else None
+            out.append({
+                "rank": u.rank, "node": u.node, "local_rank": u.local_rank,
+                "exit_code": u.exit_code, "signal": u.signal,
+                "stopped_by_launcher": u.stopped_by_launcher,
+                "role": self.roles.get(id(u), "unknown"),
+                "category": None if best is None or best.category == "cascade" else best.category,
+                "log": u.log,
+            })  # fmt: skip
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"root_cause": self.root_json(), "ranks": self.ranks_json(), "source": self.source}
+
+
+def _who(u: Unit | None) -> str:
+    if u is None:
+        return "the job"
+    if u.rank is None:
+        return u.label or (f"node {u.node}" if u.node is not None else "the process")
+    return f"rank {u.rank}" + (f" (node {u.node})" if u.node is not None else "")
+
+
+def _victim(u: Unit, others_failed: bool) -> bool:
+    """Stopped because another rank failed: the launcher's teardown, or a SIGTERM."""
+    if u.stopped_by_launcher:
+        return True
+    sig = catalog.signal_of(u.exit_code, u.signal)
+    if sig in catalog.STOP_SIGNALS and others_failed:
+        return True
+    best = u.finding.best if u.finding else None
+    return not u.failed and best is not None and best.strength == CASCADE
+
+
+def _ts(u: Unit) -> float:
+    best = u.finding.best if u.finding else None
+    return best.line.ts if best and best.line.ts else NO_TS
+
+
+def _last_lines(u: Unit, n: int = 3) -> list[str]:
+    return u.last_lines[-n:]
+
+
+def _finish(d: Diagnosis, case: Case, root: Unit | None, missing: set[int] | None = None) -> None:
+    failed_any = any(u.failed for u in case.units)
+    for u in case.units:
+        if u is root or (missing and u.rank in missing):
+            role = "root_cause" if u is root or len(missing or ()) == 1 else "missing"
+        elif _victim(u, failed_any):
+            role = "stopped"
+        elif u.failed or (u.finding and u.finding.strength >= TIMEOUT and u.exit_code is None):
+            role = "failed"
+        elif u.exit_code == 0:
+            role = "ok"
+        elif case.run is not None and u.exit_code is None:
+            role = "running" if (case.run.get("state") in ("RUNNING", "RETRYING")) else "unknown"
+        else:
+            role = "unknown"
+        d.roles[id(u)] = role
+    d.units = case.units
+    d.source = case.source
+    d.notes += case.notes
+    d.run = case.run
+
+
+def _hit_diag(u: Unit | None, hit: Hit) -> Diagnosis:
+    category = hit.category if hit.category != "cascade" else "unknown"
+    summary = hit.summary
+    if hit.frame and category in ("python_exception", "missing_module", "gpu_oom",
+                                  "launch_env_missing"):  # fmt: skip
+        summary += f" (at {hit.frame})"
+    rank = u.rank if u else None
+    node = u.node if u else None
+    if category in ("port_in_use", "network_unreachable"):
+        if u is not None and (u.rank is not None or u.node is not None):
+            summary = f"{_who(u)}: {summary}"
+        rank = None  # a port held by someone else or a wrong interface: no rank is the cause
+    return Diagnosis(category, summary, rank, node, list(hit.evidence), hit.frame,
+                     u.log if u else None)  # fmt: skip
+
+
+def _state_diag(case: Case) -> Diagnosis | None:
+    run = case.run or {}
+    state = run.get("state")
+    when = run.get("ended_at")
+    at = time.strftime(" at %H:%M:%S", time.localtime(when)) if when else ""
+    attempt = run.get("attempt", 0)
+    if state == "CANCELLED":
+        why = f"attempt {attempt}: {run.get('reason') or 'cancel'}"
+        return Diagnosis("cancelled", f"the run was cancelled{at} (treb cancel, Ctrl+C or a "
+                         "signal to the launcher); nothing failed", evidence=[why])  # fmt: skip
+    if state == "TIMEOUT":
+        limit = run.get("timeout")
+        text = f"attempt {attempt} reached its time limit"
+        if limit:
+            text += f" of {limit:g} s (timeout:)"
+        return Diagnosis("time_limit", text + "; every rank was stopped", evidence=[text])
+    if state == "LOST" and not run.get("first_failure"):
+        host = run.get("host") or "its host"
+        text = (f"the run's supervisor (pid {run.get('supervisor_pid') or '?'} on {host}) "
+                "vanished without recording an outcome")  # fmt: skip
+        return Diagnosis("node_failure", text + ": the host went down or the launcher was "
+                         "killed", evidence=[text])  # fmt: skip
+    return None
+
+
+def _timeout_diag(case: Case, timed: list[tuple[Unit | None, Hit]]) -> tuple[Diagnosis, set[int]]:
+    """A collective timeout: name the rank(s) that were not there, when the logs tell."""
+    timed_ranks = {u.rank for u, _ in timed if u is not None and u.rank is not None}
+    explicit: set[int] = set()
+    for _, h in timed:
+        explicit.update(h.missing)
+    missing = explicit - timed_ranks  # a rank that itself timed out was there, waiting
+    how = "named by the timeout message"
+    if not missing:  # NCCL: a rank that never enqueued the collective the others wait in
+        seqs = [u.finding.timeout_seq for u in case.units if u.finding and u.finding.timeout_seq]
+        if seqs:
+            top = max(seqs)
+            missing = {u.rank for u in case.units if u.rank is not None and u.finding
+                       and u.finding.last_enqueued is not None and u.finding.last_enqueued < top
+                       and u.finding.timeout_seq is None}  # fmt: skip
+            how = "it never enqueued the collective the others timed out in"
+    if not missing:  # the rank whose log stayed silent while the others timed out
+        top = max((u.finding.timeout_seq or 0 for u in case.units if u.finding), default=0)
+        silent = {u.rank for u in case.units if u.rank is not None and u.rank not in timed_ranks
+                  and (not u.finding or u.finding.strength < TIMEOUT)
+                  and not (u.failed and not _victim(u, True))
+                  and not (u.finding and top and (u.finding.last_enqueued or 0) >= top)
+                  }  # fmt: skip
+        if silent and len(silent) <= len(timed_ranks):
+            missing = silent
+            how = "its log shows no timeout while the others timed out waiting"
+    first_u, first_h = min(timed, key=lambda t: (t[1].line.ts or NO_TS, t[0].order if t[0] and
+                           t[0].order is not None else 1 << 30, t[1].line.pos))  # fmt: skip
+    waiting = sorted(timed_ranks)
+    wait_txt = ", ".join(map(str, waiting[:8])) + (" ..." if len(waiting) > 8 else "")
+    evidence = []
+
+    def by_rank(t: tuple[Unit | None, Hit]) -> int:
+        return t[0].rank if t[0] is not None and t[0].rank is not None else -1
+
+    for _u, h in sorted(timed, key=by_rank)[:3]:
+        evidence += h.evidence[-1:]
+    if len(missing) == 1:
+        (m,) = missing
+        mu = next((u for u in case.units if u.rank == m), None)
+        waiters = f"{'rank' if len(waiting) == 1 else 'ranks'} {wait_txt}" if waiting else (
+            "the ranks waiting for it")  # fmt: skip
+        summary = (f"rank {m} never joined the collective ({how}); {waiters} timed out "
+                   f"waiting: {first_h.summary}")  # fmt: skip
+        if mu and mu.last_lines:
+            evidence += [f"rank {m}, last line: {mu.last_lines[-1]}"]
+        d = Diagnosis("collective_timeout", summary, m, mu.node if mu else None, evidence,
+                      log=mu.log if mu else None)  # fmt: skip
+        return d, missing
+    if missing:
+        names = ", ".join(map(str, sorted(missing)[:8]))
+        summary = f"ranks {names} never joined the collective ({how}): {first_h.summary}"
+    else:
+        who = f"{'rank' if len(waiting) == 1 else 'ranks'} {wait_txt}" if waiting else "ranks"
+        summary = (f"{who} timed out in a collective; the logs do not show which rank never "
+                   f"joined: {first_h.summary}")  # fmt: skip
+    d = Diagnosis("collective_timeout", summary, None, None, evidence,
+                  log=first_u.log if first_u else None)  # fmt: skip
+    return d, missing
+
+
+def decide(case: Case) -> Diagnosis:
+    for u in case.units:
+        if u.finding is None:
+            u.finding = classify(u.lines, case.multi_host)
+    loose: Finding = classify(case.unattributed, case.multi_host)
+    run = case.run or {}
+    state = run.get("state")
+    any_failed = any(u.failed for u in case.units)
+
+    if state == "SUCCEEDED" or (state in ("PENDING", "RUNNING", "RETRYING") and not any_failed):
+        d = Diagnosis(None, f"run {state.lower()}: nothing to diagnose" if state else "")
+        _finish(d, case, None)
+        return d
+    d = _state_diag(case)
+    if d:
+        _finish(d, case, None)
+        return d
+
+    # The scheduler's verdict on the whole job, unless a task had failed before it.
+    for ev in sorted(case.events, key=lambda e: e.pos):
+        if case.failure_pos is not None and case.failure_pos < ev.pos:
+            continue  # e.g. the step cancelled because a task failed: the cascade
+        text = ev.line
+        d = Diagnosis(ev.category, text.split("error: ", 1)[-1].strip(" *"), None, ev.node, [text])
+        _finish(d, case, None)
+        return d
+
+    victims = {id(u) for u in case.units if _victim(u, any_failed)}
+    first: Unit | None = None
+    if case.first_failure is not None:
+        first = case.units[case.first_failure]
+    else:
+        ordered = [u for u in case.units
+                   if u.failed and id(u) not in victims and u.order is not None]  # fmt: skip
+        if ordered:
+            first = min(ordered, key=lambda u: u.order or 0)
+    fbest = first.finding.best if first and first.finding else None
+
+    # 2. the first failure explains itself
+    if first and fbest and fbest.strength == CAUSE:
+        d = _hit_diag(first, fbest)
+        _finish(d, case, first)
+        return d
+    if first and loose.best and loose.best.strength == CAUSE and fbest is None:
+        d = _hit_diag(first, loose.best)  # an srun log without labels: one traceback
+        _finish(d, case, first)
+        return d
+    # 3. a death by signal
+    if first:
+        sig = catalog.signal_of(first.exit_code, first.signal)
+        cat = catalog.SIGNAL_CATEGORY.get(sig or "")
+        if cat and (fbest is None or fbest.strength < TIMEOUT or fbest.category == cat):
+            how = f"was killed by {sig}" if sig else f"exited with code {first.exit_code}"
+            note = ""
+            if cat == "killed":
+                note = " with no launcher kill (the kernel OOM killer, or kill -9)"
+            summary = f"{_who(first)} {how}{note}"
+            evidence = [f"{_who(first)}: {catalog.exit_meaning(first.exit_code, sig)}"]
+            evidence += [h.line.raw for h in (first.finding.hits if first.finding else [])][:2]
+            evidence += [f"last line: {ln}" for ln in _last_lines(first, 2)]
+            d = Diagnosis(cat, summary, first.rank, first.node, evidence, log=first.log)
+            _finish(d, case, first)
+            return d
+    # 4. the earliest cause in any rank's log
+    causes = [u for u in case.units if u.finding and u.finding.best
+              and u.finding.best.strength == CAUSE
+              and u.finding.best.category != "cascade"]  # fmt: skip
+    if causes:
+        u = min(causes, key=lambda x: (id(x) in victims, _ts(x), x.order if x.order is not None
+                                       else 1 << 30, x.ended_at or NO_TS, x.rank or 0))  # fmt: skip
+        d = _hit_diag(u, u.finding.best)  # type: ignore[union-attr]
+        _finish(d, case, u)
+        return d
+    if loose.best and loose.best.strength == CAUSE:
+        d = _hit_diag(first, loose.best)
+        _finish(d, case, first)
+        return d
+    # 5. a collective timeout
+    timed: list[tuple[Unit | None, Hit]] = []
+    for u in case.units:
+        for h in u.finding.hits if u.finding else []:
+            if h.category == "collective_timeout":
+                timed.append((u, h))
+                break
+    timed += [(first, h) for h in loose.hits if h.category == "collective_timeout"][:1]
+    if timed:
+        d, missing = _timeout_diag(case, timed)
+        root = next((u for u in case.units if d.rank is not None and u.rank == d.rank), None)
+        _finish(d, case, root, missing)
+        return d
+    # 6. the exit code, and the last error-looking lines
+    u = first or next((x for x in case.units if x.failed and id(x) not in victims), None)
+    if u is None and case.units and not any_failed:
+        u = next((x for x in case.units if x.finding and x.finding.errors), None)
+    if u is None:
+        d = Diagnosis("unknown", "no failure found in what was read", evidence=[
+            ln.raw for ln in loose.errors[-5:]])  # fmt: skip
+        _finish(d, case, None)
+        return d
+    if u.exit_code in (126, 127):
+        text = f"{_who(u)}: {catalog.exit_meaning(u.exit_code)}"
+        d = Diagnosis("missing_module", text, u.rank, u.node, [text] + _last_lines(u), log=u.log)
+        _finish(d, case, u)
+        return d
+    errors = [ln.raw for ln in (u.finding.errors if u.finding else [])][-5:] or _last_lines(u, 5)
+    how = catalog.exit_meaning(u.exit_code, u.signal) if u.failed else "errors in its log"
+    d = Diagnosis("unknown", f"{_who(u)} failed first ({how}); no known cause in its log",
+                  u.rank, u.node, errors, log=u.log)  # fmt: skip
+    _finish(d, case, u)
+    return d

@@ -1,0 +1,95 @@
+"""One log line as diagnosis sees it: who wrote it (a rank prefix) and when (a timestamp).
+
+Merged logs tag lines in several ways: torch's `[rank3]:`, torchrun --tee's `[default0]:`
+(a local rank), srun -l's `3: `, OpenMPI's `[1,3]<stderr>:`, Determined's `[rank=3] `.
+A timestamp may come first (`2024-11-20 14:37:16 [rank3]: ...`), and glog-style lines of
+torch's C++ code carry `[E1129 09:55:18.260 file.cpp:12]`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+LEAD_TS = re.compile(r"^\s*(\d{4}-\d{2}-\d{2}[ T_]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?Z?)\s+")
+PREFIXES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^\[rank(\d+)\]:\s?"), "rank"),
+    (re.compile(r"^\[rank=(\d+)\]\s?"), "rank"),
+    (re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:\s?"), "rank"),
+    (re.compile(r"^\[[A-Za-z_][A-Za-z_-]*?(\d+)\]:\s?"), "local"),  # torchrun --tee [default0]:
+)
+RANK_ANY = re.compile(r"\[rank(\d+)\]:\s?")  # after a progress bar or a viewer's line number
+SRUN_LABEL = re.compile(r"^\s*(\d+): ")
+ISO_TS = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T_](\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d+))?)?")
+GLOG_TS = re.compile(r"^\[?[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?")
+
+
+@dataclass
+class LogLine:
+    text: str  # without the rank prefixes and leading timestamp
+    raw: str  # as written (trimmed)
+    rank: int | None = None
+    local_rank: int | None = None
+    ts: float | None = None
+    pos: int = 0  # order within its source
+
+
+def parse_ts(text: str) -> float | None:
+    """Seconds since the epoch for an ISO or glog timestamp near the line's start."""
+    m = ISO_TS.search(text[:64])
+    if m:
+        y, mo, d, h, mi, s, frac = m.groups()
+        try:
+            base = time.mktime((int(y), int(mo), int(d), int(h), int(mi), int(s or 0), 0, 0, -1))
+        except (OverflowError, ValueError):
+            return None
+        return base + (float(f"0.{frac}") if frac else 0.0)
+    m = GLOG_TS.match(text)
+    if m:  # glog has no year: this year's, good enough to order lines
+        mo, d, h, mi, s, frac = m.groups()
+        year = time.localtime().tm_year
+        try:
+            base = time.mktime((year, int(mo), int(d), int(h), int(mi), int(s), 0, 0, -1))
+        except (OverflowError, ValueError):
+            return None
+        return base + (float(f"0.{frac[:6]}") if frac else 0.0)
+    return None
+
+
+def parse(raw: str, pos: int = 0, srun_labels: bool = False) -> LogLine:
+    """Split a line into its prefixes and its text; the rank comes from the innermost tag."""
+    raw = raw.rstrip("\r\n")
+    text = raw
+    ts = None
+    m = LEAD_TS.match(text)
+    if m:
+        ts = parse_ts(m.group(1))
+        text = text[m.end() :]
+    rank = local = None
+    if srun_labels:
+        m = SRUN_LABEL.match(text)
+        if m:
+            rank = int(m.group(1))
+            text = text[m.end() :]
+    changed = True
+    while changed:
+        changed = False
+        for rx, kind in PREFIXES:
+            m = rx.match(text)
+            if m:
+                if kind == "rank":
+                    rank = int(m.group(1))
+                else:
+                    local = int(m.group(1))
+                text = text[m.end() :]
+                changed = True
+                break
+    if rank is None:
+        m = RANK_ANY.search(text, 0, 200)
+        if m:
+            rank = int(m.group(1))
+            text = text[m.end() :]
+    if ts is None:
+        ts = parse_ts(text)
+    return LogLine(text=text, raw=raw.strip()[:500], rank=rank, local_rank=local, ts=ts, pos=pos)

@@ -1,0 +1,539 @@
+"""What diagnosis reads, turned into ranks (Units) with their outcomes and log lines.
+
+- a trebuchet run (from the store, or its run directory given as a path): the outcome
+  record of every process (exit code, signal, end time, stopped by the launcher or not);
+  under torchrun, the agent's report in node-<n>.log and each rank's rank-<r>.log;
+- a torchrun console log: the "Root Cause (first observed failure)" report and its
+  error files, `[default0]:` / `[rank3]:` prefixes;
+- an srun job log: "srun: error: tn2: task 3: Exited with exit code 1", `3: ` labels,
+  slurmstepd's "CANCELLED AT ... DUE TO TIME LIMIT" and node failures;
+- a directory of per-rank logs (rank-3.log, worker_3.out, torchrun's attempt_0/3/*.log).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trebuchet.diagnose import scan as scanner
+from trebuchet.diagnose.classify import Finding
+from trebuchet.diagnose.lines import LogLine, parse
+
+# srun: "srun: error: tn2: task 3: Exited with exit code 1", "srun: error: tn1: tasks 0-1: Killed"
+SRUN_TASK = re.compile(
+    r"^(?:(?:srun|salloc): error: )?(?:(?P<node>[\w.-]+): )?tasks? (?P<tasks>\d+(?:[-,]\d+)*): "
+    r"(?P<what>Exited with exit code (?P<code>\d+)|Killed|Terminated|Segmentation fault|Aborted"
+    r"|Illegal instruction|Bus error|Floating point exception|Out Of Memory)"
+)
+SRUN_WHAT = {
+    "Killed": (137, "SIGKILL"), "Terminated": (143, "SIGTERM"),
+    "Segmentation fault": (139, "SIGSEGV"), "Aborted": (134, "SIGABRT"),
+    "Illegal instruction": (132, "SIGILL"), "Bus error": (135, "SIGBUS"),
+    "Floating point exception": (136, "SIGFPE"), "Out Of Memory": (137, "SIGKILL"),
+}  # fmt: skip
+MPI_NOTICED = re.compile(
+    r"process rank (?P<rank>\d+) with PID \d+ on node (?P<node>\S+) exited on signal (?P<sig>\d+)"
+)
+SLURM_EVENT = re.compile(
+    r"(?:slurmstepd(?:-(?P<host>[\w.-]+))?: error: )?\*\*\* (?:JOB|STEP) \S+ (?:ON (?P<node>\S+) )?"
+    r"CANCELLED AT (?P<at>\S+)(?: DUE TO (?P<why>[A-Z ]+?))?(?:,[^*]*)? \*\*\*"
+)
+NODE_FAIL = re.compile(r"Node failure on (?P<node>[\w.-]+)")
+SRUN_MARK = re.compile(r"^(?:srun|salloc|slurmstepd)[:-]|^\s*\d+: ", re.M)
+TORCHRUN_MARK = ("Root Cause (first observed failure)", "torch.distributed.elastic", "[default0]:")
+ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
+FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
+RANK_IN_NAME = (
+    re.compile(r"(?:rank|task|proc|process|worker)[-_.]?(\d+)", re.I),
+    re.compile(r"(?:^|/)(\d+)/(?:stdout|stderr)\.log$"),
+    re.compile(r"[-_.](\d+)\.(?:log|out|err|txt)$"),
+)
+LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
+SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
+                9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}  # fmt: skip
+
+
+@dataclass
+class Unit:
+    """One rank (or one process of the job) as the sources show it."""
+
+    rank: int | None
+    node: str | None = None
+    local_rank: int | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    ended_at: float | None = None
+    stopped_by_launcher: bool | None = None
+    log: str | None = None
+    lines: list[LogLine] = field(default_factory=list)
+    last_lines: list[str] = field(default_factory=list)
+    order: int | None = None  # when a launcher observed its failure (0 first)
+    label: str | None = None
+    finding: Finding | None = None
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.signal) or (self.exit_code is not None and self.exit_code != 0)
+
+
+@dataclass
+class JobEvent:
+    """A scheduler's verdict on the whole job: time limit, node failure, cancel."""
+
+    category: str
+    line: str
+    pos: int
+    node: str | None = None
+
+
+@dataclass
+class Case:
+    """Everything read, ready for the engine."""
+
+    source: str
+    units: list[Unit] = field(default_factory=list)
+    unattributed: list[LogLine] = field(default_factory=list)
+    events: list[JobEvent] = field(default_factory=list)
+    multi_host: bool | None = None
+    run: dict[str, Any] | None = None  # a trebuchet run: id, name, state, attempt, ...
+    first_failure: int | None = None  # index into units of the launcher's first failure
+    failure_pos: int | None = None  # position of the first task failure line (merged logs)
+    notes: list[str] = field(default_factory=list)
+
+
+# -- helpers -------------------------------------------------------------------------------
+def _expand(tasks: str) -> list[int]:
+    out: list[int] = []
+    for part in tasks.split(","):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out += range(int(a), int(b) + 1)
+        elif part:
+            out.append(int(part))
+    return out
+
+
+def _sig(exit_code: int | None) -> str | None:
+    if exit_code is None or exit_code >= 0:
+        return None
+    return SIGNAL_NAMES.get(-exit_code, f"SIG{-exit_code}")
+
+
+def rank_from_name(rel: str) -> int | None:
+    for rx in RANK_IN_NAME:
+        m = rx.search(rel)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _scan_lines(path: Path, srun_labels: bool | None = None) -> tuple[list[LogLine], list[str]]:
+    sc = scanner.scan(path)
+    if srun_labels is None:
+        srun_labels = any(SRUN_MARK.search(ln) for ln in sc.lines[:200])
+    return [parse(t, i, srun_labels) for i, t in enumerate(sc.lines)], sc.last_lines
+
+
+def _unit(units: dict[int, Unit], rank: int) -> Unit:
+    if rank not in units:
+        units[rank] = Unit(rank=rank)
+    return units[rank]
+
+
+# -- torchrun's failure report --------------------------------------------------------------
+def torchrun_report(lines: list[LogLine]) -> list[dict[str, Any]]:
+    """Entries of torchrun's "Failures:" and "Root Cause" blocks, root cause first."""
+    entries: list[dict[str, Any]] = []
+    section = None
+    cur: dict[str, Any] | None = None
+    for ln in lines:
+        t = ln.text
+        if "Root Cause (first observed failure)" in t:
+            section, cur = "root", None
+            continue
+        if t.strip().startswith("Failures:"):
+            section, cur = "other", None
+            continue
+        if section is None:
+            continue
+        if t.startswith(("-----", "=====")):
+            cur = None
+            if t.startswith("====="):
+                section = None
+            continue
+        m = ENTRY.match(t)
+        if m:
+            cur = {"root": section == "root", "traceback": []}
+            entries.append(cur)
+            continue
+        if cur is None:
+            continue
+        m = FIELD.match(t)
+        if m and not (cur.get("traceback") and m.group(1) != "traceback" and t.startswith("    ")):
+            key, val = m.group(1), m.group(2).strip()
+            if key == "rank":
+                r = re.match(r"(\d+)(?: \(local_rank: (\d+)\))?", val)
+                if r:
+                    cur["rank"] = int(r.group(1))
+                    cur["local_rank"] = int(r.group(2)) if r.group(2) else None
+            elif key == "exitcode":
+                r = re.match(r"(-?\d+)", val)
+                cur["exitcode"] = int(r.group(1)) if r else None
+            elif key == "traceback":
+                cur["traceback"] = [val] if val else []
+            else:
+                cur[key] = val
+            continue
+        if cur.get("traceback") is not None and t.startswith("    "):
+            cur["traceback"].append(t[4:] if t.startswith("    ") else t)
+        elif cur.get("traceback") is not None and t.startswith("  ") and t.strip():
+            cur["traceback"].append(t[2:])
+    entries.sort(key=lambda e: not e["root"])
+    return entries
+
+
+def error_file_lines(path: str) -> list[LogLine]:
+    """The exception a torchrun worker wrote with @record: its message and call stack."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return []
+    msg = data.get("message", data)
+    stack = ""
+    text = ""
+    if isinstance(msg, dict):
+        text = str(msg.get("message", ""))
+        stack = str((msg.get("extraInfo") or {}).get("py_callstack", ""))
+    else:
+        text = str(msg)
+    raw = stack.splitlines() if stack.strip() else [text]
+    return [parse(t, i) for i, t in enumerate(raw) if t is not None]
+
+
+# -- merged logs: torchrun console, srun, mpirun, anything with prefixes ---------------------
+def merged_log(path: Path, node_hint: str | None = None) -> Case:
+    """One log holding many ranks' lines (a console log, a job's output file)."""
+    lines, last = _scan_lines(path)
+    case = Case(source=str(path))
+    units: dict[int, Unit] = {}
+    report = torchrun_report(lines)
+    local_map: dict[int, int] = {}
+    hosts: set[str] = set()
+    for order, e in enumerate(report):
+        if "rank" not in e:
+            continue
+        u = _unit(units, e["rank"])
+        u.local_rank = e.get("local_rank")
+        if u.local_rank is not None:
+            local_map[u.local_rank] = e["rank"]
+        u.node = e.get("host") or node_hint
+        if e.get("host"):
+            hosts.add(e["host"])
+        code = e.get("exitcode")
+        u.exit_code = code if code is None or code >= 0 else 128 - code
+        u.signal = _sig(code)
+        if u.order is None:
+            u.order = order
+        ef = e.get("error_file", "")
+        extra: list[LogLine] = []
+        if ef and not ef.startswith("<"):
+            extra = error_file_lines(ef)
+            u.log = ef
+        if not extra and e.get("traceback") and e["traceback"][0].startswith("Traceback"):
+            extra = [parse(t, i) for i, t in enumerate(e["traceback"])]
+        for x in extra:
+            x.pos = -1000 + x.pos  # the worker's own account comes first
+            x.rank = e["rank"]
+        u.lines += extra
+    identity = all(k == v for k, v in local_map.items())
+    job_pos = None
+    for ln in lines:
+        t = ln.text
+        m = SRUN_TASK.match(t)
+        if m:
+            code, sig = (int(m["code"]), None) if m["code"] else SRUN_WHAT[m["what"]]
+            for r in _expand(m["tasks"]):
+                u = _unit(units, r)
+                if m["node"]:
+                    u.node = m["node"]
+                    hosts.add(m["node"])
+                if not u.failed:
+                    u.exit_code, u.signal = code, sig
+                if u.order is None and (code or sig):
+                    u.order = ln.pos
+            if (code or sig) and sig not in ("SIGTERM",) and job_pos is None:
+                job_pos = ln.pos
+            continue
+        m = MPI_NOTICED.search(t)
+        if m:
+            u = _unit(units, int(m["rank"]))
+            u.node = m["node"]
+            u.signal = SIGNAL_NAMES.get(int(m["sig"]), f"SIG{m['sig']}")
+            u.exit_code = 128 + int(m["sig"])
+            u.order = ln.pos if u.order is None else u.order
+        m = SLURM_EVENT.search(t)
+        if m:
+            why = (m["why"] or "").strip()
+            cat = {"TIME LIMIT": "time_limit", "NODE FAILURE": "node_failure"}.get(why, "cancelled")
+            case.events.append(JobEvent(cat, ln.raw, ln.pos, m["node"] or m["host"]))
+        m = NODE_FAIL.search(t)
+        if m:
+            case.events.append(JobEvent("node_failure", ln.raw, ln.pos, m["node"]))
+            hosts.add(m["node"])
+    case.failure_pos = job_pos
+    for ln in lines:
+        rank = ln.rank
+        if rank is None and ln.local_rank is not None:
+            rank = local_map.get(ln.local_rank, ln.local_rank if identity else None)
+        if rank is None:
+            case.unattributed.append(ln)
+        else:
+            _unit(units, rank).lines.append(ln)
+    for u in units.values():
+        u.lines.sort(key=lambda x: x.pos)
+        if u.log is None:
+            u.log = str(path)
+        if u.node is None:
+            u.node = node_hint
+    case.units = sorted(units.values(), key=lambda u: u.rank if u.rank is not None else -1)
+    if not case.units:
+        case.notes.append(f"{path}: no rank prefixes; the log is read as one process")
+        u = Unit(rank=None, node=node_hint, log=str(path), lines=case.unattributed,
+                 last_lines=last)  # fmt: skip
+        case.unattributed = []
+        case.units = [u]
+    case.multi_host = (len(hosts) > 1) if hosts else None
+    return case
+
+
+# -- directories of per-rank logs ----------------------------------------------------------
+def _latest_attempt(root: Path) -> Path:
+    attempts = sorted(
+        (p for p in root.rglob("attempt_*") if p.is_dir()),
+        key=lambda p: int(re.sub(r"\D", "", p.name) or 0),
+    )
+    return attempts[-1] if attempts else root
+
+
+def log_dir(root: Path) -> Case:
+    """A directory of per-rank logs: one Unit per rank (files of one rank are merged)."""
+    base = _latest_attempt(root)
+    files = sorted(p for p in base.rglob("*") if p.is_file() and (
+        p.suffix in LOG_SUFFIXES or p.name == "error.json"))  # fmt: skip
+    case = Case(source=str(root))
+    units: dict[int, Unit] = {}
+    loose: list[Path] = []
+    for p in files:
+        rel = str(p.relative_to(base))
+        rank = rank_from_name(rel)
+        if p.name == "error.json":
+            rank = rank_from_name(str(p.parent.relative_to(base)) + "/stderr.log")
+            if rank is not None:
+                u = _unit(units, rank)
+                u.lines = error_file_lines(str(p)) + u.lines
+                u.exit_code = u.exit_code if u.exit_code is not None else 1
+            continue
+        if rank is None:
+            loose.append(p)
+            continue
+        lines, last = _scan_lines(p)
+        u = _unit(units, rank)
+        u.lines += lines
+        u.last_lines = last or u.last_lines
+        u.log = str(p) if u.log is None or p.name == "stderr.log" else u.log
+    case.units = sorted(units.values(), key=lambda u: u.rank or 0)
+    for p in loose:  # console logs next to the rank files (a launcher's output)
+        sub = merged_log(p)
+        case.events += sub.events
+        case.unattributed += sub.unattributed
+        for su in sub.units:
+            if su.rank is not None and su.rank in units:
+                u = units[su.rank]
+                u.exit_code = su.exit_code if su.exit_code is not None else u.exit_code
+                u.signal = su.signal or u.signal
+                u.order = su.order if su.order is not None else u.order
+                u.node = su.node or u.node
+                u.lines = sorted(u.lines + su.lines, key=lambda x: x.pos)
+            elif su.rank is not None:
+                case.units.append(su)
+            else:
+                case.unattributed += su.lines
+        case.multi_host = sub.multi_host if case.multi_host is None else case.multi_host
+    case.units.sort(key=lambda u: u.rank if u.rank is not None else -1)
+    return case
+
+
+# -- trebuchet runs --------------------------------------------------------------------------
+OUTCOME = re.compile(r"^(rank|node)-(\d+)\.json$")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "plan.json").is_file() or any(path.glob("attempt-*/"))
+
+
+def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> Case:
+    """A trebuchet run: `run` holds the RunRecord's fields (or what a run dir tells)."""
+    run_dir = Path(run["run_dir"])
+    ff = run.get("first_failure") or None
+    attempt = ff.get("attempt", run.get("attempt", 0)) if ff else run.get("attempt", 0)
+    adir = run_dir / f"attempt-{attempt}"
+    plan = _read_json(run_dir / "plan.json") or {}
+    case = Case(source=f"run {run.get('id', run_dir.name)}", run={**run, "attempt": attempt})
+    case.run["timeout"] = plan.get("timeout")
+    launcher = run.get("launcher") or plan.get("launcher", "native")
+    ppn = int(run.get("procs_per_node") or plan.get("procs_per_node") or 1)
+    outcomes: dict[str, dict[str, Any]] = {}
+    for p in sorted(adir.glob("*.json")) if adir.is_dir() else []:
+        if OUTCOME.match(p.name):
+            data = _read_json(p)
+            if isinstance(data, dict):
+                outcomes[p.stem] = data
+    for row in procs or []:
+        if row.get("attempt", attempt) != attempt:
+            continue
+        name = f"rank-{row['rank']}" if row.get("rank") is not None else f"node-{row['node']}"
+        outcomes.setdefault(name, {**row, "stopped_by_launcher": bool(row["stopped_by_launcher"])})
+    if ff and ff.get("label") == "environment":
+        lines, last = _scan_lines(Path(ff["log"]))
+        msg = ff.get("message") or "environment build failed"
+        lines.append(parse(f"treb: environment build failed: {msg}", len(lines)))
+        u = Unit(rank=None, label="environment", exit_code=1, log=ff["log"], lines=lines,
+                 last_lines=last, ended_at=ff.get("ended_at"), order=0)  # fmt: skip
+        case.units = [u]
+        case.first_failure = 0
+        return case
+    units: list[Unit] = []
+    if launcher in ("torchrun", "none"):
+        for name, o in sorted(outcomes.items()):
+            if not name.startswith("node-"):
+                continue
+            node = int(o.get("node", name.split("-")[1]))
+            sub = merged_log(adir / f"{name}.log", node_hint=str(node))
+            case.events += sub.events
+            case.unattributed += sub.unattributed
+            agent = Unit(rank=None, node=str(node), exit_code=o.get("exit_code"),
+                         signal=o.get("signal"), ended_at=o.get("ended_at"),
+                         stopped_by_launcher=o.get("stopped_by_launcher"),
+                         log=str(adir / f"{name}.log"), label=f"node {node}")  # fmt: skip
+            ranks = [u for u in sub.units if u.rank is not None]
+            if launcher == "torchrun":
+                for lr in range(ppn):
+                    r = node * ppn + lr
+                    found = next((u for u in ranks if u.rank == r), None)
+                    u = found or Unit(rank=r)
+                    lines, last = _scan_lines(adir / f"rank-{r}.log")
+                    u.lines = sorted(u.lines + lines, key=lambda x: x.pos)
+                    u.last_lines = last
+                    u.node, u.local_rank, u.log = str(node), lr, str(adir / f"rank-{r}.log")
+                    if u.exit_code is None and agent.stopped_by_launcher and agent.failed:
+                        u.stopped_by_launcher = True
+                    units.append(u)
+            elif ranks:
+                for u in ranks:
+                    u.node = u.node or str(node)
+                units += ranks
+            else:
+                agent.lines = sub.units[0].lines if sub.units else []
+                agent.last_lines = sub.units[0].last_lines if sub.units else []
+                units.append(agent)
+    else:
+        for name, o in sorted(outcomes.items(), key=lambda kv: int(kv[0].split("-")[1])):
+            if not name.startswith("rank-"):
+                continue
+            log = adir / f"{name}.log"
+            lines, last = _scan_lines(log, srun_labels=False)
+            units.append(Unit(
+                rank=o.get("rank"), node=None if o.get("node") is None else str(o["node"]),
+                local_rank=o.get("local_rank"), exit_code=o.get("exit_code"),
+                signal=o.get("signal"), ended_at=o.get("ended_at"),
+                stopped_by_launcher=bool(o.get("stopped_by_launcher")), log=str(log),
+                lines=lines, last_lines=last, label=o.get("label"),
+            ))  # fmt: skip
+    units.sort(key=lambda u: (u.rank is None, u.rank or 0))
+    case.units = units
+    if ff:
+        for i, u in enumerate(units):
+            same_rank = ff.get("rank") is not None and u.rank == ff.get("rank")
+            same_agent = ff.get("rank") is None and u.rank is None and u.node == str(ff.get("node"))
+            if same_rank or same_agent:
+                case.first_failure = i
+                u.order = 0
+                break
+    case.multi_host = False if run.get("backend", "local") == "local" else None
+    return case
+
+
+def run_dir_case(path: Path) -> Case:
+    """A run directory given as a path (copied off a cluster, or without the store)."""
+    plan = _read_json(path / "plan.json") or {}
+    attempts = sorted(int(p.name.split("-")[1]) for p in path.glob("attempt-*") if p.is_dir())
+    attempt = attempts[-1] if attempts else 0
+    first: dict[str, Any] | None = None
+    for p in (path / f"attempt-{attempt}").glob("*.json"):
+        o = _read_json(p)
+        if not (OUTCOME.match(p.name) and isinstance(o, dict) and o.get("exit_code")):
+            continue
+        if o.get("stopped_by_launcher"):
+            continue
+        if first is None or (o.get("ended_at") or 0) < (first.get("ended_at") or 0):
+            first = {**o, "attempt": attempt}
+    run = {
+        "id": path.name, "run_dir": str(path), "attempt": attempt, "first_failure": first,
+        "launcher": plan.get("launcher", "native"), "procs_per_node": plan.get("procs_per_node"),
+        "state": "FAILED" if first else None, "name": plan.get("run_id", path.name),
+    }  # fmt: skip
+    return run_case(run)
+
+
+def paths_case(paths: list[Path]) -> Case:
+    """Logs from anywhere: one run dir, one log dir, or log files (merged or per rank)."""
+    if len(paths) == 1 and paths[0].is_dir():
+        if is_run_dir(paths[0]):
+            return run_dir_case(paths[0])
+        return log_dir(paths[0])
+    files = [p for p in paths if p.is_file()]
+    named = {p: rank_from_name(p.name) for p in files}
+    if len(files) > 1 and all(r is not None for r in named.values()):
+        case = Case(source=", ".join(str(p) for p in files))
+        units: dict[int, Unit] = {}
+        for p, r in named.items():
+            lines, last = _scan_lines(p)
+            u = _unit(units, r)  # type: ignore[arg-type]
+            u.lines += lines
+            u.last_lines, u.log = last, str(p)
+        case.units = sorted(units.values(), key=lambda u: u.rank or 0)
+        return case
+    cases = [merged_log(p) for p in files]
+    if len(cases) == 1:
+        return cases[0]
+    combined = Case(source=", ".join(str(p) for p in files))
+    by_rank: dict[Any, Unit] = {}
+    for c in cases:
+        combined.events += c.events
+        combined.unattributed += c.unattributed
+        combined.notes += c.notes
+        for u in c.units:
+            key = u.rank if u.rank is not None else f"{u.log}"
+            if key in by_rank and u.rank is not None:
+                old = by_rank[key]
+                old.lines += u.lines
+                old.exit_code = old.exit_code if old.exit_code is not None else u.exit_code
+                old.signal = old.signal or u.signal
+            else:
+                by_rank[key] = u
+        if c.multi_host:
+            combined.multi_host = True
+    combined.units = list(by_rank.values())
+    if combined.multi_host is None and len(files) > 1:
+        combined.multi_host = True  # one console log per node
+    return combined
