@@ -17,7 +17,8 @@ import pytest
 
 from tests.conftest import REPO, write_spec
 from trebuchet.cli.main import main
-from trebuchet.preflight import CHECKS, preflight
+from trebuchet.errors import SpecError
+from trebuchet.preflight import CHECKS, enforce, preflight
 from trebuchet.preflight import partition as partition_mod
 from trebuchet.spec.load import load_spec
 
@@ -74,6 +75,8 @@ CASES = [
     ("time-limit-short", "command: python t.py\ntimeout: 10m\ntimeout_warning: 9m30s\n",
      "local", {}, "warning", 2),
     ("time-limit-short", "command: python t.py\ntimeout_warning: 5m\nslurm:\n  time: '00:08:00'\n",
+     "slurm", {}, "warning", 4),
+    ("time-limit-short", "command: python t.py\ntimeout: 2h\nslurm:\n  time: '0:50'\n",
      "slurm", {}, "warning", 4),
     ("partition-too-small", "command: python t.py\nnodes: 5\ngpus_per_node: 8\n",
      "slurm", {"sinfo": SINFO_ROWS}, "error", 2),
@@ -163,6 +166,9 @@ CLEAN = [
     ("mounted cache", "command: x\nnodes: 2\nenvironment:\n  image: i\n  mounts: ['/usr:/root/.cache/huggingface']\nenv:\n  HF_HOME: /root/.cache/huggingface\n", "slurm"),
     ("image code path", "command: x\nnodes: 2\nenvironment:\n  image: i\nenv:\n  PYTHONPATH: /opt/Megatron-LM\n", "slurm"),
     ("long timeout", "command: x\ntimeout: 2h\n", "local"),
+    ("slurm minutes", "command: x\ntimeout: 10s\nslurm:\n  time: '30'\n", "slurm"),
+    ("slurm unlimited", "command: x\nslurm:\n  time: UNLIMITED\n", "slurm"),
+    ("slurm time on local", "command: x\nslurm:\n  time: '0:30'\n", "local"),
     ("default warning, 2 minutes", "command: x\ntimeout: 2m\n", "local"),
     ("sizes divide", "command: python t.py --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2\nnodes: 2\nprocs_per_node: 8\n", "local"),
     ("size unknown", "command: python t.py --tensor-model-parallel-size $TP\nprocs_per_node: 2\n", "local"),
@@ -312,6 +318,25 @@ def test_check_imports_neither_torch_nor_rich(tmp_path) -> None:
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          env=env, check=True)  # fmt: skip
     assert json.loads(res.stdout.strip().splitlines()[-1]) == []
+
+
+def test_enforce_prints_warnings_and_refuses_errors(tmp_path, env) -> None:
+    """What `treb run` does with the findings (before anything is recorded)."""
+    import io
+
+    path = write_spec(tmp_path / "proj", "command: python t.py\ntimeout: 20s\n")
+    out = io.StringIO()
+    found = enforce(load_spec(path, (), environ=env), "local", out, env)
+    assert [f.id for f in found] == ["time-limit-short"]
+    assert out.getvalue().startswith(f"treb: {path}:2: warning: ") and "treb:   fix: " in out.getvalue()
+    path = write_spec(tmp_path / "proj", "command: torchrun t.py\nprocs_per_node: 2\ntimeout: 20s\n")
+    out = io.StringIO()
+    with pytest.raises(SpecError) as exc:
+        enforce(load_spec(path, (), environ=env), "local", out, env)
+    assert exc.value.exit_code == 2 and "[time-limit-short]" in out.getvalue()
+    first, fix, last = exc.value.problems
+    assert first.startswith(f"{path}:1: error: ") and first.endswith("[launcher-in-command]")
+    assert fix.startswith("  fix: ") and "nothing was started" in last and "--no-check" in last
 
 
 def test_docs_table_lists_every_check() -> None:

@@ -217,7 +217,8 @@ def host_inputs(ctx: Context) -> list[Finding]:
                 ctx.finding(
                     "secret-unset",
                     ERROR,
-                    f"secret {name} is not set in this shell: `treb run` would refuse to start",
+                    f"secrets: {name} not set in this shell (secrets are read from the "
+                    "submitting environment at launch, and never stored)",
                     f"export {name}=... before running, or remove it from secrets",
                     "secrets",
                     i,
