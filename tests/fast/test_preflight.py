@@ -296,6 +296,8 @@ def test_cli_exit_codes(tmp_path, monkeypatch, capsys) -> None:
     assert code == 0 and "no problems found" in out
     code, out = _cli(tmp_path, monkeypatch, capsys, "command: torchrun x\nprocs_per_node: 2\n")
     assert code == 1 and "error" in out and "fix:" in out
+    code, out = _cli(tmp_path, monkeypatch, capsys, "command: x\nslurm:\n  partition: p\n")
+    assert code == 0 and "`--on slurm` adds the checks" in out
     assert _cli(tmp_path, monkeypatch, capsys, "command: x\nnodes: zero\n")[0] == 2
     assert _cli(tmp_path, monkeypatch, capsys, "command: x\n", "--on", "nowhere")[0] == 2
 
@@ -343,3 +345,13 @@ def test_docs_table_lists_every_check() -> None:
     doc = (REPO / "docs" / "preflight.md").read_text()
     for check_id in [*CHECKS, "backend-refuses"]:
         assert f"| `{check_id}` |" in doc, check_id
+
+
+def test_parallel_message_names_the_sizes_and_a_shape_that_fits(tmp_path, env) -> None:
+    text = ("command: python p.py --tensor-model-parallel-size 4 --pipeline-model-parallel-size 3\n"
+            "nodes: 2\nprocs_per_node: 8\n")  # fmt: skip
+    [f] = run_checks(tmp_path, text, "local", env)[0]
+    assert "TP 4 x PP 3 = 12 does not divide the world size 16 (2 node(s) x 8)" in f.message
+    assert "a multiple of 12 (e.g. nodes: 3)" in f.fix
+    [f] = run_checks(tmp_path, "command: python p.py --tp 3\nprocs_per_node: 2\n", "local", env)[0]
+    assert "TP 3 does not divide the world size 2 (1 node(s) x 2)" in f.message

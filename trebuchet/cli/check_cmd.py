@@ -41,9 +41,12 @@ def _engine_refusals(loaded, backend_name: str) -> list[Finding]:
     out = []
     for text in problems:
         head, sep, rest = text.partition(": ")
-        where, message = (
-            (head, rest) if sep and re.search(r":\d+$", head) else (loaded.where(), text)
-        )
+        if sep and re.search(r":\d+$", head):
+            where, message = head, rest
+        elif sep and head in (loaded.source, str(loaded.path)):
+            where, message = loaded.where(), rest
+        else:
+            where, message = loaded.where(), text
         fix = f"`treb run --on {backend_name}` stops here; change what the message names"
         out.append(Finding("backend-refuses", ERROR, message, fix, where))
     return out
@@ -67,4 +70,8 @@ def main(args: argparse.Namespace) -> int:
         for f in findings:
             print(f.text())
         print(f"treb check: {count(findings)} ({loaded.source}, --on {args.on})")
+        blocks = [b for b in ENGINES[1:] if getattr(loaded.spec, b).model_fields_set]
+        if args.on == "local" and blocks:
+            print(f"treb check: the spec has a {blocks[0]} block; `--on {blocks[0]}` adds the "
+                  "checks for that engine (multi-node paths, partition size)")  # fmt: skip
     return 1 if errors else 0

@@ -59,7 +59,9 @@ def parallel_sizes(ctx: Context) -> list[Finding]:
     text = f"world size {world} ({nodes} node(s) x {per_node})"
     if world % (tp * pp * cp):
         model = tp * pp * cp
-        return [_finding(ctx, f"{shown} = {model} does not divide the {text}", model, per_node)]
+        if " x " in shown:
+            shown += f" = {model}"
+        return [_finding(ctx, f"{shown} does not divide the {text}", model, per_node)]
     ep = sizes["ep"]
     if ep:
         etp = sizes["etp"] or tp
