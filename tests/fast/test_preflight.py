@@ -330,8 +330,13 @@ def test_enforce_prints_warnings_and_refuses_errors(tmp_path, env) -> None:
     out = io.StringIO()
     found = enforce(load_spec(path, (), environ=env), "local", out, env)
     assert [f.id for f in found] == ["time-limit-short"]
-    assert out.getvalue().startswith(f"treb: {path}:2: warning: ") and "treb:   fix: " in out.getvalue()
-    path = write_spec(tmp_path / "proj", "command: torchrun t.py\nprocs_per_node: 2\ntimeout: 20s\n")
+    assert (
+        out.getvalue().startswith(f"treb: {path}:2: warning: ")
+        and "treb:   fix: " in out.getvalue()
+    )
+    path = write_spec(
+        tmp_path / "proj", "command: torchrun t.py\nprocs_per_node: 2\ntimeout: 20s\n"
+    )
     out = io.StringIO()
     with pytest.raises(SpecError) as exc:
         enforce(load_spec(path, (), environ=env), "local", out, env)
