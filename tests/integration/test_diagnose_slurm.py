@@ -1,0 +1,136 @@
+"""Diagnosis of srun job logs from the real 2-node test cluster (tests/slurm_cluster):
+a task that raises ("srun: error: tn2: task 3: Exited with exit code 1"), gloo ranks on two
+nodes that advertise their loopback address (GLOO_SOCKET_IFNAME=lo: the wrong-interface
+failure), a job cancelled with scancel, and a step killed by its time limit.
+
+Skipped when the cluster is not up; a failure in CI (CI=true), where `make test` starts it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, needs
+
+pytestmark = [pytest.mark.integration, pytest.mark.slurm]
+CLUSTER = REPO / "tests" / "slurm_cluster" / "cluster.sh"
+PY = sys.executable
+
+
+@pytest.fixture(scope="module")
+def slurm_env() -> dict[str, str]:
+    why = None
+    try:
+        line = subprocess.run(["bash", str(CLUSTER), "env"], capture_output=True, text=True,
+                              timeout=20).stdout.strip()  # fmt: skip
+        env = {**os.environ, "SLURM_CONF": line.removeprefix("export SLURM_CONF=")}
+        ok = subprocess.run(["bash", str(CLUSTER), "status"], capture_output=True, env=env,
+                            timeout=60).returncode == 0  # fmt: skip
+        why = None if ok else "the Slurm test cluster is not up"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        why = f"the Slurm test cluster is not reachable: {exc}"
+    if why:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"{why} (CI needs it: {CLUSTER} up)")
+        pytest.skip(f"{why} (start it: {CLUSTER} install && {CLUSTER} up)")
+    return env
+
+
+def diagnose(log: Path) -> dict:
+    res = subprocess.run([PY, "-m", "trebuchet", "diagnose", str(log), "--json"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def time_limited(slurm_env: dict[str, str], tmp_path_factory) -> Iterator[tuple[Path, subprocess.Popen]]:
+    """A 2-task step with a 1-minute limit, started first so the others run meanwhile."""
+    log = tmp_path_factory.mktemp("timelimit") / "srun.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            ["srun", "-l", "-N2", "-n2", "--time=1", "-J", "treb-diag-timelimit", "bash", "-c",
+             'echo "task $SLURM_PROCID up"; exec sleep 600'],
+            stdout=out, stderr=subprocess.STDOUT, env=slurm_env,
+        )  # fmt: skip
+    yield log, proc
+    if proc.poll() is None:
+        subprocess.run(["scancel", "-n", "treb-diag-timelimit"], env=slurm_env, timeout=30)
+        proc.wait(timeout=60)
+
+
+def test_task_failure_in_a_batch_job(slurm_env, time_limited, tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH -N2 --ntasks-per-node=2\n"
+        f"srun {PY} -c '\nimport os, time\nr = int(os.environ[\"SLURM_PROCID\"])\n"
+        "def check(shard):\n    raise ValueError(f\"bad shard {shard}\")\n"
+        "if r == 3:\n    time.sleep(0.5); check(17)\ntime.sleep(5)\n'\n"
+    )
+    log = tmp_path / "slurm.out"
+    res = subprocess.run(["sbatch", "--wait", "-o", str(log), str(script)], env=slurm_env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode != 0
+    assert "srun: error: tn2: task 3: Exited with exit code 1" in log.read_text()
+    root = diagnose(log)["root_cause"]
+    assert (root["category"], root["rank"], root["node"]) == ("python_exception", 3, "tn2"), root
+    assert "ValueError: bad shard 17" in root["summary"] and "in check" in root["summary"]
+
+
+def test_gloo_on_the_loopback_interface_across_nodes(slurm_env, tmp_path: Path) -> None:
+    needs("torch")
+    (tmp_path / "ddp.py").write_text(
+        "import os, datetime, torch, torch.distributed as dist\n"
+        "os.environ['RANK'] = os.environ['SLURM_PROCID']\n"
+        "os.environ['WORLD_SIZE'] = os.environ['SLURM_NTASKS']\n"
+        "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=20))\n"
+        "dist.all_reduce(torch.ones(1))\n"
+    )
+    log = tmp_path / "srun.log"
+    with open(log, "w") as out:
+        subprocess.run(
+            ["srun", "-l", "--kill-on-bad-exit=1", "-N2", "-n2",
+             "--export=ALL,GLOO_SOCKET_IFNAME=lo,MASTER_ADDR=tn1,MASTER_PORT=29731",
+             PY, str(tmp_path / "ddp.py")],
+            stdout=out, stderr=subprocess.STDOUT, env=slurm_env, timeout=300,
+        )  # fmt: skip
+    assert "remote=[127.0.0.1]" in log.read_text()
+    root = diagnose(log)["root_cause"]
+    assert root["category"] == "network_unreachable", root
+    assert root["rank"] is None  # a wrong interface, not one rank's fault
+    assert "GLOO_SOCKET_IFNAME" in root["remedy"]
+
+
+def test_scancel_is_cancelled(slurm_env, tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -N1 -n1\necho started\nsrun sleep 600\n")
+    log = tmp_path / "slurm.out"
+    job = subprocess.run(["sbatch", "--parsable", "-o", str(log), str(script)], env=slurm_env,
+                         capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    deadline = time.monotonic() + 60
+    while "started" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    subprocess.run(["scancel", job], env=slurm_env, check=True)
+    while "CANCELLED AT" not in log.read_text():
+        assert time.monotonic() < deadline + 30
+        time.sleep(0.2)
+    root = diagnose(log)["root_cause"]
+    assert root["category"] == "cancelled" and root["node"] in ("tn1", "tn2"), root
+
+
+def test_time_limit(time_limited) -> None:
+    log, proc = time_limited
+    proc.wait(timeout=240)
+    assert "DUE TO TIME LIMIT" in log.read_text()
+    data = diagnose(log)
+    assert data["root_cause"]["category"] == "time_limit"
+    assert {r["role"] for r in data["ranks"]} == {"stopped"}
