@@ -47,7 +47,7 @@ def expand_hostlist(expr: str) -> list[str]:
     except ImportError:
         pass
     else:
-        return list(hostlist.expand_hostlist(expr))
+        return list(hostlist.expand_hostlist(expr, allow_duplicates=True))  # as Slurm does
     try:
         out = subprocess.run(
             ["scontrol", "show", "hostnames", expr],

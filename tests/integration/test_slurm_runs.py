@@ -1,0 +1,243 @@
+"""`treb run --on slurm` on the real 2-node test cluster: training, failures, cancel, limits.
+
+Why: every claim of the Slurm backend (ranks really on both nodes, root cause with rank
+and node, cancel, TIMEOUT, retries that resume, no port collisions) is only true if it
+holds on a real slurmctld/slurmd, so these run there (CI starts the cluster).
+"""
+
+# ruff: noqa: F811 (pytest fixtures imported from slurm_support are named as arguments)
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, needs, write_spec
+from tests.integration.slurm_support import (  # noqa: F401 (fixtures)
+    records,
+    slurm,
+    slurm_conf,
+    status,
+    streb,
+    wait_for,
+    wait_ranks_running,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slurm]
+DIGITS = REPO / "examples" / "digits-ddp" / "job.yaml"
+HELLO = REPO / "examples" / "hello" / "job.yaml"
+
+
+@pytest.mark.parametrize("launcher", ["native", "torchrun"])
+def test_digits_ddp_on_two_nodes(launcher: str, streb) -> None:
+    needs("torch")
+    needs("sklearn")
+    cmd = 'echo "rank $RANK on $(hostname)"; python train.py --epochs 4'
+    res = streb("run", str(DIGITS), "--on", "slurm", "-o", f"launcher={launcher}",
+                "-o", "nodes=2", "-o", f"command={cmd}", timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    acc = re.search(r"^\[0:0\] accuracy: ([0-9.]+)$", res.stdout, re.M)
+    assert acc and float(acc.group(1)) > 0.7, res.stdout[-2000:]
+    assert re.search(r"^\[1:1\] rank 3 on tn2$", res.stdout, re.M), res.stdout[-2000:]
+    st = status(streb)
+    assert st["state"] == "SUCCEEDED" and st["shape"] == "2x2" and st["backend_id"]
+    recs = records(st["run_dir"])
+    hosts = {recs[f"rank-{r}"]["host"] for r in range(4)}
+    assert hosts == {"tn1", "tn2"}, recs  # the ranks really ran on both nodes
+    assert [recs[f"rank-{r}"]["host"] for r in range(4)] == ["tn1", "tn1", "tn2", "tn2"]
+    assert all(recs[f"rank-{r}"]["exit_code"] == 0 for r in range(4))
+    if launcher == "torchrun":  # one agent per node, itself recorded
+        assert recs["node-0"]["host"] == "tn1" and recs["node-1"]["host"] == "tn2"
+    logs = streb("logs", "--rank", "3")
+    assert logs.returncode == 0 and logs.stdout.startswith("rank 3 on tn2\n"), logs
+    assert len(st["procs"]) == (4 if launcher == "native" else 6)
+
+
+@pytest.mark.parametrize("launcher", ["native", "none", "torchrun"])
+def test_hello_contract_on_slurm(launcher: str, streb) -> None:
+    """The example that checks every variable of the per-rank contract, over TCP."""
+    if launcher == "torchrun":
+        needs("torch")
+    res = streb("run", str(HELLO), "--on", "slurm", "-o", f"launcher={launcher}", timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "CONTRACT FAIL" not in res.stdout + res.stderr
+    assert f"all {2 if launcher == 'none' else 4} ranks said hello" in res.stdout
+
+
+def test_failing_rank_on_node_two_is_the_root_cause(streb, tmp_path: Path) -> None:
+    cmd = 'if [ "$RANK" = 3 ]; then sleep 1; echo "boom on $(hostname)" >&2; exit 3; fi; sleep 120'
+    spec = write_spec(tmp_path, f"name: fails\ncommand: '{cmd}'\nnodes: 2\nprocs_per_node: 2\n")
+    t0 = time.monotonic()
+    res = streb("run", str(spec), "--on", "slurm", timeout=300)
+    assert res.returncode == 1, res.stderr
+    assert time.monotonic() - t0 < 60  # the others were stopped, not waited for
+    st = status(streb)
+    ff = st["first_failure"]
+    assert st["state"] == "FAILED" and st["exit_code"] == 3
+    assert (ff["rank"], ff["node"], ff["local_rank"], ff["host"]) == (3, 1, 1, "tn2")
+    assert ff["log"].endswith("attempt-0/rank-3.log")
+    stopped = {p["rank"] for p in st["procs"] if p["stopped_by_launcher"]}
+    assert stopped == {0, 1, 2}
+    assert "rank 3 (node 1, local rank 1) on tn2 exited with code 3" in res.stderr
+    assert "boom on tn2" in res.stderr  # the tail of the failing rank's log
+
+
+def test_cancel_a_running_job(streb, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "name: long\ncommand: 'echo up; sleep 600'\nnodes: 2\n"
+                                "procs_per_node: 2\n")  # fmt: skip
+    res = streb("run", str(spec), "--on", "slurm", "--detach")
+    assert res.returncode == 0, res.stderr
+    rid = res.stdout.strip()
+    st = wait_for(streb, rid, {"RUNNING"}, timeout=60)
+    wait_ranks_running(st["run_dir"], 4)
+    t0 = time.monotonic()
+    res = streb("cancel", rid)
+    assert res.returncode == 0 and "CANCELLED" in res.stdout, res.stderr
+    assert time.monotonic() - t0 < 30
+    st = status(streb, rid)
+    assert st["state"] == "CANCELLED" and st["first_failure"] is None
+    assert st["attempts"][0]["state"] == "CANCELLED"
+    q = slurm("squeue", "-h", "-t", "all", "-j", st["backend_id"], "-o", "%T")
+    assert q.stdout.strip() == "CANCELLED", q
+    assert all(p["stopped_by_launcher"] for p in st["procs"]) and len(st["procs"]) == 4
+
+
+def test_ctrl_c_on_attached_run_cancels_the_job(streb, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "name: attached\ncommand: 'echo up; sleep 600'\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trebuchet", "run", str(spec), "--on", "slurm"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            time.sleep(0.5)
+            st = status(streb) if (Path(os.environ["TREB_HOME"]) / "runs.db").exists() else {}
+            if st.get("state") == "RUNNING" and records(st["run_dir"]):
+                break
+            assert time.monotonic() < deadline, st
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "[0:0] up" in out and "cancelling Slurm job" in err
+    st = status(streb)
+    assert st["state"] == "CANCELLED"
+    q = slurm("squeue", "-h", "-t", "all", "-j", st["backend_id"], "-o", "%T")
+    assert q.stdout.strip() == "CANCELLED", q
+
+
+def test_retry_resumes_from_the_checkpoint(streb) -> None:
+    needs("torch")
+    needs("sklearn")
+    cmd = "python train.py --epochs 4 --crash-after-epoch 2"
+    res = streb("run", str(DIGITS), "--on", "slurm", "-o", "nodes=2", "-o", "retries=1",
+                "-o", f"command={cmd}", timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    st = status(streb)
+    assert st["state"] == "SUCCEEDED" and st["attempt"] == 1 and st["max_attempts"] == 2
+    assert [a["state"] for a in st["attempts"]] == ["FAILED", "SUCCEEDED"]
+    run_dir = Path(st["run_dir"])
+    crashed = records(run_dir, 0)["rank-3"]
+    assert crashed["exit_code"] == 1 and crashed["host"] == "tn2"
+    assert "simulated crash after epoch 2" in (run_dir / "attempt-0" / "rank-3.log").read_text()
+    resumed = (run_dir / "attempt-1" / "rank-0.log").read_text()
+    assert "resumed from epoch 2" in resumed and "epoch 4 loss" in resumed
+    assert "epoch 1 loss" not in resumed  # attempt 1 did not start over
+    assert (run_dir / "checkpoints" / "digits-ddp.pt").exists()
+
+
+def test_time_limits_timeout_and_requeue(streb, tmp_path: Path) -> None:
+    """Three jobs at once (each waits for a 1-minute limit): a rank that does not handle
+    the checkpoint signal, one that ignores it (Slurm's own TIMEOUT), and a retried one
+    that checkpoints on the signal and resumes after `scontrol requeue`."""
+    plain = write_spec(tmp_path / "a", "name: plain\ncommand: 'echo up; sleep 600'\ntimeout: 1m\n")
+    ignore = write_spec(tmp_path / "b", "name: ignore\ncommand: 'trap \"\" USR2; echo up; "
+                                        "sleep 600'\ntimeout: 1m\n")  # fmt: skip
+    requeue = write_spec(tmp_path / "c", """\
+name: requeue
+command: |
+  if [ "$TREB_ATTEMPT" = 0 ]; then
+    trap 'echo "checkpoint at $(date +%T)"; echo "state of attempt 0" > "$TREB_CHECKPOINT_DIR/ck"' USR2
+    while :; do sleep 1; done
+  fi
+  echo "attempt $TREB_ATTEMPT resumes from: $(cat "$TREB_CHECKPOINT_DIR/ck")"
+timeout: 1m
+retries: 1
+""")  # fmt: skip
+    ids = {}
+    for name, spec in (("plain", plain), ("ignore", ignore), ("requeue", requeue)):
+        res = streb("run", str(spec), "--on", "slurm", "--detach")
+        assert res.returncode == 0, res.stderr
+        ids[name] = res.stdout.strip()
+    rq = wait_for(streb, ids["requeue"], {"RETRYING", "SUCCEEDED", "FAILED"}, timeout=240)
+    assert rq["state"] == "RETRYING", rq
+    assert rq["attempts"][0]["state"] == "TIMEOUT" and "requeued" in rq["attempts"][0]["reason"]
+    # Slurm holds a requeued job for about 2 minutes (BeginTime); release it now.
+    res = slurm("scontrol", "update", f"JobId={rq['backend_id']}", "StartTime=now")
+    assert res.returncode == 0, res.stderr
+    rq = wait_for(streb, ids["requeue"], {"SUCCEEDED", "FAILED", "LOST"}, timeout=120)
+    assert rq["state"] == "SUCCEEDED", rq
+    assert [a["state"] for a in rq["attempts"]] == ["TIMEOUT", "SUCCEEDED"]
+    log = (Path(rq["run_dir"]) / "attempt-1" / "rank-0.log").read_text()
+    assert "attempt 1 resumes from: state of attempt 0" in log
+    for name in ("plain", "ignore"):
+        st = wait_for(streb, ids[name], {"TIMEOUT", "FAILED", "SUCCEEDED", "LOST"}, timeout=240)
+        assert st["state"] == "TIMEOUT", st
+        assert st["first_failure"] is None
+    ignored = status(streb, ids["ignore"])
+    assert ignored["attempts"][0]["reason"] == "time limit"  # ended by Slurm at the limit
+    assert ignored["ended_at"] - ignored["started_at"] >= 55
+
+
+def test_two_jobs_at_once_do_not_collide_on_ports(streb, tmp_path: Path) -> None:
+    """Two jobs on the same nodes at the same time: each rank 0 holds its MASTER_PORT open
+    on tn1 while the other job's does too; the port follows the job id."""
+    script = (
+        "import os, socket, time\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    s = socket.socket()\n"
+        "    s.bind((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])))\n"
+        "    s.listen()\n"
+        "    print('bound', os.environ['MASTER_PORT'], time.time(), flush=True)\n"
+        "    time.sleep(8)\n"
+    )
+    (tmp_path / "hold.py").write_text(script)
+    spec = write_spec(tmp_path, "command: python hold.py\nnodes: 2\nprocs_per_node: 2\n")
+    ids = []
+    for name in ("one", "two"):
+        res = streb("run", str(spec), "--on", "slurm", "--detach", "--name", name)
+        assert res.returncode == 0, res.stderr
+        ids.append(res.stdout.strip())
+    ports, spans = [], []
+    for rid in ids:
+        st = wait_for(streb, rid, {"SUCCEEDED", "FAILED", "LOST"}, timeout=120)
+        assert st["state"] == "SUCCEEDED", st
+        rec = records(st["run_dir"])["rank-0"]
+        bound = (Path(st["run_dir"]) / "attempt-0" / "rank-0.log").read_text().split()
+        ports.append(int(bound[1]))
+        spans.append((float(bound[2]), rec["ended_at"]))
+        assert rec["host"] == "tn1" and int(bound[1]) == 15000 + int(st["backend_id"]) % 10000
+    assert ports[0] != ports[1]
+    assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], spans  # they overlapped
+
+
+def test_logs_follow_and_status_while_running(streb, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "name: talk\ncommand: 'for i in 1 2 3; do echo \"$RANK says $i\"; "
+                                "sleep 1; done'\nnodes: 2\nprocs_per_node: 2\n")  # fmt: skip
+    res = streb("run", str(spec), "--on", "slurm", "--detach")
+    rid = res.stdout.strip()
+    follow = streb("logs", "-f", rid, timeout=120)
+    assert follow.returncode == 0, follow.stderr
+    for r in range(4):
+        assert f"[{r // 2}:{r % 2}] {r} says 3" in follow.stdout, follow.stdout
+    assert status(streb, rid)["state"] == "SUCCEEDED"
+    one = streb("logs", rid, "--rank", "2")
+    assert one.stdout == "2 says 1\n2 says 2\n2 says 3\n"
