@@ -80,8 +80,12 @@ def launch(
     on: str = "local",
     overrides: Sequence[str] = (),
     name: str | None = None,
+    check: bool = True,
 ) -> Run:
-    """Validate and start a run in the background; returns at once with its Run."""
+    """Validate and start a run in the background; returns at once with its Run.
+
+    With `check`, the preflight checks of `treb check` run first: their errors raise
+    SpecError, their warnings go to stderr."""
     from trebuchet.backends import get_backend
     from trebuchet.launcher.submit import prepare
     from trebuchet.spec.load import load_spec
@@ -92,6 +96,10 @@ def launch(
     else:
         loaded = load_spec(spec_or_path, overrides=[*overrides, *extra])
     backend = get_backend(on)
+    if check:
+        from trebuchet.preflight import enforce
+
+        enforce(loaded, on)
     backend.check(loaded)
     store = Store()
     sub = prepare(loaded, on, store)

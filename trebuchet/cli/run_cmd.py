@@ -17,11 +17,15 @@ def main(args: argparse.Namespace) -> int:
     overrides = list(args.override) + ([f"name={args.name}"] if args.name else [])
     fixed, axes = sweep.points(overrides, None)
     loaded = load_spec(args.spec, fixed)
+    backend = get_backend(args.on)
+    if not args.no_check:
+        from trebuchet.preflight import enforce
+
+        enforce(loaded, args.on)  # prints warnings; errors: exit 2 before anything is recorded
     if loaded.spec.sweep or axes != [{}]:
         from trebuchet.cli.sweep_run import run_sweep
 
         return run_sweep(args, fixed, sweep.points(overrides, loaded.spec.sweep)[1])
-    backend = get_backend(args.on)
     backend.check(loaded)
     store = Store()
     sub = prepare(loaded, args.on, store)
