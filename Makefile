@@ -13,9 +13,11 @@ $(STAMP): pyproject.toml examples/digits-ddp/requirements.txt
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# The Slurm test cluster is started for the suite and always taken down after it
+# (scripts/with-slurm-cluster); in CI a cluster that cannot start fails the run.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/with-slurm-cluster $(PY) -m pytest -q
 
 test-fast: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -m "not integration"
