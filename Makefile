@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml examples/digits-ddp/requirements.txt | cksum | cut -d' ' -f1)
 
-.PHONY: test test-fast lint bench clean
+.PHONY: test test-fast lint bench bench-slurm clean
 
 $(STAMP): pyproject.toml examples/digits-ddp/requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ bench: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/cli_startup.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/teardown.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/env_build.py
+
+# Slurm figures on the test cluster (started and taken down around it).
+bench-slurm: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/with-slurm-cluster $(PY) bench/slurm_submit.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
