@@ -15,6 +15,7 @@ VERBS = {
     "render": "show exactly what would be launched",
     "schema": "print the spec's JSON Schema",
     "diagnose": "root cause of a failed run, or of logs from elsewhere",
+    "results": "performance results of runs (table, madengine perf.csv)",
     "build": "build or refresh the spec's environment now",
     "import": "a spec from an sbatch script, AI Runtime YAML, madengine card or NeMo config",
     "check": "preflight checks: mistakes a queue wait would reveal, found now",
@@ -88,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("diagnose", help=VERBS["diagnose"])
     p.add_argument("targets", nargs="*", metavar="RUN | LOG",
                    help="a run id or prefix (default: latest), or log files / a log directory")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("results", help=VERBS["results"])
+    p.add_argument("runs", nargs="*", metavar="RUN", help="run ids or prefixes (default: recent)")
+    p.add_argument("--csv", metavar="FILE", help="write madengine perf.csv-compatible rows")
+    p.add_argument("--all", "-a", action="store_true", help="every run, not only recent ones")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 

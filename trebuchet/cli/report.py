@@ -78,4 +78,22 @@ def final_summary(store: Store, rec: RunRecord) -> str:
     elif rec.state != "SUCCEEDED":
         out.append(f"treb: see `treb status {rec.id}` and `treb logs {rec.id}`")
     out += [f"treb: {line}" for line in diagnosis_lines(store, rec)]
+    out += [f"treb: {line}" for line in results_lines(store, rec)]
     return "\n".join(out)
+
+
+def results_lines(store: Store, rec: RunRecord) -> list[str]:
+    """Records the finished run's results and says what was found ('performance: ...')."""
+    try:
+        from trebuchet.results.collect import collect
+        from trebuchet.results.perfcsv import number
+
+        rows = collect(store, rec)
+    except Exception as exc:  # noqa: BLE001 - the run's own outcome must still be reported
+        return [f"results not recorded: {exc!r}"]
+    found = [r for r in rows if r.get("performance") is not None]
+    lines = [f"performance: {number(r['performance'])} {r['metric']} ({r['model']}, {r['source']})"
+             for r in found[:3]]  # fmt: skip
+    if len(found) > 3:
+        lines.append(f"... {len(found) - 3} more result row(s): `treb results {rec.id}`")
+    return lines

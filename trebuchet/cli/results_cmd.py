@@ -1,0 +1,88 @@
+"""`treb results [RUN...] [--csv FILE] [--all] [--json]`: performance rows of finished runs.
+
+Without RUN: the recent runs (--all: every run), oldest first, so each row's change is
+against the one above it of the same workload and metric. With RUNs: those, in the order
+given; two runs of one workload print their relative change. --csv writes madengine
+perf.csv-compatible rows (see docs/results.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+RECENT = 20
+
+
+def main(args: argparse.Namespace) -> int:
+    from trebuchet.cli.common import refresh
+    from trebuchet.results import collect, perfcsv
+    from trebuchet.store.db import Store
+
+    store = Store()
+    if args.runs:
+        recs, seen = [], set()
+        for ref in args.runs:
+            rec = store.resolve(ref)
+            if rec.id not in seen:
+                seen.add(rec.id)
+                recs.append(rec)
+    else:
+        recs = list(reversed(store.list() if args.all else store.list(limit=RECENT)))
+    refresh(store, recs)
+    rows: list[dict] = []
+    waiting = []
+    for rec in recs:
+        rec = store.get(rec.id) or rec
+        got = collect.collect(store, rec)
+        if not got:
+            waiting.append(f"{rec.id} ({rec.state})")
+        rows += got
+    changes = perfcsv.relative_changes(rows)
+    for row, change in zip(rows, changes, strict=True):
+        row["relative_change"] = change
+    if waiting:
+        print(f"treb: no results yet for {', '.join(waiting)}", file=sys.stderr)
+    if args.csv:
+        n = perfcsv.write(rows, Path(args.csv))
+        print(f"treb: wrote {n} row(s) to {args.csv}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        if not waiting:
+            print("no finished runs yet (start one with `treb run SPEC`)")
+        return 0
+    if not args.csv or sys.stdout.isatty():
+        show(rows)
+    workloads = {r["workload"] for r in rows}
+    if args.runs and len(recs) == 2 and len(workloads) == 1 and len(rows) >= 2:
+        last = rows[-1]
+        if last.get("relative_change") is not None:
+            print(f"change: {last['relative_change']:+.2f}% {last['metric']} "
+                  f"({recs[1].id} vs {recs[0].id})")  # fmt: skip
+    return 0
+
+
+def show(rows: list[dict]) -> None:
+    from trebuchet.cli.table import print_table
+    from trebuchet.results.perfcsv import number
+    from trebuchet.spec.duration import human
+
+    def cell(row: dict) -> list[str]:
+        change = row.get("relative_change")
+        return [
+            row["run_id"], row["model"], row["status"], number(row.get("performance")) or "-",
+            row.get("metric") or "-", "-" if change is None else f"{change:+.2f}%",
+            f"{row.get('nnodes')}x{row.get('procs_per_node')}", row.get("launcher") or "-",
+            (row.get("git_commit") or "-")[:10], human(row.get("test_duration")),
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(row["created_at"]))
+            if row.get("created_at") else "-",
+        ]  # fmt: skip
+
+    headers = ["RUN", "MODEL", "STATUS", "PERFORMANCE", "METRIC", "CHANGE", "SHAPE",
+               "LAUNCHER", "COMMIT", "DURATION", "CREATED"]  # fmt: skip
+    print_table(headers, [cell(r) for r in rows])

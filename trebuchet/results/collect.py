@@ -1,0 +1,224 @@
+"""One finished run -> its result rows.
+
+Where the number comes from, in order: the results CSV named in the spec (`results.file`,
+default results.csv) found in the run directory (TREB_RUN_DIR) or the directory the ranks
+ran in, written during this run; else each rank's first `performance:` line, combined as
+the spec says (`results.ranks`: rank0, the default, sum for a throughput across ranks, or
+mean); else the HuggingFace Trainer's train_samples_per_second. A row's status is SUCCESS
+only when the run succeeded and a number was found.
+
+The facts of the run come from the store and the run directory: workload, backend,
+launcher, shape, environment (its kind or image; `current` without one), the git commit
+recorded at submission (or, for older runs, the workdir's commit at the run's time), host,
+environment build and run durations.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from trebuchet.results import parse, table
+
+RANKS = ("rank0", "sum", "mean")
+DEFAULT_FILE = "results.csv"
+ACTIVE = ("PENDING", "RUNNING", "RETRYING")
+
+
+def options(spec: Any) -> tuple[str, str]:
+    """(results file, rank aggregation) from the spec's `results:` block, read defensively:
+    `spec` may be the Spec model (with or without a `results` field) or its YAML mapping."""
+    block = spec.get("results") if isinstance(spec, dict) else getattr(spec, "results", None)
+    if isinstance(block, dict):
+        file, ranks = block.get("file"), block.get("ranks")
+    else:
+        file, ranks = getattr(block, "file", None), getattr(block, "ranks", None)
+    ranks = ranks if ranks in RANKS else "rank0"
+    return str(file or DEFAULT_FILE), ranks
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _spec(run_dir: Path) -> dict[str, Any]:
+    try:
+        import yaml
+
+        data = yaml.safe_load((run_dir / "spec.yaml").read_text())
+    except (OSError, ValueError, ImportError):
+        return {}
+    except Exception:  # noqa: BLE001 - yaml.YAMLError: a damaged spec copy yields defaults
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _git(workdir: str | None, created_at: float) -> str | None:
+    """The workdir's commit, if it was already HEAD's commit when the run was created."""
+    if not workdir or not Path(workdir).is_dir():
+        return None
+    try:
+        out = subprocess.run(
+            ["git", "-C", workdir, "log", "-1", "--format=%H %ct", f"--before={int(created_at)}"],
+            capture_output=True, text=True, timeout=10,
+        ).stdout.split()  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out[0] if out else None
+
+
+def _rank_logs(adir: Path) -> dict[int, Path]:
+    """rank-<r>.log of the attempt; node-<n>.log (the unit under launcher none) otherwise."""
+    for kind in ("rank", "node"):
+        found = {}
+        for p in adir.glob(f"{kind}-*.log"):
+            num = p.stem.split("-", 1)[1]
+            if num.isdigit():
+                found[int(num)] = p
+        if found:
+            return dict(sorted(found.items()))
+    return {}
+
+
+def aggregate(values: dict[int, parse.Value], how: str) -> tuple[float, str, str] | None:
+    """(value, metric, source) over ranks: rank 0's (or the lowest that reported), the sum
+    or the mean of the ranks that report the same metric as the lowest one."""
+    if not values:
+        return None
+    first_rank = min(values)
+    metric = values[first_rank].metric
+    if how == "rank0":
+        rank = 0 if 0 in values else first_rank
+        v = values[rank]
+        return v.value, v.metric, f"rank {rank}" + ("" if rank == 0 else " (rank 0 printed none)")
+    same = {r: v.value for r, v in values.items() if v.metric == metric}
+    total = sum(same.values())
+    value = total if how == "sum" else total / len(same)
+    return value, metric, f"{how} of {len(same)} rank(s)"
+
+
+def _csv_path(name: str, run_dir: Path, cwd: str | None, started: float | None) -> Path | None:
+    """The results CSV of this run: in the run dir, else where the ranks ran (not stale)."""
+    candidates = [run_dir / name]
+    if cwd:
+        candidates.append(Path(cwd) / name)
+    for p in candidates:
+        if not p.is_file():
+            continue
+        inside = run_dir in p.resolve().parents
+        if inside or started is None or p.stat().st_mtime >= started - 1:
+            return p
+    return None
+
+
+def _environment(spec: dict[str, Any], plan: dict[str, Any]) -> tuple[str, str | None]:
+    env = plan.get("environment") or {}
+    block = spec.get("environment") or {}
+    image = env.get("image") or block.get("image")
+    if image:
+        return str(image), str(image)
+    kind = env.get("kind") or ("conda" if block.get("conda") else "venv" if block else None)
+    if not kind:
+        return "current", None
+    return f"{kind}:{env.get('name') or block.get('name') or '-'}", None
+
+
+def _durations(store: Any, rec: Any, run_dir: Path) -> tuple[float | None, float | None]:
+    build = None
+    for ev in reversed([json.loads(x) for x in _lines(run_dir / "events.jsonl")]):
+        if ev.get("event") == "environment_ready" and ev.get("seconds") is not None:
+            build = float(ev["seconds"])
+            break
+    attempt = next((a for a in store.attempts(rec.id) if a["attempt"] == rec.attempt), None)
+    test = None
+    if attempt and attempt.get("started_at") and attempt.get("ended_at"):
+        test = attempt["ended_at"] - attempt["started_at"]
+    elif rec.started_at and rec.ended_at:
+        test = rec.ended_at - rec.started_at
+    return build, test
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return [ln for ln in path.read_text().splitlines() if ln.strip().startswith("{")]
+    except OSError:
+        return []
+
+
+def compute(store: Any, rec: Any) -> list[dict[str, Any]]:
+    """The rows of one finished run (not stored)."""
+    run_dir = Path(rec.run_dir)
+    spec = _spec(run_dir)
+    plan = _read_json(run_dir / "plan.json") or {}
+    file, how = options(spec)
+    adir = run_dir / f"attempt-{rec.attempt}"
+    cwd = next((p.get("cwd") for p in plan.get("procs", []) if p.get("cwd")), spec.get("workdir"))
+    environment, image = _environment(spec, plan)
+    build, test = _durations(store, rec, run_dir)
+    gpn = spec.get("gpus_per_node")
+    gpn = gpn if isinstance(gpn, int) else None
+    command = spec.get("command")
+    commit = getattr(rec, "git_commit", None) or _git(spec.get("workdir"), rec.created_at)
+    base: dict[str, Any] = {
+        "run_id": rec.id, "workload": rec.name, "backend": rec.backend, "launcher": rec.launcher,
+        "nnodes": rec.nodes, "procs_per_node": rec.procs_per_node, "gpus_per_node": gpn,
+        "n_gpus": rec.nodes * gpn if gpn is not None and gpn >= 0 else None,
+        "environment": environment,
+        "docker_image": image, "git_commit": commit, "git_dirty": getattr(rec, "git_dirty", None),
+        "machine_name": rec.host or socket.gethostname(), "build_duration": build,
+        "test_duration": test, "aggregation": how, "run_state": rec.state,
+        "created_at": rec.created_at,
+        "args": shlex.join(command) if isinstance(command, list) else command,
+    }  # fmt: skip
+    ok = rec.state == "SUCCEEDED"
+    rows: list[dict[str, Any]] = []
+    path = _csv_path(file, run_dir, cwd, rec.started_at)
+    if path is not None:
+        try:
+            for r in parse.results_csv(path):
+                status = "SUCCESS" if ok and r.value is not None else "FAILURE"
+                rows.append({**base, "model": f"{rec.name}_{r.model}", "performance": r.value,
+                             "metric": r.metric, "source": str(path), "extra": r.extra,
+                             "status": status})  # fmt: skip
+        except (OSError, ValueError) as exc:  # a malformed CSV: say so in the row
+            base["extra"] = {"results_error": str(exc)}
+    if rows:
+        return rows
+    logs = _rank_logs(adir)
+    values = {r: v for r, p in logs.items() if (v := parse.performance(p))}
+    found = aggregate(values, how)
+    if found is None:
+        values = {r: v for r, p in logs.items() if (v := parse.hf_samples_per_second(p))}
+        found = aggregate(values, how)
+        if found:
+            found = (found[0], found[1], found[2] + ", train_samples_per_second")
+    value, metric, source = found if found else (None, None, None)
+    return [{**base, "model": rec.name, "performance": value, "metric": metric, "source": source,
+             "status": "SUCCESS" if ok and value is not None else "FAILURE"}]  # fmt: skip
+
+
+def collect(store: Any, rec: Any, force: bool = False) -> list[dict[str, Any]]:
+    """The run's rows: stored ones, or computed now and stored (finished runs only)."""
+    table.ensure(store.conn)
+    if rec.state in ACTIVE:
+        return []
+    if not force:
+        rows = table.load(store.conn, rec.id)
+        if rows:
+            return rows
+    rows = compute(store, rec)
+    table.save(store, rec.id, rows)
+    try:
+        from trebuchet.store.files import write_json
+
+        write_json(Path(rec.run_dir) / "results.json", rows)
+    except OSError:
+        pass  # a read-only or vanished run dir: the table still has them
+    return table.load(store.conn, rec.id)

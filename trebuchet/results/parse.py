@@ -1,0 +1,109 @@
+"""What a workload reports, read the way madengine reads it.
+
+`performance: <number> <metric>`: the first match in a log wins; the number may carry a
+sign, decimals and an exponent, and may be followed by a "/unit" or a comma before the
+metric (`performance: 1.2e3 samples_per_second`, `performance: 95.2/s, tokens_per_sec`).
+The HuggingFace Trainer's `'train_samples_per_second': 4.23` counts only when a log has no
+`performance:` line. A log is streamed in chunks and only lines that hold the marker are
+matched, so a multi-gigabyte log costs one read and no decoding.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NUMBER = rb"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
+PERF = re.compile(
+    rb"performance:\s*(?P<value>" + NUMBER + rb")\s*(?:/\s*[A-Za-z%][\w%]*)?\s*,?\s*"
+    rb"(?P<metric>[A-Za-z_%][\w./%-]*)"
+)
+HF = re.compile(rb"train_samples_per_second['\"]?\s*[:=]\s*(?P<value>" + NUMBER + rb")")
+CHUNK = 4 << 20
+REQUIRED = ("model", "performance", "metric")
+
+
+@dataclass
+class Value:
+    value: float
+    metric: str
+    line: str
+
+
+@dataclass
+class CsvRow:
+    model: str
+    value: float | None
+    metric: str
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def _first(path: Path, rx: re.Pattern[bytes], marker: bytes) -> re.Match[bytes] | None:
+    """The first match of rx in the file, reading it in chunks of whole lines."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - a missing log reports nothing
+    except OSError:
+        return None
+    carry = b""
+    with fh:
+        while True:
+            chunk = fh.read(CHUNK)
+            data = carry + chunk
+            if not chunk:
+                return rx.search(data) if marker in data else None
+            cut = data.rfind(b"\n") + 1
+            whole, carry = data[:cut], data[cut:]
+            if marker in whole:
+                m = rx.search(whole)
+                if m:
+                    return m
+            if len(carry) > CHUNK:  # a huge line without newline: search it as it is
+                whole, carry = carry, b""
+                m = rx.search(whole) if marker in whole else None
+                if m:
+                    return m
+
+
+def _line(m: re.Match[bytes]) -> str:
+    s = m.string
+    start = s.rfind(b"\n", 0, m.start()) + 1
+    end = s.find(b"\n", m.end())
+    return s[start : end if end >= 0 else len(s)].decode(errors="replace").strip()[:300]
+
+
+def performance(path: Path) -> Value | None:
+    """The first `performance: <number> <metric>` of a log."""
+    m = _first(path, PERF, b"performance:")
+    if not m:
+        return None
+    return Value(float(m["value"]), m["metric"].decode(errors="replace"), _line(m))
+
+
+def hf_samples_per_second(path: Path) -> Value | None:
+    """The HuggingFace Trainer's train_samples_per_second, as samples_per_second."""
+    m = _first(path, HF, b"train_samples_per_second")
+    if not m:
+        return None
+    return Value(float(m["value"]), "samples_per_second", _line(m))
+
+
+def results_csv(path: Path) -> list[CsvRow]:
+    """Rows of a results CSV: columns model, performance, metric; other columns kept."""
+    with open(path, newline="", encoding="utf-8-sig", errors="replace") as fh:
+        reader = csv.DictReader(fh)
+        fields = {(f or "").strip().lower(): f for f in reader.fieldnames or []}
+        missing = [c for c in REQUIRED if c not in fields]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
+        out = []
+        for row in reader:
+            get = {k: (row.get(v) or "").strip() for k, v in fields.items()}
+            try:
+                value: float | None = float(get["performance"])
+            except ValueError:
+                value = None
+            extra = {fields[k]: v for k, v in get.items() if k not in REQUIRED}
+            out.append(CsvRow(get["model"], value, get["metric"], extra))
+        return out

@@ -1,0 +1,96 @@
+"""Result rows as madengine's perf.csv, and the relative change between runs.
+
+The columns madengine's dashboards read come first, in madengine's order, filled where
+trebuchet has the same fact (model, n_gpus, nnodes, gpus_per_node, args, docker_image,
+git_commit, machine_name, deployment_type = the backend, launcher, performance, metric,
+relative_change, status, build_duration, test_duration); the others stay empty. Then
+trebuchet's own columns (run_id, workload, backend, procs_per_node, environment, ...) and
+the extra columns of the workload's results CSV.
+
+relative_change is a percentage: (value - baseline) / baseline * 100, the baseline being the
+previous successful row of the same model and metric among the rows shown (the first run
+given when two are compared). madengine's database keeps a per-architecture dict there;
+a plain number is what a CSV reader can plot.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+MADENGINE = [
+    "model", "n_gpus", "nnodes", "gpus_per_node", "training_precision", "pipeline", "args",
+    "tags", "docker_file", "base_docker", "docker_sha", "docker_image", "git_commit",
+    "machine_name", "deployment_type", "launcher", "gpu_architecture", "performance", "metric",
+    "relative_change", "status", "build_duration", "test_duration", "dataname",
+    "data_provider_type", "data_size", "data_download_duration", "build_number",
+    "additional_docker_run_options",
+]  # fmt: skip
+OURS = ["run_id", "workload", "backend", "procs_per_node", "environment", "aggregation",
+        "source", "run_state", "git_dirty", "created_at"]  # fmt: skip
+DEPLOYMENT = {"kubernetes": "k8s"}
+
+
+def number(v: Any) -> str:
+    """A value as CSV text: integers without '.0', floats in their shortest exact form."""
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
+    return str(v)
+
+
+def relative_changes(rows: list[dict[str, Any]]) -> list[float | None]:
+    """Percent change of each row against the previous successful one of its model+metric."""
+    last: dict[tuple[str, str], float] = {}
+    out: list[float | None] = []
+    for r in rows:
+        key = (r.get("model") or "", r.get("metric") or "")
+        v = r.get("performance")
+        base = last.get(key)
+        out.append(None if v is None or not base else (v - base) / abs(base) * 100.0)
+        if v is not None and r.get("status") == "SUCCESS":
+            last[key] = v
+    return out
+
+
+def perf_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, str]]]:
+    """(header, CSV rows) in madengine's column order, then ours, then CSV extras."""
+    changes = relative_changes(rows)
+    extras: list[str] = []
+    for r in rows:
+        for k in r.get("extra") or {}:
+            if k not in extras and k not in MADENGINE and k not in OURS:
+                extras.append(k)
+    header = MADENGINE + OURS + extras
+    out = []
+    for r, change in zip(rows, changes, strict=True):
+        row = {k: "" for k in header}
+        for k in header:
+            if k in r and k != "extra":
+                row[k] = number(r[k])
+        row["deployment_type"] = DEPLOYMENT.get(r.get("backend") or "", r.get("backend") or "")
+        for k in ("build_duration", "test_duration"):
+            if r.get(k) is not None:
+                row[k] = f"{r[k]:.3f}"
+        if r.get("created_at"):
+            row["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r["created_at"]))
+        row["relative_change"] = "" if change is None else f"{change:.2f}"
+        for k, v in (r.get("extra") or {}).items():
+            if k in row:
+                row[k] = v if isinstance(v, str) else json.dumps(v)
+        out.append(row)
+    return header, out
+
+
+def write(rows: list[dict[str, Any]], path: Path) -> int:
+    header, out = perf_rows(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=header)
+        w.writeheader()
+        w.writerows(out)
+    return len(out)

@@ -1,0 +1,81 @@
+"""Where results are kept: a `results` table in runs.db, and results.json in the run dir.
+
+The table is the index: `treb results` lists and compares many runs with one query, and a
+run's rows are computed once (when the attached `treb run` ends, or the first time a verb
+looks at a finished run) instead of re-reading its logs every time. results.json keeps the
+same rows next to the logs, so a run directory copied elsewhere still carries them.
+A run always gets at least one row (status FAILURE and no value when nothing was found),
+which is also how the table remembers that a run was already collected.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS results (
+    run_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    model TEXT NOT NULL,
+    workload TEXT NOT NULL,
+    performance REAL,
+    metric TEXT,
+    status TEXT NOT NULL,
+    source TEXT,
+    aggregation TEXT,
+    backend TEXT,
+    launcher TEXT,
+    nnodes INTEGER,
+    gpus_per_node INTEGER,
+    procs_per_node INTEGER,
+    n_gpus INTEGER,
+    environment TEXT,
+    docker_image TEXT,
+    git_commit TEXT,
+    git_dirty INTEGER,
+    machine_name TEXT,
+    build_duration REAL,
+    test_duration REAL,
+    args TEXT,
+    run_state TEXT,
+    created_at REAL,
+    extra TEXT,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE INDEX IF NOT EXISTS results_model ON results (model, created_at);
+"""
+COLUMNS = [
+    "run_id", "seq", "model", "workload", "performance", "metric", "status", "source",
+    "aggregation", "backend", "launcher", "nnodes", "gpus_per_node", "procs_per_node", "n_gpus",
+    "environment", "docker_image", "git_commit", "git_dirty", "machine_name", "build_duration",
+    "test_duration", "args", "run_state", "created_at", "extra",
+]  # fmt: skip
+
+
+def ensure(conn: sqlite3.Connection) -> None:
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'results'").fetchone():
+        conn.executescript(SCHEMA)
+
+
+def load(conn: sqlite3.Connection, run_id: str) -> list[dict[str, Any]]:
+    rows = conn.execute("SELECT * FROM results WHERE run_id = ? ORDER BY seq", (run_id,))
+    out = []
+    for r in rows.fetchall():
+        d = dict(zip(COLUMNS, tuple(r), strict=False)) if not hasattr(r, "keys") else dict(r)
+        d["extra"] = json.loads(d.get("extra") or "{}")
+        out.append(d)
+    return out
+
+
+def save(store: Any, run_id: str, rows: list[dict[str, Any]]) -> None:
+    """Replace the run's rows in one IMMEDIATE transaction (two collectors: same result)."""
+    with store.transaction() as c:
+        c.execute("DELETE FROM results WHERE run_id = ?", (run_id,))
+        for seq, row in enumerate(rows):
+            values = {k: row.get(k) for k in COLUMNS}
+            values.update(run_id=run_id, seq=seq, extra=json.dumps(row.get("extra") or {}))
+            names = ", ".join(COLUMNS)
+            marks = ", ".join(f":{k}" for k in COLUMNS)
+            c.execute(f"INSERT INTO results ({names}) VALUES ({marks})", values)
