@@ -29,8 +29,8 @@ TREB_POST=''
 TREB_SECRETS=()
 # the command: argv of every rank; a string runs in bash on the node, where $RANK, $SLURM_NODEID... expand
 TREB_CMD=(bash -c 'python train.py')
-TREB_SRUN=(--nodes=2 --ntasks-per-node=4 --kill-on-bad-exit=0 --export=ALL --mpi=pmix --container-image=nvcr.io/nvidia/pytorch:24.05-py3 --container-mounts=$TREB_HOME/runs/RUN_ID:$TREB_HOME/runs/RUN_ID,$WORKDIR:$WORKDIR,/data:/data:ro,/scratch:/scratch --container-workdir=$WORKDIR --no-container-mount-home)
-TREB_SRUN_HOOK=(--nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --export=ALL --container-image=nvcr.io/nvidia/pytorch:24.05-py3 --container-mounts=$TREB_HOME/runs/RUN_ID:$TREB_HOME/runs/RUN_ID,$WORKDIR:$WORKDIR,/data:/data:ro,/scratch:/scratch --container-workdir=$WORKDIR --no-container-mount-home)
+TREB_SRUN=(--nodes=2 --ntasks=8 --ntasks-per-node=4 --kill-on-bad-exit=0 --export=ALL --mpi=pmix --container-image=nvcr.io/nvidia/pytorch:24.05-py3 --container-mounts=$TREB_HOME/runs/RUN_ID:$TREB_HOME/runs/RUN_ID,$WORKDIR:$WORKDIR,/data:/data:ro,/scratch:/scratch --container-workdir=$WORKDIR --no-container-mount-home)
+TREB_SRUN_HOOK=(--nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --export=ALL --container-image=nvcr.io/nvidia/pytorch:24.05-py3 --container-mounts=$TREB_HOME/runs/RUN_ID:$TREB_HOME/runs/RUN_ID,$WORKDIR:$WORKDIR,/data:/data:ro,/scratch:/scratch --container-workdir=$WORKDIR --no-container-mount-home)
 
 # ---- trebuchet runtime (static text)
 # The wrapper every task runs (srun ... bash -c "$TREB_TASK_SH" treb-task MODE CMD...)

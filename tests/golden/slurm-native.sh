@@ -35,8 +35,8 @@ TREB_POST=''
 TREB_SECRETS=(HF_TOKEN)
 # the command: argv of every rank; a string runs in bash on the node, where $RANK, $SLURM_NODEID... expand
 TREB_CMD=(bash -c 'python train.py --lr ${LR:-0.1} "$RANK" --node ${SLURM_NODEID}')
-TREB_SRUN=(--nodes=2 --ntasks-per-node=2 --kill-on-bad-exit=0 --export=ALL --cpus-per-task=4)
-TREB_SRUN_HOOK=(--nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --export=ALL)
+TREB_SRUN=(--nodes=2 --ntasks=4 --ntasks-per-node=2 --kill-on-bad-exit=0 --export=ALL --cpus-per-task=4)
+TREB_SRUN_HOOK=(--nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --export=ALL)
 
 # ---- trebuchet runtime (static text)
 # The wrapper every task runs (srun ... bash -c "$TREB_TASK_SH" treb-task MODE CMD...)

@@ -29,8 +29,8 @@ TREB_POST='echo done'
 TREB_SECRETS=()
 # the command: argv of every rank; a string runs in bash on the node, where $RANK, $SLURM_NODEID... expand
 TREB_CMD=(bash -c ./launch.sh)
-TREB_SRUN=(--nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --export=ALL)
-TREB_SRUN_HOOK=(--nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --export=ALL)
+TREB_SRUN=(--nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --export=ALL)
+TREB_SRUN_HOOK=(--nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --export=ALL)
 
 # ---- trebuchet runtime (static text)
 # The wrapper every task runs (srun ... bash -c "$TREB_TASK_SH" treb-task MODE CMD...)

@@ -30,8 +30,8 @@ TREB_POST=''
 TREB_SECRETS=()
 # the command: argv of every rank; a string runs in bash on the node, where $RANK, $SLURM_NODEID... expand
 TREB_CMD=(python -m trainer --config 'cfg a.yaml')
-TREB_SRUN=(--nodes=4 --ntasks-per-node=1 --kill-on-bad-exit=0 --export=ALL --cpus-per-task=48 --mpi=pmi2)
-TREB_SRUN_HOOK=(--nodes=4 --ntasks-per-node=1 --kill-on-bad-exit=0 --export=ALL)
+TREB_SRUN=(--nodes=4 --ntasks=4 --ntasks-per-node=1 --kill-on-bad-exit=0 --export=ALL --cpus-per-task=48 --mpi=pmi2)
+TREB_SRUN_HOOK=(--nodes=4 --ntasks=4 --ntasks-per-node=1 --kill-on-bad-exit=0 --export=ALL)
 
 # ---- trebuchet runtime (static text)
 # The wrapper every task runs (srun ... bash -c "$TREB_TASK_SH" treb-task MODE CMD...)

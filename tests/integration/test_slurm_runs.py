@@ -241,3 +241,34 @@ def test_logs_follow_and_status_while_running(streb, tmp_path: Path) -> None:
     assert status(streb, rid)["state"] == "SUCCEEDED"
     one = streb("logs", rid, "--rank", "2")
     assert one.stdout == "2 says 1\n2 says 2\n2 says 3\n"
+
+
+def test_pre_and_post_once_per_node(streb, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, """\
+name: hooks
+command: 'echo "rank $RANK"'
+nodes: 2
+procs_per_node: 2
+pre: 'echo "pre on $(hostname) node $NODE_RANK"'
+post: 'echo "post on $(hostname)"; [ "$NODE_RANK" = 0 ]'
+""")  # fmt: skip
+    res = streb("run", str(spec), "--on", "slurm", timeout=120)
+    assert res.returncode == 1, res.stderr  # the post command failed on node 1
+    st = status(streb)
+    adir = Path(st["run_dir"]) / "attempt-0"
+    assert (adir / "pre-node-0.log").read_text() == "pre on tn1 node 0\n"
+    assert (adir / "pre-node-1.log").read_text() == "pre on tn2 node 1\n"
+    assert (adir / "post-node-1.log").read_text() == "post on tn2\n"
+    assert st["state"] == "FAILED" and st["attempts"][0]["reason"] == "post"
+    assert all(p["exit_code"] == 0 for p in st["procs"]) and len(st["procs"]) == 4
+
+
+def test_cancel_a_pending_job(streb, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "name: later\ncommand: 'true'\n"
+                                "slurm: {sbatch_args: ['--begin=now+600']}\n")  # fmt: skip
+    rid = streb("run", str(spec), "--on", "slurm", "--detach").stdout.strip()
+    assert status(streb, rid)["state"] == "PENDING"
+    res = streb("cancel", rid)
+    assert res.returncode == 0 and "CANCELLED" in res.stdout, res.stderr
+    st = status(streb, rid)
+    assert st["attempts"][0]["reason"] == "cancelled (treb cancel) before the job started"

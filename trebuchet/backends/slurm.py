@@ -185,6 +185,9 @@ class SlurmBackend:
     ) -> None:
         """The job has ended (or vanished): its final state, root cause and exit code."""
         state, reason = st.final_state(files, queue.get(str(rec.backend_id)), str(rec.backend_id))
+        marker = Path(rec.run_dir) / "cancel-requested"
+        if state == CANCELLED and files.result is None and marker.exists():
+            reason = "cancelled (treb cancel) before the job started"
         last = files.last_attempt
         now = time.time()
         ff = None
@@ -217,6 +220,7 @@ class SlurmBackend:
         self.cancel_signal = None
         cancelled_at: float | None = None
         presses = 0
+        shown = ""
 
         def on_signal(signum: int, _frame: object) -> None:
             nonlocal presses
@@ -237,6 +241,11 @@ class SlurmBackend:
                     next_poll = now + POLL_S
                     self.refresh(store, [rec])
                     rec = store.get(rec.id) or rec
+                    if rec.state != shown and rec.state not in TERMINAL:
+                        shown = rec.state
+                        print(f"treb: Slurm job {rec.backend_id} {shown.lower()}"
+                              f"{f' (attempt {rec.attempt})' if rec.attempt else ''}",
+                              file=sys.stderr)  # fmt: skip
                     for label, name in streams(rec):
                         follower.add(label, run_dir / f"attempt-{rec.attempt}" / name)
                 follower.pump()

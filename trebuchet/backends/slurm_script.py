@@ -176,8 +176,9 @@ def sbatch_lines(spec: Any, run_dir: Path) -> list[str]:
 def srun_args(spec: Any, run_dir: Path, workdir: Path, per_node: bool = False) -> list[str]:
     """srun flags of one step: the ranks (or, per_node, one task per node for pre/post)."""
     ntasks = 1 if per_node else tasks_per_node(spec)
-    args = [f"--nodes={spec.nodes}", f"--ntasks-per-node={ntasks}", "--kill-on-bad-exit=0",
-            "--export=ALL"]  # fmt: skip
+    # --ntasks too: the step would otherwise take the job's SLURM_NTASKS from the batch env.
+    args = [f"--nodes={spec.nodes}", f"--ntasks={spec.nodes * ntasks}",
+            f"--ntasks-per-node={ntasks}", "--kill-on-bad-exit=0", "--export=ALL"]  # fmt: skip
     cpus = cpus_per_task(spec)
     if cpus and not per_node:
         args.append(f"--cpus-per-task={cpus}")  # 22.05's srun no longer inherits it
