@@ -272,3 +272,20 @@ def test_cancel_a_pending_job(streb, tmp_path: Path) -> None:
     assert res.returncode == 0 and "CANCELLED" in res.stdout, res.stderr
     st = status(streb, rid)
     assert st["attempts"][0]["reason"] == "cancelled (treb cancel) before the job started"
+
+
+def test_requeue_by_slurm_counts_as_an_attempt(streb, tmp_path: Path) -> None:
+    """What a preemption (or a node failure with requeue) looks like: Slurm ends the
+    running job and starts it again; the next attempt runs, the first is recorded."""
+    spec = write_spec(tmp_path, "name: preempted\ncommand: 'if [ \"$TREB_ATTEMPT\" = 0 ]; then "
+                                "sleep 120; fi; echo done'\nretries: 1\n")  # fmt: skip
+    rid = streb("run", str(spec), "--on", "slurm", "--detach").stdout.strip()
+    st = wait_for(streb, rid, {"RUNNING"}, timeout=60)
+    wait_ranks_running(st["run_dir"], 1)
+    assert slurm("scontrol", "requeue", st["backend_id"]).returncode == 0
+    wait_for(streb, rid, {"RETRYING"}, timeout=60)
+    assert slurm("scontrol", "update", f"JobId={st['backend_id']}", "StartTime=now").returncode == 0
+    st = wait_for(streb, rid, {"SUCCEEDED", "FAILED", "LOST"}, timeout=120)
+    assert st["state"] == "SUCCEEDED" and st["attempt"] == 1, st
+    first = st["attempts"][0]
+    assert first["state"] == "FAILED" and first["reason"].startswith("requeued by Slurm")

@@ -281,11 +281,14 @@ MAIN = r"""# The attempt to run: the next one after those already in the run dir
 while [ -d "$TREB_RUN_DIR/attempt-$treb_attempt" ]; do treb_attempt=$((treb_attempt + 1)); done
 if [ "$treb_attempt" -gt 0 ]; then
     treb_adir=$TREB_RUN_DIR/attempt-$((treb_attempt - 1))
-    if grep -q '"state": "RUNNING"' "$treb_adir/attempt.json" 2>/dev/null; then
+    # Ended while running (no record, or the guess of the SIGTERM trap): this restart
+    # shows that Slurm requeued the job.
+    if grep -q -e '"state": "RUNNING"' -e '"source": "signal"' "$treb_adir/attempt.json" \
+        2>/dev/null; then
         treb_attempt=$((treb_attempt - 1))
         treb_t0=$(sed -n 's/.*"started_at": \([0-9.]*\).*/\1/p' "$treb_adir/attempt.json")
-        treb_attempt_json FAILED "ended without a record: requeued by Slurm (node failure \
-or preemption)" "$(treb_now)" batch
+        treb_attempt_json FAILED "requeued by Slurm (preemption, node failure or scontrol \
+requeue)" "$(treb_now)" batch
         treb_attempt=$((treb_attempt + 1))
     fi
     rm -f "$TREB_RUN_DIR/result.json" "$TREB_RUN_DIR/cancel-requested"
