@@ -59,12 +59,15 @@ def test_digits_ddp_on_two_nodes(launcher: str, streb) -> None:
     assert len(st["procs"]) == (4 if launcher == "native" else 6)
 
 
-@pytest.mark.parametrize("launcher", ["native", "none", "torchrun"])
+@pytest.mark.parametrize("launcher", ["native", "none", "torchrun", "native-pmix"])
 def test_hello_contract_on_slurm(launcher: str, streb) -> None:
     """The example that checks every variable of the per-rank contract, over TCP."""
     if launcher == "torchrun":
         needs("torch")
-    res = streb("run", str(HELLO), "--on", "slurm", "-o", f"launcher={launcher}", timeout=300)
+    extra = ["-o", "slurm.mpi=pmix"] if launcher.endswith("-pmix") else []
+    launcher = launcher.removesuffix("-pmix")
+    res = streb("run", str(HELLO), "--on", "slurm", "-o", f"launcher={launcher}", *extra,
+                timeout=300)  # fmt: skip
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "CONTRACT FAIL" not in res.stdout + res.stderr
     assert f"all {2 if launcher == 'none' else 4} ranks said hello" in res.stdout
