@@ -198,3 +198,11 @@ def test_ps_with_slurm_runs_stays_light(treb_home: Path, fake_slurm: Path) -> No
                          env={**os.environ}, check=True)  # fmt: skip
     assert res.stdout.strip().splitlines()[-1] == "[]"
     assert "RUNNING" in res.stdout and len(calls(fake_slurm)) == 1
+
+
+def test_cancel_before_sbatch_needs_no_slurm(treb_home: Path, fake_slurm: Path) -> None:
+    store = Store()
+    add_run(store, treb_home, "nojob", "")
+    store.update_run("nojob", backend_id=None, state="PENDING")
+    SlurmBackend().cancel(store, store.get("nojob"))
+    assert store.get("nojob").state == "CANCELLED" and calls(fake_slurm) == []

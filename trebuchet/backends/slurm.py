@@ -281,6 +281,9 @@ class SlurmBackend:
 
     def cancel(self, store: Store, run: RunRecord) -> None:
         self._scancel(run)
+        if not run.backend_id:  # never reached sbatch: nothing runs anywhere
+            store.update_run(run.id, only_if_active=True, state=CANCELLED, ended_at=time.time())
+            return
         deadline = time.time() + float(os.environ.get("TREB_SLURM_CANCEL_WAIT_S", "60"))
         while time.time() < deadline:
             self.refresh(store, [run])
