@@ -122,18 +122,31 @@ HANG_AT_INIT = (
 
 
 def test_rank_that_never_joins_init_is_named(treb, tmp_path: Path) -> None:
+    # Rank 1 of 2 never calls init_process_group: rank 0, which hosts the store, times out
+    # waiting for it and is the launcher's first failure; the silent rank is the cause.
     needs("torch")
-    spec = f"command: [{PY}, job.py]\nprocs_per_node: 4\nenv: {{HANG: '2'}}\n"
+    spec = f"command: [{PY}, job.py]\nprocs_per_node: 2\nenv: {{HANG: '1'}}\n"
     res = run(treb, tmp_path, spec, HANG_AT_INIT)
     assert res.returncode == 1
-    st = status_json(treb)
-    assert st["first_failure"]["rank"] != 2  # the launcher saw a victim fail first
+    assert status_json(treb)["first_failure"]["rank"] == 0  # the launcher saw the victim
     data = diagnose(treb)
     root = data["root_cause"]
-    assert (root["category"], root["rank"]) == ("collective_timeout", 2), root
-    assert "rank 2 never joined" in root["summary"]
+    assert (root["category"], root["rank"]) == ("collective_timeout", 1), root
+    assert "rank 1 never joined" in root["summary"]
     assert any("loading a huge shard" in e for e in root["evidence"])
-    assert role(data, 2) == "root_cause"
+    assert role(data, 1) == "root_cause"
+    assert "treb: cause: collective_timeout on rank 1" in res.stderr
+
+
+def test_rank_0_that_never_hosts_the_rendezvous_is_named(treb, tmp_path: Path) -> None:
+    # Rank 0 of 4 never starts the store: the others' "client socket has timed out while
+    # trying to connect" names the rendezvous host.
+    needs("torch")
+    spec = f"command: [{PY}, job.py]\nprocs_per_node: 4\nenv: {{HANG: '0'}}\n"
+    run(treb, tmp_path, spec, HANG_AT_INIT)
+    root = diagnose(treb)["root_cause"]
+    assert (root["category"], root["rank"]) == ("collective_timeout", 0), root
+    assert "rank 0 never joined" in root["summary"]
 
 
 def test_rank_that_hangs_before_a_collective_is_named(treb, tmp_path: Path) -> None:

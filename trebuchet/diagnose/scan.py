@@ -1,9 +1,9 @@
 """Read a log from its end and keep only the lines that can explain a failure.
 
 A failing job's story is at the end of each log: the first real error and the cascade it
-set off. So a log is read backwards in chunks until the earliest error-looking line has a
-stretch of quiet output before it (or the file starts, or MAX_BYTES were read): a 2 GB
-directory of 256 rank logs costs a few hundred kilobytes per file, not 2 GB.
+set off. So a log is read backwards in chunks (64 kB, then doubling) until the earliest
+error-looking line has a stretch of quiet output before it (or the file starts, or
+MAX_BYTES were read): a 2 GB directory of 256 rank logs costs tens of kilobytes per file.
 
 Candidate lines are found with bytes.find on a lowercased chunk (C speed), never with a
 regular expression over the whole text; only those lines are decoded and classified.
@@ -19,8 +19,8 @@ from pathlib import Path
 from trebuchet.diagnose import catalog
 from trebuchet.diagnose.lines import parse
 
-CHUNK = 256 << 10
-QUIET = 64 << 10  # this much output without an error before the first one: episode found
+CHUNK = 64 << 10
+QUIET = 16 << 10  # this much output without an error before the first one: episode found
 MAX_BYTES = 128 << 20  # per file; a log bigger than this is read only this far back
 
 KEYWORDS = (
@@ -50,18 +50,23 @@ class Scan:
         return self.start == 0
 
 
-def _line_starts(low: bytes) -> list[int]:
-    """Offsets of the lines holding a keyword or inside a block, sorted."""
+def _keyword_starts(low: bytes) -> set[int]:
+    """Offsets of the lines holding a keyword (lines cut at the chunk's start start at 0)."""
     starts: set[int] = set()
     for kw in KEYWORDS:
         i = low.find(kw)
         while i >= 0:
-            s = low.rfind(b"\n", 0, i) + 1
-            starts.add(s)
+            starts.add(low.rfind(b"\n", 0, i) + 1)
             e = low.find(b"\n", i)
             if e < 0:
                 break
             i = low.find(kw, e)
+    return starts
+
+
+def _block_starts(low: bytes) -> set[int]:
+    """Offsets of the lines that follow a traceback or torchrun report header."""
+    starts: set[int] = set()
     for header, count in BLOCKS:
         i = low.find(header)
         while i >= 0:
@@ -72,24 +77,18 @@ def _line_starts(low: bytes) -> list[int]:
                 if e <= 0 or e >= len(low):
                     break
             i = low.find(header, i + len(header))
-    return sorted(starts)
+    return starts
 
 
-def _extract(buf: bytes, starts: list[int]) -> list[str]:
-    out = []
-    for s in starts:
-        e = buf.find(b"\n", s)
-        out.append(buf[s : e if e >= 0 else len(buf)].decode(errors="replace").rstrip("\r"))
-    return out
+def _line(buf: bytes, start: int) -> str:
+    e = buf.find(b"\n", start)
+    return buf[start : e if e >= 0 else len(buf)].decode(errors="replace").rstrip("\r")
 
 
-def _first_error(buf: bytes) -> int | None:
-    """Offset of the earliest error-looking line in buf, or None."""
-    low = buf.lower()
-    for s in _line_starts(low):
-        e = buf.find(b"\n", s)
-        text = buf[s : e if e >= 0 else len(buf)].decode(errors="replace")
-        if catalog.errorish(parse(text).text):
+def _first_error(data: bytes, starts: set[int]) -> int | None:
+    """Offset of the earliest error-looking line among the chunk's keyword lines."""
+    for s in sorted(starts):
+        if catalog.errorish(parse(_line(data, s)).text):
             return s
     return None
 
@@ -103,15 +102,18 @@ def scan(path: Path, chunk: int = CHUNK, max_bytes: int = MAX_BYTES) -> Scan:
     with fh:
         size = os.fstat(fh.fileno()).st_size
         pos = size
-        buf = b""
+        parts: list[bytes] = []
+        found: set[int] = set()  # absolute offsets of keyword lines (or of a chunk's start)
         first: int | None = None  # absolute offset of the earliest error line seen
         while pos > 0:
             step = min(chunk, pos)
             pos -= step
             fh.seek(pos)
             data = fh.read(step)
-            buf = data + buf
-            off = _first_error(data)
+            parts.append(data)
+            starts = _keyword_starts(data.lower())
+            found.update(pos + s for s in starts)
+            off = _first_error(data, starts)
             if off is not None:
                 first = pos + off
             if pos == 0 or size - pos >= max_bytes:
@@ -119,11 +121,11 @@ def scan(path: Path, chunk: int = CHUNK, max_bytes: int = MAX_BYTES) -> Scan:
             if first is None or first - pos >= QUIET:
                 break  # no error at the end, or a quiet stretch before the first one
             chunk = min(chunk * 2, 8 << 20)
-        if pos > 0:  # drop the partial first line
-            cut = buf.find(b"\n") + 1
-            buf = buf[cut:]
-            pos += cut
-    lines = _extract(buf, _line_starts(buf.lower()))
-    tail = buf[-4096:].decode(errors="replace").splitlines()
-    last = [ln for ln in tail[1:] if ln.strip()][-5:] if len(buf) > 4096 else tail[-5:]
-    return Scan(Path(path), size, pos, lines, [ln for ln in last if ln.strip()])
+    buf = b"".join(reversed(parts))
+    cut = buf.find(b"\n") + 1 if pos > 0 else 0  # drop the partial first line
+    starts = {buf.rfind(b"\n", 0, a - pos) + 1 for a in found if a - pos >= cut}
+    starts |= {s for s in _block_starts(buf.lower()) if s >= cut}
+    lines = [_line(buf, s) for s in sorted(starts)]
+    tail = buf[max(cut, len(buf) - 4096) :].decode(errors="replace").splitlines()
+    last = [ln for ln in (tail[1:] if len(buf) - cut > 4096 else tail) if ln.strip()][-5:]
+    return Scan(Path(path), size, pos + cut, lines, last)
