@@ -134,3 +134,19 @@ def test_time_limit(time_limited) -> None:
     data = diagnose(log)
     assert data["root_cause"]["category"] == "time_limit"
     assert {r["role"] for r in data["ranks"]} == {"stopped"}
+
+
+def test_a_failed_run_on_the_slurm_backend(slurm_env, treb, tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(
+        "import os, time\ndef step(b):\n    raise ValueError(f'bad batch {b}')\n"
+        "if os.environ['RANK'] == '2':\n    time.sleep(0.5)\n    step(17)\ntime.sleep(120)\n"
+    )
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"command: [{PY}, job.py]\nnodes: 2\nprocs_per_node: 2\n")
+    res = treb("run", str(spec), "--on", "slurm", env={"SLURM_CONF": slurm_env["SLURM_CONF"]},
+               timeout=300)  # fmt: skip
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert "treb: cause: python_exception on rank 2 (node tn2)" in res.stderr
+    out = treb("diagnose", "--json", env={"SLURM_CONF": slurm_env["SLURM_CONF"]})
+    root = json.loads(out.stdout)["root_cause"]
+    assert (root["category"], root["rank"], root["node"]) == ("python_exception", 2, "tn2")

@@ -452,8 +452,9 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
                 continue
             log = adir / f"{name}.log"
             lines, last = _scan_lines(log, srun_labels=False)
+            node = o.get("host") or (None if o.get("node") is None else str(o["node"]))
             units.append(Unit(
-                rank=o.get("rank"), node=None if o.get("node") is None else str(o["node"]),
+                rank=o.get("rank"), node=node,
                 local_rank=o.get("local_rank"), exit_code=o.get("exit_code"),
                 signal=o.get("signal"), ended_at=o.get("ended_at"),
                 stopped_by_launcher=bool(o.get("stopped_by_launcher")), log=str(log),
@@ -464,7 +465,8 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
     if ff:
         for i, u in enumerate(units):
             same_rank = ff.get("rank") is not None and u.rank == ff.get("rank")
-            same_agent = ff.get("rank") is None and u.rank is None and u.node == str(ff.get("node"))
+            same_agent = ff.get("rank") is None and u.rank is None and u.node in (
+                str(ff.get("node")), ff.get("host"))  # fmt: skip
             if same_rank or same_agent:
                 case.first_failure = i
                 u.order = 0
