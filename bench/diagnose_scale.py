@@ -7,7 +7,9 @@ memory; ten minutes later every other rank reports an NCCL watchdog timeout and 
 and is SIGTERMed in the cascade. Then times `treb diagnose DIR --json` twice: with the logs
 dropped from the page cache (posix_fadvise DONTNEED after fsync: read from disk) and with
 them cached. The diagnosis must name rank 137 and gpu_oom.
-Usage: python bench/diagnose_scale.py [--ranks 256] [--size-mb 8] [--dir D] [--keep]
+--layout merged writes one console log of the same size instead (every line `[rankN]:`).
+Usage: python bench/diagnose_scale.py [--ranks 256] [--size-mb 8] [--layout per-rank|merged]
+       [--dir D] [--keep]
 """
 
 from __future__ import annotations
@@ -121,6 +123,28 @@ def write_logs(root: Path, ranks: int, size: int) -> int:
     return total
 
 
+def write_merged(root: Path, ranks: int, size: int) -> int:
+    """One console log of the whole job (as srun or torchrun --tee writes it): every line
+    tagged `[rankN]:`, the same incident at its end."""
+    path = root / "job.log"
+    blocks = [noise_block(r, 64 << 10) for r in range(ranks)]
+    tagged = [b"".join(f"[rank{r}]: ".encode() + ln + b"\n" for ln in blk.splitlines())
+              for r, blk in enumerate(blocks)]  # fmt: skip
+    oom = "".join(f"[rank{root_rank(ranks)}]: {ln}\n"
+                  for ln in oom_tail(root_rank(ranks)).splitlines()).encode()  # fmt: skip
+    victims = "".join(victim_tail(r) for r in range(ranks) if r != root_rank(ranks)).encode()
+    with open(path, "wb") as fh:
+        written, i = 0, 0
+        while written < size * ranks - len(oom) - len(victims):
+            fh.write(tagged[i % ranks])
+            written += len(tagged[i % ranks])
+            i += 1
+        fh.write(oom + victims)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return path.stat().st_size
+
+
 def drop_cache(root: Path) -> None:
     for p in root.iterdir():
         fd = os.open(p, os.O_RDONLY)
@@ -146,20 +170,27 @@ def main() -> None:
     ap.add_argument("--size-mb", type=float, default=8.0, help="per rank log (8 x 256 = 2 GiB)")
     ap.add_argument("--dir", help="parent directory for the logs (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="leave the logs behind")
+    ap.add_argument("--layout", choices=["per-rank", "merged"], default="per-rank",
+                    help="a directory of rank logs, or one console log as big")  # fmt: skip
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="treb-diag-", dir=args.dir))
     try:
         t0 = time.perf_counter()
-        total = write_logs(root, args.ranks, int(args.size_mb * (1 << 20)))
-        print(f"wrote {args.ranks} logs, {total / (1 << 30):.2f} GiB, in "
+        size = int(args.size_mb * (1 << 20))
+        merged = args.layout == "merged"
+        write = write_merged if merged else write_logs
+        total = write(root, args.ranks, size)
+        what = f"1 console log of {args.ranks} ranks" if merged else f"{args.ranks} rank logs"
+        print(f"wrote {what}, {total / (1 << 30):.2f} GiB, in "
               f"{time.perf_counter() - t0:.1f}s ({root})")  # fmt: skip
         drop_cache(root)
-        cold, data = diagnose(root)
-        warm, _ = diagnose(root)
+        target = root / "job.log" if merged else root
+        cold, data = diagnose(target)
+        warm, _ = diagnose(target)
         root_cause = data["root_cause"]
         ok = (root_cause["category"], root_cause["rank"]) == ("gpu_oom", root_rank(args.ranks))
         print(f"machine: {machine()}")
-        print(f"treb diagnose {args.ranks} rank logs ({total / (1 << 30):.2f} GiB): "
+        print(f"treb diagnose {what} ({total / (1 << 30):.2f} GiB): "
               f"{cold:.2f}s from disk (page cache dropped), {warm:.2f}s cached")  # fmt: skip
         print(f"root cause: {root_cause['category']} on rank {root_cause['rank']}: "
               f"{root_cause['summary'][:120]}")  # fmt: skip

@@ -22,6 +22,7 @@ cascade and never the root cause.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ from trebuchet.diagnose.classify import Finding, Hit, classify
 from trebuchet.diagnose.sources import Case, Unit
 
 NO_TS = float("inf")
+LOOPBACK = re.compile(r"\b127\.\d+\.\d+\.\d+|\[::1\]")
 
 
 @dataclass
@@ -140,6 +142,9 @@ def _hit_diag(u: Unit | None, hit: Hit) -> Diagnosis:
     if category in ("port_in_use", "network_unreachable"):
         if u is not None and (u.rank is not None or u.node is not None):
             summary = f"{_who(u)}: {summary}"
+        if category == "network_unreachable" and LOOPBACK.search(hit.summary):
+            why = "ranks connect to a loopback address across hosts (a rank advertised "
+            summary = why + "127.0.0.1: wrong interface or a hostname resolving to it); " + summary
         rank = None  # a port held by someone else or a wrong interface: no rank is the cause
     return Diagnosis(category, summary, rank, node, list(hit.evidence), hit.frame,
                      u.log if u else None)  # fmt: skip
@@ -232,6 +237,15 @@ def _timeout_diag(case: Case, timed: list[tuple[Unit | None, Hit]]) -> tuple[Dia
 
 
 def decide(case: Case) -> Diagnosis:
+    d = _decide(case)
+    if d.category == "network_unreachable":  # what the logs say about interfaces
+        hints = [ln.raw for u in case.units for ln in u.lines if "IFNAME" in ln.text]
+        hints += [ln.raw for ln in case.unattributed if "IFNAME" in ln.text]
+        d.evidence += [h for h in dict.fromkeys(hints) if h not in d.evidence][:2]
+    return d
+
+
+def _decide(case: Case) -> Diagnosis:
     for u in case.units:
         if u.finding is None:
             u.finding = classify(u.lines, case.multi_host)
