@@ -95,6 +95,10 @@ def launch(
         loaded = load_spec(data=spec_or_path, overrides=[*overrides, *extra])
     else:
         loaded = load_spec(spec_or_path, overrides=[*overrides, *extra])
+    if loaded.spec.sweep:
+        raise UserError(
+            f"{loaded.where('sweep')}: sweep: launch() starts one run; use `treb run` for sweeps"
+        )
     backend = get_backend(on)
     if check:
         from trebuchet.preflight import enforce

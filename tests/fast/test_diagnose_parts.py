@@ -79,3 +79,14 @@ def test_diagnose_is_imported_only_by_its_verbs(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
                          check=True)  # fmt: skip
     assert json.loads(res.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_log_without_a_failure_has_no_root_cause(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("epoch 1 loss 0.5\nepoch 2 loss 0.4\n")
+    res = subprocess.run([sys.executable, "-m", "trebuchet", "diagnose", str(log), "--json"],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert json.loads(res.stdout)["root_cause"] is None
+    res = subprocess.run([sys.executable, "-m", "trebuchet", "diagnose", "missing/file.log"],
+                         capture_output=True, text=True, env={**os.environ, "TREB_HOME": str(tmp_path)})  # fmt: skip
+    assert res.returncode == 2 and "no such file or directory" in res.stderr

@@ -130,7 +130,7 @@ def test_render_splits_fake_gpus_over_simulated_nodes(
     assert out.count("CUDA_VISIBLE_DEVICES=0,1") == 2 and out.count("CUDA_VISIBLE_DEVICES=2,3") == 2
     assert out.count("TREB_NGPUS=2") == 4
     code, _, err = _render(tmp_path, "command: x\nnodes: 2\ngpus_per_node: 3\n", capsys)
-    assert code == 2 and "job.yaml:3: gpus_per_node: gpus_per_node: 3 x 2 node(s) needs 6" in err
+    assert code == 2 and "job.yaml:3: gpus_per_node: 3 x 2 node(s) needs 6" in err
 
 
 def test_render_minus_one_uses_the_existing_mask(tmp_path, treb_home, capsys, monkeypatch) -> None:

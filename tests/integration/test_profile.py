@@ -48,7 +48,9 @@ def test_nsys_wraps_every_rank(launcher, ranks, treb, fake_nsys, tmp_path: Path)
     run_dir = Path(status_json(treb)["run_dir"])
     assert f"profiles (nsys) in {run_dir / 'profile'}" in res.stderr
     reports = sorted(p.name for p in (run_dir / "profile" / "attempt-0").iterdir())
-    assert reports == sorted(f"rank-{r}.nsys-rep" for r in ranks)
+    # under launcher none the reports are node-<n>: one process per node
+    names = [f"node-{r[4:]}" if str(r).startswith("node") else f"rank-{r}" for r in ranks]
+    assert reports == sorted(f"{n}.nsys-rep" for n in names)
 
 
 def test_profile_ranks_selects_ranks(treb, fake_nsys, tmp_path: Path) -> None:

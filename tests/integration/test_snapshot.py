@@ -85,7 +85,7 @@ def test_size_limit_and_running_in_place(treb, treb_home: Path, tmp_path: Path) 
     (tmp_path / "blob.bin").write_bytes(b"\0" * (3 << 20))
     spec = write_spec(tmp_path, "command: pwd\nsnapshot_max_size: 1MB\n")
     res = treb("run", str(spec))
-    assert res.returncode == 2 and "over the 1 MB limit (largest: blob.bin" in res.stderr
+    assert res.returncode == 2 and "over the 1.0 MB limit (largest: blob.bin" in res.stderr
     assert not (treb_home / "runs").exists() or not list((treb_home / "runs").iterdir())
     res = treb("run", str(spec), "-o", "snapshot=false")
     assert res.returncode == 0 and res.stdout.strip().endswith(str(tmp_path))

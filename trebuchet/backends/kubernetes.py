@@ -68,7 +68,7 @@ class KubernetesBackend:
         name = k8s_name(spec.name)
         ns = spec.kubernetes.namespace
         image = spec.kubernetes.image or spec.environment.image  # type: ignore[union-attr]
-        port = spec.master_port or DEFAULT_PORT
+        port = spec.fixed_port or DEFAULT_PORT
         labels = {LABEL: name, "trebuchet.dev/run-id": k8s_name(run_id)}
         meta: dict[str, Any] = {"name": name, "labels": labels}
         if ns:
@@ -89,6 +89,8 @@ class KubernetesBackend:
             for s in spec.secrets
         ]
         for key, value in spec.env.items():
+            if key in ("MASTER_PORT", "MASTER_ADDR"):
+                continue  # set below, once
             if any(m.group(1) in spec.secrets for m in SECRET_REF.finditer(value)):
                 continue  # exported by the pod script, where the secret is resolved
             env.append({"name": key, "value": value.replace("$(", "$$(")})

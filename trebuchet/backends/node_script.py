@@ -40,9 +40,10 @@ def env_with_secrets(value: str, secrets: list[str]) -> str:
 
 def check_common(spec: Any, source: str, engine: str) -> None:
     """What neither SkyPilot nor Kubernetes rendering can express."""
-    if spec.launcher == "mpirun":
+    if spec.launcher in ("mpirun", "horovod"):
         raise UserError(
-            f"{source}: launcher: mpirun is not rendered for {engine}; use native, torchrun or none"
+            f"{source}: launcher: {spec.launcher} is not rendered for {engine}; "
+            "use native, torchrun or none"
         )
     if spec.profile != "none":
         raise UserError(

@@ -104,7 +104,7 @@ class SkyPilotBackend:
         setup, activate = _setup(loaded)
         if setup:
             task["setup"] = setup
-        port = spec.master_port or DEFAULT_PORT
+        port = spec.fixed_port or DEFAULT_PORT
         head = [
             'export NODE_RANK="$SKYPILOT_NODE_RANK" NUM_NODES="$SKYPILOT_NUM_NODES"',
             f'export MASTER_ADDR="$(echo "$SKYPILOT_NODE_IPS" | head -n1)" MASTER_PORT={port}',

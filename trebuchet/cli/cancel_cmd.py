@@ -11,7 +11,7 @@ from trebuchet.store.db import Store
 
 def main(args: argparse.Namespace) -> int:
     store = Store()
-    members = store.sweep_runs(args.run)
+    members = [] if store.matches_run(args.run) else store.sweep_runs(args.run)
     if members:  # pending points are cancelled first, so the driver starts no more of them
         for r in members:
             if r.state == "PENDING" and not r.supervisor_pid:

@@ -54,8 +54,13 @@ def describe_failure(ff: dict | None) -> str:
     """'rank 1 (node 0, local 1) exited with code 3' and the like."""
     if not ff:
         return "-"
+    label = str(ff.get("label") or "")
+    if label == "environment":
+        return f"the environment build failed: {ff.get('message', '')}".rstrip(": ")
     if ff.get("rank") is not None:
         who = f"rank {ff['rank']} (node {ff['node']}, local rank {ff['local_rank']})"
+    elif label.startswith(("pre:", "post:")):
+        who = f"the {label.split(':')[0]} command on node {ff['node']}"
     else:
         who = f"node {ff['node']} process"
     if ff.get("host"):  # engines with real nodes (slurm) record where the process ran

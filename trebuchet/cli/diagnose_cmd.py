@@ -33,7 +33,12 @@ def main(args: argparse.Namespace) -> int:
         from trebuchet.store.db import Store
 
         store = Store()
-        rec = store.resolve(targets[0] if targets else None)
+        try:
+            rec = store.resolve(targets[0] if targets else None)
+        except UserError:
+            if targets and ("/" in targets[0] or "." in targets[0]):
+                raise UserError(f"no such file or directory: {targets[0]}") from None
+            raise
         refresh(store, [rec])
         rec = store.get(rec.id) or rec
         d = report.diagnose_record(store, rec)

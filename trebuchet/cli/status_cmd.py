@@ -14,7 +14,7 @@ from trebuchet.store.db import Store
 
 def main(args: argparse.Namespace) -> int:
     store = Store()
-    members = store.sweep_runs(args.run) if args.run else []
+    members = store.sweep_runs(args.run) if args.run and not store.matches_run(args.run) else []
     if members:
         return sweep_status(store, members, args.json)
     rec = store.resolve(args.run)

@@ -340,8 +340,11 @@ def _decide(case: Case) -> Diagnosis:
     if u is None and case.units and not any_failed:
         u = next((x for x in case.units if x.finding and x.finding.errors), None)
     if u is None:
-        d = Diagnosis("unknown", "no failure found in what was read", evidence=[
-            ln.raw for ln in loose.errors[-5:]])  # fmt: skip
+        errors = [ln.raw for ln in loose.errors[-5:]]
+        if not errors and not case.run:  # logs that show no failure at all
+            d = Diagnosis(None, f"no failure found in {case.source}")
+        else:
+            d = Diagnosis("unknown", "no failure found in what was read", evidence=errors)
         _finish(d, case, None)
         return d
     if u.exit_code in (126, 127):

@@ -74,7 +74,11 @@ def text(d: Diagnosis) -> str:
     roles: dict[str, list[str]] = {}
     for u in d.units:
         role = d.roles.get(id(u), "unknown")
-        name = str(u.rank) if u.rank is not None else (u.label or f"node {u.node}")
+        name = (
+            str(u.rank)
+            if u.rank is not None
+            else (u.label or (f"node {u.node}" if u.node is not None else Path(u.log or "?").name))
+        )
         detail = ""
         if u.failed:
             detail = f" ({catalog.exit_meaning(u.exit_code, u.signal).split(':')[0]})"

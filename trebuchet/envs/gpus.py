@@ -73,7 +73,7 @@ def node_masks(
         return [pool[i * per : (i + 1) * per] for i in range(nodes)]
     if requested * nodes > len(pool):
         raise GpuError(
-            f"gpus_per_node: {requested} x {nodes} node(s) needs {requested * nodes} GPU(s); "
+            f"{requested} x {nodes} node(s) needs {requested * nodes} GPU(s); "
             f"{len(pool)} {where} on this machine"
         )
     return [pool[i * requested : (i + 1) * requested] for i in range(nodes)]

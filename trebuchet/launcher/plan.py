@@ -27,16 +27,19 @@ MPI_RANK_WRAPPER = (
     "WORLD_SIZE=${OMPI_COMM_WORLD_SIZE:-${HOROVOD_SIZE:-$PMI_SIZE}}; "
     "export LOCAL_RANK=$((RANK % LOCAL_WORLD_SIZE)) NODE_RANK=$((RANK / LOCAL_WORLD_SIZE)); "
     "export GROUP_RANK=$NODE_RANK; "
+    'if [ -n "$TREB_NODE_GPUS" ]; then IFS=";" read -r -a _m <<< "$TREB_NODE_GPUS"; '
+    "for v in CUDA_VISIBLE_DEVICES HIP_VISIBLE_DEVICES ROCR_VISIBLE_DEVICES; do "
+    '[ -n "${!v+x}" ] && export "$v=${_m[$NODE_RANK]}"; done; fi; '
     'exec >>"$TREB_RUN_DIR/attempt-$TREB_ATTEMPT/rank-$RANK.log" 2>&1; exec "$@"'
 )
 HOROVOD_TIMEOUT_S = 120
 
 # profile: nsys wraps each selected rank (RANK is known inside the rank, under any launcher).
 NSYS_OPTIONS = "--trace=cuda,nvtx,osrt,cudnn,cublas --sample=none --force-overwrite=true"
-NSYS_WRAPPER = (
-    'r="${RANK:-node$NODE_RANK}"; '
+NSYS_WRAPPER = (  # under launcher none, profile_ranks are node ranks (reports node-<n>)
+    'r="${RANK:-$NODE_RANK}"; n="${RANK:+rank-$RANK}"; n="${n:-node-$NODE_RANK}"; '
     'case " ${TREB_PROFILE_RANKS:-$r} " in *" $r "*) '
-    'out="$TREB_RUN_DIR/profile/attempt-$TREB_ATTEMPT/rank-$r"; mkdir -p "${out%/*}"; '
+    'out="$TREB_RUN_DIR/profile/attempt-$TREB_ATTEMPT/$n"; mkdir -p "${out%/*}"; '
     f'exec nsys profile {NSYS_OPTIONS} -o "$out" "$@";; '
     'esac; exec "$@"'
 )
@@ -158,7 +161,6 @@ def local_plan(
         base["TREB_PROFILE_RANKS"] = " ".join(str(r) for r in spec.profile_ranks)
     if spec.profile == "torch":  # the workload turns torch.profiler on when it sees this
         base["TREB_TORCH_PROFILE_DIR"] = str(run_dir / "profile" / "torch")
-    base.update(spec.env)
     cmd = profiled(spec, command_argv(spec.command))
     mounts = [f"{workdir}:{workdir}", f"{run_dir}:{run_dir}"]
     secret_names = list(spec.secrets)
@@ -172,9 +174,10 @@ def local_plan(
     streams: list[list[str]] = []
     hooks: list[dict[str, Any]] = []
     for node in range(nodes):
+        # What the spec's env sets wins over what trebuchet derives (GPU masks included).
         node_env = {
             **base, "NODE_RANK": str(node), "GROUP_RANK": str(node),
-            **gpu_env(place.vendor, place.node_gpus[node], spec.gpus_per_node),
+            **gpu_env(place.vendor, place.node_gpus[node], spec.gpus_per_node), **spec.env,
         }  # fmt: skip
         for when, text in (("pre", spec.pre), ("post", spec.post)):
             if text:
@@ -221,6 +224,8 @@ def local_plan(
                 env = {**node_env, "LOCAL_WORLD_SIZE": str(ppn), "WORLD_SIZE": str(world)}
                 env.pop("NODE_RANK")
                 env.pop("GROUP_RANK")
+                if spec.gpus_per_node != 0 and nodes > 1:  # each rank picks its node's mask
+                    env["TREB_NODE_GPUS"] = ";".join(",".join(g) for g in place.node_gpus)
                 if (
                     os.geteuid() == 0 and spec.launcher == "mpirun"
                 ):  # OpenMPI refuses root otherwise

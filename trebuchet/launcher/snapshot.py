@@ -24,7 +24,7 @@ UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 
 def parse_size(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?B?)\s*", text.upper())
     if not m:
-        raise UserError(f"snapshot_max_size: {text!r} is not a size such as 200MB or 2GB")
+        raise ValueError("bad size")
     unit = m.group(2) if m.group(2).endswith("B") or not m.group(2) else m.group(2) + "B"
     return int(float(m.group(1)) * UNITS[unit])
 
@@ -92,6 +92,14 @@ def list_files(workdir: Path) -> tuple[list[str], Snapshot]:
     return sorted(files), info
 
 
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
 def _inside(path: Path, root: Path) -> str | None:
     """`path` relative to `root` when it lies inside it."""
     try:
@@ -108,8 +116,8 @@ def take(workdir: Path, dest: Path, max_bytes: int) -> Snapshot:
     if total > max_bytes:
         biggest = sorted(sizes, key=sizes.get, reverse=True)[:3]  # type: ignore[arg-type]
         raise UserError(
-            f"snapshot of {workdir} would be {total / (1 << 20):.1f} MB, over the "
-            f"{max_bytes / (1 << 20):.0f} MB limit (largest: {', '.join(biggest)}); exclude "
+            f"snapshot of {workdir} would be {_size(total)}, over the "
+            f"{_size(max_bytes)} limit (largest: {', '.join(biggest)}); exclude "
             "files in .trebignore, raise snapshot_max_size, or set snapshot: false"
         )
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -85,6 +85,7 @@ class Supervisor:
         self.first_failure: dict | None = None
         self.watchdog: Watchdog | None = None
         self.policy_retries: dict[str, int] = {}
+        self.port = plan.master_port
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -244,6 +245,7 @@ class Supervisor:
             port = free_port(self.plan.master_addr)
         append_event(self.run_dir, "attempt_started", attempt=attempt, master_port=port)
         self.first_failure = None
+        self.port = port
         if not self._run_hooks("pre", adir, attempt):
             self.live = []
             self.store.set_attempt(rid, attempt, state=FAILED, ended_at=time.time(), reason="pre")
@@ -304,7 +306,7 @@ class Supervisor:
         for h in hooks:
             hook = ProcPlan(f"{when}:{h['node']}", h["node"], None, None, h["argv"], h["env"],
                             h["cwd"], h["log"])  # fmt: skip
-            procs.append(self._spawn(hook, adir, attempt, self.plan.master_port))
+            procs.append(self._spawn(hook, adir, attempt, self.port))
         while any(lv.popen and lv.popen.poll() is None for lv in procs):
             if self.cancel_signal is not None:
                 for lv in procs:

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 VAR = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{([^}]*)\}?")
-NOT_EXPANDED = {("command",), ("slurm", "setup")}
+# Shell commands: their $VARS are the node shell's business at run time.
+NOT_EXPANDED = {("command",), ("slurm", "setup"), ("pre",), ("post",)}
 
 
 class ExpandError(Exception):

@@ -312,6 +312,14 @@ class Spec(Block):
     def _duration(cls, v: Any) -> Any:
         return None if v is None else parse_duration(v)
 
+    @field_validator("snapshot_max_size")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        from trebuchet.launcher.snapshot import parse_size
+
+        parse_size(v)  # raises on a bad size
+        return v
+
     @field_validator("checkpoint_signal", mode="before")
     @classmethod
     def _signal(cls, v: Any) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -242,13 +243,20 @@ class Store:
             return _record(row)
         raise UserError(f"no run matches {ref!r} (see `treb ps --all`)")
 
+    def matches_run(self, ref: str) -> bool:
+        """Whether `ref` names a run (id prefix or name): runs win over sweep ids."""
+        try:
+            self.resolve(ref)
+            return True
+        except UserError:
+            return False
+
     def sweep_runs(self, ref: str) -> list[RunRecord]:
         """The runs of the sweep whose id starts with `ref` (empty: no such sweep)."""
-        if not (ref.startswith("s") and len(ref) >= 2):
+        if not re.fullmatch(r"s[0-9a-f]{1,7}", ref):
             return []
         rows = self.conn.execute(
-            "SELECT * FROM runs WHERE sweep_id LIKE ? ORDER BY created_at",
-            (ref.replace("%", "").replace("_", "") + "%",),
+            "SELECT * FROM runs WHERE sweep_id LIKE ? ORDER BY created_at", (ref + "%",)
         ).fetchall()
         runs = [_record(r) for r in rows]
         if len({r.sweep_id for r in runs}) > 1:
