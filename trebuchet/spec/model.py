@@ -116,6 +116,21 @@ class Environment(Block):
         return "image" if self.image else "conda" if self.conda else "venv"
 
 
+class Results(Block):
+    """Where performance numbers come from (see docs/results.md)."""
+
+    file: str | None = allowed(
+        "a file name",
+        "results CSV (model, performance, metric) a rank writes; default results.csv",
+        default=None,
+    )
+    ranks: Literal["rank0", "sum", "mean"] = allowed(
+        "one of rank0, sum, mean",
+        "which ranks' `performance:` lines count, and how",
+        default="rank0",
+    )
+
+
 class Slurm(Block):
     account: str | None = allowed("a string", "#SBATCH --account", default=None)
     partition: str | None = allowed("a string", "#SBATCH --partition", default=None)
@@ -286,6 +301,9 @@ class Spec(Block):
         "an integer >= 1", "at most this many runs of a sweep at once (local default 1)",
         default=None, ge=1,
     )  # fmt: skip
+    results: Results = allowed(
+        "a mapping", "how performance results are collected", default_factory=Results
+    )
     ignore_checks: list[str] = allowed(
         "a list of preflight finding ids", "silence these `treb check` findings",
         default_factory=list,
