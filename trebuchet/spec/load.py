@@ -52,13 +52,13 @@ def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
 
     The value stays the text typed (validation converts "2" to an integer where one is
     expected; env.LR=0.10 stays "0.10", name=0123 stays "0123"); only flow collections
-    ([a, b], {k: v}) and null are read as YAML."""
+    ([a, b], {k: v}), quoted strings and null are read as YAML."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip() or any(not p for p in key.strip().split(".")):
         raise UserError(f"-o {text}: expected key.sub=value")
     parsed: Any = value
     stripped = value.strip()
-    if stripped[:1] in ("[", "{") or stripped in ("null", "~"):
+    if stripped[:1] in ("[", "{", '"', "'") or stripped in ("null", "~"):
         try:
             parsed = yaml.safe_load(stripped)
         except yaml.YAMLError:
