@@ -102,8 +102,8 @@ def test_sum_and_mean_over_ranks(treb, treb_home: Path, tmp_path: Path) -> None:
     st = status_json(treb)
     rows = results(treb, st["id"])
     assert rows[0]["performance"] == (60.0 if field else 10.0)
-    # Recompute as the spec's results block asks (written into the run's resolved spec
-    # when this trebuchet's Spec has no `results:` field yet).
+    # Recompute as the run's resolved spec says, for each aggregation (the spec.yaml of a run
+    # recorded before the `results:` block existed has none: rank 0 then).
     from trebuchet.results.collect import collect
     from trebuchet.store.db import Store
 
