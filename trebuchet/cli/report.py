@@ -91,7 +91,7 @@ def results_lines(store: Store, rec: RunRecord) -> list[str]:
         rows = collect(store, rec)
     except Exception as exc:  # noqa: BLE001 - the run's own outcome must still be reported
         return [f"results not recorded: {exc!r}"]
-    found = [r for r in rows if r.get("performance") is not None]
+    found = [r for r in rows if r.get("performance") is not None and r["status"] == "SUCCESS"]
     lines = [f"performance: {number(r['performance'])} {r['metric']} ({r['model']}, {r['source']})"
              for r in found[:3]]  # fmt: skip
     if len(found) > 3:
