@@ -47,6 +47,7 @@ def test_rank_prefixes_and_timestamps() -> None:
     assert parse("3: ValueError: x").rank is None
     assert parse("[1,5]<stderr>:Segmentation fault").rank == 5
     assert parse("[rank=7] hello").rank == 7
+    assert parse("[rank 7] hello").rank == 7
     a = parse("[E1129 09:55:18.260098571 socket.cpp:469] x").ts
     b = parse("[E1129 09:55:19.100000000 socket.cpp:469] x").ts
     assert a is not None and b is not None and 0.8 < b - a < 0.9

@@ -1,7 +1,8 @@
 """One log line as diagnosis sees it: who wrote it (a rank prefix) and when (a timestamp).
 
 Merged logs tag lines in several ways: torch's `[rank3]:`, torchrun --tee's `[default0]:`
-(a local rank), srun -l's `3: `, OpenMPI's `[1,3]<stderr>:`, Determined's `[rank=3] `.
+(a local rank), srun -l's `3: `, OpenMPI's `[1,3]<stderr>:`, Determined's `[rank=3] ` (and
+`[rank 3]`).
 A timestamp may come first (`2024-11-20 14:37:16 [rank3]: ...`), and glog-style lines of
 torch's C++ code carry `[E1129 09:55:18.260 file.cpp:12]`.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 LEAD_TS = re.compile(r"^\s*(\d{4}-\d{2}-\d{2}[ T_]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?Z?)\s+")
 PREFIXES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^\[rank(\d+)\]:\s?"), "rank"),
-    (re.compile(r"^\[rank=(\d+)\]\s?"), "rank"),
+    (re.compile(r"^\[rank[= ](\d+)\]:?\s?", re.I), "rank"),  # Determined's [rank=3], [rank 3]
     (re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:\s?"), "rank"),
     (re.compile(r"^\[[A-Za-z_][A-Za-z_-]*?(\d+)\]:\s?"), "local"),  # torchrun --tee [default0]:
 )
