@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # `treb ps` refreshes slurm runs: it must not import pydantic
 ORPHAN_PENDING_S = 120.0  # a run recorded this long ago without a job id never reached sbatch
 SQUEUE_MIN_INTERVAL_S = 1.0  # one process asks squeue at most this often (slurmctld's RPCs)
 POLL_S = 1.0  # attached runs: how often the state is refreshed
+SQUEUE_SILENT_WARN_S = 60.0  # attached runs: say so when squeue fails this long
 
 
 class SlurmBackend:
@@ -41,6 +42,7 @@ class SlurmBackend:
     def __init__(self) -> None:
         self.cancel_signal: int | None = None
         self._queue_cache: tuple[float, frozenset[str], dict[str, st.QueueInfo]] | None = None
+        self.queue_ok_at = time.monotonic()  # when squeue last answered
 
     # -- checks and rendering --------------------------------------------------------------
     def check(self, loaded: LoadedSpec) -> None:
@@ -128,6 +130,7 @@ class SlurmBackend:
         jobs = st.squeue_jobs(sorted(wanted))
         if jobs is not None:
             self._queue_cache = (now, wanted, jobs)
+            self.queue_ok_at = now
         return jobs
 
     def refresh(self, store: Store, runs: list[RunRecord]) -> None:
@@ -221,6 +224,8 @@ class SlurmBackend:
         cancelled_at: float | None = None
         presses = 0
         shown = ""
+        warned_at = 0.0
+        self.queue_ok_at = time.monotonic()
 
         def on_signal(signum: int, _frame: object) -> None:
             nonlocal presses
@@ -251,6 +256,12 @@ class SlurmBackend:
                 follower.pump()
                 if rec.state in TERMINAL:
                     break
+                silent = now - self.queue_ok_at
+                if silent > SQUEUE_SILENT_WARN_S and now >= warned_at + SQUEUE_SILENT_WARN_S:
+                    warned_at = now
+                    print(f"treb: squeue has not answered for {silent:.0f}s (slurmctld down? "
+                          f"SLURM_CONF?); still following job {rec.backend_id}; Ctrl+C cancels "
+                          "it", file=sys.stderr)  # fmt: skip
                 if cancelled_at is not None and (presses > 1 or now - cancelled_at > 60):
                     if presses > 1:
                         self._scancel(rec, "KILL")
