@@ -56,6 +56,19 @@ slurm:
   cpus_per_task: 6
   mpi: pmi2
 """,
+    "mpirun": """\
+name: with-mpirun
+command: python train.py --rank "$RANK"
+launcher: mpirun
+nodes: 2
+procs_per_node: 4
+secrets: [HF_TOKEN]
+env:
+  NCCL_DEBUG: INFO
+slurm:
+  cpus_per_task: 2
+  mpi: pmix
+""",
     "none": """\
 name: own-launcher
 command: ./launch.sh
@@ -131,6 +144,67 @@ def test_pitfalls_handled_in_the_script(tmp_path: Path, treb_home: Path) -> None
     assert "TREB_MASTER_PORT=29511" in native and "TREB_MASTER_PORT=''" in torch
 
 
+def test_mpirun_is_one_task_on_the_first_node(tmp_path: Path, treb_home: Path) -> None:
+    _, out, _ = _render(tmp_path, SPECS["mpirun"])
+    # one Slurm task per node in the allocation (its CPUs for all the node's ranks), and
+    # the ranks' step is a single task on the first node: mpirun starts the rest
+    assert "#SBATCH --ntasks-per-node=1\n" in out and "#SBATCH --cpus-per-task=8\n" in out
+    srun = re.search(r"^TREB_SRUN=\((.*)\)$", out, re.M)
+    assert srun and srun.group(1).split()[:3] == ["--nodes=1", "--ntasks=1", "--ntasks-per-node=1"]
+    assert "--mpi" not in srun.group(1)  # slurm.mpi is srun's, not mpirun's
+    hook = re.search(r"^TREB_SRUN_HOOK=\((.*)\)$", out, re.M)
+    assert hook and hook.group(1).startswith("--nodes=2 --ntasks=2")  # pre/post: every node
+    assert "TREB_MPI_ENV='HF_TOKEN NCCL_DEBUG'" in out and "hf_secret_value" not in out
+
+
+def test_mpirun_task_command_line(tmp_path: Path) -> None:
+    """The runtime's mpirun line and each rank's mapping, with stand-ins for mpirun/scontrol."""
+    from trebuchet.backends import slurm_runtime as rt
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'tn1\\ntn2\\n'\n")
+    # mpirun stand-in: print its argv, then run the rank command as OpenMPI rank 5 of 8
+    (bin_dir / "mpirun").write_text(
+        '#!/bin/bash\nprintf "%s\\0" "$@" > "$TREB_RUN_DIR/argv"\n'
+        'while [ "$1" != bash ]; do shift; done\n'
+        "OMPI_COMM_WORLD_RANK=5 OMPI_COMM_WORLD_SIZE=8 OMPI_COMM_WORLD_LOCAL_RANK=1 "
+        'OMPI_COMM_WORLD_LOCAL_SIZE=4 exec "$@"\n'
+    )  # fmt: skip
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    run_dir = tmp_path / "run"
+    (run_dir / "attempt-0").mkdir(parents=True)
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}", "TREB_RUN_DIR": str(run_dir),
+        "TREB_WORKDIR": str(tmp_path), "TREB_LAUNCHER": "mpirun", "TREB_PPN": "4",
+        "TREB_ATTEMPT": "0", "TREB_GRACE": "1", "TREB_CHECKPOINT_SIGNAL": "SIGUSR2",
+        "TREB_MPI_ENV": "MY_VAR", "MY_VAR": "x", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "1",
+        "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "tn[1-2]", "SLURM_JOB_ID": "7",
+        "MASTER_ADDR": "tn1", "MASTER_PORT": "15007",
+        "TREB_TASK_SH": rt.HELPERS + rt.TASK,
+    }  # fmt: skip
+    show = 'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $NODE_RANK $NUM_NODES"'
+    res = subprocess.run(
+        ["bash", "-c", env["TREB_TASK_SH"], "treb-task", "task", "bash", "-c", show],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr + (run_dir / "attempt-0" / "node-0.log").read_text()
+    argv = (run_dir / "argv").read_text().split("\0")[:-1]
+    assert "MY_VAR" in argv and argv[argv.index("MY_VAR") - 1] == "-x"
+    assert argv[:7] == ["-np", "8", "-H", "tn1:4,tn2:4", "--bind-to", "none", "--map-by"]
+    assert "TREB_TASK_SH" in argv and argv[argv.index("bash") + 3 :] == [
+        "treb-rank", "mpi", "bash", "-c", show]  # fmt: skip
+    assert (run_dir / "attempt-0" / "rank-5.log").read_text() == "5 8 1 4 1 2\n"
+    import json
+
+    rec = json.loads((run_dir / "attempt-0" / "rank-5.json").read_text())
+    assert (rec["rank"], rec["node"], rec["local_rank"], rec["label"]) == (5, 1, 1, "1:1")
+    assert rec["exit_code"] == 0 and rec["state"] == "ENDED"
+    node = json.loads((run_dir / "attempt-0" / "node-0.json").read_text())
+    assert node["rank"] is None and node["exit_code"] == 0
+
+
 def test_hostile_values_stay_literal(tmp_path: Path, treb_home: Path) -> None:
     text = (
         "name: h\ncommand: [python, x.py, " + _yaml(HOSTILE) + "]\nenv:\n  EVIL: "
@@ -161,7 +235,7 @@ def _yaml(value: str) -> str:
 @pytest.mark.parametrize(
     "extra,why",
     [
-        ("launcher: mpirun", "mpirun is not supported by the slurm backend"),
+        ("launcher: mpirun\nenvironment: {image: x}", "mpirun with an environment"),
         ("environment: {python: '3.11'}", "only a container image"),
         ("gpus_per_node: -1", "no Slurm equivalent"),
         ("checkpoint_signal: SIGTERM", "SIGTERM is what Slurm sends"),

@@ -67,6 +67,15 @@ treb_wait() {  # treb_wait PID: its exit status in treb_rc, even when traps inte
 treb_mode=$1; shift
 treb_t0=$(treb_now)
 treb_rank=null treb_local=null treb_node=${SLURM_NODEID:-0}
+if [ "$treb_mode" = mpi ]; then  # an mpirun rank: OpenMPI's variables onto the contract
+    # (mpirun --map-by slot fills the first host's slots first: the node is RANK / PPN)
+    export RANK=$OMPI_COMM_WORLD_RANK WORLD_SIZE=$OMPI_COMM_WORLD_SIZE \
+        LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK LOCAL_WORLD_SIZE=$OMPI_COMM_WORLD_LOCAL_SIZE \
+        ROLE_RANK=$OMPI_COMM_WORLD_RANK ROLE_WORLD_SIZE=$OMPI_COMM_WORLD_SIZE \
+        GROUP_WORLD_SIZE=$NUM_NODES
+    export NODE_RANK=$((RANK / TREB_PPN)) GROUP_RANK=$((RANK / TREB_PPN))
+    treb_mode=rank  # from here on like a torchrun worker: its launcher stops it
+fi
 case $treb_mode in
 rank)  # a torchrun worker: torchrun set RANK, LOCAL_RANK, GROUP_RANK
     treb_rank=$RANK treb_local=$LOCAL_RANK treb_node=$GROUP_RANK
@@ -95,6 +104,23 @@ task)
             --nproc_per_node "$TREB_PPN" --master_addr "$MASTER_ADDR" \
             --master_port "$MASTER_PORT" --no-python \
             bash -c "$TREB_TASK_SH" treb-rank rank "$@" ;;
+    mpirun)  # one task on the first node; mpirun starts OpenMPI's daemons on the others
+        # through Slurm (a step of this job) and every rank runs this wrapper in mode "mpi"
+        export NUM_NODES=$SLURM_JOB_NUM_NODES LOCAL_WORLD_SIZE=$TREB_PPN
+        treb_name=node-$treb_node treb_label=$treb_node
+        treb_hl= treb_x=()
+        for treb_h in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+            treb_hl=$treb_hl${treb_hl:+,}$treb_h:$TREB_PPN
+        done
+        [ "$(id -u)" != 0 ] || export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+        for treb_v in PATH MASTER_ADDR MASTER_PORT NUM_NODES LOCAL_WORLD_SIZE OMP_NUM_THREADS \
+            PYTHONUNBUFFERED TREB_RUN_ID TREB_RUN_DIR TREB_WORKDIR TREB_LAUNCHER TREB_PPN \
+            TREB_GRACE TREB_CHECKPOINT_SIGNAL TREB_CHECKPOINT_DIR TREB_ATTEMPT TREB_TASK_SH \
+            $TREB_MPI_ENV; do  # mpirun passes variables to remote ranks only with -x
+            [ -z "${!treb_v+x}" ] || treb_x+=(-x "$treb_v")
+        done
+        set -- mpirun -np $((NUM_NODES * TREB_PPN)) -H "$treb_hl" --bind-to none \
+            --map-by slot "${treb_x[@]}" bash -c "$TREB_TASK_SH" treb-rank mpi "$@" ;;
     *)  # none: the user's own launcher, once per node
         export LOCAL_WORLD_SIZE=$TREB_PPN
         treb_name=node-$treb_node treb_label=$treb_node ;;
@@ -313,7 +339,7 @@ trap treb_on_warning "$treb_sig"
 trap treb_on_term TERM
 trap treb_on_alarm ALRM
 export TREB_RUN_ID TREB_RUN_DIR TREB_WORKDIR TREB_LAUNCHER TREB_PPN TREB_GRACE
-export TREB_CHECKPOINT_SIGNAL TREB_TASK_SH
+export TREB_CHECKPOINT_SIGNAL TREB_TASK_SH TREB_MPI_ENV
 export TREB_CHECKPOINT_DIR="$TREB_RUN_DIR/checkpoints" PYTHONUNBUFFERED=1
 [ -d "$TREB_RUN_DIR" ] || { echo "treb: run dir $TREB_RUN_DIR not found on $(hostname) \
 (TREB_HOME must be on a filesystem every node shares)" >&2; exit 2; }

@@ -56,12 +56,13 @@ class SlurmBackend:
 
     def _check_spec(self, loaded: LoadedSpec) -> None:
         spec = loaded.spec
-        if spec.launcher == "mpirun":
-            raise UserError(
-                f"{loaded.where('launcher')}: launcher: mpirun is not supported by the slurm "
-                "backend; use native (srun starts every rank; slurm.mpi sets srun --mpi)"
-            )
         env = spec.environment
+        if spec.launcher == "mpirun" and env is not None:
+            raise UserError(
+                f"{loaded.where('launcher')}: launcher: mpirun with an environment is not "
+                "supported by the slurm backend (OpenMPI's daemons on the other nodes would "
+                "run outside it); use native (srun starts every rank in the container)"
+            )
         if env is not None and not env.image:
             raise UserError(
                 f"{loaded.where('environment')}: environment: on slurm only a container image "
@@ -310,8 +311,8 @@ def streams(rec: RunRecord) -> list[tuple[str, str]]:
     ppn = max(1, rec.procs_per_node)
     out: list[tuple[str, str]] = []
     for node in range(rec.nodes):
-        if rec.launcher != "native":
-            out.append((str(node), f"node-{node}.log"))
+        if rec.launcher != "native" and (node == 0 or rec.launcher != "mpirun"):
+            out.append((str(node), f"node-{node}.log"))  # mpirun: one, on the first node
         if rec.launcher != "none":
             out += [(f"{node}:{i}", f"rank-{node * ppn + i}.log") for i in range(ppn)]
     return out

@@ -72,7 +72,7 @@ def warning_seconds(spec: Any, limit: float | None) -> int | None:
 
 
 def tasks_per_node(spec: Any) -> int:
-    """native: one Slurm task per rank; torchrun and none: one per node (seed 004)."""
+    """native: one Slurm task per rank; torchrun, none, mpirun: one per node (seed 004)."""
     return spec.ranks_per_node if spec.launcher == "native" else 1
 
 
@@ -176,13 +176,15 @@ def sbatch_lines(spec: Any, run_dir: Path) -> list[str]:
 def srun_args(spec: Any, run_dir: Path, workdir: Path, per_node: bool = False) -> list[str]:
     """srun flags of one step: the ranks (or, per_node, one task per node for pre/post)."""
     ntasks = 1 if per_node else tasks_per_node(spec)
+    # mpirun: one task on the first node; OpenMPI starts its daemons on the others itself.
+    nodes = 1 if spec.launcher == "mpirun" and not per_node else spec.nodes
     # --ntasks too: the step would otherwise take the job's SLURM_NTASKS from the batch env.
-    args = [f"--nodes={spec.nodes}", f"--ntasks={spec.nodes * ntasks}",
+    args = [f"--nodes={nodes}", f"--ntasks={nodes * ntasks}",
             f"--ntasks-per-node={ntasks}", "--kill-on-bad-exit=0", "--export=ALL"]  # fmt: skip
     cpus = cpus_per_task(spec)
     if cpus and not per_node:
         args.append(f"--cpus-per-task={cpus}")  # 22.05's srun no longer inherits it
-    if spec.slurm.mpi and not per_node:
+    if spec.slurm.mpi and not per_node and spec.launcher != "mpirun":
         args.append(f"--mpi={spec.slurm.mpi}")
     env = spec.environment
     if env is not None and env.image:
@@ -248,6 +250,11 @@ def render_script(spec: Any, workdir: Path, run_id: str, run_dir: Path) -> str:
         _array("TREB_CMD", cmd),
         _array("TREB_SRUN", srun_args(spec, run_dir, workdir)),
         _array("TREB_SRUN_HOOK", srun_args(spec, run_dir, workdir, per_node=True)),
+    ]
+    if spec.launcher == "mpirun":  # the spec's variables reach remote ranks only with -x
+        names = " ".join(sorted({*spec.env, *secrets}))
+        head += ["# mpirun -x: the spec's env and secrets (by name)", f"TREB_MPI_ENV={q(names)}"]
+    head += [
         "",
         "# ---- trebuchet runtime (static text)",
         '# The wrapper every task runs (srun ... bash -c "$TREB_TASK_SH" treb-task MODE CMD...)',
