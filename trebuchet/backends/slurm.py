@@ -292,7 +292,12 @@ class SlurmBackend:
             raise UserError(f"scancel {rec.backend_id} failed: {res.stderr.strip()}")
 
     def cancel(self, store: Store, run: RunRecord) -> None:
-        self._scancel(run)
+        if run.sweep_id and "_" in (run.backend_id or ""):  # a task of a sweep's job array
+            from trebuchet.backends.slurm_array import cancel_point
+
+            cancel_point(store, run)
+        else:
+            self._scancel(run)
         if not run.backend_id:  # never reached sbatch: nothing runs anywhere
             store.update_run(run.id, only_if_active=True, state=CANCELLED, ended_at=time.time())
             return
@@ -304,6 +309,12 @@ class SlurmBackend:
                 return
             time.sleep(0.5)
         store.update_run(run.id, only_if_active=True, state=CANCELLED, ended_at=time.time())
+
+    def cancel_sweep(self, store: Store, runs: list[RunRecord]) -> None:
+        """`treb cancel SWEEP`: one scancel for a sweep's job array, then wait for all."""
+        from trebuchet.backends.slurm_array import cancel_sweep
+
+        cancel_sweep(self, store, runs)
 
 
 def streams(rec: RunRecord) -> list[tuple[str, str]]:

@@ -108,6 +108,11 @@ def parse_squeue(text: str) -> dict[str, QueueInfo]:
     return jobs
 
 
+def base_ids(job_ids: list[str]) -> list[str]:
+    """Job ids to ask Slurm about: an array task (`123_4`) by its array's id (`123`)."""
+    return sorted({j.split("_", 1)[0] for j in job_ids})
+
+
 def squeue_jobs(job_ids: list[str], timeout: float = 30.0) -> dict[str, QueueInfo] | None:
     """One squeue call for all these jobs (finished ones too, while Slurm keeps them).
 
@@ -115,8 +120,10 @@ def squeue_jobs(job_ids: list[str], timeout: float = 30.0) -> dict[str, QueueInf
     may be concluded from a job's absence."""
     if not job_ids:
         return {}
-    cmd = ["squeue", "--noheader", "--states=all", f"--jobs={','.join(job_ids)}",
-           "--format=%i|%T|%r|%N"]  # fmt: skip
+    # --array: one line per array task (`<job>_<task>`, a sweep point's backend_id), pending
+    # ones too; an array is asked for once, by its job id.
+    cmd = ["squeue", "--noheader", "--array", "--states=all",
+           f"--jobs={','.join(base_ids(job_ids))}", "--format=%i|%T|%r|%N"]  # fmt: skip
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
@@ -133,8 +140,8 @@ def sacct_jobs(job_ids: list[str], timeout: float = 30.0) -> dict[str, QueueInfo
     """How Slurm ended jobs squeue forgot, where accounting is on; {} where it is not."""
     if not job_ids:
         return {}
-    cmd = ["sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={','.join(job_ids)}",
-           "--format=JobID,State"]  # fmt: skip
+    cmd = ["sacct", "--noheader", "--parsable2", "--allocations",
+           f"--jobs={','.join(base_ids(job_ids))}", "--format=JobID,State"]  # fmt: skip
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):

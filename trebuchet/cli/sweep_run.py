@@ -18,9 +18,9 @@ from trebuchet.store.files import write_json
 
 
 def run_sweep(args: argparse.Namespace, fixed: list[str], points: list[dict[str, str]]) -> int:
-    if args.on != "local":
-        raise UserError(f"--on {args.on}: sweeps run on the local backend only so far")
-    backend = get_backend("local")
+    if args.on not in ("local", "slurm"):
+        raise UserError(f"--on {args.on}: sweeps run on the local and slurm backends only so far")
+    backend = get_backend(args.on)
     # Validate every point before anything is recorded: a bad value fails the whole sweep.
     specs = []
     for point in points:
@@ -28,8 +28,14 @@ def run_sweep(args: argparse.Namespace, fixed: list[str], points: list[dict[str,
         loaded = load_spec(args.spec, fixed + extra)
         backend.check(loaded)
         specs.append((point, loaded))
+    if args.on == "slurm":
+        from trebuchet.backends.slurm_array import check_shape
+
+        check_shape(specs)  # one job array: one shape
     store = Store()
     sweep_id = sweep.new_sweep_id()
+    if args.on == "slurm":
+        return _slurm_sweep(args, specs, store, sweep_id)
     parallel = specs[0][1].spec.sweep_parallel or 1
     runs: list[dict[str, Any]] = []
     for index, (point, loaded) in enumerate(specs):
@@ -54,6 +60,41 @@ def run_sweep(args: argparse.Namespace, fixed: list[str], points: list[dict[str,
         print(sweep_id)
         return 0
     failed, sig = sweep.drive(json.loads(path.read_text()), follow=True)
+    if sig:
+        return 128 + sig
+    print(f"treb: sweep {sweep_id}: {len(runs) - failed} of {len(runs)} runs succeeded",
+          file=sys.stderr)  # fmt: skip
+    return 1 if failed else 0
+
+
+def _slurm_sweep(args: argparse.Namespace, specs: list, store: Store, sweep_id: str) -> int:
+    """All points as one Slurm job array; attached: follow every point until it ends."""
+    from trebuchet.backends import slurm_array
+
+    backend = get_backend("slurm")
+    parallel = specs[0][1].spec.sweep_parallel  # unset: as many at once as Slurm allows
+    subs, runs = [], []
+    for index, (point, loaded) in enumerate(specs):
+        sub = prepare(loaded, "slurm", store)
+        store.update_run(sub.record.id, sweep_id=sweep_id, params=json.dumps(point, sort_keys=True))
+        subs.append(sub)
+        runs.append({"index": index, "id": sub.record.id, "run_dir": str(sub.run_dir),
+                     "params": point})  # fmt: skip
+        for warning in sub.warnings if index == 0 else []:
+            print(f"treb: warning: {warning}", file=sys.stderr)
+    path = sweep.sweep_file(sweep_id)
+    job_id = slurm_array.submit(backend, sweep_id, subs, parallel, path.parent)
+    write_json(path, {"id": sweep_id, "backend": "slurm", "job_id": job_id,
+                      "parallel": parallel, "runs": runs})  # fmt: skip
+    at_once = f"at most {parallel} at once" if parallel else "as many at once as Slurm allows"
+    print(f"treb: sweep {sweep_id}: {len(runs)} runs, {at_once}", file=sys.stderr)
+    for run in runs:
+        print(f"treb:   {run['index']}  {run['id']}  {job_id}_{run['index']}  {run['params']}",
+              file=sys.stderr)  # fmt: skip
+    if args.detach:
+        print(sweep_id)
+        return 0
+    failed, sig = slurm_array.follow(backend, store, job_id, runs)
     if sig:
         return 128 + sig
     print(f"treb: sweep {sweep_id}: {len(runs) - failed} of {len(runs)} runs succeeded",

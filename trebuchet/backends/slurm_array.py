@@ -1,0 +1,294 @@
+"""A sweep on Slurm: one job array whose task i runs point i's own sbatch script.
+
+Why one array and not N sbatch calls: one submission (one slurmctld RPC), Slurm's own
+`%` limit for sweep_parallel, one job id to find and cancel. Each point stays a recorded run
+with its own run dir and its own rendered script (submit.sbatch, as for a single run); the
+array script holds the shared #SBATCH header (an array has one shape, so every point must
+ask Slurm for the same resources) and dispatches on $SLURM_ARRAY_TASK_ID: it sends its
+output to the point's batch.log and execs the point's script (same pid: Slurm's signals
+reach its traps). Each run's backend_id is `<array job id>_<task>`, as squeue -r prints it.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trebuchet.backends.slurm_script import _directive, q, render_script, sbatch_lines
+from trebuchet.errors import UserError
+from trebuchet.store.files import append_event, write_atomic
+from trebuchet.store.states import CANCELLED, FAILED, SUCCEEDED, TERMINAL
+
+if TYPE_CHECKING:
+    from trebuchet.launcher.submit import Submission
+    from trebuchet.spec.load import LoadedSpec
+
+# Header lines every point has of its own; the rest must be the same for all points.
+OWN = ("--job-name", "--output", "--open-mode")
+# The spec field behind each #SBATCH flag, to name in the error.
+FIELDS = {
+    "--nodes": "nodes", "--ntasks-per-node": "procs_per_node / launcher",
+    "--cpus-per-task": "slurm.cpus_per_task", "--gpus-per-node": "gpus_per_node",
+    "--mem": "slurm.mem", "--account": "slurm.account", "--partition": "slurm.partition",
+    "--qos": "slurm.qos", "--constraint": "slurm.constraint", "--exclusive": "slurm.exclusive",
+    "--time": "slurm.time / timeout", "--signal": "timeout_warning / checkpoint_signal",
+    "--requeue": "retries", "--no-requeue": "retries",
+}  # fmt: skip
+
+
+def _flag(line: str) -> str:
+    return line.removeprefix("#SBATCH ").split("=", 1)[0]
+
+
+def shared_lines(spec: Any, run_dir: Path) -> list[str]:
+    return [line for line in sbatch_lines(spec, run_dir) if _flag(line) not in OWN]
+
+
+def check_shape(points: list[tuple[dict[str, str], LoadedSpec]]) -> None:
+    """Refuse (exit 2) a sweep whose points ask Slurm for different resources."""
+    placeholder = Path("/RUN_DIR")
+    first_point, first = points[0]
+    want = shared_lines(first.spec, placeholder)
+    for point, loaded in points[1:]:
+        got = shared_lines(loaded.spec, placeholder)
+        if got == want:
+            continue
+        a = {_flag(x): x for x in want}
+        b = {_flag(x): x for x in got}
+        flag = next((f for f in [*a, *b] if a.get(f) != b.get(f)), _flag(got[0]))
+        field = FIELDS.get(flag, "slurm.sbatch_args")
+        raise UserError(
+            f"sweep on slurm: {field} differs between points ({_show(flag, first_point, a)} "
+            f"vs {_show(flag, point, b)}): a sweep is one job array, and every point must ask "
+            "Slurm for the same resources; sweep that field in separate `treb run`s"
+        )
+
+
+def _show(flag: str, point: dict[str, str], lines: dict[str, str]) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in point.items())
+    line = lines[flag].removeprefix("#SBATCH ") if flag in lines else f"no {flag}"
+    return f"{line} at {params}"
+
+
+def render_array(
+    sweep_id: str, subs: list[Submission], parallel: int | None, log_dir: Path
+) -> str:
+    """The array script: the shared header, --array, and the dispatch to each point."""
+    first = subs[0].loaded.spec
+    names = {s.loaded.spec.name for s in subs}
+    name = first.name if len(names) == 1 else f"treb-sweep-{sweep_id}"
+    out = str(log_dir / f"{sweep_id}-").replace("%", "%%") + "%a.log"
+    limit = f"%{parallel}" if parallel else ""
+    lines = [
+        "#!/bin/bash",
+        f"# trebuchet sweep {sweep_id}: {len(subs)} runs as one Slurm job array"
+        f"{f', at most {parallel} at once' if parallel else ''}.",
+        "# Array task i runs point i's own script, with its output in the point's batch.log.",
+        _directive("--job-name", name),
+        *shared_lines(first, Path("/RUN_DIR")),
+        _directive("--output", out),
+        _directive("--open-mode", "append"),
+        _directive("--array", f"0-{len(subs) - 1}{limit}"),
+        "",
+        "case ${SLURM_ARRAY_TASK_ID:-} in",
+    ]
+    for i, sub in enumerate(subs):
+        lines.append(f"{i}) treb_dir={q(sub.run_dir)} ;;  # run {sub.record.id}")
+    lines += [
+        '*) echo "treb: sweep ' + sweep_id + ': no run for array task '
+        '${SLURM_ARRAY_TASK_ID:-?}" >&2; exit 2 ;;',
+        "esac",
+        'exec >>"$treb_dir/batch.log" 2>&1',
+        'exec bash "$treb_dir/submit.sbatch"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def submit(
+    backend: Any, sweep_id: str, subs: list[Submission], parallel: int | None, log_dir: Path
+) -> str:
+    """Render every point's script and the array script, one sbatch; returns the job id."""
+    for sub in subs:
+        script = render_script(sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir)
+        write_atomic(sub.run_dir / "submit.sbatch", script)
+    path = log_dir / f"{sweep_id}.sbatch"
+    write_atomic(path, render_array(sweep_id, subs, parallel, log_dir))
+    job_id = _sbatch(subs, path)
+    host = socket.gethostname()
+    for i, sub in enumerate(subs):
+        task = f"{job_id}_{i}"
+        sub.store.update_run(sub.record.id, backend_id=task, host=host)
+        append_event(sub.run_dir, "sbatch", job_id=task, array=str(path), sweep_id=sweep_id)
+    print(f"treb: Slurm job array {job_id} (tasks {job_id}_0..{job_id}_{len(subs) - 1}); "
+          f"script {path}", file=sys.stderr)  # fmt: skip
+    return job_id
+
+
+def _sbatch(subs: list[Submission], path: Path) -> str:
+    try:
+        res = subprocess.run(
+            ["sbatch", "--parsable", str(path)], cwd=subs[0].loaded.workdir,
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        why = f"sbatch did not answer: {exc}"
+    else:
+        job_id = res.stdout.strip().split(";")[0]
+        if res.returncode == 0 and job_id.isdigit():
+            return job_id
+        why = res.stderr.strip() or res.stdout.strip() or f"exit {res.returncode}"
+        why = f"sbatch refused the job array: {why.splitlines()[-1]}"
+    now = time.time()
+    for sub in subs:
+        sub.store.set_attempt(sub.record.id, 0, state=FAILED, ended_at=now, reason=why)
+        sub.store.update_run(sub.record.id, state=FAILED, ended_at=now)
+        append_event(sub.run_dir, "sbatch_failed", reason=why)
+    raise UserError(why)
+
+
+def follow(backend: Any, store: Any, job_id: str, runs: list[dict[str, Any]]) -> tuple[int, int]:
+    """Stream every point's logs until all have ended: (runs not SUCCEEDED, signal or 0).
+
+    One refresh (one squeue call) per poll for all points; Ctrl+C cancels the whole array
+    (one scancel), a second Ctrl+C kills it."""
+    from trebuchet.backends.slurm import POLL_S, streams
+    from trebuchet.launcher.follow import Follower
+
+    follower = Follower()
+    sig = {"n": 0, "presses": 0}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        sig.update(n=signum, presses=sig["presses"] + 1)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    shown: dict[str, str] = {}
+    done: set[str] = set()
+    failed = 0
+    cancelled_at: float | None = None
+    try:
+        for run in runs:
+            follower.add(f"{run['index']}|batch", Path(run["run_dir"]) / "batch.log")
+        next_poll = 0.0
+        while len(done) < len(runs):
+            now = time.monotonic()
+            if sig["n"] and cancelled_at is None:
+                print(f"treb: cancelling Slurm job array {job_id}", file=sys.stderr)
+                cancel_array(job_id, [Path(r["run_dir"]) for r in runs])
+                cancelled_at = now
+            if now >= next_poll:
+                next_poll = now + POLL_S
+                recs = [store.get(r["id"]) for r in runs]
+                backend.refresh(store, [r for r in recs if r is not None])
+                for run in runs:
+                    rec = store.get(run["id"])
+                    if rec is None or run["id"] in done:
+                        continue
+                    for label, name in streams(rec):
+                        path = Path(run["run_dir"]) / f"attempt-{rec.attempt}" / name
+                        follower.add(f"{run['index']}|{label}", path)
+                    if rec.state in TERMINAL:
+                        follower.pump()
+                        done.add(run["id"])
+                        failed += int(rec.state != SUCCEEDED)
+                        print(f"treb: sweep point {run['index']} ({run['id']}, Slurm job "
+                              f"{rec.backend_id}) {rec.state}: {run['params']}",
+                              file=sys.stderr, flush=True)  # fmt: skip
+                    elif shown.get(run["id"]) != rec.state:
+                        shown[run["id"]] = rec.state
+                        print(f"treb: sweep point {run['index']} ({rec.backend_id}) "
+                              f"{rec.state.lower()}", file=sys.stderr, flush=True)  # fmt: skip
+            follower.pump()
+            if cancelled_at is not None and (sig["presses"] > 1 or now - cancelled_at > 60):
+                if sig["presses"] > 1:
+                    cancel_array(job_id, [], "KILL")
+                for run in runs:
+                    if run["id"] not in done:
+                        store.update_run(run["id"], only_if_active=True, state=CANCELLED,
+                                         ended_at=time.time())  # fmt: skip
+                        failed += 1
+                break
+            time.sleep(0.1)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        follower.close()
+    return failed, sig["n"]
+
+
+def cancel_array(job_id: str, run_dirs: list[Path], sig: str | None = None) -> None:
+    """One scancel for the whole array; the markers tell each task's trap it was treb."""
+    for run_dir in run_dirs:
+        write_atomic(run_dir / "cancel-requested", f"{time.time()}\n")
+    scancel([job_id], sig)
+
+
+def scancel(ids: list[str], sig: str | None = None) -> None:
+    cmd = ["scancel", *([f"--signal={sig}", "--full"] if sig else []), *ids]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UserError(f"scancel failed: {exc}") from None
+    benign = ("Invalid job id", "already completing or completed")
+    errors = [x for x in res.stderr.splitlines() if x.strip() and not any(b in x for b in benign)]
+    if res.returncode != 0 and errors:
+        raise UserError(f"scancel {' '.join(ids)} failed: {errors[-1].strip()}")
+
+
+def _job(run: Any) -> str:
+    return str(run.backend_id or "").split("_", 1)[0]
+
+
+def _marked(run: Any) -> bool:
+    return (Path(run.run_dir) / "cancel-requested").exists()
+
+
+def cancel_point(store: Any, run: Any) -> None:
+    """scancel one sweep point's array task, with the points of the same array that `treb
+    cancel SWEEP` marked CANCELLED while queued (they are still in Slurm's queue); the whole
+    array with one id when nothing else of it is left running."""
+    members = [r for r in store.sweep_runs(run.sweep_id) if _job(r) == _job(run)]
+    take = [run] + [
+        r for r in members
+        if r.id != run.id and r.state == CANCELLED and r.backend_id and not _marked(r)
+    ]  # fmt: skip
+    rest = [r for r in members if r.id not in {t.id for t in take} and r.state not in TERMINAL]
+    for r in take:
+        write_atomic(Path(r.run_dir) / "cancel-requested", f"{time.time()}\n")
+    # Queued tasks first: none of them may start once a running one is gone.
+    scancel([_job(run)] if not rest else [str(r.backend_id) for r in take[1:] + take[:1]])
+
+
+def cancel_sweep(backend: Any, store: Any, runs: list[Any]) -> None:
+    """Cancel these sweep points: one scancel per job array (its job id when every active
+    task of it is cancelled), then wait until each has ended (one squeue per poll)."""
+    import os
+
+    active = [r for r in runs if r.state not in TERMINAL]
+    arrays: dict[str, list[Any]] = {}
+    for r in active:
+        write_atomic(Path(r.run_dir) / "cancel-requested", f"{time.time()}\n")
+        if r.backend_id:
+            arrays.setdefault(_job(r), []).append(r)
+    ids: list[str] = []
+    for job, members in arrays.items():
+        others = [
+            r for r in store.sweep_runs(members[0].sweep_id)
+            if _job(r) == job and r.state not in TERMINAL and r.id not in {m.id for m in members}
+        ] if members[0].sweep_id else [None]  # fmt: skip
+        ids += [job] if not others else [str(m.backend_id) for m in members]
+    if ids:
+        scancel(ids)
+    deadline = time.time() + float(os.environ.get("TREB_SLURM_CANCEL_WAIT_S", "60"))
+    left = [r for r in active if r.backend_id]
+    while left and time.time() < deadline:
+        backend.refresh(store, left)
+        left = [r for r in (store.get(x.id) for x in left) if r is not None and r.active]
+        if left:
+            time.sleep(0.5)
+    for r in active:
+        store.update_run(r.id, only_if_active=True, state=CANCELLED, ended_at=time.time())
