@@ -192,7 +192,8 @@ def test_mpirun_task_command_line(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr + (run_dir / "attempt-0" / "node-0.log").read_text()
     argv = (run_dir / "argv").read_text().split("\0")[:-1]
     assert "MY_VAR" in argv and argv[argv.index("MY_VAR") - 1] == "-x"
-    assert argv[:7] == ["-np", "8", "-H", "tn1:4,tn2:4", "--bind-to", "none", "--map-by"]
+    assert argv[:8] == ["-np", "8", "-H", "tn1:4,tn2:4", "--bind-to", "none", "--map-by", "slot"]
+    assert argv[8:11] == ["--mca", "odls_base_sigkill_timeout", "1"]  # grace_period
     assert "TREB_TASK_SH" in argv and argv[argv.index("bash") + 3 :] == [
         "treb-rank", "mpi", "bash", "-c", show]  # fmt: skip
     assert (run_dir / "attempt-0" / "rank-5.log").read_text() == "5 8 1 4 1 2\n"

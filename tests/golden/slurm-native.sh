@@ -113,6 +113,10 @@ task)
     mpirun)  # one task on the first node; mpirun starts OpenMPI's daemons on the others
         # through Slurm (a step of this job) and every rank runs this wrapper in mode "mpi"
         export NUM_NODES=$SLURM_JOB_NUM_NODES LOCAL_WORLD_SIZE=$TREB_PPN
+        # OpenMPI reads the allocation from these: this one-task step's values would give it
+        # one slot on one node. With the job's, it sees P slots on every node and starts its
+        # daemons with `srun --nodes=N-1 --nodelist=<the other nodes>` (plm slurm).
+        export SLURM_NODELIST=$SLURM_JOB_NODELIST SLURM_TASKS_PER_NODE="$TREB_PPN(x$NUM_NODES)"
         treb_name=node-$treb_node treb_label=$treb_node
         treb_hl= treb_x=()
         for treb_h in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
@@ -125,8 +129,12 @@ task)
             $TREB_MPI_ENV; do  # mpirun passes variables to remote ranks only with -x
             [ -z "${!treb_v+x}" ] || treb_x+=(-x "$treb_v")
         done
+        # When a rank fails, OpenMPI sends SIGTERM to the others, then SIGKILL after
+        # odls_base_sigkill_timeout (1 s by default): grace_period instead, so that each
+        # wrapper has the time to record its rank as stopped by the launcher.
         set -- mpirun -np $((NUM_NODES * TREB_PPN)) -H "$treb_hl" --bind-to none \
-            --map-by slot "${treb_x[@]}" bash -c "$TREB_TASK_SH" treb-rank mpi "$@" ;;
+            --map-by slot --mca odls_base_sigkill_timeout "$TREB_GRACE" "${treb_x[@]}" \
+            bash -c "$TREB_TASK_SH" treb-rank mpi "$@" ;;
     *)  # none: the user's own launcher, once per node
         export LOCAL_WORLD_SIZE=$TREB_PPN
         treb_name=node-$treb_node treb_label=$treb_node ;;

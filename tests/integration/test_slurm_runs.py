@@ -73,6 +73,42 @@ def test_hello_contract_on_slurm(launcher: str, streb) -> None:
     assert f"all {2 if launcher == 'none' else 4} ranks said hello" in res.stdout
 
 
+def test_mpirun_hello_ranks_on_both_nodes(streb) -> None:
+    """launcher mpirun: one task on tn1 runs mpirun, OpenMPI starts the ranks on both nodes."""
+    res = streb("run", str(HELLO), "--on", "slurm", "-o", "launcher=mpirun", timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "CONTRACT FAIL" not in res.stdout + res.stderr
+    assert "all 4 ranks said hello" in res.stdout
+    assert re.search(r"^\[1:1\] rank 3 ok$", res.stdout, re.M), res.stdout[-2000:]
+    st = status(streb)
+    assert st["state"] == "SUCCEEDED" and st["exit_code"] == 0
+    recs = records(st["run_dir"])
+    assert [recs[f"rank-{r}"]["host"] for r in range(4)] == ["tn1", "tn1", "tn2", "tn2"]
+    assert [(recs[f"rank-{r}"]["node"], recs[f"rank-{r}"]["local_rank"]) for r in range(4)] == [
+        (0, 0), (0, 1), (1, 0), (1, 1)]  # fmt: skip
+    assert all(recs[f"rank-{r}"]["exit_code"] == 0 for r in range(4))
+    assert recs["node-0"]["host"] == "tn1" and "node-1" not in recs  # mpirun, once
+    assert len(st["procs"]) == 5
+
+
+def test_mpirun_failing_rank_is_the_root_cause(streb, tmp_path: Path) -> None:
+    cmd = 'if [ "$RANK" = 3 ]; then sleep 1; echo "boom on $(hostname)" >&2; exit 3; fi; sleep 120'
+    spec = write_spec(tmp_path, f"name: mpifails\ncommand: '{cmd}'\nlauncher: mpirun\n"
+                                "nodes: 2\nprocs_per_node: 2\n")  # fmt: skip
+    t0 = time.monotonic()
+    res = streb("run", str(spec), "--on", "slurm", timeout=300)
+    assert res.returncode == 1, res.stderr
+    assert time.monotonic() - t0 < 60  # mpirun stopped the others
+    st = status(streb)
+    ff = st["first_failure"]
+    assert st["state"] == "FAILED" and st["exit_code"] == 3, st
+    assert (ff["rank"], ff["node"], ff["local_rank"], ff["host"]) == (3, 1, 1, "tn2")
+    assert ff["log"].endswith("attempt-0/rank-3.log")
+    recs = records(st["run_dir"])
+    assert all(recs[f"rank-{r}"]["stopped_by_launcher"] for r in range(3)), recs
+    assert "boom on tn2" in res.stderr
+
+
 def test_failing_rank_on_node_two_is_the_root_cause(streb, tmp_path: Path) -> None:
     cmd = 'if [ "$RANK" = 3 ]; then sleep 1; echo "boom on $(hostname)" >&2; exit 3; fi; sleep 120'
     spec = write_spec(tmp_path, f"name: fails\ncommand: '{cmd}'\nnodes: 2\nprocs_per_node: 2\n")
