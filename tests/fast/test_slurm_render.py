@@ -237,7 +237,7 @@ def _yaml(value: str) -> str:
     "extra,why",
     [
         ("launcher: mpirun\nenvironment: {image: x}", "mpirun with an environment"),
-        ("environment: {python: '3.11'}", "only a container image"),
+        ("environment: {python: '3.2'}", "Python 3.2 is not installed on the submitting host"),
         ("gpus_per_node: -1", "no Slurm equivalent"),
         ("checkpoint_signal: SIGTERM", "SIGTERM is what Slurm sends"),
         ("slurm: {sbatch_args: ['--ntasks-per-node=8']}", "use procs_per_node"),
@@ -282,3 +282,16 @@ def test_main_renders_without_slurm_installed(tmp_path: Path, treb_home, capsys,
     spec.write_text("name: x\ncommand: 'true'\n")
     assert main(["render", str(spec), "--on", "slurm"]) == 0
     assert capsys.readouterr().out.startswith("#!/bin/bash\n")
+
+
+def test_venv_conda_and_profiles_reach_the_script(tmp_path: Path, treb_home) -> None:
+    """Environments are built on the submitting host in TREB_HOME (shared with the nodes);
+    the script puts a venv first on PATH, wraps ranks in `conda run`, and nsys-wraps them."""
+    rc, out, err = _render(tmp_path, "name: x\ncommand: python t.py\nenvironment: {requirements: [six]}\n"
+                           "profile: torch\nprofile_ranks: [0, 3]\n")  # fmt: skip
+    assert rc == 0, err
+    prefix = treb_home / "envs" / "x"
+    assert f"export VIRTUAL_ENV={prefix} PATH={prefix}/bin:\"$PATH\"" in out
+    assert "export TREB_TORCH_PROFILE_DIR=" in out and "export TREB_PROFILE_RANKS='0 3'" in out
+    rc, out, err = _render(tmp_path, "name: x\ncommand: python t.py\nprofile: nsys\n")
+    assert rc == 0 and "TREB_CMD=(bash -c " in out and "nsys profile" in out and "treb-nsys" in out

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from trebuchet.backends import slurm_state as st
 from trebuchet.backends.slurm_script import CONTROL, problems, render_script
-from trebuchet.errors import SpecError, UserError
+from trebuchet.envs.build import BuildError, ensure, python_executable
+from trebuchet.envs.recipe import Recipe, recipe_for
+from trebuchet.errors import SpecError, TrebError, UserError
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event, write_atomic
 from trebuchet.store.paths import runs_dir
@@ -63,17 +65,16 @@ class SlurmBackend:
                 "supported by the slurm backend (OpenMPI's daemons on the other nodes would "
                 "run outside it); use native (srun starts every rank in the container)"
             )
-        if env is not None and not env.image:
+        recipe = self.recipe(loaded)
+        if recipe and recipe.kind == "conda" and not recipe.conda_bin:
             raise UserError(
-                f"{loaded.where('environment')}: environment: on slurm only a container image "
-                "(environment.image, with mounts) is supported, through pyxis; a venv or "
-                "conda environment is not built on the cluster yet: omit `environment` and "
-                "submit from the environment the nodes should use (sbatch exports PATH)"
+                f"{loaded.where('environment')}: environment.conda: no micromamba, mamba or "
+                "conda on PATH here (the env is built on the submitting host, in TREB_HOME)"
             )
-        if getattr(spec, "profile", "none") != "none":
+        if recipe and recipe.kind == "venv" and not python_executable(recipe.python):
             raise UserError(
-                f"{loaded.where('profile')}: profile: {spec.profile} is not supported by the "
-                "slurm backend yet"
+                f"{loaded.where('environment', 'python')}: environment.python: Python "
+                f"{recipe.python} is not installed on the submitting host"
             )
         found = [f"{loaded.where(*path)}: {'.'.join(path)}: {why}" for path, why in problems(spec)]
         if found:
@@ -82,14 +83,30 @@ class SlurmBackend:
         if CONTROL.search(home) or '"' in home:
             raise UserError(f"TREB_HOME {home!r}: Slurm's --output cannot name this path")
 
+    def recipe(self, loaded: LoadedSpec) -> Recipe | None:
+        """A venv or conda env is built on the submitting host under TREB_HOME, which the
+        nodes share; vendor files follow gpu_vendor (the login node may have no GPU)."""
+        spec = loaded.spec
+        if spec.environment is None or spec.environment.image:
+            return None
+        vendor = spec.gpu_vendor if spec.gpu_vendor != "auto" else "none"
+        return recipe_for(spec, loaded.base, vendor)
+
     def render(self, loaded: LoadedSpec) -> str:
         self._check_spec(loaded)
         placeholder = runs_dir() / "RUN_ID"
-        return render_script(loaded.spec, loaded.workdir, "RUN_ID", placeholder)
+        return render_script(
+            loaded.spec, loaded.workdir, "RUN_ID", placeholder, self.recipe(loaded)
+        )
 
     # -- submission --------------------------------------------------------------------------
     def submit(self, sub: Submission, attach: bool) -> str | None:
-        script = render_script(sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir)
+        recipe = self.recipe(sub.loaded)
+        if recipe:  # built (or reused) before the job is queued; the nodes use it in place
+            self._build(sub, recipe)
+        script = render_script(
+            sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir, recipe
+        )
         path = sub.run_dir / "submit.sbatch"
         write_atomic(path, script)
         job_id = self._sbatch(sub, path)
@@ -100,6 +117,22 @@ class SlurmBackend:
             return None
         rec = sub.store.get(sub.record.id) or sub.record
         return self._attach(sub.store, rec)
+
+    def _build(self, sub: Submission, recipe: Recipe) -> None:
+        log_path = sub.run_dir / "environment.log"
+        print(f"treb: environment {recipe.name} ({recipe.kind}): building or reusing",
+              file=sys.stderr)  # fmt: skip
+        try:
+            with open(log_path, "a") as log:
+                info = ensure(recipe, log)
+        except (BuildError, OSError) as exc:
+            why = f"environment build failed: {exc}"
+            sub.store.set_attempt(sub.record.id, 0, state=FAILED, ended_at=time.time(), reason=why)
+            sub.store.update_run(sub.record.id, state=FAILED, ended_at=time.time())
+            append_event(sub.run_dir, "environment_failed", error=str(exc))
+            raise TrebError(why) from None
+        append_event(sub.run_dir, "environment_ready", reused=info.get("reused"),
+                     stamp=recipe.stamp, prefix=recipe.prefix)  # fmt: skip
 
     def _sbatch(self, sub: Submission, path: Path) -> str:
         try:

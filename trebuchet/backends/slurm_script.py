@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.backends import slurm_runtime as rt
+from trebuchet.envs.build import run_prefix
+from trebuchet.envs.recipe import Recipe
+from trebuchet.launcher.plan import profiled
 from trebuchet.spec.duration import slurm_time
 
 SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -210,13 +213,31 @@ def env_value(value: str, secrets: set[str]) -> str:
     return "".join(parts)
 
 
+def _environment_lines(spec: Any, run_dir: Path, recipe: Recipe | None) -> list[str]:
+    """Exports every task inherits: a venv's PATH, the profiling variables."""
+    lines = []
+    if recipe is not None and recipe.kind == "venv":
+        bin_dir = q(recipe.prefix + "/bin")
+        lines.append(f'export VIRTUAL_ENV={q(recipe.prefix)} PATH={bin_dir}:"$PATH"')
+    if spec.profile == "torch":
+        lines.append(f"export TREB_TORCH_PROFILE_DIR={q(run_dir / 'profile' / 'torch')}")
+    if spec.profile_ranks is not None:
+        lines.append(f"export TREB_PROFILE_RANKS={q(' '.join(map(str, spec.profile_ranks)))}")
+    return lines
+
+
 def _array(name: str, items: list[str]) -> str:
     return f"{name}=({' '.join(q(i) for i in items)})"
 
 
-def render_script(spec: Any, workdir: Path, run_id: str, run_dir: Path) -> str:
+def render_script(
+    spec: Any, workdir: Path, run_id: str, run_dir: Path, recipe: Recipe | None = None
+) -> str:
     """The whole sbatch script for one run."""
     cmd = ["bash", "-c", spec.command] if isinstance(spec.command, str) else list(spec.command)
+    cmd = profiled(spec, cmd)  # profile: nsys wraps each selected rank, as locally
+    if recipe is not None and recipe.kind == "conda":
+        cmd = [*run_prefix(recipe), *cmd]
     signal = getattr(spec, "checkpoint_signal", "SIGUSR2")
     fixed = getattr(spec, "fixed_port", None) or spec.master_port
     secrets = set(spec.secrets)
@@ -242,6 +263,7 @@ def render_script(spec: Any, workdir: Path, run_id: str, run_dir: Path) -> str:
         f"TREB_MASTER_PORT={q(fixed or '')}",
         f"TREB_PRE={q(getattr(spec, 'pre', None) or '')}",
         f"TREB_POST={q(getattr(spec, 'post', None) or '')}",
+        *_environment_lines(spec, run_dir, recipe),
         "# secrets: values come from the submitting environment (sbatch exports it), never "
         "from this file",
         _array("TREB_SECRETS", sorted(secrets)),
