@@ -53,3 +53,19 @@ def test_nsys_profiles_ranks_on_both_nodes(streb, tmp_path: Path) -> None:
     run_dir = Path(status(streb)["run_dir"])
     reports = sorted(p.name for p in (run_dir / "profile" / "attempt-0").iterdir())
     assert reports == [f"rank-{r}.nsys-rep" for r in range(4)]
+
+
+def test_queued_job_runs_the_code_as_submitted(streb, tmp_path: Path) -> None:
+    """The job waits in the queue (--begin); the file is edited meanwhile; it runs the old code."""
+    import time
+
+    (tmp_path / "train.py").write_text("print('version one')\n")
+    spec = write_spec(tmp_path, "command: python train.py\nslurm:\n  sbatch_args: ['--begin=now+4']\n")
+    res = streb("run", str(spec), "--on", "slurm", "--detach", "--no-check")
+    assert res.returncode == 0, res.stderr
+    (tmp_path / "train.py").write_text("print('version two')\n")
+    deadline = time.monotonic() + 180
+    while status(streb)["state"] not in ("SUCCEEDED", "FAILED") and time.monotonic() < deadline:
+        time.sleep(1)
+    assert status(streb)["state"] == "SUCCEEDED"
+    assert streb("logs", "--rank", "0").stdout == "version one\n"
