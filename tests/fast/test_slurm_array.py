@@ -125,7 +125,10 @@ def test_no_parallel_limit_when_unset(fake_slurm: Path, tmp_path: Path, treb_hom
 @pytest.mark.parametrize(
     "override,field",
     [
-        ("nodes=1,2", "nodes differs between points (--nodes=1 at nodes=1 vs --nodes=2 at nodes=2)"),
+        (
+            "nodes=1,2",
+            "nodes differs between points (--nodes=1 at nodes=1 vs --nodes=2 at nodes=2)",
+        ),
         ("timeout=5m,10m", "slurm.time / timeout differs"),
         ("slurm.partition=a,b", "slurm.partition differs"),
         ("gpus_per_node=0,1", "gpus_per_node differs between points (no --gpus-per-node at"),
@@ -151,8 +154,10 @@ def test_launcher_and_env_may_differ(fake_slurm: Path, tmp_path: Path, treb_home
 def test_sbatch_refusal_fails_every_point(tmp_path: Path, treb_home: Path, monkeypatch) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "sbatch").write_text("#!/bin/bash\necho 'sbatch: error: Batch job submission "
-                                    "failed: Invalid partition name specified' >&2\nexit 1\n")
+    (bin_dir / "sbatch").write_text(
+        "#!/bin/bash\necho 'sbatch: error: Batch job submission "
+        "failed: Invalid partition name specified' >&2\nexit 1\n"
+    )
     (bin_dir / "sbatch").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     res = _sweep(tmp_path, SPEC, "-o", "env.LR=1,2")

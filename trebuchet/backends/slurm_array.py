@@ -75,9 +75,7 @@ def _show(flag: str, point: dict[str, str], lines: dict[str, str]) -> str:
     return f"{line} at {params}"
 
 
-def render_array(
-    sweep_id: str, subs: list[Submission], parallel: int | None, log_dir: Path
-) -> str:
+def render_array(sweep_id: str, subs: list[Submission], parallel: int | None, log_dir: Path) -> str:
     """The array script: the shared header, --array, and the dispatch to each point."""
     first = subs[0].loaded.spec
     names = {s.loaded.spec.name for s in subs}
@@ -100,7 +98,7 @@ def render_array(
     for i, sub in enumerate(subs):
         lines.append(f"{i}) treb_dir={q(sub.run_dir)} ;;  # run {sub.record.id}")
     lines += [
-        '*) echo "treb: sweep ' + sweep_id + ': no run for array task '
+        '*) echo "treb: sweep ' + sweep_id + ": no run for array task "
         '${SLURM_ARRAY_TASK_ID:-?}" >&2; exit 2 ;;',
         "esac",
         'exec >>"$treb_dir/batch.log" 2>&1',
