@@ -134,3 +134,19 @@ def test_ctrl_c_on_an_attached_sweep_cancels_the_array(streb, tmp_path: Path) ->
     time.sleep(2)
     tasks = _tasks(runs[0]["backend_id"].split("_")[0])
     assert tasks and set(tasks.values()) == {"CANCELLED"}, tasks
+
+
+def test_sweep_in_a_venv(streb, treb_home: Path, tmp_path: Path) -> None:
+    """The environment is built (once) before the array is submitted; every point uses it."""
+    (tmp_path / "probe.py").write_text(
+        "import os, six, sys\nprint('x', os.environ['X'], sys.prefix)\n"
+    )
+    spec = write_spec(
+        tmp_path,
+        "name: envsweep\ncommand: python probe.py\nenvironment:\n  requirements: [six==1.16.0]\n",
+    )
+    res = streb("run", str(spec), "--on", "slurm", "--no-check", "-o", "env.X=1,2", timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    prefix = treb_home / "envs" / "envsweep"
+    assert f"[0|0:0] x 1 {prefix}" in res.stdout and f"[1|0:0] x 2 {prefix}" in res.stdout
+    assert [r["state"] for r in _ps(streb)] == ["SUCCEEDED"] * 2

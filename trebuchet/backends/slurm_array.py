@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trebuchet.backends.slurm_script import _directive, q, render_script, sbatch_lines
-from trebuchet.errors import UserError
+from trebuchet.errors import TrebError, UserError
 from trebuchet.store.files import append_event, write_atomic
 from trebuchet.store.states import CANCELLED, FAILED, SUCCEEDED, TERMINAL
 
@@ -111,8 +111,16 @@ def submit(
     backend: Any, sweep_id: str, subs: list[Submission], parallel: int | None, log_dir: Path
 ) -> str:
     """Render every point's script and the array script, one sbatch; returns the job id."""
-    for sub in subs:
-        script = render_script(sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir)
+    for sub in subs:  # as SlurmBackend.submit: an environment is built (or reused) first
+        recipe = backend.recipe(sub.loaded)
+        if recipe:
+            try:
+                backend._build(sub, recipe)
+            except TrebError as exc:  # no array without every point: none is submitted
+                _fail([s for s in subs if s is not sub], f"not submitted: {exc}")
+                raise
+        spec = sub.loaded.spec
+        script = render_script(spec, sub.loaded.workdir, sub.record.id, sub.run_dir, recipe)
         write_atomic(sub.run_dir / "submit.sbatch", script)
     path = log_dir / f"{sweep_id}.sbatch"
     write_atomic(path, render_array(sweep_id, subs, parallel, log_dir))
@@ -141,12 +149,16 @@ def _sbatch(subs: list[Submission], path: Path) -> str:
             return job_id
         why = res.stderr.strip() or res.stdout.strip() or f"exit {res.returncode}"
         why = f"sbatch refused the job array: {why.splitlines()[-1]}"
+    _fail(subs, why)
+    raise UserError(why)
+
+
+def _fail(subs: list[Submission], why: str) -> None:
     now = time.time()
     for sub in subs:
         sub.store.set_attempt(sub.record.id, 0, state=FAILED, ended_at=now, reason=why)
         sub.store.update_run(sub.record.id, state=FAILED, ended_at=now)
         append_event(sub.run_dir, "sbatch_failed", reason=why)
-    raise UserError(why)
 
 
 def follow(backend: Any, store: Any, job_id: str, runs: list[dict[str, Any]]) -> tuple[int, int]:
