@@ -109,6 +109,22 @@ def test_mpirun_failing_rank_is_the_root_cause(streb, tmp_path: Path) -> None:
     assert "boom on tn2" in res.stderr
 
 
+def test_mpirun_cancel_stops_every_rank(streb, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "name: mpilong\ncommand: 'echo up; sleep 600'\n"
+                                "launcher: mpirun\nnodes: 2\nprocs_per_node: 2\n")  # fmt: skip
+    res = streb("run", str(spec), "--on", "slurm", "--detach")
+    assert res.returncode == 0, res.stderr
+    rid = res.stdout.strip()
+    st = wait_for(streb, rid, {"RUNNING"}, timeout=60)
+    wait_ranks_running(st["run_dir"], 5)  # mpirun's record and the 4 ranks'
+    res = streb("cancel", rid)
+    assert res.returncode == 0 and "CANCELLED" in res.stdout, res.stderr
+    st = status(streb, rid)
+    assert st["state"] == "CANCELLED" and st["first_failure"] is None
+    ranks = [p for p in st["procs"] if p["rank"] is not None]
+    assert len(ranks) == 4 and all(p["stopped_by_launcher"] for p in ranks), st["procs"]
+
+
 def test_failing_rank_on_node_two_is_the_root_cause(streb, tmp_path: Path) -> None:
     cmd = 'if [ "$RANK" = 3 ]; then sleep 1; echo "boom on $(hostname)" >&2; exit 3; fi; sleep 120'
     spec = write_spec(tmp_path, f"name: fails\ncommand: '{cmd}'\nnodes: 2\nprocs_per_node: 2\n")
