@@ -236,7 +236,7 @@ def _yaml(value: str) -> str:
 @pytest.mark.parametrize(
     "extra,why",
     [
-        ("launcher: mpirun\nenvironment: {image: x}", "mpirun with an environment"),
+        ("launcher: mpirun\nenvironment: {image: x}", "mpirun with a container image"),
         ("environment: {python: '3.2'}", "Python 3.2 is not installed on the submitting host"),
         ("gpus_per_node: -1", "no Slurm equivalent"),
         ("checkpoint_signal: SIGTERM", "SIGTERM is what Slurm sends"),

@@ -59,9 +59,9 @@ class SlurmBackend:
     def _check_spec(self, loaded: LoadedSpec) -> None:
         spec = loaded.spec
         env = spec.environment
-        if spec.launcher == "mpirun" and env is not None:
+        if spec.launcher == "mpirun" and env is not None and env.image:
             raise UserError(
-                f"{loaded.where('launcher')}: launcher: mpirun with an environment is not "
+                f"{loaded.where('launcher')}: launcher: mpirun with a container image is not "
                 "supported by the slurm backend (OpenMPI's daemons on the other nodes would "
                 "run outside it); use native (srun starts every rank in the container)"
             )
