@@ -237,7 +237,7 @@ def _yaml(value: str) -> str:
     "extra,why",
     [
         ("launcher: mpirun\nenvironment: {image: x}", "mpirun with a container image"),
-        ("environment: {python: '3.2'}", "Python 3.2 is not installed on the submitting host"),
+        ("environment: {python: '3.2'}", "Python 3.2 is not installed here"),
         ("gpus_per_node: -1", "no Slurm equivalent"),
         ("checkpoint_signal: SIGTERM", "SIGTERM is what Slurm sends"),
         ("slurm: {sbatch_args: ['--ntasks-per-node=8']}", "use procs_per_node"),

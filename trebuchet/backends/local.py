@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from trebuchet.envs import gpus
-from trebuchet.envs.build import python_executable
+from trebuchet.envs.build import missing_tool
 from trebuchet.envs.recipe import recipe_for
 from trebuchet.envs.wrap import engine_problem
 from trebuchet.errors import UserError
@@ -71,18 +71,9 @@ class LocalBackend:
             problem = engine_problem()
             if problem:
                 raise UserError(f"{where}: environment.image: {problem}")
-        elif recipe and recipe.kind == "conda" and not recipe.conda_bin:
-            raise UserError(
-                f"{where}: environment.conda: no micromamba, mamba or conda on PATH "
-                "(install one, or set environment.conda.conda_bin)"
-            )
-        elif recipe and recipe.kind == "venv" and not python_executable(recipe.python):
-            raise UserError(
-                f"{loaded.where('environment', 'python')}: environment.python: Python "
-                f"{recipe.python} is not installed here; install it (your OS packages, pyenv, "
-                f"or `uv python install {recipe.python}` where the network allows) or use "
-                f"{sys.version_info.major}.{sys.version_info.minor}"
-            )
+        elif recipe and (missing := missing_tool(recipe)):
+            field, why = missing
+            raise UserError(f"{loaded.where(*field)}: {'.'.join(field)}: {why}")
         if spec.profile == "nsys" and recipe is None and not shutil.which("nsys"):
             raise UserError(
                 f"{loaded.where('profile')}: profile: nsys is not on PATH (install NVIDIA Nsight "

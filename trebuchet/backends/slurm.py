@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from trebuchet.backends import slurm_state as st
 from trebuchet.backends.slurm_script import CONTROL, problems, render_script
-from trebuchet.envs.build import BuildError, ensure, python_executable
+from trebuchet.envs.build import BuildError, ensure, missing_tool
 from trebuchet.envs.recipe import Recipe, recipe_for
 from trebuchet.errors import SpecError, TrebError, UserError
 from trebuchet.store.db import RunRecord, Store
@@ -36,6 +36,22 @@ ORPHAN_PENDING_S = 120.0  # a run recorded this long ago without a job id never 
 SQUEUE_MIN_INTERVAL_S = 1.0  # one process asks squeue at most this often (slurmctld's RPCs)
 POLL_S = 1.0  # attached runs: how often the state is refreshed
 SQUEUE_SILENT_WARN_S = 60.0  # attached runs: say so when squeue fails this long
+
+
+def call_sbatch(path: Path, cwd: Path, what: str) -> tuple[str | None, str]:
+    """(job id, "") from `sbatch --parsable`, or (None, why it was not accepted)."""
+    try:
+        res = subprocess.run(
+            ["sbatch", "--parsable", str(path)], cwd=cwd, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"sbatch did not answer: {exc}"
+    job_id = res.stdout.strip().split(";")[0]
+    if res.returncode == 0 and job_id.isdigit():
+        return job_id, ""
+    why = res.stderr.strip() or res.stdout.strip() or f"exit {res.returncode}"
+    return None, f"sbatch refused {what}: {why.splitlines()[-1]}"
 
 
 class SlurmBackend:
@@ -65,17 +81,10 @@ class SlurmBackend:
                 "supported by the slurm backend (OpenMPI's daemons on the other nodes would "
                 "run outside it); use native (srun starts every rank in the container)"
             )
-        recipe = self.recipe(loaded)
-        if recipe and recipe.kind == "conda" and not recipe.conda_bin:
-            raise UserError(
-                f"{loaded.where('environment')}: environment.conda: no micromamba, mamba or "
-                "conda on PATH here (the env is built on the submitting host, in TREB_HOME)"
-            )
-        if recipe and recipe.kind == "venv" and not python_executable(recipe.python):
-            raise UserError(
-                f"{loaded.where('environment', 'python')}: environment.python: Python "
-                f"{recipe.python} is not installed on the submitting host"
-            )
+        recipe = self.recipe(loaded)  # built here, on the submitting host, in TREB_HOME
+        if recipe and (missing := missing_tool(recipe)):
+            field, why = missing
+            raise UserError(f"{loaded.where(*field)}: {'.'.join(field)}: {why}")
         found = [f"{loaded.where(*path)}: {'.'.join(path)}: {why}" for path, why in problems(spec)]
         if found:
             raise SpecError(found)
@@ -135,19 +144,9 @@ class SlurmBackend:
                      stamp=recipe.stamp, prefix=recipe.prefix)  # fmt: skip
 
     def _sbatch(self, sub: Submission, path: Path) -> str:
-        try:
-            res = subprocess.run(
-                ["sbatch", "--parsable", str(path)], cwd=sub.loaded.workdir,
-                capture_output=True, text=True, timeout=120,
-            )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            why = f"sbatch did not answer: {exc}"
-        else:
-            job_id = res.stdout.strip().split(";")[0]
-            if res.returncode == 0 and job_id.isdigit():
-                return job_id
-            why = res.stderr.strip() or res.stdout.strip() or f"exit {res.returncode}"
-            why = f"sbatch refused the job: {why.splitlines()[-1]}"
+        job_id, why = call_sbatch(path, sub.loaded.workdir, "the job")
+        if job_id:
+            return job_id
         sub.store.set_attempt(sub.record.id, 0, state=FAILED, ended_at=time.time(), reason=why)
         sub.store.update_run(sub.record.id, state=FAILED, ended_at=time.time())
         append_event(sub.run_dir, "sbatch_failed", reason=why)

@@ -136,19 +136,11 @@ def submit(
 
 
 def _sbatch(subs: list[Submission], path: Path) -> str:
-    try:
-        res = subprocess.run(
-            ["sbatch", "--parsable", str(path)], cwd=subs[0].loaded.workdir,
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        why = f"sbatch did not answer: {exc}"
-    else:
-        job_id = res.stdout.strip().split(";")[0]
-        if res.returncode == 0 and job_id.isdigit():
-            return job_id
-        why = res.stderr.strip() or res.stdout.strip() or f"exit {res.returncode}"
-        why = f"sbatch refused the job array: {why.splitlines()[-1]}"
+    from trebuchet.backends.slurm import call_sbatch
+
+    job_id, why = call_sbatch(path, subs[0].loaded.workdir, "the job array")
+    if job_id:
+        return job_id
     _fail(subs, why)
     raise UserError(why)
 

@@ -181,3 +181,19 @@ def python_executable(version: str | None) -> str | None:
         if res.returncode == 0 and res.stdout.strip():
             return res.stdout.strip()
     return shutil.which(f"python{version}")
+
+
+def missing_tool(recipe: Recipe) -> tuple[tuple[str, ...], str] | None:
+    """(field, why) when this host lacks what building the env needs; None when it has it."""
+    if recipe.kind == "conda" and not recipe.conda_bin:
+        return ("environment", "conda"), (
+            "no micromamba, mamba or conda on PATH (install one, or set "
+            "environment.conda.conda_bin)"
+        )
+    if recipe.kind == "venv" and not python_executable(recipe.python):
+        here = f"{sys.version_info.major}.{sys.version_info.minor}"
+        return ("environment", "python"), (
+            f"Python {recipe.python} is not installed here; install it (your OS packages, "
+            f"pyenv, or `uv python install {recipe.python}` where the network allows) or use {here}"
+        )
+    return None
