@@ -77,3 +77,15 @@ def test_detached_sweep_can_be_cancelled(treb, tmp_path: Path) -> None:
             break
         time.sleep(0.1)
     assert states == ["CANCELLED"] * 3
+
+
+def test_results_of_a_sweep_side_by_side(treb, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "command: 'echo performance: $((LR * 10)) samples_per_second'\n")
+    res = treb("run", str(spec), "-o", "env.LR=1,2,3")
+    assert res.returncode == 0, res.stderr
+    sweep_id = json.loads(treb("ps", "--json").stdout)[0]["sweep_id"]
+    rows = json.loads(treb("results", sweep_id, "--json").stdout)
+    got = sorted((r["params"]["env.LR"], r["performance"], r["sweep_id"]) for r in rows)
+    assert got == [("1", 10.0, sweep_id), ("2", 20.0, sweep_id), ("3", 30.0, sweep_id)]
+    table = treb("results", sweep_id).stdout
+    assert "env.LR" in table.splitlines()[0] and len(table.splitlines()) == 4

@@ -25,11 +25,12 @@ def main(args: argparse.Namespace) -> int:
     store = Store()
     if args.runs:
         recs, seen = [], set()
-        for ref in args.runs:
-            rec = store.resolve(ref)
-            if rec.id not in seen:
-                seen.add(rec.id)
-                recs.append(rec)
+        for ref in args.runs:  # a run, or a sweep id: all its points, side by side
+            members = [] if store.matches_run(ref) else store.sweep_runs(ref)
+            for rec in members or [store.resolve(ref)]:
+                if rec.id not in seen:
+                    seen.add(rec.id)
+                    recs.append(rec)
     else:
         recs = list(reversed(store.list() if args.all else store.list(limit=RECENT)))
     refresh(store, recs)
@@ -38,6 +39,8 @@ def main(args: argparse.Namespace) -> int:
     for rec in recs:
         rec = store.get(rec.id) or rec
         got = collect.collect(store, rec)
+        for row in got:  # a sweep point's parameters travel with its rows
+            row["sweep_id"], row["params"] = rec.sweep_id, json.loads(rec.params or "{}")
         if not got:
             waiting.append(f"{rec.id} ({rec.state})")
         rows += got
@@ -85,4 +88,10 @@ def show(rows: list[dict]) -> None:
 
     headers = ["RUN", "MODEL", "STATUS", "PERFORMANCE", "METRIC", "CHANGE", "SHAPE",
                "LAUNCHER", "COMMIT", "DURATION", "CREATED"]  # fmt: skip
-    print_table(headers, [cell(r) for r in rows])
+    cells = [cell(r) for r in rows]
+    keys = sorted({k for r in rows for k in r.get("params") or {}})
+    if keys:  # sweep points: their parameters side by side
+        headers += keys
+        for c, r in zip(cells, rows, strict=True):
+            c += [str((r.get("params") or {}).get(k, "-")) for k in keys]
+    print_table(headers, cells)
