@@ -212,3 +212,17 @@ def test_run_hands_the_task_to_skypilots_api(tmp_path, capsys, monkeypatch, treb
     assert main(["ps", "--json"]) == 0
     (run,) = yaml.safe_load(capsys.readouterr().out)
     assert run["state"] == "SUCCEEDED" and run["backend"] == "skypilot"
+
+
+def test_nsys_wraps_every_rank_in_the_run_script(tmp_path, capsys, monkeypatch) -> None:
+    """nsys cannot run here (no GPU stack): a stand-in records the report path and runs the rank."""
+    fake = tmp_path / "bin" / "nsys"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/bash\nshift; while [ "$1" != -o ]; do shift; done; '
+                    'echo "$2" >> "$OUT/calls"; shift 2; exec "$@"\n')  # fmt: skip
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    spec = 'command: echo ran > "$OUT/r$RANK"\nprocs_per_node: 2\nprofile: nsys\nprofile_ranks: [1]\n'
+    code, outdir = run_script(tmp_path, capsys, spec, node=0, nodes=1)
+    assert code == 0 and sorted(p.name for p in outdir.iterdir()) == ["calls", "r0", "r1"]
+    assert (outdir / "calls").read_text().strip().endswith("/profile/attempt-0/rank-1")

@@ -12,6 +12,7 @@ import shlex
 from typing import Any
 
 from trebuchet.errors import UserError
+from trebuchet.launcher.plan import NSYS_WRAPPER
 
 SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -45,10 +46,6 @@ def check_common(spec: Any, source: str, engine: str) -> None:
             f"{source}: launcher: {spec.launcher} is not rendered for {engine}; "
             "use native, torchrun or none"
         )
-    if spec.profile != "none":
-        raise UserError(
-            f"{source}: profile: {spec.profile} is not rendered for {engine} yet; use profile: none"
-        )
     if spec.gpus_per_node == -1:
         raise UserError(
             f"{source}: gpus_per_node: -1 (all visible) has no {engine} "
@@ -71,6 +68,13 @@ def node_script(spec: Any, head: list[str], prelude: list[str] | None = None) ->
         )
     lines += prelude or []
     cmd = command_words(spec.command)
+    if spec.profile == "nsys":  # as on the other backends: nsys wraps the selected ranks
+        cmd = f"bash -c {shlex.quote(NSYS_WRAPPER)} treb-nsys {cmd}"
+    if spec.profile == "torch":
+        lines.append('export TREB_TORCH_PROFILE_DIR="$TREB_RUN_DIR/profile/torch"')
+    if spec.profile_ranks is not None:
+        ranks = " ".join(str(r) for r in spec.profile_ranks)
+        lines.append(f"export TREB_PROFILE_RANKS={shlex.quote(ranks)}")
     if spec.timeout:
         grace = max(1, int(spec.grace_period))
         cmd = f"timeout --kill-after={grace} {int(-(-spec.timeout // 1))} {cmd}"
