@@ -25,6 +25,8 @@ GPU_RESOURCES = {"amd": "amd.com/gpu"}  # anything else (auto, nvidia): nvidia.c
 
 def gpu_resource(spec: Any) -> str:
     return GPU_RESOURCES.get(spec.gpu_vendor, "nvidia.com/gpu")
+
+
 LABEL = "trebuchet.dev/workload"
 
 
