@@ -255,10 +255,6 @@ ORIGINAL = {
 def test_imported_spec_renders_to_the_same_slurm_request(
     name, capsys, tmp_path, treb_home, monkeypatch
 ) -> None:
-    from trebuchet.backends import KNOWN
-
-    if "slurm" not in KNOWN:
-        pytest.skip("the Slurm backend is not there yet")
     for secret in ("HF_TOKEN", "GH_TOKEN", "WANDB_API_KEY"):
         monkeypatch.setenv(secret, "x")
     data, err, loaded = imported(capsys, tmp_path, "sbatch", name)
