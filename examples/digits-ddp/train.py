@@ -169,6 +169,9 @@ def main() -> None:
         print(f"accuracy: {accuracy:.4f}", flush=True)
         if samples:  # nothing trained (resumed a finished run): no rate to report
             print(f"performance: {samples / slowest.item():.1f} samples_per_second", flush=True)
+    # Every rank leaves together: a rank tearing down while another still talks to the
+    # store can abort in torch's exit path ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 
