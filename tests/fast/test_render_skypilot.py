@@ -166,12 +166,9 @@ def test_hostile_command_is_carried_literally(tmp_path, capsys) -> None:
 
 
 def test_first_failed_rank_stops_the_others(tmp_path, capsys) -> None:
-    spec = "command: 'if [ \"$LOCAL_RANK\" = 1 ]; then exit 3; fi; sleep 30'\nprocs_per_node: 3\n"
-    import time
-
-    t0 = time.time()
-    code, _ = run_script(tmp_path, capsys, spec, node=0, nodes=1)
-    assert code == 3 and time.time() - t0 < 15
+    spec = "command: 'if [ \"$LOCAL_RANK\" = 1 ]; then exit 3; fi; sleep 600'\nprocs_per_node: 3\n"
+    code, _ = run_script(tmp_path, capsys, spec, node=0, nodes=1)  # 60 s limit: not waited for
+    assert code == 3
 
 
 def test_none_launcher_runs_once_per_node(tmp_path, capsys) -> None:

@@ -160,6 +160,15 @@ treb_on_term() {  # stopped by Slurm or by the teardown after another rank faile
     fi
 }
 trap treb_on_term TERM
+treb_stopped_elsewhere() {  # the command died of a stop signal sent to the whole step
+    # Slurm signals a step's processes one by one (children first with proctrack/linuxproc):
+    # the command can die before this wrapper's own TERM arrives, so look at why.
+    case $treb_rc in 129|130|137|143) ;; *) return 1 ;; esac
+    [ ! -e "$TREB_RUN_DIR/cancel-requested" ] || return 0
+    [ ! -e "$TREB_RUN_DIR/attempt-$TREB_ATTEMPT/teardown" ] || return 0
+    local st; st=$(squeue -h -j "$SLURM_JOB_ID" -o %T 2>/dev/null) || return 1
+    [ -n "$st" ] && [ "$st" != RUNNING ]  # cancelled, time limit, preempted: ending
+}
 treb_sig=${TREB_CHECKPOINT_SIGNAL#SIG}
 if [ "$treb_mode" = task ] && [ "$TREB_LAUNCHER" = torchrun ]; then
     # torchrun dies of USR1/USR2 (it handles TERM, INT, HUP, QUIT only): it ignores the
@@ -184,10 +193,13 @@ treb_signal=null
 if [ "$treb_rc" -gt 128 ] && [ "$treb_rc" -le 192 ]; then
     treb_signal="\"SIG$(kill -l $((treb_rc - 128)) 2>/dev/null)\""
 fi
+[ "$treb_stopped" = true ] || ! treb_stopped_elsewhere || treb_stopped=true
 treb_record ENDED "$treb_rc" "$treb_signal" "$(treb_now)"
 if [ "$treb_rc" != 0 ] && [ "$treb_stopped" = false ] && [ "$treb_mode" = task ]; then
     # The first failure stops the other tasks of this step: SIGTERM now, each wrapper
     # sends SIGKILL after the grace period (srun would otherwise wait for them forever).
+    # The marker tells the wrappers whose command dies before their own TERM arrives.
+    treb_put "$TREB_RUN_DIR/attempt-$TREB_ATTEMPT/teardown" "$treb_label"
     ( trap '' TERM; exec scancel --signal=TERM "$SLURM_JOB_ID.$SLURM_STEP_ID" 2>/dev/null )
 fi
 exit "$treb_rc"

@@ -90,10 +90,8 @@ def test_cancel_a_sweep_cancels_the_array(streb, tmp_path: Path) -> None:
         time.sleep(1)
     assert sorted(r["state"] for r in runs) == ["PENDING", "PENDING", "RUNNING", "RUNNING"]
     job = runs[0]["backend_id"].split("_")[0]
-    t0 = time.monotonic()
     res = streb("cancel", sweep_id)
     assert res.returncode == 0 and f"sweep {sweep_id}: cancelled" in res.stdout, res.stderr
-    assert time.monotonic() - t0 < 60
     runs = _ps(streb)
     assert [r["state"] for r in runs] == ["CANCELLED"] * 4
     for r in runs:
