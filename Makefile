@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml examples/digits-ddp/requirements.txt
 # (scripts/with-slurm-cluster); in CI a cluster that cannot start fails the run.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	scripts/system-deps
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/with-slurm-cluster $(PY) -m pytest -q
 

@@ -27,12 +27,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine  # noqa: E402
 
-OLD_ERROR = (b'Traceback (most recent call last):\n  File "/workspace/data.py", line 9, in '
-             b"<module>\nFileNotFoundError: cache.idx (rebuilding it)\n")
+OLD_ERROR = (
+    b'Traceback (most recent call last):\n  File "/workspace/data.py", line 9, in '
+    b"<module>\nFileNotFoundError: cache.idx (rebuilding it)\n"
+)
 
 
 def root_rank(ranks: int) -> int:
     return ranks * 137 // 256  # rank 137 of 256
+
+
 T0 = time.mktime((2026, 3, 14, 9, 26, 53, 0, 0, -1))
 
 

@@ -154,11 +154,15 @@ def test_render_image_passes_values_by_name_only(tmp_path, treb_home, capsys, mo
 
 
 def test_render_mpirun_and_horovod(tmp_path, treb_home, capsys) -> None:
-    code, out, _ = _render(tmp_path, "command: python t.py\nnodes: 2\nprocs_per_node: 2\nlauncher: mpirun\n", capsys)
+    code, out, _ = _render(
+        tmp_path, "command: python t.py\nnodes: 2\nprocs_per_node: 2\nlauncher: mpirun\n", capsys
+    )
     assert code == 0  # render needs no mpirun on this machine
     cmd = next(line for line in out.splitlines() if line.startswith("  $ "))
     assert cmd.startswith("  $ mpirun -np 4 -H localhost:4 --bind-to none -x LOCAL_WORLD_SIZE")
-    assert "export RANK=${OMPI_COMM_WORLD_RANK" in cmd and cmd.endswith("treb-rank bash -c 'python t.py'")
+    assert "export RANK=${OMPI_COMM_WORLD_RANK" in cmd and cmd.endswith(
+        "treb-rank bash -c 'python t.py'"
+    )
     from trebuchet.launcher.plan import mpi_argv
 
     assert mpi_argv("horovod", 16, ["localhost", "128.140.2.4"], 8, {}) == [

@@ -219,7 +219,9 @@ def test_nsys_wraps_every_rank_in_the_run_script(tmp_path, capsys, monkeypatch) 
                     'echo "$2" >> "$OUT/calls"; shift 2; exec "$@"\n')  # fmt: skip
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
-    spec = 'command: echo ran > "$OUT/r$RANK"\nprocs_per_node: 2\nprofile: nsys\nprofile_ranks: [1]\n'
+    spec = (
+        'command: echo ran > "$OUT/r$RANK"\nprocs_per_node: 2\nprofile: nsys\nprofile_ranks: [1]\n'
+    )
     code, outdir = run_script(tmp_path, capsys, spec, node=0, nodes=1)
     assert code == 0 and sorted(p.name for p in outdir.iterdir()) == ["calls", "r0", "r1"]
     assert (outdir / "calls").read_text().strip().endswith("/profile/attempt-0/rank-1")

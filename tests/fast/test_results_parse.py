@@ -64,7 +64,9 @@ def test_results_csv_keeps_extra_columns(tmp_path: Path) -> None:
 
 
 def test_rank_aggregation() -> None:
-    vals = {r: parse.Value(v, "items_per_second", "") for r, v in {0: 10.0, 1: 12.0, 2: 14.0}.items()}
+    vals = {
+        r: parse.Value(v, "items_per_second", "") for r, v in {0: 10.0, 1: 12.0, 2: 14.0}.items()
+    }
     assert collect.aggregate(vals, "rank0")[:2] == (10.0, "items_per_second")
     assert collect.aggregate(vals, "sum")[0] == 36.0
     assert collect.aggregate(vals, "mean")[0] == 12.0

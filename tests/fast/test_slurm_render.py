@@ -18,7 +18,7 @@ from trebuchet.backends.slurm_script import env_value, slurm_seconds, warning_se
 from trebuchet.cli.main import main
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
-HOSTILE = "it's \"q\" $(touch /tmp/pwned) `id` ${HOME} \\ ; rm -rf /\nline2"
+HOSTILE = 'it\'s "q" $(touch /tmp/pwned) `id` ${HOME} \\ ; rm -rf /\nline2'
 SPECS = {
     "native": """\
 name: render-me
@@ -242,10 +242,10 @@ def _yaml(value: str) -> str:
         ("checkpoint_signal: SIGTERM", "SIGTERM is what Slurm sends"),
         ("slurm: {sbatch_args: ['--ntasks-per-node=8']}", "use procs_per_node"),
         ("slurm: {sbatch_args: ['--export=NONE']}", "--export must keep ALL"),
-        ("slurm: {sbatch_args: [\"--comment=a\\n#SBATCH --x\"]}", "one line"),
+        ('slurm: {sbatch_args: ["--comment=a\\n#SBATCH --x"]}', "one line"),
         ("slurm: {account: 'a\"b'}", "without double quotes"),
         ("slurm: {time: 'soon'}", "is not a Slurm time"),
-        ("slurm: {setup: [\"a\\nb\"]}", "one shell line per item"),
+        ('slurm: {setup: ["a\\nb"]}', "one shell line per item"),
     ],
 )
 def test_refused_with_a_clear_error(extra: str, why: str, tmp_path: Path, treb_home) -> None:
@@ -291,7 +291,7 @@ def test_venv_conda_and_profiles_reach_the_script(tmp_path: Path, treb_home) -> 
                            "profile: torch\nprofile_ranks: [0, 3]\n")  # fmt: skip
     assert rc == 0, err
     prefix = treb_home / "envs" / "x"
-    assert f"export VIRTUAL_ENV={prefix} PATH={prefix}/bin:\"$PATH\"" in out
+    assert f'export VIRTUAL_ENV={prefix} PATH={prefix}/bin:"$PATH"' in out
     assert "export TREB_TORCH_PROFILE_DIR=" in out and "export TREB_PROFILE_RANKS='0 3'" in out
     rc, out, err = _render(tmp_path, "name: x\ncommand: python t.py\nprofile: nsys\n")
     assert rc == 0 and "TREB_CMD=(bash -c " in out and "nsys profile" in out and "treb-nsys" in out

@@ -103,8 +103,16 @@ def test_failed_run_names_root_cause_rank_and_node(treb_home: Path, fake_slurm: 
     store = Store()
     run_dir = add_run(store, treb_home, "fail", "79")
     adir = run_dir / "attempt-0"
-    write(adir / "attempt.json", {"attempt": 0, "state": "FAILED", "started_at": 1.0,
-                                   "ended_at": 9.0, "reason": "srun exited with code 3"})
+    write(
+        adir / "attempt.json",
+        {
+            "attempt": 0,
+            "state": "FAILED",
+            "started_at": 1.0,
+            "ended_at": 9.0,
+            "reason": "srun exited with code 3",
+        },
+    )
     # rank 1 exits 1 first, but it was stopped by the teardown; rank 3 (node 1) is the cause
     write(adir / "rank-0.json", rank(0, 143, 5.0, stopped=True))
     write(adir / "rank-1.json", rank(1, 1, 2.0, stopped=True))
@@ -192,8 +200,10 @@ def test_ps_with_slurm_runs_stays_light(treb_home: Path, fake_slurm: Path) -> No
     store = Store()
     add_run(store, treb_home, "light", "90")
     (fake_slurm / "squeue.out").write_text("90|RUNNING|None|tn1\n")
-    probe = ("import sys\nfrom trebuchet.cli.main import main\nmain(['ps'])\n"
-             "print(sorted(m for m in ('pydantic', 'rich', 'torch') if m in sys.modules))")
+    probe = (
+        "import sys\nfrom trebuchet.cli.main import main\nmain(['ps'])\n"
+        "print(sorted(m for m in ('pydantic', 'rich', 'torch') if m in sys.modules))"
+    )
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          env={**os.environ}, check=True)  # fmt: skip
     assert res.stdout.strip().splitlines()[-1] == "[]"

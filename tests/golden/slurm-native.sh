@@ -33,6 +33,11 @@ TREB_PRE=''
 TREB_POST=''
 # secrets: values come from the submitting environment (sbatch exports it), never from this file
 TREB_SECRETS=(HF_TOKEN)
+# log policies, in order: a failed attempt's logs are searched with grep -P
+TREB_POLICY_NAMES=(gpu-oom missing-module syntax-error ecc-error port-in-use)
+TREB_POLICY_ACTIONS=(no_retry no_retry no_retry retry retry)
+TREB_POLICY_MAX=(3 3 3 2 2)
+TREB_POLICY_RX=('CUDA out of memory|torch\.(cuda\.)?OutOfMemoryError|HIP out of memory|CUBLAS_STATUS_ALLOC_FAILED' 'ModuleNotFoundError: No module named|ImportError: cannot import name' '^\s*(SyntaxError|IndentationError): ' 'uncorrectable ECC error|ECC error encountered' 'EADDRINUSE|Address already in use')
 # the command: argv of every rank; a string runs in bash on the node, where $RANK, $SLURM_NODEID... expand
 TREB_CMD=(bash -c 'python train.py --lr ${LR:-0.1} "$RANK" --node ${SLURM_NODEID}')
 TREB_SRUN=(--nodes=2 --ntasks=4 --ntasks-per-node=2 --kill-on-bad-exit=0 --export=ALL --cpus-per-task=4)
@@ -248,7 +253,50 @@ treb_attempt_json() {  # treb_attempt_json STATE REASON ENDED SOURCE
 \"reason\": $(treb_json "$2"), \"started_at\": $treb_t0, \"ended_at\": ${3:-null}, \
 \"source\": \"$4\", \"job_id\": \"$SLURM_JOB_ID\", \
 \"restart_count\": ${SLURM_RESTART_COUNT:-0}, \"nodes\": $(treb_json "$SLURM_JOB_NODELIST"), \
-\"master\": $(treb_json "$MASTER_ADDR:$MASTER_PORT"), \"srun_exit\": $treb_srun_rc}"
+\"master\": $(treb_json "$MASTER_ADDR:$MASTER_PORT"), \"srun_exit\": $treb_srun_rc, \
+\"max_attempts\": $(treb_max)}"
+}
+treb_max() {  # attempts allowed: retries + 1, plus those the log policies granted so far
+    local granted=0
+    [ ! -f "$TREB_RUN_DIR/policy-retries" ] || granted=$(wc -l <"$TREB_RUN_DIR/policy-retries")
+    echo $((TREB_MAX_ATTEMPTS + granted))
+}
+treb_policy() {  # the first log policy whose pattern is in the attempt's logs (as locally)
+    local i f line rc
+    treb_pol= treb_pol_line=
+    for i in ${TREB_POLICY_RX[@]+"${!TREB_POLICY_RX[@]}"}; do
+        for f in "$treb_adir"/rank-*.log "$treb_adir"/node-*.log; do
+            [ -f "$f" ] || continue
+            # the end of the log holds the error; grep -P: Perl regexes, close to Python's
+            line=$(tail -c 4194304 "$f" | grep -m1 -P -e "${TREB_POLICY_RX[$i]}" 2>&1)
+            rc=$?
+            if [ "$rc" = 0 ]; then
+                treb_pol=$i treb_pol_line=${line:0:300}
+                return 0
+            elif [ "$rc" != 1 ]; then
+                treb_log "log policy ${TREB_POLICY_NAMES[$i]}: grep -P cannot use its pattern \
+here, skipped: $line"
+                break
+            fi
+        done
+    done
+    return 1
+}
+treb_apply_policy() {  # after a failed attempt: 0 retry granted, 1 final, 2 no match,
+    # 3 a retry policy matched but has granted all it may (the spec's retries decide)
+    treb_policy || return 2
+    local name=${TREB_POLICY_NAMES[$treb_pol]} action=${TREB_POLICY_ACTIONS[$treb_pol]} used=0
+    treb_log "log policy $name ($action) matched: $treb_pol_line"
+    printf '%s\n' "{\"time\": $(treb_now), \"event\": \"log_policy\", \"attempt\": $treb_attempt, \
+\"policy\": $(treb_json "$name"), \"action\": \"$action\", \
+\"line\": $(treb_json "$treb_pol_line")}" >>"$TREB_RUN_DIR/events.jsonl"
+    treb_reason="$name: $action"
+    [ "$action" = retry ] || return 1
+    [ ! -f "$TREB_RUN_DIR/policy-retries" ] ||
+        used=$(grep -c -x -F -e "$name" "$TREB_RUN_DIR/policy-retries")
+    [ "$used" -lt "${TREB_POLICY_MAX[$treb_pol]}" ] || return 3
+    printf '%s\n' "$name" >>"$TREB_RUN_DIR/policy-retries"
+    return 0
 }
 treb_result() {  # treb_result STATE REASON SOURCE
     treb_put "$TREB_RUN_DIR/result.json" "{\"state\": \"$1\", \"reason\": $(treb_json "$2"), \
@@ -276,7 +324,7 @@ treb_on_warning() {  # Slurm's --signal=B:SIG@warning: ask every rank to checkpo
     treb_warned=1
     treb_log "time limit near: SIG$treb_sig to every rank (checkpoint now)"
     scancel --signal="$treb_sig" "$SLURM_JOB_ID" || treb_log "scancel --signal failed"
-    if [ $((treb_attempt + 1)) -lt "$TREB_MAX_ATTEMPTS" ] && [ -n "$treb_srun" ]; then
+    if [ $((treb_attempt + 1)) -lt "$(treb_max)" ] && [ -n "$treb_srun" ]; then
         local left; left=$(treb_time_left)
         left=$((left > TREB_REQUEUE_MARGIN + 1 ? left - TREB_REQUEUE_MARGIN : 1))
         treb_log "requeueing when the ranks stop, at the latest in ${left}s"
@@ -337,7 +385,7 @@ treb_run_attempt() {
     export TREB_ATTEMPT=$treb_attempt
     treb_t0=$(treb_now) treb_srun_rc=null
     treb_attempt_json RUNNING "" "" batch
-    treb_log "attempt $treb_attempt (of $TREB_MAX_ATTEMPTS): $TREB_NODES node(s) \
+    treb_log "attempt $treb_attempt (of $(treb_max)): $TREB_NODES node(s) \
 $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"
     if ! treb_hooks pre; then
         treb_state=FAILED treb_reason=pre
@@ -407,7 +455,7 @@ requeue)" "$(treb_now)" batch
     fi
     rm -f "$TREB_RUN_DIR/result.json" "$TREB_RUN_DIR/cancel-requested"
     treb_log "job $SLURM_JOB_ID restarted (restart ${SLURM_RESTART_COUNT:-0})"
-    if [ "$treb_attempt" -ge "$TREB_MAX_ATTEMPTS" ]; then
+    if [ "$treb_attempt" -ge "$(treb_max)" ]; then
         treb_result FAILED "requeued after attempt $((treb_attempt - 1)), but no attempt is \
 left (retries: $((TREB_MAX_ATTEMPTS - 1)))" batch
         exit 1
@@ -418,10 +466,17 @@ while :; do
     [ -z "$treb_terminating" ] || break
     case $treb_state in
     TIMEOUT)
-        [ $((treb_attempt + 1)) -ge "$TREB_MAX_ATTEMPTS" ] || treb_requeue
+        [ $((treb_attempt + 1)) -ge "$(treb_max)" ] || treb_requeue
         break ;;
     FAILED)
-        if [ -z "$treb_warned" ] && [ $((treb_attempt + 1)) -lt "$TREB_MAX_ATTEMPTS" ]; then
+        treb_policy_rc=2
+        if [ -z "$treb_warned" ] && [ "$treb_reason" != pre ] && [ "$treb_reason" != post ]; then
+            treb_apply_policy; treb_policy_rc=$?
+            [ "$treb_policy_rc" = 2 ] ||
+                treb_attempt_json FAILED "$treb_reason" "$(treb_now)" batch
+        fi
+        if [ "$treb_policy_rc" = 0 ] || { [ "$treb_policy_rc" != 1 ] && [ -z "$treb_warned" ] &&
+            [ $((treb_attempt + 1)) -lt "$(treb_max)" ]; }; then
             treb_log "attempt $treb_attempt failed ($treb_reason): retrying"
             treb_attempt=$((treb_attempt + 1))
             continue

@@ -52,7 +52,9 @@ def diagnose(log: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def time_limited(slurm_env: dict[str, str], tmp_path_factory) -> Iterator[tuple[Path, subprocess.Popen]]:
+def time_limited(
+    slurm_env: dict[str, str], tmp_path_factory
+) -> Iterator[tuple[Path, subprocess.Popen]]:
     """A 2-task step with a 1-minute limit, started first so the others run meanwhile."""
     log = tmp_path_factory.mktemp("timelimit") / "srun.log"
     with open(log, "w") as out:
@@ -71,8 +73,8 @@ def test_task_failure_in_a_batch_job(slurm_env, time_limited, tmp_path: Path) ->
     script = tmp_path / "job.sh"
     script.write_text(
         "#!/bin/bash\n#SBATCH -N2 --ntasks-per-node=2\n"
-        f"srun {PY} -c '\nimport os, time\nr = int(os.environ[\"SLURM_PROCID\"])\n"
-        "def check(shard):\n    raise ValueError(f\"bad shard {shard}\")\n"
+        f'srun {PY} -c \'\nimport os, time\nr = int(os.environ["SLURM_PROCID"])\n'
+        'def check(shard):\n    raise ValueError(f"bad shard {shard}")\n'
         "if r == 3:\n    time.sleep(0.5); check(17)\ntime.sleep(5)\n'\n"
     )
     log = tmp_path / "slurm.out"

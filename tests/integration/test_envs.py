@@ -166,11 +166,15 @@ def test_gpu_masks_reach_the_ranks(launcher, treb, tmp_path: Path) -> None:
     if launcher == "mpirun":
         needs_program("mpirun")
     cmd = 'echo "$NODE_RANK:$LOCAL_RANK=$CUDA_VISIBLE_DEVICES n=$TREB_NGPUS"'
-    spec = write_spec(tmp_path, f"command: '{cmd}'\nnodes: 2\ngpus_per_node: 2\nlauncher: {launcher}\n")
+    spec = write_spec(
+        tmp_path, f"command: '{cmd}'\nnodes: 2\ngpus_per_node: 2\nlauncher: {launcher}\n"
+    )
     env = {"TREB_FAKE_GPUS": "nvidia:4"}  # stands in for nvidia-smi: this machine has no GPU
     res = treb("run", str(spec), env=env)
     assert res.returncode == 0, res.stderr
-    lines = sorted(line.split("] ", 1)[1] for line in res.stdout.splitlines() if ":" in line.split("] ", 1)[0])
+    lines = sorted(
+        line.split("] ", 1)[1] for line in res.stdout.splitlines() if ":" in line.split("] ", 1)[0]
+    )
     assert lines == ["0:0=0,1 n=2", "0:1=0,1 n=2", "1:0=2,3 n=2", "1:1=2,3 n=2"]
     res = treb("run", str(spec), "-o", "gpus_per_node=3", env=env)
     assert res.returncode == 2 and "needs 6 GPU(s); 4 detected" in res.stderr

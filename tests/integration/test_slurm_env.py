@@ -29,7 +29,7 @@ from trebuchet import dist
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 DUMP = REPO / "tests" / "integration" / "scripts" / "dump_env.py"
-HOSTILE = "it's \"q\" $(touch /tmp/treb-pwned) `touch /tmp/treb-pwned2` \\ ; exit 7\nline2 \t$RANK"
+HOSTILE = 'it\'s "q" $(touch /tmp/treb-pwned) `touch /tmp/treb-pwned2` \\ ; exit 7\nline2 \t$RANK'
 CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
             "NUM_NODES", "MASTER_ADDR", "MASTER_PORT")  # fmt: skip
 
@@ -86,7 +86,7 @@ def test_native_contract_and_hostile_values_reach_ranks_literally(
 
 def test_string_command_expands_on_the_node(streb, tmp_path: Path) -> None:
     """Seed 004's pitfall: $SLURM_NODEID and $RANK in a quoted command expand per rank."""
-    cmd = "echo \"node=${SLURM_NODEID} rank=$RANK host=$(hostname)\" > \"$TREB_RUN_DIR/out-$RANK\""
+    cmd = 'echo "node=${SLURM_NODEID} rank=$RANK host=$(hostname)" > "$TREB_RUN_DIR/out-$RANK"'
     spec = write_spec(tmp_path, json.dumps({"name": "expand", "command": cmd, "nodes": 2,
                                             "procs_per_node": 2}))  # fmt: skip
     res = streb("run", str(spec), "--on", "slurm", timeout=120)
@@ -100,7 +100,7 @@ def test_string_command_expands_on_the_node(streb, tmp_path: Path) -> None:
 
 def test_hostile_name_is_refused(streb, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "command: 'true'\n")
-    res = streb("run", str(spec), "--on", "slurm", "--name", "x\"; touch /tmp/treb-pwned #")
+    res = streb("run", str(spec), "--on", "slurm", "--name", 'x"; touch /tmp/treb-pwned #')
     assert res.returncode == 2 and "name" in res.stderr, res.stderr
     assert not Path("/tmp/treb-pwned").exists()
 
@@ -124,8 +124,11 @@ def test_none_and_torchrun_launchers_env(streb, tmp_path: Path) -> None:
         else:  # torchrun's own rank variables, one agent per node
             assert sorted(got) == ["0", "1", "2", "3"]
             for r, e in got.items():
-                assert e["RANK"] == r and e["WORLD_SIZE"] == "4" and e["GROUP_RANK"] == str(
-                    int(r) // 2)
+                assert (
+                    e["RANK"] == r
+                    and e["WORLD_SIZE"] == "4"
+                    and e["GROUP_RANK"] == str(int(r) // 2)
+                )
                 assert e["MASTER_ADDR"] == "tn1" and e["NODE_RANK"] == str(int(r) // 2)
 
 
@@ -199,8 +202,9 @@ def _expressions(n: int, seed: int = 4) -> list[str]:
 
 
 def test_hostlist_expansion_agrees_with_scontrol(slurm_conf: str) -> None:
-    hostlist = pytest.importorskip("hostlist") if not os.environ.get("CI") else __import__(
-        "hostlist")
+    hostlist = (
+        pytest.importorskip("hostlist") if not os.environ.get("CI") else __import__("hostlist")
+    )
     exprs = _expressions(400) + ["tn[1-2]", "nodeA,nodeB[1-3]", "a[01-03,7],b9", "n[8-11]"]
     env = {**os.environ, "SLURM_CONF": slurm_conf}
     mismatches, compared = [], 0

@@ -18,8 +18,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
 
 def test_venv_on_both_nodes(streb, treb_home: Path, tmp_path: Path) -> None:
-    (tmp_path / "probe.py").write_text("import six, sys\nprint('six', six.__version__, sys.prefix)\n")
-    spec = write_spec(tmp_path, "name: envtest\ncommand: python probe.py\nnodes: 2\nenvironment:\n  requirements: [six==1.16.0]\n")
+    (tmp_path / "probe.py").write_text(
+        "import six, sys\nprint('six', six.__version__, sys.prefix)\n"
+    )
+    spec = write_spec(
+        tmp_path,
+        "name: envtest\ncommand: python probe.py\nnodes: 2\nenvironment:\n  requirements: [six==1.16.0]\n",
+    )
     res = streb("run", str(spec), "--on", "slurm", "--no-check", timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     prefix = treb_home / "envs" / "envtest"
@@ -46,7 +51,10 @@ def test_nsys_profiles_ranks_on_both_nodes(streb, tmp_path: Path) -> None:
     exe.parent.mkdir()
     exe.write_text(FAKE_NSYS)
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
-    spec = write_spec(tmp_path, "command: 'echo ran $RANK on $(hostname)'\nnodes: 2\nprocs_per_node: 2\nprofile: nsys\n")
+    spec = write_spec(
+        tmp_path,
+        "command: 'echo ran $RANK on $(hostname)'\nnodes: 2\nprocs_per_node: 2\nprofile: nsys\n",
+    )
     env = {"PATH": f"{exe.parent}{os.pathsep}{os.environ['PATH']}"}  # sbatch exports PATH
     res = streb("run", str(spec), "--on", "slurm", "--no-check", env=env, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -60,7 +68,9 @@ def test_queued_job_runs_the_code_as_submitted(streb, tmp_path: Path) -> None:
     import time
 
     (tmp_path / "train.py").write_text("print('version one')\n")
-    spec = write_spec(tmp_path, "command: python train.py\nslurm:\n  sbatch_args: ['--begin=now+4']\n")
+    spec = write_spec(
+        tmp_path, "command: python train.py\nslurm:\n  sbatch_args: ['--begin=now+4']\n"
+    )
     res = streb("run", str(spec), "--on", "slurm", "--detach", "--no-check")
     assert res.returncode == 0, res.stderr
     (tmp_path / "train.py").write_text("print('version two')\n")

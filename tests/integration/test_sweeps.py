@@ -21,7 +21,9 @@ def test_override_sweep_runs_the_cross_product(treb, tmp_path: Path) -> None:
     assert "sweep s" in res.stderr and "4 of 4 runs succeeded" in res.stderr
     runs = json.loads(treb("ps", "--json").stdout)
     assert len(runs) == 4 and len({r["sweep_id"] for r in runs}) == 1
-    params = sorted((json.loads(r["params"])["env.LR"], json.loads(r["params"])["env.BS"]) for r in runs)
+    params = sorted(
+        (json.loads(r["params"])["env.LR"], json.loads(r["params"])["env.BS"]) for r in runs
+    )
     assert params == [("0.01", "32"), ("0.01", "64"), ("0.1", "32"), ("0.1", "64")]
     for r in runs:  # each run got its own point
         p = json.loads(r["params"])
@@ -35,7 +37,10 @@ def test_override_sweep_runs_the_cross_product(treb, tmp_path: Path) -> None:
 
 
 def test_sweep_block_and_parallel_limit(treb, tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, "command: 'sleep 0.5; echo $LR'\nsweep:\n  env.LR: [1, 2, 3, 4]\nsweep_parallel: 2\n")
+    spec = write_spec(
+        tmp_path,
+        "command: 'sleep 0.5; echo $LR'\nsweep:\n  env.LR: [1, 2, 3, 4]\nsweep_parallel: 2\n",
+    )
     res = treb("run", str(spec))
     assert res.returncode == 0, res.stderr
     runs = json.loads(treb("ps", "--json").stdout)
@@ -51,7 +56,9 @@ def test_escaped_comma_is_not_a_sweep(treb, tmp_path: Path) -> None:
     assert json.loads(treb("ps", "--json").stdout)[0]["sweep_id"] is None
 
 
-def test_a_bad_point_fails_the_whole_sweep_before_anything_runs(treb, treb_home: Path, tmp_path: Path) -> None:
+def test_a_bad_point_fails_the_whole_sweep_before_anything_runs(
+    treb, treb_home: Path, tmp_path: Path
+) -> None:
     spec = write_spec(tmp_path, CMD)
     res = treb("run", str(spec), "-o", "nodes=1,two")
     assert res.returncode == 2 and "-o nodes=two: nodes: must be an integer >= 1" in res.stderr

@@ -207,6 +207,9 @@ class SlurmBackend:
         return True
 
     def _store_attempts(self, store: Store, rec: RunRecord, files: st.JobFiles) -> None:
+        granted = max((a.get("max_attempts") or 0 for a in files.attempts.values()), default=0)
+        if isinstance(granted, int) and granted > rec.max_attempts:  # log policies' retries
+            store.update_run(rec.id, max_attempts=granted)
         for n, att in sorted(files.attempts.items()):
             store.set_attempt(
                 rec.id, n, state=att.get("state") or "RUNNING", started_at=att.get("started_at"),

@@ -17,6 +17,7 @@ from trebuchet.backends import slurm_runtime as rt
 from trebuchet.envs.build import run_prefix
 from trebuchet.envs.recipe import Recipe
 from trebuchet.launcher.plan import profiled
+from trebuchet.launcher.policies import policies_for
 from trebuchet.spec.duration import slurm_time
 
 SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -230,6 +231,18 @@ def _array(name: str, items: list[str]) -> str:
     return f"{name}=({' '.join(q(i) for i in items)})"
 
 
+def _policy_lines(spec: Any) -> list[str]:
+    """Log policies (the spec's, then the shipped ones), matched by the job after a failure."""
+    pols = policies_for(spec) if hasattr(spec, "log_policies") else []
+    return [
+        "# log policies, in order: a failed attempt's logs are searched with grep -P",
+        _array("TREB_POLICY_NAMES", [p["name"] for p in pols]),
+        _array("TREB_POLICY_ACTIONS", [p["action"] for p in pols]),
+        _array("TREB_POLICY_MAX", [str(p.get("max_retries", 3)) for p in pols]),
+        _array("TREB_POLICY_RX", [p["pattern"] for p in pols]),
+    ]
+
+
 def render_script(
     spec: Any, workdir: Path, run_id: str, run_dir: Path, recipe: Recipe | None = None
 ) -> str:
@@ -267,6 +280,7 @@ def render_script(
         "# secrets: values come from the submitting environment (sbatch exports it), never "
         "from this file",
         _array("TREB_SECRETS", sorted(secrets)),
+        *_policy_lines(spec),
         "# the command: argv of every rank; a string runs in bash on the node, where $RANK, "
         "$SLURM_NODEID... expand",
         _array("TREB_CMD", cmd),

@@ -87,8 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable findings")
     p = sub.add_parser("diagnose", help=VERBS["diagnose"])
-    p.add_argument("targets", nargs="*", metavar="RUN | LOG",
-                   help="a run id or prefix (default: latest), or log files / a log directory")
+    p.add_argument(
+        "targets",
+        nargs="*",
+        metavar="RUN | LOG",
+        help="a run id or prefix (default: latest), or log files / a log directory",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("results", help=VERBS["results"])
     p.add_argument("runs", nargs="*", metavar="RUN", help="run ids or prefixes (default: recent)")

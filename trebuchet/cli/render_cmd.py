@@ -6,10 +6,39 @@ import argparse
 import sys
 
 from trebuchet.backends import get_backend
+from trebuchet.errors import UserError
+from trebuchet.launcher import sweep
 from trebuchet.spec.load import load_spec
 
 
 def main(args: argparse.Namespace) -> int:
-    loaded = load_spec(args.spec, args.override)
-    sys.stdout.write(get_backend(args.on).render(loaded))
+    fixed, axes = sweep.points(args.override, None)
+    loaded = load_spec(args.spec, fixed)
+    backend = get_backend(args.on)
+    if not loaded.spec.sweep and axes == [{}]:
+        sys.stdout.write(backend.render(loaded))
+        return 0
+    # A sweep: what each of its runs would launch, as `treb run` would start them.
+    if args.on not in ("local", "slurm"):
+        raise UserError(f"--on {args.on}: sweeps run on the local and slurm backends only so far")
+    points = sweep.points(args.override, loaded.spec.sweep)[1]
+    specs = [
+        (
+            point,
+            load_spec(args.spec, [*fixed, *(f"{k}={v}" for k, v in point.items()), "sweep=null"]),
+        )
+        for point in points
+    ]
+    if args.on == "slurm":
+        from trebuchet.backends.slurm_array import check_shape
+
+        check_shape(specs)
+        parallel = specs[0][1].spec.sweep_parallel
+        limit = f", at most {parallel} at once" if parallel else ""
+        sys.stdout.write(f"# sweep: {len(specs)} runs, submitted as one Slurm job array"
+                         f"{limit}; array task i runs point i's script below\n")  # fmt: skip
+    for i, (point, one) in enumerate(specs):
+        params = ", ".join(f"{k}={v}" for k, v in point.items())
+        sys.stdout.write(f"# ==== sweep point {i} (of {len(specs)}): {params}\n")
+        sys.stdout.write(backend.render(one))
     return 0

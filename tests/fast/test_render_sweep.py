@@ -1,0 +1,58 @@
+"""`treb render` of a sweep shows every point's launch, as `treb run` would start them.
+
+Why: a user checks `treb render job.yaml -o lr=1e-3,3e-4` before spending an allocation;
+showing the literal "1e-3,3e-4" (one run) would misstate what `treb run` does with it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import write_spec
+
+SPEC = "name: sw\ncommand: 'echo $LR'\nprocs_per_node: 1\n"
+
+
+def test_local_render_has_one_section_per_point(treb, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, SPEC)
+    res = treb("render", str(spec), "-o", "env.LR=1e-3,3e-4", "-o", "env.BS=32,64")
+    assert res.returncode == 0, res.stderr
+    heads = [x for x in res.stdout.splitlines() if x.startswith("# ==== sweep point")]
+    assert heads == [
+        "# ==== sweep point 0 (of 4): env.LR=1e-3, env.BS=32",
+        "# ==== sweep point 1 (of 4): env.LR=1e-3, env.BS=64",
+        "# ==== sweep point 2 (of 4): env.LR=3e-4, env.BS=32",
+        "# ==== sweep point 3 (of 4): env.LR=3e-4, env.BS=64",
+    ]
+    sections = res.stdout.split("# ==== sweep point")[1:]
+    assert "LR=3e-4" in sections[3] and "LR=1e-3" not in sections[3]
+    assert "1e-3,3e-4" not in res.stdout
+
+
+def test_sweep_block_renders_too(treb, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, SPEC + "sweep:\n  env.LR: [0.1, 0.2]\n")
+    res = treb("render", str(spec))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("# ==== sweep point") == 2
+
+
+def test_slurm_render_says_job_array_and_renders_each_script(treb, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, SPEC + "sweep_parallel: 1\n")
+    res = treb("render", str(spec), "--on", "slurm", "-o", "env.LR=1,2")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("# sweep: 2 runs, submitted as one Slurm job array, at most 1")
+    assert res.stdout.count("#!/bin/bash") == 2
+    assert "export LR=1\n" in res.stdout and "export LR=2\n" in res.stdout
+
+
+def test_slurm_sweep_of_a_resource_is_refused_as_by_run(treb, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, SPEC)
+    res = treb("render", str(spec), "--on", "slurm", "-o", "nodes=1,2")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "nodes differs between points" in res.stderr
+
+
+def test_sweep_on_kubernetes_is_refused(treb, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, SPEC)
+    res = treb("render", str(spec), "--on", "kubernetes", "-o", "env.LR=1,2")
+    assert res.returncode == 2 and "sweeps run on the local and slurm backends" in res.stderr
