@@ -90,4 +90,8 @@ def test_torchrun_launcher_sets_rank_vars_and_per_rank_logs(treb, tmp_path: Path
         assert e["TREB_RUN_ID"] == st["id"] and e["TREB_ATTEMPT"] == "0"
     for r in range(4):  # each worker's output lands in its own file
         assert f"dumped {r}" in (run_dir / "attempt-0" / f"rank-{r}.log").read_text()
-    assert {p["label"] for p in st["procs"]} == {"0", "1"}
+    # one agent per node, and each worker's own outcome (recorded by its wrapper)
+    labels = {p["label"]: p for p in st["procs"]}
+    assert set(labels) == {"0", "1", "0:0", "0:1", "1:0", "1:1"}, st["procs"]
+    assert [labels[f"{r // 2}:{r % 2}"]["rank"] for r in range(4)] == [0, 1, 2, 3]
+    assert all(p["exit_code"] == 0 and not p["stopped_by_launcher"] for p in st["procs"])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, needs, status_json, write_spec
+from tests.conftest import REPO, needs, needs_program, status_json, write_spec
 
 pytestmark = pytest.mark.integration
 
@@ -248,3 +248,31 @@ def test_digits_ddp_resumes_from_its_checkpoint(treb, tmp_path: Path) -> None:
     acc = [float(x) for x in re.findall(r"accuracy: ([0-9.]+)", clean.stdout + crashed.stdout)]
     assert len(acc) == 2 and abs(acc[0] - acc[1]) < 1e-3
     assert_no_survivors(st["id"])
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
+def test_agent_launchers_name_the_failing_rank(launcher: str, treb, tmp_path: Path) -> None:
+    """Under torchrun/mpirun trebuchet supervises agents; each worker's wrapper records its
+    own outcome, so the root cause is the rank (and its exit code), not "torchrun exited 1"."""
+    if launcher == "torchrun":
+        needs("torch")
+    else:
+        needs_program("mpirun")
+    script = tmp_path / "fail3.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "if os.environ['RANK'] == '3':\n    time.sleep(1)\n    print('boom', flush=True)\n"
+        "    sys.exit(3)\n"
+        "time.sleep(300)\n"
+    )
+    spec = f"command: [{PY}, {script}]\nnodes: 2\nprocs_per_node: 2\nlauncher: {launcher}\n"
+    res, st = run_case(treb, tmp_path, spec)
+    assert res.returncode == 1 and st["state"] == "FAILED", res.stderr
+    ff = st["first_failure"]
+    assert (ff["rank"], ff["node"], ff["local_rank"], ff["exit_code"]) == (3, 1, 1, 3), ff
+    assert ff["log"].endswith("attempt-0/rank-3.log") and st["exit_code"] == 3
+    ranks = {p["rank"]: p for p in st["procs"] if p["rank"] is not None}
+    assert sorted(ranks) == [0, 1, 2, 3], st["procs"]
+    assert ranks[3]["exit_code"] == 3 and not ranks[3]["stopped_by_launcher"]
+    assert all(ranks[r]["stopped_by_launcher"] for r in (0, 1, 2)), st["procs"]
+    assert "rank 3 (node 1, local rank 1) exited with code 3" in res.stderr

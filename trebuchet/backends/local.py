@@ -17,6 +17,7 @@ from trebuchet.envs.wrap import engine_problem
 from trebuchet.errors import UserError
 from trebuchet.launcher.plan import Placement, Plan, describe, local_plan
 from trebuchet.launcher.procs import alive, start_time
+from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, write_rank_script
 from trebuchet.launcher.submit import Submission
 from trebuchet.spec.load import LoadedSpec
 from trebuchet.store.db import RunRecord, Store
@@ -99,6 +100,8 @@ class LocalBackend:
             sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir, dict(os.environ),
             self.placement(sub.loaded),
         )  # fmt: skip
+        if plan.launcher in AGENT_LAUNCHERS:  # each worker records its own outcome
+            write_rank_script(sub.run_dir)
         write_json(sub.run_dir / "plan.json", plan.to_json())
         return plan
 

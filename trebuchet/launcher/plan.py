@@ -17,11 +17,11 @@ from trebuchet.envs.gpus import gpu_env
 from trebuchet.envs.recipe import Recipe
 from trebuchet.envs.wrap import wrap_argv
 from trebuchet.launcher.policies import policies_for
+from trebuchet.launcher.rank_wrapper import RANK_SCRIPT
 
-# Under torchrun each worker appends its own output to its rank file, then becomes the command.
-RANK_LOG_WRAPPER = 'exec >>"$TREB_RUN_DIR/attempt-$TREB_ATTEMPT/rank-$RANK.log" 2>&1; exec "$@"'
-# Under mpirun/horovodrun each rank maps the MPI variables onto the contract, then logs to its
-# own file. Locally every simulated node is this host, so node and local rank come from RANK.
+# Under mpirun/horovodrun each rank maps the MPI variables onto the contract, then runs the
+# rank wrapper (<run dir>/rank.sh: own log, own outcome record). Locally every simulated node
+# is this host, so node and local rank come from RANK.
 MPI_RANK_WRAPPER = (
     "export RANK=${OMPI_COMM_WORLD_RANK:-${HOROVOD_RANK:-$PMI_RANK}} "
     "WORLD_SIZE=${OMPI_COMM_WORLD_SIZE:-${HOROVOD_SIZE:-$PMI_SIZE}}; "
@@ -30,7 +30,7 @@ MPI_RANK_WRAPPER = (
     'if [ -n "$TREB_NODE_GPUS" ]; then IFS=";" read -r -a _m <<< "$TREB_NODE_GPUS"; '
     "for v in CUDA_VISIBLE_DEVICES HIP_VISIBLE_DEVICES ROCR_VISIBLE_DEVICES; do "
     '[ -n "${!v+x}" ] && export "$v=${_m[$NODE_RANK]}"; done; fi; '
-    'exec >>"$TREB_RUN_DIR/attempt-$TREB_ATTEMPT/rank-$RANK.log" 2>&1; exec "$@"'
+    f'exec bash "$TREB_RUN_DIR/{RANK_SCRIPT}" "$@"'
 )
 HOROVOD_TIMEOUT_S = 120
 
@@ -208,7 +208,7 @@ def local_plan(
             argv = [
                 "torchrun", "--nnodes", str(nodes), "--node_rank", str(node),
                 "--nproc_per_node", str(ppn), "--master_addr", addr, "--master_port", str(port),
-                "--no-python", "bash", "-c", RANK_LOG_WRAPPER, "treb-rank", *cmd,
+                "--no-python", "bash", str(run_dir / RANK_SCRIPT), *cmd,
             ]  # fmt: skip
             argv = wrap(argv, node_env, node, f"n{node}")
             procs.append(

@@ -33,6 +33,7 @@ from trebuchet.launcher.procs import (
     signal_pid,
     start_time,
 )
+from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, first_failed, rank_records
 from trebuchet.launcher.watchdog import Watchdog
 from trebuchet.store.db import Store
 from trebuchet.store.files import append_event, read_json, write_json
@@ -260,7 +261,8 @@ class Supervisor:
         if not self._run_hooks("post", adir, attempt) and reason is None:
             reason = "post"
         ended = time.time()
-        self.store.set_procs(rid, attempt, [self._proc_row(lv) for lv in self.live])
+        rows = [self._proc_row(lv) for lv in self.live] + self._rank_rows(adir, reason is not None)
+        self.store.set_procs(rid, attempt, rows)
         states = {"cancel": CANCELLED, "timeout": TIMEOUT, "failure": FAILED, "post": FAILED}
         state = states.get(reason, SUCCEEDED)
         if reason is None and any(lv.returncode != 0 for lv in self.live):
@@ -433,8 +435,31 @@ class Supervisor:
         write_json(adir / (Path(lv.plan.log).stem + ".json"), out)
         if lv.returncode and not lv.stopped_by_launcher and self.first_failure is None:
             attempt = int(adir.name.split("-")[1])
-            self.first_failure = {**out, "attempt": attempt, "log": str(adir / lv.plan.log)}
+            cause = {**out, "log": str(adir / lv.plan.log)}
+            if lv.plan.rank is None and self.plan.launcher in AGENT_LAUNCHERS:
+                # An agent failed because a worker did: that worker is the cause.
+                node = lv.plan.node if self.plan.launcher == "torchrun" else None
+                cause = first_failed(rank_records(adir, node)) or cause
+            self.first_failure = {**cause, "attempt": attempt}
             self.store.update_run(self.plan.run_id, first_failure=self.first_failure)
+
+    def _rank_rows(self, adir: Path, stopped: bool) -> list[dict]:
+        """The workers' own records under an agent launcher (none for the native one)."""
+        if self.plan.launcher not in AGENT_LAUNCHERS:
+            return []
+        rows = []
+        for r in rank_records(adir):
+            ended = r.get("state") == "ENDED"  # else killed before it could say (SIGKILL)
+            was_stopped = bool(r.get("stopped_by_launcher")) or (stopped and not ended)
+            rows.append({
+                "label": r["label"], "rank": r.get("rank"), "node": r.get("node", 0),
+                "local_rank": r.get("local_rank"), "pid": r.get("pid"),
+                "exit_code": r.get("exit_code") if ended else None,
+                "signal": r.get("signal") if ended else None,
+                "ended_at": r.get("ended_at"),
+                "stopped_by_launcher": int(was_stopped),
+            })  # fmt: skip
+        return rows
 
     def _proc_row(self, lv: Live) -> dict:
         out = lv.outcome()
