@@ -216,3 +216,41 @@ def test_cancel_before_sbatch_needs_no_slurm(treb_home: Path, fake_slurm: Path) 
     store.update_run("nojob", backend_id=None, state="PENDING")
     SlurmBackend().cancel(store, store.get("nojob"))
     assert store.get("nojob").state == "CANCELLED" and calls(fake_slurm) == []
+
+
+def test_a_requeue_seen_as_failed_for_a_moment_is_not_the_end(treb_home, fake_slurm) -> None:
+    """slurmctld can show a requeued job as FAILED between its end and PENDING (seen on the
+    test cluster with `scontrol requeue`): the job's own guess stands until it settles."""
+    store = Store()
+    run_dir = add_run(store, treb_home, "pre", "82", nodes=1, ppn=1)
+    trap = {"state": "CANCELLED", "reason": "stopped by Slurm (COMPLETING None)",
+            "source": "signal", "attempt": 0, "ended_at": time.time()}  # fmt: skip
+    write(run_dir / "result.json", trap)
+    write(run_dir / "attempt-0" / "attempt.json", {"attempt": 0, "state": "CANCELLED"})
+    (fake_slurm / "squeue.out").write_text("82|FAILED|NonZeroExitCode|tn1\n")
+    SlurmBackend().refresh(store, store.list(active_only=True))
+    assert store.get("pre").state == "RUNNING"  # not concluded yet
+    (fake_slurm / "squeue.out").write_text("82|PENDING|BeginTime|\n")
+    SlurmBackend().refresh(store, store.list(active_only=True))
+    assert store.get("pre").state == "RETRYING"
+
+
+def test_a_contradicted_guess_ends_the_run_once_settled(treb_home, fake_slurm) -> None:
+    store = Store()
+    run_dir = add_run(store, treb_home, "pmt", "83", nodes=1, ppn=1)
+    old = time.time() - st.REQUEUE_SETTLE_S - 1
+    write(run_dir / "result.json", {"state": "CANCELLED", "source": "signal", "ended_at": old})
+    (fake_slurm / "squeue.out").write_text("83|PREEMPTED|None|tn1\n")
+    SlurmBackend().refresh(store, store.list(active_only=True))
+    assert store.get("pmt").state == "FAILED"
+
+
+def test_treb_cancel_ends_at_once(treb_home, fake_slurm) -> None:
+    store = Store()
+    run_dir = add_run(store, treb_home, "cxl", "84", nodes=1, ppn=1)
+    (run_dir / "cancel-requested").write_text("1\n")
+    now = time.time()
+    write(run_dir / "result.json", {"state": "CANCELLED", "source": "signal", "ended_at": now})
+    (fake_slurm / "squeue.out").write_text("84|FAILED|NonZeroExitCode|tn1\n")
+    SlurmBackend().refresh(store, store.list(active_only=True))
+    assert store.get("cxl").state == "CANCELLED"

@@ -203,6 +203,9 @@ class SlurmBackend:
             return True
         if info is None and files.result is None:
             return False
+        cancelled = (Path(rec.run_dir) / "cancel-requested").exists()
+        if info is not None and st.settling(files, info, now, cancelled):
+            return True  # maybe a requeue on its way back to PENDING: look again later
         self._finish(store, rec, files, queue)
         return True
 
@@ -225,6 +228,13 @@ class SlurmBackend:
         """The job has ended (or vanished): its final state, root cause and exit code."""
         state, reason = st.final_state(files, queue.get(str(rec.backend_id)), str(rec.backend_id))
         marker = Path(rec.run_dir) / "cancel-requested"
+        result = files.result or {}
+        if (
+            marker.exists()
+            and result.get("source") == "signal"
+            and result.get("state") == CANCELLED
+        ):
+            state, reason = CANCELLED, result.get("reason")  # treb cancel: whatever Slurm says
         if state == CANCELLED and files.result is None and marker.exists():
             reason = "cancelled (treb cancel) before the job started"
         last = files.last_attempt
@@ -234,7 +244,6 @@ class SlurmBackend:
             found = st.first_failure(files.records.get(last, []))
             if found:
                 ff = {**found, "attempt": last}
-        result = files.result or {}
         exit_code = 0 if state == SUCCEEDED else (ff or {}).get("exit_code")
         if exit_code is None and isinstance(result.get("exit_code"), int):
             exit_code = result["exit_code"]

@@ -192,6 +192,25 @@ def proc_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+# A job that Slurm requeues (preemption, `scontrol requeue`) can show an ended state such as
+# FAILED for a moment before it is PENDING again; see settling().
+REQUEUE_SETTLE_S = 15.0
+
+
+def settling(files: JobFiles, info: QueueInfo, now: float, cancel_requested: bool) -> bool:
+    """Is it too early to end a run on Slurm's word? Only when Slurm contradicts what the
+    job's own SIGTERM trap guessed, a few seconds after it: that is what a requeue looks like
+    from outside, and the run must then become RETRYING, not FAILED."""
+    result = files.result or {}
+    slurm = ENDED_STATES.get(info.state)
+    if cancel_requested or result.get("source") != "signal" or slurm is None:
+        return False
+    if slurm[0] == result.get("state"):
+        return False
+    ended = result.get("ended_at")
+    return isinstance(ended, (int, float)) and now - ended < REQUEUE_SETTLE_S
+
+
 def final_state(files: JobFiles, info: QueueInfo | None, job_id: str) -> tuple[str, str | None]:
     """(state, reason) of a run whose job has left the queue."""
     result = files.result
