@@ -254,3 +254,23 @@ def test_treb_cancel_ends_at_once(treb_home, fake_slurm) -> None:
     (fake_slurm / "squeue.out").write_text("84|FAILED|NonZeroExitCode|tn1\n")
     SlurmBackend().refresh(store, store.list(active_only=True))
     assert store.get("cxl").state == "CANCELLED"
+
+
+def test_a_rank_killed_before_it_could_record_its_end_is_stopped(treb_home, fake_slurm) -> None:
+    """Slurm's (or mpirun's) SIGKILL can end a rank's wrapper before it writes its end; once
+    the attempt is over, such a rank was stopped, with no exit code to show (seen in CI with
+    mpirun and `treb cancel`)."""
+    store = Store()
+    run_dir = add_run(store, treb_home, "mk", "85")
+    adir = run_dir / "attempt-0"
+    write(adir / "attempt.json", {"attempt": 0, "state": "CANCELLED", "source": "signal"})
+    write(adir / "rank-0.json", rank(0, 143, 2.0, stopped=True))
+    write(adir / "rank-1.json", {**rank(1, 0, 0.0), "state": "RUNNING", "exit_code": None})
+    (run_dir / "cancel-requested").write_text("1\n")
+    write(run_dir / "result.json", {"state": "CANCELLED", "source": "signal", "ended_at": 2.0})
+    (fake_slurm / "squeue.out").write_text("85|CANCELLED|None|tn1\n")
+    SlurmBackend().refresh(store, store.list(active_only=True))
+    assert store.get("mk").state == "CANCELLED" and store.get("mk").first_failure is None
+    procs = {p["rank"]: p for p in store.procs("mk")}
+    assert procs[1]["stopped_by_launcher"] and procs[1]["exit_code"] is None
+    assert procs[0]["stopped_by_launcher"] and procs[0]["exit_code"] == 143

@@ -218,7 +218,8 @@ class SlurmBackend:
                 rec.id, n, state=att.get("state") or "RUNNING", started_at=att.get("started_at"),
                 ended_at=att.get("ended_at"), reason=att.get("reason") or None,
             )  # fmt: skip
-            rows = st.proc_rows(files.records.get(n, []))
+            ended = att.get("state") not in (None, "RUNNING") or files.result is not None
+            rows = st.proc_rows(files.records.get(n, []), attempt_ended=ended)
             if rows:
                 store.set_procs(rec.id, n, rows)
 

@@ -173,8 +173,10 @@ def first_failure(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     return failed[0]
 
 
-def proc_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows of the store's procs table for one attempt."""
+def proc_rows(records: list[dict[str, Any]], attempt_ended: bool = False) -> list[dict[str, Any]]:
+    """Rows of the store's procs table for one attempt. Once the attempt has ended, a
+    process whose record still says RUNNING was killed before it could write its end
+    (Slurm's SIGKILL after KillWait, or mpirun's): it was stopped, its exit code unknown."""
     return [
         {
             "label": r["label"],
@@ -185,7 +187,10 @@ def proc_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "exit_code": r.get("exit_code"),
             "signal": r.get("signal"),
             "ended_at": r.get("ended_at"),
-            "stopped_by_launcher": int(bool(r.get("stopped_by_launcher"))),
+            "stopped_by_launcher": int(
+                bool(r.get("stopped_by_launcher"))
+                or (attempt_ended and r.get("state") == "RUNNING")
+            ),
         }  # fmt: skip
         for r in records
         if isinstance(r.get("label"), str)
