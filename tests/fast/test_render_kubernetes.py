@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -112,3 +114,80 @@ def test_run_without_the_client_is_a_clear_exit_2(tmp_path, capsys, monkeypatch,
     spec.write_text("command: echo hi\nkubernetes: {image: i}\n")
     assert main(["run", str(spec), "--on", "kubernetes"]) == 2
     assert "pip install 'trebuchet[kubernetes]'" in capsys.readouterr().err
+
+
+class _Obj(types.SimpleNamespace):
+    """The attribute shape of the kubernetes client's V1Job objects."""
+
+
+def _job(name: str, active: int = 0, conditions: list | None = None) -> _Obj:
+    conds = [_Obj(type=t, status="True", reason=r, message=m) for t, r, m in conditions or []]
+    return _Obj(metadata=_Obj(name=name), status=_Obj(active=active, conditions=conds))
+
+
+def _stand_in_client(monkeypatch, jobs: dict[str, list], calls: list) -> None:
+    """A stand-in for the official client (no Kubernetes cluster can run here): the real
+    client's names and shapes, jobs per namespace from the test."""
+
+    class BatchV1Api:
+        def list_namespaced_job(self, ns: str, label_selector: str = "") -> _Obj:
+            calls.append((ns, label_selector))
+            return _Obj(items=jobs.get(ns, []))
+
+    client = types.ModuleType("kubernetes.client")
+    client.BatchV1Api = BatchV1Api
+    config = types.ModuleType("kubernetes.config")
+    config.load_kube_config = lambda: None
+    pkg = types.ModuleType("kubernetes")
+    pkg.client, pkg.config = client, config
+    for name, mod in [("kubernetes", pkg), ("kubernetes.client", client),
+                      ("kubernetes.config", config)]:  # fmt: skip
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+def test_refresh_follows_jobs_with_one_list_call_per_namespace(treb_home, monkeypatch) -> None:
+    from trebuchet.backends.kubernetes import KubernetesBackend
+    from trebuchet.store.db import RunRecord, Store
+
+    store = Store()
+    wanted = {"a": "default/a", "b": "default/b", "c": "default/c", "d": "ml/d", "e": "ml/e"}
+    for rid, job in wanted.items():
+        store.insert_run(RunRecord(
+            id=rid, name=rid, backend="kubernetes", launcher="native", state="RUNNING", nodes=2,
+            procs_per_node=1, run_dir=str(treb_home / rid), created_at=time.time(),
+            backend_id=job,
+        ))  # fmt: skip
+    calls: list = []
+    _stand_in_client(monkeypatch, {
+        "default": [
+            _job("a", active=2),
+            _job("b", conditions=[("Complete", None, None)]),
+            _job("c", conditions=[("Failed", "BackoffLimitExceeded", "Job has reached the "
+                                   "specified backoff limit")]),
+        ],
+        "ml": [_job("d", conditions=[("Failed", "DeadlineExceeded", "past its deadline")])],
+    }, calls)  # fmt: skip
+    KubernetesBackend().refresh(store, store.list(active_only=True))
+    assert sorted(calls) == [
+        ("default", "trebuchet.dev/workload"),
+        ("ml", "trebuchet.dev/workload"),
+    ]
+    states = {r.id: r.state for r in store.list()}
+    assert states == {"a": "RUNNING", "b": "SUCCEEDED", "c": "FAILED", "d": "TIMEOUT", "e": "LOST"}
+    assert store.attempts("c")[0]["reason"].startswith("BackoffLimitExceeded: Job has reached")
+    assert "deleted outside trebuchet" in store.attempts("e")[0]["reason"]
+
+
+def test_refresh_without_the_client_concludes_nothing(treb_home, monkeypatch) -> None:
+    from trebuchet.backends.kubernetes import KubernetesBackend
+    from trebuchet.store.db import RunRecord, Store
+
+    monkeypatch.setitem(sys.modules, "kubernetes", None)
+    store = Store()
+    store.insert_run(RunRecord(
+        id="k", name="k", backend="kubernetes", launcher="native", state="RUNNING", nodes=1,
+        procs_per_node=1, run_dir=str(treb_home / "k"), created_at=time.time(),
+        backend_id="default/k",
+    ))  # fmt: skip
+    KubernetesBackend().refresh(store, store.list(active_only=True))
+    assert store.get("k").state == "RUNNING"

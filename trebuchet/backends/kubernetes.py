@@ -17,6 +17,15 @@ from typing import Any
 from trebuchet.backends.node_script import SECRET_REF, check_common, node_script
 from trebuchet.errors import UserError
 from trebuchet.spec.load import LoadedSpec
+from trebuchet.store.states import (
+    FAILED,
+    LOST,
+    PENDING,
+    RUNNING,
+    SUCCEEDED,
+    TERMINAL,
+    TIMEOUT,
+)
 
 INSTALL = "install it with: pip install 'trebuchet[kubernetes]'"
 DEFAULT_PORT = 29500
@@ -194,19 +203,49 @@ class KubernetesBackend:
             return None
         batch = client.BatchV1Api(api)
         while True:  # the Job's own conditions say how it ended
-            status = batch.read_namespaced_job_status(name, ns).status
-            if status.succeeded and status.succeeded >= sub.loaded.spec.nodes:
-                state = "SUCCEEDED"
-                break
-            if any(c.type == "Failed" and c.status == "True" for c in status.conditions or []):
-                state = "FAILED"
+            state, reason = job_state(batch.read_namespaced_job_status(name, ns).status)
+            if state in TERMINAL:
                 break
             time.sleep(5)
         sub.store.update_run(sub.record.id, state=state, ended_at=time.time())
+        if reason:
+            sub.store.set_attempt(sub.record.id, 0, state=state, reason=reason)
         return state
 
     def refresh(self, store: Any, runs: list[Any]) -> None:
-        """Kubernetes keeps the Job's state (`kubectl get job`); not polled from here."""
+        """Active runs' states from their Jobs: one list call per namespace, for all."""
+        active = [r for r in runs if r.active and r.backend == self.name and r.backend_id]
+        if not active:
+            return
+        try:
+            from kubernetes import client, config
+
+            config.load_kube_config()
+        except Exception:  # no client, no kubeconfig: nothing can be concluded
+            return
+        import time
+
+        batch = client.BatchV1Api()
+        by_ns: dict[str, list[Any]] = {}
+        for rec in active:
+            by_ns.setdefault(rec.backend_id.partition("/")[0], []).append(rec)
+        for ns, recs in by_ns.items():
+            try:
+                jobs = batch.list_namespaced_job(ns, label_selector=LABEL).items
+            except Exception:  # API unreachable: conclude nothing
+                continue
+            found = {j.metadata.name: j for j in jobs}
+            for rec in recs:
+                job = found.get(rec.backend_id.partition("/")[2])
+                if job is None:
+                    state, reason = LOST, "its Job is gone (deleted outside trebuchet?)"
+                else:
+                    state, reason = job_state(job.status)
+                if state not in TERMINAL:
+                    store.update_run(rec.id, only_if_active=True, state=state)
+                    continue
+                store.set_attempt(rec.id, 0, state=state, ended_at=time.time(), reason=reason)
+                store.update_run(rec.id, only_if_active=True, state=state, ended_at=time.time())
 
     def cancel(self, store: Any, run: Any) -> None:
         import time
@@ -225,6 +264,21 @@ class KubernetesBackend:
         client.BatchV1Api().delete_namespaced_job(name, ns, body=body)
         client.CoreV1Api().delete_namespaced_service(name, ns)
         store.update_run(run.id, only_if_active=True, state="CANCELLED", ended_at=time.time())
+
+
+def job_state(status: Any) -> tuple[str, str | None]:
+    """(trebuchet state, reason) of an indexed Job from its status and conditions."""
+    for cond in status.conditions or []:
+        if cond.status != "True":
+            continue
+        if cond.type == "Complete":
+            return SUCCEEDED, None
+        if cond.type == "Failed":
+            why = f"{cond.reason or 'failed'}: {cond.message or ''}".strip(": ")
+            return (TIMEOUT if cond.reason == "DeadlineExceeded" else FAILED), why
+    if status.active:
+        return RUNNING, None
+    return PENDING, None
 
 
 def _fail(sub: Any, why: str) -> None:
