@@ -175,7 +175,10 @@ class SkyPilotBackend:
         return state
 
     def refresh(self, store: Any, runs: list[Any]) -> None:
-        """SkyPilot tracks its jobs itself (`sky jobs queue`); states here stay as submitted."""
+        """Active runs' states from SkyPilot (skypilot_state.py)."""
+        from trebuchet.backends.skypilot_state import refresh_runs
+
+        refresh_runs(self.name, store, runs)
 
     def cancel(self, store: Any, run: Any) -> None:
         try:
