@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -169,10 +171,17 @@ def main() -> None:
         print(f"accuracy: {accuracy:.4f}", flush=True)
         if samples:  # nothing trained (resumed a finished run): no rate to report
             print(f"performance: {samples / slowest.item():.1f} samples_per_second", flush=True)
-    # Every rank leaves together: a rank tearing down while another still talks to the
-    # store can abort in torch's exit path ("terminate called without an active exception").
+    # Every rank leaves together, with DDP's gloo work objects freed while the interpreter
+    # is whole. Even so, torch's gloo backend can abort in interpreter finalization
+    # ("terminate called without an active exception"; pytorch/pytorch#179291 describes
+    # the cause): all is done, printed and checkpointed by now, so leave without it.
+    del ddp
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
