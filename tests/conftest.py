@@ -44,9 +44,14 @@ def treb(treb_home: Path) -> TrebFn:
     return run
 
 
+def in_ci() -> bool:
+    """CI=true: what a developer may skip must run (or fail) there."""
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
 def needs(module: str):
     """Import an optional test dependency: skipped locally when absent, a failure in CI."""
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    if in_ci():
         return __import__(module)
     return pytest.importorskip(module)
 
@@ -57,7 +62,7 @@ def needs_program(name: str) -> str:
 
     found = shutil.which(name)
     if not found:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        if in_ci():
             pytest.fail(f"{name} is not installed (make test installs it)")
         pytest.skip(f"{name} is not installed")
     return found

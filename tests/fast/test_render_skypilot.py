@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import in_ci
 from trebuchet.cli.main import main
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
@@ -77,7 +78,7 @@ def validate_with_skypilot(tmp_path: Path, text: str) -> None:
         try:
             import sky  # noqa: F401
         except ImportError:
-            if os.environ.get("CI", "").lower() in ("1", "true", "yes"):  # `make test` has it
+            if in_ci():  # `make test` has it
                 pytest.fail("CI: set TREB_SKYPILOT_PYTHON (make test builds .venv-sky)")
             pytest.skip("skypilot is not installed (pip install 'trebuchet[skypilot]')")
         python = sys.executable

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import in_ci
 from trebuchet.backends import skypilot_state as sst
 from trebuchet.backends.skypilot import SkyPilotBackend
 from trebuchet.store.db import RunRecord, Store
@@ -90,7 +91,7 @@ def test_status_names_are_skypilots_own() -> None:
     """Every name the tables map exists in skypilot 0.14.1 (the real package, in .venv-sky)."""
     python = os.environ.get("TREB_SKYPILOT_PYTHON")
     if not python:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        if in_ci():
             pytest.fail("CI: set TREB_SKYPILOT_PYTHON (make test builds .venv-sky)")
         pytest.skip("no TREB_SKYPILOT_PYTHON")
     probe = ("from sky.jobs.state import ManagedJobStatus as M; "

@@ -160,6 +160,7 @@ def test_mpirun_is_one_task_on_the_first_node(tmp_path: Path, treb_home: Path) -
 def test_mpirun_task_command_line(tmp_path: Path) -> None:
     """The runtime's mpirun line and each rank's mapping, with stand-ins for mpirun/scontrol."""
     from trebuchet.backends import slurm_runtime as rt
+    from trebuchet.launcher.bash_helpers import HELPERS
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -182,7 +183,7 @@ def test_mpirun_task_command_line(tmp_path: Path) -> None:
         "TREB_MPI_ENV": "MY_VAR", "MY_VAR": "x", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "1",
         "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "tn[1-2]", "SLURM_JOB_ID": "7",
         "MASTER_ADDR": "tn1", "MASTER_PORT": "15007",
-        "TREB_TASK_SH": rt.HELPERS + rt.TASK,
+        "TREB_TASK_SH": HELPERS + rt.TASK,
     }  # fmt: skip
     show = 'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $NODE_RANK $NUM_NODES"'
     res = subprocess.run(

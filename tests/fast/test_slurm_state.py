@@ -20,6 +20,7 @@ import pytest
 from trebuchet.backends import slurm_state as st
 from trebuchet.backends.slurm import SlurmBackend
 from trebuchet.store.db import RunRecord, Store
+from trebuchet.store.states import first_failure
 
 FAKE_SQUEUE = """#!/bin/bash
 echo "$*" >> "$FAKE_SLURM/squeue.calls"
@@ -190,9 +191,9 @@ def test_parse_squeue_and_states() -> None:
 def test_first_failure_prefers_ranks_over_node_agents() -> None:
     agent = {"label": "1", "rank": None, "node": 1, "exit_code": 1, "ended_at": 1.0}
     worker = {"label": "1:0", "rank": 2, "node": 1, "exit_code": 7, "ended_at": 2.0}
-    assert st.first_failure([agent, worker]) == worker
-    assert st.first_failure([agent]) == agent
-    assert st.first_failure([{**worker, "exit_code": 0}]) is None
+    assert first_failure([agent, worker]) == worker
+    assert first_failure([agent]) == agent
+    assert first_failure([{**worker, "exit_code": 0}]) is None
 
 
 def test_ps_with_slurm_runs_stays_light(treb_home: Path, fake_slurm: Path) -> None:

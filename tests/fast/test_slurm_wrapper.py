@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from trebuchet.backends import slurm_runtime as rt
+from trebuchet.launcher.bash_helpers import HELPERS
 
 SELF_TERM = "kill -TERM $$"  # the command dies of SIGTERM; the wrapper gets no signal
 
@@ -47,7 +48,7 @@ def run_wrapper(
         "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1",
         "SLURM_NNODES": "1", "OMP_NUM_THREADS": "1",
     }  # fmt: skip
-    script = rt.HELPERS + rt.TASK
+    script = HELPERS + rt.TASK
     res = subprocess.run(
         ["bash", "-c", script, "treb-task", "task", "bash", "-c", command],
         env=env, capture_output=True, text=True, timeout=60,

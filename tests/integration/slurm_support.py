@@ -16,13 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TrebFn
+from tests.conftest import REPO, TrebFn, in_ci
 
 CLUSTER = REPO / "tests" / "slurm_cluster" / "cluster.sh"
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def _conf() -> str | None:

@@ -207,9 +207,7 @@ class KubernetesBackend:
             if state in TERMINAL:
                 break
             time.sleep(5)
-        sub.store.update_run(sub.record.id, state=state, ended_at=time.time())
-        if reason:
-            sub.store.set_attempt(sub.record.id, 0, state=state, reason=reason)
+        sub.store.follow_state(sub.record.id, state, reason)
         return state
 
     def refresh(self, store: Any, runs: list[Any]) -> None:
@@ -223,7 +221,6 @@ class KubernetesBackend:
             config.load_kube_config()
         except Exception:  # no client, no kubeconfig: nothing can be concluded
             return
-        import time
 
         batch = client.BatchV1Api()
         by_ns: dict[str, list[Any]] = {}
@@ -241,11 +238,7 @@ class KubernetesBackend:
                     state, reason = LOST, "its Job is gone (deleted outside trebuchet?)"
                 else:
                     state, reason = job_state(job.status)
-                if state not in TERMINAL:
-                    store.update_run(rec.id, only_if_active=True, state=state)
-                    continue
-                store.set_attempt(rec.id, 0, state=state, ended_at=time.time(), reason=reason)
-                store.update_run(rec.id, only_if_active=True, state=state, ended_at=time.time())
+                store.follow_state(rec.id, state, reason)
 
     def cancel(self, store: Any, run: Any) -> None:
         import time

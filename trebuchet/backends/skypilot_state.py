@@ -17,7 +17,6 @@ from trebuchet.store.states import (
     RETRYING,
     RUNNING,
     SUCCEEDED,
-    TERMINAL,
 )
 
 # SkyPilot's job statuses (sky.jobs.ManagedJobStatus, sky.skylet.job_lib.JobStatus) -> ours.
@@ -47,16 +46,6 @@ def _state(table: dict[str, str], status: str | None, reason: Any) -> tuple[str,
     if status.startswith("FAILED"):
         return FAILED, f"SkyPilot: {status}" + (f": {reason}" if reason else "")
     return table.get(status, RUNNING), None
-
-
-def _set(store: Any, rec: Any, state: str, reason: str | None) -> None:
-    import time
-
-    if state not in TERMINAL:
-        store.update_run(rec.id, only_if_active=True, state=state)
-        return
-    store.set_attempt(rec.id, 0, state=state, ended_at=time.time(), reason=reason)
-    store.update_run(rec.id, only_if_active=True, state=state, ended_at=time.time())
 
 
 def refresh_runs(backend: str, store: Any, runs: list[Any]) -> None:
@@ -97,7 +86,7 @@ def _follow_managed(sky: Any, store: Any, managed: dict[int, Any]) -> None:
         row = seen.get(job)
         status = _name(_field(row, "status")) if row is not None else None
         reason = _field(row, "failure_reason") if row is not None else None
-        _set(store, rec, *_state(MANAGED_STATES, status, reason))
+        store.follow_state(rec.id, *_state(MANAGED_STATES, status, reason))
 
 
 def _follow_cluster(sky: Any, store: Any, cluster: str, jobs: dict[int, Any]) -> None:
@@ -107,8 +96,8 @@ def _follow_cluster(sky: Any, store: Any, cluster: str, jobs: dict[int, Any]) ->
     except Exception as exc:  # down=True: the cluster goes when its job ends
         if "not exist" in str(exc) or "not up" in str(exc).lower():
             for rec in jobs.values():
-                _set(store, rec, LOST, f"cluster {cluster} is gone before its job's end was "
-                     "seen (it is torn down after the job: down=True)")  # fmt: skip
+                why = f"cluster {cluster} is gone before its job's end was seen (it is torn down "
+                store.follow_state(rec.id, LOST, why + "after the job: down=True)")
         return
     for job, rec in jobs.items():
-        _set(store, rec, *_state(CLUSTER_STATES, _name((got or {}).get(job)), None))
+        store.follow_state(rec.id, *_state(CLUSTER_STATES, _name((got or {}).get(job)), None))

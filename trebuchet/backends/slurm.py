@@ -26,7 +26,7 @@ from trebuchet.errors import SpecError, TrebError, UserError
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event, write_atomic
 from trebuchet.store.paths import runs_dir
-from trebuchet.store.states import CANCELLED, FAILED, LOST, SUCCEEDED, TERMINAL
+from trebuchet.store.states import CANCELLED, FAILED, LOST, SUCCEEDED, TERMINAL, first_failure
 
 if TYPE_CHECKING:  # `treb ps` refreshes slurm runs: it must not import pydantic
     from trebuchet.launcher.submit import Submission
@@ -242,7 +242,7 @@ class SlurmBackend:
         now = time.time()
         ff = None
         if state == FAILED and last is not None:
-            found = st.first_failure(files.records.get(last, []))
+            found = first_failure(files.records.get(last, []))
             if found:
                 ff = {**found, "attempt": last}
         exit_code = 0 if state == SUCCEEDED else (ff or {}).get("exit_code")

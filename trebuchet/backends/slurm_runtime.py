@@ -18,38 +18,6 @@ Files the job writes (all under $TREB_RUN_DIR):
 
 from __future__ import annotations
 
-# Helpers shared by the batch script and the task wrapper (each runs them in its own bash).
-HELPERS = r"""treb_now() {  # epoch seconds with a fraction, without forking where bash allows
-    local t=${EPOCHREALTIME:-}
-    [ -n "$t" ] || t=$(date +%s.%N)
-    printf '%s' "${t/,/.}"
-}
-treb_json() {  # a JSON string
-    local s=$1
-    s=${s//\\/\\\\}; s=${s//\"/\\\"}; s=${s//$'\n'/\\n}; s=${s//$'\r'/\\r}; s=${s//$'\t'/\\t}
-    printf '"%s"' "$s"
-}
-treb_put() {  # treb_put FILE TEXT: readers see the old file or the new one, never half
-    local tmp="${1%/*}/.${1##*/}.$$.$RANDOM.tmp"
-    printf '%s\n' "$2" >"$tmp" && mv -f "$tmp" "$1"
-}
-treb_wait() {  # treb_wait PID: its exit status in treb_rc, even when traps interrupt wait
-    local rc
-    while :; do
-        treb_intr=
-        wait "$1"; rc=$?
-        [ -n "$treb_intr" ] || break  # not cut short by one of our traps: the child's status
-        if ! kill -0 "$1" 2>/dev/null; then
-            # It ended around the signal: bash may still hold its status (or not, -1/127).
-            wait "$1" && rc=0 || { local r=$?; [ "$r" -le 0 ] || [ "$r" = 127 ] || rc=$r; }
-            break
-        fi
-    done
-    [ "$rc" -ge 0 ] && [ "$rc" -le 255 ] || rc=255
-    treb_rc=$rc
-}
-"""
-
 # One Slurm task (mode "task"), one torchrun worker (mode "rank") or one pre/post command
 # per node (mode "pre"/"post"). Passed to srun as `bash -c "$TREB_TASK_SH" treb-task MODE
 # COMMAND...`, so the command reaches the node as argv and only the node's bash expands it.

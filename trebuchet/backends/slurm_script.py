@@ -16,6 +16,7 @@ from typing import Any
 from trebuchet.backends import slurm_runtime as rt
 from trebuchet.envs.build import run_prefix
 from trebuchet.envs.recipe import Recipe
+from trebuchet.launcher.bash_helpers import HELPERS
 from trebuchet.launcher.plan import profiled
 from trebuchet.launcher.policies import policies_for
 from trebuchet.spec.duration import slurm_time
@@ -295,9 +296,9 @@ def render_script(
         "# ---- trebuchet runtime (static text)",
         '# The wrapper every task runs (srun ... bash -c "$TREB_TASK_SH" treb-task MODE CMD...)',
         "IFS= read -r -d '' TREB_TASK_SH <<'TREB_TASK_EOF' || true",
-        rt.HELPERS + rt.TASK.rstrip("\n"),
+        HELPERS + rt.TASK.rstrip("\n"),
         "TREB_TASK_EOF",
-        rt.HELPERS.rstrip("\n"),
+        HELPERS.rstrip("\n"),
         rt.BATCH_FUNCS.rstrip("\n"),
         rt.PRELUDE.rstrip("\n"),
         "",

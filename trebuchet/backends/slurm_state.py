@@ -160,19 +160,6 @@ def live_state(info: QueueInfo, files: JobFiles) -> str | None:
     return None
 
 
-def first_failure(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The earliest non-zero outcome that was not a cascade (a rank stopped by the
-    teardown or by Slurm); a rank's record before a node agent's (torchrun)."""
-    failed = [
-        r for r in records
-        if r.get("exit_code") not in (None, 0) and not r.get("stopped_by_launcher")
-    ]  # fmt: skip
-    if not failed:
-        return None
-    failed.sort(key=lambda r: (r.get("rank") is None, r.get("ended_at") or 0.0))
-    return failed[0]
-
-
 def proc_rows(records: list[dict[str, Any]], attempt_ended: bool = False) -> list[dict[str, Any]]:
     """Rows of the store's procs table for one attempt. Once the attempt has ended, a
     process whose record still says RUNNING was killed before it could write its end

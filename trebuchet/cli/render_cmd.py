@@ -6,7 +6,6 @@ import argparse
 import sys
 
 from trebuchet.backends import get_backend
-from trebuchet.errors import UserError
 from trebuchet.launcher import sweep
 from trebuchet.spec.load import load_spec
 
@@ -19,20 +18,11 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(backend.render(loaded))
         return 0
     # A sweep: what each of its runs would launch, as `treb run` would start them.
-    if args.on not in ("local", "slurm"):
-        raise UserError(f"--on {args.on}: sweeps run on the local and slurm backends only so far")
-    points = sweep.points(args.override, loaded.spec.sweep)[1]
-    specs = [
-        (
-            point,
-            load_spec(args.spec, [*fixed, *(f"{k}={v}" for k, v in point.items()), "sweep=null"]),
-        )
-        for point in points
-    ]
-    if args.on == "slurm":
-        from trebuchet.backends.slurm_array import check_shape
+    from trebuchet.cli.sweep_run import point_specs
 
-        check_shape(specs)
+    points = sweep.points(args.override, loaded.spec.sweep)[1]
+    specs = point_specs(args.spec, fixed, points, args.on)
+    if args.on == "slurm":
         parallel = specs[0][1].spec.sweep_parallel
         limit = f", at most {parallel} at once" if parallel else ""
         sys.stdout.write(f"# sweep: {len(specs)} runs, submitted as one Slurm job array"

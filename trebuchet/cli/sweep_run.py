@@ -12,26 +12,34 @@ from trebuchet.backends import get_backend
 from trebuchet.errors import UserError
 from trebuchet.launcher import sweep
 from trebuchet.launcher.submit import prepare
-from trebuchet.spec.load import load_spec
+from trebuchet.spec.load import LoadedSpec, load_spec
 from trebuchet.store.db import Store
 from trebuchet.store.files import write_json
 
 
-def run_sweep(args: argparse.Namespace, fixed: list[str], points: list[dict[str, str]]) -> int:
-    if args.on not in ("local", "slurm"):
-        raise UserError(f"--on {args.on}: sweeps run on the local and slurm backends only so far")
-    backend = get_backend(args.on)
-    # Validate every point before anything is recorded: a bad value fails the whole sweep.
-    specs = []
-    for point in points:
-        extra = [f"{k}={v}" for k, v in point.items()] + ["sweep=null"]
-        loaded = load_spec(args.spec, fixed + extra)
-        backend.check(loaded)
-        specs.append((point, loaded))
-    if args.on == "slurm":
+def point_specs(
+    spec: str, fixed: list[str], points: list[dict[str, str]], on: str
+) -> list[tuple[dict[str, str], LoadedSpec]]:
+    """Every point's spec, validated before anything is recorded or rendered: a bad value
+    fails the whole sweep; on slurm the points are one job array, so one shape."""
+    if on not in ("local", "slurm"):
+        raise UserError(f"--on {on}: sweeps run on the local and slurm backends only so far")
+    specs = [
+        (point, load_spec(spec, [*fixed, *(f"{k}={v}" for k, v in point.items()), "sweep=null"]))
+        for point in points
+    ]
+    if on == "slurm":
         from trebuchet.backends.slurm_array import check_shape
 
-        check_shape(specs)  # one job array: one shape
+        check_shape(specs)
+    return specs
+
+
+def run_sweep(args: argparse.Namespace, fixed: list[str], points: list[dict[str, str]]) -> int:
+    specs = point_specs(args.spec, fixed, points, args.on)
+    backend = get_backend(args.on)
+    for _, loaded in specs:
+        backend.check(loaded)
     store = Store()
     sweep_id = sweep.new_sweep_id()
     if args.on == "slurm":

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trebuchet.launcher.bash_helpers import HELPERS
 from trebuchet.store.files import write_atomic
 
 # Written to <run dir>/rank.sh; run as `bash <run dir>/rank.sh COMMAND...` once RANK,
@@ -22,20 +23,19 @@ from trebuchet.store.files import write_atomic
 RANK_SCRIPT = "rank.sh"
 # Launchers with agents: trebuchet supervises the agent, each worker records itself.
 AGENT_LAUNCHERS = ("torchrun", "mpirun", "horovod")
-RANK_WRAPPER = r"""t_dir=$TREB_RUN_DIR/attempt-$TREB_ATTEMPT
+RANK_WRAPPER = (
+    HELPERS
+    + r"""t_dir=$TREB_RUN_DIR/attempt-$TREB_ATTEMPT
 exec >>"$t_dir/rank-$RANK.log" 2>&1 </dev/null
-t_now() { local t=${EPOCHREALTIME:-}; [ -n "$t" ] || t=$(date +%s.%N); printf '%s' "${t/,/.}"; }
-t_t0=$(t_now) t_stopped=false t_child= t_intr=
+t_t0=$(treb_now) t_stopped=false t_child=
 t_record() {  # t_record STATE [EXIT SIGNAL ENDED]
-    local tmp="$t_dir/.rank-$RANK.json.$$"
-    printf '%s\n' "{\"label\": \"$GROUP_RANK:$LOCAL_RANK\", \"rank\": $RANK, \
-\"node\": $GROUP_RANK, \"local_rank\": $LOCAL_RANK, \"pid\": ${t_child:-null}, \
-\"state\": \"$1\", \"exit_code\": ${2:-null}, \"signal\": ${3:-null}, \
-\"started_at\": $t_t0, \"ended_at\": ${4:-null}, \"stopped_by_launcher\": $t_stopped}" \
-        >"$tmp" &&
-        mv -f "$tmp" "$t_dir/rank-$RANK.json"
+    treb_put "$t_dir/rank-$RANK.json" "{\"label\": \"$GROUP_RANK:$LOCAL_RANK\", \
+\"rank\": $RANK, \"node\": $GROUP_RANK, \"local_rank\": $LOCAL_RANK, \
+\"pid\": ${t_child:-null}, \"state\": \"$1\", \"exit_code\": ${2:-null}, \
+\"signal\": ${3:-null}, \"started_at\": $t_t0, \"ended_at\": ${4:-null}, \
+\"stopped_by_launcher\": $t_stopped}"
 }
-t_pass() { t_intr=1; [ -z "$t_child" ] || kill -"$1" "$t_child" 2>/dev/null; }
+t_pass() { treb_intr=1; [ -z "$t_child" ] || kill -"$1" "$t_child" 2>/dev/null; }
 trap 't_stopped=true; t_pass TERM' TERM  # the agent stops its workers: a cascade, not a cause
 trap 't_stopped=true; t_pass TERM' INT  # (a background child ignores INT: TERM it)
 trap 't_pass USR1' USR1
@@ -43,22 +43,15 @@ trap 't_pass USR2' USR2
 "$@" &
 t_child=$!
 t_record RUNNING
-while :; do  # the child's status, even when a forwarded signal cuts `wait` short
-    t_intr=
-    wait "$t_child"; t_rc=$?
-    [ -n "$t_intr" ] || break
-    if ! kill -0 "$t_child" 2>/dev/null; then
-        wait "$t_child" && t_rc=0 || { t_r=$?; [ "$t_r" = 127 ] || t_rc=$t_r; }
-        break
-    fi
-done
+treb_wait "$t_child"  # the child's status, even when a forwarded signal cuts `wait` short
 t_sig=null
-if [ "$t_rc" -gt 128 ] && [ "$t_rc" -le 192 ]; then
-    t_sig="\"SIG$(kill -l $((t_rc - 128)) 2>/dev/null)\""
+if [ "$treb_rc" -gt 128 ] && [ "$treb_rc" -le 192 ]; then
+    t_sig="\"SIG$(kill -l $((treb_rc - 128)) 2>/dev/null)\""
 fi
-t_record ENDED "$t_rc" "$t_sig" "$(t_now)"
-exit "$t_rc"
+t_record ENDED "$treb_rc" "$t_sig" "$(treb_now)"
+exit "$treb_rc"
 """
+)
 
 
 def write_rank_script(run_dir: Path) -> None:
@@ -77,12 +70,3 @@ def rank_records(attempt_dir: Path, node: int | None = None) -> list[dict[str, A
             rec["log"] = str(attempt_dir / f"rank-{rec.get('rank')}.log")
             out.append(rec)
     return sorted(out, key=lambda r: r.get("rank") or 0)
-
-
-def first_failed(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The earliest rank that ended non-zero on its own (not stopped by its launcher)."""
-    failed = [
-        r for r in records
-        if r.get("exit_code") not in (None, 0) and not r.get("stopped_by_launcher")
-    ]  # fmt: skip
-    return min(failed, key=lambda r: r.get("ended_at") or 0.0) if failed else None

@@ -33,11 +33,20 @@ from trebuchet.launcher.procs import (
     signal_pid,
     start_time,
 )
-from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, first_failed, rank_records
+from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
 from trebuchet.launcher.watchdog import Watchdog
 from trebuchet.store.db import Store
 from trebuchet.store.files import append_event, read_json, write_json
-from trebuchet.store.states import CANCELLED, FAILED, LOST, RETRYING, RUNNING, SUCCEEDED, TIMEOUT
+from trebuchet.store.states import (
+    CANCELLED,
+    FAILED,
+    LOST,
+    RETRYING,
+    RUNNING,
+    SUCCEEDED,
+    TIMEOUT,
+    first_failure,
+)
 
 SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 HEARTBEAT_S = 5.0
@@ -439,7 +448,7 @@ class Supervisor:
             if lv.plan.rank is None and self.plan.launcher in AGENT_LAUNCHERS:
                 # An agent failed because a worker did: that worker is the cause.
                 node = lv.plan.node if self.plan.launcher == "torchrun" else None
-                cause = first_failed(rank_records(adir, node)) or cause
+                cause = first_failure(rank_records(adir, node)) or cause
             self.first_failure = {**cause, "attempt": attempt}
             self.store.update_run(self.plan.run_id, first_failure=self.first_failure)
 

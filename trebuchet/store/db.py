@@ -20,7 +20,7 @@ from typing import Any
 
 from trebuchet.errors import UserError
 from trebuchet.store.paths import db_path
-from trebuchet.store.states import ACTIVE
+from trebuchet.store.states import ACTIVE, TERMINAL
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -271,6 +271,16 @@ class Store:
         if limit:
             sql += f" LIMIT {int(limit)}"
         return [_record(r) for r in self.conn.execute(sql).fetchall()]
+
+    def follow_state(self, run_id: str, state: str, reason: str | None = None) -> None:
+        """A state an engine reported for a run it runs alone (one attempt, as far as
+        trebuchet sees): an end also closes attempt 0 with its reason."""
+        if state not in TERMINAL:
+            self.update_run(run_id, only_if_active=True, state=state)
+            return
+        now = time.time()
+        self.set_attempt(run_id, 0, state=state, ended_at=now, reason=reason)
+        self.update_run(run_id, only_if_active=True, state=state, ended_at=now)
 
     # -- attempts and processes ------------------------------------------------------------
     def set_attempt(self, run_id: str, attempt: int, **values: Any) -> None:
