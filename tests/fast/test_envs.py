@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -160,9 +161,9 @@ def test_render_mpirun_and_horovod(tmp_path, treb_home, capsys) -> None:
     assert code == 0  # render needs no mpirun on this machine
     cmd = next(line for line in out.splitlines() if line.startswith("  $ "))
     assert cmd.startswith("  $ mpirun -np 4 -H localhost:4 --bind-to none -x LOCAL_WORLD_SIZE")
-    assert "export RANK=${OMPI_COMM_WORLD_RANK" in cmd and cmd.endswith(
-        "treb-rank bash -c 'python t.py'"
-    )
+    # each rank runs the runtime's worker, which maps OpenMPI's variables onto the contract
+    assert re.search(r"/treb-runtime-\d+-[0-9a-f]+\.pyz worker --grace 5\.0 --mpi 2 -- ", cmd)
+    assert cmd.endswith("-- bash -c 'python t.py'")
     from trebuchet.launcher.plan import mpi_argv
 
     assert mpi_argv("horovod", 16, ["localhost", "128.140.2.4"], 8, {}) == [

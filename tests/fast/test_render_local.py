@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,8 @@ def test_render_matches_golden(
     out = capsys.readouterr().out
     assert "hf_super_secret_value" not in out
     normal = out.replace(str(treb_home), "$TREB_HOME").replace(str(work), "$WORKDIR")
+    normal = normal.replace(sys.executable, "$PYTHON")
+    normal = re.sub(r"treb-runtime-\d+-[0-9a-f]{12}\.pyz", "treb-runtime-VERSION-HASH.pyz", normal)
     golden = GOLDEN / f"render-local-{launcher}.txt"
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(normal)

@@ -1,12 +1,15 @@
-"""`treb render --on slurm`: golden scripts (UPDATE_GOLDEN=1 rewrites), quoting, refusals.
+"""`treb render --on slurm`: golden scripts and job files (UPDATE_GOLDEN=1 rewrites),
+quoting, refusals.
 
 Why: the sbatch script is the product here; each pitfall users hit in hand-written scripts
 (tasks per node by launcher, runtime expansion of $RANK, secrets, srun flags) must stay
-handled, and no spec value may break the script or run as code.
+handled, no spec value may break the script or run as code, and the script stays short
+enough to review: the lifecycle is the runtime's (job.json holds the values it reads).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import needs_program
 from trebuchet.backends.slurm_script import env_value, slurm_seconds, warning_seconds
 from trebuchet.cli.main import main
 
@@ -97,6 +101,12 @@ slurm:
 }
 
 
+def _split(out: str) -> tuple[str, dict]:
+    """`treb render --on slurm` output -> (the sbatch script, the job file's values)."""
+    script, _, job = out.partition("\n# ---- ")
+    return script, json.loads(job.split("\n", 1)[1])
+
+
 def _render(tmp_path: Path, text: str, *extra: str) -> tuple[int, str, str]:
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
@@ -115,12 +125,31 @@ def test_render_matches_golden(kind: str, tmp_path: Path, treb_home: Path) -> No
     assert rc == 0, err
     assert "hf_secret_value" not in out
     normal = out.replace(str(treb_home), "$TREB_HOME").replace(str(tmp_path / "work"), "$WORKDIR")
+    normal = re.sub(r"treb-runtime-\d+-[0-9a-f]{12}\.pyz", "treb-runtime-VERSION-HASH.pyz", normal)
     golden = GOLDEN / f"slurm-{kind}.sh"
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(normal)
     assert normal == golden.read_text()
-    check = subprocess.run(["bash", "-n"], input=out, capture_output=True, text=True)
+    script, _ = _split(out)
+    check = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
+    shellcheck = needs_program("shellcheck")
+    # warnings and errors (an `info` such as SC2016 is the spec's literal '$value' on purpose)
+    check = subprocess.run([shellcheck, "-s", "bash", "-S", "warning", "-"], input=script,
+                           capture_output=True, text=True)  # fmt: skip
+    assert check.returncode == 0, check.stdout
+
+
+def test_a_two_line_spec_renders_a_short_readable_script(tmp_path: Path, treb_home: Path) -> None:
+    rc, out, err = _render(tmp_path, "command: python train.py\nnodes: 2\n")
+    assert rc == 0, err
+    script, job = _split(out)
+    assert len(script.splitlines()) <= 60, script
+    # the runtime is started from the run directory, named with its version and hash
+    assert re.search(r'^TREB_RUNTIME="\$TREB_RUN_DIR"/treb-runtime-\d+-[0-9a-f]{12}\.pyz$',
+                     script, re.M), script  # fmt: skip
+    assert script.rstrip().endswith('controller "$TREB_RUN_DIR/job.json"')
+    assert job["command"] == ["bash", "-c", "python train.py"] and job["nodes"] == 2
 
 
 def test_pitfalls_handled_in_the_script(tmp_path: Path, treb_home: Path) -> None:
@@ -132,8 +161,9 @@ def test_pitfalls_handled_in_the_script(tmp_path: Path, treb_home: Path) -> None
     # cpus_per_task is per rank: a torchrun node task gets the whole node's share, and srun
     # gets it explicitly (22.05's srun no longer inherits it from sbatch)
     assert "#SBATCH --cpus-per-task=48\n" in torch and "--cpus-per-task=48" in torch
-    # the command is single-quoted: $RANK and ${SLURM_NODEID} expand on the node, at run time
-    assert "'python train.py --lr ${LR:-0.1} \"$RANK\" --node ${SLURM_NODEID}'" in native
+    # the command is argv in the job file: $RANK and ${SLURM_NODEID} expand on the node
+    cmd = 'python train.py --lr ${LR:-0.1} "$RANK" --node ${SLURM_NODEID}'
+    assert _split(native)[1]["command"] == ["bash", "-c", cmd]
     # secrets by name only; env values quoted; the secret reference expands in the job
     assert "export FROM_SECRET='Bearer '\"${HF_TOKEN}\"" in native
     assert "export QUOTED='it'\"'\"'s a $value; rm -rf /'" in native
@@ -141,7 +171,7 @@ def test_pitfalls_handled_in_the_script(tmp_path: Path, treb_home: Path) -> None
     assert "#SBATCH --time=02:00:00" in torch and "#SBATCH --signal=B:USR1@60" in torch
     assert "#SBATCH --requeue" in torch and "#SBATCH --no-requeue" in native
     assert "--mpi=pmi2" in torch and "--mpi" not in native
-    assert "TREB_MASTER_PORT=29511" in native and "TREB_MASTER_PORT=''" in torch
+    assert _split(native)[1]["master_port"] == 29511 and _split(torch)[1]["master_port"] is None
 
 
 def test_mpirun_is_one_task_on_the_first_node(tmp_path: Path, treb_home: Path) -> None:
@@ -149,62 +179,11 @@ def test_mpirun_is_one_task_on_the_first_node(tmp_path: Path, treb_home: Path) -
     # one Slurm task per node in the allocation (its CPUs for all the node's ranks), and
     # the ranks' step is a single task on the first node: mpirun starts the rest
     assert "#SBATCH --ntasks-per-node=1\n" in out and "#SBATCH --cpus-per-task=8\n" in out
-    srun = re.search(r"^TREB_SRUN=\((.*)\)$", out, re.M)
-    assert srun and srun.group(1).split()[:3] == ["--nodes=1", "--ntasks=1", "--ntasks-per-node=1"]
-    assert "--mpi" not in srun.group(1)  # slurm.mpi is srun's, not mpirun's
-    hook = re.search(r"^TREB_SRUN_HOOK=\((.*)\)$", out, re.M)
-    assert hook and hook.group(1).startswith("--nodes=2 --ntasks=2")  # pre/post: every node
-    assert "TREB_MPI_ENV='HF_TOKEN NCCL_DEBUG'" in out and "hf_secret_value" not in out
-
-
-def test_mpirun_task_command_line(tmp_path: Path) -> None:
-    """The runtime's mpirun line and each rank's mapping, with stand-ins for mpirun/scontrol."""
-    from trebuchet.backends import slurm_runtime as rt
-    from trebuchet.launcher.bash_helpers import HELPERS
-
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'tn1\\ntn2\\n'\n")
-    # mpirun stand-in: print its argv, then run the rank command as OpenMPI rank 5 of 8
-    (bin_dir / "mpirun").write_text(
-        '#!/bin/bash\nprintf "%s\\0" "$@" > "$TREB_RUN_DIR/argv"\n'
-        'while [ "$1" != bash ]; do shift; done\n'
-        "OMPI_COMM_WORLD_RANK=5 OMPI_COMM_WORLD_SIZE=8 OMPI_COMM_WORLD_LOCAL_RANK=1 "
-        'OMPI_COMM_WORLD_LOCAL_SIZE=4 exec "$@"\n'
-    )  # fmt: skip
-    for f in bin_dir.iterdir():
-        f.chmod(0o755)
-    run_dir = tmp_path / "run"
-    (run_dir / "attempt-0").mkdir(parents=True)
-    env = {
-        "PATH": f"{bin_dir}:{os.environ['PATH']}", "TREB_RUN_DIR": str(run_dir),
-        "TREB_WORKDIR": str(tmp_path), "TREB_LAUNCHER": "mpirun", "TREB_PPN": "4",
-        "TREB_ATTEMPT": "0", "TREB_GRACE": "1", "TREB_CHECKPOINT_SIGNAL": "SIGUSR2",
-        "TREB_MPI_ENV": "MY_VAR", "MY_VAR": "x", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "1",
-        "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "tn[1-2]", "SLURM_JOB_ID": "7",
-        "MASTER_ADDR": "tn1", "MASTER_PORT": "15007",
-        "TREB_TASK_SH": HELPERS + rt.TASK,
-    }  # fmt: skip
-    show = 'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $NODE_RANK $NUM_NODES"'
-    res = subprocess.run(
-        ["bash", "-c", env["TREB_TASK_SH"], "treb-task", "task", "bash", "-c", show],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr + (run_dir / "attempt-0" / "node-0.log").read_text()
-    argv = (run_dir / "argv").read_text().split("\0")[:-1]
-    assert "MY_VAR" in argv and argv[argv.index("MY_VAR") - 1] == "-x"
-    assert argv[:8] == ["-np", "8", "-H", "tn1:4,tn2:4", "--bind-to", "none", "--map-by", "slot"]
-    assert argv[8:11] == ["--mca", "odls_base_sigkill_timeout", "1"]  # grace_period
-    assert "TREB_TASK_SH" in argv and argv[argv.index("bash") + 3 :] == [
-        "treb-rank", "mpi", "bash", "-c", show]  # fmt: skip
-    assert (run_dir / "attempt-0" / "rank-5.log").read_text() == "5 8 1 4 1 2\n"
-    import json
-
-    rec = json.loads((run_dir / "attempt-0" / "rank-5.json").read_text())
-    assert (rec["rank"], rec["node"], rec["local_rank"], rec["label"]) == (5, 1, 1, "1:1")
-    assert rec["exit_code"] == 0 and rec["state"] == "ENDED"
-    node = json.loads((run_dir / "attempt-0" / "node-0.json").read_text())
-    assert node["rank"] is None and node["exit_code"] == 0
+    job = _split(out)[1]
+    assert job["srun"][:3] == ["--nodes=1", "--ntasks=1", "--ntasks-per-node=1"]
+    assert not any(a.startswith("--mpi") for a in job["srun"])  # slurm.mpi is srun's
+    assert job["srun_hook"][:2] == ["--nodes=2", "--ntasks=2"]  # pre/post: every node
+    assert job["mpi_env"] == ["HF_TOKEN", "NCCL_DEBUG"] and "hf_secret_value" not in out
 
 
 def test_hostile_values_stay_literal(tmp_path: Path, treb_home: Path) -> None:
@@ -214,16 +193,15 @@ def test_hostile_values_stay_literal(tmp_path: Path, treb_home: Path) -> None:
     )  # fmt: skip
     rc, out, err = _render(tmp_path, text)
     assert rc == 0, err
-    # Evaluating the generated value and env sections in bash gives back exactly the values.
-    values = out.split("# ---- values from the spec")[1].split("# ---- trebuchet runtime")[0]
-    env = out.split("# ---- env from the spec")[1].split("# ---- slurm.setup")[0]
-    values, env = values.split("\n", 1)[1], env.split("\n", 1)[1]  # drop the marker lines
-    probe = values + env + '\nprintf "%s\\0" "${TREB_CMD[@]}" "$EVIL"'
+    # Evaluating the generated env lines in bash gives back exactly the values.
+    script, job = _split(out)
+    env = script.split("# env from the spec")[1].split("\n", 1)[1].split("command -v")[0]
+    probe = env + '\nprintf "%s" "$EVIL"'
     res = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     # ${VAR} in env values expands at submission (the contract); never in the command
     expanded = HOSTILE.replace("${HOME}", os.environ["HOME"])
-    assert res.stdout.split("\0")[:-1] == ["python", "x.py", HOSTILE, expanded]
+    assert res.stdout == expanded and job["command"] == ["python", "x.py", HOSTILE]
     assert not Path("/tmp/pwned").exists()
     assert '#SBATCH --account="acct$(id)`id`"' in out  # a comment to bash, a string to sbatch
 
@@ -295,4 +273,5 @@ def test_venv_conda_and_profiles_reach_the_script(tmp_path: Path, treb_home) -> 
     assert f'export VIRTUAL_ENV={prefix} PATH={prefix}/bin:"$PATH"' in out
     assert "export TREB_TORCH_PROFILE_DIR=" in out and "export TREB_PROFILE_RANKS='0 3'" in out
     rc, out, err = _render(tmp_path, "name: x\ncommand: python t.py\nprofile: nsys\n")
-    assert rc == 0 and "TREB_CMD=(bash -c " in out and "nsys profile" in out and "treb-nsys" in out
+    cmd = _split(out)[1]["command"]
+    assert rc == 0 and cmd[:2] == ["bash", "-c"] and "nsys profile" in cmd[2] and "treb-nsys" in cmd

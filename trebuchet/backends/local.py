@@ -16,9 +16,10 @@ from trebuchet.envs.recipe import recipe_for
 from trebuchet.envs.wrap import engine_problem
 from trebuchet.errors import UserError
 from trebuchet.launcher.plan import Placement, Plan, describe, local_plan
-from trebuchet.launcher.procs import alive, start_time
-from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, write_rank_script
+from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS
+from trebuchet.launcher.runtime_file import ship
 from trebuchet.launcher.submit import Submission
+from trebuchet.runtime.procs import alive, start_time
 from trebuchet.spec.load import LoadedSpec
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event, read_json, write_json
@@ -100,8 +101,8 @@ class LocalBackend:
             sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir, dict(os.environ),
             self.placement(sub.loaded),
         )  # fmt: skip
-        if plan.launcher in AGENT_LAUNCHERS:  # each worker records its own outcome
-            write_rank_script(sub.run_dir)
+        if plan.launcher in AGENT_LAUNCHERS:  # each worker runs the runtime's `worker`
+            ship(sub.run_dir)
         write_json(sub.run_dir / "plan.json", plan.to_json())
         return plan
 

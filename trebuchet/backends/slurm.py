@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trebuchet.backends import slurm_state as st
-from trebuchet.backends.slurm_script import CONTROL, problems, render_script
+from trebuchet.backends.slurm_script import CONTROL, problems, render_all, write_job
 from trebuchet.envs.build import BuildError, ensure, missing_tool
 from trebuchet.envs.recipe import Recipe, recipe_for
 from trebuchet.errors import SpecError, TrebError, UserError
@@ -75,6 +75,12 @@ class SlurmBackend:
     def _check_spec(self, loaded: LoadedSpec) -> None:
         spec = loaded.spec
         env = spec.environment
+        if spec.launcher == "horovod":
+            raise UserError(
+                f"{loaded.where('launcher')}: launcher: horovod is not supported by the slurm "
+                "backend; use mpirun (horovodrun is mpirun underneath: each rank gets the "
+                "contract's variables and Horovod's) or native"
+            )
         if spec.launcher == "mpirun" and env is not None and env.image:
             raise UserError(
                 f"{loaded.where('launcher')}: launcher: mpirun with a container image is not "
@@ -104,20 +110,15 @@ class SlurmBackend:
     def render(self, loaded: LoadedSpec) -> str:
         self._check_spec(loaded)
         placeholder = runs_dir() / "RUN_ID"
-        return render_script(
-            loaded.spec, loaded.workdir, "RUN_ID", placeholder, self.recipe(loaded)
-        )
+        return render_all(loaded.spec, loaded.workdir, "RUN_ID", placeholder, self.recipe(loaded))
 
     # -- submission --------------------------------------------------------------------------
     def submit(self, sub: Submission, attach: bool) -> str | None:
         recipe = self.recipe(sub.loaded)
         if recipe:  # built (or reused) before the job is queued; the nodes use it in place
             self._build(sub, recipe)
-        script = render_script(
-            sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir, recipe
-        )
-        path = sub.run_dir / "submit.sbatch"
-        write_atomic(path, script)
+        spec, workdir = sub.loaded.spec, sub.loaded.workdir
+        path = write_job(spec, workdir, sub.record.id, sub.run_dir, recipe)
         job_id = self._sbatch(sub, path)
         sub.store.update_run(sub.record.id, backend_id=job_id, host=socket.gethostname())
         append_event(sub.run_dir, "sbatch", job_id=job_id)

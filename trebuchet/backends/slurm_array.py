@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trebuchet.backends.slurm_script import _directive, q, render_script, sbatch_lines
+from trebuchet.backends.slurm_script import _directive, q, sbatch_lines, write_job
 from trebuchet.errors import TrebError, UserError
 from trebuchet.store.files import append_event, write_atomic
 from trebuchet.store.states import CANCELLED, FAILED, SUCCEEDED, TERMINAL
@@ -119,9 +119,7 @@ def submit(
             except TrebError as exc:  # no array without every point: none is submitted
                 _fail([s for s in subs if s is not sub], f"not submitted: {exc}")
                 raise
-        spec = sub.loaded.spec
-        script = render_script(spec, sub.loaded.workdir, sub.record.id, sub.run_dir, recipe)
-        write_atomic(sub.run_dir / "submit.sbatch", script)
+        write_job(sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir, recipe)
     path = log_dir / f"{sweep_id}.sbatch"
     write_atomic(path, render_array(sweep_id, subs, parallel, log_dir))
     job_id = _sbatch(subs, path)

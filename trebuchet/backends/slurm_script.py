@@ -1,25 +1,30 @@
-"""Spec -> sbatch script: #SBATCH lines, quoted values, then the static runtime.
+"""Spec -> sbatch script (#SBATCH lines, the spec's env, slurm.setup, the controller's start)
+and the job file the controller reads (`job.json`: every other value, as JSON).
 
 Why a generated script and not a template users edit: each pitfall of hand-written sbatch
 scripts is handled once here (tasks per node by launcher, runtime expansion of $RANK and
 $SLURM_NODEID, a per-job port, secrets by name only, srun flags 22.05 no longer inherits),
-and every value is one shlex-quoted word, so no value can break the script or run code.
+and every value is one shlex-quoted word or JSON, so no value can break the script or run
+code. What runs in the job (attempts, the node agents) is trebuchet's runtime, shipped into
+the run directory as one file (trebuchet/runtime, launcher/runtime_file.py).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
 from typing import Any
 
-from trebuchet.backends import slurm_runtime as rt
 from trebuchet.envs.build import run_prefix
 from trebuchet.envs.recipe import Recipe
-from trebuchet.launcher.bash_helpers import HELPERS
 from trebuchet.launcher.plan import profiled
 from trebuchet.launcher.policies import policies_for
+from trebuchet.launcher.runtime_file import file_name as runtime_file_name
+from trebuchet.launcher.runtime_file import ship
 from trebuchet.spec.duration import slurm_time
+from trebuchet.store.files import write_atomic, write_json
 
 SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -228,82 +233,81 @@ def _environment_lines(spec: Any, run_dir: Path, recipe: Recipe | None) -> list[
     return lines
 
 
-def _array(name: str, items: list[str]) -> str:
-    return f"{name}=({' '.join(q(i) for i in items)})"
-
-
-def _policy_lines(spec: Any) -> list[str]:
-    """Log policies (the spec's, then the shipped ones), matched by the job after a failure."""
-    pols = policies_for(spec) if hasattr(spec, "log_policies") else []
-    return [
-        "# log policies, in order: a failed attempt's logs are searched with grep -P",
-        _array("TREB_POLICY_NAMES", [p["name"] for p in pols]),
-        _array("TREB_POLICY_ACTIONS", [p["action"] for p in pols]),
-        _array("TREB_POLICY_MAX", [str(p.get("max_retries", 3)) for p in pols]),
-        _array("TREB_POLICY_RX", [p["pattern"] for p in pols]),
-    ]
-
-
-def render_script(
-    spec: Any, workdir: Path, run_id: str, run_dir: Path, recipe: Recipe | None = None
-) -> str:
-    """The whole sbatch script for one run."""
+def job_file(spec: Any, workdir: Path, run_id: str, run_dir: Path,
+             recipe: Recipe | None = None) -> dict[str, Any]:  # fmt: skip
+    """What the job controller and the node agents read (`<run dir>/job.json`)."""
     cmd = ["bash", "-c", spec.command] if isinstance(spec.command, str) else list(spec.command)
     cmd = profiled(spec, cmd)  # profile: nsys wraps each selected rank, as locally
     if recipe is not None and recipe.kind == "conda":
         cmd = [*run_prefix(recipe), *cmd]
-    signal = getattr(spec, "checkpoint_signal", "SIGUSR2")
-    fixed = getattr(spec, "fixed_port", None) or spec.master_port
+    secrets = sorted(spec.secrets)
+    return {
+        "run_id": run_id, "run_dir": str(run_dir), "workdir": str(workdir),
+        "launcher": spec.launcher, "nodes": spec.nodes, "ppn": spec.ranks_per_node,
+        "max_attempts": spec.retries + 1,
+        "grace": max(1, int(-(-getattr(spec, "grace_period", 5.0) // 1))),
+        "checkpoint_signal": getattr(spec, "checkpoint_signal", "SIGUSR2"),
+        "requeue_margin": REQUEUE_MARGIN_S,
+        "master_port": getattr(spec, "fixed_port", None) or spec.master_port,
+        "pre": getattr(spec, "pre", None) or "", "post": getattr(spec, "post", None) or "",
+        "secrets": secrets, "spec_env": sorted(spec.env),
+        "policies": policies_for(spec) if hasattr(spec, "log_policies") else [],
+        "command": cmd,
+        "srun": srun_args(spec, run_dir, workdir),
+        "srun_hook": srun_args(spec, run_dir, workdir, per_node=True),
+        # mpirun: the spec's variables reach remote ranks only with -x
+        "mpi_env": sorted({*spec.env, *secrets}) if spec.launcher == "mpirun" else [],
+    }  # fmt: skip
+
+
+def render_script(spec: Any, workdir: Path, run_id: str, run_dir: Path,
+                  recipe: Recipe | None = None) -> str:  # fmt: skip
+    """The whole sbatch script for one run (job.json beside it holds the other values)."""
     secrets = set(spec.secrets)
-    head = [
+    runtime = runtime_file_name()
+    lines = [
         "#!/bin/bash",
         f"# trebuchet run {run_id} ({spec.name}): {spec.nodes} node(s) x "
         f"{spec.ranks_per_node} rank(s), launcher {spec.launcher}, "
         f"{spec.retries + 1} attempt(s) at most.",
-        "# Rendered by `treb render --on slurm`, submitted by `treb run --on slurm`.",
+        "# Rendered by `treb render --on slurm`, submitted by `treb run --on slurm`. The job",
+        "# controller (attempts, retries, requeue) and the node agents (one srun step per",
+        "# attempt) are trebuchet's runtime, shipped in the run directory with job.json.",
         *sbatch_lines(spec, run_dir),
         "",
-        "# ---- values from the spec: each is one quoted shell word",
-        f"TREB_RUN_ID={q(run_id)}",
         f"TREB_RUN_DIR={q(run_dir)}",
-        f"TREB_WORKDIR={q(workdir)}",
-        f"TREB_LAUNCHER={q(spec.launcher)}",
-        f"TREB_NODES={spec.nodes}",
-        f"TREB_PPN={spec.ranks_per_node}",
-        f"TREB_MAX_ATTEMPTS={spec.retries + 1}",
-        f"TREB_GRACE={max(1, int(-(-getattr(spec, 'grace_period', 5.0) // 1)))}",
-        f"TREB_CHECKPOINT_SIGNAL={q(signal)}",
-        f"TREB_REQUEUE_MARGIN={REQUEUE_MARGIN_S}",
-        f"TREB_MASTER_PORT={q(fixed or '')}",
-        f"TREB_PRE={q(getattr(spec, 'pre', None) or '')}",
-        f"TREB_POST={q(getattr(spec, 'post', None) or '')}",
+        f'TREB_RUNTIME="$TREB_RUN_DIR"/{q(runtime)}',
+        '[ -r "$TREB_RUNTIME" ] || { echo "treb: $TREB_RUNTIME not found on $(hostname) '
+        '(TREB_HOME must be on a filesystem every node shares)" >&2; exit 2; }',
         *_environment_lines(spec, run_dir, recipe),
-        "# secrets: values come from the submitting environment (sbatch exports it), never "
-        "from this file",
-        _array("TREB_SECRETS", sorted(secrets)),
-        *_policy_lines(spec),
-        "# the command: argv of every rank; a string runs in bash on the node, where $RANK, "
-        "$SLURM_NODEID... expand",
-        _array("TREB_CMD", cmd),
-        _array("TREB_SRUN", srun_args(spec, run_dir, workdir)),
-        _array("TREB_SRUN_HOOK", srun_args(spec, run_dir, workdir, per_node=True)),
     ]
-    if spec.launcher == "mpirun":  # the spec's variables reach remote ranks only with -x
-        names = " ".join(sorted({*spec.env, *secrets}))
-        head += ["# mpirun -x: the spec's env and secrets (by name)", f"TREB_MPI_ENV={q(names)}"]
-    head += [
-        "",
-        "# ---- trebuchet runtime (static text)",
-        '# The wrapper every task runs (srun ... bash -c "$TREB_TASK_SH" treb-task MODE CMD...)',
-        "IFS= read -r -d '' TREB_TASK_SH <<'TREB_TASK_EOF' || true",
-        HELPERS + rt.TASK.rstrip("\n"),
-        "TREB_TASK_EOF",
-        HELPERS.rstrip("\n"),
-        rt.BATCH_FUNCS.rstrip("\n"),
-        rt.PRELUDE.rstrip("\n"),
-        "",
-        "# ---- env from the spec (after trebuchet's own variables: the spec wins)",
+    if spec.env:
+        lines += ["# env from the spec; secrets come from the submitting environment, by name"]
+        lines += [f"export {k}={env_value(v, secrets)}" for k, v in spec.env.items()]
+    if spec.slurm.setup:
+        lines += ["# slurm.setup", *spec.slurm.setup]
+    lines += [
+        'command -v python3 >/dev/null 2>&1 || { echo "treb: no python3 (>= 3.8) on $(hostname):'
+        " trebuchet's job controller needs it\" >&2; exit 2; }",
+        'exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"',
     ]
-    head += [f"export {k}={env_value(v, secrets)}" for k, v in spec.env.items()]
-    head += ["", "# ---- slurm.setup", *spec.slurm.setup, "", "# ---- attempts"]
-    return "\n".join(head) + "\n" + rt.MAIN
+    return "\n".join(lines) + "\n"
+
+
+def write_job(spec: Any, workdir: Path, run_id: str, run_dir: Path,
+              recipe: Recipe | None = None) -> Path:  # fmt: skip
+    """Everything the job needs in its run directory: the runtime, job.json and the sbatch
+    script (returned)."""
+    ship(run_dir)
+    write_json(run_dir / "job.json", job_file(spec, workdir, run_id, run_dir, recipe))
+    path = run_dir / "submit.sbatch"
+    write_atomic(path, render_script(spec, workdir, run_id, run_dir, recipe))
+    return path
+
+
+def render_all(spec: Any, workdir: Path, run_id: str, run_dir: Path,
+               recipe: Recipe | None = None) -> str:  # fmt: skip
+    """`treb render --on slurm`: the script, then the job file it hands to the controller."""
+    job = json.dumps(job_file(spec, workdir, run_id, run_dir, recipe), indent=2, sort_keys=True)
+    return (render_script(spec, workdir, run_id, run_dir, recipe)
+            + f"\n# ---- {run_dir / 'job.json'} (read by the job controller)\n{job}\n")  # fmt: skip

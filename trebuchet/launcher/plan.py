@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 import socket
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,21 +18,9 @@ from trebuchet.envs.gpus import gpu_env
 from trebuchet.envs.recipe import Recipe
 from trebuchet.envs.wrap import wrap_argv
 from trebuchet.launcher.policies import policies_for
-from trebuchet.launcher.rank_wrapper import RANK_SCRIPT
+from trebuchet.launcher.runtime_file import file_name as runtime_file_name
+from trebuchet.runtime.contract import node_vars, omp_threads, rank_vars
 
-# Under mpirun/horovodrun each rank maps the MPI variables onto the contract, then runs the
-# rank wrapper (<run dir>/rank.sh: own log, own outcome record). Locally every simulated node
-# is this host, so node and local rank come from RANK.
-MPI_RANK_WRAPPER = (
-    "export RANK=${OMPI_COMM_WORLD_RANK:-${HOROVOD_RANK:-$PMI_RANK}} "
-    "WORLD_SIZE=${OMPI_COMM_WORLD_SIZE:-${HOROVOD_SIZE:-$PMI_SIZE}}; "
-    "export LOCAL_RANK=$((RANK % LOCAL_WORLD_SIZE)) NODE_RANK=$((RANK / LOCAL_WORLD_SIZE)); "
-    "export GROUP_RANK=$NODE_RANK; "
-    'if [ -n "$TREB_NODE_GPUS" ]; then IFS=";" read -r -a _m <<< "$TREB_NODE_GPUS"; '
-    "for v in CUDA_VISIBLE_DEVICES HIP_VISIBLE_DEVICES ROCR_VISIBLE_DEVICES; do "
-    '[ -n "${!v+x}" ] && export "$v=${_m[$NODE_RANK]}"; done; fi; '
-    f'exec bash "$TREB_RUN_DIR/{RANK_SCRIPT}" "$@"'
-)
 HOROVOD_TIMEOUT_S = 120
 
 # profile: nsys wraps each selected rank (RANK is known inside the rank, under any launcher).
@@ -144,7 +133,6 @@ def local_plan(
     base = {
         "MASTER_ADDR": addr,
         "MASTER_PORT": str(port),
-        "NUM_NODES": str(nodes),
         "TREB_RUN_ID": run_id,
         "TREB_RUN_DIR": str(run_dir),
         "TREB_CHECKPOINT_DIR": str(run_dir / "checkpoints"),
@@ -153,7 +141,7 @@ def local_plan(
     }
     if spec.launcher != "none" and "OMP_NUM_THREADS" not in environ:
         # Simulated nodes share this machine, so its CPUs are split over all local ranks.
-        base["OMP_NUM_THREADS"] = str(max(1, usable_cpus() // world))
+        base["OMP_NUM_THREADS"] = omp_threads(usable_cpus(), world)
     recipe = place.recipe
     if recipe and recipe.kind == "venv":
         base["VIRTUAL_ENV"] = recipe.prefix
@@ -162,6 +150,11 @@ def local_plan(
     if spec.profile == "torch":  # the workload turns torch.profiler on when it sees this
         base["TREB_TORCH_PROFILE_DIR"] = str(run_dir / "profile" / "torch")
     cmd = profiled(spec, command_argv(spec.command))
+    # Under torchrun/mpirun/horovodrun each worker runs the runtime's `worker` around its
+    # rank (own log, own outcome record, signals), from the run directory.
+    python = "python3" if recipe and recipe.kind == "image" else sys.executable
+    worker = [python, "-S", str(run_dir / runtime_file_name()), "worker",
+              "--grace", str(spec.grace_period)]  # fmt: skip
     mounts = [f"{workdir}:{workdir}", f"{run_dir}:{run_dir}"]
     secret_names = list(spec.secrets)
 
@@ -176,7 +169,7 @@ def local_plan(
     for node in range(nodes):
         # What the spec's env sets wins over what trebuchet derives (GPU masks included).
         node_env = {
-            **base, "NODE_RANK": str(node), "GROUP_RANK": str(node),
+            **base, **node_vars(node, nodes),
             **gpu_env(place.vendor, place.node_gpus[node], spec.gpus_per_node), **spec.env,
         }  # fmt: skip
         for when, text in (("pre", spec.pre), ("post", spec.post)):
@@ -188,16 +181,7 @@ def local_plan(
         if spec.launcher == "native":
             for local in range(ppn):
                 rank = node * ppn + local
-                env = {
-                    "RANK": str(rank),
-                    "LOCAL_RANK": str(local),
-                    "WORLD_SIZE": str(world),
-                    "LOCAL_WORLD_SIZE": str(ppn),
-                    "GROUP_WORLD_SIZE": str(nodes),
-                    "ROLE_RANK": str(rank),
-                    "ROLE_WORLD_SIZE": str(world),
-                    **node_env,
-                }
+                env = {**rank_vars(rank, local, node, nodes, ppn), **node_env}
                 label = f"{node}:{local}"
                 argv = wrap(cmd, env, node, f"r{rank}")
                 procs.append(
@@ -208,7 +192,7 @@ def local_plan(
             argv = [
                 "torchrun", "--nnodes", str(nodes), "--node_rank", str(node),
                 "--nproc_per_node", str(ppn), "--master_addr", addr, "--master_port", str(port),
-                "--no-python", "bash", str(run_dir / RANK_SCRIPT), *cmd,
+                "--no-python", *worker, "--", *cmd,
             ]  # fmt: skip
             argv = wrap(argv, node_env, node, f"n{node}")
             procs.append(
@@ -230,8 +214,8 @@ def local_plan(
                     os.geteuid() == 0 and spec.launcher == "mpirun"
                 ):  # OpenMPI refuses root otherwise
                     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-                argv = mpi_argv(spec.launcher, world, ["localhost"] * 1, world, env) + [
-                    "bash", "-c", MPI_RANK_WRAPPER, "treb-rank", *cmd]  # fmt: skip
+                argv = mpi_argv(spec.launcher, world, ["localhost"] * 1, world, env)
+                argv += [*worker, "--mpi", str(ppn), "--", *cmd]
                 argv = wrap(argv, env, node, "mpi")
                 procs.append(ProcPlan("0", 0, None, None, argv, env, str(workdir), "node-0.log"))
                 streams.append(["0", "node-0.log"])

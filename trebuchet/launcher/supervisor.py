@@ -24,7 +24,9 @@ from pathlib import Path
 from trebuchet.launcher import policies
 from trebuchet.launcher.follow import Follower
 from trebuchet.launcher.plan import Plan, ProcPlan, free_port
-from trebuchet.launcher.procs import (
+from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
+from trebuchet.launcher.watchdog import Watchdog
+from trebuchet.runtime.procs import (
     children,
     die_with_parent,
     processes_of_run,
@@ -33,8 +35,6 @@ from trebuchet.launcher.procs import (
     signal_pid,
     start_time,
 )
-from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
-from trebuchet.launcher.watchdog import Watchdog
 from trebuchet.store.db import Store
 from trebuchet.store.files import append_event, read_json, write_json
 from trebuchet.store.states import (

@@ -59,7 +59,7 @@ def main(run_id: str, run_dir: str) -> int:
         if line.startswith(b"+"):
             groups.add(int(line[1:]))
     # EOF without `done`: the supervisor vanished. End everything it started.
-    from trebuchet.launcher.procs import processes_of_run, signal_group, signal_pid
+    from trebuchet.runtime.procs import processes_of_run, signal_group, signal_pid
 
     for pgid in groups:
         signal_group(pgid, signal.SIGKILL)

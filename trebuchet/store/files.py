@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from trebuchet.runtime import records
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
     """Replace `path` with `text` in one rename, so readers see old or new, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    records.write_text(str(path), text, mode)
+
+
+def write_atomic_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    records.write_bytes(str(path), data, mode)
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -42,12 +34,7 @@ def read_json(path: Path) -> Any:
 
 def append_event(run_dir: Path, event: str, **fields: Any) -> None:
     """One line per event in events.jsonl; a single O_APPEND write keeps lines whole."""
-    line = json.dumps({"time": time.time(), "event": event, **fields}, sort_keys=True) + "\n"
-    fd = os.open(run_dir / "events.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+    records.append_event(str(run_dir), event, **fields)
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:

@@ -1,35 +1,51 @@
-"""The per-task wrapper of the Slurm runtime, run for real in bash, outside Slurm.
+"""The node agent of one Slurm task (the runtime's `task` verb), run for real from the
+shipped .pyz, outside Slurm.
 
 Why: with proctrack/linuxproc Slurm signals a step's processes one by one, children first,
-so a rank's command can die of SIGTERM before its wrapper's own SIGTERM arrives. That rank
+so a rank's command can die of SIGTERM before its agent's own SIGTERM arrives. That rank
 must still be recorded as stopped (by a cancel, a time limit or the first-failure
 teardown), or a cancelled job would name it as the root cause. The ordering cannot be
-forced on the test cluster, so here the command kills itself with SIGTERM and the wrapper
+forced on the test cluster, so here the command kills itself with SIGTERM and the agent
 never gets one; the `squeue` on PATH is a stand-in that prints the job state Slurm shows
-while it ends a job (said where it is used).
+while it ends a job (said where it is used). (Ported from the tests of the bash wrapper
+that the agent replaced: same cases, same expectations.)
 """
 
 from __future__ import annotations
 
 import json
+import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from trebuchet.backends import slurm_runtime as rt
-from trebuchet.launcher.bash_helpers import HELPERS
+from trebuchet.launcher.runtime_file import ship
 
 SELF_TERM = "kill -TERM $$"  # the command dies of SIGTERM; the wrapper gets no signal
+
+
+def task_job(run_dir: Path, workdir: Path, launcher: str, ppn: int, command: list[str],
+             **extra: object) -> Path:  # fmt: skip
+    """A job.json as the Slurm engine writes it (the values the agent reads)."""
+    job = {"run_id": "r1", "run_dir": str(run_dir), "workdir": str(workdir), "launcher": launcher,
+           "nodes": 1, "ppn": ppn, "grace": 2, "checkpoint_signal": "SIGUSR1",
+           "command": command, "mpi_env": [], **extra}  # fmt: skip
+    path = run_dir / "job.json"
+    path.write_text(json.dumps(job))
+    return path
 
 
 def run_wrapper(
     tmp_path: Path, command: str, squeue_state: str | None = None, rc: int = 143
 ) -> dict:
-    """One native task through the wrapper; its outcome record."""
+    """One native task through the agent; its outcome record."""
     run_dir = tmp_path / "run"
     (run_dir / "attempt-0").mkdir(parents=True, exist_ok=True)
+    runtime = ship(run_dir)
+    job = task_job(run_dir, tmp_path, "native", 1, ["bash", "-c", command])
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     # scancel: the teardown after a genuine failure calls it; record instead of signalling.
@@ -43,14 +59,12 @@ def run_wrapper(
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "FAKE_CALLS": str(tmp_path / "calls"),
         "TREB_RUN_DIR": str(run_dir), "TREB_WORKDIR": str(tmp_path), "TREB_ATTEMPT": "0",
-        "TREB_LAUNCHER": "native", "TREB_PPN": "1", "TREB_GRACE": "2",
-        "TREB_CHECKPOINT_SIGNAL": "SIGUSR1", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0",
+        "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0",
         "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1",
         "SLURM_NNODES": "1", "OMP_NUM_THREADS": "1",
     }  # fmt: skip
-    script = HELPERS + rt.TASK
     res = subprocess.run(
-        ["bash", "-c", script, "treb-task", "task", "bash", "-c", command],
+        [sys.executable, "-S", str(runtime), "task", str(job)],
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert res.returncode == rc, (res.stdout, res.stderr)
@@ -106,3 +120,51 @@ def test_a_crash_is_never_a_cascade(tmp_path: Path) -> None:
     rec = run_wrapper(tmp_path, "kill -SEGV $$", squeue_state="CANCELLED", rc=139)
     assert rec["signal"] == "SIGSEGV" and rec["stopped_by_launcher"] is False
     assert calls(tmp_path).splitlines() == ["--signal=TERM 77.0"]  # no squeue; teardown
+
+
+def test_mpirun_task_command_line(tmp_path: Path) -> None:
+    """The agent's mpirun line and each rank's mapping, with stand-ins for mpirun/scontrol
+    (no second machine for OpenMPI's daemons here; the cluster tests run the real one)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'tn1\\ntn2\\n'\n")
+    # mpirun stand-in: print its argv, then run the rank command as OpenMPI rank 5 of 8
+    (bin_dir / "mpirun").write_text(
+        '#!/bin/bash\nprintf "%s\\0" "$@" > "$TREB_RUN_DIR/argv"\n'
+        'a=("$@"); for i in "${!a[@]}"; do [ "${a[$i]}" = worker ] && break; done\n'
+        "OMPI_COMM_WORLD_RANK=5 OMPI_COMM_WORLD_SIZE=8 OMPI_COMM_WORLD_LOCAL_RANK=1 "
+        'OMPI_COMM_WORLD_LOCAL_SIZE=4 exec "${a[@]:$((i - 3))}"\n'
+    )  # fmt: skip
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    run_dir = tmp_path / "run"
+    (run_dir / "attempt-0").mkdir(parents=True)
+    runtime = ship(run_dir)
+    show = 'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $NODE_RANK $NUM_NODES"'
+    job = task_job(run_dir, tmp_path, "mpirun", 4, ["bash", "-c", show], grace=1,
+                   mpi_env=["MY_VAR"])  # fmt: skip
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}", "TREB_RUN_DIR": str(run_dir),
+        "TREB_WORKDIR": str(tmp_path), "TREB_ATTEMPT": "0", "MY_VAR": "x",
+        "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
+        "SLURM_JOB_NODELIST": "tn[1-2]", "SLURM_JOB_ID": "7", "MASTER_ADDR": "tn1",
+        "MASTER_PORT": "15007",
+    }  # fmt: skip
+    res = subprocess.run([sys.executable, "-S", str(runtime), "task", str(job)], env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr + (run_dir / "attempt-0" / "node-0.log").read_text()
+    argv = (run_dir / "argv").read_text().split("\0")[:-1]
+    assert "MY_VAR" in argv and argv[argv.index("MY_VAR") - 1] == "-x"
+    assert argv[:8] == ["-np", "8", "-H", "tn1:4,tn2:4", "--bind-to", "none", "--map-by", "slot"]
+    assert argv[8:11] == ["--mca", "odls_base_sigkill_timeout", "1"]  # grace_period
+    w = argv.index("worker")
+    assert argv[w - 1] == str(runtime) and argv[w:] == [
+        "worker", "--slurm", "--grace", "1", "--mpi", "4", "--", "bash", "-c", show]  # fmt: skip
+    assert (run_dir / "attempt-0" / "rank-5.log").read_text() == "5 8 1 4 1 2\n"
+    rec = json.loads((run_dir / "attempt-0" / "rank-5.json").read_text())
+    assert (rec["rank"], rec["node"], rec["local_rank"], rec["label"]) == (5, 1, 1, "1:1")
+    assert rec["exit_code"] == 0 and rec["state"] == "ENDED"
+    node = json.loads((run_dir / "attempt-0" / "node-0.json").read_text())
+    assert node["rank"] is None and node["exit_code"] == 0
+    # no runtime in any rank's environment (the bash runtime was exported to every rank)
+    assert not any(name.startswith("TREB_TASK") for name in env)

@@ -1,0 +1,248 @@
+"""The node agent: starts the processes of one node (or one task) of an attempt and sees
+them to their end.
+
+Each process gets its own log (`attempt-<n>/<name>.log`, output written by the process
+itself, so nothing is lost if the agent dies) and its own outcome record
+(`attempt-<n>/<name>.json`: RUNNING when started, ENDED with exit code or signal). The first
+process to fail is the root cause: the agent tells the engine (`on_failure`: on Slurm a
+teardown marker and a TERM to the whole step) and stops the others (SIGTERM, then SIGKILL
+after the grace period); those are recorded `stopped_by_launcher`, never as a cause.
+TERM/INT/HUP sent to the agent stop everything the same way; the checkpoint signals
+(USR1/USR2) are forwarded to the processes, or, where the engine delivers them to every
+process itself (Slurm), left to it.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import time
+from typing import Any, Callable
+
+from . import procs
+from .records import exit_fields, now, write_json
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+CHECKPOINT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+# A command that died of one of these may have been stopped by the engine, not failed.
+STOP_EXIT_CODES = (129, 130, 137, 143)
+
+
+class Proc:
+    """One process the agent starts: a rank, a node's launcher (torchrun, mpirun, the
+    user's own under `none`) or a pre/post command."""
+
+    def __init__(
+        self,
+        name: str,
+        label: str,
+        argv: list[str],
+        env: dict[str, str],
+        rank: int | None = None,
+        node: int = 0,
+        local_rank: int | None = None,
+        record: bool = True,
+        launcher: bool = False,
+    ) -> None:
+        self.name = name  # file stem: rank-3, node-1, pre-node-0
+        self.label = label  # as `treb status` shows it: node:local, or node
+        self.argv = argv
+        self.env = env
+        self.rank = rank
+        self.node = node
+        self.local_rank = local_rank
+        self.record = record  # pre/post commands: their log is their record
+        self.launcher = launcher  # torchrun/mpirun: ignores the checkpoint signals itself
+        self.popen: subprocess.Popen | None = None
+        self.started_at = now()
+        self.ended_at: float | None = None
+        self.returncode: int | None = None
+        self.stopped = False
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.returncode is None
+
+    @property
+    def exit_code(self) -> int | None:
+        return None if self.returncode is None else exit_fields(self.returncode)["exit_code"]
+
+
+class Agent:
+    """The processes of one node or task, from start to the last one's end."""
+
+    def __init__(
+        self,
+        procs_: list[Proc],
+        attempt_dir: str,
+        cwd: str,
+        grace: float,
+        forward_term: bool = True,
+        engine_delivers_checkpoint: bool = False,
+        extra: dict[str, Any] | None = None,
+        on_failure: Callable[[Proc], None] | None = None,
+        stopped_elsewhere: Callable[[Proc], bool] | None = None,
+    ) -> None:
+        self.procs = procs_
+        self.adir = attempt_dir
+        self.cwd = cwd
+        self.grace = grace
+        self.forward_term = forward_term  # False where the engine signals every process
+        self.engine_delivers_checkpoint = engine_delivers_checkpoint
+        self.extra = extra or {}  # host, job id, attempt: copied into every record
+        self.on_failure = on_failure
+        self.stopped_elsewhere = stopped_elsewhere
+        self.first_failure: Proc | None = None
+        self.kill_at: float | None = None
+        self._stop = False
+        self._forward: list[int] = []
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    # -- signals -------------------------------------------------------------------------
+    def install_signals(self) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_stop)
+        for sig in CHECKPOINT_SIGNALS:
+            if self.engine_delivers_checkpoint:
+                signal.signal(sig, signal.SIG_IGN)  # the processes get it from the engine
+            else:
+                signal.signal(sig, self._on_forward)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+
+    def _on_stop(self, _signum: int, _frame: object) -> None:
+        self._stop = True
+
+    def _on_forward(self, signum: int, _frame: object) -> None:
+        self._forward.append(signum)
+
+    # -- the processes -------------------------------------------------------------------
+    def _preexec(self, p: Proc) -> Callable[[], None]:
+        def setup() -> None:
+            procs.die_with_parent()
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)
+            # torchrun dies of USR1/USR2 (it handles TERM, INT, HUP, QUIT only): it ignores
+            # them, and each worker's own agent restores them for the command.
+            disposition = signal.SIG_IGN if p.launcher else signal.SIG_DFL
+            for sig in CHECKPOINT_SIGNALS:
+                signal.signal(sig, disposition)
+
+        return setup
+
+    def start(self, p: Proc) -> None:
+        log = os.path.join(self.adir, p.name + ".log")
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            p.popen = subprocess.Popen(
+                p.argv,
+                env=p.env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=fd,
+                start_new_session=True,
+                preexec_fn=self._preexec(p),
+                close_fds=True,
+            )
+        except OSError as exc:
+            os.write(fd, f"treb: cannot start {p.argv[0]!r}: {exc.strerror}\n".encode())
+            p.returncode, p.ended_at = 127, now()
+        finally:
+            os.close(fd)
+        p.started_at = now()
+        self.write_record(p)
+
+    def write_record(self, p: Proc) -> None:
+        if not p.record:
+            return
+        ended = p.returncode is not None
+        fields = exit_fields(p.returncode) if ended else {"exit_code": None, "signal": None}
+        write_json(
+            os.path.join(self.adir, p.name + ".json"),
+            {
+                **self.extra,
+                "label": p.label,
+                "rank": p.rank,
+                "node": p.node,
+                "local_rank": p.local_rank,
+                "pid": p.popen.pid if p.popen else None,
+                "state": "ENDED" if ended else "RUNNING",
+                **fields,
+                "started_at": p.started_at,
+                "ended_at": p.ended_at,
+                "stopped_by_launcher": p.stopped,
+                "log": os.path.join(self.adir, p.name + ".log"),
+            },
+        )
+
+    def teardown(self) -> None:
+        """SIGTERM every live process (unless the engine does), SIGKILL after the grace."""
+        for p in self.procs:
+            if p.alive:
+                p.stopped = True
+                if self.forward_term and p.popen:
+                    procs.signal_group(p.popen.pid, signal.SIGTERM)
+        if self.kill_at is None:
+            self.kill_at = time.monotonic() + self.grace
+
+    def _reap(self) -> None:
+        for p in self.procs:
+            if not p.alive or p.popen is None or p.popen.poll() is None:
+                continue
+            p.returncode, p.ended_at = p.popen.returncode, now()
+            procs.signal_group(p.popen.pid, signal.SIGKILL)  # leftovers of its group
+            if p.returncode != 0 and not p.stopped and self.stopped_elsewhere:
+                p.stopped = self.stopped_elsewhere(p)
+            self.write_record(p)
+            if p.returncode != 0 and not p.stopped and self.first_failure is None:
+                self.first_failure = p
+                if self.on_failure:
+                    self.on_failure(p)
+                self.teardown()
+
+    def run(self) -> int:
+        """Start every process, wait for all; the exit code of the first failure, else of
+        the first process that did not succeed, else 0."""
+        for p in self.procs:
+            self.start(p)
+            if p.returncode is not None and self.first_failure is None:
+                self.first_failure = p
+                if self.on_failure:
+                    self.on_failure(p)
+        if self.first_failure:
+            self.teardown()
+        while any(p.alive for p in self.procs):
+            self._reap()
+            if self._stop:
+                self._stop = False
+                self.teardown()
+            while self._forward:
+                sig = self._forward.pop(0)
+                for p in self.procs:
+                    if p.alive and p.popen:
+                        procs.signal_pid(p.popen.pid, sig)
+            if self.kill_at is not None and time.monotonic() >= self.kill_at:
+                for p in self.procs:
+                    if p.alive and p.popen:
+                        procs.signal_group(p.popen.pid, signal.SIGKILL)
+            if any(p.alive for p in self.procs):
+                select.select([self._wake_r], [], [], 0.2)
+                self._drain()
+        return self.exit_code()
+
+    def exit_code(self) -> int:
+        if self.first_failure is not None:
+            return self.first_failure.exit_code or 1
+        return next((p.exit_code for p in self.procs if p.exit_code), 0) or 0
+
+    def _drain(self) -> None:
+        try:
+            while os.read(self._wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass

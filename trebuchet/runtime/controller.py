@@ -1,0 +1,432 @@
+"""The job controller on Slurm: what happens once per job, in the batch step.
+
+Attempts (each one srun step of node agents, with the spec's pre/post commands around it),
+retries within the allocation, log policies, the time-limit warning (Slurm's
+`--signal=B:SIG@warning`: the checkpoint signal to every rank, then a requeue before the
+limit when attempts remain), requeue by Slurm, and the records `treb` reads without sacct:
+`attempt-<n>/attempt.json` and `result.json`. A requeued job starts this again from the
+top; the attempt directories already present say which attempt it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from . import contract, policies
+from .records import append_event, now, read_json, write_json
+from .task import PYTHON_GUARD
+
+REQUEUE_WAIT_S = 600  # after `scontrol requeue`, Slurm ends this step well before this
+
+
+def log(text: str) -> None:
+    """A line of batch.log (Slurm's --output of the batch step)."""
+    print(f"[treb {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+def time_left(job_id: str) -> int:
+    """Seconds until the job's time limit (squeue %L: [D-][H:]M:S); 0 when unknown."""
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%L"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", out)
+    if not m:
+        return 0
+    d, h, mi, s = (int(x) if x else 0 for x in m.groups())
+    return d * 86400 + h * 3600 + mi * 60 + s
+
+
+class Controller:
+    def __init__(self, job: dict[str, Any], job_path: str, runtime: str) -> None:
+        self.job = job
+        self.job_path = job_path
+        self.runtime = runtime  # this .pyz: what the srun steps start on every node
+        self.run_dir: str = job["run_dir"]
+        self.job_id = os.environ.get("SLURM_JOB_ID", "")
+        self.sig = job["checkpoint_signal"]  # e.g. SIGUSR2
+        self.attempt = 0
+        self.adir = ""
+        self.t0: float | None = None
+        self.step: subprocess.Popen | None = None
+        self.step_rc: int | None = None
+        self.warned = self.requeued = self.terminating = False
+        self.requeue_at: float | None = None
+        self.state, self.reason = "", ""
+        self._signals: list[int] = []
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    # -- records -------------------------------------------------------------------------
+    def max_attempts(self) -> int:
+        """retries + 1, plus the attempts the log policies granted so far (kept in a file,
+        so that a requeued job keeps the count)."""
+        try:
+            with open(os.path.join(self.run_dir, "policy-retries")) as fh:
+                granted = len(fh.read().splitlines())
+        except OSError:
+            granted = 0
+        return int(self.job["max_attempts"]) + granted
+
+    def attempt_json(self, state: str, reason: str, ended: float | None, source: str) -> None:
+        master = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
+        write_json(
+            os.path.join(self.adir, "attempt.json"),
+            {
+                "attempt": self.attempt,
+                "state": state,
+                "reason": reason,
+                "started_at": self.t0,
+                "ended_at": ended,
+                "source": source,
+                "job_id": self.job_id,
+                "restart_count": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+                "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
+                "master": master,
+                "srun_exit": self.step_rc,
+                "max_attempts": self.max_attempts(),
+            },
+        )
+
+    def result(self, state: str, reason: str, source: str) -> None:
+        write_json(
+            os.path.join(self.run_dir, "result.json"),
+            {
+                "state": state,
+                "reason": reason,
+                "source": source,
+                "attempt": self.attempt,
+                "exit_code": self.step_rc,
+                "ended_at": now(),
+                "job_id": self.job_id,
+            },
+        )
+
+    def die(self, why: str) -> int:
+        """The job cannot start: say why where `treb status` finds it."""
+        log(f"error: {why}")
+        self.result("FAILED", why, "batch")
+        return 2
+
+    # -- signals -------------------------------------------------------------------------
+    def install_signals(self) -> None:
+        for sig in (signal.SIGTERM, getattr(signal, self.sig)):
+            signal.signal(sig, lambda signum, _f: self._signals.append(signum))
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+
+    def _handle_signals(self) -> None:
+        while self._signals:
+            if self._signals.pop(0) == signal.SIGTERM:
+                self.on_term()
+            else:
+                self.on_warning()
+
+    def on_warning(self) -> None:
+        """Slurm's --signal=B:SIG@warning: ask every rank to checkpoint, and requeue before
+        the limit when another attempt is allowed."""
+        if self.warned:
+            return
+        self.warned = True
+        short = self.sig[3:]
+        log(f"time limit near: {self.sig} to every rank (checkpoint now)")
+        if subprocess.run(["scancel", f"--signal={short}", self.job_id]).returncode != 0:
+            log("scancel --signal failed")
+        if self.attempt + 1 < self.max_attempts() and self.step is not None:
+            margin = int(self.job["requeue_margin"])
+            left = time_left(self.job_id)
+            left = left - margin if left > margin + 1 else 1
+            log(f"requeueing when the ranks stop, at the latest in {left}s")
+            self.requeue_at = time.monotonic() + left
+
+    def on_term(self) -> None:
+        """Cancelled, time limit, preemption, requeue: record why, at once (Slurm's SIGKILL
+        follows after KillWait)."""
+        if self.requeued or self.terminating:
+            return
+        self.terminating = True
+        state, reason = "CANCELLED", ""
+        if os.path.exists(os.path.join(self.run_dir, "cancel-requested")):
+            reason = "cancelled (treb cancel)"
+        else:
+            try:
+                info = subprocess.run(
+                    ["squeue", "-h", "-j", self.job_id, "-o", "%T %r"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                ).stdout.strip()
+            except (OSError, subprocess.SubprocessError):
+                info = ""
+            if "TimeLimit" in info or (not info and self.warned):
+                state, reason = "TIMEOUT", "time limit"
+            else:
+                reason = (
+                    f"stopped by Slurm ({info or 'state unknown'}): scancel, preemption "
+                    "or node failure"
+                )
+        self.state, self.reason = state, reason
+        log(reason)
+        if self.adir:
+            self.attempt_json(state, reason, now(), "signal")
+        self.result(state, reason, "signal")
+
+    def requeue(self) -> None:
+        """A new allocation (and time limit) for the next attempt, same job id."""
+        self.requeued = True
+        self.attempt_json(
+            "TIMEOUT",
+            f"time limit: {self.sig} sent, job requeued for attempt {self.attempt + 1}",
+            now(),
+            "batch",
+        )
+        log(f"requeueing job {self.job_id} for attempt {self.attempt + 1}")
+        if subprocess.run(["scontrol", "requeue", self.job_id]).returncode == 0:
+            self._sleep(REQUEUE_WAIT_S)  # Slurm ends this step; the next start goes on
+            sys.exit(0)
+        self.requeued = False
+        log("scontrol requeue failed: no further attempt")
+        self.attempt_json("TIMEOUT", "time limit (requeue failed)", now(), "batch")
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            select.select([self._wake_r], [], [], min(1.0, end - time.monotonic()))
+            self._drain()
+            self._signals.clear()
+
+    def _drain(self) -> None:
+        try:
+            while os.read(self._wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    # -- steps ---------------------------------------------------------------------------
+    def run_step(self, srun_args: list[str], *words: str) -> int:
+        """One srun step of node agents; signals are handled while it runs."""
+        argv = [
+            "srun",
+            *srun_args,
+            "sh",
+            "-c",
+            PYTHON_GUARD,
+            "treb-agent",
+            self.runtime,
+            *words,
+            self.job_path,
+        ]
+        self.step = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        try:
+            while self.step.poll() is None:
+                self._handle_signals()
+                if (
+                    self.requeue_at is not None
+                    and time.monotonic() >= self.requeue_at
+                    and not self.terminating
+                ):
+                    self.requeue_at = None
+                    self.requeue()
+                select.select([self._wake_r], [], [], 0.2)
+                self._drain()
+            self._handle_signals()
+            return self.step.returncode
+        finally:
+            self.step = None
+
+    def hooks(self, when: str) -> bool:
+        """The spec's pre/post command once per node."""
+        if not self.job.get(when):
+            return True
+        rc = self.run_step(self.job["srun_hook"], "hook", when)
+        if rc != 0:
+            log(f"{when} command failed on a node (exit {rc}): see {self.adir}/{when}-node-*.log")
+        return rc == 0
+
+    def run_attempt(self) -> None:
+        self.adir = os.path.join(self.run_dir, f"attempt-{self.attempt}")
+        os.makedirs(self.adir, mode=0o700, exist_ok=True)
+        os.environ["TREB_ATTEMPT"] = str(self.attempt)
+        self.t0, self.step_rc = now(), None
+        self.attempt_json("RUNNING", "", None, "batch")
+        log(
+            f"attempt {self.attempt} (of {self.max_attempts()}): {self.job['nodes']} node(s) "
+            f"{os.environ.get('SLURM_JOB_NODELIST', '')}, master "
+            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        )
+        if not self.hooks("pre"):
+            self.state, self.reason = "FAILED", "pre"
+        else:
+            rc = self.run_step(self.job["srun"], "task")
+            self.requeue_at = None
+            if self.terminating:
+                return
+            self.step_rc = rc if rc >= 0 else 128 - rc
+            if rc == 0:
+                self.state, self.reason = "SUCCEEDED", ""
+            elif self.warned:
+                self.state = "TIMEOUT"
+                self.reason = f"time limit: ranks stopped after {self.sig}"
+            else:
+                self.state, self.reason = "FAILED", f"srun exited with code {self.step_rc}"
+            if not self.hooks("post") and self.state == "SUCCEEDED":
+                self.state, self.reason = "FAILED", "post"
+        if not self.terminating:
+            self.attempt_json(self.state, self.reason, now(), "batch")
+
+    def apply_policy(self) -> int:
+        """After a failed attempt: 0 retry granted, 1 final, 2 no match, 3 a retry policy
+        matched but has granted all it may (the spec's retries decide)."""
+        names = sorted(os.listdir(self.adir))
+        logs = [os.path.join(self.adir, n) for n in names if re.fullmatch(r"rank-\d+\.log", n)]
+        logs += [os.path.join(self.adir, n) for n in names if re.fullmatch(r"node-\d+\.log", n)]
+        found = policies.match(self.job["policies"], logs)
+        if not found:
+            return 2
+        policy, line = found
+        name, action = policy["name"], policy["action"]
+        log(f"log policy {name} ({action}) matched: {line}")
+        append_event(
+            self.run_dir, "log_policy", attempt=self.attempt, policy=name, action=action, line=line
+        )
+        self.reason = f"{name}: {action}"
+        if action != "retry":
+            return 1
+        path = os.path.join(self.run_dir, "policy-retries")
+        try:
+            with open(path) as fh:
+                used = fh.read().splitlines().count(name)
+        except OSError:
+            used = 0
+        if used >= int(policy.get("max_retries", 3)):
+            return 3
+        with open(path, "a") as fh:
+            fh.write(name + "\n")
+        return 0
+
+    # -- the job -------------------------------------------------------------------------
+    def resume(self) -> int | None:
+        """Which attempt this start of the job runs; an exit code when none is left."""
+        while os.path.isdir(os.path.join(self.run_dir, f"attempt-{self.attempt}")):
+            self.attempt += 1
+        if self.attempt == 0:
+            return None
+        self.attempt -= 1
+        self.adir = os.path.join(self.run_dir, f"attempt-{self.attempt}")
+        prev = read_json(os.path.join(self.adir, "attempt.json")) or {"state": "RUNNING"}
+        # Ended while running (no record, or the guess of the SIGTERM trap): this restart
+        # shows that Slurm requeued the job.
+        if prev.get("state") == "RUNNING" or prev.get("source") == "signal":
+            self.t0 = prev.get("started_at")
+            self.attempt_json(
+                "FAILED",
+                "requeued by Slurm (preemption, node failure or scontrol requeue)",
+                now(),
+                "batch",
+            )
+        self.attempt += 1
+        for name in ("result.json", "cancel-requested"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.run_dir, name))
+        log(f"job {self.job_id} restarted (restart {os.environ.get('SLURM_RESTART_COUNT', 0)})")
+        if self.attempt >= self.max_attempts():
+            self.result(
+                "FAILED",
+                f"requeued after attempt {self.attempt - 1}, but no attempt "
+                f"is left (retries: {int(self.job['max_attempts']) - 1})",
+                "batch",
+            )
+            return 1
+        return None
+
+    def prepare(self) -> int | None:
+        """The job's environment: workdir, secrets, the rendezvous address; an exit code
+        when the job cannot start."""
+        job = self.job
+        try:
+            os.chdir(job["workdir"])
+        except OSError:
+            return self.die(f"cannot enter the workdir {job['workdir']} on {os.uname()[1]}")
+        for name in job["secrets"]:
+            if name not in os.environ:
+                return self.die(
+                    f"secret {name} is not in the job's environment (sbatch "
+                    "exports the submitting environment; was it set there?)"
+                )
+        nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
+        try:
+            hosts = subprocess.run(
+                ["scontrol", "show", "hostnames", nodelist],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=60,
+            ).stdout.split()
+        except (OSError, subprocess.SubprocessError):
+            return self.die("scontrol show hostnames failed")
+        # The first node is the master; the port comes from the job id (the contract's
+        # formula), so two jobs sharing a node do not collide. The spec's env wins.
+        ours = {
+            "TREB_RUN_ID": job["run_id"],
+            "TREB_RUN_DIR": self.run_dir,
+            "TREB_WORKDIR": job["workdir"],
+            "TREB_CODE_DIR": job["workdir"],
+            "TREB_CHECKPOINT_DIR": os.path.join(self.run_dir, "checkpoints"),
+            "PYTHONUNBUFFERED": "1",
+            "MASTER_ADDR": hosts[0] if hosts else "",
+            "MASTER_PORT": str(job["master_port"] or contract.slurm_master_port(self.job_id)),
+        }
+        for name, value in ours.items():
+            if name not in job["spec_env"]:
+                os.environ[name] = value
+        return None
+
+    def run(self) -> int:
+        self.install_signals()
+        code = self.resume()
+        if code is None:
+            code = self.prepare()
+        if code is not None:
+            return code
+        while True:
+            self.run_attempt()
+            if self.terminating:
+                break
+            if self.state == "TIMEOUT":
+                if self.attempt + 1 < self.max_attempts():
+                    self.requeue()
+                break
+            if self.state != "FAILED":
+                break
+            policy_rc = 2
+            if not self.warned and self.reason not in ("pre", "post"):
+                policy_rc = self.apply_policy()
+                if policy_rc != 2:
+                    self.attempt_json("FAILED", self.reason, now(), "batch")
+            if policy_rc == 0 or (
+                policy_rc != 1 and not self.warned and self.attempt + 1 < self.max_attempts()
+            ):
+                log(f"attempt {self.attempt} failed ({self.reason}): retrying")
+                self.attempt += 1
+                continue
+            break
+        if self.terminating:
+            while self.step is not None and self.step.poll() is None:
+                time.sleep(0.2)
+            return 143
+        self.result(self.state, self.reason, "batch")
+        log(
+            f"run {self.job['run_id']}: {self.state}" + (f" ({self.reason})" if self.reason else "")
+        )
+        return 0 if self.state == "SUCCEEDED" else 1

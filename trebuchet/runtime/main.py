@@ -1,0 +1,39 @@
+"""The runtime's command line (`python3 treb-runtime-<version>-<hash>.pyz VERB ...`):
+
+controller JOB_JSON       a Slurm job's batch step (attempts, retries, requeue)
+task JOB_JSON             one task of the ranks' srun step (a rank, or a node's launcher)
+hook pre|post JOB_JSON    the spec's pre/post command on one node
+worker [--slurm] [--grace S] [--mpi PPN] -- CMD...
+                          one rank started by torchrun, mpirun or horovodrun
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def _job(path: str) -> dict:
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    verb = args.pop(0) if args else ""
+    from . import task
+
+    if verb == "worker":
+        return task.worker(args)
+    if verb == "task" and len(args) == 1:
+        return task.slurm_task(_job(args[0]))
+    if verb == "hook" and len(args) == 2 and args[0] in ("pre", "post"):
+        return task.slurm_hook(_job(args[1]), args[0])
+    if verb == "controller" and len(args) == 1:
+        from .controller import Controller
+
+        runtime = task.self_argv()[-1]
+        return Controller(_job(args[0]), os.path.abspath(args[0]), runtime).run()
+    sys.stderr.write(__doc__ or "")
+    return 2

@@ -1,0 +1,73 @@
+"""Files the runtime writes into the run directory: never half written (temp file, then
+rename), so `treb status` on another machine reads the old record or the new one."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import tempfile
+import time
+from typing import Any
+
+
+def now() -> float:
+    return time.time()
+
+
+def write_text(path: str, text: str, mode: int = 0o600) -> None:
+    """Replace `path` with `text` in one rename (private to the user: 0600)."""
+    write_bytes(path, text.encode(), mode)
+
+
+def write_bytes(path: str, data: bytes, mode: int = 0o600) -> None:
+    folder = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: str) -> Any:
+    """The JSON in `path`; None when it is absent or unreadable."""
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def append_event(run_dir: str, event: str, **fields: Any) -> None:
+    """One line of `events.jsonl` (O_APPEND: lines of concurrent writers do not mix)."""
+    line = json.dumps({"time": now(), "event": event, **fields}, sort_keys=True) + "\n"
+    path = os.path.join(run_dir, "events.jsonl")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def exit_fields(returncode: int) -> dict[str, Any]:
+    """A Popen returncode as a record says it: exit code (128 + n for signal n, as a shell
+    reports it) and the signal's name."""
+    if returncode >= 0:
+        return {"exit_code": returncode, "signal": None}
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"SIG{-returncode}"
+    return {"exit_code": 128 - returncode, "signal": name}
