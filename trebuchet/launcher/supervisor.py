@@ -14,11 +14,9 @@ import re
 import select
 import signal
 import socket
-import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 from trebuchet.launcher import policies
@@ -26,17 +24,15 @@ from trebuchet.launcher.follow import Follower
 from trebuchet.launcher.plan import Plan, ProcPlan, free_port
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
 from trebuchet.launcher.watchdog import Watchdog
+from trebuchet.runtime.agent import Agent, Proc
 from trebuchet.runtime.procs import (
     children,
-    die_with_parent,
     processes_of_run,
-    signal_group,
-    signal_name,
     signal_pid,
     start_time,
 )
 from trebuchet.store.db import Store
-from trebuchet.store.files import append_event, read_json, write_json
+from trebuchet.store.files import append_event, read_json
 from trebuchet.store.states import (
     CANCELLED,
     FAILED,
@@ -52,37 +48,6 @@ SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 HEARTBEAT_S = 5.0
 
 
-@dataclass
-class Live:
-    """A started process and what became of it."""
-
-    plan: ProcPlan
-    popen: subprocess.Popen | None
-    started: float
-    ended: float | None = None
-    returncode: int | None = None
-    stopped_by_launcher: bool = False
-
-    @property
-    def pid(self) -> int | None:
-        return self.popen.pid if self.popen else None
-
-    def outcome(self) -> dict:
-        rc = self.returncode
-        return {
-            "label": self.plan.label,
-            "rank": self.plan.rank,
-            "node": self.plan.node,
-            "local_rank": self.plan.local_rank,
-            "pid": self.pid,
-            "exit_code": None if rc is None else (rc if rc >= 0 else 128 - rc),
-            "signal": None if rc is None else signal_name(rc),
-            "started_at": self.started,
-            "ended_at": self.ended,
-            "stopped_by_launcher": self.stopped_by_launcher,
-        }
-
-
 class Supervisor:
     def __init__(self, plan: Plan, store: Store, follower: Follower | None = None) -> None:
         self.plan = plan
@@ -91,7 +56,11 @@ class Supervisor:
         self.run_dir = Path(plan.run_dir)
         self.cancel_signal: int | None = None
         self.force_kill = False
-        self.live: list[Live] = []
+        self.attempt = 0
+        self.agents: list[Agent] = []  # one per simulated node, this attempt's
+        self._warned = False  # the timeout warning was sent in this attempt
+        self._warned_stop = False  # a rank died of the checkpoint signal after the warning
+        self._ckpt_sig = int(signal.Signals[plan.checkpoint_signal])
         self.first_failure: dict | None = None
         self.watchdog: Watchdog | None = None
         self.policy_retries: dict[str, int] = {}
@@ -120,13 +89,14 @@ class Supervisor:
     def rank_pids(self) -> list[int]:
         """The processes that run the user's code: under torchrun the agent's workers."""
         pids: list[int] = []
-        for lv in self.live:
-            if lv.ended is None and lv.pid:
-                if self.plan.launcher == "torchrun":
-                    pids += children(lv.pid)
-                else:
-                    pids.append(lv.pid)
+        for p in self.procs:
+            if p.alive and p.pid:
+                pids += children(p.pid) if self.plan.launcher == "torchrun" else [p.pid]
         return pids
+
+    @property
+    def procs(self) -> list[Proc]:
+        return [p for agent in self.agents for p in agent.procs]
 
     def signal_ranks(self, signum: int) -> None:
         """Deliver e.g. the checkpoint signal to every rank (not to helpers such as
@@ -233,7 +203,7 @@ class Supervisor:
         return normal_used < self.plan.retries
 
     def finish(self, state: str) -> None:
-        codes = [lv.outcome()["exit_code"] for lv in self.live]
+        codes = [p.exit_code for p in self.procs]
         exit_code = next((c for c in codes if c), 0)
         if self.first_failure:
             exit_code = self.first_failure["exit_code"]
@@ -245,6 +215,7 @@ class Supervisor:
 
     def run_attempt(self, attempt: int) -> str:
         rid = self.plan.run_id
+        self.attempt = attempt
         adir = self.run_dir / f"attempt-{attempt}"
         adir.mkdir(mode=0o700, exist_ok=True)
         now = time.time()
@@ -256,82 +227,85 @@ class Supervisor:
         append_event(self.run_dir, "attempt_started", attempt=attempt, master_port=port)
         self.first_failure = None
         self.port = port
+        self.agents = []
         if not self._run_hooks("pre", adir, attempt):
-            self.live = []
             self.store.set_attempt(rid, attempt, state=FAILED, ended_at=time.time(), reason="pre")
             return CANCELLED if self.cancel_signal is not None else FAILED
-        self.live = [self._spawn(p, adir, attempt, port) for p in self.plan.procs]
-        self.store.set_procs(rid, attempt, [self._proc_row(lv) for lv in self.live])
+        self.agents = self._agents(self.plan.procs, adir, attempt, port)
+        for agent in self.agents:
+            agent.start_all()
+        self.store.set_procs(rid, attempt, [self._proc_row(p) for p in self.procs])
         if self.follower:
             for label, name in self.plan.streams:
                 self.follower.add(label, adir / name)
-        reason = self._watch(attempt, adir, now)
+        reason = self._watch(attempt, now)
         self._kill_strays(attempt)
         if not self._run_hooks("post", adir, attempt) and reason is None:
             reason = "post"
         ended = time.time()
-        rows = [self._proc_row(lv) for lv in self.live] + self._rank_rows(adir, reason is not None)
+        rows = [self._proc_row(p) for p in self.procs] + self._rank_rows(adir, reason is not None)
         self.store.set_procs(rid, attempt, rows)
         states = {"cancel": CANCELLED, "timeout": TIMEOUT, "failure": FAILED, "post": FAILED}
         state = states.get(reason, SUCCEEDED)
-        if reason is None and any(lv.returncode != 0 for lv in self.live):
+        if reason is None and any(p.returncode != 0 for p in self.procs):
             state = FAILED
         self.store.set_attempt(rid, attempt, state=state, ended_at=ended, reason=reason)
         append_event(self.run_dir, "attempt_ended", attempt=attempt, state=state)
         return state
 
-    def _spawn(self, p: ProcPlan, adir: Path, attempt: int, port: int) -> Live:
-        env = dict(os.environ)
-        env.update({k: self._resolve_secrets(v) for k, v in p.env.items()})
-        env["TREB_ATTEMPT"] = str(attempt)
-        if self.plan.path_prepend:
-            env["PATH"] = os.pathsep.join([*self.plan.path_prepend, os.environ.get("PATH", "")])
-        argv = list(p.argv)
-        if "MASTER_PORT" in p.env:
-            env["MASTER_PORT"] = str(port)
-        if self.plan.launcher == "torchrun" and "--master_port" in argv:
-            argv[argv.index("--master_port") + 1] = str(port)
-        fd = os.open(adir / p.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            popen = subprocess.Popen(
-                argv, env=env, cwd=p.cwd, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
-                start_new_session=True, preexec_fn=die_with_parent, close_fds=True,
+    def _agents(self, plans: list[ProcPlan], adir: Path, attempt: int, port: int,
+                record: bool = True) -> list[Agent]:  # fmt: skip
+        """One node agent per simulated node, driven by this supervisor's loop."""
+        by_node: dict[int, list[Proc]] = {}
+        for p in plans:
+            env = dict(os.environ)
+            env.update({k: self._resolve_secrets(v) for k, v in p.env.items()})
+            env["TREB_ATTEMPT"] = str(attempt)
+            if self.plan.path_prepend:
+                env["PATH"] = os.pathsep.join([*self.plan.path_prepend, os.environ.get("PATH", "")])
+            argv = list(p.argv)
+            if "MASTER_PORT" in p.env:
+                env["MASTER_PORT"] = str(port)
+            if self.plan.launcher == "torchrun" and "--master_port" in argv:
+                argv[argv.index("--master_port") + 1] = str(port)
+            # torchrun dies of USR1/USR2: it ignores them; its workers forward them
+            launcher = p.rank is None and self.plan.launcher == "torchrun"
+            proc = Proc(Path(p.log).stem, p.label, argv, env, p.rank, p.node, p.local_rank,
+                        record=record, launcher=launcher, cwd=p.cwd)  # fmt: skip
+            by_node.setdefault(p.node, []).append(proc)
+        watch = self.watchdog.watch if self.watchdog else None
+        return [
+            Agent(
+                procs,
+                str(adir),
+                procs[0].cwd or ".",
+                self.plan.grace_period,
+                on_failure=self._on_failure,
+                stopped_elsewhere=self._stopped_by_warning,
+                on_start=(lambda p: watch(p.pid)) if watch else None,
             )  # fmt: skip
-        except OSError as exc:
-            os.write(fd, f"treb: cannot start {p.argv[0]!r}: {exc.strerror}\n".encode())
-            lv = Live(p, None, time.time(), ended=time.time(), returncode=127)
-            self._record_end(lv, adir)
-            return lv
-        finally:
-            os.close(fd)
-        if self.watchdog:
-            self.watchdog.watch(popen.pid)
-        return Live(p, popen, time.time())
+            for _, procs in sorted(by_node.items())
+        ]
 
     def _run_hooks(self, when: str, adir: Path, attempt: int) -> bool:
         """The spec's pre/post command on every node, in parallel; False if one failed."""
         hooks = [h for h in self.plan.hooks if h["when"] == when]
         if not hooks:
             return True
-        procs = []
-        for h in hooks:
-            hook = ProcPlan(f"{when}:{h['node']}", h["node"], None, None, h["argv"], h["env"],
-                            h["cwd"], h["log"])  # fmt: skip
-            procs.append(self._spawn(hook, adir, attempt, self.port))
-        while any(lv.popen and lv.popen.poll() is None for lv in procs):
+        plans = [ProcPlan(f"{when}:{h['node']}", h["node"], None, None, h["argv"], h["env"],
+                          h["cwd"], h["log"]) for h in hooks]  # fmt: skip
+        agents = self._agents(plans, adir, attempt, self.port)
+        for agent in agents:  # every node's command runs to its end; the first failure counts
+            agent.stop_on_failure = False
+            agent.on_failure = lambda p: self._on_failure(p, stop=False)
+            agent.start_all()
+        while any([agent.poll() for agent in agents]):
             if self.cancel_signal is not None:
-                for lv in procs:
-                    if lv.pid and lv.popen and lv.popen.poll() is None:
-                        lv.stopped_by_launcher = True
-                        signal_group(lv.pid, signal.SIGKILL)
+                for agent in agents:
+                    agent.kill(stopped=True)
             select.select([self._wake_r], [], [], 0.1)
             self._drain_wakeups()
-        ok = True
-        for lv in procs:
-            if lv.popen:
-                lv.returncode, lv.ended = lv.popen.returncode, time.time()
-                self._record_end(lv, adir)
-            ok = ok and lv.returncode == 0
+        ok = all(p.returncode == 0 for agent in agents for p in agent.procs)
         append_event(self.run_dir, f"{when}_hooks", attempt=attempt, ok=ok)
         if not ok:
             self._say(f"{when} command failed on a node; see attempt-{attempt}/{when}-node-*.log")
@@ -354,60 +328,54 @@ class Supervisor:
 
         return SECRET_REF.sub(sub, value)
 
-    def _watch(self, attempt: int, adir: Path, started: float) -> str | None:
+    def _watch(self, attempt: int, started: float) -> str | None:
         """Wait for every process; returns why the attempt was stopped early, if it was."""
-        reason: str | None = None
-        kill_at: float | None = None
-        if any(lv.popen is None for lv in self.live):  # a process could not even start
-            reason = "failure"
-            kill_at = self._teardown(attempt)
+        reason: str | None = "failure" if self.first_failure else None
         timeout_at = started + self.plan.timeout if self.plan.timeout else None
         warn_at = timeout_at - (self.plan.warning_seconds or 0) if timeout_at else None
         heartbeat_at = time.time() + HEARTBEAT_S
-        ckpt_sig = int(signal.Signals[self.plan.checkpoint_signal])
-        warned = False
+        self._warned = self._warned_stop = False
         poll = 0.05 if self.follower else 0.2
         while True:
-            for lv in self.live:
-                if lv.ended is None and lv.popen and lv.popen.poll() is not None:
-                    lv.returncode = lv.popen.returncode
-                    lv.ended = time.time()
-                    signal_group(lv.popen.pid, signal.SIGKILL)  # leftovers of the rank's group
-                    if warned and lv.returncode == -ckpt_sig:
-                        # It did not handle the timeout warning: part of the timeout, not a bug.
-                        lv.stopped_by_launcher = True
-                        reason = reason or "timeout"
-                        kill_at = kill_at or self._teardown(attempt)
-                    self._record_end(lv, adir)
-                    if lv.returncode != 0 and reason is None:
-                        reason = "failure"
-                        kill_at = self._teardown(attempt)
+            alive = any([agent.poll() for agent in self.agents])
+            if reason is None and self.first_failure:
+                reason = "failure"
+            if reason is None and self._warned_stop:
+                # A rank did not handle the timeout warning: part of the timeout, not a bug.
+                reason = "timeout"
+                self._teardown(attempt)
             now = time.time()
             if reason is None and self.cancel_signal is not None:
                 reason = "cancel"
-                kill_at = self._teardown(attempt)
+                self._teardown(attempt)
             if warn_at is not None and reason is None and now >= warn_at:
                 warn_at = None
-                warned = True
-                self.signal_ranks(ckpt_sig)
+                self._warned = True
+                self.signal_ranks(self._ckpt_sig)
                 append_event(self.run_dir, "timeout_warning", attempt=attempt,
                              signal=self.plan.checkpoint_signal)  # fmt: skip
             if reason is None and timeout_at and now > timeout_at:
                 reason = "timeout"
-                kill_at = self._teardown(attempt)
-            if kill_at is not None and (now >= kill_at or self.force_kill):
-                for lv in self.live:
-                    if lv.ended is None and lv.pid:
-                        signal_group(lv.pid, signal.SIGKILL)
+                self._teardown(attempt)
+            if self.force_kill:
+                for agent in self.agents:
+                    agent.kill()
             if now >= heartbeat_at:
                 heartbeat_at = now + HEARTBEAT_S
                 self.store.update_run(self.plan.run_id, last_seen=now)
             if self.follower:
                 self._pump()
-            if all(lv.ended is not None for lv in self.live):
+            if not alive:
                 return reason
             select.select([self._wake_r], [], [], poll)
             self._drain_wakeups()
+
+    def _stopped_by_warning(self, p: Proc) -> bool:
+        """After the timeout warning, a rank that dies of the checkpoint signal was stopped."""
+        if self._warned and p.returncode == -self._ckpt_sig:
+            self._warned_stop = True
+            return True
+        return False
 
     def _say(self, text: str) -> None:
         """A launcher message on the attached terminal (detached runs have events.jsonl)."""
@@ -421,14 +389,12 @@ class Supervisor:
         except OSError:  # the terminal went away (closed pipe); the run goes on
             self.follower = None
 
-    def _teardown(self, attempt: int) -> float:
-        """SIGTERM every live process group; returns when to SIGKILL what is left."""
-        for lv in self.live:
-            if lv.ended is None and lv.pid:
-                lv.stopped_by_launcher = True
-                signal_group(lv.pid, signal.SIGTERM)
+    def _teardown(self, attempt: int) -> None:
+        """SIGTERM every live process group; each agent SIGKILLs what is left after the
+        grace period."""
+        for agent in self.agents:
+            agent.teardown()
         append_event(self.run_dir, "teardown", attempt=attempt)
-        return time.time() + self.plan.grace_period
 
     def _kill_strays(self, attempt: int) -> None:
         """Anything of this run still alive (a daemon a rank left behind) is killed now."""
@@ -439,18 +405,21 @@ class Supervisor:
         if strays:
             append_event(self.run_dir, "strays_killed", attempt=attempt, pids=strays)
 
-    def _record_end(self, lv: Live, adir: Path) -> None:
-        out = lv.outcome()
-        write_json(adir / (Path(lv.plan.log).stem + ".json"), out)
-        if lv.returncode and not lv.stopped_by_launcher and self.first_failure is None:
-            attempt = int(adir.name.split("-")[1])
-            cause = {**out, "log": str(adir / lv.plan.log)}
-            if lv.plan.rank is None and self.plan.launcher in AGENT_LAUNCHERS:
-                # An agent failed because a worker did: that worker is the cause.
-                node = lv.plan.node if self.plan.launcher == "torchrun" else None
-                cause = first_failure(rank_records(adir, node)) or cause
-            self.first_failure = {**cause, "attempt": attempt}
-            self.store.update_run(self.plan.run_id, first_failure=self.first_failure)
+    def _on_failure(self, p: Proc, stop: bool = True) -> None:
+        """The first process of the attempt to fail (on any node) is the root cause: record
+        it and stop every node."""
+        if self.first_failure is not None:
+            return
+        adir = self.run_dir / f"attempt-{self.attempt}"
+        cause = {**p.outcome(), "log": str(adir / f"{p.name}.log")}
+        if p.rank is None and self.plan.launcher in AGENT_LAUNCHERS:
+            # An agent failed because a worker did: that worker is the cause.
+            node = p.node if self.plan.launcher == "torchrun" else None
+            cause = first_failure(rank_records(adir, node)) or cause
+        self.first_failure = {**cause, "attempt": self.attempt}
+        self.store.update_run(self.plan.run_id, first_failure=self.first_failure)
+        if stop:
+            self._teardown(self.attempt)
 
     def _rank_rows(self, adir: Path, stopped: bool) -> list[dict]:
         """The workers' own records under an agent launcher (none for the native one)."""
@@ -470,14 +439,10 @@ class Supervisor:
             })  # fmt: skip
         return rows
 
-    def _proc_row(self, lv: Live) -> dict:
-        out = lv.outcome()
-        return {
-            "label": out["label"], "rank": out["rank"], "node": out["node"],
-            "local_rank": out["local_rank"], "pid": out["pid"], "exit_code": out["exit_code"],
-            "signal": out["signal"], "ended_at": out["ended_at"],
-            "stopped_by_launcher": int(lv.stopped_by_launcher),
-        }  # fmt: skip
+    def _proc_row(self, p: Proc) -> dict:
+        out = p.outcome()
+        keys = ("label", "rank", "node", "local_rank", "pid", "exit_code", "signal", "ended_at")
+        return {**{k: out[k] for k in keys}, "stopped_by_launcher": int(p.stopped)}
 
 
 def main(argv: list[str]) -> int:

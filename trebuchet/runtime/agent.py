@@ -45,6 +45,7 @@ class Proc:
         local_rank: int | None = None,
         record: bool = True,
         launcher: bool = False,
+        cwd: str | None = None,
     ) -> None:
         self.name = name  # file stem: rank-3, node-1, pre-node-0
         self.label = label  # as `treb status` shows it: node:local, or node
@@ -55,6 +56,7 @@ class Proc:
         self.local_rank = local_rank
         self.record = record  # pre/post commands: their log is their record
         self.launcher = launcher  # torchrun/mpirun: ignores the checkpoint signals itself
+        self.cwd = cwd  # None: the agent's
         self.popen: subprocess.Popen | None = None
         self.started_at = now()
         self.ended_at: float | None = None
@@ -66,8 +68,28 @@ class Proc:
         return self.popen is not None and self.returncode is None
 
     @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen else None
+
+    @property
     def exit_code(self) -> int | None:
         return None if self.returncode is None else exit_fields(self.returncode)["exit_code"]
+
+    def outcome(self) -> dict[str, Any]:
+        """What its record and the run store say about it."""
+        ended = self.returncode is not None
+        fields = exit_fields(self.returncode) if ended else {"exit_code": None, "signal": None}
+        return {
+            "label": self.label,
+            "rank": self.rank,
+            "node": self.node,
+            "local_rank": self.local_rank,
+            "pid": self.pid,
+            **fields,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "stopped_by_launcher": self.stopped,
+        }
 
 
 class Agent:
@@ -84,6 +106,7 @@ class Agent:
         extra: dict[str, Any] | None = None,
         on_failure: Callable[[Proc], None] | None = None,
         stopped_elsewhere: Callable[[Proc], bool] | None = None,
+        on_start: Callable[[Proc], None] | None = None,
     ) -> None:
         self.procs = procs_
         self.adir = attempt_dir
@@ -94,16 +117,19 @@ class Agent:
         self.extra = extra or {}  # host, job id, attempt: copied into every record
         self.on_failure = on_failure
         self.stopped_elsewhere = stopped_elsewhere
+        self.on_start = on_start  # e.g. the local watchdog learns each pid
+        self.stop_on_failure = True  # pre/post commands: every node's runs to its end
         self.first_failure: Proc | None = None
         self.kill_at: float | None = None
         self._stop = False
         self._forward: list[int] = []
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._wake_r = -1
 
-    # -- signals -------------------------------------------------------------------------
+    # -- signals (a standalone agent; in the local supervisor, the supervisor has them) ---
     def install_signals(self) -> None:
+        self._wake_r, wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(wake_w, False)
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_stop)
         for sig in CHECKPOINT_SIGNALS:
@@ -112,7 +138,7 @@ class Agent:
             else:
                 signal.signal(sig, self._on_forward)
         signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
 
     def _on_stop(self, _signum: int, _frame: object) -> None:
         self._stop = True
@@ -155,29 +181,18 @@ class Agent:
         finally:
             os.close(fd)
         p.started_at = now()
+        if p.popen and self.on_start:
+            self.on_start(p)
         self.write_record(p)
 
     def write_record(self, p: Proc) -> None:
         if not p.record:
             return
-        ended = p.returncode is not None
-        fields = exit_fields(p.returncode) if ended else {"exit_code": None, "signal": None}
+        state = "RUNNING" if p.returncode is None else "ENDED"
+        log = os.path.join(self.adir, p.name + ".log")
         write_json(
             os.path.join(self.adir, p.name + ".json"),
-            {
-                **self.extra,
-                "label": p.label,
-                "rank": p.rank,
-                "node": p.node,
-                "local_rank": p.local_rank,
-                "pid": p.popen.pid if p.popen else None,
-                "state": "ENDED" if ended else "RUNNING",
-                **fields,
-                "started_at": p.started_at,
-                "ended_at": p.ended_at,
-                "stopped_by_launcher": p.stopped,
-                "log": os.path.join(self.adir, p.name + ".log"),
-            },
+            {**self.extra, **p.outcome(), "state": state, "log": log},
         )
 
     def teardown(self) -> None:
@@ -203,36 +218,54 @@ class Agent:
                 self.first_failure = p
                 if self.on_failure:
                     self.on_failure(p)
-                self.teardown()
+                if self.stop_on_failure:
+                    self.teardown()
 
-    def run(self) -> int:
-        """Start every process, wait for all; the exit code of the first failure, else of
-        the first process that did not succeed, else 0."""
+    def start_all(self) -> None:
+        """Start every process; one that cannot even start is the first failure."""
         for p in self.procs:
             self.start(p)
             if p.returncode is not None and self.first_failure is None:
                 self.first_failure = p
                 if self.on_failure:
                     self.on_failure(p)
-        if self.first_failure:
+        if self.first_failure and self.stop_on_failure:
             self.teardown()
-        while any(p.alive for p in self.procs):
-            self._reap()
-            if self._stop:
-                self._stop = False
-                self.teardown()
-            while self._forward:
-                sig = self._forward.pop(0)
-                for p in self.procs:
-                    if p.alive and p.popen:
-                        procs.signal_pid(p.popen.pid, sig)
-            if self.kill_at is not None and time.monotonic() >= self.kill_at:
-                for p in self.procs:
-                    if p.alive and p.popen:
-                        procs.signal_group(p.popen.pid, signal.SIGKILL)
-            if any(p.alive for p in self.procs):
-                select.select([self._wake_r], [], [], 0.2)
-                self._drain()
+
+    def poll(self) -> bool:
+        """One step: reap, stop on request, forward signals, SIGKILL after the grace.
+        True while a process is alive."""
+        self._reap()
+        if self._stop:
+            self._stop = False
+            self.teardown()
+        while self._forward:
+            self.signal_all(self._forward.pop(0))
+        if self.kill_at is not None and time.monotonic() >= self.kill_at:
+            self.kill()
+        return any(p.alive for p in self.procs)
+
+    def signal_all(self, sig: int) -> None:
+        """A signal to each live process itself (not its group: a data loader's workers
+        would die of USR1/USR2)."""
+        for p in self.procs:
+            if p.alive and p.popen:
+                procs.signal_pid(p.popen.pid, sig)
+
+    def kill(self, stopped: bool = False) -> None:
+        """SIGKILL every live process group now."""
+        for p in self.procs:
+            if p.alive and p.popen:
+                p.stopped = p.stopped or stopped
+                procs.signal_group(p.popen.pid, signal.SIGKILL)
+
+    def run(self) -> int:
+        """Start every process, wait for all; the exit code of the first failure, else of
+        the first process that did not succeed, else 0."""
+        self.start_all()
+        while self.poll():
+            select.select([self._wake_r] if self._wake_r >= 0 else [], [], [], 0.2)
+            self._drain()
         return self.exit_code()
 
     def exit_code(self) -> int:
@@ -241,6 +274,8 @@ class Agent:
         return next((p.exit_code for p in self.procs if p.exit_code), 0) or 0
 
     def _drain(self) -> None:
+        if self._wake_r < 0:
+            return
         try:
             while os.read(self._wake_r, 512):
                 pass
