@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -9,22 +10,30 @@ from typing import Any
 
 from trebuchet.errors import RunFailed, UserError
 from trebuchet.store.db import RunRecord, Store
-from trebuchet.store.states import SUCCEEDED, TERMINAL
+from trebuchet.store.states import SUCCEEDED, TERMINAL, describe_failure
+
+log = logging.getLogger("trebuchet")
 
 
 class Run:
-    """A handle on a run in the store; every property reads its current record."""
+    """A handle on a run in the store; every property reads its current record.
 
-    def __init__(self, run_id: str, store: Store | None = None) -> None:
+    `warnings`: what launch() found worth saying (preflight warnings, files left out of
+    the code snapshot), each as `treb run` prints it; empty for a Run made from an id."""
+
+    def __init__(
+        self, run_id: str, store: Store | None = None, warnings: Sequence[str] = ()
+    ) -> None:
         self.id = run_id
         self._store = store or Store()
+        self.warnings = list(warnings)
 
     def __repr__(self) -> str:
         return f"Run({self.id!r}, state={self.state!r})"
 
     @property
     def record(self) -> RunRecord:
-        from trebuchet.cli.common import refresh
+        from trebuchet.backends import refresh
 
         rec = self._store.get(self.id)
         if rec is None:
@@ -49,8 +58,6 @@ class Run:
             rec = self.record
             if rec.state in TERMINAL:
                 if rec.state != SUCCEEDED:
-                    from trebuchet.cli.common import describe_failure
-
                     detail = describe_failure(rec.first_failure) if rec.first_failure else ""
                     raise RunFailed(rec.id, rec.state, detail)
                 return self
@@ -82,30 +89,16 @@ def launch(
     name: str | None = None,
     check: bool = True,
 ) -> Run:
-    """Validate and start a run in the background; returns at once with its Run.
+    """Validate and start one run in the background (runner.py, as `treb run --detach`);
+    returns at once with its Run.
 
     With `check`, the preflight checks of `treb check` run first: their errors raise
-    SpecError, their warnings go to stderr."""
-    from trebuchet.backends import get_backend
-    from trebuchet.launcher.submit import prepare
-    from trebuchet.spec.load import load_spec
+    SpecError. Warnings are on `Run.warnings`, and logged to the `trebuchet` logger."""
+    from trebuchet import runner
 
     extra = [f"name={name}"] if name else []
-    if isinstance(spec_or_path, dict):
-        loaded = load_spec(data=spec_or_path, overrides=[*overrides, *extra])
-    else:
-        loaded = load_spec(spec_or_path, overrides=[*overrides, *extra])
-    if loaded.spec.sweep:
-        raise UserError(
-            f"{loaded.where('sweep')}: sweep: launch() starts one run; use `treb run` for sweeps"
-        )
-    backend = get_backend(on)
-    if check:
-        from trebuchet.preflight import enforce
-
-        enforce(loaded, on)
-    backend.check(loaded)
-    store = Store()
-    sub = prepare(loaded, on, store)
-    backend.submit(sub, attach=False)
-    return Run(sub.record.id, store)
+    started = runner.launch(
+        spec_or_path, on, [*overrides, *extra], preflight=check, sweeps=False,
+        warn=lambda text: log.warning("%s", text),
+    )  # fmt: skip
+    return Run(started.subs[0].record.id, started.subs[0].store, started.warnings)

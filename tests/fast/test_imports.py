@@ -33,5 +33,32 @@ def test_ps_and_help_import_only_what_they_need(tmp_path) -> None:
     assert heavy_modules(body, env) == []
 
 
+def test_ps_refreshing_active_runs_imports_no_pydantic(tmp_path) -> None:
+    """`treb ps` with active local and Slurm runs loads those engines, and only them."""
+    import os
+
+    from trebuchet.store.db import RunRecord, Store
+
+    env = {**os.environ, "TREB_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}  # no squeue
+    os.environ["TREB_HOME"] = env["TREB_HOME"]
+    try:
+        store = Store()
+        for i, engine in enumerate(("local", "slurm")):
+            store.insert_run(RunRecord(
+                id=f"{i:08x}", name="x", backend=engine, launcher="native", state="RUNNING",
+                nodes=1, procs_per_node=1, run_dir=str(tmp_path / str(i)), created_at=1.0,
+                host="elsewhere", backend_id="12" if engine == "slurm" else None,
+            ))  # fmt: skip
+        store.close()
+    finally:
+        del os.environ["TREB_HOME"]
+    body = (
+        "from trebuchet.cli.main import main\nmain(['ps'])\n"
+        "assert 'trebuchet.backends.local' in sys.modules, 'local runs were not refreshed'\n"
+        "assert 'trebuchet.backends.kubernetes' not in sys.modules"
+    )
+    assert heavy_modules(body, env) == []
+
+
 def test_run_path_never_imports_torch() -> None:
     assert "torch" not in heavy_modules("import trebuchet.cli.run_cmd, trebuchet.backends.local")

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, write_spec
+from trebuchet.backends import slurm_checks as partition_mod
 from trebuchet.cli.main import main
 from trebuchet.errors import SpecError
 from trebuchet.preflight import CHECKS, enforce, preflight
-from trebuchet.preflight import partition as partition_mod
 from trebuchet.spec.load import load_spec
 
 SINFO_ROWS = "gpu*|4|gpu:a100:8(S:0-1)\nmixed|2|gpu:8\nmixed|4|gpu:4\ncpu|10|(null)\n"
@@ -322,25 +322,25 @@ def test_check_imports_neither_torch_nor_rich(tmp_path) -> None:
     assert json.loads(res.stdout.strip().splitlines()[-1]) == []
 
 
-def test_enforce_prints_warnings_and_refuses_errors(tmp_path, env) -> None:
-    """What `treb run` does with the findings (before anything is recorded)."""
-    import io
+def test_enforce_returns_warnings_and_refuses_errors(tmp_path, env, capsys) -> None:
+    """What `treb run` does with the findings (before anything is recorded): the runner
+    hands each warning to the CLI, which prints it; an error stops everything (exit 2)."""
+    from trebuchet import runner
+    from trebuchet.cli.run_cmd import warn
 
     path = write_spec(tmp_path / "proj", "command: python t.py\ntimeout: 20s\n")
-    out = io.StringIO()
-    found = enforce(load_spec(path, (), environ=env), "local", out, env)
+    found = enforce(load_spec(path, (), environ=env), "local", env)
     assert [f.id for f in found] == ["time-limit-short"]
-    assert (
-        out.getvalue().startswith(f"treb: {path}:2: warning: ")
-        and "treb:   fix: " in out.getvalue()
-    )
+    checked = runner.check(path, "local", warn=warn)
+    assert checked.warnings == [found[0].text()]
+    err = capsys.readouterr().err
+    assert err.startswith(f"treb: {path}:2: warning: ") and "treb:   fix: " in err
     path = write_spec(
         tmp_path / "proj", "command: torchrun t.py\nprocs_per_node: 2\ntimeout: 20s\n"
     )
-    out = io.StringIO()
     with pytest.raises(SpecError) as exc:
-        enforce(load_spec(path, (), environ=env), "local", out, env)
-    assert exc.value.exit_code == 2 and "[time-limit-short]" in out.getvalue()
+        enforce(load_spec(path, (), environ=env), "local", env)
+    assert exc.value.exit_code == 2 and "[time-limit-short]" not in str(exc.value)
     first, fix, last = exc.value.problems
     assert first.startswith(f"{path}:1: error: ") and first.endswith("[launcher-in-command]")
     assert fix.startswith("  fix: ") and "nothing was started" in last and "--no-check" in last

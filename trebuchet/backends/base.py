@@ -1,29 +1,133 @@
-"""The interface every engine implements: render, submit, refresh, cancel."""
+"""The engine interface: what `--on NAME` needs from an engine, and what it gets back.
+
+Why an abstract class and not a duck-typed protocol: the runner (trebuchet/runner.py),
+the verbs and the API call only what is declared here, so an engine is complete when it
+implements the five abstract methods, and an engine that can do more (sweeps, a block of
+options in the spec, its own preflight checks) says so here rather than callers probing it
+with hasattr. Engine modules keep this import light: no pydantic, rich or torch at import
+time (`treb ps` refreshes runs through them).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from trebuchet.envs.recipe import Recipe
     from trebuchet.launcher.submit import Submission
+    from trebuchet.preflight.context import Context
+    from trebuchet.preflight.findings import Finding
     from trebuchet.spec.load import LoadedSpec
     from trebuchet.store.db import RunRecord, Store
 
+# One point of a sweep: its swept overrides ({"env.LR": "0.1"}) and what they apply to.
+SpecPoint = tuple[dict[str, str], "LoadedSpec"]
+SubmissionPoint = tuple[dict[str, str], "Submission"]
 
-class Backend(Protocol):
-    name: str
 
+@dataclass(frozen=True)
+class Submitted:
+    """What `submit` returns. Detached, the run is handed over and `state` is None; attached,
+    how it ended: its final state, its exit code where the engine knows it, and the signal
+    that cancelled it from this process (Ctrl+C: 2), which `treb run` exits with."""
+
+    run_id: str
+    state: str | None = None
+    exit_code: int | None = None
+    cancel_signal: int | None = None
+
+
+@dataclass(frozen=True)
+class SweepSubmitted:
+    """What `submit_sweep` returns; `failed` (runs that did not succeed) is known attached."""
+
+    sweep_id: str
+    runs: int
+    failed: int | None = None
+    cancel_signal: int | None = None
+
+
+class Backend(ABC):
+    """One engine. `name` is what `--on` takes and what the run store records."""
+
+    name: ClassVar[str]
+    # The pydantic model of the spec's `<name>:` block, or None for no block. The built-in
+    # engines name theirs in the registry instead (backends/__init__.py), so that loading a
+    # spec does not import the engine modules.
+    options: ClassVar[Any] = None
+    # The ranks run on machines other than the submitting host (multi-node preflight
+    # checks apply; `treb diagnose` cannot assume a single host).
+    remote: ClassVar[bool] = True
+    # submit_sweep is implemented: a sweep's points are submitted in one call.
+    sweeps: ClassVar[bool] = False
+    # Ids of the findings `preflight` reports that are not in preflight/findings.py's
+    # CHECKS, with what each catches: a spec may name them in `ignore_checks`.
+    check_ids: ClassVar[dict[str, str]] = {}
+
+    # -- what every engine implements ------------------------------------------------------
+    @abstractmethod
     def check(self, loaded: LoadedSpec) -> None:
         """Raise UserError for what this engine cannot run, before anything is recorded."""
 
+    @abstractmethod
     def render(self, loaded: LoadedSpec) -> str:
         """Exactly what would be submitted, secrets masked."""
 
-    def submit(self, sub: Submission, attach: bool) -> int:
-        """Start the run; attached, stream its logs and return `treb run`'s exit code."""
+    @abstractmethod
+    def submit(self, sub: Submission, attach: bool) -> Submitted:
+        """Start a prepared run; attached, follow it until it ends."""
 
+    @abstractmethod
     def refresh(self, store: Store, runs: list[RunRecord]) -> None:
         """Bring the states of active runs up to date, all of them in one batch."""
 
+    @abstractmethod
     def cancel(self, store: Store, run: RunRecord) -> None:
         """Stop the run wherever it executes."""
+
+    # -- what an engine may add (the defaults hold for an engine without it) -------------
+    def preflight(self, ctx: Context) -> list[Finding]:
+        """This engine's own preflight findings (`treb check`), beside the shared ones."""
+        return []
+
+    def time_limit(self, loaded: LoadedSpec) -> tuple[float | None, tuple[str, ...]] | None:
+        """(seconds, field path) of a limit the engine's block sets on an attempt instead of
+        the spec's `timeout` (slurm.time), seconds None when unlimited; None: the block sets
+        none, `timeout` is the limit."""
+        return None
+
+    def recipe(self, loaded: LoadedSpec) -> Recipe | None:
+        """The environment this engine builds on the submitting host (`treb build`)."""
+        return None
+
+    def check_sweep(self, points: list[SpecPoint]) -> None:  # noqa: B027 - optional
+        """Raise UserError when the points cannot be one sweep on this engine."""
+
+    def render_sweep(self, points: list[SpecPoint]) -> str:
+        """Every point's render, headed by its overrides."""
+        out = []
+        for i, (point, loaded) in enumerate(points):
+            params = ", ".join(f"{k}={v}" for k, v in point.items())
+            out.append(f"# ==== sweep point {i} (of {len(points)}): {params}\n")
+            out.append(self.render(loaded))
+        return "".join(out)
+
+    def submit_sweep(
+        self, sweep_id: str, points: list[SubmissionPoint], attach: bool
+    ) -> SweepSubmitted:
+        """Start the prepared runs of a sweep (engines with `sweeps = True`)."""
+        raise NotImplementedError(f"the {self.name} engine does not run sweeps")
+
+    def cancel_sweep(self, store: Store, runs: list[RunRecord]) -> None:
+        """`treb cancel SWEEP`: stop these runs of one sweep (one by one unless the engine
+        can do better, as Slurm's one scancel for a job array)."""
+        for run in runs:
+            fresh = store.get(run.id)
+            if fresh and fresh.active:
+                self.cancel(store, fresh)
+
+    def perf_fields(self, row: dict[str, Any]) -> dict[str, str]:
+        """The perf.csv columns this engine fills for one of its result rows."""
+        return {"deployment_type": self.name}

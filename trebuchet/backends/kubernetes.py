@@ -12,11 +12,11 @@ trebuchet never writes their values into a manifest. Rendering needs nothing ins
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from trebuchet.backends.base import Backend, Submitted
 from trebuchet.backends.node_script import SECRET_REF, check_common, node_script
 from trebuchet.errors import UserError
-from trebuchet.spec.load import LoadedSpec
 from trebuchet.store.states import (
     FAILED,
     LOST,
@@ -26,6 +26,9 @@ from trebuchet.store.states import (
     TERMINAL,
     TIMEOUT,
 )
+
+if TYPE_CHECKING:
+    from trebuchet.spec.load import LoadedSpec
 
 INSTALL = "install it with: pip install 'trebuchet[kubernetes]'"
 DEFAULT_PORT = 29500
@@ -45,8 +48,11 @@ def k8s_name(name: str) -> str:
     return (out or "job")[:50].rstrip("-")
 
 
-class KubernetesBackend:
+class KubernetesBackend(Backend):
     name = "kubernetes"
+
+    def perf_fields(self, row: dict[str, Any]) -> dict[str, str]:
+        return {"deployment_type": "k8s"}  # madengine's name for it
 
     def check(self, loaded: LoadedSpec) -> None:
         self.check_render(loaded)
@@ -174,7 +180,7 @@ class KubernetesBackend:
         ]
         return head + "---\n" + "---\n".join(docs)
 
-    def submit(self, sub: Any, attach: bool) -> str | None:
+    def submit(self, sub: Any, attach: bool) -> Submitted:
         import time
 
         try:
@@ -200,7 +206,7 @@ class KubernetesBackend:
         sub.store.update_run(sub.record.id, backend_id=f"{ns}/{name}", state="RUNNING")
         append_event(sub.run_dir, "kubernetes", job=name, namespace=ns)
         if not attach:
-            return None
+            return Submitted(sub.record.id)
         batch = client.BatchV1Api(api)
         while True:  # the Job's own conditions say how it ended
             state, reason = job_state(batch.read_namespaced_job_status(name, ns).status)
@@ -208,7 +214,7 @@ class KubernetesBackend:
                 break
             time.sleep(5)
         sub.store.follow_state(sub.record.id, state, reason)
-        return state
+        return Submitted(sub.record.id, state)
 
     def refresh(self, store: Any, runs: list[Any]) -> None:
         """Active runs' states from their Jobs: one list call per namespace, for all."""

@@ -9,7 +9,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from trebuchet.backends.base import Backend, SubmissionPoint, Submitted, SweepSubmitted
 from trebuchet.envs import gpus
 from trebuchet.envs.build import missing_tool
 from trebuchet.envs.recipe import recipe_for
@@ -18,19 +20,24 @@ from trebuchet.errors import UserError
 from trebuchet.launcher.plan import Placement, Plan, describe, local_plan
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS
 from trebuchet.launcher.runtime_file import ship
-from trebuchet.launcher.submit import Submission
 from trebuchet.runtime.procs import alive, start_time
-from trebuchet.spec.load import LoadedSpec
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event, read_json, write_json
 from trebuchet.store.paths import runs_dir
-from trebuchet.store.states import CANCELLED, LOST, TERMINAL
+from trebuchet.store.states import CANCELLED, LOST, PENDING, TERMINAL
+
+if TYPE_CHECKING:  # `treb ps` refreshes local runs: it must not import pydantic
+    from trebuchet.envs.recipe import Recipe
+    from trebuchet.launcher.submit import Submission
+    from trebuchet.spec.load import LoadedSpec
 
 ORPHAN_PENDING_S = 60.0
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     name = "local"
+    remote = False
+    sweeps = True
 
     def __init__(self) -> None:
         self._placements: dict[int, Placement] = {}
@@ -55,6 +62,9 @@ class LocalBackend:
         place = Placement(vendor, node_gpus, recipe_for(spec, loaded.base, vendor))
         self._placements[key] = place
         return place
+
+    def recipe(self, loaded: LoadedSpec) -> Recipe | None:
+        return self.placement(loaded).recipe
 
     def check(self, loaded: LoadedSpec) -> None:
         spec = loaded.spec
@@ -106,7 +116,7 @@ class LocalBackend:
         write_json(sub.run_dir / "plan.json", plan.to_json())
         return plan
 
-    def submit(self, sub: Submission, attach: bool) -> str | None:
+    def submit(self, sub: Submission, attach: bool) -> Submitted:
         plan = self.write_plan(sub)
         if attach:
             from trebuchet.launcher.follow import Follower
@@ -115,10 +125,18 @@ class LocalBackend:
             sup = Supervisor(plan, sub.store, Follower())
             sup.install_signals()
             state = sup.run()
-            self.cancel_signal = sup.cancel_signal
-            return state
+            rec = sub.store.get(sub.record.id) or sub.record
+            return Submitted(rec.id, state, rec.exit_code, sup.cancel_signal)
         start_supervisor(sub.store, sub.record.id, sub.run_dir)
-        return None
+        return Submitted(sub.record.id)
+
+    def submit_sweep(
+        self, sweep_id: str, points: list[SubmissionPoint], attach: bool
+    ) -> SweepSubmitted:
+        """At most sweep_parallel runs at once (default 1), by the driver in sweep.py."""
+        from trebuchet.launcher.sweep import submit_local
+
+        return submit_local(self, sweep_id, points, attach)
 
     def refresh(self, store: Store, runs: list[RunRecord]) -> None:
         """Active runs whose supervisor vanished without an outcome become LOST."""
@@ -139,6 +157,13 @@ class LocalBackend:
             if store.update_run(rec.id, only_if_active=True, state=LOST, ended_at=last):
                 append_event(Path(rec.run_dir), "lost", reason="supervisor gone")
                 rec.state = LOST
+
+    def cancel_sweep(self, store: Store, runs: list[RunRecord]) -> None:
+        """Points not started yet are cancelled first, so the driver starts no more."""
+        for r in runs:
+            if r.state == PENDING and not r.supervisor_pid:
+                store.update_run(r.id, only_if_active=True, state=CANCELLED, ended_at=time.time())
+        super().cancel_sweep(store, runs)
 
     def cancel(self, store: Store, run: RunRecord) -> None:
         if run.host and run.host != socket.gethostname():

@@ -13,18 +13,21 @@ import os
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from trebuchet.backends.base import Backend, Submitted
 from trebuchet.backends.node_script import SECRET_REF, check_common, node_script
 from trebuchet.errors import UserError
-from trebuchet.spec.load import LoadedSpec
+
+if TYPE_CHECKING:
+    from trebuchet.spec.load import LoadedSpec
 
 INSTALL = "install it with: pip install 'trebuchet[skypilot]'"
 DEFAULT_PORT = 29500
 ENV_ROOT = ".trebuchet/envs"
 
 
-class SkyPilotBackend:
+class SkyPilotBackend(Backend):
     name = "skypilot"
 
     def check(self, loaded: LoadedSpec) -> None:
@@ -124,7 +127,7 @@ class SkyPilotBackend:
         )
         return head + dump_yaml(self.task(loaded))
 
-    def submit(self, sub: Any, attach: bool) -> str | None:
+    def submit(self, sub: Any, attach: bool) -> Submitted:
         try:
             import sky
         except ImportError:
@@ -158,7 +161,7 @@ class SkyPilotBackend:
         sub.store.update_run(sub.record.id, backend_id=backend_id, state="RUNNING")
         append_event(sub.run_dir, "skypilot", managed=managed, job_id=job_id)
         if not attach:
-            return None
+            return Submitted(sub.record.id)
         if managed:
             rc = sky.jobs.tail_logs(job_id=job_id, follow=True)
         else:
@@ -172,7 +175,7 @@ class SkyPilotBackend:
             ended_at=time.time(),
             exit_code=rc if isinstance(rc, int) else None,
         )
-        return state
+        return Submitted(sub.record.id, state, rc if isinstance(rc, int) else None)
 
     def refresh(self, store: Any, runs: list[Any]) -> None:
         """Active runs' states from SkyPilot (skypilot_state.py)."""

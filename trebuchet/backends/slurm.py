@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trebuchet.backends import slurm_state as st
+from trebuchet.backends.base import Backend, SpecPoint, SubmissionPoint, Submitted, SweepSubmitted
 from trebuchet.backends.slurm_script import CONTROL, problems, render_all, write_job
 from trebuchet.envs.build import BuildError, ensure, missing_tool
 from trebuchet.envs.recipe import Recipe, recipe_for
@@ -30,6 +31,8 @@ from trebuchet.store.states import CANCELLED, FAILED, LOST, SUCCEEDED, TERMINAL,
 
 if TYPE_CHECKING:  # `treb ps` refreshes slurm runs: it must not import pydantic
     from trebuchet.launcher.submit import Submission
+    from trebuchet.preflight.context import Context
+    from trebuchet.preflight.findings import Finding
     from trebuchet.spec.load import LoadedSpec
 
 ORPHAN_PENDING_S = 120.0  # a run recorded this long ago without a job id never reached sbatch
@@ -54,8 +57,9 @@ def call_sbatch(path: Path, cwd: Path, what: str) -> tuple[str | None, str]:
     return None, f"sbatch refused {what}: {why.splitlines()[-1]}"
 
 
-class SlurmBackend:
+class SlurmBackend(Backend):
     name = "slurm"
+    sweeps = True
 
     def __init__(self) -> None:
         self.cancel_signal: int | None = None
@@ -112,11 +116,41 @@ class SlurmBackend:
         placeholder = runs_dir() / "RUN_ID"
         return render_all(loaded.spec, loaded.workdir, "RUN_ID", placeholder, self.recipe(loaded))
 
+    def preflight(self, ctx: Context) -> list[Finding]:
+        from trebuchet.backends.slurm_checks import CHECKS
+
+        return [f for check in CHECKS for f in check(ctx)]
+
+    def time_limit(self, loaded: LoadedSpec) -> tuple[float | None, tuple[str, ...]] | None:
+        from trebuchet.backends.slurm_checks import time_limit
+
+        return time_limit(loaded.spec)
+
+    # -- sweeps: one job array (slurm_array.py) -----------------------------------------------
+    def check_sweep(self, points: list[SpecPoint]) -> None:
+        from trebuchet.backends.slurm_array import check_shape
+
+        check_shape(points)
+
+    def render_sweep(self, points: list[SpecPoint]) -> str:
+        parallel = points[0][1].spec.sweep_parallel
+        limit = f", at most {parallel} at once" if parallel else ""
+        head = (f"# sweep: {len(points)} runs, submitted as one Slurm job array{limit}; "
+                "array task i runs point i's script below\n")  # fmt: skip
+        return head + super().render_sweep(points)
+
+    def submit_sweep(
+        self, sweep_id: str, points: list[SubmissionPoint], attach: bool
+    ) -> SweepSubmitted:
+        from trebuchet.backends.slurm_array import submit_sweep
+
+        return submit_sweep(self, sweep_id, points, attach)
+
     # -- submission --------------------------------------------------------------------------
-    def submit(self, sub: Submission, attach: bool) -> str | None:
+    def submit(self, sub: Submission, attach: bool) -> Submitted:
         recipe = self.recipe(sub.loaded)
         if recipe:  # built (or reused) before the job is queued; the nodes use it in place
-            self._build(sub, recipe)
+            self.build_environment(sub, recipe)
         spec, workdir = sub.loaded.spec, sub.loaded.workdir
         path = write_job(spec, workdir, sub.record.id, sub.run_dir, recipe)
         job_id = self._sbatch(sub, path)
@@ -124,11 +158,15 @@ class SlurmBackend:
         append_event(sub.run_dir, "sbatch", job_id=job_id)
         print(f"treb: Slurm job {job_id}; script {path}", file=sys.stderr)
         if not attach:
-            return None
+            return Submitted(sub.record.id)
         rec = sub.store.get(sub.record.id) or sub.record
-        return self._attach(sub.store, rec)
+        state = self._attach(sub.store, rec)
+        rec = sub.store.get(sub.record.id) or rec
+        return Submitted(rec.id, state, rec.exit_code, self.cancel_signal)
 
-    def _build(self, sub: Submission, recipe: Recipe) -> None:
+    def build_environment(self, sub: Submission, recipe: Recipe) -> None:
+        """Build (or reuse) a run's venv or conda env here, before its job is queued; a
+        failure ends the run FAILED and raises TrebError."""
         log_path = sub.run_dir / "environment.log"
         print(f"treb: environment {recipe.name} ({recipe.kind}): building or reusing",
               file=sys.stderr)  # fmt: skip

@@ -25,6 +25,8 @@ from trebuchet.store.files import append_event, write_atomic
 from trebuchet.store.states import CANCELLED, FAILED, SUCCEEDED, TERMINAL
 
 if TYPE_CHECKING:
+    from trebuchet.backends.base import SubmissionPoint, SweepSubmitted
+    from trebuchet.backends.slurm import SlurmBackend
     from trebuchet.launcher.submit import Submission
     from trebuchet.spec.load import LoadedSpec
 
@@ -115,7 +117,7 @@ def submit(
         recipe = backend.recipe(sub.loaded)
         if recipe:
             try:
-                backend._build(sub, recipe)
+                backend.build_environment(sub, recipe)
             except TrebError as exc:  # no array without every point: none is submitted
                 _fail([s for s in subs if s is not sub], f"not submitted: {exc}")
                 raise
@@ -131,6 +133,33 @@ def submit(
     print(f"treb: Slurm job array {job_id} (tasks {job_id}_0..{job_id}_{len(subs) - 1}); "
           f"script {path}", file=sys.stderr)  # fmt: skip
     return job_id
+
+
+def submit_sweep(
+    backend: SlurmBackend, sweep_id: str, points: list[SubmissionPoint], attach: bool
+) -> SweepSubmitted:
+    """All points as one Slurm job array; attached: follow every point until it ends."""
+    from trebuchet.backends.base import SweepSubmitted
+    from trebuchet.launcher.sweep import sweep_file
+    from trebuchet.store.files import write_json
+
+    subs = [sub for _, sub in points]
+    parallel = subs[0].loaded.spec.sweep_parallel  # unset: as many at once as Slurm allows
+    runs = [{"index": index, "id": sub.record.id, "run_dir": str(sub.run_dir), "params": point}
+            for index, (point, sub) in enumerate(points)]  # fmt: skip
+    path = sweep_file(sweep_id)
+    job_id = submit(backend, sweep_id, subs, parallel, path.parent)
+    write_json(path, {"id": sweep_id, "backend": "slurm", "job_id": job_id,
+                      "parallel": parallel, "runs": runs})  # fmt: skip
+    at_once = f"at most {parallel} at once" if parallel else "as many at once as Slurm allows"
+    print(f"treb: sweep {sweep_id}: {len(runs)} runs, {at_once}", file=sys.stderr)
+    for run in runs:
+        print(f"treb:   {run['index']}  {run['id']}  {job_id}_{run['index']}  {run['params']}",
+              file=sys.stderr)  # fmt: skip
+    if not attach:
+        return SweepSubmitted(sweep_id, len(runs))
+    failed, sig = follow(backend, subs[0].store, job_id, runs)
+    return SweepSubmitted(sweep_id, len(runs), failed, sig or None)
 
 
 def _sbatch(subs: list[Submission], path: Path) -> str:

@@ -15,9 +15,9 @@ from trebuchet.store.paths import treb_home
 
 def main(args: argparse.Namespace) -> int:
     loaded = load_spec(args.spec, args.override)
-    backend = get_backend("local")
-    backend.check(loaded)
-    recipe = backend.placement(loaded).recipe  # type: ignore[attr-defined]
+    engine = get_backend("local")  # built on this machine, whatever --on says (docs/cli.md)
+    engine.check(loaded)
+    recipe = engine.recipe(loaded)
     if recipe is None:
         raise UserError(f"{loaded.source}: no environment: block; nothing to build")
     log_path = treb_home() / "envs" / f"{recipe.name}.build.log"

@@ -15,23 +15,13 @@ from trebuchet.preflight import ERROR, Finding, preflight
 from trebuchet.preflight.findings import count
 from trebuchet.spec.load import load_spec
 
-# Engines the spec knows (docs: --on); checks apply to them whether or not this
-# installation has the backend module yet.
-ENGINES = ("local", "slurm", "skypilot", "kubernetes")
-
 
 def _engine_refusals(loaded, backend_name: str) -> list[Finding]:
-    """What `treb run` would refuse in the backend's own check, as findings."""
-    from trebuchet.backends import KNOWN, get_backend
+    """What `treb run` would refuse in the engine's own check, as findings."""
+    from trebuchet.backends import get_backend
 
-    if backend_name not in KNOWN:
-        return []
     try:
-        backend = get_backend(backend_name)
-    except ImportError:  # listed, but not part of this installation yet
-        return []
-    try:
-        backend.check(loaded)
+        get_backend(backend_name).check(loaded)
     except SpecError as exc:
         problems = exc.problems
     except UserError as exc:
@@ -53,10 +43,9 @@ def _engine_refusals(loaded, backend_name: str) -> list[Finding]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from trebuchet.backends import KNOWN
+    from trebuchet.backends import get_backend, option_models
 
-    if args.on not in ENGINES and args.on not in KNOWN:
-        raise UserError(f"--on {args.on}: unknown backend (known: {', '.join(ENGINES)})")
+    get_backend(args.on)  # an unknown engine: exit 2, before the spec is read
     loaded = load_spec(args.spec, args.override)
     findings = preflight(loaded, args.on)
     findings = _engine_refusals(loaded, args.on) + findings
@@ -70,8 +59,9 @@ def main(args: argparse.Namespace) -> int:
         for f in findings:
             print(f.text())
         print(f"treb check: {count(findings)} ({loaded.source}, --on {args.on})")
-        blocks = [b for b in ENGINES[1:] if getattr(loaded.spec, b).model_fields_set]
-        if args.on == "local" and blocks:
+        models = dict(option_models())
+        blocks = [b for b in models if getattr(loaded.spec, b).model_fields_set]
+        if blocks and args.on not in models:  # an engine without a block ignores them
             print(f"treb check: the spec has a {blocks[0]} block; `--on {blocks[0]}` adds the "
                   "checks for that engine (multi-node paths, partition size)")  # fmt: skip
     return 1 if errors else 0

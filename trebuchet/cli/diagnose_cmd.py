@@ -29,7 +29,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         if len(targets) > 1:
             raise UserError("give one run id, or log files that exist")
-        from trebuchet.cli.common import refresh
+        from trebuchet.backends import refresh
         from trebuchet.store.db import Store
 
         store = Store()

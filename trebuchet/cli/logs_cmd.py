@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from trebuchet.cli.common import refresh
+from trebuchet.backends import refresh
 from trebuchet.errors import UserError
 from trebuchet.launcher.follow import Follower
 from trebuchet.store.db import RunRecord, Store

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from trebuchet.cli.common import STATE_STYLE, age, refresh
+from trebuchet.backends import refresh
+from trebuchet.cli.common import STATE_STYLE, age
 from trebuchet.spec.duration import human
 from trebuchet.store.db import Store
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trebuchet.cli.common import describe_failure
 from trebuchet.spec.duration import human
 from trebuchet.store.db import RunRecord, Store
+from trebuchet.store.states import describe_failure
 
 TAIL_LINES = 15
 NOT_OK = ("FAILED", "TIMEOUT", "LOST", "CANCELLED")

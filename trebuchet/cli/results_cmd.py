@@ -18,7 +18,7 @@ RECENT = 20
 
 
 def main(args: argparse.Namespace) -> int:
-    from trebuchet.cli.common import refresh
+    from trebuchet.backends import refresh
     from trebuchet.results import collect, perfcsv
     from trebuchet.store.db import Store
 

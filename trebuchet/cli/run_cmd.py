@@ -1,54 +1,56 @@
-"""`treb run`: validate, record, launch; attached runs stream logs until the end."""
+"""`treb run`: the runner's launch (runner.py), with what the terminal shows around it."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from trebuchet.backends import get_backend
-from trebuchet.launcher import sweep
-from trebuchet.launcher.submit import prepare
-from trebuchet.spec.load import load_spec
-from trebuchet.store.db import Store
-from trebuchet.store.states import EXIT_CODES
+from trebuchet import runner
+from trebuchet.backends.base import SweepSubmitted
+
+if TYPE_CHECKING:
+    from trebuchet.launcher.submit import Submission
+
+
+def warn(text: str) -> None:
+    for line in text.splitlines():
+        print(f"treb: {line}", file=sys.stderr)
+
+
+def announce(sub: Submission) -> None:
+    """An attached run, once recorded: what is about to run, and where its files go."""
+    rec = sub.record
+    print(f"treb: run {rec.id} ({rec.name}): {rec.nodes} node(s) x {rec.procs_per_node} "
+          f"{rec.launcher} on {rec.backend}; run dir {sub.run_dir}", file=sys.stderr)  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
     overrides = list(args.override) + ([f"name={args.name}"] if args.name else [])
-    fixed, axes = sweep.points(overrides, None)
-    loaded = load_spec(args.spec, fixed)
-    backend = get_backend(args.on)
-    if not args.no_check:
-        from trebuchet.preflight import enforce
-
-        enforce(loaded, args.on)  # prints warnings; errors: exit 2 before anything is recorded
-    if loaded.spec.sweep or axes != [{}]:
-        from trebuchet.cli.sweep_run import run_sweep
-
-        return run_sweep(args, fixed, sweep.points(overrides, loaded.spec.sweep)[1])
-    backend.check(loaded)
-    store = Store()
-    sub = prepare(loaded, args.on, store)
-    for warning in sub.warnings:
-        print(f"treb: warning: {warning}", file=sys.stderr)
+    started = runner.launch(
+        args.spec, args.on, overrides, attach=not args.detach, preflight=not args.no_check,
+        warn=warn, announce=None if args.detach else announce,
+    )  # fmt: skip
+    result = started.result
+    if isinstance(result, SweepSubmitted):
+        if args.detach:
+            print(result.sweep_id)
+        elif not result.cancel_signal:
+            print(f"treb: sweep {result.sweep_id}: {result.runs - (result.failed or 0)} of "
+                  f"{result.runs} runs succeeded", file=sys.stderr)  # fmt: skip
+        return runner.exit_code(result)
+    sub = started.subs[0]
     rec = sub.record
     if args.detach:
-        backend.submit(sub, attach=False)
         print(rec.id)
         print(f"treb: run {rec.id} ({rec.name}) started in the background; "
               f"follow it with `treb logs -f {rec.id}`", file=sys.stderr)  # fmt: skip
         return 0
-    print(f"treb: run {rec.id} ({rec.name}): {rec.nodes} node(s) x {rec.procs_per_node} "
-          f"{rec.launcher} on {args.on}; run dir {sub.run_dir}", file=sys.stderr)  # fmt: skip
-    state = backend.submit(sub, attach=True)
     from trebuchet.cli.report import final_summary
 
-    final = store.get(rec.id) or rec
-    print(final_summary(store, final), file=sys.stderr)
-    if loaded.spec.profile != "none":
-        where = sub.run_dir / "profile"
-        print(f"treb: profiles ({loaded.spec.profile}) in {where}", file=sys.stderr)
-    sig = getattr(backend, "cancel_signal", None)
-    if state == "CANCELLED" and sig:
-        return 128 + int(sig)
-    return EXIT_CODES.get(str(state), 1)
+    final = sub.store.get(rec.id) or rec
+    print(final_summary(sub.store, final), file=sys.stderr)
+    profile = sub.loaded.spec.profile
+    if profile != "none":
+        print(f"treb: profiles ({profile}) in {sub.run_dir / 'profile'}", file=sys.stderr)
+    return runner.exit_code(result)

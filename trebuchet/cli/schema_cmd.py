@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from trebuchet.spec.model import Spec
+from trebuchet.spec.model import spec_model
 
 
 def schema() -> dict:
-    data = Spec.model_json_schema()
+    data = spec_model().model_json_schema()
     data["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     data["title"] = "trebuchet workload spec"
     # name defaults to the file's stem, so it is not required in a file.

@@ -6,10 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-from trebuchet.cli.common import STATE_STYLE, clock, console, describe_failure, refresh
+from trebuchet.backends import refresh
+from trebuchet.cli.common import STATE_STYLE, clock, console
 from trebuchet.cli.report import diagnosis_json, diagnosis_lines
 from trebuchet.spec.duration import human
 from trebuchet.store.db import Store
+from trebuchet.store.states import describe_failure
 
 
 def main(args: argparse.Namespace) -> int:

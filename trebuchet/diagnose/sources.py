@@ -471,8 +471,19 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
                 case.first_failure = i
                 u.order = 0
                 break
-    case.multi_host = False if run.get("backend", "local") == "local" else None
+    case.multi_host = False if not _remote(run.get("backend") or "local") else None
     return case
+
+
+def _remote(engine: str) -> bool:
+    """Whether the engine's ranks may run on several hosts (unknown engines: maybe)."""
+    from trebuchet.backends import get_backend
+    from trebuchet.errors import UserError
+
+    try:
+        return get_backend(engine).remote
+    except UserError:
+        return True
 
 
 def run_dir_case(path: Path) -> Case:

@@ -18,7 +18,11 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trebuchet.backends.base import SubmissionPoint, SweepSubmitted
+    from trebuchet.backends.local import LocalBackend
 
 # A comma separates sweep values unless escaped (\,) or inside [...], {...} or quotes.
 _SPLIT = re.compile(r"(?<!\\),")
@@ -69,6 +73,38 @@ def sweep_file(sweep_id: str) -> Path:
     path = treb_home() / "sweeps"
     path.mkdir(exist_ok=True, mode=0o700)
     return path / f"{sweep_id}.json"
+
+
+def submit_local(
+    engine: LocalBackend, sweep_id: str, points: list[SubmissionPoint], attach: bool
+) -> SweepSubmitted:
+    """The local engine's sweep: every run's plan written now, then the driver, in this
+    process (attached) or in the background."""
+    import subprocess
+
+    from trebuchet.backends.base import SweepSubmitted
+    from trebuchet.store.files import write_json
+
+    parallel = points[0][1].loaded.spec.sweep_parallel or 1
+    runs: list[dict[str, Any]] = []
+    for index, (point, sub) in enumerate(points):
+        plan = engine.write_plan(sub)
+        runs.append({"index": index, "id": sub.record.id, "run_dir": str(sub.run_dir),
+                     "params": point, "streams": plan.streams})  # fmt: skip
+    path = sweep_file(sweep_id)
+    write_json(path, {"id": sweep_id, "parallel": parallel, "runs": runs})
+    print(f"treb: sweep {sweep_id}: {len(runs)} runs, at most {parallel} at once", file=sys.stderr)
+    for run in runs:
+        print(f"treb:   {run['index']}  {run['id']}  {run['params']}", file=sys.stderr)
+    if not attach:
+        subprocess.Popen(
+            [sys.executable, "-m", "trebuchet.launcher.sweep", str(path)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True,
+        )  # fmt: skip
+        return SweepSubmitted(sweep_id, len(runs))
+    failed, sig = drive(json.loads(path.read_text()), follow=True)
+    return SweepSubmitted(sweep_id, len(runs), failed, sig or None)
 
 
 def drive(sweep: dict[str, Any], follow: bool) -> tuple[int, int]:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from trebuchet.preflight.findings import Finding
 
 if TYPE_CHECKING:
+    from trebuchet.backends.base import Backend
     from trebuchet.spec.load import LoadedSpec
 
 
@@ -23,9 +24,15 @@ class Context:
         return self.loaded.spec
 
     @property
+    def engine(self) -> Backend:
+        from trebuchet.backends import get_backend
+
+        return get_backend(self.backend)
+
+    @property
     def remote(self) -> bool:
         """The ranks run on other machines than the submitting host."""
-        return self.backend != "local"
+        return self.engine.remote
 
     @property
     def multi_node(self) -> bool:

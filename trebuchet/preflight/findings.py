@@ -7,7 +7,9 @@ from dataclasses import asdict, dataclass
 ERROR = "error"
 WARNING = "warning"
 
-# Every id a check can report, with what it catches (docs/preflight.md has the long form).
+# Every id a shared check or a built-in engine's checks (backends/slurm_checks.py) can
+# report, with what it catches (docs/preflight.md has the long form); an engine from
+# elsewhere declares its own ids (Backend.check_ids).
 CHECKS: dict[str, str] = {
     "node-local-cache": "a cache or data path each node of a multi-node run has its own copy of",
     "node-local-workdir": "a workdir the compute nodes cannot see (snapshot: false)",

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
-from trebuchet.preflight import launchers, parallelism, partition, storage, timelimit
+from trebuchet.preflight import launchers, parallelism, storage, timelimit
 from trebuchet.preflight.context import Context
 from trebuchet.preflight.findings import CHECKS, WARNING, Finding, count
 
@@ -15,13 +14,12 @@ if TYPE_CHECKING:
     from trebuchet.spec.load import LoadedSpec
 
 Check = Callable[[Context], list[Finding]]
+# The checks for every engine; an engine adds its own (Backend.preflight).
 ALL_CHECKS: tuple[Check, ...] = (
     storage.host_inputs,
     storage.node_local_cache,
     storage.node_local_workdir,
-    storage.node_local_treb_home,
     timelimit.time_limit,
-    partition.partition_capacity,
     parallelism.parallel_sizes,
     launchers.nested_launchers,
     launchers.torchrun_nnodes,
@@ -51,8 +49,10 @@ def all_findings(ctx: Context) -> list[Finding]:
     out: list[Finding] = []
     for check in ALL_CHECKS:
         out += check(ctx)
+    out += ctx.engine.preflight(ctx)
+    known = CHECKS.keys() | ctx.engine.check_ids.keys()
     for i, name in enumerate(getattr(ctx.spec, "ignore_checks", None) or ()):
-        if name not in CHECKS:
+        if name not in known:
             out.append(
                 ctx.finding(
                     "unknown-check-id",
@@ -67,20 +67,13 @@ def all_findings(ctx: Context) -> list[Finding]:
 
 
 def enforce(
-    loaded: LoadedSpec,
-    backend_name: str,
-    stream: TextIO | None = None,
-    environ: Mapping[str, str] | None = None,
+    loaded: LoadedSpec, backend_name: str, environ: Mapping[str, str] | None = None
 ) -> list[Finding]:
-    """For `treb run`: print warnings; raise SpecError (exit 2) when there are errors."""
+    """For `treb run` and launch(): the warnings; SpecError (exit 2) when there are errors.
+    Printing is the caller's (the CLI prints, the API keeps them on the Run)."""
     from trebuchet.errors import SpecError
 
-    stream = sys.stderr if stream is None else stream
     findings = preflight(loaded, backend_name, environ)
-    for f in findings:
-        if not f.is_error:
-            for line in f.text().splitlines():
-                print(f"treb: {line}", file=stream)
     errors = [f for f in findings if f.is_error]
     if errors:
         lines = [line for f in errors for line in f.text().splitlines()]

@@ -37,7 +37,7 @@ LOCAL_ROOTS = ("/tmp", "/var/tmp", "/dev/shm")
 HOME_MARKERS = ("~", "$HOME", "${HOME}")
 
 
-def _under(path: str, root: str) -> bool:
+def under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
@@ -70,15 +70,15 @@ def locality(
     path = posixpath.normpath(value)
     if mounts is not None:
         for dst, src in mounts:
-            if _under(path, dst):
+            if under(path, dst):
                 return locality(src + path[len(dst) :], home, None, cache)
-        local = _under(path, "/root") or any(_under(path, r) for r in LOCAL_ROOTS)
+        local = under(path, "/root") or any(under(path, r) for r in LOCAL_ROOTS)
         return "container" if local or cache else None
-    if any(_under(path, r) for r in LOCAL_ROOTS):
+    if any(under(path, r) for r in LOCAL_ROOTS):
         return ""
-    if _under(path, posixpath.join(home, ".cache")):
+    if under(path, posixpath.join(home, ".cache")):
         return "home"
-    if _under(path, "/root/.cache"):
+    if under(path, "/root/.cache"):
         return ""
     return None
 
@@ -139,7 +139,7 @@ def node_local_workdir(ctx: Context) -> list[Finding]:
         return []
     home = ctx.environ.get("HOME") or os.path.expanduser("~")
     path = str(ctx.loaded.workdir)
-    if not any(_under(path, r) for r in LOCAL_ROOTS) and not _under(
+    if not any(under(path, r) for r in LOCAL_ROOTS) and not under(
         path, posixpath.join(home, ".cache")
     ):
         return []
@@ -152,26 +152,6 @@ def node_local_workdir(ctx: Context) -> list[Finding]:
             "move the code to the shared filesystem, or drop `snapshot: false` so the run "
             "executes a copy in the run directory",
             "workdir",
-        )
-    ]
-
-
-def node_local_treb_home(ctx: Context) -> list[Finding]:
-    """On Slurm the job writes its records into the run directory below TREB_HOME."""
-    if ctx.backend != "slurm":
-        return []
-    raw = ctx.environ.get("TREB_HOME") or str(Path(ctx.environ.get("HOME") or "~") / ".trebuchet")
-    home = os.path.abspath(os.path.expanduser(raw))
-    if not any(_under(home, r) for r in LOCAL_ROOTS):
-        return []
-    return [
-        ctx.finding(
-            "node-local-treb-home",
-            WARNING,
-            f"TREB_HOME={home} is on this host's local disk: the job writes its logs and "
-            "records into the run directory below it from the compute nodes, where this "
-            "folder is not the same",
-            "export TREB_HOME=<a folder on the shared filesystem> before `treb run`",
         )
     ]
 

@@ -8,40 +8,21 @@ are asked to checkpoint, or no time to finish writing one (a torn checkpoint).
 
 from __future__ import annotations
 
-import re
-
 from trebuchet.preflight.context import Context
 from trebuchet.preflight.findings import WARNING, Finding
 from trebuchet.spec.duration import human
 
 MARGIN_S = 60.0
-SLURM_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
-
-
-def slurm_seconds(text: str) -> float | None:
-    """Seconds in a Slurm --time value, read as Slurm does (a bare number is minutes);
-    None when unlimited or not a Slurm time (the backend reports that one itself)."""
-    m = SLURM_TIME.fullmatch(text.strip())
-    if not m:
-        return None
-    d, a, b, c = (int(x) if x else None for x in m.groups())
-    if d is not None:  # D-H, D-H:M, D-H:M:S
-        return float(d * 86400 + (a or 0) * 3600 + (b or 0) * 60 + (c or 0))
-    if c is not None:  # H:M:S
-        return float(a * 3600 + (b or 0) * 60 + c)
-    if b is not None:  # M:S
-        return float(a * 60 + b)
-    return a * 60.0  # M
 
 
 def _limit(ctx: Context) -> tuple[float, tuple[str, ...], str] | None:
-    """(seconds, field path, field name) of the limit the run will be held to."""
-    spec = ctx.spec
-    if ctx.backend == "slurm" and spec.slurm.time:
-        seconds = slurm_seconds(spec.slurm.time)
-        return (seconds, ("slurm", "time"), "slurm.time") if seconds else None
-    if spec.timeout:
-        return spec.timeout, ("timeout",), "timeout"
+    """(seconds, field path, field name) of the limit the run will be held to: the
+    engine's own (slurm.time) when its block sets one, else the spec's timeout."""
+    own = ctx.engine.time_limit(ctx.loaded)
+    if own is not None:  # unlimited (None seconds): nothing to check
+        return (own[0], own[1], ".".join(own[1])) if own[0] else None
+    if ctx.spec.timeout:
+        return ctx.spec.timeout, ("timeout",), "timeout"
     return None
 
 

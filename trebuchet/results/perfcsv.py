@@ -2,10 +2,12 @@
 
 The columns madengine's dashboards read come first, in madengine's order, filled where
 trebuchet has the same fact (model, n_gpus, nnodes, gpus_per_node, args, docker_image,
-git_commit, machine_name, deployment_type = the backend, launcher, performance, metric,
-relative_change, status, build_duration, test_duration); the others stay empty. Then
-trebuchet's own columns (run_id, workload, backend, procs_per_node, environment, ...) and
-the extra columns of the workload's results CSV.
+git_commit, machine_name, deployment_type, launcher, performance, metric, relative_change,
+status, build_duration, test_duration); the others stay empty. The engine that ran a row
+fills its own columns (Backend.perf_fields: deployment_type is its name, `k8s` for
+Kubernetes as madengine writes it). Then trebuchet's own columns (run_id, workload,
+backend, procs_per_node, environment, ...) and the extra columns of the workload's results
+CSV.
 
 relative_change is a percentage: (value - baseline) / baseline * 100, the baseline being the
 previous successful row of the same model and metric among the rows shown (the first run
@@ -31,7 +33,19 @@ MADENGINE = [
 ]  # fmt: skip
 OURS = ["run_id", "workload", "backend", "procs_per_node", "environment", "aggregation",
         "source", "run_state", "git_dirty", "created_at"]  # fmt: skip
-DEPLOYMENT = {"kubernetes": "k8s"}
+
+
+def engine_fields(row: dict[str, Any]) -> dict[str, str]:
+    """The columns the row's engine fills (deployment_type: its name, or madengine's);
+    an engine that is not installed here: its name."""
+    from trebuchet.backends import get_backend
+    from trebuchet.errors import UserError
+
+    name = str(row.get("backend") or "")
+    try:
+        return get_backend(name).perf_fields(row) if name else {"deployment_type": ""}
+    except UserError:
+        return {"deployment_type": name}
 
 
 def number(v: Any) -> str:
@@ -72,7 +86,7 @@ def perf_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, str
         for k in header:
             if k in r and k != "extra":
                 row[k] = number(r[k])
-        row["deployment_type"] = DEPLOYMENT.get(r.get("backend") or "", r.get("backend") or "")
+        row.update(engine_fields(r))
         for k in ("build_duration", "test_duration"):
             if r.get(k) is not None:
                 row[k] = f"{r[k]:.3f}"

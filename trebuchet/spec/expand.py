@@ -7,12 +7,10 @@ as `${NAME}` references, resolved only in memory when ranks start, so no value r
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 VAR = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{([^}]*)\}?")
-# Shell commands: their $VARS are the node shell's business at run time.
-NOT_EXPANDED = {("command",), ("slurm", "setup"), ("pre",), ("post",)}
 
 
 class ExpandError(Exception):
@@ -50,22 +48,28 @@ def expand_text(
 
 
 def expand_tree(
-    data: Any, environ: Mapping[str, str], secrets: frozenset[str], path: tuple = ()
+    data: Any,
+    environ: Mapping[str, str],
+    secrets: frozenset[str],
+    skip: Collection[tuple] = frozenset(),
+    path: tuple = (),
 ) -> tuple[Any, list[tuple[tuple, str]]]:
-    """Expand every string below `data`; returns the new data and (path, error) pairs."""
+    """Expand every string below `data` but the values at the `skip` paths (shell commands:
+    their $VARS are the node shell's business at run time; model.not_expanded() names
+    them); returns the new data and (path, error) pairs."""
     errors: list[tuple[tuple, str]] = []
-    if path in NOT_EXPANDED:
+    if path in skip:
         return data, errors
     if isinstance(data, dict):
         out = {}
         for k, v in data.items():
-            out[k], errs = expand_tree(v, environ, secrets, (*path, k))
+            out[k], errs = expand_tree(v, environ, secrets, skip, (*path, k))
             errors += errs
         return out, errors
     if isinstance(data, list):
         items = []
         for i, v in enumerate(data):
-            new, errs = expand_tree(v, environ, secrets, (*path, i))
+            new, errs = expand_tree(v, environ, secrets, skip, (*path, i))
             items.append(new)
             errors += errs
         return items, errors

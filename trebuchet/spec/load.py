@@ -15,10 +15,8 @@ from pydantic import BaseModel, ValidationError
 
 from trebuchet.errors import SpecError, UserError
 from trebuchet.spec.expand import expand_tree
-from trebuchet.spec.model import Spec
+from trebuchet.spec.model import Spec, engine_blocks, not_expanded, spec_model
 from trebuchet.spec.yamlsrc import Located, parse_yaml
-
-ENGINE_BLOCKS = ("slurm", "skypilot", "kubernetes")
 
 
 @dataclass
@@ -122,13 +120,14 @@ def load_spec(
         if isinstance(secrets, list)
         else frozenset()
     )
-    raw, errors = expand_tree(raw, environ, secret_names)
+    model = spec_model()
+    raw, errors = expand_tree(raw, environ, secret_names, _skip(model))
     problems = [f"{located.where(p_)}: {_dotted(p_)}: {msg}" for p_, msg in errors]
     raw.setdefault("name", default_name(p))
     try:
-        spec = Spec.model_validate(raw)
+        spec = model.model_validate(raw)
     except ValidationError as exc:
-        problems += _problems(exc, located, raw)
+        problems += _problems(exc, located, raw, model)
     if problems:
         raise SpecError(sorted(problems, key=_line_key))
     base = p.resolve().parent if p else Path.cwd()
@@ -145,6 +144,15 @@ def load_spec(
     return LoadedSpec(
         spec=spec, path=p.resolve() if p else None, workdir=workdir, base=base, located=located
     )
+
+
+_skips: dict[type, frozenset[tuple]] = {}
+
+
+def _skip(model: type[Spec]) -> frozenset[tuple]:
+    if model not in _skips:
+        _skips[model] = frozenset(not_expanded(model))
+    return _skips[model]
 
 
 def _input_files(spec: Spec) -> list[tuple[tuple[str, ...], str]]:
@@ -192,11 +200,11 @@ def _dotted(path: Sequence[Any]) -> str:
     return out or "spec"
 
 
-def _field_path(loc: Sequence[Any], raw: Any) -> tuple:
+def _field_path(loc: Sequence[Any], raw: Any, top: type[BaseModel]) -> tuple:
     """Trim pydantic's loc to the user's key path (drop union tags and validator names)."""
     path: list[Any] = []
     node = raw
-    model: type[BaseModel] | None = Spec
+    model: type[BaseModel] | None = top
     for part in loc:
         if isinstance(node, dict) and part in node:
             path.append(part)
@@ -223,8 +231,8 @@ def _sub_model(model: type[BaseModel] | None, name: Any) -> type[BaseModel] | No
     return None
 
 
-def _field_info(path: tuple) -> tuple[type[BaseModel] | None, Any]:
-    model: type[BaseModel] | None = Spec
+def _field_info(path: tuple, top: type[BaseModel]) -> tuple[type[BaseModel] | None, Any]:
+    model: type[BaseModel] | None = top
     info = None
     for part in path:
         if isinstance(part, int):
@@ -243,10 +251,10 @@ ITEM_ALLOWED = {
 }
 
 
-def _allowed(path: tuple) -> str | None:
+def _allowed(path: tuple, top: type[BaseModel]) -> str | None:
     if len(path) == 2 and path[0] in ITEM_ALLOWED:
         return ITEM_ALLOWED[str(path[0])]
-    _, info = _field_info(path)
+    _, info = _field_info(path, top)
     extra = getattr(info, "json_schema_extra", None)
     return extra.get("x-allowed") if isinstance(extra, dict) else None
 
@@ -256,24 +264,24 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _problems(exc: ValidationError, located: Located, raw: dict) -> list[str]:
+def _problems(exc: ValidationError, located: Located, raw: dict, top: type[BaseModel]) -> list[str]:
     problems: list[str] = []
     seen: set[tuple] = set()
     for err in exc.errors():
         loc = err["loc"]
         etype = err["type"]
-        path = _field_path(loc, raw)
+        path = _field_path(loc, raw, top)
         if etype == "extra_forbidden":
-            path = _field_path(loc[:-1], raw) + (loc[-1],)
+            path = _field_path(loc[:-1], raw, top) + (loc[-1],)
         if path in seen:
             continue
         seen.add(path)
         where = located.where(path)
         field = _dotted(path)
         if etype == "extra_forbidden":
-            problems.append(f"{where}: {field}: unknown field{_suggest(path)}")
+            problems.append(f"{where}: {field}: unknown field{_suggest(path, top)}")
         elif etype == "missing":
-            problems.append(f"{where}: {field}: required field is missing ({_allowed(path)})")
+            problems.append(f"{where}: {field}: required field is missing ({_allowed(path, top)})")
         elif etype == "value_error" and "@" in err["msg"]:
             field, _, msg = err["msg"].split("@", 1)[1].partition("|")
             problems.append(f"{located.where(tuple(field.split('.')))}: {field}: {msg}")
@@ -282,7 +290,7 @@ def _problems(exc: ValidationError, located: Located, raw: dict) -> list[str]:
                 f"{where}: {field}: is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)"
             )
         else:
-            what = _allowed(path) or err["msg"].lower()
+            what = _allowed(path, top) or err["msg"].lower()
             got = err.get("input")
             hint = ""
             if isinstance(got, (int, float)) and not isinstance(got, bool) and "string" in what:
@@ -294,18 +302,18 @@ def _problems(exc: ValidationError, located: Located, raw: dict) -> list[str]:
     return problems
 
 
-def _suggest(path: tuple) -> str:
+def _suggest(path: tuple, top: type[BaseModel]) -> str:
     """A did-you-mean hint, including keys that belong in an engine block."""
-    parent_model, _ = _field_info(path[:-1]) if len(path) > 1 else (Spec, None)
+    parent_model, _ = _field_info(path[:-1], top) if len(path) > 1 else (top, None)
     if parent_model is None:
         return ""
     key = str(path[-1])
     close = difflib.get_close_matches(key, list(parent_model.model_fields), n=1, cutoff=0.6)
     if close:
         return f"; did you mean '{close[0]}'?"
-    if parent_model is Spec:
-        for block in ENGINE_BLOCKS:
-            sub = _sub_model(Spec, block)
+    if parent_model is top:
+        for block in engine_blocks(top):
+            sub = _sub_model(top, block)
             if sub and key in sub.model_fields:
                 return f"; did you mean '{block}.{key}'? (engine settings go in their block)"
     fields = ", ".join(parent_model.model_fields)

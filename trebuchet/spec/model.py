@@ -43,9 +43,12 @@ EnvName = Annotated[str, Field(pattern=ENV_NAME_RE)]
 EnvValue = Annotated[str, BeforeValidator(_env_value)]
 
 
-def allowed(text: str, description: str, **kw: Any) -> Any:
-    """A Field whose error phrase and editor help are given once."""
-    extra = {"x-allowed": text}
+def allowed(text: str, description: str, expand: bool = True, **kw: Any) -> Any:
+    """A Field whose error phrase and editor help are given once. `expand=False`: a shell
+    command, whose $VARS are the node shell's business at run time (expand.py)."""
+    extra: dict[str, Any] = {"x-allowed": text}
+    if not expand:
+        extra["x-expand"] = False
     return Field(description=description, json_schema_extra=extra, **kw)
 
 
@@ -131,47 +134,6 @@ class Results(Block):
     )
 
 
-class Slurm(Block):
-    account: str | None = allowed("a string", "#SBATCH --account", default=None)
-    partition: str | None = allowed("a string", "#SBATCH --partition", default=None)
-    qos: str | None = allowed("a string", "#SBATCH --qos", default=None)
-    time: str | None = allowed(
-        "a Slurm time such as 04:00:00", "#SBATCH --time (default: timeout)", default=None
-    )
-    exclusive: bool | None = allowed("true or false", "#SBATCH --exclusive", default=None)
-    constraint: str | None = allowed("a string", "#SBATCH --constraint", default=None)
-    mem: str | None = allowed("a Slurm memory size such as 64G", "#SBATCH --mem", default=None)
-    cpus_per_task: int | None = allowed(
-        "an integer >= 1", "#SBATCH --cpus-per-task", default=None, ge=1
-    )
-    mpi: str | None = allowed(
-        "an srun --mpi value such as pmix or pmi2", "srun --mpi", default=None
-    )
-    sbatch_args: list[str] = allowed(
-        "a list of strings", "extra #SBATCH options", default_factory=list
-    )
-    setup: list[str] = allowed(
-        "a list of shell lines", "lines run in the batch script before srun", default_factory=list
-    )
-
-
-class SkyPilot(Block):
-    cloud: str | None = allowed("a cloud name", "resources.cloud", default=None)
-    accelerators: str | None = allowed(
-        "an accelerator spec such as H100:8", "resources.accelerators", default=None
-    )
-    use_spot: bool | None = allowed("true or false", "resources.use_spot", default=None)
-    region: str | None = allowed("a region name", "resources.region", default=None)
-    disk_size: int | None = allowed(
-        "an integer >= 1 (GB)", "resources.disk_size", default=None, ge=1
-    )
-
-
-class Kubernetes(Block):
-    namespace: str | None = allowed("a namespace name", "Kubernetes namespace", default=None)
-    image: str | None = allowed("a container image reference", "pod image", default=None)
-
-
 # Set by the launcher for each process; a spec cannot override them.
 LAUNCHER_VARS = frozenset(
     {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
@@ -205,7 +167,13 @@ class LogPolicy(Block):
 
 
 class Spec(Block):
-    """A workload: what to run, on how many nodes and processes, with which software."""
+    """A workload: what to run, on how many nodes and processes, with which software.
+
+    The engine-neutral fields only: the model a spec is validated with is spec_model(),
+    this class plus one block per engine that has options (`slurm:`, ...)."""
+
+    # Only subclasses validate: building this one's validator would be wasted time.
+    model_config = ConfigDict(defer_build=True)
 
     name: str = allowed(
         "a name matching [a-z0-9][a-z0-9._-]*",
@@ -215,8 +183,8 @@ class Spec(Block):
     )
     command: str | list[str] = allowed(
         "a non-empty string (run by bash) or a non-empty list of strings (run as is)",
-        "what every rank runs",
-    )
+        "what every rank runs", expand=False,
+    )  # fmt: skip
     workdir: str = allowed(
         "a directory path", "working directory, relative to the spec file", default="."
     )
@@ -248,11 +216,11 @@ class Spec(Block):
     )
     pre: str | None = allowed(
         "a shell command", "runs on each node, inside the environment, before the ranks",
-        default=None,
+        default=None, expand=False,
     )  # fmt: skip
     post: str | None = allowed(
         "a shell command", "runs on each node, inside the environment, after the ranks",
-        default=None,
+        default=None, expand=False,
     )  # fmt: skip
     retries: int = allowed("an integer >= 0", "extra attempts after a failed one", default=0, ge=0)
     timeout: Duration | None = allowed(DURATION_ALLOWED, "per-attempt time limit", default=None)
@@ -308,13 +276,6 @@ class Spec(Block):
         "a list of preflight finding ids", "silence these `treb check` findings",
         default_factory=list,
     )  # fmt: skip
-    slurm: Slurm = allowed("a mapping", "Slurm-specific settings", default_factory=Slurm)
-    skypilot: SkyPilot = allowed(
-        "a mapping", "SkyPilot-specific settings", default_factory=SkyPilot
-    )
-    kubernetes: Kubernetes = allowed(
-        "a mapping", "Kubernetes-specific settings", default_factory=Kubernetes
-    )
 
     @field_validator("command", mode="before")
     @classmethod
@@ -394,3 +355,51 @@ class Spec(Block):
     @property
     def world_size(self) -> int:
         return self.nodes * self.ranks_per_node
+
+
+_built: tuple[int, type[Spec]] | None = None
+
+
+def spec_model() -> type[Spec]:
+    """The model a spec is validated with: Spec plus one field per engine block, as the
+    engine registry has them now (rebuilt when an engine is registered)."""
+    global _built
+    from pydantic import create_model
+
+    from trebuchet import backends
+
+    blocks = backends.option_models()  # may register engines from entry points
+    gen = backends.generation()
+    if _built is None or _built[0] != gen:
+        fields: dict[str, Any] = {
+            name: (model, allowed("a mapping", _about(name, model), default_factory=model))
+            for name, model in blocks
+        }
+        doc = (Spec.__doc__ or "").split("\n\n")[0]
+        model = create_model("Spec", __base__=Spec, __module__=__name__, __doc__=doc, **fields)
+        _built = (gen, model)
+    return _built[1]
+
+
+def _about(name: str, model: type[BaseModel]) -> str:
+    doc = (model.__doc__ or "").strip().splitlines()
+    return doc[0] if doc else f"{name}-specific settings"
+
+
+def engine_blocks(model: type[BaseModel]) -> list[str]:
+    """The fields of a spec model that are engine blocks."""
+    return [name for name in model.model_fields if name not in Spec.model_fields]
+
+
+def not_expanded(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """Key paths whose values are shell commands, never ${VAR}-expanded (x-expand false)."""
+    out: set[tuple[str, ...]] = set()
+    for name, info in model.model_fields.items():
+        path = (*prefix, name)
+        extra = info.json_schema_extra
+        if isinstance(extra, dict) and extra.get("x-expand") is False:
+            out.add(path)
+        for cand in (info.annotation, *getattr(info.annotation, "__args__", ())):
+            if isinstance(cand, type) and issubclass(cand, BaseModel):
+                out |= not_expanded(cand, path)
+    return out

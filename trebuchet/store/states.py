@@ -1,7 +1,8 @@
-"""Run states and what counts as finished."""
+"""Run states, what counts as finished, and how a failure reads."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 PENDING = "PENDING"
@@ -31,3 +32,27 @@ def first_failure(records: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 # `treb run` exit codes by final state (contract: 0 ok, 1 failed or timeout, 130 interrupted).
 EXIT_CODES = {SUCCEEDED: 0, FAILED: 1, TIMEOUT: 1, LOST: 1, CANCELLED: 130}
+
+
+def describe_failure(ff: dict | None) -> str:
+    """'rank 1 (node 0, local 1) exited with code 3' and the like."""
+    if not ff:
+        return "-"
+    label = str(ff.get("label") or "")
+    if label == "environment":
+        return f"the environment build failed: {ff.get('message', '')}".rstrip(": ")
+    if ff.get("rank") is not None:
+        who = f"rank {ff['rank']} (node {ff['node']}, local rank {ff['local_rank']})"
+    elif label.startswith(("pre:", "post:")):
+        who = f"the {label.split(':')[0]} command on node {ff['node']}"
+    else:
+        who = f"node {ff['node']} process"
+    if ff.get("host"):  # engines with real nodes (slurm) record where the process ran
+        who += f" on {ff['host']}"
+    how = (
+        f"was killed by {ff['signal']}"
+        if ff.get("signal")
+        else f"exited with code {ff.get('exit_code')}"
+    )
+    when = time.strftime("%H:%M:%S", time.localtime(ff["ended_at"])) if ff.get("ended_at") else "?"
+    return f"{who} {how} at {when} (attempt {ff.get('attempt', 0)})"

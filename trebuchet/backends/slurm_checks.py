@@ -1,20 +1,69 @@
-"""Ask Slurm whether the partition can ever hold the job (Determined's users waited forever).
+"""The Slurm engine's own preflight checks (`treb check --on slurm`, `treb run --on slurm`).
 
-One `sinfo` call; when sinfo is missing, slow or failing there is no finding: the checks
-must never fail because Slurm is absent or busy.
+- the partition: can it ever hold the job (Determined's users waited forever)? One `sinfo`
+  call; when sinfo is missing, slow or failing there is no finding: the checks must never
+  fail because Slurm is absent or busy;
+- TREB_HOME: the job writes its records below it from the compute nodes;
+- slurm.time: the limit an attempt is held to (preflight/timelimit.py checks it).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
+from typing import Any
 
 from trebuchet.preflight.context import Context
 from trebuchet.preflight.findings import ERROR, WARNING, Finding
+from trebuchet.preflight.storage import LOCAL_ROOTS, under
 
 SINFO_TIMEOUT_S = 5.0
 GRES_GPU = re.compile(r"^gpu(?::[^:(]+)?:(\d+)")
+SLURM_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def slurm_seconds(text: str) -> float | None:
+    """Seconds in a Slurm --time value, read as Slurm does (a bare number is minutes);
+    None when unlimited or not a Slurm time (the engine's check reports that one)."""
+    m = SLURM_TIME.fullmatch(text.strip())
+    if not m:
+        return None
+    d, a, b, c = (int(x) if x else None for x in m.groups())
+    if d is not None:  # D-H, D-H:M, D-H:M:S
+        return float(d * 86400 + (a or 0) * 3600 + (b or 0) * 60 + (c or 0))
+    if c is not None:  # H:M:S
+        return float(a * 3600 + (b or 0) * 60 + c)
+    if b is not None:  # M:S
+        return float(a * 60 + b)
+    return a * 60.0  # M
+
+
+def time_limit(spec: Any) -> tuple[float | None, tuple[str, ...]] | None:
+    """slurm.time, when set, holds each attempt instead of the spec's timeout."""
+    if not spec.slurm.time:
+        return None
+    return slurm_seconds(spec.slurm.time), ("slurm", "time")
+
+
+def node_local_treb_home(ctx: Context) -> list[Finding]:
+    """On Slurm the job writes its records into the run directory below TREB_HOME."""
+    raw = ctx.environ.get("TREB_HOME") or str(Path(ctx.environ.get("HOME") or "~") / ".trebuchet")
+    home = os.path.abspath(os.path.expanduser(raw))
+    if not any(under(home, r) for r in LOCAL_ROOTS):
+        return []
+    return [
+        ctx.finding(
+            "node-local-treb-home",
+            WARNING,
+            f"TREB_HOME={home} is on this host's local disk: the job writes its logs and "
+            "records into the run directory below it from the compute nodes, where this "
+            "folder is not the same",
+            "export TREB_HOME=<a folder on the shared filesystem> before `treb run`",
+        )
+    ]
 
 
 def _args_partition(sbatch_args: list[str]) -> str | None:
@@ -65,8 +114,6 @@ def sinfo(ctx: Context) -> list[tuple[str, bool, int, int]] | None:
 
 
 def partition_capacity(ctx: Context) -> list[Finding]:
-    if ctx.backend != "slurm":
-        return []
     spec = ctx.spec
     named = spec.slurm.partition or _args_partition(spec.slurm.sbatch_args)
     rows = sinfo(ctx)
@@ -126,3 +173,6 @@ def partition_capacity(ctx: Context) -> list[Finding]:
             *where,
         )
     ]
+
+
+CHECKS = (node_local_treb_home, partition_capacity)

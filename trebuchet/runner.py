@@ -1,0 +1,195 @@
+"""The one path from a spec to a started run, for `treb run`, `treb render` and
+`trebuchet.launch()` alike:
+
+    load (and every sweep point) -> preflight -> engine check -> prepare (record)
+    -> submit (a sweep: every point in one call, one job array on Slurm) -> follow (attached)
+
+Why one module: the verbs and the API must refuse, record and start a run the same way
+(before, the sequence was written three times, and only the CLI saw the warnings). Every
+refusal comes before anything is recorded. Nothing here prints: warnings go to the caller's
+`warn` and onto the result (the CLI prints them, launch() keeps them on the Run); an engine
+prints its own progress lines. Imports are lazy: `treb ps` never gets here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trebuchet.errors import UserError
+
+if TYPE_CHECKING:
+    from trebuchet.backends.base import Backend, SpecPoint, Submitted, SweepSubmitted
+    from trebuchet.launcher.submit import Submission
+    from trebuchet.spec.load import LoadedSpec
+
+Source = str | Path | dict[str, Any]  # a spec file, or its fields as a dict
+Warn = Callable[[str], None]
+
+
+@dataclass
+class Checked:
+    """A spec that passed every check for its engine; nothing is recorded yet."""
+
+    on: str
+    engine: Backend
+    points: list[SpecPoint]  # a single run: one point, ({}, spec)
+    sweep: bool
+    warnings: list[str] = field(default_factory=list)
+    warn: Warn | None = None
+
+    def add_warning(self, text: str) -> None:
+        self.warnings.append(text)
+        if self.warn:
+            self.warn(text)
+
+
+@dataclass
+class Started:
+    """The recorded runs (one, or a sweep's points in order) and what the engine said."""
+
+    subs: list[Submission]
+    result: Submitted | SweepSubmitted
+    warnings: list[str]
+
+
+def _load(source: Source, overrides: Sequence[str]) -> LoadedSpec:
+    from trebuchet.spec.load import load_spec
+
+    if isinstance(source, dict):
+        return load_spec(data=source, overrides=overrides)
+    return load_spec(source, overrides)
+
+
+def _expand(
+    source: Source, on: str, overrides: Sequence[str], sweeps: bool = True
+) -> tuple[LoadedSpec, Backend, list[SpecPoint] | None]:
+    """(the spec, its engine, every sweep point's spec or None when it is one run).
+
+    A comma in an override's value, or a `sweep:` block, makes a sweep (sweeps=False:
+    launch(), where a comma is part of the value and a `sweep:` block is refused)."""
+    from trebuchet.backends import get_backend
+    from trebuchet.launcher import sweep
+
+    overrides = list(overrides)
+    fixed, axes = sweep.points(overrides, None) if sweeps else (overrides, [{}])
+    base = _load(source, fixed)
+    if base.spec.sweep and not sweeps:
+        raise UserError(
+            f"{base.where('sweep')}: sweep: launch() starts one run; use `treb run` for sweeps"
+        )
+    engine = get_backend(on)
+    if not base.spec.sweep and axes == [{}]:
+        return base, engine, None
+    if not engine.sweeps:
+        from trebuchet.backends import sweep_engines
+
+        able = sweep_engines()
+        listed = " and ".join([", ".join(able[:-1]), able[-1]] if len(able) > 1 else able)
+        raise UserError(f"--on {on}: sweeps run on the {listed} backends only so far")
+    # Every point's spec, validated before anything is recorded or rendered: a bad value
+    # fails the whole sweep.
+    points = [
+        (point, _load(source, [*fixed, *(f"{k}={v}" for k, v in point.items()), "sweep=null"]))
+        for point in sweep.points(overrides, base.spec.sweep)[1]
+    ]
+    engine.check_sweep(points)
+    return base, engine, points
+
+
+def check(
+    source: Source,
+    on: str = "local",
+    overrides: Sequence[str] = (),
+    *,
+    preflight: bool = True,
+    sweeps: bool = True,
+    warn: Warn | None = None,
+) -> Checked:
+    """Load the spec, run the preflight checks (`preflight=False`: --no-check) and the
+    engine's own: every refusal raises here (UserError, SpecError: exit 2)."""
+    base, engine, points = _expand(source, on, overrides, sweeps)
+    checked = Checked(on, engine, points or [({}, base)], points is not None, warn=warn)
+    if preflight:
+        from trebuchet.preflight import enforce
+
+        for finding in enforce(base, on):
+            checked.add_warning(finding.text())
+    for _, loaded in checked.points:
+        engine.check(loaded)
+    return checked
+
+
+def start(
+    checked: Checked, attach: bool = False, announce: Callable[[Submission], None] | None = None
+) -> Started:
+    """Record the runs, then hand them to the engine; attached, follow until they end.
+    `announce` sees a single run once it is recorded, before it is submitted."""
+    from trebuchet.launcher.submit import prepare
+    from trebuchet.store.db import Store
+
+    store = Store()
+    engine = checked.engine
+    if not checked.sweep:
+        sub = prepare(checked.points[0][1], checked.on, store)
+        for text in sub.warnings:
+            checked.add_warning(f"warning: {text}")
+        if announce:
+            announce(sub)
+        return Started([sub], engine.submit(sub, attach), checked.warnings)
+    from trebuchet.launcher.sweep import new_sweep_id
+
+    sweep_id = new_sweep_id()
+    points = []
+    for point, loaded in checked.points:
+        sub = prepare(loaded, checked.on, store)
+        store.update_run(sub.record.id, sweep_id=sweep_id, params=json.dumps(point, sort_keys=True))
+        points.append((point, sub))
+    for text in points[0][1].warnings:  # one workdir: the points' snapshots say the same
+        checked.add_warning(f"warning: {text}")
+    result = engine.submit_sweep(sweep_id, points, attach)
+    return Started([sub for _, sub in points], result, checked.warnings)
+
+
+def launch(
+    source: Source,
+    on: str = "local",
+    overrides: Sequence[str] = (),
+    *,
+    attach: bool = False,
+    preflight: bool = True,
+    sweeps: bool = True,
+    warn: Warn | None = None,
+    announce: Callable[[Submission], None] | None = None,
+) -> Started:
+    """check() then start(): `treb run` and trebuchet.launch()."""
+    checked = check(source, on, overrides, preflight=preflight, sweeps=sweeps, warn=warn)
+    return start(checked, attach, announce)
+
+
+def render(source: Source, on: str = "local", overrides: Sequence[str] = ()) -> str:
+    """`treb render`: what would be submitted (a sweep: every point, as `treb run` would
+    start them); the preflight checks and the checks for tools needed only to run do not
+    apply."""
+    base, engine, points = _expand(source, on, overrides)
+    return engine.render(base) if points is None else engine.render_sweep(points)
+
+
+def exit_code(result: Submitted | SweepSubmitted) -> int:
+    """`treb run`'s exit status: 0, 1 (failed, timeout, lost; a sweep: any point did not
+    succeed), 130 / 128 + the signal that cancelled it."""
+    from trebuchet.backends.base import SweepSubmitted
+    from trebuchet.store.states import CANCELLED, EXIT_CODES
+
+    if isinstance(result, SweepSubmitted):
+        if result.cancel_signal:
+            return 128 + result.cancel_signal
+        return 1 if result.failed else 0
+    if result.state is None:  # handed over (detached)
+        return 0
+    if result.state == CANCELLED and result.cancel_signal:
+        return 128 + result.cancel_signal
+    return EXIT_CODES.get(result.state, 1)
