@@ -187,6 +187,7 @@ def _mpirun_argv(
         "TREB_RUN_ID",
         "TREB_RUN_DIR",
         "TREB_WORKDIR",
+        "TREB_CODE_DIR",
         "TREB_CHECKPOINT_DIR",
         "TREB_ATTEMPT",
         *job.get("mpi_env", []),
