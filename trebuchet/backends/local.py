@@ -108,12 +108,16 @@ class LocalBackend:
     def submit(self, sub: Submission, attach: bool) -> str | None:
         plan = self.write_plan(sub)
         if attach:
-            from trebuchet.launcher.follow import Follower
             from trebuchet.launcher.supervisor import Supervisor
+            from trebuchet.view.live import View
 
-            sup = Supervisor(plan, sub.store, Follower())
+            view = View()
+            sup = Supervisor(plan, sub.store, view)
             sup.install_signals()
-            state = sup.run()
+            try:
+                state = sup.run()
+            finally:
+                view.close()
             self.cancel_signal = sup.cancel_signal
             return state
         start_supervisor(sub.store, sub.record.id, sub.run_dir)

@@ -20,9 +20,9 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trebuchet.launcher import policies
-from trebuchet.launcher.follow import Follower
 from trebuchet.launcher.plan import Plan, ProcPlan, free_port
 from trebuchet.launcher.procs import (
     children,
@@ -47,6 +47,9 @@ from trebuchet.store.states import (
     TIMEOUT,
     first_failure,
 )
+
+if TYPE_CHECKING:
+    from trebuchet.view.live import View
 
 SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 HEARTBEAT_S = 5.0
@@ -84,10 +87,10 @@ class Live:
 
 
 class Supervisor:
-    def __init__(self, plan: Plan, store: Store, follower: Follower | None = None) -> None:
+    def __init__(self, plan: Plan, store: Store, view: View | None = None) -> None:
         self.plan = plan
         self.store = store
-        self.follower = follower
+        self.view = view  # attached: the terminal view, a thread of its own
         self.run_dir = Path(plan.run_dir)
         self.cancel_signal: int | None = None
         self.force_kill = False
@@ -262,9 +265,9 @@ class Supervisor:
             return CANCELLED if self.cancel_signal is not None else FAILED
         self.live = [self._spawn(p, adir, attempt, port) for p in self.plan.procs]
         self.store.set_procs(rid, attempt, [self._proc_row(lv) for lv in self.live])
-        if self.follower:
+        if self.view:
             for label, name in self.plan.streams:
-                self.follower.add(label, adir / name)
+                self.view.add(label, adir / name)
         reason = self._watch(attempt, adir, now)
         self._kill_strays(attempt)
         if not self._run_hooks("post", adir, attempt) and reason is None:
@@ -366,7 +369,6 @@ class Supervisor:
         heartbeat_at = time.time() + HEARTBEAT_S
         ckpt_sig = int(signal.Signals[self.plan.checkpoint_signal])
         warned = False
-        poll = 0.05 if self.follower else 0.2
         while True:
             for lv in self.live:
                 if lv.ended is None and lv.popen and lv.popen.poll() is not None:
@@ -402,24 +404,15 @@ class Supervisor:
             if now >= heartbeat_at:
                 heartbeat_at = now + HEARTBEAT_S
                 self.store.update_run(self.plan.run_id, last_seen=now)
-            if self.follower:
-                self._pump()
             if all(lv.ended is not None for lv in self.live):
                 return reason
-            select.select([self._wake_r], [], [], poll)
+            select.select([self._wake_r], [], [], 0.2)
             self._drain_wakeups()
 
     def _say(self, text: str) -> None:
         """A launcher message on the attached terminal (detached runs have events.jsonl)."""
-        if self.follower:
-            self._pump()
-            print(f"treb: {text}", file=sys.stderr, flush=True)
-
-    def _pump(self) -> None:
-        try:
-            self.follower.pump()  # type: ignore[union-attr]
-        except OSError:  # the terminal went away (closed pipe); the run goes on
-            self.follower = None
+        if self.view:
+            self.view.say(text)
 
     def _teardown(self, attempt: int) -> float:
         """SIGTERM every live process group; returns when to SIGKILL what is left."""
