@@ -90,8 +90,10 @@ def main() -> None:
         env["TREB_HOME"] = str(work / "home")
         cmds = {
             "treb run (attached)": ([treb, "run", "job.yaml"], "trebuchet"),
-            "torchrun": ([torchrun, "--nproc_per_node", "2", "--no-python", "python",
-                          "sleep.py"], "torchrun"),  # fmt: skip
+            "torchrun": (
+                [torchrun, "--nproc_per_node", "2", "--no-python", "python", "sleep.py"],
+                "torchrun",
+            ),  # fmt: skip
         }
         got: dict[str, list[float]] = {name: [] for name in cmds}
         for _ in range(args.repeats):

@@ -119,12 +119,16 @@ class LocalBackend(Backend):
     def submit(self, sub: Submission, attach: bool) -> Submitted:
         plan = self.write_plan(sub)
         if attach:
-            from trebuchet.launcher.follow import Follower
             from trebuchet.launcher.supervisor import Supervisor
+            from trebuchet.view.live import View
 
-            sup = Supervisor(plan, sub.store, Follower())
+            view = View()
+            sup = Supervisor(plan, sub.store, view)
             sup.install_signals()
-            state = sup.run()
+            try:
+                state = sup.run()
+            finally:
+                view.close()
             rec = sub.store.get(sub.record.id) or sub.record
             return Submitted(rec.id, state, rec.exit_code, sup.cancel_signal)
         start_supervisor(sub.store, sub.record.id, sub.run_dir)

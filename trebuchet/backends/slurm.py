@@ -301,9 +301,9 @@ class SlurmBackend(Backend):
 
     def _attach(self, store: Store, rec: RunRecord) -> str:
         """Stream the logs until the job ends; Ctrl+C (or SIGTERM) cancels the job."""
-        from trebuchet.launcher.follow import Follower
+        from trebuchet.view.live import View
 
-        follower = Follower()
+        view = View()
         run_dir = Path(rec.run_dir)
         self.cancel_signal = None
         cancelled_at: float | None = None
@@ -319,12 +319,12 @@ class SlurmBackend(Backend):
 
         old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            follower.add("batch", run_dir / "batch.log")
+            view.add("batch", run_dir / "batch.log")
             next_poll = 0.0
             while True:
                 now = time.monotonic()
                 if self.cancel_signal is not None and cancelled_at is None:
-                    print(f"treb: cancelling Slurm job {rec.backend_id}", file=sys.stderr)
+                    view.say(f"cancelling Slurm job {rec.backend_id}")
                     self._scancel(rec)
                     cancelled_at = now
                 if now >= next_poll:
@@ -333,20 +333,20 @@ class SlurmBackend(Backend):
                     rec = store.get(rec.id) or rec
                     if rec.state != shown and rec.state not in TERMINAL:
                         shown = rec.state
-                        print(f"treb: Slurm job {rec.backend_id} {shown.lower()}"
-                              f"{f' (attempt {rec.attempt})' if rec.attempt else ''}",
-                              file=sys.stderr)  # fmt: skip
+                        view.say(
+                            f"Slurm job {rec.backend_id} {shown.lower()}"
+                            f"{f' (attempt {rec.attempt})' if rec.attempt else ''}"
+                        )
                     for label, name in streams(rec):
-                        follower.add(label, run_dir / f"attempt-{rec.attempt}" / name)
-                follower.pump()
+                        view.add(label, run_dir / f"attempt-{rec.attempt}" / name)
                 if rec.state in TERMINAL:
                     break
                 silent = now - self.queue_ok_at
                 if silent > SQUEUE_SILENT_WARN_S and now >= warned_at + SQUEUE_SILENT_WARN_S:
                     warned_at = now
-                    print(f"treb: squeue has not answered for {silent:.0f}s (slurmctld down? "
-                          f"SLURM_CONF?); still following job {rec.backend_id}; Ctrl+C cancels "
-                          "it", file=sys.stderr)  # fmt: skip
+                    view.say(f"squeue has not answered for {silent:.0f}s (slurmctld down? "
+                             f"SLURM_CONF?); still following job {rec.backend_id}; Ctrl+C "
+                             "cancels it")  # fmt: skip
                 if cancelled_at is not None and (presses > 1 or now - cancelled_at > 60):
                     if presses > 1:
                         self._scancel(rec, "KILL")
@@ -357,7 +357,7 @@ class SlurmBackend(Backend):
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
-            follower.close()
+            view.close()
         rec = store.get(rec.id) or rec
         return rec.state
 

@@ -186,9 +186,9 @@ def follow(backend: Any, store: Any, job_id: str, runs: list[dict[str, Any]]) ->
     One refresh (one squeue call) per poll for all points; Ctrl+C cancels the whole array
     (one scancel), a second Ctrl+C kills it."""
     from trebuchet.backends.slurm import POLL_S, streams
-    from trebuchet.launcher.follow import Follower
+    from trebuchet.view.live import View
 
-    follower = Follower()
+    view = View()
     sig = {"n": 0, "presses": 0}
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -201,12 +201,12 @@ def follow(backend: Any, store: Any, job_id: str, runs: list[dict[str, Any]]) ->
     cancelled_at: float | None = None
     try:
         for run in runs:
-            follower.add(f"{run['index']}|batch", Path(run["run_dir"]) / "batch.log")
+            view.add(f"{run['index']}|batch", Path(run["run_dir"]) / "batch.log")
         next_poll = 0.0
         while len(done) < len(runs):
             now = time.monotonic()
             if sig["n"] and cancelled_at is None:
-                print(f"treb: cancelling Slurm job array {job_id}", file=sys.stderr)
+                view.say(f"cancelling Slurm job array {job_id}")
                 cancel_array(job_id, [Path(r["run_dir"]) for r in runs])
                 cancelled_at = now
             if now >= next_poll:
@@ -219,19 +219,19 @@ def follow(backend: Any, store: Any, job_id: str, runs: list[dict[str, Any]]) ->
                         continue
                     for label, name in streams(rec):
                         path = Path(run["run_dir"]) / f"attempt-{rec.attempt}" / name
-                        follower.add(f"{run['index']}|{label}", path)
+                        view.add(f"{run['index']}|{label}", path)
                     if rec.state in TERMINAL:
-                        follower.pump()
                         done.add(run["id"])
                         failed += int(rec.state != SUCCEEDED)
-                        print(f"treb: sweep point {run['index']} ({run['id']}, Slurm job "
-                              f"{rec.backend_id}) {rec.state}: {run['params']}",
-                              file=sys.stderr, flush=True)  # fmt: skip
+                        view.say(
+                            f"sweep point {run['index']} ({run['id']}, Slurm job "
+                            f"{rec.backend_id}) {rec.state}: {run['params']}"
+                        )
                     elif shown.get(run["id"]) != rec.state:
                         shown[run["id"]] = rec.state
-                        print(f"treb: sweep point {run['index']} ({rec.backend_id}) "
-                              f"{rec.state.lower()}", file=sys.stderr, flush=True)  # fmt: skip
-            follower.pump()
+                        view.say(
+                            f"sweep point {run['index']} ({rec.backend_id}) {rec.state.lower()}"
+                        )
             if cancelled_at is not None and (sig["presses"] > 1 or now - cancelled_at > 60):
                 if sig["presses"] > 1:
                     cancel_array(job_id, [], "KILL")
@@ -245,7 +245,7 @@ def follow(backend: Any, store: Any, job_id: str, runs: list[dict[str, Any]]) ->
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        follower.close()
+        view.close()
     return failed, sig["n"]
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from trebuchet.backends import refresh
 from trebuchet.errors import UserError
-from trebuchet.launcher.follow import Follower
 from trebuchet.store.db import RunRecord, Store
+from trebuchet.view.follow import Follower
 
 LOG_RE = re.compile(r"^(rank|node)-(\d+)\.log$")
 

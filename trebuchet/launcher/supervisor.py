@@ -18,9 +18,9 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trebuchet.launcher import policies
-from trebuchet.launcher.follow import Follower
 from trebuchet.launcher.plan import Plan, ProcPlan, free_port
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
 from trebuchet.launcher.watchdog import Watchdog
@@ -44,15 +44,18 @@ from trebuchet.store.states import (
     first_failure,
 )
 
+if TYPE_CHECKING:
+    from trebuchet.view.live import View
+
 SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 HEARTBEAT_S = 5.0
 
 
 class Supervisor:
-    def __init__(self, plan: Plan, store: Store, follower: Follower | None = None) -> None:
+    def __init__(self, plan: Plan, store: Store, view: View | None = None) -> None:
         self.plan = plan
         self.store = store
-        self.follower = follower
+        self.view = view  # attached: the terminal view, a thread of its own
         self.run_dir = Path(plan.run_dir)
         self.cancel_signal: int | None = None
         self.force_kill = False
@@ -235,9 +238,9 @@ class Supervisor:
         for agent in self.agents:
             agent.start_all()
         self.store.set_procs(rid, attempt, [self._proc_row(p) for p in self.procs])
-        if self.follower:
+        if self.view:
             for label, name in self.plan.streams:
-                self.follower.add(label, adir / name)
+                self.view.add(label, adir / name)
         reason = self._watch(attempt, now)
         self._kill_strays(attempt)
         if not self._run_hooks("post", adir, attempt) and reason is None:
@@ -335,7 +338,6 @@ class Supervisor:
         warn_at = timeout_at - (self.plan.warning_seconds or 0) if timeout_at else None
         heartbeat_at = time.time() + HEARTBEAT_S
         self._warned = self._warned_stop = False
-        poll = 0.05 if self.follower else 0.2
         while True:
             alive = any([agent.poll() for agent in self.agents])
             if reason is None and self.first_failure:
@@ -363,11 +365,9 @@ class Supervisor:
             if now >= heartbeat_at:
                 heartbeat_at = now + HEARTBEAT_S
                 self.store.update_run(self.plan.run_id, last_seen=now)
-            if self.follower:
-                self._pump()
             if not alive:
                 return reason
-            select.select([self._wake_r], [], [], poll)
+            select.select([self._wake_r], [], [], 0.2)
             self._drain_wakeups()
 
     def _stopped_by_warning(self, p: Proc) -> bool:
@@ -379,15 +379,8 @@ class Supervisor:
 
     def _say(self, text: str) -> None:
         """A launcher message on the attached terminal (detached runs have events.jsonl)."""
-        if self.follower:
-            self._pump()
-            print(f"treb: {text}", file=sys.stderr, flush=True)
-
-    def _pump(self) -> None:
-        try:
-            self.follower.pump()  # type: ignore[union-attr]
-        except OSError:  # the terminal went away (closed pipe); the run goes on
-            self.follower = None
+        if self.view:
+            self.view.say(text)
 
     def _teardown(self, attempt: int) -> None:
         """SIGTERM every live process group; each agent SIGKILLs what is left after the

@@ -111,7 +111,6 @@ def drive(sweep: dict[str, Any], follow: bool) -> tuple[int, int]:
     """Start the sweep's runs, at most `parallel` at once; returns (runs that did not
     succeed, the signal that cancelled the sweep or 0)."""
     from trebuchet.backends.local import start_supervisor
-    from trebuchet.launcher.follow import Follower
     from trebuchet.store.db import Store
     from trebuchet.store.states import CANCELLED, TERMINAL
 
@@ -122,7 +121,11 @@ def drive(sweep: dict[str, Any], follow: bool) -> tuple[int, int]:
     cancelled = {"sig": 0}
     signal.signal(signal.SIGINT, lambda s, f: cancelled.update(sig=s))
     signal.signal(signal.SIGTERM, lambda s, f: cancelled.update(sig=s))
-    follower = Follower() if follow else None
+    view = None
+    if follow:
+        from trebuchet.view.live import View
+
+        view = View()
     while pending or running:
         while pending and len(running) < sweep["parallel"] and not cancelled["sig"]:
             run = pending.pop(0)
@@ -132,11 +135,9 @@ def drive(sweep: dict[str, Any], follow: bool) -> tuple[int, int]:
                 continue
             start_supervisor(store, run["id"], Path(run["run_dir"]))
             running.append(run)
-            if follower:
+            if view:
                 for label, name in run["streams"]:
-                    follower.add(
-                        f"{run['index']}|{label}", Path(run["run_dir"]) / "attempt-0" / name
-                    )
+                    view.add(f"{run['index']}|{label}", Path(run["run_dir"]) / "attempt-0" / name)
         if cancelled["sig"]:
             for run in pending:
                 store.update_run(
@@ -152,16 +153,12 @@ def drive(sweep: dict[str, Any], follow: bool) -> tuple[int, int]:
             if rec is None or rec.state in TERMINAL:
                 running.remove(run)
                 failed += int(rec is None or rec.state != "SUCCEEDED")
-                if follower:
-                    follower.pump()
+                if view:
                     state = rec.state if rec else "?"
-                    print(f"treb: sweep point {run['index']} ({run['id']}) {state}: "
-                          f"{run['params']}", file=sys.stderr, flush=True)  # fmt: skip
-        if follower:
-            follower.pump()
+                    view.say(f"sweep point {run['index']} ({run['id']}) {state}: {run['params']}")
         time.sleep(0.1)
-    if follower:
-        follower.close()
+    if view:
+        view.close()
     return failed, cancelled["sig"]
 
 

@@ -1,0 +1,87 @@
+"""Rank output -> display lines: linear in the input, bounded, and inert on a terminal.
+
+Lines end at \\n or \\r (a progress bar redraws with \\r: each state becomes a line); empty
+lines are dropped. Each byte is searched for a line end once, and a partial line is kept
+as a list of pieces, so a rank writing megabytes without a newline costs what it writes,
+not its square. A line longer than `cap` goes out in pieces, each but the last ending
+with `CUT`. Control characters other than \\t (C0, DEL, and C1 as UTF-8 encodes them) are
+shown `cat -v` style (ESC as ^[), so a rank cannot move the cursor or retitle the
+terminal. The log files themselves keep exactly what was written.
+"""
+
+from __future__ import annotations
+
+import re
+
+CAP = 64 * 1024
+CUT = b" [treb: line continues]"
+_CONTROL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\xc2[\x80-\x9f]")
+
+
+def _caret(m: re.Match[bytes]) -> bytes:
+    b = m.group()
+    if len(b) == 2:  # C1, e.g. U+009B (a one-character CSI)
+        return b"M-^" + bytes([b[1] - 0x80 + 64])
+    return b"^?" if b == b"\x7f" else b"^" + bytes([b[0] + 64])
+
+
+def inert(data: bytes) -> bytes:
+    """`data` with every control character but \\t, \\n and \\r made visible."""
+    return _CONTROL.sub(_caret, data)
+
+
+class Splitter:
+    """One stream's bytes in, display lines out (without their line ends)."""
+
+    def __init__(self, cap: int = CAP) -> None:
+        self.cap = cap
+        self.partial: list[bytes] = []
+        self.partial_len = 0
+        self.searched = 0  # bytes searched for a line end: each byte once
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self.searched += len(data)
+        end = max(data.rfind(b"\n"), data.rfind(b"\r"))
+        if end < 0:
+            self.partial.append(data)
+            self.partial_len += len(data)
+            return self._cut_partial() if self.partial_len > self.cap else []
+        head = b"".join([*self.partial, data[:end]]) if self.partial else data[:end]
+        rest = data[end + 1 :]
+        self.partial = [rest] if rest else []
+        self.partial_len = len(rest)
+        lines = list(filter(None, inert(head.replace(b"\r", b"\n")).split(b"\n")))
+        if max(map(len, lines), default=0) > self.cap:
+            lines = [piece for ln in lines for piece in self._pieces(ln)]
+        if self.partial_len > self.cap:
+            lines += self._cut_partial()
+        return lines
+
+    def flush(self) -> list[bytes]:
+        """The partial line, as it stands (it went stale, or the stream ended)."""
+        if not self.partial_len:
+            self.partial = []
+            return []
+        line = inert(b"".join(self.partial))
+        self.reset()
+        return self._pieces(line)
+
+    def reset(self) -> None:
+        """Forget the partial line (the view skipped past it)."""
+        self.partial = []
+        self.partial_len = 0
+
+    def _cut_partial(self) -> list[bytes]:
+        """Whole `cap`-sized pieces of an overlong partial line; 1 to `cap` bytes stay."""
+        buf = b"".join(self.partial)
+        whole = (len(buf) - 1) // self.cap * self.cap
+        rest = buf[whole:]
+        self.partial = [rest] if rest else []
+        self.partial_len = len(rest)
+        return [inert(buf[i : i + self.cap]) + CUT for i in range(0, whole, self.cap)]
+
+    def _pieces(self, line: bytes) -> list[bytes]:
+        if len(line) <= self.cap:
+            return [line]
+        n = range(0, len(line), self.cap)
+        return [line[i : i + self.cap] + (CUT if i + self.cap < len(line) else b"") for i in n]

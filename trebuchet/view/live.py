@@ -1,0 +1,113 @@
+"""The attached terminal view: a thread beside the loop that supervises or follows a run.
+
+That loop only hands over new log files (`add`) and its own messages (`say`); both are
+queue puts that never block, so printing can never delay a signal, a timeout or a
+teardown, however much the ranks write or however slowly the terminal reads. After each
+round the thread rests four times the CPU time it used, so it takes at most a fifth of a
+core from the ranks: under a flood it falls behind, and a log more than `SKIP_OVER` bytes
+ahead is skipped with a note (the rank logs keep everything: ranks write their own
+files). `close()` shows what is left, bounded in bytes (`SKIP_AT_END` per log) and in
+time, then returns.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from trebuchet.view.follow import Follower, Out
+from trebuchet.view.lines import inert
+
+POLL_S = 0.05
+REST_PER_BUSY = 4.0
+SKIP_OVER = 1 << 20
+SKIP_AT_END = 256 * 1024
+DRAIN_TIMEOUT_S = 2.0
+
+
+class FdOut:
+    """Writes straight to a file descriptor: no buffer (or lock) shared with sys.stdout,
+    so a thread stuck on a terminal that stopped reading cannot block the interpreter."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+class View:
+    """Rank logs and `treb:` messages on the terminal, from a thread of its own."""
+
+    def __init__(self, out: Out | None = None, err: Out | None = None,
+                 skip_over: int = SKIP_OVER) -> None:  # fmt: skip
+        self.out: Out = out or FdOut(sys.stdout.fileno())
+        self.err: Out = err or FdOut(sys.stderr.fileno())
+        self.follower = Follower(self.out, skip_over=skip_over)  # only the thread touches it
+        self._inbox: queue.SimpleQueue[tuple[str, str, Path | None]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._closing = False
+        self.broken = False  # the terminal went away (closed pipe): the run goes on
+        self._thread = threading.Thread(target=self._run, name="treb-view", daemon=True)
+        self._thread.start()
+
+    def add(self, label: str, path: Path) -> None:
+        """Show this log from now on (a log already shown is ignored)."""
+        self._inbox.put(("add", label, path))
+
+    def say(self, text: str) -> None:
+        """`treb: text` on stderr, after the rank output read so far."""
+        self._inbox.put(("say", text, None))
+        self._wake.set()
+
+    def close(self, drain_timeout: float = DRAIN_TIMEOUT_S) -> None:
+        """Show what is left (at most SKIP_AT_END bytes of each log), for at most
+        `drain_timeout` seconds; then stop the thread wherever it is."""
+        self._closing = True
+        self._wake.set()
+        self._thread.join(drain_timeout)
+        self.follower.stop = True
+
+    def _run(self) -> None:
+        # Signals go to the main thread, whose handlers the supervision relies on.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
+                                                  signal.SIGUSR1, signal.SIGUSR2,
+                                                  signal.SIGCHLD})  # fmt: skip
+        try:
+            while True:
+                closing = self._closing
+                self._handle_inbox()
+                if closing:
+                    self.follower.skip_over = SKIP_AT_END
+                    self.follower.close()
+                    return
+                t0 = time.thread_time()  # CPU, not waiting on a slow terminal
+                self.follower.pump()
+                busy = time.thread_time() - t0
+                self._wake.wait(max(POLL_S, busy * REST_PER_BUSY))
+                self._wake.clear()
+        except OSError:
+            self.broken = True
+
+    def _handle_inbox(self) -> None:
+        while True:
+            try:
+                kind, text, path = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add" and path is not None:
+                self.follower.add(text, path)
+            elif kind == "say":
+                self.follower.pump()
+                self.err.write(b"treb: " + inert(text.encode(errors="replace")) + b"\n")
