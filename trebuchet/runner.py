@@ -124,10 +124,14 @@ def check(
 
 
 def start(
-    checked: Checked, attach: bool = False, announce: Callable[[Submission], None] | None = None
+    checked: Checked,
+    attach: bool = False,
+    announce: Callable[[Submission], None] | None = None,
+    handover: bool = False,
 ) -> Started:
     """Record the runs, then hand them to the engine; attached, follow until they end.
-    `announce` sees a single run once it is recorded, before it is submitted."""
+    `announce` sees a single run once it is recorded, before it is submitted. `handover`
+    (`treb run` only): an attached single run may take over this process (Backend.handover)."""
     from trebuchet.launcher.submit import prepare
     from trebuchet.store.db import Store
 
@@ -139,6 +143,8 @@ def start(
             checked.add_warning(f"warning: {text}")
         if announce:
             announce(sub)
+        if attach and handover:
+            engine.handover(sub)
         return Started([sub], engine.submit(sub, attach), checked.warnings)
     from trebuchet.launcher.sweep import new_sweep_id
 
@@ -164,10 +170,11 @@ def launch(
     sweeps: bool = True,
     warn: Warn | None = None,
     announce: Callable[[Submission], None] | None = None,
+    handover: bool = False,
 ) -> Started:
     """check() then start(): `treb run` and trebuchet.launch()."""
     checked = check(source, on, overrides, preflight=preflight, sweeps=sweeps, warn=warn)
-    return start(checked, attach, announce)
+    return start(checked, attach, announce, handover)
 
 
 def render(source: Source, on: str = "local", overrides: Sequence[str] = ()) -> str:

@@ -88,6 +88,13 @@ class Backend(ABC):
         """Stop the run wherever it executes."""
 
     # -- what an engine may add (the defaults hold for an engine without it) -------------
+    def handover(self, sub: Submission) -> None:
+        """`treb run` attached, a single run: the engine may replace the calling process by
+        the run's own lean follower (it never returns then; the local engine does, so that
+        the modules that validated the spec do not stay in memory for the whole run). The
+        default does nothing and `submit(sub, attach=True)` follows the run."""
+        return None
+
     def preflight(self, ctx: Context) -> list[Finding]:
         """This engine's own preflight findings (`treb check`), beside the shared ones."""
         return []

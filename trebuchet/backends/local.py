@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # `treb ps` refreshes local runs: it must not import pydantic
     from trebuchet.spec.load import LoadedSpec
 
 ORPHAN_PENDING_S = 60.0
+HANDOVER_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 class LocalBackend(Backend):
@@ -133,6 +135,22 @@ class LocalBackend(Backend):
             return Submitted(rec.id, state, rec.exit_code, sup.cancel_signal)
         start_supervisor(sub.store, sub.record.id, sub.run_dir)
         return Submitted(sub.record.id)
+
+    def handover(self, sub: Submission) -> None:
+        """`treb run` becomes the run's supervisor (same pid, terminal and process group):
+        exec a fresh interpreter that imports neither pydantic nor the spec models. Stop
+        signals are blocked across the exec (the mask survives it) and delivered once the
+        supervisor has its handlers, so a Ctrl+C in between still cancels the run."""
+        self.write_plan(sub)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.pthread_sigmask(signal.SIG_BLOCK, HANDOVER_SIGNALS)
+        argv = [sys.executable, "-m", "trebuchet.launcher.supervisor", "--attached",
+                "--profile", sub.loaded.spec.profile, str(sub.run_dir)]  # fmt: skip
+        try:
+            os.execv(sys.executable, argv)
+        except OSError:  # no exec here: supervise in this process (submit, below)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDOVER_SIGNALS)
 
     def submit_sweep(
         self, sweep_id: str, points: list[SubmissionPoint], attach: bool

@@ -97,3 +97,18 @@ def results_lines(store: Store, rec: RunRecord) -> list[str]:
     if len(found) > 3:
         lines.append(f"... {len(found) - 3} more result row(s): `treb results {rec.id}`")
     return lines
+
+
+def attached_end(store: Store, result: Any, run_dir: Path, profile: str) -> int:
+    """The end of an attached `treb run` (in the CLI, or in the local supervisor that took
+    the process over): the summary, where profiles went, and the exit status."""
+    import sys
+
+    from trebuchet.runner import exit_code
+
+    rec = store.get(result.run_id)
+    if rec is not None:
+        print(final_summary(store, rec), file=sys.stderr)
+    if profile != "none":
+        print(f"treb: profiles ({profile}) in {run_dir / 'profile'}", file=sys.stderr)
+    return exit_code(result)

@@ -29,7 +29,7 @@ def main(args: argparse.Namespace) -> int:
     overrides = list(args.override) + ([f"name={args.name}"] if args.name else [])
     started = runner.launch(
         args.spec, args.on, overrides, attach=not args.detach, preflight=not args.no_check,
-        warn=warn, announce=None if args.detach else announce,
+        warn=warn, announce=None if args.detach else announce, handover=True,
     )  # fmt: skip
     result = started.result
     if isinstance(result, SweepSubmitted):
@@ -46,11 +46,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"treb: run {rec.id} ({rec.name}) started in the background; "
               f"follow it with `treb logs -f {rec.id}`", file=sys.stderr)  # fmt: skip
         return 0
-    from trebuchet.cli.report import final_summary
+    from trebuchet.cli.report import attached_end
 
-    final = sub.store.get(rec.id) or rec
-    print(final_summary(sub.store, final), file=sys.stderr)
-    profile = sub.loaded.spec.profile
-    if profile != "none":
-        print(f"treb: profiles ({profile}) in {sub.run_dir / 'profile'}", file=sys.stderr)
-    return runner.exit_code(result)
+    return attached_end(sub.store, result, sub.run_dir, sub.loaded.spec.profile)

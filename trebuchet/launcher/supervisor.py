@@ -439,19 +439,41 @@ class Supervisor:
 
 
 def main(argv: list[str]) -> int:
-    """Entry of a detached run's background supervisor."""
-    run_dir = Path(argv[0])
+    """Entry of a run's own supervisor process: in the background for a detached run, or
+    `--attached` in the `treb run` process that handed itself over (backends/local.py)."""
+    attached = "--attached" in argv
+    profile = "none"
+    if "--profile" in argv:
+        profile = argv[argv.index("--profile") + 1]
+    run_dir = Path(argv[-1])
     plan = Plan.from_json(read_json(run_dir / "plan.json"))
     store = Store()
-    sup = Supervisor(plan, store)
+    view = None
+    if attached:
+        from trebuchet.view.live import View
+
+        view = View()
+    sup = Supervisor(plan, store, view)
     sup.install_signals()
+    if attached:  # signals blocked across the exec: handled from here on
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
     try:
         state = sup.run()
     except BaseException:
         traceback.print_exc()
         store.update_run(plan.run_id, only_if_active=True, state=LOST, ended_at=time.time())
         return 1
-    return 0 if state == SUCCEEDED else 1
+    finally:
+        if view:
+            view.close()
+    if not attached:
+        return 0 if state == SUCCEEDED else 1
+    from trebuchet.backends.base import Submitted
+    from trebuchet.cli.report import attached_end
+
+    rec = store.get(plan.run_id)
+    result = Submitted(plan.run_id, state, rec.exit_code if rec else None, sup.cancel_signal)
+    return attached_end(store, result, run_dir, profile)
 
 
 if __name__ == "__main__":
