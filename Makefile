@@ -48,6 +48,7 @@ bench: $(STAMP)
 # Slurm figures on the test cluster (started and taken down around it).
 bench-slurm: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/with-slurm-cluster $(PY) bench/slurm_submit.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/with-slurm-cluster $(PY) bench/slurm_scale.py
 
 clean:
 	rm -rf $(VENV) $(SKY_VENV) .pytest_cache

@@ -1,4 +1,5 @@
-"""Fixtures for tests on the real 2-node test cluster (tests/slurm_cluster/cluster.sh).
+"""Fixtures for tests on the real test cluster (tests/slurm_cluster/cluster.sh): the default
+partition `debug` over its 2 nodes tn1, tn2, and `big` over all 8 nodes.
 
 Locally the Slurm tests skip when the cluster is not up; in CI (CI=true) that is a failure:
 `make test` starts the cluster and must have it. Every job a test starts is cancelled by
@@ -75,6 +76,21 @@ def streb(treb: TrebFn, treb_home: Path, slurm_conf: str, monkeypatch) -> Iterat
     store.close()
     if ids:
         subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def big_partition(slurm_conf: str) -> str:
+    """The test cluster's partition over 8 nodes of >= 8 CPUs (`big`, from cluster.sh up)."""
+    res = subprocess.run(["sinfo", "-h", "-p", "big", "-o", "%D %c"], capture_output=True,
+                         text=True, env={**os.environ, "SLURM_CONF": slurm_conf}, timeout=60)  # fmt: skip
+    got = res.stdout.split()
+    if res.returncode != 0 or len(got) != 2 or int(got[0]) < 8 or int(got[1]) < 8:
+        msg = f"no partition 'big' of 8 nodes x 8 CPUs (sinfo: {res.stdout.strip()!r}): "
+        msg += f"start the cluster with {CLUSTER} up (TREB_SLURM_NODES=8, the default)"
+        if in_ci():
+            pytest.fail(f"CI needs the 8-node Slurm test cluster: {msg}")
+        pytest.skip(msg)
+    return "big"
 
 
 def slurm(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:

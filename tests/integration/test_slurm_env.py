@@ -146,13 +146,14 @@ with open(os.path.join({out!r}, os.environ["RANK"] + ".json"), "w") as fh:
 
 
 def test_init_env_under_plain_srun_matches_trebuchet(streb, tmp_path: Path) -> None:
-    """A script started by `srun -N2 -n4` and calling init_env() gets what trebuchet's
-    native launcher gives each rank (same port formula, from its own job id)."""
+    """A script started by `srun -N2 --ntasks-per-node=2` and calling init_env() gets what
+    trebuchet's native launcher gives each rank (same port formula, from its own job id).
+    (`-n4` alone would let Slurm place 3 + 1 tasks on nodes of more than 2 CPUs.)"""
     out = tmp_path / "srun"
     out.mkdir()
     probe = tmp_path / "probe.py"
     probe.write_text(INIT_ENV_PROBE.format(repo=str(REPO), keys=CONTRACT, out=str(out)))
-    res = slurm("srun", "-N2", "-n4", sys.executable, str(probe), timeout=120)
+    res = slurm("srun", "-N2", "--ntasks-per-node=2", sys.executable, str(probe), timeout=120)
     assert res.returncode == 0, res.stderr
     plain = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
     spec = write_spec(tmp_path / "t", json.dumps({"name": "ref", "command": ["python", str(DUMP)],

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A real 2-node Slurm cluster on this one machine, for integration tests and CI.
+# A real multi-node Slurm cluster (8 nodes by default) on this one machine, for
+# integration tests and CI.
 #
 #   cluster.sh install   apt-get install slurm-wlm munge iproute2 libpmix-dev (skipped
 #                        when present)
@@ -10,10 +11,11 @@
 #   cluster.sh logs      print the daemons' logs
 #
 # Layout: the controller (slurmctld) runs in the root network namespace and listens on a
-# bridge (trebbr0, 10.77.0.1/24). Each compute node is a network namespace (tn1, tn2) with
-# its own address (10.77.0.11, .12), joined to the bridge by a veth pair, and its own UTS
-# namespace so that `hostname` prints the node name. The filesystem is shared (it is this
-# machine's), so a file a job writes on tn1 is visible on tn2 and here.
+# bridge (trebbr0, 10.77.0.1/24). Each compute node tn1..tnN is a network namespace (tn1,
+# tn2, ...) with its own address (10.77.0.11, .12, ...), joined to the bridge by a veth
+# pair, and its own UTS namespace so that `hostname` prints the node name. The filesystem
+# is shared (it is this machine's), so a file a job writes on tn1 is visible on tn2 and
+# here. Partitions: `debug` (the default) over tn1,tn2, `big` over all N nodes.
 #
 # Needs root, Debian 12 (slurm-wlm 22.05). See README.md beside this file.
 #
@@ -22,7 +24,9 @@
 #                       (default /var/tmp/treb-slurm)
 #   TREB_SLURM_NET      first three octets of the private /24 used inside the namespaces
 #                       (default 10.77.0)
-#   TREB_SLURM_TIMEOUT  seconds `up` waits for both nodes to be idle (default 60)
+#   TREB_SLURM_NODES    number of compute nodes, 2..99 (default 8)
+#   TREB_SLURM_CPUS     CPUs each node declares, whatever the machine has (default 8)
+#   TREB_SLURM_TIMEOUT  seconds `up` waits for all nodes to be idle (default 60)
 #   TREB_SLURM_FAKE_GPUS  N > 0: each node offers N fake GPUs (gres gpu, backed by empty
 #                       files) so that --gpus-per-node jobs can be scheduled (default 0)
 #   TREB_SLURM_DEBUG    SlurmctldDebug/SlurmdDebug level (default info)
@@ -34,12 +38,22 @@ DIR="${TREB_SLURM_DIR:-/var/tmp/treb-slurm}"
 NET="${TREB_SLURM_NET:-10.77.0}"
 TIMEOUT="${TREB_SLURM_TIMEOUT:-60}"
 FAKE_GPUS="${TREB_SLURM_FAKE_GPUS:-0}"
-case "$FAKE_GPUS" in ''|*[!0-9]*) echo "TREB_SLURM_FAKE_GPUS must be a number" >&2; exit 2 ;; esac
+NNODES="${TREB_SLURM_NODES:-8}"
+CPUS="${TREB_SLURM_CPUS:-8}"
+need_number() { case "$2" in ''|*[!0-9]*) echo "$1 must be a number" >&2; exit 2 ;; esac; }
+need_number TREB_SLURM_FAKE_GPUS "$FAKE_GPUS"
+need_number TREB_SLURM_NODES "$NNODES"
+need_number TREB_SLURM_CPUS "$CPUS"
+if [ "$NNODES" -lt 2 ] || [ "$NNODES" -gt 99 ]; then
+    echo "TREB_SLURM_NODES must be 2..99 (the default partition is tn1,tn2)" >&2; exit 2
+fi
+[ "$CPUS" -ge 1 ] || { echo "TREB_SLURM_CPUS must be >= 1" >&2; exit 2; }
 CLUSTER=treb-test
 BRIDGE=trebbr0
 BRIDGE_IP="$NET.1"
-NODES=(tn1 tn2)
-declare -A NODE_IP=([tn1]="$NET.11" [tn2]="$NET.12")
+NODES=()
+declare -A NODE_IP=()
+for ((i = 1; i <= NNODES; i++)); do NODES+=("tn$i"); NODE_IP[tn$i]="$NET.$((10 + i))"; done
 HOSTS_BEGIN="# BEGIN trebuchet slurm test cluster ($DIR)"
 HOSTS_END="# END trebuchet slurm test cluster ($DIR)"
 
@@ -49,6 +63,7 @@ LOG="$DIR/log"
 STATE="$DIR/state"
 SPOOL="$DIR/spool"
 MUNGE_OURS="$RUN/munged.ours"       # holds the pid of the munged that `up` started
+NODES_UP="$RUN/nodes"               # the nodes `up` started (`down` also stops these)
 MUNGE_PIDFILE=/run/munge/munged.pid
 
 export SLURM_CONF="$CONF"
@@ -65,6 +80,17 @@ case "$DIR" in
 esac
 
 veth_host() { echo "treb-$1"; }     # root-namespace end of a node's veth pair
+
+# The configured nodes plus any an earlier `up` started with another TREB_SLURM_NODES,
+# so that `down` (and a rebuilding `up`) leave no namespace, veth or slurmd behind.
+all_nodes() {
+    { printf '%s\n' "${NODES[@]}"; [ ! -f "$NODES_UP" ] || cat "$NODES_UP"; } | awk 'NF && !seen[$0]++'
+}
+# The nodes of the running cluster (so `status` needs no TREB_SLURM_NODES); `up` compares
+# slurm.conf, which names the nodes, to see whether the running cluster is the one asked for.
+started_nodes() {
+    if [ -s "$NODES_UP" ]; then cat "$NODES_UP"; else printf '%s\n' "${NODES[@]}"; fi
+}
 
 # ---------------------------------------------------------------------------- pids
 # A pid counts only if the process is alive and is the program we expect (guards
@@ -184,7 +210,7 @@ net_up() {
 
 net_down() {
     local n vh
-    for n in "${NODES[@]}"; do
+    for n in $(all_nodes); do
         vh="$(veth_host "$n")"
         ! ip link show "$vh" >/dev/null 2>&1 || ip link del "$vh"
         [ ! -e "/var/run/netns/$n" ] || ip netns del "$n"
@@ -218,8 +244,7 @@ hosts_up() {
 
 # ---------------------------------------------------------------------------- config
 render_conf() {   # slurm.conf on stdout
-    local cpus mem_mb n gres=""
-    cpus="$(nproc)"
+    local mem_mb n gres=""
     mem_mb="$(awk '/^MemTotal:/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)"
     {
         cat <<EOF
@@ -263,12 +288,17 @@ MinJobAge=300
 Waittime=0
 EOF
         if [ "$FAKE_GPUS" -gt 0 ]; then echo "GresTypes=gpu"; gres=" Gres=gpu:$FAKE_GPUS"; fi
+        # CPUs: what each node declares (SlurmdParameters=config_overrides lets slurmd
+        # accept more than the machine has), so that 8 ranks per node fit on 2 cores.
         for n in "${NODES[@]}"; do
-            echo "NodeName=$n NodeAddr=${NODE_IP[$n]} NodeHostname=$n CPUs=$cpus RealMemory=$mem_mb$gres State=UNKNOWN"
+            echo "NodeName=$n NodeAddr=${NODE_IP[$n]} NodeHostname=$n CPUs=$CPUS RealMemory=$mem_mb$gres State=UNKNOWN"
         done
         # OverSubscribe=FORCE:4: up to 4 jobs may share a core, so several tests (or a
-        # 2-node x 2-task job next to another) fit on a 2-core machine.
-        echo "PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4"
+        # 2-node x 2-task job next to another) fit on a 2-core machine. `debug` (the
+        # default) is the 2-node cluster the tests were written for; `big` spans all nodes
+        # (8 x 8 CPUs by default: a 64-rank job).
+        echo "PartitionName=debug Nodes=tn1,tn2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4"
+        echo "PartitionName=big Nodes=$(IFS=,; echo "${NODES[*]}") MaxTime=INFINITE State=UP OverSubscribe=FORCE:4"
     }
 }
 
@@ -290,7 +320,7 @@ write_gres() {
 daemons_alive() {
     pid_alive "$(pid_from "$RUN/slurmctld.pid")" slurmctld || return 1
     local n
-    for n in "${NODES[@]}"; do
+    for n in $(started_nodes); do
         pid_alive "$(pid_from "$RUN/slurmd-$n.pid")" slurmd || return 1
     done
 }
@@ -299,9 +329,9 @@ daemons_alive() {
 # responding, '~' = powered off, ...) or drain/down/inval does not count.
 nodes_up() {    # nodes_up [idle]: all nodes up (or, with "idle", all idle)
     local want="${1:-}" out n st
-    out="$(timeout 10 sinfo -h -N -p debug -o '%N %t' 2>/dev/null)" || return 1
-    for n in "${NODES[@]}"; do
-        st="$(awk -v n="$n" '$1 == n {print $2}' <<<"$out")"
+    out="$(timeout 10 sinfo -h -N -o '%N %t' 2>/dev/null)" || return 1
+    for n in $(started_nodes); do   # a node in two partitions is listed twice
+        st="$(awk -v n="$n" '$1 == n {print $2; exit}' <<<"$out")"
         if [ "$want" = idle ]; then
             [ "$st" = idle ] || return 1
         else
@@ -328,8 +358,9 @@ cmd_logs() {
 # ---------------------------------------------------------------------------- down
 # Stop what `up` started; keeps $DIR (logs stay readable after a failed run).
 teardown() {
-    local n p pids=""
-    for n in "${NODES[@]}"; do pids="$pids $(pid_from "$RUN/slurmd-$n.pid")"; done
+    local n p pids="" nodes
+    nodes="$(all_nodes)"
+    for n in $nodes; do pids="$pids $(pid_from "$RUN/slurmd-$n.pid")"; done
     # slurmd and slurmctld stop in parallel (each takes 1-2 s).
     # shellcheck disable=SC2086
     stop_pids slurmd $pids &
@@ -337,18 +368,26 @@ teardown() {
     wait
     # Job processes (slurmstepd and the tasks) live in the node namespaces; every
     # process in those namespaces was started by this cluster.
-    for n in "${NODES[@]}"; do
+    # SIGTERM in every node, one second of grace for all, then SIGKILL.
+    local left=""
+    for n in $nodes; do
         [ -e "/var/run/netns/$n" ] || continue
         pids="$(ip netns pids "$n" 2>/dev/null || true)"
         [ -n "$pids" ] || continue
         log "ending leftover processes in $n: $(tr '\n' ' ' <<<"$pids")"
         for p in $pids; do kill -TERM "$p" 2>/dev/null || true; done
-        sleep 1
-        for p in $(ip netns pids "$n" 2>/dev/null || true); do kill -KILL "$p" 2>/dev/null || true; done
+        left="$left $n"
     done
+    if [ -n "$left" ]; then
+        sleep 1
+        for n in $left; do
+            for p in $(ip netns pids "$n" 2>/dev/null || true); do kill -KILL "$p" 2>/dev/null || true; done
+        done
+    fi
     rm -f "$RUN"/slurmctld.pid "$RUN"/slurmd-*.pid
     net_down
     hosts_down
+    rm -f "$NODES_UP"
 }
 
 cmd_down() {
@@ -403,6 +442,7 @@ cmd_up() {
     teardown
     rm -rf "$STATE" "$SPOOL" "$LOG" "${DIR:?}/tmp" "${DIR:?}/dev"
     mkdir -p "$RUN" "$LOG" "$STATE" "$DIR/etc"
+    printf '%s\n' "${NODES[@]}" >"$NODES_UP"
     for n in "${NODES[@]}"; do mkdir -p "$SPOOL/slurmd-$n" "$DIR/tmp/$n"; done
     chmod 755 "$DIR" "$RUN" "$LOG"
 
@@ -417,7 +457,7 @@ cmd_up() {
     until nodes_up idle; do
         if [ $SECONDS -ge $deadline ]; then
             log "nodes not idle after ${TIMEOUT}s"
-            timeout 10 sinfo -N -p debug 2>&1 || true
+            timeout 10 sinfo -N 2>&1 || true
             cmd_logs
             exit 1
         fi
@@ -428,7 +468,7 @@ cmd_up() {
 
 cmd_status() {
     if [ -f "$CONF" ] && pid_alive "$(pid_from "$RUN/slurmctld.pid")" slurmctld; then
-        timeout 10 sinfo -N -p debug 2>&1 || true
+        timeout 10 sinfo 2>&1 || true
     else
         echo "slurmctld not running"
     fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks that the test cluster made by cluster.sh really works as a 2-node Slurm cluster.
+# Checks that the test cluster made by cluster.sh really works as a multi-node Slurm cluster.
 # Run after `cluster.sh up`. Exits non-zero on the first failed check.
 #   PYTHON=/path/to/python  interpreter with torch for the DDP check (default: the repo's
 #                           .venv/bin/python; the check is skipped when torch is missing)
@@ -18,11 +18,18 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 step "sinfo"
 sinfo -N -o '%N %c %m %G %t'
 
-step "srun -N2 -n4"
-out="$(srun -N2 -n4 bash -c 'echo $SLURM_PROCID $SLURM_NODEID $(hostname) $SLURM_JOB_NODELIST' | sort)"
+# --ntasks-per-node: with -n4 alone Slurm may place 3 + 1 tasks (nodes have 8 CPUs).
+step "srun -N2 --ntasks-per-node=2"
+out="$(srun -N2 --ntasks-per-node=2 bash -c 'echo $SLURM_PROCID $SLURM_NODEID $(hostname) $SLURM_JOB_NODELIST' | sort)"
 echo "$out"
 [ "$out" = "$(printf '%s\n' '0 0 tn1 tn[1-2]' '1 0 tn1 tn[1-2]' '2 1 tn2 tn[1-2]' '3 1 tn2 tn[1-2]')" ] \
     || fail "unexpected srun output"
+
+step "srun -p big: every node, 8 tasks each"
+nodes="$(sinfo -h -p big -o %D)"
+out="$(srun -p big -N "$nodes" --ntasks-per-node=8 hostname | sort | uniq -c | awk '{print $1}' | sort -u)"
+[ "$out" = 8 ] || fail "big partition: not 8 tasks on each of its $nodes nodes"
+echo "$nodes nodes x 8 tasks"
 
 step "scontrol show hostnames tn[1-2]"
 out="$(scontrol show hostnames 'tn[1-2]')"
