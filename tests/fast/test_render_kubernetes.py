@@ -1,9 +1,15 @@
 """`treb render --on kubernetes`: golden manifests, validated against the Kubernetes schemas
-(kubernetes-validate ships them: no cluster, no network)."""
+(kubernetes-validate ships them: no cluster, no network); `treb run` and `treb cancel`
+through a stand-in of the official client. The pod command itself runs in
+tests/integration/test_engine_nodes.py."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import re
+import subprocess
 import sys
 import time
 import types
@@ -12,8 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import needs
+from tests.conftest import needs, needs_program
 from trebuchet.cli.main import main
+from trebuchet.launcher.runtime_file import archive
+
+RUNTIME = re.compile(r"treb-runtime-\d+-[0-9a-f]{12}\.pyz")
+FAILURE_COUNT = "metadata.annotations['batch.kubernetes.io/job-index-failure-count']"
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 K8S_VERSION = "1.30"
@@ -54,30 +64,49 @@ def test_render_matches_golden_and_schema(launcher, tmp_path, capsys, monkeypatc
     code, out, err = render(tmp_path, capsys, SPEC, "-o", f"launcher={launcher}")
     assert code == 0, err
     assert "hf_super_secret_value" not in out
+    normal = RUNTIME.sub("treb-runtime-VERSION-HASH.pyz", out)
     golden = GOLDEN / f"k8s-{launcher}.yaml"
     if os.environ.get("UPDATE_GOLDEN"):
-        golden.write_text(out)
-    assert out == golden.read_text()
+        golden.write_text(normal)
+    assert normal == golden.read_text()
     docs = [d for d in yaml.safe_load_all(out) if d]
     validate(docs)
-    service, job = docs
+    configmap, service, job = docs
     assert service["spec"]["clusterIP"] == "None" and job["spec"]["completionMode"] == "Indexed"
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == 3
+    # retries per index, so that each pod knows its attempt; the first spent index fails all
+    assert job["spec"]["backoffLimitPerIndex"] == 1 and job["spec"]["maxFailedIndexes"] == 0
+    assert "backoffLimit" not in job["spec"]
     pod = job["spec"]["template"]["spec"]
     assert pod["subdomain"] == service["metadata"]["name"] == "k8s-job-v2"
+    assert pod["volumes"][0] == {"name": "treb", "configMap": {"name": "k8s-job-v2"}}
     (c,) = pod["containers"]
     assert c["resources"]["limits"] == {"nvidia.com/gpu": "4"}
     env = {e["name"]: e for e in c["env"]}
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "k8s-job-v2", "key": "HF_TOKEN"}
     assert env["MASTER_ADDR"]["value"] == "k8s-job-v2-0.k8s-job-v2"
     assert env["LITERAL"]["value"] == "$$(not a reference)"  # $$ is Kubernetes' escape
-    assert job["metadata"]["namespace"] == "ml-team"
+    assert env["TREB_ATTEMPT"]["valueFrom"] == {"fieldRef": {"fieldPath": FAILURE_COUNT}}
+    assert "FROM_SECRET" not in env  # expanded by the node agent (job.json's secret_env)
+    assert job["metadata"]["namespace"] == configmap["metadata"]["namespace"] == "ml-team"
+    # the spec's values are in the job file, not in the pod command (where Kubernetes
+    # would expand $(...)): the command only places the node and starts the agent
+    name = archive()[0]
+    assert c["command"][:2] == ["sh", "-c"] and "whoami" not in c["command"][2]
+    check = subprocess.run([needs_program("shellcheck"), "-s", "sh", "-S", "warning", "-"],
+                           input=c["command"][2], capture_output=True, text=True)  # fmt: skip
+    assert check.returncode == 0, check.stdout
+    assert c["command"][2].endswith(f"exec python3 -S /treb/{name} node /treb/job.json\n")
+    job_file = json.loads(configmap["data"]["job.json"])
+    assert job_file["command"] == ["bash", "-c", 'python train.py --msg "it\'s $(whoami) `id`"']
+    assert job_file["secret_env"] == {"FROM_SECRET": "${HF_TOKEN}"}
+    assert list(configmap["binaryData"]) == [name]  # render elides the archive itself
 
 
 def test_schema_validation_catches_a_broken_manifest(tmp_path, capsys) -> None:
     kv = needs("kubernetes_validate")
     code, out, _ = render(tmp_path, capsys, SPEC)
-    job = [d for d in yaml.safe_load_all(out) if d][1]
+    job = [d for d in yaml.safe_load_all(out) if d][2]
     job["spec"]["completions"] = "three"
     with pytest.raises(kv.ValidationError):
         kv.validate(job, K8S_VERSION, strict=True)
@@ -88,7 +117,7 @@ def test_image_from_environment_and_no_gpus(tmp_path, capsys) -> None:
     assert code == 0, err
     docs = [d for d in yaml.safe_load_all(out) if d]
     validate(docs)
-    c = docs[1]["spec"]["template"]["spec"]["containers"][0]
+    c = docs[2]["spec"]["template"]["spec"]["containers"][0]
     assert c["image"] == "i" and "resources" not in c
 
 
@@ -125,24 +154,99 @@ def _job(name: str, active: int = 0, conditions: list | None = None) -> _Obj:
     return _Obj(metadata=_Obj(name=name), status=_Obj(active=active, conditions=conds))
 
 
-def _stand_in_client(monkeypatch, jobs: dict[str, list], calls: list) -> None:
+def _stand_in_client(monkeypatch, jobs: dict[str, list], calls: list,
+                     refuse: str | None = None) -> None:  # fmt: skip
     """A stand-in for the official client (no Kubernetes cluster can run here): the real
-    client's names and shapes, jobs per namespace from the test."""
+    client's names and shapes, jobs per namespace from the test; each call that changes
+    the cluster is recorded in `calls`; `refuse`: create_from_yaml raises this."""
 
     class BatchV1Api:
+        def __init__(self, api: object = None) -> None:
+            pass
+
         def list_namespaced_job(self, ns: str, label_selector: str = "") -> _Obj:
             calls.append((ns, label_selector))
             return _Obj(items=jobs.get(ns, []))
 
+        def delete_namespaced_job(self, name: str, ns: str, body: object = None) -> None:
+            calls.append(("delete_job", ns, name, body.propagation_policy))
+
+    class CoreV1Api:
+        def __init__(self, api: object = None) -> None:
+            pass
+
+        def create_namespaced_config_map(self, ns: str, body: dict) -> None:
+            calls.append(("create_config_map", ns, body))
+
+        def delete_namespaced_config_map(self, name: str, ns: str) -> None:
+            calls.append(("delete_config_map", ns, name))
+
+        def delete_namespaced_service(self, name: str, ns: str) -> None:
+            calls.append(("delete_service", ns, name))
+
+    def create_from_yaml(api: object, yaml_objects: list, namespace: str) -> None:
+        if refuse:
+            raise RuntimeError(refuse)
+        calls.append(("create_from_yaml", namespace, yaml_objects))
+
     client = types.ModuleType("kubernetes.client")
-    client.BatchV1Api = BatchV1Api
+    client.BatchV1Api, client.CoreV1Api, client.ApiClient = BatchV1Api, CoreV1Api, object
+    client.V1DeleteOptions = lambda propagation_policy: _Obj(propagation_policy=propagation_policy)
     config = types.ModuleType("kubernetes.config")
     config.load_kube_config = lambda: None
+    utils = types.ModuleType("kubernetes.utils")
+    utils.create_from_yaml = create_from_yaml
     pkg = types.ModuleType("kubernetes")
-    pkg.client, pkg.config = client, config
+    pkg.client, pkg.config, pkg.utils = client, config, utils
     for name, mod in [("kubernetes", pkg), ("kubernetes.client", client),
-                      ("kubernetes.config", config)]:  # fmt: skip
+                      ("kubernetes.config", config), ("kubernetes.utils", utils)]:  # fmt: skip
         monkeypatch.setitem(sys.modules, name, mod)
+
+
+def test_run_creates_the_config_map_before_the_job_and_cancel_deletes_it(
+    tmp_path, capsys, treb_home, monkeypatch
+) -> None:
+    """`treb run --on kubernetes`: the ConfigMap (the runtime archive whole, job.json with
+    the run id) first, then the Service and the Job; all valid for Kubernetes 1.30.
+    `treb cancel` deletes the Job, the Service and the ConfigMap."""
+    calls: list = []
+    _stand_in_client(monkeypatch, {}, calls)
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: k\ncommand: python t.py\nnodes: 2\nkubernetes: {image: i}\n")
+    assert main(["run", str(spec), "--on", "kubernetes", "--detach"]) == 0, capsys.readouterr()
+    (_, ns, configmap), (what, ns2, rest) = calls
+    assert (ns, what, ns2) == ("default", "create_from_yaml", "default")
+    assert [d["kind"] for d in rest] == ["Service", "Job"]
+    validate([configmap, *rest])
+    name, data = archive()
+    assert base64.b64decode(configmap["binaryData"][name]) == data
+    job = json.loads(configmap["data"]["job.json"])
+    run_id = job["run_id"]
+    env = {
+        e["name"]: e.get("value")
+        for e in rest[1]["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["TREB_RUN_ID"] == run_id and job["nodes"] == 2
+    manifests = treb_home / "runs" / run_id / "manifests.yaml"
+    assert base64.b64encode(data).decode() in manifests.read_text()  # what was created
+    calls.clear()
+    assert main(["cancel", run_id]) == 0
+    assert calls == [
+        ("delete_job", "default", "k", "Foreground"),
+        ("delete_service", "default", "k"),
+        ("delete_config_map", "default", "k"),
+    ]
+
+
+def test_config_map_is_deleted_when_the_job_is_refused(tmp_path, capsys, treb_home,
+                                                       monkeypatch) -> None:  # fmt: skip
+    calls: list = []
+    _stand_in_client(monkeypatch, {}, calls, refuse="jobs.batch is forbidden")
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: k\ncommand: python t.py\nkubernetes: {image: i}\n")
+    assert main(["run", str(spec), "--on", "kubernetes", "--detach"]) == 2
+    assert "jobs.batch is forbidden" in capsys.readouterr().err
+    assert [c[0] for c in calls] == ["create_config_map", "delete_config_map"]
 
 
 def test_refresh_follows_jobs_with_one_list_call_per_namespace(treb_home, monkeypatch) -> None:

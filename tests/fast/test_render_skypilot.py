@@ -1,9 +1,12 @@
 """`treb render --on skypilot`: golden task YAMLs, SkyPilot's own parser when available, and
-the `run:` script executed here with SkyPilot's variables (quoting, ranks, teardown)."""
+the `run:` section executed here with SkyPilot's variables and the file_mounts' files in
+place (tests/engine_nodes.py: no SkyPilot runs here), starting the node agent."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,8 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import in_ci
+from tests.conftest import in_ci, needs_program
+from tests.engine_nodes import finish, load, sky_node, sky_task, spec_file, started
 from trebuchet.cli.main import main
+from trebuchet.launcher.runtime_file import archive
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 SPEC = """\
@@ -35,6 +40,7 @@ environment:
 skypilot: {cloud: aws, accelerators: H100, use_spot: true, region: us-east-1, disk_size: 200}
 """
 HOSTILE = "printf '%s\\n' \"it's\" '$(whoami)' '`id`' \"a\nb\" > \"$OUT/$RANK\""
+RUNTIME = re.compile(r"treb-runtime-\d+-[0-9a-f]{12}\.pyz")
 
 
 def render(tmp_path: Path, capsys, text: str, *over: str) -> tuple[int, str, str]:
@@ -48,15 +54,16 @@ def render(tmp_path: Path, capsys, text: str, *over: str) -> tuple[int, str, str
 
 
 @pytest.mark.parametrize("launcher", ["native", "torchrun", "none"])
-def test_render_matches_golden(launcher, tmp_path, capsys, monkeypatch) -> None:
+def test_render_matches_golden(launcher, tmp_path, capsys, monkeypatch, treb_home) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_super_secret_value")
     code, out, err = render(tmp_path, capsys, SPEC, "-o", f"launcher={launcher}")
     assert code == 0, err
     assert "hf_super_secret_value" not in out
+    normal = RUNTIME.sub("treb-runtime-VERSION-HASH.pyz", out.replace(str(treb_home), "$TREB_HOME"))
     golden = GOLDEN / f"skypilot-{launcher}.yaml"
     if os.environ.get("UPDATE_GOLDEN"):
-        golden.write_text(out)
-    assert out == golden.read_text()
+        golden.write_text(normal)
+    assert normal == golden.read_text()
     task = yaml.safe_load(out)
     assert task["num_nodes"] == 2 and task["resources"]["accelerators"] == "H100:8"
     assert task["resources"]["job_recovery"] == {
@@ -64,15 +71,45 @@ def test_render_matches_golden(launcher, tmp_path, capsys, monkeypatch) -> None:
         "max_restarts_on_errors": 2,
     }
     assert task["secrets"] == {"HF_TOKEN": None}
-    assert "FROM_SECRET" not in task["envs"] and 'export FROM_SECRET="${HF_TOKEN}"' in task["run"]
-    validate_with_skypilot(tmp_path, out)
+    # an env value that uses a secret is expanded by the node agent, from job.json
+    assert "FROM_SECRET" not in task["envs"] and "HF_TOKEN" not in task["run"]
+    assert '#   "secret_env": {"FROM_SECRET": "${HF_TOKEN}"},' in out
+    name = archive()[0]
+    assert task["file_mounts"] == {
+        f"~/.trebuchet/runtime/{name}": f"{treb_home}/runs/RUN_ID/{name}",
+        "~/.trebuchet/runs/RUN_ID/job.json": f"{treb_home}/runs/RUN_ID/job.json",
+    }
+    assert not (treb_home / "runs" / "RUN_ID").exists()  # render writes nothing there
+    assert len(task["run"].splitlines()) <= 8  # the head, a venv, the agent's start
+    shellcheck = needs_program("shellcheck")
+    check = subprocess.run([shellcheck, "-s", "bash", "-S", "warning", "-"], input=task["run"],
+                           capture_output=True, text=True)  # fmt: skip
+    assert check.returncode == 0, check.stdout
+    # SkyPilot parses a task whose file_mounts sources do not exist yet; it checks them when
+    # it launches (Task.validate), after `treb run` has written them (the test below).
+    (line,) = validate_with_skypilot(tmp_path, [out])
+    assert line.startswith("2 file_mounts:") and f"runs/RUN_ID/{name}' does not exist" in line
 
 
-def validate_with_skypilot(tmp_path: Path, text: str) -> None:
-    """SkyPilot's own parser: in this interpreter, or one named by TREB_SKYPILOT_PYTHON."""
-    path = tmp_path / "task.yaml"
-    path.write_text(text)
-    probe = "import sky, sys; t = sky.Task.from_yaml(sys.argv[1]); print(t.num_nodes)"
+SKY_PROBE = """
+import sys, sky
+for path in sys.argv[1:]:
+    task = sky.Task.from_yaml(path)
+    try:
+        task.expand_and_validate_file_mounts()  # what sky.launch checks of file_mounts
+        print(task.num_nodes, "ok")
+    except ValueError as exc:
+        print(task.num_nodes, "file_mounts:", exc)
+"""
+
+
+def validate_with_skypilot(tmp_path: Path, texts: list[str]) -> list[str]:
+    """SkyPilot's own parser on each task (in this interpreter, or one named by
+    TREB_SKYPILOT_PYTHON), then its check of the file_mounts: one line per task."""
+    paths = []
+    for i, text in enumerate(texts):
+        paths.append(tmp_path / f"task-{i}.yaml")
+        paths[-1].write_text(text)
     python = os.environ.get("TREB_SKYPILOT_PYTHON")
     if not python:
         try:
@@ -82,10 +119,30 @@ def validate_with_skypilot(tmp_path: Path, text: str) -> None:
                 pytest.fail("CI: set TREB_SKYPILOT_PYTHON (make test builds .venv-sky)")
             pytest.skip("skypilot is not installed (pip install 'trebuchet[skypilot]')")
         python = sys.executable
-    res = subprocess.run(
-        [python, "-c", probe, str(path)], capture_output=True, text=True, timeout=120
-    )
-    assert res.returncode == 0 and res.stdout.strip().endswith("2"), res.stderr[-2000:]
+    res = subprocess.run([python, "-c", SKY_PROBE, *map(str, paths)], capture_output=True,
+                         text=True, timeout=180)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout.strip().splitlines()
+
+
+def test_submitted_task_ships_the_runtime_and_job_file(tmp_path: Path, treb_home: Path) -> None:
+    """What `treb run` hands over: file_mounts whose sources exist in the run directory
+    (SkyPilot's own check passes), the runtime archive and the job file the node reads;
+    with one source missing, SkyPilot's check fails (so the check is real)."""
+    from trebuchet.importers.common import dump_yaml
+
+    path = spec_file(tmp_path / "work", "command: python t.py\nnodes: 2\n")
+    run_dir = tmp_path / "run"
+    task = sky_task(load(path), run_dir)
+    name, data = archive()
+    assert (run_dir / name).read_bytes() == data
+    job = json.loads((run_dir / "job.json").read_text())
+    assert job["command"] == ["bash", "-c", "python t.py"] and job["launcher"] == "native"
+    assert job["run_id"] == "r1" and job["nodes"] == 2 and job["timeout"] is None
+    broken = dict(task, file_mounts={**task["file_mounts"], "~/x": str(tmp_path / "absent")})
+    lines = validate_with_skypilot(tmp_path, [dump_yaml(task), dump_yaml(broken)])
+    assert lines[0] == "2 ok"
+    assert lines[1].startswith("2 file_mounts:") and "does not exist" in lines[1]
 
 
 @pytest.mark.parametrize(
@@ -114,32 +171,23 @@ def test_run_without_skypilot_installed_is_a_clear_exit_2(
     assert yaml.safe_load(capsys.readouterr().out) == []  # nothing recorded
 
 
-def run_script(tmp_path: Path, capsys, text: str, node: int, nodes: int = 2) -> tuple[int, Path]:
-    code, out, err = render(tmp_path, capsys, text)
-    assert code == 0, err
-    task = yaml.safe_load(out)
+def run_script(tmp_path: Path, text: str, node: int, nodes: int = 2) -> tuple[int, Path, str]:
+    """The `run:` section of one node, as SkyPilot runs it (tests/engine_nodes.py);
+    (exit code, $OUT, the node's output)."""
+    task = sky_task(load(spec_file(tmp_path / "work", text)), tmp_path / "run")
     outdir = tmp_path / f"out-{node}"
     outdir.mkdir()
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(tmp_path),
-        "OUT": str(outdir),
-        "SKYPILOT_NODE_RANK": str(node),
-        "SKYPILOT_NUM_NODES": str(nodes),
-        "SKYPILOT_NODE_IPS": "10.1.0.7\n10.1.0.8",
-        **{k: str(v) for k, v in task["envs"].items()},
-    }
-    res = subprocess.run(
-        ["bash", "-c", task["run"]], env=env, capture_output=True, text=True, timeout=60
-    )
-    return res.returncode, outdir
+    env = {"OUT": str(outdir)}
+    ips = "10.1.0.7\n10.1.0.8"
+    with started(sky_node(task, tmp_path / f"home-{node}", node, nodes, ips, env)) as (proc,):
+        rc, out, err = finish(proc, timeout=60)
+    return rc, outdir, out + err
 
 
-@pytest.mark.skipif(not shutil.which("bash"), reason="needs bash")
-def test_native_run_script_starts_every_rank_with_the_contract_env(tmp_path, capsys) -> None:
+def test_native_run_script_starts_every_rank_with_the_contract_env(tmp_path) -> None:
     spec = 'command: env > "$OUT/$RANK"\nnodes: 2\nprocs_per_node: 3\nenv: {Q: "a\'b $(c)"}\n'
-    code, outdir = run_script(tmp_path, capsys, spec, node=1)
-    assert code == 0
+    code, outdir, out = run_script(tmp_path, spec, node=1)
+    assert code == 0, out
     assert sorted(p.name for p in outdir.iterdir()) == ["3", "4", "5"]
     env = dict(
         line.split("=", 1) for line in (outdir / "4").read_text().splitlines() if "=" in line
@@ -149,6 +197,7 @@ def test_native_run_script_starts_every_rank_with_the_contract_env(tmp_path, cap
         "LOCAL_RANK": "1",
         "WORLD_SIZE": "6",
         "LOCAL_WORLD_SIZE": "3",
+        "GROUP_WORLD_SIZE": "2",
         "NODE_RANK": "1",
         "GROUP_RANK": "1",
         "NUM_NODES": "2",
@@ -156,31 +205,68 @@ def test_native_run_script_starts_every_rank_with_the_contract_env(tmp_path, cap
         "MASTER_PORT": "29500",
         "Q": "a'b $(c)",
         "PYTHONUNBUFFERED": "1",
+        "TREB_RUN_ID": "r1",
+        "TREB_ATTEMPT": "0",
     }.items():
         assert env[key] == want, key
-    assert env["TREB_CHECKPOINT_DIR"].endswith("/.trebuchet/runs/RUN_ID/checkpoints")
+    run_dir = tmp_path / "home-1" / ".trebuchet" / "runs" / "r1"
+    assert env["TREB_RUN_DIR"] == str(run_dir)
+    assert env["TREB_CHECKPOINT_DIR"] == str(run_dir / "checkpoints")
+    assert (run_dir / "checkpoints").is_dir() and int(env["OMP_NUM_THREADS"]) >= 1
 
 
-def test_hostile_command_is_carried_literally(tmp_path, capsys) -> None:
+def test_hostile_command_is_carried_literally(tmp_path) -> None:
     spec = "command: " + yaml.safe_dump(HOSTILE).strip() + "\nprocs_per_node: 1\n"
-    code, outdir = run_script(tmp_path, capsys, spec, node=0, nodes=1)
-    assert code == 0
+    code, outdir, out = run_script(tmp_path, spec, node=0, nodes=1)
+    assert code == 0, out
     assert (outdir / "0").read_text() == "it's\n$(whoami)\n`id`\na\nb\n"
 
 
-def test_first_failed_rank_stops_the_others(tmp_path, capsys) -> None:
+def test_first_failed_rank_stops_the_others(tmp_path) -> None:
     spec = "command: 'if [ \"$LOCAL_RANK\" = 1 ]; then exit 3; fi; sleep 600'\nprocs_per_node: 3\n"
-    code, _ = run_script(tmp_path, capsys, spec, node=0, nodes=1)  # 60 s limit: not waited for
-    assert code == 3
+    code, _, out = run_script(tmp_path, spec, node=0, nodes=1)  # 60 s limit: not waited for
+    assert code == 3, out
 
 
-def test_none_launcher_runs_once_per_node(tmp_path, capsys) -> None:
+def test_none_launcher_runs_once_per_node(tmp_path) -> None:
     spec = (
         "command: 'echo $NODE_RANK $NUM_NODES $MASTER_ADDR $LOCAL_WORLD_SIZE > $OUT/n'\n"
         "launcher: none\nnodes: 2\nprocs_per_node: 4\n"
     )
-    code, outdir = run_script(tmp_path, capsys, spec, node=1)
-    assert code == 0 and (outdir / "n").read_text() == "1 2 10.1.0.7 4\n"
+    code, outdir, out = run_script(tmp_path, spec, node=1)
+    assert code == 0 and (outdir / "n").read_text() == "1 2 10.1.0.7 4\n", out
+
+
+def test_secret_in_an_env_value_is_expanded_on_the_node(tmp_path) -> None:
+    """SkyPilot gives the node the secret by name; the agent expands the env value that uses
+    it (job.json names the secret, never its value)."""
+    spec = 'command: echo "$AUTH" > $OUT/auth\nsecrets: [TOK]\nenv: {AUTH: "Bearer ${TOK}"}\n'
+    task = sky_task(load(spec_file(tmp_path / "work", spec)), tmp_path / "run")
+    assert (
+        "AUTH" not in task["envs"] and "hunter2" not in (tmp_path / "run" / "job.json").read_text()
+    )
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    env = {"OUT": str(outdir), "TOK": "hunter2"}
+    with started(sky_node(task, tmp_path / "home", 0, 1, "10.0.0.1", env)) as (proc,):
+        rc, out, err = finish(proc, timeout=60)
+    assert rc == 0 and (outdir / "auth").read_text() == "Bearer hunter2\n", out + err
+    del env["TOK"]  # SkyPilot did not get the secret: the node says so, exit 2
+    with started(sky_node(task, tmp_path / "home", 0, 1, "10.0.0.1", env)) as (proc,):
+        rc, out, err = finish(proc, timeout=60)
+    assert rc == 2 and "secret TOK not in this node's environment" in err
+
+
+def test_node_without_python3_says_so(tmp_path) -> None:
+    task = sky_task(load(spec_file(tmp_path / "work", "command: 'true'\n")), tmp_path / "run")
+    bin_dir = tmp_path / "bin"  # bash and head, no python3
+    bin_dir.mkdir()
+    for tool in ("bash", "head", "hostname"):
+        if shutil.which(tool):
+            (bin_dir / tool).symlink_to(shutil.which(tool))
+    with started(sky_node(task, tmp_path / "home", 0, 1, "10.0.0.1", path=str(bin_dir))) as (p,):
+        rc, out, err = finish(p, timeout=60)
+    assert rc == 127 and "treb: no python3 (>= 3.8) on " in err and "the node agent needs it" in err
 
 
 def test_run_hands_the_task_to_skypilots_api(tmp_path, capsys, monkeypatch, treb_home) -> None:
@@ -214,7 +300,7 @@ def test_run_hands_the_task_to_skypilots_api(tmp_path, capsys, monkeypatch, treb
     assert run["state"] == "SUCCEEDED" and run["backend"] == "skypilot"
 
 
-def test_nsys_wraps_every_rank_in_the_run_script(tmp_path, capsys, monkeypatch) -> None:
+def test_nsys_wraps_every_rank_in_the_run_script(tmp_path, monkeypatch) -> None:
     """nsys cannot run here (no GPU stack): a stand-in records the report path and runs the rank."""
     fake = tmp_path / "bin" / "nsys"
     fake.parent.mkdir()
@@ -225,6 +311,6 @@ def test_nsys_wraps_every_rank_in_the_run_script(tmp_path, capsys, monkeypatch) 
     spec = (
         'command: echo ran > "$OUT/r$RANK"\nprocs_per_node: 2\nprofile: nsys\nprofile_ranks: [1]\n'
     )
-    code, outdir = run_script(tmp_path, capsys, spec, node=0, nodes=1)
-    assert code == 0 and sorted(p.name for p in outdir.iterdir()) == ["calls", "r0", "r1"]
+    code, outdir, out = run_script(tmp_path, spec, node=0, nodes=1)
+    assert code == 0 and sorted(p.name for p in outdir.iterdir()) == ["calls", "r0", "r1"], out
     assert (outdir / "calls").read_text().strip().endswith("/profile/attempt-0/rank-1")

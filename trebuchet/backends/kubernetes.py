@@ -1,22 +1,38 @@
-"""Kubernetes: the spec as an indexed Job (one pod per node) plus a headless Service.
+"""Kubernetes: the spec as an indexed Job (one pod per node), a headless Service and a
+ConfigMap that carries trebuchet's node agent.
 
 Pod i of Job J is reachable as J-i.J (the Service is named after the Job and is the
 pods' subdomain), so MASTER_ADDR is the index-0 pod's name and NODE_RANK is the pod's
-completion index. GPUs are requested as nvidia.com/gpu, or amd.com/gpu with gpu_vendor: amd.
+completion index. The pod command only places the node and starts the node agent from the
+ConfigMap (the runtime archive and job.json, mounted at /treb), which runs the node's ranks
+as on every engine (trebuchet/runtime/node.py). Retries are the Job's, per index
+(backoffLimitPerIndex); TREB_ATTEMPT is the index's failure count, from the pod's
+annotation. GPUs are requested as nvidia.com/gpu, or amd.com/gpu with gpu_vendor: amd.
 Secrets come from a Kubernetes Secret named after the workload, one key per secret name;
 trebuchet never writes their values into a manifest. Rendering needs nothing installed;
-`treb run --on kubernetes` applies the manifests with the official client
+`treb run --on kubernetes` creates the objects with the official client
 (`pip install 'trebuchet[kubernetes]'`) and the current kubeconfig context.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import re
 from typing import TYPE_CHECKING, Any
 
 from trebuchet.backends.base import Backend, Submitted
-from trebuchet.backends.node_script import SECRET_REF, check_common, node_script
+from trebuchet.backends.job_file import (
+    check_node_engine,
+    grace_seconds,
+    node_job,
+    node_job_text,
+    start_lines,
+    uses_secret,
+)
 from trebuchet.errors import UserError
+from trebuchet.launcher.runtime_file import archive
+from trebuchet.runtime.contract import DEFAULT_MASTER_PORT
 from trebuchet.store.states import (
     FAILED,
     LOST,
@@ -31,7 +47,10 @@ if TYPE_CHECKING:
     from trebuchet.spec.load import LoadedSpec
 
 INSTALL = "install it with: pip install 'trebuchet[kubernetes]'"
-DEFAULT_PORT = 29500
+AGENT_DIR = "/treb"  # the ConfigMap, read-only: the runtime archive and job.json
+RUN_DIR = "/treb-run"  # an emptyDir: the node-local run directory (logs, records)
+# The index's failures so far (Kubernetes >= 1.29, with backoffLimitPerIndex): the attempt.
+FAILURE_COUNT = "metadata.annotations['batch.kubernetes.io/job-index-failure-count']"
 GPU_RESOURCES = {"amd": "amd.com/gpu"}  # anything else (auto, nvidia): nvidia.com/gpu
 
 
@@ -65,7 +84,7 @@ class KubernetesBackend(Backend):
 
     def check_render(self, loaded: LoadedSpec) -> None:
         spec, src = loaded.spec, loaded.source
-        check_common(spec, src, "Kubernetes")
+        check_node_engine(spec, src, "Kubernetes")
         if not (spec.kubernetes.image or (spec.environment and spec.environment.image)):
             raise UserError(
                 f"{src}: kubernetes.image: a pod needs an image (set "
@@ -79,17 +98,29 @@ class KubernetesBackend(Backend):
                 "your own manifests"
             )
 
-    def manifests(self, loaded: LoadedSpec, run_id: str = "RUN_ID") -> list[dict[str, Any]]:
+    def manifests(
+        self, loaded: LoadedSpec, run_id: str = "RUN_ID", whole: bool = True
+    ) -> list[dict[str, Any]]:
+        """ConfigMap, Service, Job. Not `whole` (render): the archive's base64 is elided."""
         self.check_render(loaded)
         spec = loaded.spec
         name = k8s_name(spec.name)
         ns = spec.kubernetes.namespace
         image = spec.kubernetes.image or spec.environment.image  # type: ignore[union-attr]
-        port = spec.fixed_port or DEFAULT_PORT
+        port = spec.fixed_port or DEFAULT_MASTER_PORT
         labels = {LABEL: name, "trebuchet.dev/run-id": k8s_name(run_id)}
         meta: dict[str, Any] = {"name": name, "labels": labels}
         if ns:
             meta["namespace"] = ns
+        runtime, data = archive()
+        packed = base64.b64encode(data).decode() if whole else f"<{runtime}: treb run sends it>"
+        configmap = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {**meta, "labels": dict(labels)},
+            "data": {"job.json": node_job_text(node_job(spec, run_id))},
+            "binaryData": {runtime: packed},
+        }
         service = {
             "apiVersion": "v1",
             "kind": "Service",
@@ -108,28 +139,33 @@ class KubernetesBackend(Backend):
         for key, value in spec.env.items():
             if key in ("MASTER_PORT", "MASTER_ADDR"):
                 continue  # set below, once
-            if any(m.group(1) in spec.secrets for m in SECRET_REF.finditer(value)):
-                continue  # exported by the pod script, where the secret is resolved
+            if uses_secret(value, spec.secrets):
+                continue  # expanded by the node agent (job.json's secret_env)
             env.append({"name": key, "value": value.replace("$(", "$$(")})
         env += [
             {"name": "NUM_NODES", "value": str(spec.nodes)},
             {"name": "MASTER_ADDR", "value": f"{name}-0.{name}"},
             {"name": "MASTER_PORT", "value": str(port)},
             {"name": "TREB_RUN_ID", "value": run_id},
-            {"name": "TREB_ATTEMPT", "value": "0"},
+            {"name": "TREB_RUN_DIR", "value": RUN_DIR},
+            {"name": "TREB_ATTEMPT", "valueFrom": {"fieldRef": {"fieldPath": FAILURE_COUNT}}},
         ]
-        head = [
-            'export NODE_RANK="$JOB_COMPLETION_INDEX"',
-            'export TREB_RUN_DIR="${TREB_RUN_DIR:-/tmp/trebuchet/$TREB_RUN_ID}"',
-            'export TREB_CHECKPOINT_DIR="$TREB_RUN_DIR/checkpoints"',
-            'mkdir -p "$TREB_CHECKPOINT_DIR"',
+        script = [
+            "# trebuchet's node agent (the ConfigMap) runs this pod's ranks: "
+            f"launcher {spec.launcher}, {spec.ranks_per_node} per node",
+            'export NODE_RANK="$JOB_COMPLETION_INDEX" TREB_ATTEMPT="${TREB_ATTEMPT:-0}"',
+            *start_lines(f"{AGENT_DIR}/{runtime}", f"{AGENT_DIR}/job.json"),
         ]
         container: dict[str, Any] = {
             "name": "trainer",
             "image": image,
-            "command": ["bash", "-c", node_script(spec, head)],
+            "command": ["sh", "-c", "\n".join(script) + "\n"],
             "env": env,
             "ports": [{"containerPort": port, "name": "master"}],
+            "volumeMounts": [
+                {"name": "treb", "mountPath": AGENT_DIR, "readOnly": True},
+                {"name": "treb-run", "mountPath": RUN_DIR},
+            ],
         }
         if spec.gpus_per_node > 0:
             gpus = str(spec.gpus_per_node)
@@ -138,14 +174,22 @@ class KubernetesBackend(Backend):
             "completionMode": "Indexed",
             "completions": spec.nodes,
             "parallelism": spec.nodes,
-            "backoffLimit": spec.retries,
+            # Retries per index: the index's failure count is then on each pod (TREB_ATTEMPT);
+            # the first index that has used them all fails the Job.
+            "backoffLimitPerIndex": spec.retries,
+            "maxFailedIndexes": 0,
             "template": {
                 "metadata": {"labels": dict(labels)},
                 "spec": {
                     "subdomain": name,
                     "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": max(1, int(spec.grace_period)),
+                    # the agent's grace period (TERM, then SIGKILL), then its records
+                    "terminationGracePeriodSeconds": grace_seconds(spec) + 5,
                     "containers": [container],
+                    "volumes": [
+                        {"name": "treb", "configMap": {"name": name}},
+                        {"name": "treb-run", "emptyDir": {}},
+                    ],
                 },
             },
         }
@@ -157,9 +201,10 @@ class KubernetesBackend(Backend):
             "metadata": {**meta, "labels": dict(labels)},
             "spec": job_spec,
         }
-        return [service, job]
+        return [configmap, service, job]
 
-    def render(self, loaded: LoadedSpec) -> str:
+    def render(self, loaded: LoadedSpec, docs: list[dict[str, Any]] | None = None) -> str:
+        """The manifests as YAML; without `docs`, the render's (archive elided)."""
         import yaml
 
         from trebuchet.importers.common import _Dumper
@@ -168,17 +213,17 @@ class KubernetesBackend(Backend):
         name = k8s_name(spec.name)
         head = (
             f"# Kubernetes manifests for {spec.name} ({loaded.source}).\n"
+            f"# The ConfigMap {name!r} carries trebuchet's node agent (the runtime archive"
+            f"{'' if docs else ', elided here'}) and its job.json.\n"
             f"# GPUs as {gpu_resource(spec)}. Secrets come from the Secret {name!r}, one key "
             "per name:\n"
         )
         if spec.secrets:
             keys = " ".join(f'--from-literal={s}="${s}"' for s in spec.secrets)
             head += f"#   kubectl create secret generic {name} {keys}\n"
-        docs = [
-            yaml.dump(m, Dumper=_Dumper, sort_keys=False, width=1000)
-            for m in self.manifests(loaded)
-        ]
-        return head + "---\n" + "---\n".join(docs)
+        docs = docs or self.manifests(loaded, whole=False)
+        text = [yaml.dump(m, Dumper=_Dumper, sort_keys=False, width=1000) for m in docs]
+        return head + "---\n" + "---\n".join(text)
 
     def submit(self, sub: Any, attach: bool) -> Submitted:
         import time
@@ -193,16 +238,24 @@ class KubernetesBackend(Backend):
         from trebuchet.store.files import append_event, write_atomic
 
         docs = self.manifests(sub.loaded, sub.record.id)
-        write_atomic(sub.run_dir / "manifests.yaml", self.render(sub.loaded))
+        write_atomic(sub.run_dir / "manifests.yaml", self.render(sub.loaded, docs))
+        configmap, *rest = docs
+        name = configmap["metadata"]["name"]
+        ns = sub.loaded.spec.kubernetes.namespace or "default"
+        made = False
         try:
             config.load_kube_config()
             api = client.ApiClient()
-            ns = sub.loaded.spec.kubernetes.namespace or "default"
-            utils.create_from_yaml(api, yaml_objects=docs, namespace=ns)
+            core = client.CoreV1Api(api)
+            core.create_namespaced_config_map(ns, configmap)  # before the pods that mount it
+            made = True
+            utils.create_from_yaml(api, yaml_objects=rest, namespace=ns)
         except Exception as exc:  # config, auth, API errors: the run records why
+            if made:  # nothing is left behind for a Job that was not created
+                with contextlib.suppress(Exception):
+                    core.delete_namespaced_config_map(name, ns)
             _fail(sub, f"Kubernetes refused the manifests: {exc}")
             raise UserError(f"--on kubernetes: could not apply the manifests: {exc}") from None
-        name = docs[1]["metadata"]["name"]
         sub.store.update_run(sub.record.id, backend_id=f"{ns}/{name}", state="RUNNING")
         append_event(sub.run_dir, "kubernetes", job=name, namespace=ns)
         if not attach:
@@ -261,7 +314,9 @@ class KubernetesBackend(Backend):
         config.load_kube_config()
         body = client.V1DeleteOptions(propagation_policy="Foreground")
         client.BatchV1Api().delete_namespaced_job(name, ns, body=body)
-        client.CoreV1Api().delete_namespaced_service(name, ns)
+        core = client.CoreV1Api()
+        core.delete_namespaced_service(name, ns)
+        core.delete_namespaced_config_map(name, ns)
         store.update_run(run.id, only_if_active=True, state="CANCELLED", ended_at=time.time())
 
 

@@ -1,5 +1,11 @@
 """SkyPilot: the spec as a SkyPilot task YAML; `treb run --on skypilot` hands it to SkyPilot.
 
+The task's `run:` section only places the node (NODE_RANK, NUM_NODES, MASTER_ADDR from
+SkyPilot's variables) and starts trebuchet's node agent, which runs the node's ranks as on
+every engine (trebuchet/runtime/node.py). The agent and its job file travel with the task
+as `file_mounts`: from the run directory to `~/.trebuchet/runtime/<archive>` and
+`~/.trebuchet/runs/<run id>/job.json` on every node.
+
 Rendering needs nothing installed. Submitting uses SkyPilot's Python API (`pip install
 'trebuchet[skypilot]'`): a managed job (`sky.jobs.launch`) when the spec asks for spot
 instances or retries, so SkyPilot recovers it, otherwise a cluster launch (`sky.launch`)
@@ -16,15 +22,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trebuchet.backends.base import Backend, Submitted
-from trebuchet.backends.node_script import SECRET_REF, check_common, node_script
+from trebuchet.backends.job_file import (
+    check_node_engine,
+    node_job,
+    node_job_text,
+    start_lines,
+    uses_secret,
+    write_node_files,
+)
 from trebuchet.errors import UserError
+from trebuchet.launcher.runtime_file import file_name as runtime_file_name
+from trebuchet.runtime.contract import DEFAULT_MASTER_PORT
 
 if TYPE_CHECKING:
     from trebuchet.spec.load import LoadedSpec
 
 INSTALL = "install it with: pip install 'trebuchet[skypilot]'"
-DEFAULT_PORT = 29500
 ENV_ROOT = ".trebuchet/envs"
+# Where file_mounts put the runtime (named by its content: runs share it) and the job file
+# on every node; the job file's folder is the node-local run directory.
+REMOTE_RUNTIME = "~/.trebuchet/runtime"
+REMOTE_RUNS = "~/.trebuchet/runs"
 
 
 class SkyPilotBackend(Backend):
@@ -42,7 +60,7 @@ class SkyPilotBackend(Backend):
 
     def check_render(self, loaded: LoadedSpec) -> None:
         spec, src = loaded.spec, loaded.source
-        check_common(spec, src, "SkyPilot")
+        check_node_engine(spec, src, "SkyPilot")
         env = spec.environment
         if env and env.mounts:
             raise UserError(
@@ -70,10 +88,18 @@ class SkyPilotBackend(Backend):
                     "only uploads workdir"
                 )
 
-    def task(self, loaded: LoadedSpec, run_id: str = "RUN_ID") -> dict[str, Any]:
-        """The task as data (what render prints, what submit hands to SkyPilot)."""
+    def task(
+        self, loaded: LoadedSpec, run_id: str = "RUN_ID", run_dir: Path | None = None
+    ) -> dict[str, Any]:
+        """The task as data (what render prints, what submit hands to SkyPilot). `run_dir`
+        holds the files that file_mounts upload (render: where `treb run` would write them)."""
         self.check_render(loaded)
         spec = loaded.spec
+        if run_dir is None:
+            from trebuchet.store.paths import runs_dir
+
+            run_dir = runs_dir() / run_id
+        runtime = runtime_file_name()
         task: dict[str, Any] = {
             "name": spec.name,
             "workdir": str(loaded.workdir),
@@ -99,33 +125,53 @@ class SkyPilotBackend(Backend):
             }
         if res:
             task["resources"] = res
-        envs = {k: v for k, v in spec.env.items() if not _uses_secret(v, spec.secrets)}
+        # env values that use a secret are expanded by the node agent (job.json's secret_env)
+        envs = {k: v for k, v in spec.env.items() if not uses_secret(v, spec.secrets)}
+        # SkyPilot gives a task no count of its recoveries (docs/backends/skypilot.md)
         envs.update({"TREB_RUN_ID": run_id, "TREB_ATTEMPT": "0"})
         task["envs"] = envs
         if spec.secrets:
             task["secrets"] = {name: None for name in spec.secrets}
+        task["file_mounts"] = {
+            f"{REMOTE_RUNTIME}/{runtime}": str(run_dir / runtime),
+            f"{REMOTE_RUNS}/{run_id}/job.json": str(run_dir / "job.json"),
+        }
         setup, activate = _setup(loaded)
         if setup:
             task["setup"] = setup
-        port = spec.fixed_port or DEFAULT_PORT
-        head = [
-            'export NODE_RANK="$SKYPILOT_NODE_RANK" NUM_NODES="$SKYPILOT_NUM_NODES"',
-            f'export MASTER_ADDR="$(echo "$SKYPILOT_NODE_IPS" | head -n1)" MASTER_PORT={port}',
-            'export TREB_RUN_DIR="$HOME/.trebuchet/runs/$TREB_RUN_ID"',
-            'export TREB_CHECKPOINT_DIR="$TREB_RUN_DIR/checkpoints"',
-            'mkdir -p "$TREB_CHECKPOINT_DIR"',
+        port = spec.fixed_port or DEFAULT_MASTER_PORT
+        lines = [
+            "# trebuchet's node agent (file_mounts) runs this node's ranks: "
+            f"launcher {spec.launcher}, {spec.ranks_per_node} per node",
+            'export NODE_RANK="$SKYPILOT_NODE_RANK" NUM_NODES="$SKYPILOT_NUM_NODES" '
+            f"MASTER_PORT={port}",
+            'MASTER_ADDR="$(echo "$SKYPILOT_NODE_IPS" | head -n1)"',
+            f'export MASTER_ADDR TREB_RUN_DIR="$HOME/{REMOTE_RUNS[2:]}/$TREB_RUN_ID"',
+            *activate,
+            *start_lines(f'"$HOME/{REMOTE_RUNTIME[2:]}/{runtime}"', '"$TREB_RUN_DIR/job.json"'),
         ]
-        task["run"] = node_script(spec, head, activate)
+        task["run"] = "\n".join(lines) + "\n"
         return task
+
+    def prepare_task(self, loaded: LoadedSpec, run_id: str, run_dir: Path) -> dict[str, Any]:
+        """The files that file_mounts upload, written into the run directory, and the task."""
+        write_node_files(run_dir, node_job(loaded.spec, run_id))
+        return self.task(loaded, run_id, run_dir)
 
     def render(self, loaded: LoadedSpec) -> str:
         from trebuchet.importers.common import dump_yaml
 
+        spec = loaded.spec
+        task = self.task(loaded)
+        job = node_job_text(node_job(spec, "RUN_ID"))
+        src = task["file_mounts"][f"{REMOTE_RUNS}/RUN_ID/job.json"]
         head = (
-            f"# SkyPilot task for {loaded.spec.name} ({loaded.source}); secrets are "
+            f"# SkyPilot task for {spec.name} ({loaded.source}); secrets are "
             "named only: SkyPilot takes their values from --secret NAME\n"
         )
-        return head + dump_yaml(self.task(loaded))
+        tail = f"# ---- {src} (file_mounts; read by the node agent)\n"
+        tail += "".join(f"# {line}\n" for line in job.splitlines())
+        return head + dump_yaml(task) + tail
 
     def submit(self, sub: Any, attach: bool) -> Submitted:
         try:
@@ -138,7 +184,7 @@ class SkyPilotBackend(Backend):
         from trebuchet.store.files import append_event, write_atomic
 
         loaded, spec = sub.loaded, sub.loaded.spec
-        data = self.task(loaded, sub.record.id)
+        data = self.prepare_task(loaded, sub.record.id, sub.run_dir)
         from trebuchet.importers.common import dump_yaml
 
         write_atomic(sub.run_dir / "skypilot-task.yaml", dump_yaml(data))
@@ -211,10 +257,6 @@ def _fail(sub: Any, why: str) -> None:
     append_event(sub.run_dir, "failed", reason=why)
 
 
-def _uses_secret(value: str, secrets: list[str]) -> bool:
-    return any(m.group(1) in secrets for m in SECRET_REF.finditer(value))
-
-
 def _inside(path: Path, root: Path) -> bool:
     try:
         path.resolve().relative_to(root.resolve())
@@ -273,7 +315,7 @@ def _setup(loaded: LoadedSpec) -> tuple[str | None, list[str]]:
         lines.append("python -m pip install " + " ".join(q(r) for r in env.requirements))
     if env.setup:
         lines.append(f"bash {q(_rel(loaded, env.setup))}")
-    activate = [f'export PATH="$HOME/{ENV_ROOT}/"{name}"/bin:$PATH"']
+    activate = [lines[1], 'export PATH="$TREB_ENV/bin:$PATH"']
     return "\n".join(lines) + "\n", activate
 
 

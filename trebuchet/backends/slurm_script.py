@@ -17,16 +17,14 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from trebuchet.envs.build import run_prefix
+from trebuchet.backends.job_file import SECRET_REF, common
 from trebuchet.envs.recipe import Recipe
-from trebuchet.launcher.plan import profiled
 from trebuchet.launcher.policies import policies_for
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
 from trebuchet.launcher.runtime_file import ship
 from trebuchet.spec.duration import slurm_time
 from trebuchet.store.files import write_atomic, write_json
 
-SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 REQUEUE_MARGIN_S = 10  # requeue this long before the time limit when ranks do not stop
 # sbatch options trebuchet sets itself; the spec field to use instead.
@@ -235,24 +233,17 @@ def _environment_lines(spec: Any, run_dir: Path, recipe: Recipe | None) -> list[
 
 def job_file(spec: Any, workdir: Path, run_id: str, run_dir: Path,
              recipe: Recipe | None = None) -> dict[str, Any]:  # fmt: skip
-    """What the job controller and the node agents read (`<run dir>/job.json`)."""
-    cmd = ["bash", "-c", spec.command] if isinstance(spec.command, str) else list(spec.command)
-    cmd = profiled(spec, cmd)  # profile: nsys wraps each selected rank, as locally
-    if recipe is not None and recipe.kind == "conda":
-        cmd = [*run_prefix(recipe), *cmd]
+    """What the job controller and the node agents read (`<run dir>/job.json`): the values
+    of every engine's job file (job_file.py), and Slurm's own."""
     secrets = sorted(spec.secrets)
     return {
-        "run_id": run_id, "run_dir": str(run_dir), "workdir": str(workdir),
-        "launcher": spec.launcher, "nodes": spec.nodes, "ppn": spec.ranks_per_node,
+        **common(spec, run_id, recipe),
+        "run_dir": str(run_dir), "workdir": str(workdir),
         "max_attempts": spec.retries + 1,
-        "grace": max(1, int(-(-getattr(spec, "grace_period", 5.0) // 1))),
-        "checkpoint_signal": getattr(spec, "checkpoint_signal", "SIGUSR2"),
         "requeue_margin": REQUEUE_MARGIN_S,
         "master_port": getattr(spec, "fixed_port", None) or spec.master_port,
         "pre": getattr(spec, "pre", None) or "", "post": getattr(spec, "post", None) or "",
-        "secrets": secrets, "spec_env": sorted(spec.env),
         "policies": policies_for(spec) if hasattr(spec, "log_policies") else [],
-        "command": cmd,
         "srun": srun_args(spec, run_dir, workdir),
         "srun_hook": srun_args(spec, run_dir, workdir, per_node=True),
         # mpirun: the spec's variables reach remote ranks only with -x

@@ -247,10 +247,12 @@ class Agent:
 
     def signal_all(self, sig: int) -> None:
         """A signal to each live process itself (not its group: a data loader's workers
-        would die of USR1/USR2)."""
+        would die of USR1/USR2); a launcher's (torchrun's) to its workers, since it ignores
+        the checkpoint signals."""
         for p in self.procs:
             if p.alive and p.popen:
-                procs.signal_pid(p.popen.pid, sig)
+                for pid in procs.children(p.popen.pid) if p.launcher else [p.popen.pid]:
+                    procs.signal_pid(pid, sig)
 
     def kill(self, stopped: bool = False) -> None:
         """SIGKILL every live process group now."""
@@ -259,11 +261,14 @@ class Agent:
                 p.stopped = p.stopped or stopped
                 procs.signal_group(p.popen.pid, signal.SIGKILL)
 
-    def run(self) -> int:
+    def run(self, tick: Callable[[], None] | None = None) -> int:
         """Start every process, wait for all; the exit code of the first failure, else of
-        the first process that did not succeed, else 0."""
+        the first process that did not succeed, else 0. `tick` runs after each poll (the
+        node verb's timeout)."""
         self.start_all()
         while self.poll():
+            if tick:
+                tick()
             select.select([self._wake_r] if self._wake_r >= 0 else [], [], [], 0.2)
             self._drain()
         return self.exit_code()

@@ -5,6 +5,8 @@ task JOB_JSON             one task of the ranks' srun step (a rank, or a node's 
 hook pre|post JOB_JSON    the spec's pre/post command on one node
 worker [--slurm] [--grace S] [--mpi PPN] -- CMD...
                           one rank started by torchrun, mpirun or horovodrun
+node JOB_JSON             one node of SkyPilot or Kubernetes (the engine sets NODE_RANK,
+                          NUM_NODES, MASTER_ADDR, MASTER_PORT, TREB_RUN_ID, TREB_RUN_DIR)
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ import sys
 
 
 def _job(path: str) -> dict:
-    with open(path) as fh:
-        return json.load(fh)
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"treb: cannot read the job file {path}: {exc}\n")
+        sys.exit(2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
         return task.worker(args)
     if verb == "task" and len(args) == 1:
         return task.slurm_task(_job(args[0]))
+    if verb == "node" and len(args) == 1:
+        from .node import node
+
+        return node(_job(args[0]))
     if verb == "hook" and len(args) == 2 and args[0] in ("pre", "post"):
         return task.slurm_hook(_job(args[1]), args[0])
     if verb == "controller" and len(args) == 1:

@@ -21,11 +21,11 @@ from . import contract
 from .agent import STOP_EXIT_CODES, Agent, Proc
 from .records import write_text
 
-PYTHON_GUARD = (  # the first words of every srun step: a clear line when a node lacks python3
+NO_PYTHON = (  # a clear line, and exit 127, where a node (or its image) lacks python3
     'command -v python3 >/dev/null 2>&1 || { echo "treb: no python3 (>= 3.8) on '
-    '$(hostname): the node agent needs it (in the container image too)" >&2; exit 127; }; '
-    'exec python3 -S "$@"'
+    '$(hostname): the node agent needs it (in the container image too)" >&2; exit 127; }'
 )
+PYTHON_GUARD = NO_PYTHON + '; exec python3 -S "$@"'  # the first words of every srun step
 
 
 def self_argv() -> list[str]:
@@ -117,24 +117,7 @@ def slurm_task(job: dict[str, Any]) -> int:
         env.update(contract.rank_vars(rank, local, node, nnodes, ppn))
         proc = Proc(f"rank-{rank}", f"{node}:{local}", cmd, env, rank, node, local)
     elif launcher == "torchrun":
-        argv = [
-            "torchrun",
-            "--nnodes",
-            str(nnodes),
-            "--node_rank",
-            str(node),
-            "--nproc_per_node",
-            str(ppn),
-            "--master_addr",
-            env["MASTER_ADDR"],
-            "--master_port",
-            env["MASTER_PORT"],
-            "--no-python",
-            *worker,
-            "--",
-            *cmd,
-        ]
-        proc = Proc(f"node-{node}", str(node), argv, env, node=node, launcher=True)
+        proc = torchrun_proc(env, node, nnodes, ppn, worker, cmd)
     elif launcher == "mpirun":
         proc = Proc(
             f"node-{node}",
@@ -145,8 +128,7 @@ def slurm_task(job: dict[str, Any]) -> int:
             launcher=True,
         )
     else:  # none: the user's own launcher, once per node
-        env["LOCAL_WORLD_SIZE"] = str(ppn)
-        proc = Proc(f"node-{node}", str(node), cmd, env, node=node)
+        proc = none_proc(env, node, ppn, cmd)
     agent = Agent(
         [proc],
         adir,
@@ -160,6 +142,36 @@ def slurm_task(job: dict[str, Any]) -> int:
     )
     agent.install_signals()
     return agent.run()
+
+
+def torchrun_proc(
+    env: dict[str, str], node: int, nnodes: int, ppn: int, worker: list[str], cmd: list[str]
+) -> Proc:
+    """A node's torchrun; each of its workers runs `worker` around its rank."""
+    argv = [
+        "torchrun",
+        "--nnodes",
+        str(nnodes),
+        "--node_rank",
+        str(node),
+        "--nproc_per_node",
+        str(ppn),
+        "--master_addr",
+        env["MASTER_ADDR"],
+        "--master_port",
+        env["MASTER_PORT"],
+        "--no-python",
+        *worker,
+        "--",
+        *cmd,
+    ]
+    return Proc(f"node-{node}", str(node), argv, env, node=node, launcher=True)
+
+
+def none_proc(env: dict[str, str], node: int, ppn: int, cmd: list[str]) -> Proc:
+    """launcher none: the user's own command once per node, told how many ranks to start."""
+    env["LOCAL_WORLD_SIZE"] = str(ppn)
+    return Proc(f"node-{node}", str(node), cmd, env, node=node)
 
 
 def _mpirun_argv(

@@ -1,0 +1,114 @@
+"""The job file (`job.json`) every engine hands to trebuchet's runtime on its nodes.
+
+Why one module: the runtime reads the same values wherever it runs (the command as argv,
+launcher, shape, grace period, checkpoint signal, the spec's env and secret names), so they
+are computed once here. Slurm's job file (slurm_script.py) adds what its job controller
+needs (run directory, srun flags, attempts, log policies); `node_job` adds what the node
+verb needs on engines that start one process per node themselves (SkyPilot, Kubernetes):
+the timeout and its warning, the env values that use a secret, profiling. Those engines
+ship the file and the runtime archive with the run (SkyPilot file_mounts, a Kubernetes
+ConfigMap) and start `python3 -S <runtime> node <job.json>` on every node.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from trebuchet.envs.build import run_prefix
+from trebuchet.envs.recipe import Recipe
+from trebuchet.errors import UserError
+from trebuchet.launcher.plan import command_argv, profiled
+from trebuchet.runtime.task import NO_PYTHON
+
+SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def command(spec: Any, recipe: Recipe | None = None) -> list[str]:
+    """The spec's command as argv: a string runs in bash; nsys wraps the selected ranks as
+    locally; a conda environment runs it through its prefix."""
+    cmd = profiled(spec, command_argv(spec.command))
+    if recipe is not None and recipe.kind == "conda":
+        cmd = [*run_prefix(recipe), *cmd]
+    return cmd
+
+
+def grace_seconds(spec: Any) -> int:
+    """The grace period in whole seconds (>= 1), as every agent applies it."""
+    return max(1, int(-(-getattr(spec, "grace_period", 5.0) // 1)))
+
+
+def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> dict[str, Any]:
+    """The values of every engine's job file."""
+    return {
+        "run_id": run_id,
+        "launcher": spec.launcher,
+        "nodes": spec.nodes,
+        "ppn": spec.ranks_per_node,
+        "command": command(spec, recipe),
+        "grace": grace_seconds(spec),
+        "checkpoint_signal": getattr(spec, "checkpoint_signal", "SIGUSR2"),
+        "secrets": sorted(spec.secrets),
+        "spec_env": sorted(spec.env),
+    }
+
+
+def uses_secret(value: str, secrets: list[str]) -> bool:
+    """True when an env value names one of the spec's secrets (`${HF_TOKEN}`)."""
+    return any(m.group(1) in secrets for m in SECRET_REF.finditer(value))
+
+
+def node_job(spec: Any, run_id: str) -> dict[str, Any]:
+    """What the runtime's `node` verb reads: the common values, the timeout and when to
+    send the checkpoint signal before it, the env values whose ${SECRET} the node expands
+    (the engine gives the node the secrets, never the manifest), profiling."""
+    secrets = list(spec.secrets)
+    return {
+        **common(spec, run_id),
+        "timeout": spec.timeout,
+        "warning": spec.warning_seconds,
+        "secret_env": {k: v for k, v in spec.env.items() if uses_secret(v, secrets)},
+        "profile": spec.profile,
+        "profile_ranks": spec.profile_ranks,
+    }
+
+
+def node_job_text(job: dict[str, Any]) -> str:
+    """job.json as shipped: JSON, one key per line (what `treb render` shows)."""
+    lines = [f"  {json.dumps(key)}: {json.dumps(job[key])}" for key in sorted(job)]
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def check_node_engine(spec: Any, source: str, engine: str) -> None:
+    """What the node verb does not run on an engine that starts one process per node."""
+    if spec.launcher in ("mpirun", "horovod"):
+        raise UserError(
+            f"{source}: launcher: {spec.launcher} is not rendered for {engine}; "
+            "use native, torchrun or none"
+        )
+    if spec.gpus_per_node == -1:
+        raise UserError(
+            f"{source}: gpus_per_node: -1 (all visible) has no {engine} "
+            "equivalent: give the number of GPUs per node"
+        )
+
+
+def start_lines(runtime: str, job: str) -> list[str]:
+    """The last lines of an engine's node script: a clear error when the node has no
+    python3, then the node agent in place of the shell (signals reach it directly).
+    `runtime` and `job` are shell words (quoted by the caller)."""
+    return [NO_PYTHON, f"exec python3 -S {runtime} node {job}"]
+
+
+def write_node_files(run_dir: Path, job: dict[str, Any]) -> tuple[Path, Path]:
+    """The runtime archive and job.json in the run directory, where the engine's upload
+    (file_mounts, a ConfigMap) takes them from."""
+    from trebuchet.launcher.runtime_file import ship
+    from trebuchet.store.files import write_atomic
+
+    runtime = ship(run_dir)
+    path = run_dir / "job.json"
+    write_atomic(path, node_job_text(job))
+    return runtime, path

@@ -1,0 +1,215 @@
+"""The `node` verb: one node of an engine that starts one process per node itself (the
+`run:` section of a SkyPilot task, the pod of a Kubernetes indexed Job):
+`python3 -S <runtime> node <job.json>`.
+
+The engine's few shell lines place the node (NODE_RANK, NUM_NODES, MASTER_ADDR,
+MASTER_PORT, TREB_RUN_ID, TREB_RUN_DIR: a node-local folder, TREB_ATTEMPT); the rest is
+the node agent's, as on every engine: the node's processes with the rank contract (native:
+one per rank; torchrun: torchrun, each worker running `worker` around its rank; none: the
+command once), each with its own log and outcome record in `TREB_RUN_DIR/attempt-<n>/`;
+the first failure stops the others (SIGTERM, SIGKILL after the grace period); signals are
+forwarded; the spec's timeout is enforced here, with the checkpoint signal before it, as
+locally. Those engines keep what a node prints (`sky logs`, `kubectl logs`), so the ranks'
+logs are also copied to stdout, line by line with their label (logcopy.py).
+
+Exit code: the first failure's; 124 when the timeout stopped the node (as coreutils
+`timeout`, which it replaces, said); 2 when the engine's lines left a variable unset or a
+secret is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from . import contract
+from .agent import Agent, Proc
+from .logcopy import LogCopy
+from .task import none_proc, self_argv, torchrun_proc
+
+PLACEMENT = ("NODE_RANK", "NUM_NODES", "MASTER_ADDR", "MASTER_PORT", "TREB_RUN_ID", "TREB_RUN_DIR")
+TIMEOUT_EXIT = 124
+SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def say(text: str) -> None:
+    sys.stderr.write(f"treb: {text}\n")
+    sys.stderr.flush()
+
+
+def missing_placement(environ: dict[str, str]) -> str | None:
+    """Why the engine's lines did not place this node, or None."""
+    unset = [n for n in PLACEMENT if not environ.get(n)]
+    if unset:
+        return f"{', '.join(unset)} not set (the engine's lines before `node` set them)"
+    for name in ("NODE_RANK", "NUM_NODES", "TREB_ATTEMPT"):
+        if not (environ.get(name) or "0").isdigit():
+            return f"{name}={environ[name]!r} is not a number"
+    if int(environ["NODE_RANK"]) >= int(environ["NUM_NODES"]):
+        return f"NODE_RANK {environ['NODE_RANK']} is not below NUM_NODES {environ['NUM_NODES']}"
+    return None
+
+
+def node_env(job: dict[str, Any], run_dir: str, node: int, nnodes: int) -> dict[str, str]:
+    """What every process of this node gets: the engine's environment, the node's contract
+    variables, trebuchet's own (unless the spec's env sets them), the env values that use a
+    secret, expanded here."""
+    env = dict(os.environ)
+    spec_env = set(job.get("spec_env", []))
+    cwd = os.getcwd()
+    ours = {
+        "TREB_WORKDIR": cwd,
+        "TREB_CODE_DIR": cwd,
+        "TREB_CHECKPOINT_DIR": os.path.join(run_dir, "checkpoints"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if job.get("profile") == "torch":
+        ours["TREB_TORCH_PROFILE_DIR"] = os.path.join(run_dir, "profile", "torch")
+    if job.get("profile_ranks") is not None:
+        ours["TREB_PROFILE_RANKS"] = " ".join(str(r) for r in job["profile_ranks"])
+    for name, value in ours.items():
+        if name not in spec_env:
+            env[name] = value
+    env["TREB_RUN_DIR"] = run_dir
+    env.update(contract.node_vars(node, nnodes))
+    secrets = set(job.get("secrets", []))
+    for name, template in job.get("secret_env", {}).items():
+        env[name] = SECRET_REF.sub(
+            lambda m: os.environ.get(m.group(1), "") if m.group(1) in secrets else m.group(0),
+            template,
+        )
+    ppn = int(job["ppn"])
+    if job["launcher"] != "none" and not env.get("OMP_NUM_THREADS"):
+        env["OMP_NUM_THREADS"] = contract.omp_threads(len(os.sched_getaffinity(0)), ppn)
+    return env
+
+
+def node_procs(
+    job: dict[str, Any], env: dict[str, str], adir: str, node: int, nnodes: int
+) -> tuple[list[Proc], list[tuple[str, str]]]:
+    """This node's processes, and the logs to copy to stdout (label, path)."""
+    launcher, ppn, cmd = job["launcher"], int(job["ppn"]), list(job["command"])
+    log = lambda name: os.path.join(adir, name + ".log")  # noqa: E731
+    ranks = [(node * ppn + local, local) for local in range(ppn)]
+    rank_streams = [(f"{node}:{local}", log(f"rank-{rank}")) for rank, local in ranks]
+    if launcher == "native":
+        procs = []
+        for rank, local in ranks:
+            renv = dict(env)
+            renv.update(contract.rank_vars(rank, local, node, nnodes, ppn))
+            procs.append(Proc(f"rank-{rank}", f"{node}:{local}", cmd, renv, rank, node, local))
+        return procs, rank_streams
+    if launcher == "torchrun":
+        worker = [*self_argv(), "worker", "--grace", str(job["grace"])]
+        proc = torchrun_proc(env, node, nnodes, ppn, worker, cmd)
+        return [proc], [(str(node), log(proc.name)), *rank_streams]
+    proc = none_proc(env, node, ppn, cmd)
+    return [proc], [(str(node), log(proc.name))]
+
+
+class Limit:
+    """The spec's timeout on this node, from the agent's start: the checkpoint signal
+    `warning` seconds before it, then every process is stopped (SIGTERM, SIGKILL after the
+    grace period). A rank that dies of the checkpoint signal after the warning was stopped
+    by it: that ends the node's ranks as the timeout would, and is no failure."""
+
+    def __init__(self, job: dict[str, Any], label: str) -> None:
+        self.label = label
+        self.sig_name = job.get("checkpoint_signal") or "SIGUSR2"
+        self.sig = int(getattr(signal, self.sig_name))
+        self.timeout = job.get("timeout")
+        warning = job.get("warning")
+        now = time.monotonic()
+        self.end = now + float(self.timeout) if self.timeout else None
+        self.warn_at = self.end - float(warning) if self.end and warning else None
+        self.agent: Agent | None = None
+        self.notes: list[str] = []  # said by the log copy thread, never from here
+        self.warned = self.fired = self._warned_stop = False
+
+    def tick(self) -> None:
+        assert self.agent is not None
+        now = time.monotonic()
+        if self.warn_at is not None and now >= self.warn_at and not self.fired:
+            self.warn_at, self.warned = None, True
+            left = max(0.0, (self.end or now) - now)
+            self.notes.append(
+                f"{self.label}: timeout in {left:.0f}s: {self.sig_name} to every rank "
+                "(checkpoint now)"
+            )
+            self.agent.signal_all(self.sig)
+        if self.fired:
+            return
+        if self._warned_stop or (self.end is not None and now >= self.end):
+            self.fired = True
+            self.notes.append(
+                f"{self.label}: timeout ({float(self.timeout):g}s): stopping the ranks"
+            )
+            self.agent.teardown()
+
+    @property
+    def timed_out(self) -> bool:
+        """The timeout ended this node's processes (or the warning did, see above)."""
+        return self.fired or self._warned_stop
+
+    def stopped(self, p: Proc) -> bool:
+        if self.warned and p.returncode == -self.sig:
+            self._warned_stop = True
+            return True
+        return False
+
+
+def node(job: dict[str, Any]) -> int:
+    """Run this node's processes to their end (the verb's docstring, above)."""
+    why = missing_placement(dict(os.environ))
+    if why:
+        say(f"node: {why}")
+        return 2
+    absent = [s for s in job.get("secrets", []) if s not in os.environ]
+    if absent:
+        say(f"node: secret {', '.join(absent)} not in this node's environment (the engine "
+            "passes secrets by name: SkyPilot --secret, a Kubernetes Secret)")  # fmt: skip
+        return 2
+    n, nnodes = int(os.environ["NODE_RANK"]), int(os.environ["NUM_NODES"])
+    attempt = int(os.environ.get("TREB_ATTEMPT") or 0)
+    run_dir = os.path.abspath(os.path.expanduser(os.environ["TREB_RUN_DIR"]))
+    adir = os.path.join(run_dir, f"attempt-{attempt}")
+    os.makedirs(adir, mode=0o700, exist_ok=True)
+    env = node_env(job, run_dir, n, nnodes)
+    with contextlib.suppress(OSError):  # the spec's own folder: the ranks will say why
+        os.makedirs(env["TREB_CHECKPOINT_DIR"], exist_ok=True)
+    procs, streams = node_procs(job, env, adir, n, nnodes)
+    limit = Limit(job, f"node {n}")
+    notes = limit.notes
+
+    def on_failure(p: Proc) -> None:
+        what = f"rank {p.rank} ({p.label})" if p.rank is not None else f"node {p.label}"
+        notes.append(
+            f"{what} failed (exit code {p.exit_code}): stopping the others; "
+            f"its log: {os.path.join(adir, p.name + '.log')}"
+        )
+
+    agent = Agent(
+        procs,
+        adir,
+        os.getcwd(),
+        float(job["grace"]),
+        forward_term=True,
+        extra={"host": socket.gethostname(), "attempt": attempt},
+        on_failure=on_failure,
+        stopped_elsewhere=limit.stopped,
+    )
+    limit.agent = agent
+    agent.install_signals()
+    copy = LogCopy(streams, notes=notes).start()
+    rc = agent.run(limit.tick)
+    if not copy.finish():
+        say(f"the copy of the ranks' logs here was cut short; they are whole in {adir}")
+    if limit.timed_out and agent.first_failure is None:
+        return TIMEOUT_EXIT
+    return rc
