@@ -8,8 +8,8 @@ import threading
 import time
 from pathlib import Path
 
+from trebuchet.runtime.lines import CAP, CUT, inert
 from trebuchet.view.follow import KEEP_TAIL, Follower
-from trebuchet.view.lines import CAP, CUT, inert
 from trebuchet.view.live import View
 
 

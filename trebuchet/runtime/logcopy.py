@@ -16,6 +16,8 @@ import os
 import threading
 import time
 
+from .lines import Splitter
+
 CHUNK = 1 << 16  # bytes read from one file at a time
 MAX_LINE = 1 << 16  # a longer line is copied in pieces of this size
 POLL_S = 0.1  # between rounds when no file grew
@@ -35,8 +37,7 @@ class _Stream:
             self.start = os.path.getsize(path)
         except OSError:
             self.start = 0
-        self.partial: list[bytes] = []
-        self.partial_len = 0
+        self.lines = Splitter(MAX_LINE)  # the view's splitting: linear, cut, inert
 
     def read(self) -> bytes:
         """What the file gained since the last call, as prefixed whole lines."""
@@ -53,27 +54,11 @@ class _Stream:
         return self.feed(data) if data else b""
 
     def feed(self, data: bytes) -> bytes:
-        parts = data.split(b"\n")
-        lines: list[bytes] = []
-        if len(parts) > 1:
-            first = parts[0]
-            if self.partial:
-                first = b"".join([*self.partial, first])
-                self.partial, self.partial_len = [], 0
-            lines.append(first)
-            lines.extend(parts[1:-1])
-        if parts[-1]:
-            self.partial.append(parts[-1])
-            self.partial_len += len(parts[-1])
-            if self.partial_len >= MAX_LINE:
-                lines.append(self.rest())
-        return b"".join(self.prefix + line + b"\n" for line in lines)
+        return b"".join(self.prefix + line + b"\n" for line in self.lines.feed(data))
 
     def rest(self) -> bytes:
-        """The line not yet ended (cut here)."""
-        text = b"".join(self.partial)
-        self.partial, self.partial_len = [], 0
-        return text
+        """The line not yet ended, as prefixed lines (the stream ended)."""
+        return b"".join(self.prefix + line + b"\n" for line in self.lines.flush())
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -132,8 +117,8 @@ class LogCopy:
             pass
         self._round()  # the agent's last notes
         for stream in self.streams:
-            if stream.partial and not self.broken:  # a last line without a newline
-                self._write(stream.prefix + stream.rest() + b"\n")
+            if not self.broken:  # a last line without a newline
+                self._write(stream.rest())
             stream.close()
 
     def finish(self) -> bool:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from trebuchet.view.lines import Splitter
+from trebuchet.runtime.lines import Splitter
 
 STALE_PARTIAL_S = 1.0
 READ = 1 << 20

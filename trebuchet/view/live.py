@@ -20,8 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+from trebuchet.runtime.lines import inert
 from trebuchet.view.follow import Follower, Out
-from trebuchet.view.lines import inert
 
 POLL_S = 0.05
 REST_PER_BUSY = 4.0
