@@ -2,16 +2,13 @@
 
 A CUDA out-of-memory error will not go away by retrying (no_retry); a flaky node or a
 port taken by someone else may (retry, bounded). The user's policies are checked first,
-then these defaults unless the spec turns them off.
+then these defaults unless the spec turns them off. Matching them against logs is the
+runtime's (trebuchet/runtime/policies.py), the same locally and on Slurm.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from trebuchet.runtime.policies import SCAN_BYTES, match
-
-__all__ = ["DEFAULT_POLICIES", "SCAN_BYTES", "match", "policies_for"]
 
 DEFAULT_POLICIES: list[dict[str, Any]] = [
     {"name": "gpu-oom", "action": "no_retry",

@@ -20,10 +20,10 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trebuchet.launcher import policies
 from trebuchet.launcher.plan import Plan, ProcPlan, free_port
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
 from trebuchet.launcher.watchdog import Watchdog
+from trebuchet.runtime import policies
 from trebuchet.runtime.agent import Agent, Proc
 from trebuchet.runtime.procs import (
     children,
@@ -185,24 +185,22 @@ class Supervisor:
         logs += [adir / name for _, name in self.plan.streams if adir / name not in logs]
         if self.first_failure and self.first_failure.get("log"):
             logs.insert(0, Path(self.first_failure["log"]))
-        found = policies.match(self.plan.log_policies, logs) if state == FAILED else None
         normal_used = attempt - sum(self.policy_retries.values())
-        if found:
-            policy, line = found
-            name = policy["name"]
+        if state != FAILED:
+            return normal_used < self.plan.retries
+        verdict, policy, line = policies.decide(self.plan.log_policies, logs, self.policy_retries)
+        if policy:
+            name, action = policy["name"], policy["action"]
             append_event(self.run_dir, "log_policy", attempt=attempt, policy=name,
-                         action=policy["action"], line=line)  # fmt: skip
-            self._say(f"log policy {name} ({policy['action']}) matched: {line}")
-            self.store.set_attempt(self.plan.run_id, attempt, reason=f"{name}: {policy['action']}")
-            if policy["action"] == "no_retry":
-                return False
-            if self.policy_retries.get(name, 0) < policy.get("max_retries", 3):
-                self.policy_retries[name] = self.policy_retries.get(name, 0) + 1
-                granted = sum(self.policy_retries.values())
-                self.store.update_run(
-                    self.plan.run_id, max_attempts=1 + self.plan.retries + granted
-                )
-                return True
+                         action=action, line=line)  # fmt: skip
+            self._say(f"log policy {name} ({action}) matched: {line}")
+            self.store.set_attempt(self.plan.run_id, attempt, reason=f"{name}: {action}")
+        if verdict == policies.FINAL:
+            return False
+        if verdict == policies.RETRY:
+            granted = sum(self.policy_retries.values())
+            self.store.update_run(self.plan.run_id, max_attempts=1 + self.plan.retries + granted)
+            return True
         return normal_used < self.plan.retries
 
     def finish(self, state: str) -> None:

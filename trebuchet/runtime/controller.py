@@ -285,35 +285,33 @@ class Controller:
         if not self.terminating:
             self.attempt_json(self.state, self.reason, now(), "batch")
 
-    def apply_policy(self) -> int:
-        """After a failed attempt: 0 retry granted, 1 final, 2 no match, 3 a retry policy
-        matched but has granted all it may (the spec's retries decide)."""
+    def apply_policy(self) -> str:
+        """After a failed attempt: the log policies' verdict (runtime/policies.decide). The
+        retries they granted are kept in `policy-retries`, one name a line, so that a
+        requeued job keeps the count."""
         names = sorted(os.listdir(self.adir))
         logs = [os.path.join(self.adir, n) for n in names if re.fullmatch(r"rank-\d+\.log", n)]
         logs += [os.path.join(self.adir, n) for n in names if re.fullmatch(r"node-\d+\.log", n)]
-        found = policies.match(self.job["policies"], logs)
-        if not found:
-            return 2
-        policy, line = found
+        path = os.path.join(self.run_dir, "policy-retries")
+        try:
+            with open(path) as fh:
+                used = fh.read().splitlines()
+        except OSError:
+            used = []
+        granted = {name: used.count(name) for name in set(used)}
+        verdict, policy, line = policies.decide(self.job["policies"], logs, granted)
+        if policy is None:
+            return verdict
         name, action = policy["name"], policy["action"]
         log(f"log policy {name} ({action}) matched: {line}")
         append_event(
             self.run_dir, "log_policy", attempt=self.attempt, policy=name, action=action, line=line
         )
         self.reason = f"{name}: {action}"
-        if action != "retry":
-            return 1
-        path = os.path.join(self.run_dir, "policy-retries")
-        try:
-            with open(path) as fh:
-                used = fh.read().splitlines().count(name)
-        except OSError:
-            used = 0
-        if used >= int(policy.get("max_retries", 3)):
-            return 3
-        with open(path, "a") as fh:
-            fh.write(name + "\n")
-        return 0
+        if verdict == policies.RETRY:
+            with open(path, "a") as fh:
+                fh.write(name + "\n")
+        return verdict
 
     # -- the job -------------------------------------------------------------------------
     def resume(self) -> int | None:
@@ -409,13 +407,15 @@ class Controller:
                 break
             if self.state != "FAILED":
                 break
-            policy_rc = 2
+            verdict = policies.NO_MATCH
             if not self.warned and self.reason not in ("pre", "post"):
-                policy_rc = self.apply_policy()
-                if policy_rc != 2:
+                verdict = self.apply_policy()
+                if verdict != policies.NO_MATCH:
                     self.attempt_json("FAILED", self.reason, now(), "batch")
-            if policy_rc == 0 or (
-                policy_rc != 1 and not self.warned and self.attempt + 1 < self.max_attempts()
+            if verdict == policies.RETRY or (
+                verdict != policies.FINAL
+                and not self.warned
+                and self.attempt + 1 < self.max_attempts()
             ):
                 log(f"attempt {self.attempt} failed ({self.reason}): retrying")
                 self.attempt += 1

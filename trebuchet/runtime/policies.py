@@ -34,3 +34,28 @@ def match(policies: list[dict[str, Any]], logs: Iterable[Any]) -> tuple[dict[str
                 end = text.find("\n", m.end())
                 return policy, text[start : end if end >= 0 else len(text)].strip()[:300]
     return None
+
+
+RETRY, FINAL, EXHAUSTED, NO_MATCH = "retry", "final", "exhausted", "no match"
+
+
+def decide(
+    policies: list[dict[str, Any]], logs: Iterable[Any], granted: dict[str, int]
+) -> tuple[str, dict[str, Any] | None, str]:
+    """After a failed attempt, what the log policies say: (verdict, policy, line).
+
+    RETRY: a retry policy matched and grants one more attempt (counted in `granted`, which
+    the caller keeps: in memory locally, in a file on Slurm where a requeue restarts the
+    job); FINAL: a no_retry policy matched; EXHAUSTED: a retry policy matched but has
+    granted all it may (then the spec's retries decide, as for NO_MATCH)."""
+    found = match(policies, logs)
+    if not found:
+        return NO_MATCH, None, ""
+    policy, line = found
+    if policy["action"] != "retry":
+        return FINAL, policy, line
+    name = policy["name"]
+    if granted.get(name, 0) >= int(policy.get("max_retries", 3)):
+        return EXHAUSTED, policy, line
+    granted[name] = granted.get(name, 0) + 1
+    return RETRY, policy, line
