@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from trebuchet.runtime.contract import NODE_NAMES, RANK_NAMES
 from trebuchet.spec.duration import ALLOWED as DURATION_ALLOWED
 from trebuchet.spec.duration import parse_duration
 
@@ -134,11 +135,8 @@ class Results(Block):
     )
 
 
-# Set by the launcher for each process; a spec cannot override them.
-LAUNCHER_VARS = frozenset(
-    {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-     "NUM_NODES", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE"}
-)  # fmt: skip
+# Set by the launcher for each process (the contract's names); a spec cannot override them.
+LAUNCHER_VARS = frozenset((*RANK_NAMES, *NODE_NAMES))
 CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
