@@ -92,6 +92,19 @@ def test_vanished_job_without_records_is_lost(treb_home: Path, fake_slurm: Path)
     assert "left the queue without an outcome record" in store.attempts("gone")[0]["reason"]
 
 
+def test_vanished_job_whose_run_dir_was_deleted_is_lost_without_a_crash(
+    treb_home: Path, fake_slurm: Path
+) -> None:
+    """`treb ps` must answer when a user deleted a run directory by hand (seen in CI)."""
+    import shutil
+
+    store = Store()
+    shutil.rmtree(add_run(store, treb_home, "nodir", "76"))
+    (fake_slurm / "squeue.out").write_text("")
+    SlurmBackend().refresh(store, store.list(active_only=True))
+    assert store.get("nodir").state == "LOST"
+
+
 def test_squeue_failure_concludes_nothing(treb_home: Path, fake_slurm: Path) -> None:
     store = Store()
     add_run(store, treb_home, "keep", "78")

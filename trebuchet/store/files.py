@@ -32,9 +32,14 @@ def read_json(path: Path) -> Any:
         return None
 
 
-def append_event(run_dir: Path, event: str, **fields: Any) -> None:
-    """One line per event in events.jsonl; a single O_APPEND write keeps lines whole."""
-    records.append_event(str(run_dir), event, **fields)
+def append_event(run_dir: Path, event: str, **fields: Any) -> bool:
+    """One line per event in events.jsonl; a single O_APPEND write keeps lines whole.
+    False when the run directory is gone (deleted by hand): the store still has the run."""
+    try:
+        records.append_event(str(run_dir), event, **fields)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
