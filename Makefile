@@ -44,6 +44,7 @@ bench: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/cli_startup.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/teardown.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/env_build.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/train_speed.py
 
 # Slurm figures on the test cluster (started and taken down around it).
 bench-slurm: $(STAMP)
