@@ -363,14 +363,18 @@ class Controller:
                     "exports the submitting environment; was it set there?)"
                 )
         nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
+        hosts = [nodelist] if re.fullmatch(r"[^,\[\]\s]+", nodelist) else []  # one plain name
         try:
-            hosts = subprocess.run(
-                ["scontrol", "show", "hostnames", nodelist],
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=60,
-            ).stdout.split()
+            hosts = (
+                hosts
+                or subprocess.run(
+                    ["scontrol", "show", "hostnames", nodelist],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    timeout=60,
+                ).stdout.split()
+            )
         except (OSError, subprocess.SubprocessError):
             return self.die("scontrol show hostnames failed")
         # The first node is the master; the port comes from the job id (the contract's

@@ -23,7 +23,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import sys
 import time
 from typing import Any
@@ -200,7 +199,7 @@ def node(job: dict[str, Any]) -> int:
         os.getcwd(),
         float(job["grace"]),
         forward_term=True,
-        extra={"host": socket.gethostname(), "attempt": attempt},
+        extra={"host": os.uname().nodename, "attempt": attempt},
         on_failure=on_failure,
         stopped_elsewhere=limit.stopped,
     )

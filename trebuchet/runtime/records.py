@@ -4,10 +4,10 @@ rename), so `treb status` on another machine reads the old record or the new one
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
-import tempfile
 import time
 from typing import Any
 
@@ -21,9 +21,15 @@ def write_text(path: str, text: str, mode: int = 0o600) -> None:
     write_bytes(path, text.encode(), mode)
 
 
+_TMP_COUNT = itertools.count()
+
+
 def write_bytes(path: str, data: bytes, mode: int = 0o600) -> None:
-    folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    """Replace `path` with `data` in one rename (a temp file of this process beside it;
+    not `tempfile`, whose imports would slow every agent's start)."""
+    folder, base = os.path.split(path)
+    tmp = os.path.join(folder, f".{base}.{os.getpid()}.{next(_TMP_COUNT)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 from typing import Any
@@ -45,7 +44,7 @@ def _int_env(name: str, default: int = 0) -> int:
 
 def _slurm_extra(attempt: int) -> dict[str, Any]:
     return {
-        "host": socket.gethostname(),
+        "host": os.uname().nodename,
         "attempt": attempt,
         "job_id": os.environ.get("SLURM_JOB_ID", ""),
         "step_id": os.environ.get("SLURM_STEP_ID", ""),
