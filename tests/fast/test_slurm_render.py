@@ -275,3 +275,23 @@ def test_venv_conda_and_profiles_reach_the_script(tmp_path: Path, treb_home) -> 
     rc, out, err = _render(tmp_path, "name: x\ncommand: python t.py\nprofile: nsys\n")
     cmd = _split(out)[1]["command"]
     assert rc == 0 and cmd[:2] == ["bash", "-c"] and "nsys profile" in cmd[2] and "treb-nsys" in cmd
+
+
+@pytest.mark.parametrize(
+    "extra,inline",
+    [
+        ("", True),  # one node, one native rank: the controller runs it, no srun step
+        ("launcher: none\nprocs_per_node: 4", True),
+        ("procs_per_node: 2", False),
+        ("nodes: 2", False),
+        ("launcher: torchrun", False),
+        ("slurm: {mpi: pmix}", False),  # PMI comes from srun
+        ("environment: {image: x}", False),  # pyxis is an srun plugin
+    ],
+)
+def test_which_jobs_run_their_only_task_in_the_batch_step(
+    extra: str, inline: bool, tmp_path: Path, treb_home: Path
+) -> None:
+    rc, out, err = _render(tmp_path, f"name: x\ncommand: python t.py\n{extra}\n")
+    assert rc == 0, err
+    assert _split(out)[1]["inline"] is inline

@@ -28,6 +28,7 @@ exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"
     "python train.py --rank \"$RANK\""
   ],
   "grace": 5,
+  "inline": false,
   "launcher": "mpirun",
   "master_port": null,
   "max_attempts": 1,

@@ -41,6 +41,7 @@ exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"
     "python train.py --lr ${LR:-0.1} \"$RANK\" --node ${SLURM_NODEID}"
   ],
   "grace": 5,
+  "inline": false,
   "launcher": "native",
   "master_port": 29511,
   "max_attempts": 1,

@@ -28,6 +28,7 @@ exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"
     "./launch.sh"
   ],
   "grace": 5,
+  "inline": false,
   "launcher": "none",
   "master_port": null,
   "max_attempts": 1,

@@ -31,6 +31,7 @@ exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"
     "cfg a.yaml"
   ],
   "grace": 30,
+  "inline": false,
   "launcher": "torchrun",
   "master_port": null,
   "max_attempts": 3,

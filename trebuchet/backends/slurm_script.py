@@ -248,7 +248,18 @@ def job_file(spec: Any, workdir: Path, run_id: str, run_dir: Path,
         "srun_hook": srun_args(spec, run_dir, workdir, per_node=True),
         # mpirun: the spec's variables reach remote ranks only with -x
         "mpi_env": sorted({*spec.env, *secrets}) if spec.launcher == "mpirun" else [],
+        "inline": inline(spec),
     }  # fmt: skip
+
+
+def inline(spec: Any) -> bool:
+    """The job's only task runs in the batch step, by the controller itself, when srun
+    would add nothing but a second interpreter and a step: one node, one task (native
+    with one rank, or `none`), no `slurm.mpi` (PMI comes from srun), no container image
+    (pyxis is an srun plugin). A 200-point sweep of such jobs starts half the processes."""
+    env = spec.environment
+    one_task = spec.launcher == "none" or (spec.launcher == "native" and spec.ranks_per_node == 1)
+    return spec.nodes == 1 and one_task and not spec.slurm.mpi and not (env and env.image)
 
 
 def render_script(spec: Any, workdir: Path, run_id: str, run_dir: Path,

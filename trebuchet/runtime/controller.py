@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from . import contract, policies
+from .agent import Agent
 from .records import append_event, now, read_json, write_json
 from .task import PYTHON_GUARD
 
@@ -59,6 +60,7 @@ class Controller:
         self.adir = ""
         self.t0: float | None = None
         self.step: subprocess.Popen | None = None
+        self.inline: Agent | None = None  # the job's only task, run here (job["inline"])
         self.step_rc: int | None = None
         self.warned = self.requeued = self.terminating = False
         self.requeue_at: float | None = None
@@ -141,9 +143,12 @@ class Controller:
         self.warned = True
         short = self.sig[3:]
         log(f"time limit near: {self.sig} to every rank (checkpoint now)")
-        if subprocess.run(["scancel", f"--signal={short}", self.job_id]).returncode != 0:
+        if self.inline is not None:  # no step: scancel --signal reaches steps only
+            self.inline.signal_all(getattr(signal, self.sig))
+        elif subprocess.run(["scancel", f"--signal={short}", self.job_id]).returncode != 0:
             log("scancel --signal failed")
-        if self.attempt + 1 < self.max_attempts() and self.step is not None:
+        running = self.step is not None or self.inline is not None
+        if self.attempt + 1 < self.max_attempts() and running:
             margin = int(self.job["requeue_margin"])
             left = time_left(self.job_id)
             left = left - margin if left > margin + 1 else 1
@@ -178,6 +183,8 @@ class Controller:
                 )
         self.state, self.reason = state, reason
         log(reason)
+        if self.inline is not None:  # Slurm signals the batch step's processes: KILL at grace
+            self.inline.teardown()
         if self.adir:
             self.attempt_json(state, reason, now(), "signal")
         self.result(state, reason, "signal")
@@ -245,6 +252,32 @@ class Controller:
         finally:
             self.step = None
 
+    def run_inline(self) -> int:
+        """The job's only task (one node, one task, no srun needs: see slurm_script's
+        `inline`) run by an agent in this process: no second interpreter, no srun step;
+        the same records. Signals stay the controller's."""
+        from .task import slurm_agent
+
+        agent = slurm_agent(self.job, inline=True)
+        self.inline = agent
+        try:
+            agent.start_all()
+            while agent.poll():
+                self._handle_signals()
+                if (
+                    self.requeue_at is not None
+                    and time.monotonic() >= self.requeue_at
+                    and not self.terminating
+                ):
+                    self.requeue_at = None
+                    self.requeue()
+                select.select([self._wake_r], [], [], 0.2)
+                self._drain()
+            self._handle_signals()
+            return agent.exit_code()
+        finally:
+            self.inline = None
+
     def hooks(self, when: str) -> bool:
         """The spec's pre/post command once per node."""
         if not self.job.get(when):
@@ -268,7 +301,10 @@ class Controller:
         if not self.hooks("pre"):
             self.state, self.reason = "FAILED", "pre"
         else:
-            rc = self.run_step(self.job["srun"], "task")
+            if self.job.get("inline"):
+                rc = self.run_inline()
+            else:
+                rc = self.run_step(self.job["srun"], "task")
             self.requeue_at = None
             if self.terminating:
                 return

@@ -101,6 +101,15 @@ def slurm_teardown(adir: str, label: str) -> None:
 
 def slurm_task(job: dict[str, Any]) -> int:
     """One task of the ranks' srun step."""
+    agent = slurm_agent(job)
+    agent.install_signals()
+    return agent.run()
+
+
+def slurm_agent(job: dict[str, Any], inline: bool = False) -> Agent:
+    """The agent of one Slurm task. `inline`: the job's only task, run by the controller in
+    the batch step itself (no srun step, see controller.py): nothing else to stop on a
+    failure, and the controller handles the signals."""
     launcher, ppn = job["launcher"], int(job["ppn"])
     attempt, adir = _attempt_dir(job)
     node, nnodes = _int_env("SLURM_NODEID"), _int_env("SLURM_NNODES", 1)
@@ -128,7 +137,7 @@ def slurm_task(job: dict[str, Any]) -> int:
         )
     else:  # none: the user's own launcher, once per node
         proc = none_proc(env, node, ppn, cmd)
-    agent = Agent(
+    return Agent(
         [proc],
         adir,
         job["workdir"],
@@ -136,11 +145,9 @@ def slurm_task(job: dict[str, Any]) -> int:
         forward_term=False,
         engine_delivers_checkpoint=True,
         extra=_slurm_extra(attempt),
-        on_failure=lambda p: slurm_teardown(adir, p.label),
+        on_failure=None if inline else lambda p: slurm_teardown(adir, p.label),
         stopped_elsewhere=slurm_stopped_elsewhere(job["run_dir"], adir),
     )
-    agent.install_signals()
-    return agent.run()
 
 
 def torchrun_proc(
