@@ -144,7 +144,7 @@ def test_a_two_line_spec_renders_a_short_readable_script(tmp_path: Path, treb_ho
     rc, out, err = _render(tmp_path, "command: python train.py\nnodes: 2\n")
     assert rc == 0, err
     script, job = _split(out)
-    assert len(script.splitlines()) <= 60, script
+    assert len(out.splitlines()) <= 60, out  # the script and the job file it reads
     # the runtime is started from the run directory, named with its version and hash
     assert re.search(r'^TREB_RUNTIME="\$TREB_RUN_DIR"/treb-runtime-\d+-[0-9a-f]{12}\.pyz$',
                      script, re.M), script  # fmt: skip

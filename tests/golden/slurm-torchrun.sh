@@ -23,13 +23,7 @@ exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"
 # ---- $TREB_HOME/runs/RUN_ID/job.json (read by the job controller)
 {
   "checkpoint_signal": "SIGUSR1",
-  "command": [
-    "python",
-    "-m",
-    "trainer",
-    "--config",
-    "cfg a.yaml"
-  ],
+  "command": ["python", "-m", "trainer", "--config", "cfg a.yaml"],
   "grace": 30,
   "inline": false,
   "launcher": "torchrun",
@@ -37,35 +31,7 @@ exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"
   "max_attempts": 3,
   "mpi_env": [],
   "nodes": 4,
-  "policies": [
-    {
-      "action": "no_retry",
-      "name": "gpu-oom",
-      "pattern": "CUDA out of memory|torch\\.(cuda\\.)?OutOfMemoryError|HIP out of memory|CUBLAS_STATUS_ALLOC_FAILED"
-    },
-    {
-      "action": "no_retry",
-      "name": "missing-module",
-      "pattern": "ModuleNotFoundError: No module named|ImportError: cannot import name"
-    },
-    {
-      "action": "no_retry",
-      "name": "syntax-error",
-      "pattern": "^\\s*(SyntaxError|IndentationError): "
-    },
-    {
-      "action": "retry",
-      "max_retries": 2,
-      "name": "ecc-error",
-      "pattern": "uncorrectable ECC error|ECC error encountered"
-    },
-    {
-      "action": "retry",
-      "max_retries": 2,
-      "name": "port-in-use",
-      "pattern": "EADDRINUSE|Address already in use"
-    }
-  ],
+  "policies": [{"name": "gpu-oom", "action": "no_retry", "pattern": "CUDA out of memory|torch\\.(cuda\\.)?OutOfMemoryError|HIP out of memory|CUBLAS_STATUS_ALLOC_FAILED"}, {"name": "missing-module", "action": "no_retry", "pattern": "ModuleNotFoundError: No module named|ImportError: cannot import name"}, {"name": "syntax-error", "action": "no_retry", "pattern": "^\\s*(SyntaxError|IndentationError): "}, {"name": "ecc-error", "action": "retry", "max_retries": 2, "pattern": "uncorrectable ECC error|ECC error encountered"}, {"name": "port-in-use", "action": "retry", "max_retries": 2, "pattern": "EADDRINUSE|Address already in use"}],
   "post": "",
   "ppn": 8,
   "pre": "",
@@ -74,21 +40,7 @@ exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"
   "run_id": "RUN_ID",
   "secrets": [],
   "spec_env": [],
-  "srun": [
-    "--nodes=4",
-    "--ntasks=4",
-    "--ntasks-per-node=1",
-    "--kill-on-bad-exit=0",
-    "--export=ALL",
-    "--cpus-per-task=48",
-    "--mpi=pmi2"
-  ],
-  "srun_hook": [
-    "--nodes=4",
-    "--ntasks=4",
-    "--ntasks-per-node=1",
-    "--kill-on-bad-exit=0",
-    "--export=ALL"
-  ],
+  "srun": ["--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--export=ALL", "--cpus-per-task=48", "--mpi=pmi2"],
+  "srun_hook": ["--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--export=ALL"],
   "workdir": "$WORKDIR"
 }

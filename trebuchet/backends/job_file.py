@@ -75,8 +75,9 @@ def node_job(spec: Any, run_id: str) -> dict[str, Any]:
     }
 
 
-def node_job_text(job: dict[str, Any]) -> str:
-    """job.json as shipped: JSON, one key per line (what `treb render` shows)."""
+def job_text(job: dict[str, Any]) -> str:
+    """job.json as every engine ships it: JSON, one key per line (what `treb render`
+    shows, short enough to review beside the script)."""
     lines = [f"  {json.dumps(key)}: {json.dumps(job[key])}" for key in sorted(job)]
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
@@ -102,7 +103,7 @@ def start_lines(runtime: str, job: str) -> list[str]:
     return [NO_PYTHON, f"exec python3 -S {runtime} node {job}"]
 
 
-def write_node_files(run_dir: Path, job: dict[str, Any]) -> tuple[Path, Path]:
+def write_job_files(run_dir: Path, job: dict[str, Any]) -> tuple[Path, Path]:
     """The runtime archive and job.json in the run directory, where the engine's upload
     (file_mounts, a ConfigMap) takes them from."""
     from trebuchet.launcher.runtime_file import ship
@@ -110,5 +111,5 @@ def write_node_files(run_dir: Path, job: dict[str, Any]) -> tuple[Path, Path]:
 
     runtime = ship(run_dir)
     path = run_dir / "job.json"
-    write_atomic(path, node_job_text(job))
+    write_atomic(path, job_text(job))
     return runtime, path

@@ -25,8 +25,8 @@ from trebuchet.backends.base import Backend, Submitted
 from trebuchet.backends.job_file import (
     check_node_engine,
     grace_seconds,
+    job_text,
     node_job,
-    node_job_text,
     start_lines,
     uses_secret,
 )
@@ -118,7 +118,7 @@ class KubernetesBackend(Backend):
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {**meta, "labels": dict(labels)},
-            "data": {"job.json": node_job_text(node_job(spec, run_id))},
+            "data": {"job.json": job_text(node_job(spec, run_id))},
             "binaryData": {runtime: packed},
         }
         service = {

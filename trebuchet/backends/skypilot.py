@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 from trebuchet.backends.base import Backend, Submitted
 from trebuchet.backends.job_file import (
     check_node_engine,
+    job_text,
     node_job,
-    node_job_text,
     start_lines,
     uses_secret,
-    write_node_files,
+    write_job_files,
 )
 from trebuchet.errors import UserError
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
@@ -155,7 +155,7 @@ class SkyPilotBackend(Backend):
 
     def prepare_task(self, loaded: LoadedSpec, run_id: str, run_dir: Path) -> dict[str, Any]:
         """The files that file_mounts upload, written into the run directory, and the task."""
-        write_node_files(run_dir, node_job(loaded.spec, run_id))
+        write_job_files(run_dir, node_job(loaded.spec, run_id))
         return self.task(loaded, run_id, run_dir)
 
     def render(self, loaded: LoadedSpec) -> str:
@@ -163,7 +163,7 @@ class SkyPilotBackend(Backend):
 
         spec = loaded.spec
         task = self.task(loaded)
-        job = node_job_text(node_job(spec, "RUN_ID"))
+        job = job_text(node_job(spec, "RUN_ID"))
         src = task["file_mounts"][f"{REMOTE_RUNS}/RUN_ID/job.json"]
         head = (
             f"# SkyPilot task for {spec.name} ({loaded.source}); secrets are "

@@ -11,19 +11,17 @@ the run directory as one file (trebuchet/runtime, launcher/runtime_file.py).
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from pathlib import Path
 from typing import Any
 
-from trebuchet.backends.job_file import SECRET_REF, common
+from trebuchet.backends.job_file import SECRET_REF, common, job_text, write_job_files
 from trebuchet.envs.recipe import Recipe
 from trebuchet.launcher.policies import policies_for
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
-from trebuchet.launcher.runtime_file import ship
 from trebuchet.spec.duration import slurm_time
-from trebuchet.store.files import write_atomic, write_json
+from trebuchet.store.files import write_atomic
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 REQUEUE_MARGIN_S = 10  # requeue this long before the time limit when ranks do not stop
@@ -300,8 +298,7 @@ def write_job(spec: Any, workdir: Path, run_id: str, run_dir: Path,
               recipe: Recipe | None = None) -> Path:  # fmt: skip
     """Everything the job needs in its run directory: the runtime, job.json and the sbatch
     script (returned)."""
-    ship(run_dir)
-    write_json(run_dir / "job.json", job_file(spec, workdir, run_id, run_dir, recipe))
+    write_job_files(run_dir, job_file(spec, workdir, run_id, run_dir, recipe))
     path = run_dir / "submit.sbatch"
     write_atomic(path, render_script(spec, workdir, run_id, run_dir, recipe))
     return path
@@ -310,6 +307,6 @@ def write_job(spec: Any, workdir: Path, run_id: str, run_dir: Path,
 def render_all(spec: Any, workdir: Path, run_id: str, run_dir: Path,
                recipe: Recipe | None = None) -> str:  # fmt: skip
     """`treb render --on slurm`: the script, then the job file it hands to the controller."""
-    job = json.dumps(job_file(spec, workdir, run_id, run_dir, recipe), indent=2, sort_keys=True)
+    job = job_text(job_file(spec, workdir, run_id, run_dir, recipe))
     return (render_script(spec, workdir, run_id, run_dir, recipe)
-            + f"\n# ---- {run_dir / 'job.json'} (read by the job controller)\n{job}\n")  # fmt: skip
+            + f"\n# ---- {run_dir / 'job.json'} (read by the job controller)\n{job}")  # fmt: skip
