@@ -10,7 +10,6 @@ killed, so a run never leaves orphans.
 from __future__ import annotations
 
 import os
-import re
 import select
 import signal
 import socket
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING
 from trebuchet.launcher.plan import Plan, ProcPlan, free_port
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
 from trebuchet.launcher.watchdog import Watchdog
-from trebuchet.runtime import policies
+from trebuchet.runtime import policies, secrets
 from trebuchet.runtime.agent import Agent, Proc
 from trebuchet.runtime.procs import (
     children,
@@ -47,7 +46,6 @@ from trebuchet.store.states import (
 if TYPE_CHECKING:
     from trebuchet.view.live import View
 
-SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 HEARTBEAT_S = 5.0
 
 
@@ -260,7 +258,9 @@ class Supervisor:
         by_node: dict[int, list[Proc]] = {}
         for p in plans:
             env = dict(os.environ)
-            env.update({k: self._resolve_secrets(v) for k, v in p.env.items()})
+            env.update(
+                {k: secrets.resolve(v, self.plan.secrets, os.environ) for k, v in p.env.items()}
+            )
             env["TREB_ATTEMPT"] = str(attempt)
             if self.plan.path_prepend:
                 env["PATH"] = os.pathsep.join([*self.plan.path_prepend, os.environ.get("PATH", "")])
@@ -318,16 +318,6 @@ class Supervisor:
                 pass
         except BlockingIOError:
             pass
-
-    def _resolve_secrets(self, value: str) -> str:
-        names = set(self.plan.secrets)
-
-        def sub(m: re.Match[str]) -> str:
-            if m.group(1) not in names:
-                return m.group(0)
-            return os.environ.get(m.group(1)) or (m.group(2) or "")
-
-        return SECRET_REF.sub(sub, value)
 
     def _watch(self, attempt: int, started: float) -> str | None:
         """Wait for every process; returns why the attempt was stopped early, if it was."""

@@ -21,20 +21,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import sys
 import time
 from typing import Any
 
-from . import contract
+from . import contract, secrets
 from .agent import Agent, Proc
 from .logcopy import LogCopy
 from .task import none_proc, self_argv, torchrun_proc
 
 PLACEMENT = ("NODE_RANK", "NUM_NODES", "MASTER_ADDR", "MASTER_PORT", "TREB_RUN_ID", "TREB_RUN_DIR")
 TIMEOUT_EXIT = 124
-SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def say(text: str) -> None:
@@ -77,12 +75,9 @@ def node_env(job: dict[str, Any], run_dir: str, node: int, nnodes: int) -> dict[
             env[name] = value
     env["TREB_RUN_DIR"] = run_dir
     env.update(contract.node_vars(node, nnodes))
-    secrets = set(job.get("secrets", []))
+    names = set(job.get("secrets", []))
     for name, template in job.get("secret_env", {}).items():
-        env[name] = SECRET_REF.sub(
-            lambda m: os.environ.get(m.group(1), "") if m.group(1) in secrets else m.group(0),
-            template,
-        )
+        env[name] = secrets.resolve(template, names, os.environ)
     ppn = int(job["ppn"])
     if job["launcher"] != "none" and not env.get("OMP_NUM_THREADS"):
         env["OMP_NUM_THREADS"] = contract.omp_threads(len(os.sched_getaffinity(0)), ppn)
