@@ -237,20 +237,22 @@ class Controller:
         self.step = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
         try:
             while self.step.poll() is None:
-                self._handle_signals()
-                if (
-                    self.requeue_at is not None
-                    and time.monotonic() >= self.requeue_at
-                    and not self.terminating
-                ):
-                    self.requeue_at = None
-                    self.requeue()
-                select.select([self._wake_r], [], [], 0.2)
-                self._drain()
+                self._tick()
             self._handle_signals()
             return self.step.returncode
         finally:
             self.step = None
+
+    def _tick(self) -> None:
+        """One wait while the attempt's processes run: signals, the requeue timer, then
+        sleep until a signal or 0.2 s."""
+        self._handle_signals()
+        due = self.requeue_at is not None and time.monotonic() >= self.requeue_at
+        if due and not self.terminating:
+            self.requeue_at = None
+            self.requeue()
+        select.select([self._wake_r], [], [], 0.2)
+        self._drain()
 
     def run_inline(self) -> int:
         """The job's only task (one node, one task, no srun needs: see slurm_script's
@@ -263,16 +265,7 @@ class Controller:
         try:
             agent.start_all()
             while agent.poll():
-                self._handle_signals()
-                if (
-                    self.requeue_at is not None
-                    and time.monotonic() >= self.requeue_at
-                    and not self.terminating
-                ):
-                    self.requeue_at = None
-                    self.requeue()
-                select.select([self._wake_r], [], [], 0.2)
-                self._drain()
+                self._tick()
             self._handle_signals()
             return agent.exit_code()
         finally:
