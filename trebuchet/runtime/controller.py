@@ -22,7 +22,7 @@ from typing import Any
 
 from . import contract, policies
 from .agent import Agent
-from .records import append_event, now, read_json, write_json
+from .records import append_event, first_failure, now, read_json, write_json
 from .task import PYTHON_GUARD
 
 REQUEUE_WAIT_S = 600  # after `scontrol requeue`, Slurm ends this step well before this
@@ -308,11 +308,31 @@ class Controller:
                 self.state = "TIMEOUT"
                 self.reason = f"time limit: ranks stopped after {self.sig}"
             else:
-                self.state, self.reason = "FAILED", f"srun exited with code {self.step_rc}"
+                self.state, self.reason = "FAILED", self.failure_reason()
             if not self.hooks("post") and self.state == "SUCCEEDED":
                 self.state, self.reason = "FAILED", "post"
         if not self.terminating:
             self.attempt_json(self.state, self.reason, now(), "batch")
+
+    def failure_reason(self) -> str:
+        """Why the attempt failed, from its records: the first process that failed on its
+        own ('rank 1 on tn2 exited with code 4'). srun's code is not it: srun returns the
+        highest code of its tasks, e.g. 143 of a rank it stopped after the real failure."""
+        records = []
+        for name in sorted(os.listdir(self.adir)):
+            rec = read_json(os.path.join(self.adir, name)) if name.endswith(".json") else None
+            if isinstance(rec, dict) and name != "attempt.json":
+                records.append(rec)
+        first = first_failure(records)
+        if first is None:
+            return f"srun exited with code {self.step_rc}"
+        who = f"rank {first['rank']}" if first.get("rank") is not None else str(first["label"])
+        how = (
+            f"was killed by {first['signal']}"
+            if first.get("signal")
+            else (f"exited with code {first['exit_code']}")
+        )
+        return f"{who} on {first.get('host', '?')} {how}"
 
     def apply_policy(self) -> str:
         """After a failed attempt: the log policies' verdict (runtime/policies.decide). The

@@ -77,3 +77,15 @@ def exit_fields(returncode: int) -> dict[str, Any]:
     except ValueError:
         name = f"SIG{-returncode}"
     return {"exit_code": 128 - returncode, "signal": name}
+
+
+def first_failure(records: list) -> Any:
+    """The earliest non-zero outcome that was not a cascade (a process stopped by its
+    launcher, the teardown or the engine); a rank's record before a node agent's."""
+    failed = [
+        r for r in records
+        if r.get("exit_code") not in (None, 0) and not r.get("stopped_by_launcher")
+    ]  # fmt: skip
+    if not failed:
+        return None
+    return min(failed, key=lambda r: (r.get("rank") is None, r.get("ended_at") or 0.0))
