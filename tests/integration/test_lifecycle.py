@@ -228,3 +228,19 @@ def test_follow_logs_of_a_detached_run_until_it_ends(treb, tmp_path: Path) -> No
     assert treb("logs", run_id, "--tail", "1").stdout.splitlines() == [
         "[0:0] step 3 of rank 0", "[0:1] step 3 of rank 1"
     ]  # fmt: skip
+
+
+def test_ranks_die_with_their_supervisor(treb, tmp_path: Path) -> None:
+    """Each rank gets the parent-death signal (SIGKILL) from the kernel, also where it is
+    started without a preexec_fn (setpriv sets it, so subprocess can vfork)."""
+    script = tmp_path / "pdeath.py"
+    script.write_text(
+        "import ctypes\nv = ctypes.c_int()\n"
+        "ctypes.CDLL(None).prctl(2, ctypes.byref(v), 0, 0, 0)  # PR_GET_PDEATHSIG\n"
+        "print('pdeathsig', v.value)\n"
+    )
+    spec = write_spec(tmp_path, f"command: [python, {script}]\nprocs_per_node: 2\n")
+    res = treb("run", str(spec))
+    assert res.returncode == 0, res.stderr
+    for rank in ("0", "1"):
+        assert "pdeathsig 9" in treb("logs", "--rank", rank).stdout

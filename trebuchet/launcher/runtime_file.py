@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import sys
 import zipfile
 from functools import lru_cache
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from trebuchet import runtime
 from trebuchet.store.files import write_atomic_bytes
+from trebuchet.store.paths import treb_home
 
 PACKAGE = "treb_runtime"  # the runtime's name inside the archive (its imports are relative)
 # The archive's entry: the package's own __main__.py (it checks the Python version first).
@@ -39,10 +41,7 @@ def _bytecode(name: str, data: bytes) -> bytes:
     return bytes(_code_to_hash_pyc(code, source_hash(data), False))
 
 
-@lru_cache(maxsize=1)
-def archive() -> tuple[str, bytes]:
-    """(file name, bytes) of the runtime archive for the installed sources."""
-    sources = _sources()
+def _build(sources: list[tuple[str, bytes]]) -> tuple[str, bytes]:
     digest = hashlib.sha256(sys.implementation.cache_tag.encode())
     for name, data in sources:
         digest.update(name.encode() + b"\0" + data + b"\0")
@@ -61,13 +60,65 @@ def archive() -> tuple[str, bytes]:
     return f"treb-runtime-{runtime.VERSION}-{digest.hexdigest()[:12]}.pyz", buf.getvalue()
 
 
+def _cache_key() -> str:
+    """Names, sizes and mtimes of the installed sources (stat only: building the archive
+    compiles every module, ~15 ms that every `treb run` would pay)."""
+    folder = Path(runtime.__file__).parent
+    digest = hashlib.sha256(f"{sys.implementation.cache_tag} {runtime.VERSION}".encode())
+    for path in sorted(folder.glob("*.py")):
+        st = path.stat()
+        digest.update(f"{path.name} {st.st_size} {st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def cached_path() -> Path | None:
+    """The archive in TREB_HOME/cache, built on first use for these sources: the file the
+    runs link to (its name: the sources' stat key, then the archive's name). None when the
+    cache cannot be written: the callers build the archive in memory instead."""
+    cache = treb_home() / "cache"
+    key = _cache_key()
+    try:
+        for found in cache.glob(f"{key}-treb-runtime-*.pyz"):
+            return found
+        name, data = _built()
+        path = cache / f"{key}-{name}"
+        write_atomic_bytes(path, data)
+    except OSError:
+        return None
+    return path
+
+
+@lru_cache(maxsize=1)
+def _built() -> tuple[str, bytes]:
+    return _build(_sources())
+
+
+def archive() -> tuple[str, bytes]:
+    """(file name, bytes) of the runtime archive for the installed sources."""
+    path = cached_path()
+    if path is None:
+        return _built()
+    return path.name.split("-", 1)[1], path.read_bytes()
+
+
 def file_name() -> str:
-    return archive()[0]
+    path = cached_path()
+    return _built()[0] if path is None else path.name.split("-", 1)[1]
 
 
 def ship(run_dir: Path) -> Path:
-    """Write the archive into the run directory; returns its path."""
-    name, data = archive()
-    path = run_dir / name
-    write_atomic_bytes(path, data)
+    """Put the archive into the run directory (a hard link to the cached file where the
+    filesystem allows it; else a copy); returns its path."""
+    cached = cached_path()
+    if cached is None:
+        name, data = _built()
+        write_atomic_bytes(run_dir / name, data)
+        return run_dir / name
+    path = run_dir / cached.name.split("-", 1)[1]
+    try:
+        os.link(cached, path)
+    except FileExistsError:
+        pass
+    except OSError:
+        write_atomic_bytes(path, cached.read_bytes())
     return path

@@ -160,19 +160,32 @@ class Agent:
 
         return setup
 
+    def _plain_start(self, p: Proc) -> list[str] | None:
+        """The argv for a start without preexec_fn, or None when one is needed: a launcher
+        (torchrun ignores the checkpoint signals), a signal this process ignores (exec
+        keeps SIG_IGN; handled ones become SIG_DFL), or no setpriv for the death signal."""
+        if p.launcher or any(
+            signal.getsignal(sig) == signal.SIG_IGN for sig in STOP_SIGNALS + CHECKPOINT_SIGNALS
+        ):
+            return None
+        return procs.with_pdeathsig(p.argv)
+
     def start(self, p: Proc) -> None:
         log = os.path.join(self.adir, p.name + ".log")
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        argv = self._plain_start(p)
         try:
+            if argv is not None and not procs.find_program(p.argv[0], p.env.get("PATH"), self.cwd):
+                raise FileNotFoundError(2, "No such file or directory")
             p.popen = subprocess.Popen(
-                p.argv,
+                argv or p.argv,
                 env=p.env,
                 cwd=self.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=fd,
                 stderr=fd,
                 start_new_session=True,
-                preexec_fn=self._preexec(p),
+                preexec_fn=None if argv else self._preexec(p),
                 close_fds=True,
             )
         except OSError as exc:
@@ -193,6 +206,7 @@ class Agent:
         write_json(
             os.path.join(self.adir, p.name + ".json"),
             {**self.extra, **p.outcome(), "state": state, "log": log},
+            durable=state == "ENDED",  # RUNNING is replaced within the run: no fsync
         )
 
     def teardown(self) -> None:
