@@ -275,3 +275,50 @@ def test_imported_spec_renders_to_the_same_slurm_request(
         and name != "native.sbatch"
     ):
         assert "nodes" not in want  # <NNODES>: reported, and the spec asks for 1
+
+
+SPLIT_SCRIPT = r"""#!/bin/bash
+#SBATCH --nodes=1
+GPT_ARGS="--num-layers 24 --hidden-size 2048
+  --lr 1e-4"
+DATA_ARGS="	--data-path /data/my file   --split 949,50,1 "
+OUT_ARGS="--save $CKPT_DIR --log-interval 10"
+SUB="$(echo sub one)"
+EMPTY=
+SRUN_ARGS="--ntasks-per-node=2  --mpi=pmix"
+srun $SRUN_ARGS printf '<%s>\n' pretrain_gpt.py $GPT_ARGS $DATA_ARGS "$OUT_ARGS" \
+  $OUT_ARGS $EMPTY "$EMPTY" x${DATA_ARGS}y "a $GPT_ARGS" $SUB $UNSET_ONE "${GPT_ARGS}"
+"""
+
+
+def test_unquoted_expansions_split_as_bash_splits_them(capsys, tmp_path) -> None:
+    """bash is the oracle: the script's srun line (srun replaced by a function that drops
+    its options) and the imported command print the same argv, one `<arg>` per line."""
+    import os
+    import subprocess
+
+    script = tmp_path / "megatron.sbatch"
+    script.write_text(SPLIT_SCRIPT)
+    out, errtext, code = run_import(capsys, "sbatch", str(script))
+    assert code == 0, errtext
+    spec_path = tmp_path / "job.yaml"
+    spec_path.write_text(out)
+    from trebuchet.spec.load import load_spec
+
+    spec = load_spec(spec_path, environ={}).spec
+    assert spec.ranks_per_node == 2 and spec.slurm.mpi == "pmix"  # options from $SRUN_ARGS
+    env = {"PATH": os.environ["PATH"], "CKPT_DIR": "/ck pt", "UNSET_ONE": "u1 u2"}
+    srun = 'srun() { while [[ $1 == -* ]]; do shift; done; "$@"; }\n'
+    want = subprocess.run(
+        ["bash", "-c", srun + SPLIT_SCRIPT], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    got = subprocess.run(
+        ["bash", "-c", spec.command], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert got == want
+    assert "<--num-layers>\n<24>\n<--hidden-size>" in got and "<--data-path>\n</data/my>" in got
+    # the references the script leaves to the node are named in the report
+    assert any(
+        "$CKPT_DIR $UNSET_ONE: not set by the script" in e
+        for e in notes_at(errtext.splitlines(), 10)
+    )

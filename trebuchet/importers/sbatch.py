@@ -19,12 +19,16 @@ from trebuchet.importers.common import PLACEHOLDER, ImportResult, env_or_secret,
 from trebuchet.importers.shell import (
     ASSIGN,
     Command,
+    Part,
     ShellSyntaxError,
     Word,
+    assigned,
+    expand,
     source,
     split_script,
     statements,
 )
+from trebuchet.runtime.contract import NODE_NAMES, RANK_NAMES
 
 SHORT = {
     "N": "nodes",
@@ -108,6 +112,11 @@ FLAGS = {
     "container-save",
     "nvmps",
 }
+# Set where the ranks run, so a reference to them is expected to stay live.
+RUNTIME_PREFIXES = ("SLURM_", "SLURMD_", "TREB_", "OMPI_", "PMI_", "PMIX_", "SKYPILOT_")
+RUNTIME_NAMES = {*RANK_NAMES, *NODE_NAMES, "MASTER_ADDR", "MASTER_PORT", "HOME", "USER", "PATH"}
+RUNTIME_NAMES |= {"HOSTNAME", "PWD", "CUDA_VISIBLE_DEVICES"}
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SETUP_COMMANDS = {"module", "ml", "source", ".", "spack"}
 ACTIVATE = {"conda", "mamba", "micromamba"}
 TORCHRUN_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
@@ -228,6 +237,7 @@ class _Script:
         self.path = path
         self.res = res
         self.vars: dict[str, tuple[str, _Item]] = {}  # plain (not exported) shell variables
+        self.parts: dict[str, list[Part]] = {}  # their values as parts (live references kept)
         self.exported: set[str] = set()
         self.used: set[str] = set()
         self.setup: list[_Item] = []
@@ -240,6 +250,13 @@ class _Script:
         if name in self.vars and name not in self.exported:
             self.used.add(name)
             return self.vars[name][0]
+        return None
+
+    def lookup(self, name: str) -> list[Part] | None:
+        """A script variable's value as parts, for expand() (which splits it as bash does)."""
+        if name in self.vars and name not in self.exported:
+            self.used.add(name)
+            return self.parts[name]
         return None
 
 
@@ -309,6 +326,7 @@ def _body(cmds: list[Command], text: str, st: _Script) -> None:
             for w in c.words:
                 name = ASSIGN.match(w.raw).group(1)
                 value = w.value(st.resolve)[len(name) + 1 :]
+                st.parts[name] = assigned(w, st.lookup)
                 st.vars[name] = (value, _Item(c.line, c.raw, w.names()))
         elif len(stmt) == 1 and c.argv0 == "export":
             _export(c, st)
@@ -383,7 +401,10 @@ def _export(c: Command, st: _Script) -> None:
 
 def _srun(c: Command, st: _Script) -> None:
     res = st.res
-    words = c.words[1:]
+    for w in c.words[1:]:
+        st.used |= w.names() & set(st.vars)
+    words = expand(c.words[1:], st.lookup)
+    _unresolved(words, c.line, st)
     values = [w.value(st.resolve) for w in words]
     opts, start = parse_options(values, stop_at_program=True)
     argv = words[start:]
@@ -423,6 +444,24 @@ def _srun(c: Command, st: _Script) -> None:
     if not argv:
         raise UserError(f"{st.path}:{c.line}: srun without a command")
     _program(argv, c, st, srun)
+
+
+def _unresolved(words: list[Word], line: int, st: _Script) -> None:
+    """Say which references in the srun line the script does not set: they stay for the
+    node's shell, which takes them from the environment the job starts with."""
+    known = st.exported | set(st.res.spec.get("env", {})) | set(st.res.spec.get("secrets", []))
+    names = sorted(
+        {p.text for w in words for p in w.parts if p.kind == "var" and NAME_RE.fullmatch(p.text)}
+        - known
+    )
+    names = [n for n in names if not n.startswith(RUNTIME_PREFIXES) and n not in RUNTIME_NAMES]
+    if names:
+        refs = " ".join("$" + n for n in names)
+        st.res.note(
+            line,
+            f"{refs}: not set by the script; left for the shell on the node to expand "
+            "(from the environment you submit from, or empty)",
+        )
 
 
 def _program(argv: list[Word], c: Command, st: _Script, srun: dict[str, str | None]) -> None:

@@ -19,6 +19,8 @@ OPS = ("&&", "||", ";;", "|", ";", "&")
 ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=")
 
 Resolver = Callable[[str], "str | None"]
+Lookup = Callable[[str], "list[Part] | None"]  # a variable's value as parts, or None
+BLANKS = re.compile(r"[ \t\n]+")  # bash's default IFS: runs of blanks split fields
 
 
 @dataclass
@@ -27,6 +29,15 @@ class Part:
     text: str
     raw: str = ""  # source of a var/sub, e.g. "${X:-1}"
     quoted: bool = False
+
+    @property
+    def plain(self) -> bool:
+        """`$X`, `${X}` or `${X:-default}`: the value of X itself, not a transformation of
+        it (`${#X}`, `${X%.*}`, `${X:+alt}`...), so a known value may replace it."""
+        return self.kind == "var" and (
+            self.raw in ("$" + self.text, "${" + self.text + "}")
+            or self.raw.startswith(("${" + self.text + ":-", "${" + self.text + "-"))
+        )
 
 
 @dataclass
@@ -44,7 +55,7 @@ class Word:
             if p.kind == "lit":
                 out.append(p.text)
             elif p.kind == "var":
-                got = resolve(p.text) if resolve else None
+                got = resolve(p.text) if resolve and p.plain else None
                 out.append(p.raw if got is None else got)
             else:
                 out.append(p.raw)
@@ -65,7 +76,7 @@ class Word:
             parts[0] = Part("lit", rest, quoted=parts[0].quoted)
         lit = ""
         for p in parts:
-            got = resolve(p.text) if p.kind == "var" and resolve else None
+            got = resolve(p.text) if p.kind == "var" and resolve and p.plain else None
             if p.kind == "lit" or got is not None:
                 lit += p.text if p.kind == "lit" else got
                 continue
@@ -89,6 +100,56 @@ class Word:
     def literal(self) -> str | None:
         """The word's text when it has no references at all."""
         return None if any(p.kind != "lit" for p in self.parts) else self.value()
+
+
+def assigned(word: Word, lookup: Lookup) -> list[Part]:
+    """The value of `NAME=value` as parts, the script's known variables substituted (an
+    assignment is not split into fields); references nothing resolves stay live."""
+    parts = list(word.parts)
+    m = ASSIGN.match(parts[0].text) if parts and parts[0].kind == "lit" else None
+    if m:
+        parts[0] = Part("lit", parts[0].text[m.end() :], quoted=parts[0].quoted)
+    out: list[Part] = []
+    for p in parts:
+        got = lookup(p.text) if p.plain else None
+        out.extend([p] if got is None else got)
+    return out
+
+
+def expand(words: list[Word], lookup: Lookup) -> list[Word]:
+    """The words bash passes once the script's own variables are substituted: an unquoted
+    reference splits into fields at blanks (`$GPT_ARGS` -> one argument per option, as
+    Megatron scripts rely on), a quoted one stays one word, an unquoted reference that
+    expands to nothing disappears. What `lookup` cannot resolve stays live, for the
+    node's shell (which splits it the same way)."""
+    out: list[Word] = []
+    for w in words:
+        fields: list[list[Part]] = [[]]
+        for p in w.parts:
+            got = lookup(p.text) if p.plain else None
+            if got is None:
+                fields[-1].append(p)
+                continue
+            for q in got:
+                if q.kind != "lit":  # live inside the value: same quoting as the reference
+                    fields[-1].append(Part(q.kind, q.text, q.raw, p.quoted))
+                elif p.quoted:
+                    fields[-1].append(Part("lit", q.text, quoted=True))
+                else:
+                    for k, piece in enumerate(BLANKS.split(q.text)):
+                        if k:
+                            fields.append([])
+                        if piece:
+                            fields[-1].append(Part("lit", piece, quoted=True))
+        kept = [f for f in fields if f]
+        if len(kept) == 1 and kept[0] == w.parts:
+            out.append(w)
+            continue
+        for f in kept:
+            word = Word(f, "", w.line, w.start, w.end)
+            word.raw = word.shell()
+            out.append(word)
+    return out
 
 
 @dataclass
