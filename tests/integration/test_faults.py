@@ -169,6 +169,52 @@ def test_timeout_warns_with_the_checkpoint_signal_then_stops(treb, tmp_path: Pat
     assert all(p["stopped_by_launcher"] for p in st["procs"])
 
 
+def test_checkpoint_signal_reaches_only_processes_that_handle_it(treb, tmp_path: Path) -> None:
+    """The timeout warning goes to the process that handles it, through the bash in front of
+    it (a string command), not to its child that would die of it; a rank without a handler
+    gets nothing and runs on (on main it died of SIGUSR2 60 s before the limit)."""
+    script = tmp_path / "ck.py"
+    script.write_text(
+        "import os, signal, subprocess, sys, time, pathlib\n"
+        "mark = pathlib.Path(os.environ['TREB_CHECKPOINT_DIR'], 'got')\n"
+        "deadline = time.time() + 60\n"
+        "if os.environ['RANK'] == '1':  # no handler: must not be killed by the warning\n"
+        "    while not mark.exists() and time.time() < deadline:\n        time.sleep(0.05)\n"
+        "    print('survived', flush=True)\n    raise SystemExit(0)\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "got = []\n"
+        "signal.signal(signal.SIGUSR2, lambda *_: got.append(1))\n"
+        "while not got and time.time() < deadline:\n    time.sleep(0.05)\n"
+        "alive = child.poll() is None\n"
+        "child.kill()\n"
+        "print(f'got={bool(got)} child_alive={alive}', flush=True)\n"
+        "mark.touch()\n"
+        "raise SystemExit(0 if got and alive else 9)\n"
+    )
+    spec = f"command: {PY} {script}; echo after-$RANK\nprocs_per_node: 2\n"
+    spec += "timeout: 40s\ntimeout_warning: 36s\n"
+    res, st = run_case(treb, tmp_path, spec)
+    assert res.returncode == 0 and st["state"] == "SUCCEEDED", res.stdout + res.stderr
+    assert "got=True child_alive=True" in res.stdout and "survived" in res.stdout
+    assert "after-0" in res.stdout and "after-1" in res.stdout  # bash in front lived on
+    events = [
+        json.loads(x) for x in (Path(st["run_dir"]) / "events.jsonl").read_text().split("\n") if x
+    ]
+    warning = next(e for e in events if e.get("event") == "timeout_warning")
+    assert warning["delivered"] == 1, warning
+
+
+def test_checkpoint_signal_nobody_handles_is_not_sent(treb, tmp_path: Path) -> None:
+    """No rank handles it: nothing is sent, the terminal says so, the ranks run to the
+    timeout and are stopped by it (SIGTERM), not by the warning."""
+    spec = "command: exec sleep 600\nprocs_per_node: 2\ntimeout: 6s\ntimeout_warning: 4s\n"
+    res, st = run_case(treb, tmp_path, spec)
+    assert res.returncode == 1 and st["state"] == "TIMEOUT"
+    assert "no rank handles SIGUSR2" in res.stdout + res.stderr
+    for p in st["procs"]:
+        assert p["stopped_by_launcher"] and p["signal"] != "SIGUSR2", p
+
+
 @pytest.mark.parametrize("launcher", ["native", "torchrun"])
 def test_usr1_is_forwarded_to_every_rank(launcher, treb, treb_home: Path, tmp_path: Path) -> None:
     if launcher == "torchrun":

@@ -247,6 +247,36 @@ retries: 1
     assert ignored["ended_at"] - ignored["started_at"] >= 55
 
 
+def test_checkpoint_signal_only_to_ranks_that_handle_it(streb, tmp_path: Path) -> None:
+    """Near the limit, the ranks that handle SIGUSR2 get it (through the bash in front of
+    them), the others run on to the limit: no `scancel --signal` to every process."""
+    (tmp_path / "ck.py").write_text(
+        "import os, signal, time\n"
+        "rank, got = int(os.environ['RANK']), []\n"
+        "if rank % 2 == 0:\n"
+        "    signal.signal(signal.SIGUSR2, lambda *_: got.append(1))\n"
+        "t0 = time.time()\n"
+        "while not got and time.time() - t0 < 200:\n    time.sleep(0.2)\n"
+        "print(f'rank {rank} got={bool(got)}', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    spec = write_spec(tmp_path, "command: python3 ck.py; echo after\nnodes: 2\n"
+                      "procs_per_node: 2\ntimeout: 1m\ntimeout_warning: 30s\n")  # fmt: skip
+    res = streb("run", str(spec), "--on", "slurm", "--detach")
+    assert res.returncode == 0, res.stderr
+    st = wait_for(streb, res.stdout.strip(), {"TIMEOUT", "FAILED", "SUCCEEDED", "LOST"}, 240)
+    assert st["state"] == "TIMEOUT", st
+    run_dir = Path(st["run_dir"])
+    for rank in range(4):
+        log = (run_dir / "attempt-0" / f"rank-{rank}.log").read_text()
+        assert (f"rank {rank} got=True" in log) == (rank % 2 == 0), (rank, log)
+        rec = records(run_dir, 0)[f"rank-{rank}"]
+        assert rec["signal"] != "SIGUSR2", rec
+    batch = (run_dir / "batch.log").read_text()
+    assert "tn1: SIGUSR2 to 1 process(es) that handle it" in batch, batch
+    assert "tn2: SIGUSR2 to 1 process(es) that handle it" in batch, batch
+
+
 def test_two_jobs_at_once_do_not_collide_on_ports(streb, tmp_path: Path) -> None:
     """Two jobs on the same nodes at the same time: each rank 0 holds its MASTER_PORT open
     on tn1 while the other job's does too; the port follows the job id."""

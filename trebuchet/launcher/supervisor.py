@@ -24,12 +24,7 @@ from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
 from trebuchet.launcher.watchdog import Watchdog
 from trebuchet.runtime import policies, secrets
 from trebuchet.runtime.agent import Agent, Proc
-from trebuchet.runtime.procs import (
-    children,
-    processes_of_run,
-    signal_pid,
-    start_time,
-)
+from trebuchet.runtime.procs import processes_of_run, signal_pid, start_time
 from trebuchet.store.db import Store
 from trebuchet.store.files import append_event, read_json
 from trebuchet.store.states import (
@@ -87,23 +82,14 @@ class Supervisor:
     def _on_forward(self, signum: int, _frame: object) -> None:
         self.signal_ranks(signum)
 
-    def rank_pids(self) -> list[int]:
-        """The processes that run the user's code: under torchrun the agent's workers."""
-        pids: list[int] = []
-        for p in self.procs:
-            if p.alive and p.pid:
-                pids += children(p.pid) if self.plan.launcher == "torchrun" else [p.pid]
-        return pids
-
     @property
     def procs(self) -> list[Proc]:
         return [p for agent in self.agents for p in agent.procs]
 
-    def signal_ranks(self, signum: int) -> None:
-        """Deliver e.g. the checkpoint signal to every rank (not to helpers such as
-        data-loader workers, whose default action for SIGUSR1/2 would be to die)."""
-        for pid in self.rank_pids():
-            signal_pid(pid, signum)
+    def signal_ranks(self, signum: int) -> int:
+        """The checkpoint signal (or a forwarded USR1/USR2) to the ranks that handle it, by
+        the runtime's one rule (Agent.signal_all); how many processes got it."""
+        return sum(len(agent.signal_all(signum)) for agent in self.agents)
 
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> str:
@@ -341,9 +327,12 @@ class Supervisor:
             if warn_at is not None and reason is None and now >= warn_at:
                 warn_at = None
                 self._warned = True
-                self.signal_ranks(self._ckpt_sig)
+                sent = self.signal_ranks(self._ckpt_sig)
                 append_event(self.run_dir, "timeout_warning", attempt=attempt,
-                             signal=self.plan.checkpoint_signal)  # fmt: skip
+                             signal=self.plan.checkpoint_signal, delivered=sent)  # fmt: skip
+                if not sent:
+                    self._say(f"timeout near: no rank handles {self.plan.checkpoint_signal}, "
+                              "so none was sent; the ranks run on to the timeout")  # fmt: skip
             if reason is None and timeout_at and now > timeout_at:
                 reason = "timeout"
                 self._teardown(attempt)

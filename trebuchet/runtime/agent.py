@@ -8,8 +8,8 @@ process to fail is the root cause: the agent tells the engine (`on_failure`: on 
 teardown marker and a TERM to the whole step) and stops the others (SIGTERM, then SIGKILL
 after the grace period); those are recorded `stopped_by_launcher`, never as a cause.
 TERM/INT/HUP sent to the agent stop everything the same way; the checkpoint signals
-(USR1/USR2) are forwarded to the processes, or, where the engine delivers them to every
-process itself (Slurm), left to it.
+(USR1/USR2) are forwarded, only to the processes that handle them (signal_all), or, on
+Slurm, ignored (the controller delivers them by the same rule, task.deliver).
 """
 
 from __future__ import annotations
@@ -259,14 +259,17 @@ class Agent:
             self.kill()
         return any(p.alive for p in self.procs)
 
-    def signal_all(self, sig: int) -> None:
-        """A signal to each live process itself (not its group: a data loader's workers
-        would die of USR1/USR2); a launcher's (torchrun's) to its workers, since it ignores
-        the checkpoint signals."""
+    def signal_all(self, sig: int) -> list[int]:
+        """The checkpoint signal (or a forwarded USR1/USR2) to the processes that handle it,
+        the topmost in each process's tree (procs.catchers): never to one that would die
+        of it, nor to a whole group (a data loader's workers). The pids it reached."""
+        sent: list[int] = []
         for p in self.procs:
             if p.alive and p.popen:
-                for pid in procs.children(p.popen.pid) if p.launcher else [p.popen.pid]:
-                    procs.signal_pid(pid, sig)
+                sent += [
+                    pid for pid in procs.catchers(p.popen.pid, sig) if procs.signal_pid(pid, sig)
+                ]
+        return sent
 
     def kill(self, stopped: bool = False) -> None:
         """SIGKILL every live process group now."""

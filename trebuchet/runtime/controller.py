@@ -61,6 +61,7 @@ class Controller:
         self.t0: float | None = None
         self.step: subprocess.Popen | None = None
         self.inline: Agent | None = None  # the job's only task, run here (job["inline"])
+        self.signaller: subprocess.Popen | None = None  # the step that delivers the warning
         self.step_rc: int | None = None
         self.warned = self.requeued = self.terminating = False
         self.requeue_at: float | None = None
@@ -141,12 +142,19 @@ class Controller:
         if self.warned:
             return
         self.warned = True
-        short = self.sig[3:]
-        log(f"time limit near: {self.sig} to every rank (checkpoint now)")
-        if self.inline is not None:  # no step: scancel --signal reaches steps only
-            self.inline.signal_all(getattr(signal, self.sig))
-        elif subprocess.run(["scancel", f"--signal={short}", self.job_id]).returncode != 0:
-            log("scancel --signal failed")
+        if self.inline is not None:
+            sent = len(self.inline.signal_all(getattr(signal, self.sig)))
+            log(f"time limit near: {self.sig} to the {sent} process(es) that handle it")
+        elif self.step is not None:
+            # Not `scancel --signal`: Slurm would signal every process of the step, and
+            # kill those without a handler. One task per node picks the handlers instead.
+            log(f"time limit near: {self.sig} to the ranks that handle it (checkpoint now)")
+            n = int(self.job["nodes"])
+            argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1"]
+            argv += ["--overlap", "--export=ALL", "sh", "-c", PYTHON_GUARD, "treb-agent"]
+            argv += [self.runtime, "signal", self.sig, self.job_path]
+            with contextlib.suppress(OSError):
+                self.signaller = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
         running = self.step is not None or self.inline is not None
         if self.attempt + 1 < self.max_attempts() and running:
             margin = int(self.job["requeue_margin"])
@@ -247,6 +255,10 @@ class Controller:
         """One wait while the attempt's processes run: signals, the requeue timer, then
         sleep until a signal or 0.2 s."""
         self._handle_signals()
+        if self.signaller is not None and self.signaller.poll() is not None:
+            if self.signaller.returncode != 0:
+                log(f"the {self.sig} step failed (srun exit {self.signaller.returncode})")
+            self.signaller = None
         due = self.requeue_at is not None and time.monotonic() >= self.requeue_at
         if due and not self.terminating:
             self.requeue_at = None

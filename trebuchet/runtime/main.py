@@ -5,6 +5,8 @@ task JOB_JSON             one task of the ranks' srun step (a rank, or a node's 
 hook pre|post JOB_JSON    the spec's pre/post command on one node
 worker [--slurm] [--grace S] [--mpi PPN] -- CMD...
                           one rank started by torchrun, mpirun or horovodrun
+signal SIGNAME JOB_JSON   on one node of a Slurm job: the checkpoint signal to the ranks
+                          there that handle it (the controller's step at the warning)
 node JOB_JSON             one node of SkyPilot or Kubernetes (the engine sets NODE_RANK,
                           NUM_NODES, MASTER_ADDR, MASTER_PORT, TREB_RUN_ID, TREB_RUN_DIR)
 """
@@ -34,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         return task.worker(args)
     if verb == "task" and len(args) == 1:
         return task.slurm_task(_job(args[0]))
+    if verb == "signal" and len(args) == 2:
+        return task.deliver(_job(args[1]), args[0])
     if verb == "node" and len(args) == 1:
         from .node import node
 

@@ -132,11 +132,14 @@ class Limit:
         if self.warn_at is not None and now >= self.warn_at and not self.fired:
             self.warn_at, self.warned = None, True
             left = max(0.0, (self.end or now) - now)
+            sent = self.agent.signal_all(self.sig)
             self.notes.append(
-                f"{self.label}: timeout in {left:.0f}s: {self.sig_name} to every rank "
-                "(checkpoint now)"
+                f"{self.label}: timeout in {left:.0f}s: {self.sig_name} to the "
+                f"{len(sent)} process(es) that handle it (checkpoint now)"
+                if sent
+                else f"{self.label}: timeout in {left:.0f}s: no rank handles {self.sig_name}, "
+                "so none was sent"
             )
-            self.agent.signal_all(self.sig)
         if self.fired:
             return
         if self._warned_stop or (self.end is not None and now >= self.end):

@@ -133,6 +133,15 @@ def processes_of_run(run_id: str, exclude: set[int] | None = None) -> list[int]:
     return [p for p in found if not _is_zombie(p)]
 
 
+def in_run(pid: int, run_id: str) -> bool:
+    """Whether `pid` carries TREB_RUN_ID=run_id (a recorded pid not yet reused)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return f"TREB_RUN_ID={run_id}".encode() in fh.read().split(b"\0")
+    except OSError:
+        return False
+
+
 def children(pid: int) -> list[int]:
     """Direct children of `pid` (from /proc/<pid>/task/*/children when the kernel has it)."""
     kids: list[int] = []
@@ -151,6 +160,38 @@ def children(pid: int) -> list[int]:
         except (OSError, ValueError, IndexError):
             continue
     return kids
+
+
+def handles(pid: int, sig: int) -> bool:
+    """Whether `pid` has a handler for `sig` (the kernel's SigCgt mask in its status)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def catchers(pid: int, sig: int) -> list[int]:
+    """The processes under `pid` (itself included) that handle `sig`, the topmost of each
+    branch: the rank's own handler, not the bash in front of it, a launcher that ignores
+    it (torchrun), nor the workers a handling rank forked. A process with the default
+    action would die of a checkpoint signal it never asked for, so it is looked through,
+    never signalled."""
+    found: list[int] = []
+    todo, seen = [pid], set()
+    while todo:
+        p = todo.pop(0)
+        if p in seen:
+            continue
+        seen.add(p)
+        if handles(p, sig):
+            found.append(p)
+        else:
+            todo.extend(children(p))
+    return found
 
 
 def signal_pid(pid: int, sig: int) -> bool:

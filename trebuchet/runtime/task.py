@@ -16,9 +16,9 @@ import subprocess
 import sys
 from typing import Any
 
-from . import contract
+from . import contract, procs
 from .agent import STOP_EXIT_CODES, Agent, Proc
-from .records import write_text
+from .records import read_json, write_text
 
 NO_PYTHON = (  # a clear line, and exit 127, where a node (or its image) lacks python3
     'command -v python3 >/dev/null 2>&1 || { echo "treb: no python3 (>= 3.8) on '
@@ -324,3 +324,27 @@ def worker(args: list[str]) -> int:
     )
     agent.install_signals()
     return agent.run()
+
+
+def deliver(job: dict[str, Any], sig_name: str) -> int:
+    """The `signal` verb, one task per node of the job (the controller's step at the time
+    limit warning): the checkpoint signal to this node's running commands of this attempt
+    (their records give the pids), each to the processes that handle it, by the rule of
+    Agent.signal_all. `scancel --signal` would reach every process of the step instead."""
+    attempt, adir = _attempt_dir(job)
+    host, sig = os.uname().nodename, int(getattr(signal, sig_name))
+    sent: list[int] = []
+    try:
+        names = sorted(os.listdir(adir))
+    except OSError:
+        names = []
+    for name in names:
+        rec = read_json(os.path.join(adir, name)) if name.endswith(".json") else None
+        pid = rec.get("pid") if isinstance(rec, dict) else None
+        if not isinstance(pid, int) or rec.get("state") != "RUNNING" or rec.get("host") != host:
+            continue
+        if not procs.in_run(pid, str(job["run_id"])):
+            continue  # ended, and the pid reused
+        sent += [p for p in procs.catchers(pid, sig) if procs.signal_pid(p, sig)]
+    print(f"[treb] {host}: {sig_name} to {len(sent)} process(es) that handle it", flush=True)
+    return 0
