@@ -238,3 +238,35 @@ def test_a_stalled_terminal_blocks_neither_add_nor_say_nor_close(tmp_path: Path)
         assert view.follower.stop
     finally:
         out.release.set()
+
+
+def test_live_view_shows_the_latest_state_of_a_progress_bar(tmp_path: Path) -> None:
+    """The attached view (redraw): a 1,000-step \\r bar is a few lines, not 1,000; \\r\\n is
+    a plain line end; the file keeps every state (it is only read)."""
+    log = tmp_path / "rank-0.log"
+    bar = b"".join(b"\r%4d/1000 |%s|" % (i, b"#" * (i // 50)) for i in range(1, 1001))
+    log.write_bytes(b"epoch 0\n" + bar + b"\ndone\r\n")
+    out = io.BytesIO()
+    view = View(out, out)
+    view.add("0:0", log)
+    view.close()
+    lines = out.getvalue().decode().splitlines()
+    assert lines == ["[0:0] epoch 0", "[0:0] 1000/1000 |" + "#" * 20 + "|", "[0:0] done"]
+    assert log.read_bytes().count(b"\r") == 1001
+
+
+def test_live_view_bar_in_progress_shows_its_latest_state_when_stale(tmp_path: Path) -> None:
+    f = Follower(io.BytesIO(), redraw=True)
+    out = f.out
+    log = tmp_path / "rank-0.log"
+    f.add("0:0", log)
+    _append(log, b"\r10%\r20%\r30%")
+    f.pump()
+    assert out.getvalue() == b""  # pending: a state is shown when the line ends or goes stale
+    t = f.tails[log]
+    t.partial_since -= 2  # as if a second had passed
+    f.pump()
+    assert out.getvalue() == b"[0:0] 30%\n"
+    _append(log, b"\r40%\r50%\n")
+    f.close()
+    assert out.getvalue().decode().splitlines() == ["[0:0] 30%", "[0:0] 50%"]

@@ -322,3 +322,24 @@ def test_agent_launchers_name_the_failing_rank(launcher: str, treb, tmp_path: Pa
     assert ranks[3]["exit_code"] == 3 and not ranks[3]["stopped_by_launcher"]
     assert all(ranks[r]["stopped_by_launcher"] for r in (0, 1, 2)), st["procs"]
     assert "rank 3 (node 1, local rank 1) exited with code 3" in res.stderr
+
+
+def test_progress_bar_is_a_few_lines_on_the_attached_terminal(treb, tmp_path: Path) -> None:
+    """A 1,000-step \r bar (tqdm's way) on an attached `treb run`: the terminal shows its
+    latest state (on main: 1,000 lines); the rank's log keeps every update."""
+    script = tmp_path / "bar.py"
+    script.write_text(
+        "import sys, time\n"
+        "print('epoch 0', flush=True)\n"
+        "for i in range(1, 1001):\n"
+        "    sys.stdout.write(f'\\r{i}/1000'); sys.stdout.flush()\n"
+        "    time.sleep(0.001)\n"
+        "print()\n"
+    )
+    res, st = run_case(treb, tmp_path, f"command: [{PY}, {script}]\n")
+    assert res.returncode == 0, res.stderr
+    shown = [ln for ln in res.stdout.splitlines() if ln.startswith("[0:0] ")]
+    assert shown[0] == "[0:0] epoch 0" and shown[-1] == "[0:0] 1000/1000", shown
+    assert len(shown) < 30, shown  # one state a second at most while it runs
+    log = Path(st["run_dir"]) / "attempt-0" / "rank-0.log"
+    assert log.read_bytes().count(b"\r") == 1000

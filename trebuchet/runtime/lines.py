@@ -1,12 +1,15 @@
 """Rank output -> display lines: linear in the input, bounded, and inert on a terminal.
 
 Lines end at \\n or \\r (a progress bar redraws with \\r: each state becomes a line); empty
-lines are dropped. Each byte is searched for a line end once, and a partial line is kept
-as a list of pieces, so a rank writing megabytes without a newline costs what it writes,
-not its square. A line longer than `cap` goes out in pieces, each but the last ending
-with `CUT`. Control characters other than \\t (C0, DEL, and C1 as UTF-8 encodes them) are
-shown `cat -v` style (ESC as ^[), so a rank cannot move the cursor or retitle the
-terminal. The log files themselves keep exactly what was written.
+lines are dropped. With `redraw` (the live terminal view) only \\n ends a line, and \\r
+overwrites: a line shows its latest state, and a pending state goes out when the line
+ends or the view flushes it (at most once a second), so a 1,000-step bar is a few lines.
+Each byte is searched for a line end once, and a partial line is kept as a list of pieces,
+so a rank writing megabytes without a newline costs what it writes, not its square. A
+line longer than `cap` goes out in pieces, each but the last ending with `CUT`. Control
+characters other than \\t (C0, DEL, and C1 as UTF-8 encodes them) are shown `cat -v`
+style (ESC as ^[), so a rank cannot move the cursor or retitle the terminal. The log
+files themselves keep exactly what was written.
 """
 
 from __future__ import annotations
@@ -33,13 +36,22 @@ def inert(data: bytes) -> bytes:
 class Splitter:
     """One stream's bytes in, display lines out (without their line ends)."""
 
-    def __init__(self, cap: int = CAP) -> None:
+    def __init__(self, cap: int = CAP, redraw: bool = False) -> None:
         self.cap = cap
+        self.redraw = redraw
         self.partial: list[bytes] = []
         self.partial_len = 0
+        self.state = b""  # redraw: the latest state a \r ended, not shown yet
         self.searched = 0  # bytes searched for a line end: each byte once
 
+    @property
+    def pending(self) -> bool:
+        """Something not shown yet: a partial line, or (redraw) a state a \r ended."""
+        return bool(self.partial_len or self.state)
+
     def feed(self, data: bytes) -> list[bytes]:
+        if self.redraw:
+            return self._feed_redraw(data)
         self.searched += len(data)
         end = max(data.rfind(b"\n"), data.rfind(b"\r"))
         if end < 0:
@@ -57,11 +69,41 @@ class Splitter:
             lines += self._cut_partial()
         return lines
 
+    def _feed_redraw(self, data: bytes) -> list[bytes]:
+        """feed() where \\r overwrites: each line ended by \\n shows its last non-empty
+        \\r-segment (so \\r\\n is a plain line end); what a \\r ended waits in `state`."""
+        self.searched += len(data)
+        lines: list[bytes] = []
+        end = data.rfind(b"\n")
+        if end >= 0:
+            head = b"".join([*self.partial, data[:end]]) if self.partial else data[:end]
+            data = data[end + 1 :]
+            self.partial, self.partial_len = [], 0
+            for i, ln in enumerate(head.split(b"\n")):
+                shown = _last_state(ln) or (self.state if i == 0 else b"")
+                if shown:
+                    lines += self._pieces(inert(shown))
+            self.state = b""
+        cr = data.rfind(b"\r")
+        if cr >= 0:
+            seg = _last_state(b"".join([*self.partial, data[:cr]]))
+            self.state = seg[-self.cap :] if seg else self.state
+            data = data[cr + 1 :]
+            self.partial, self.partial_len = [], 0
+        if data:
+            self.partial.append(data)
+            self.partial_len += len(data)
+        if self.partial_len > self.cap:
+            lines += self._cut_partial()
+        return lines
+
     def flush(self) -> list[bytes]:
-        """The partial line, as it stands (it went stale, or the stream ended)."""
+        """The partial line, as it stands (it went stale, or the stream ended); with
+        redraw, else the latest state a \\r ended."""
         if not self.partial_len:
             self.partial = []
-            return []
+            state, self.state = self.state, b""
+            return self._pieces(inert(state)) if state else []
         line = inert(b"".join(self.partial))
         self.reset()
         return self._pieces(line)
@@ -70,6 +112,7 @@ class Splitter:
         """Forget the partial line (the view skipped past it)."""
         self.partial = []
         self.partial_len = 0
+        self.state = b""
 
     def _cut_partial(self) -> list[bytes]:
         """Whole `cap`-sized pieces of an overlong partial line; 1 to `cap` bytes stay."""
@@ -85,3 +128,11 @@ class Splitter:
             return [line]
         n = range(0, len(line), self.cap)
         return [line[i : i + self.cap] + (CUT if i + self.cap < len(line) else b"") for i in n]
+
+
+def _last_state(line: bytes) -> bytes:
+    """The last non-empty \\r-separated segment of a line: what a terminal would show."""
+    for seg in reversed(line.split(b"\r")):
+        if seg:
+            return seg
+    return b""

@@ -5,7 +5,8 @@ Files hold exactly what each process wrote; only the view is split into lines
 interleave mid-line. A partial line is held until it ends, goes stale or grows past the
 cap. With `skip_over` set (the attached view), a log more than that many bytes ahead of
 what was shown is skipped to its last `KEEP_TAIL` bytes, and a note says how much was left
-out; `treb logs` sets none and shows everything.
+out; `treb logs` sets none and shows everything. With `redraw` (the attached view) a `\\r`
+progress bar shows its latest state, at most once a second, instead of one line per update.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ class Out(Protocol):
 
 
 class _Tail:
-    def __init__(self, label: str, path: Path) -> None:
+    def __init__(self, label: str, path: Path, redraw: bool = False) -> None:
         self.label = label
         self.path = path
         self.offset = 0
-        self.lines = Splitter()
+        self.lines = Splitter(redraw=redraw)
         self.partial_since = 0.0
         self.resync = False  # after a skip: drop the rest of the line it landed in
         self.skipped = 0  # bytes skipped and not yet noted
@@ -58,8 +59,10 @@ class Follower:
         out: Out | None = None,
         prefix: Callable[[str], bytes] | None = None,
         skip_over: int | None = None,
+        redraw: bool = False,
     ) -> None:
         self.out: Out = out or sys.stdout.buffer
+        self.redraw = redraw  # \r overwrites (lines.Splitter): the live view's progress bars
         self.tails: dict[Path, _Tail] = {}
         self.prefix = prefix or (lambda label: f"[{label}] ".encode())
         self.skip_over = skip_over
@@ -68,7 +71,7 @@ class Follower:
     def add(self, label: str, path: Path, tail_lines: int | None = None) -> None:
         if path in self.tails:
             return
-        t = _Tail(label, path)
+        t = _Tail(label, path, self.redraw)
         if tail_lines is not None:
             t.offset = _offset_of_last_lines(path, tail_lines)
         self.tails[path] = t
@@ -135,12 +138,12 @@ class Follower:
             data = data[min(ends) + 1 :]
             t.resync = False
         self._note(t, now)  # before the lines that follow a skip
-        if not t.lines.partial_len:
+        if not t.lines.pending:
             t.partial_since = now
         self._write(t, t.lines.feed(data))
 
     def _stale(self, t: _Tail, now: float) -> None:
-        if t.lines.partial_len and now - t.partial_since > STALE_PARTIAL_S:
+        if t.lines.pending and now - t.partial_since > STALE_PARTIAL_S:
             self._write(t, t.lines.flush())
 
     def _note(self, t: _Tail, now: float | None) -> None:

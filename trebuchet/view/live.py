@@ -54,7 +54,8 @@ class View:
                  skip_over: int = SKIP_OVER) -> None:  # fmt: skip
         self.out: Out = out or FdOut(sys.stdout.fileno())
         self.err: Out = err or FdOut(sys.stderr.fileno())
-        self.follower = Follower(self.out, skip_over=skip_over)  # only the thread touches it
+        # only the thread touches it; \r progress bars show their latest state
+        self.follower = Follower(self.out, skip_over=skip_over, redraw=True)
         self._inbox: queue.SimpleQueue[tuple[str, str, Path | None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._closing = False
