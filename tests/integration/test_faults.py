@@ -147,6 +147,10 @@ def test_signals_to_the_launcher(sig, code, state, treb, treb_home: Path, tmp_pa
     assert st["first_failure"] is None  # nobody failed: the user stopped it
     if state == "LOST":
         assert st["ended_at"] is not None
+        # its attempt is not left RUNNING beside a LOST run (on main it was)
+        assert [a["state"] for a in st["attempts"]] == ["LOST"], st["attempts"]
+        text = treb("status", st["id"]).stdout
+        assert re.search(r"^\s+1\s+LOST\b", text, re.M), text
 
 
 def test_timeout_warns_with_the_checkpoint_signal_then_stops(treb, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -203,7 +204,19 @@ def test_retries_resume_from_checkpoint_dir(treb, tmp_path: Path) -> None:
     assert st["state"] == "SUCCEEDED" and st["attempt"] == 1
     assert [a["state"] for a in st["attempts"]] == ["FAILED", "SUCCEEDED"]
     seen = (Path(st["run_dir"]) / "checkpoints" / "seen-0").read_text().split("\n")
-    assert seen[:2] == ["attempt 0", "attempt 1"]
+    assert seen[:2] == ["attempt 0", "attempt 1"]  # TREB_ATTEMPT counts from 0
+    # what is shown counts from 1 everywhere: the header, the list, the table, the messages
+    assert "retrying as attempt 2" in res.stderr
+    text = treb("status").stdout
+    assert "attempt 2 of 3" in text, text
+    assert re.search(r"^\s+1\s+FAILED\b", text, re.M) and re.search(
+        r"^\s+2\s+SUCCEEDED\b", text, re.M
+    )
+    assert re.search(r"^2\s+0:0\s.*attempt-1/rank-0\.log$", text, re.M), text  # the table
+    assert treb("logs", "--attempt", "1").returncode == 0  # attempt-0/
+    for missing in ("0", "3"):
+        res = treb("logs", "--attempt", missing)
+        assert res.returncode == 2 and f"has no attempt {missing}" in res.stderr
 
 
 def test_timeout_stops_the_attempt(treb, tmp_path: Path) -> None:

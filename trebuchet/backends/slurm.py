@@ -335,7 +335,7 @@ class SlurmBackend(Backend):
                         shown = rec.state
                         view.say(
                             f"Slurm job {rec.backend_id} {shown.lower()}"
-                            f"{f' (attempt {rec.attempt})' if rec.attempt else ''}"
+                            f"{f' (attempt {rec.attempt + 1})' if rec.attempt else ''}"
                         )
                     for label, name in streams(rec):
                         view.add(label, run_dir / f"attempt-{rec.attempt}" / name)

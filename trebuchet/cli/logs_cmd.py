@@ -43,14 +43,19 @@ def log_files(
 def main(args: argparse.Namespace) -> int:
     store = Store()
     rec = store.resolve(args.run)
-    attempt = rec.attempt if args.attempt is None else args.attempt
-    if args.attempt is not None and not (Path(rec.run_dir) / f"attempt-{attempt}").is_dir():
-        raise UserError(f"run {rec.id} has no attempt {attempt}")
+    # --attempt counts from 1 as `treb status` shows attempts; the folder is attempt-<n-1>
+    attempt = rec.attempt if args.attempt is None else args.attempt - 1
+    if args.attempt is not None and (
+        attempt < 0 or not (Path(rec.run_dir) / f"attempt-{attempt}").is_dir()
+    ):
+        raise UserError(f"run {rec.id} has no attempt {args.attempt}")
     files = log_files(rec, attempt, args.rank, args.node)
     if not files and not args.follow:
         what = f" for rank {args.rank}" if args.rank is not None else ""
         what += f" for node {args.node}" if args.node is not None else ""
-        raise UserError(f"run {rec.id} has no logs{what} in attempt {attempt} (state {rec.state})")
+        raise UserError(
+            f"run {rec.id} has no logs{what} in attempt {attempt + 1} (state {rec.state})"
+        )
     out = sys.stdout.buffer
     if len(files) == 1 and not args.follow and args.tail is None:
         with open(files[0][1], "rb") as fh:

@@ -65,7 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--rank", type=int, help="only this global rank")
     p.add_argument("--node", type=int, help="only this node")
-    p.add_argument("--attempt", type=int, help="attempt number (default: the latest)")
+    p.add_argument(
+        "--attempt",
+        type=int,
+        help="attempt number, from 1 as `treb status` lists them (default: the latest)",
+    )
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
     p.add_argument("--tail", type=int, metavar="N", help="only the last N lines of each log")
     p = sub.add_parser("cancel", help=VERBS["cancel"])

@@ -63,7 +63,7 @@ def main(args: argparse.Namespace) -> int:
         con.print("attempts:")
         for a in attempts:
             why = f" ({a['reason']})" if a["reason"] else ""
-            con.print(f"  {a['attempt']}  {a['state']:<10} {clock(a['started_at'])} -> "
+            con.print(f"  {a['attempt'] + 1}  {a['state']:<10} {clock(a['started_at'])} -> "
                       f"{clock(a['ended_at'])}{why}")  # fmt: skip
     if procs:
         table = Table(box=None, pad_edge=False, title=None)
@@ -71,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
             table.add_column(col, no_wrap=True)
         for p in procs:
             table.add_row(
-                str(p["attempt"]), p["label"], "-" if p["rank"] is None else str(p["rank"]),
+                str(p["attempt"] + 1), p["label"], "-" if p["rank"] is None else str(p["rank"]),
                 str(p["pid"] or "-"), "-" if p["exit_code"] is None else str(p["exit_code"]),
                 p["signal"] or "-", "by launcher" if p["stopped_by_launcher"] else "-",
                 p.pop("log_name"),

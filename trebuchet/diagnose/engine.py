@@ -155,7 +155,7 @@ def _state_diag(case: Case) -> Diagnosis | None:
     state = run.get("state")
     when = run.get("ended_at")
     at = time.strftime(" at %H:%M:%S", time.localtime(when)) if when else ""
-    attempt = run.get("attempt", 0)
+    attempt = int(run.get("attempt") or 0) + 1  # shown from 1, as `treb status` lists them
     if state == "CANCELLED":
         why = f"attempt {attempt}: {run.get('reason') or 'cancel'}"
         return Diagnosis("cancelled", f"the run was cancelled{at} (treb cancel, Ctrl+C or a "

@@ -57,7 +57,7 @@ def text(d: Diagnosis) -> str:
     run = d.run
     if run:
         out.append(f"run {run.get('id')} ({run.get('name')}) {run.get('state') or ''}, "
-                   f"attempt {int(run.get('attempt') or 0)}".replace("  ", " "))  # fmt: skip
+                   f"attempt {int(run.get('attempt') or 0) + 1}".replace("  ", " "))  # fmt: skip
     else:
         out.append(f"logs: {d.source}")
     if d.category is None:

@@ -110,7 +110,7 @@ class Supervisor:
             while True:
                 state = self.run_attempt(attempt)
                 if self._should_retry(state, attempt):
-                    self._say(f"attempt {attempt} {state}; retrying as attempt {attempt + 1}")
+                    self._say(f"attempt {attempt + 1} {state}; retrying as attempt {attempt + 2}")
                     self.store.update_run(rid, state=RETRYING)
                     append_event(self.run_dir, "retrying", attempt=attempt + 1)
                     attempt += 1

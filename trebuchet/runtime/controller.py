@@ -202,11 +202,11 @@ class Controller:
         self.requeued = True
         self.attempt_json(
             "TIMEOUT",
-            f"time limit: {self.sig} sent, job requeued for attempt {self.attempt + 1}",
+            f"time limit: {self.sig} sent, job requeued for attempt {self.attempt + 2}",
             now(),
             "batch",
         )
-        log(f"requeueing job {self.job_id} for attempt {self.attempt + 1}")
+        log(f"requeueing job {self.job_id} for attempt {self.attempt + 2}")
         if subprocess.run(["scontrol", "requeue", self.job_id]).returncode == 0:
             self._sleep(REQUEUE_WAIT_S)  # Slurm ends this step; the next start goes on
             sys.exit(0)
@@ -299,7 +299,7 @@ class Controller:
         self.t0, self.step_rc = now(), None
         self.attempt_json("RUNNING", "", None, "batch")
         log(
-            f"attempt {self.attempt} (of {self.max_attempts()}): {self.job['nodes']} node(s) "
+            f"attempt {self.attempt + 1} of {self.max_attempts()}: {self.job['nodes']} node(s) "
             f"{os.environ.get('SLURM_JOB_NODELIST', '')}, master "
             f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         )
@@ -402,7 +402,7 @@ class Controller:
         if self.attempt >= self.max_attempts():
             self.result(
                 "FAILED",
-                f"requeued after attempt {self.attempt - 1}, but no attempt "
+                f"requeued after attempt {self.attempt}, but no attempt "
                 f"is left (retries: {int(self.job['max_attempts']) - 1})",
                 "batch",
             )
@@ -482,7 +482,7 @@ class Controller:
                 and not self.warned
                 and self.attempt + 1 < self.max_attempts()
             ):
-                log(f"attempt {self.attempt} failed ({self.reason}): retrying")
+                log(f"attempt {self.attempt + 1} failed ({self.reason}): retrying")
                 self.attempt += 1
                 continue
             break

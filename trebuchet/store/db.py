@@ -213,6 +213,14 @@ class Store:
         if only_if_active:
             sql += " AND state IN ('PENDING', 'RUNNING', 'RETRYING')"
         cur = self.conn.execute(sql, {**values, "_id": run_id})
+        if cur.rowcount > 0 and values.get("state") == "LOST":
+            # Whatever found it LOST, its unfinished attempt was lost with it (not RUNNING).
+            self.conn.execute(
+                "UPDATE attempts SET state = 'LOST', ended_at = COALESCE(ended_at, ?), "
+                "reason = COALESCE(NULLIF(reason, ''), 'lost with the run') "
+                "WHERE run_id = ? AND state IN ('PENDING', 'RUNNING', 'RETRYING')",
+                (values.get("ended_at"), run_id),
+            )
         return cur.rowcount > 0
 
     def get(self, run_id: str) -> RunRecord | None:

@@ -44,4 +44,4 @@ def describe_failure(ff: dict | None) -> str:
         else f"exited with code {ff.get('exit_code')}"
     )
     when = time.strftime("%H:%M:%S", time.localtime(ff["ended_at"])) if ff.get("ended_at") else "?"
-    return f"{who} {how} at {when} (attempt {ff.get('attempt', 0)})"
+    return f"{who} {how} at {when} (attempt {int(ff.get('attempt') or 0) + 1})"
