@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trebuchet.diagnose import catalog
@@ -238,6 +239,12 @@ def _timeout_diag(case: Case, timed: list[tuple[Unit | None, Hit]]) -> tuple[Dia
 
 def decide(case: Case) -> Diagnosis:
     d = _decide(case)
+    if d.category == "missing_file" and case.run and case.run.get("run_dir"):
+        from trebuchet.launcher.snapshot import why_missing
+
+        why = why_missing(Path(case.run["run_dir"]), [d.summary, *d.evidence])
+        if why:
+            d.summary += f"; {why}"
     if d.category == "network_unreachable":  # what the logs say about interfaces
         hints = [ln.raw for u in case.units for ln in u.lines if "IFNAME" in ln.text]
         hints += [ln.raw for ln in case.unattributed if "IFNAME" in ln.text]

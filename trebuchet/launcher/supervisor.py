@@ -110,11 +110,12 @@ class Supervisor:
         rid = self.plan.run_id
         me = os.getpid()
         now = time.time()
-        self.store.update_run(
-            rid, state=RUNNING, started_at=now, last_seen=now, supervisor_pid=me,
-            supervisor_start=start_time(me), host=socket.gethostname(),
-        )  # fmt: skip
-        append_event(self.run_dir, "run_started", pid=me)
+        who = {"supervisor_pid": me, "supervisor_start": start_time(me),
+               "host": socket.gethostname()}  # fmt: skip
+        self.store.update_run(rid, state=RUNNING, started_at=now, last_seen=now, **who)
+        # the index's facts, also in the run's own files (store/rebuild.py reads them)
+        append_event(self.run_dir, "run_started", pid=me, start=who["supervisor_start"],
+                     host=who["host"])  # fmt: skip
         self.watchdog = Watchdog(rid, str(self.run_dir))
         try:
             if not self.prepare_environment():
