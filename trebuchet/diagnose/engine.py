@@ -167,6 +167,10 @@ def _state_diag(case: Case) -> Diagnosis | None:
         if limit:
             text += f" of {limit:g} s (timeout:)"
         return Diagnosis("time_limit", text + "; every rank was stopped", evidence=[text])
+    ff = run.get("first_failure") or {}
+    if ff.get("label") == "disk":  # the supervisor stopped the run: it could not write
+        text = str(ff.get("message") or "no space left on device")
+        return Diagnosis("disk_full", f"the run was stopped{at}: {text}", evidence=[text])
     if state == "LOST" and not run.get("first_failure"):
         host = run.get("host") or "its host"
         text = (f"the run's supervisor (pid {run.get('supervisor_pid') or '?'} on {host}) "
