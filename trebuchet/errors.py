@@ -15,6 +15,11 @@ class UserError(TrebError):
     exit_code = 2
 
 
+class StateError(UserError):
+    """TREB_HOME or its index cannot be used as it is (not a folder, read-only, full,
+    damaged): the message says what is wrong and what to do. Exit code 2."""
+
+
 class SpecError(UserError):
     """One or more problems in a spec, each already formatted as `file:line: field: why`."""
 

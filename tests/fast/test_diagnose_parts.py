@@ -17,7 +17,7 @@ from trebuchet.diagnose.lines import parse
 def test_categories_are_the_issues_names() -> None:
     assert catalog.CATEGORIES == (
         "python_exception", "killed", "gpu_oom", "collective_timeout", "port_in_use",
-        "network_unreachable", "missing_module", "launch_env_missing", "segfault",
+        "network_unreachable", "missing_module", "missing_file", "disk_full", "launch_env_missing", "segfault",
         "time_limit", "node_failure", "cancelled", "unknown",
     )  # fmt: skip
     assert all(catalog.REMEDIES[c] and "\n" not in catalog.REMEDIES[c] for c in catalog.CATEGORIES)

@@ -50,21 +50,22 @@ def test_git_workdir_snapshot_records_commit_dirty_and_untracked(treb, tmp_path:
     (repo / "train.py").write_text(
         "import os; print(sorted(os.listdir('.')))\n"
     )  # uncommitted edit
-    (repo / "helper.py").write_text("x = 1\n")  # untracked: left out, with a warning
+    (repo / "helper.py").write_text("x = 1\n")  # untracked, not ignored: included
     (repo / "data").mkdir()
     (repo / "data" / "big.bin").write_bytes(b"0" * 1000)  # ignored
     spec = write_spec(repo, "command: python train.py\n")
     git(repo, "add", "job.yaml")
     res = treb("run", str(spec))
     assert res.returncode == 0, res.stderr
-    assert "1 untracked file(s) left out of the code snapshot: helper.py" in res.stderr
-    assert "['.gitignore', 'job.yaml', 'train.py']" in res.stdout  # the edit ran, not the commit
+    assert "left out of the code snapshot" not in res.stderr
+    # the edit ran, not the commit; the untracked helper is there, the ignored data/ is not
+    assert "['.gitignore', 'helper.py', 'job.yaml', 'train.py']" in res.stdout
     st = status_json(treb)
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
                           text=True).stdout.strip()  # fmt: skip
     assert st["git_commit"] == head and st["git_dirty"] == 1
     snap = json.loads((Path(st["run_dir"]) / "snapshot.json").read_text())
-    assert snap["files"] == 3 and snap["untracked_left_out"] == ["helper.py"]
+    assert snap["files"] == 4 and snap["untracked"] == ["helper.py"]
     assert f"code    git {head[:12]} with uncommitted changes" in treb("status").stdout
 
 

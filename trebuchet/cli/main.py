@@ -19,6 +19,7 @@ VERBS = {
     "build": "build or refresh the spec's environment now",
     "import": "a spec from an sbatch script, AI Runtime YAML, madengine card or NeMo config",
     "check": "preflight checks: mistakes a queue wait would reveal, found now",
+    "doctor": "check TREB_HOME and the run index; --rebuild-index rebuilds it from the runs",
 }
 
 
@@ -103,7 +104,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", metavar="FILE", help="write madengine perf.csv-compatible rows")
     p.add_argument("--all", "-a", action="store_true", help="every run, not only recent ones")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("doctor", help=VERBS["doctor"])
+    p.add_argument("--rebuild-index", action="store_true",
+                   help="move runs.db aside (runs.db.damaged-<time> when damaged) and rebuild "
+                   "it from the run directories")  # fmt: skip
     return parser
+
+
+def state_error(exc: BaseException):  # -> TrebError | None
+    """A failure of TREB_HOME itself (an SQLite error about runs.db, a full or read-only
+    disk) as a named error; None for anything else (a bug keeps its traceback)."""
+    import errno
+
+    sqlite3 = sys.modules.get("sqlite3")
+    if sqlite3 is not None and isinstance(exc, sqlite3.Error):
+        from trebuchet.store.db import explain
+
+        return explain(exc)
+    if isinstance(exc, OSError) and exc.errno in (
+        errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM
+    ):  # fmt: skip
+        from trebuchet.errors import StateError
+
+        where = f"{exc.filename}: " if exc.filename else ""
+        return StateError(f"{where}{exc.strerror}")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as exc:
+        err = state_error(exc)
+        if err is None:
+            raise
+        print(f"treb: {err}", file=sys.stderr)
+        return err.exit_code
 
 
 if __name__ == "__main__":

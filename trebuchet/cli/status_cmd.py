@@ -56,7 +56,8 @@ def main(args: argparse.Namespace) -> int:
         con.print(f"  code    git {rec.git_commit[:12]}{dirty}")
     if rec.first_failure:
         con.print(f"  [red]first failure[/]: {describe_failure(rec.first_failure)}")
-        con.print(f"    log {rec.first_failure.get('log')}")
+        if rec.first_failure.get("log"):
+            con.print(f"    log {rec.first_failure.get('log')}")
     for line in diagnosis_lines(store, rec):
         con.print(f"  {line}", markup=False, highlight=False)
     if attempts:

@@ -37,6 +37,12 @@ REMEDIES: dict[str, str] = {
     "MASTER_ADDR resolves to that interface's address on every node.",
     "missing_module": "The environment the ranks ran in lacks a package or program: install it "
     "there (environment: requirements) or fix PATH/PYTHONPATH so every node sees the same one.",
+    "missing_file": "A file the command opens is not where it runs: when the cause says the "
+    "code snapshot left it out, follow what it says (un-ignore it, remove it from "
+    ".trebignore, or set snapshot: false); otherwise fix the path (relative to the workdir).",
+    "disk_full": "A file system is full (the one named: TREB_HOME's holds the logs and "
+    "records, checkpoints go to TREB_CHECKPOINT_DIR): free space there or move TREB_HOME to a "
+    "bigger one; `treb doctor` shows the free space.",
     "launch_env_missing": "The script expects a launcher's variables (RANK, WORLD_SIZE, ...): "
     "run it with launcher: native or torchrun, or call trebuchet.dist.init_env() so srun, "
     "mpirun and SkyPilot variables fill them.",
@@ -61,6 +67,8 @@ TITLES: dict[str, str] = {
     "port_in_use": "port already in use",
     "network_unreachable": "peers unreachable / wrong network interface",
     "missing_module": "missing module or wrong environment",
+    "missing_file": "file not found (not in the code snapshot, or a wrong path)",
+    "disk_full": "no space left on device (or quota exceeded)",
     "launch_env_missing": "script not started by a launcher",
     "segfault": "native crash (segmentation fault, illegal instruction, abort)",
     "time_limit": "time limit reached",
@@ -148,6 +156,10 @@ RULES: tuple[Rule, ...] = (
     _rule("missing_module", CAUSE, r"ModuleNotFoundError: No module named|ImportError: "
           r"|cannot open shared object file|undefined symbol: |: command not found"
           r"|treb: cannot start |GLIBC_[\d.]+' not found"),
+    _rule("disk_full", CAUSE, r"No space left on device|Disk quota exceeded|\bENOSPC\b"
+          r"|database or disk is full"),
+    _rule("missing_file", CAUSE, r"can't open file .*No such file|FileNotFoundError: "
+          r"|No such file or directory"),
     _rule("port_in_use", CAUSE, r"EADDRINUSE|[Aa]ddress already in use|errno: 98\b"),
     _rule("network_unreachable", CAUSE, r"remote=\[(?:127\.\d+\.\d+\.\d+|::1|::ffff:127\.[\d.]+)\]",
           loopback=True),
@@ -188,7 +200,8 @@ BENIGN = re.compile(
 ERRORISH = re.compile(
     r"\b[Ee]rror\b|Exception\b|Traceback|\b[Ff]atal\b|\bFAILED\b|\b[Ff]ailed\b|\b[Ff]ailure\b"
     r"|\b[Kk]illed\b|\b[Aa]borted\b|[Ss]egmentation fault|timed out|[Cc]onnection refused"
-    r"|unreachable|CANCELLED AT|exit(?:ed with exit)? code [1-9]|ERROR\b"
+    r"|unreachable|CANCELLED AT|exit(?:ed with exit)? code [1-9]|ERROR\b|No such file"
+    r"|can't open file|No space left"
 )
 EXCEPTION_LINE = re.compile(
     r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning)\b(?::|$)"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trebuchet.diagnose import catalog
@@ -166,6 +167,10 @@ def _state_diag(case: Case) -> Diagnosis | None:
         if limit:
             text += f" of {limit:g} s (timeout:)"
         return Diagnosis("time_limit", text + "; every rank was stopped", evidence=[text])
+    ff = run.get("first_failure") or {}
+    if ff.get("label") == "disk":  # the supervisor stopped the run: it could not write
+        text = str(ff.get("message") or "no space left on device")
+        return Diagnosis("disk_full", f"the run was stopped{at}: {text}", evidence=[text])
     if state == "LOST" and not run.get("first_failure"):
         host = run.get("host") or "its host"
         text = (f"the run's supervisor (pid {run.get('supervisor_pid') or '?'} on {host}) "
@@ -238,6 +243,12 @@ def _timeout_diag(case: Case, timed: list[tuple[Unit | None, Hit]]) -> tuple[Dia
 
 def decide(case: Case) -> Diagnosis:
     d = _decide(case)
+    if d.category == "missing_file" and case.run and case.run.get("run_dir"):
+        from trebuchet.launcher.snapshot import why_missing
+
+        why = why_missing(Path(case.run["run_dir"]), [d.summary, *d.evidence])
+        if why:
+            d.summary += f"; {why}"
     if d.category == "network_unreachable":  # what the logs say about interfaces
         hints = [ln.raw for u in case.units for ln in u.lines if "IFNAME" in ln.text]
         hints += [ln.raw for ln in case.unattributed if "IFNAME" in ln.text]

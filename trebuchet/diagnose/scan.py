@@ -29,6 +29,7 @@ KEYWORDS = (
     b"in use", b"root cause", b"watchdog", b"oom", b"abort", b"illegal", b"terminat",
     b"no module", b"core dump", b"fatal", b"fail", b"due to", b"no route", b"not found",
     b"cannot", b"eaddrinuse", b"ncclunique", b"crash on", b"peer", b"broken pipe", b"ifname",
+    b"no such file", b"can't open", b"no space left", b"quota exceeded",
 )  # fmt: skip
 # A header and how many following lines belong to it (frames, report fields).
 BLOCKS = ((b"traceback (most recent call last)", 120), (b"root cause (first observed", 60),

@@ -1,16 +1,25 @@
 """Code snapshots: a queued or retried run executes the code as it was at submission.
 
-In a git repository the snapshot holds the tracked files as they are in the working tree
-(uncommitted edits included, recorded as dirty) and leaves untracked files out, with a
-warning that names them. Elsewhere it holds every file that .gitignore does not exclude.
-`.trebignore` (gitignore syntax) excludes more in both cases.
+In a git repository the snapshot holds the files git would show: tracked ones as they are
+in the working tree (uncommitted edits included, recorded as dirty) and untracked ones
+that .gitignore does not ignore (`git ls-files --others --exclude-standard`: a new script
+runs without a `git add` first). Elsewhere it holds every file that .gitignore does not
+exclude. `.trebignore` (gitignore syntax) excludes more in both cases.
+
+Only regular files and symlinks are copied: a FIFO, socket or device is skipped with a
+warning (opening a FIFO would hang). A file that vanishes during the copy is skipped
+with a warning; unreadable files, or a disk without room for the copy, refuse the run
+with their names, before anything is recorded (the caller removes the run directory).
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +47,8 @@ class Snapshot:
     bytes: int = 0
     git_commit: str | None = None
     git_dirty: bool | None = None
-    untracked_left_out: list[str] = field(default_factory=list)
+    untracked: list[str] = field(default_factory=list)  # included, not in git yet
+    skipped: dict[str, str] = field(default_factory=dict)  # path -> why it was left out
 
 
 def _git(workdir: Path, *args: str) -> str | None:
@@ -55,7 +65,11 @@ def _ignore_spec(path: Path):  # -> pathspec.PathSpec | None
         return None
     import pathspec
 
-    return pathspec.PathSpec.from_lines("gitwildmatch", path.read_text().splitlines())
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read it for the code snapshot: {exc.strerror}") from None
+    return pathspec.PathSpec.from_lines("gitwildmatch", text.splitlines())
 
 
 def list_files(workdir: Path) -> tuple[list[str], Snapshot]:
@@ -64,9 +78,10 @@ def list_files(workdir: Path) -> tuple[list[str], Snapshot]:
     home = _inside(treb_home(), workdir)
     tracked = _git(workdir, "ls-files", "-z", "--cached")
     if tracked is not None:
-        files = [f for f in tracked.split("\0") if f and (workdir / f).exists()]
+        files = [f for f in tracked.split("\0") if f and os.path.lexists(workdir / f)]
         others = _git(workdir, "ls-files", "-z", "--others", "--exclude-standard") or ""
-        info.untracked_left_out = [f for f in others.split("\0") if f]
+        info.untracked = [f for f in others.split("\0") if f]
+        files += info.untracked
         info.git_commit = (_git(workdir, "rev-parse", "HEAD") or "").strip() or None
         status = _git(workdir, "status", "--porcelain", "--untracked-files=no", "--", ".")
         info.git_dirty = bool(status and status.strip())
@@ -86,10 +101,9 @@ def list_files(workdir: Path) -> tuple[list[str], Snapshot]:
     trebignore = _ignore_spec(workdir / ".trebignore")
     if trebignore:
         files = [f for f in files if not trebignore.match_file(f)]
-        info.untracked_left_out = [
-            f for f in info.untracked_left_out if not trebignore.match_file(f)
-        ]
-    return sorted(files), info
+    info.untracked = sorted(f for f in info.untracked if f in set(files))
+    info.git_dirty = info.git_dirty or (bool(info.untracked) if tracked is not None else None)
+    return sorted(set(files)), info
 
 
 def _size(n: float) -> str:
@@ -108,25 +122,143 @@ def _inside(path: Path, root: Path) -> str | None:
         return None
 
 
+KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a device",
+         stat.S_IFBLK: "a device", stat.S_IFDIR: "a folder"}  # fmt: skip
+ROOM = 16 << 20  # what a snapshot leaves free on the disk, for the run's logs and records
+
+
+def sizes(workdir: Path, files: list[str], info: Snapshot) -> dict[str, int]:
+    """Each file's size; special files and vanished ones go to info.skipped instead."""
+    out: dict[str, int] = {}
+    for f in files:
+        try:
+            st = (workdir / f).lstat()
+        except FileNotFoundError:
+            info.skipped[f] = "it vanished while the snapshot was taken"
+            continue
+        except OSError as exc:
+            raise UserError(f"{workdir / f}: cannot read it for the code snapshot: "
+                            f"{exc.strerror}") from None  # fmt: skip
+        if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+            out[f] = st.st_size if stat.S_ISREG(st.st_mode) else 0
+        else:
+            kind = KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
+            info.skipped[f] = f"it is {kind} (only regular files and symlinks are copied)"
+    return out
+
+
+def copy_files(workdir: Path, files: list[str], dest: Path, info: Snapshot) -> int:
+    """Copy `files` into `dest`; the bytes copied. Unreadable files refuse the snapshot
+    (all of them named), a full disk too; a file gone since it was listed is skipped."""
+    dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+    unreadable: list[str] = []
+    total = 0
+    for f in files:
+        src, dst = workdir / f, dest / f
+        try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_symlink():
+                os.symlink(os.readlink(src), dst)
+            else:  # shutil refuses a FIFO (SpecialFileError) rather than hang on it
+                shutil.copy2(src, dst)
+                total += dst.stat().st_size
+        except shutil.SpecialFileError:
+            info.skipped[f] = "it is not a regular file (it changed during the copy)"
+        except FileNotFoundError as exc:
+            if str(exc.filename) != str(src):
+                raise
+            info.skipped[f] = "it vanished while the snapshot was taken"
+        except PermissionError:
+            unreadable.append(f)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise UserError(
+                    f"no space left on device for the code snapshot in {dest} "
+                    f"(copying {f}); free space, or set snapshot: false"
+                ) from None
+            why = exc.strerror
+            raise UserError(f"{src}: cannot copy it into the code snapshot: {why}") from None
+    if unreadable:
+        more = f" and {len(unreadable) - 5} more" if len(unreadable) > 5 else ""
+        raise UserError(
+            f"the code snapshot cannot read {len(unreadable)} file(s) in {workdir}: "
+            f"{', '.join(unreadable[:5])}{more} (permission denied); make them readable, "
+            "list them in .trebignore, or set snapshot: false"
+        )
+    return total
+
+
 def take(workdir: Path, dest: Path, max_bytes: int) -> Snapshot:
-    """Copy the workdir's files into `dest`; refuse above `max_bytes` before copying."""
+    """Copy the workdir's files into `dest`; refuse above `max_bytes`, or when the disk
+    has no room for them, before copying."""
     files, info = list_files(workdir)
-    sizes = {f: (workdir / f).lstat().st_size for f in files}
-    total = sum(sizes.values())
+    found = sizes(workdir, files, info)
+    total = sum(found.values())
     if total > max_bytes:
-        biggest = sorted(sizes, key=sizes.get, reverse=True)[:3]  # type: ignore[arg-type]
+        biggest = sorted(found, key=found.get, reverse=True)[:3]  # type: ignore[arg-type]
         raise UserError(
             f"snapshot of {workdir} would be {_size(total)}, over the "
             f"{_size(max_bytes)} limit (largest: {', '.join(biggest)}); exclude "
             "files in .trebignore, raise snapshot_max_size, or set snapshot: false"
         )
-    dest.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for f in files:
-        src, dst = workdir / f, dest / f
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_symlink():
-            os.symlink(os.readlink(src), dst)
-        else:
-            shutil.copy2(src, dst)
-    info.path, info.files, info.bytes = str(dest), len(files), total
+    free = shutil.disk_usage(dest.parent).free
+    if total + ROOM > free:
+        raise UserError(
+            f"no room for the code snapshot of {workdir} ({_size(total)}): {_size(free)} free "
+            f"on the disk of {dest.parent}; free space, or set snapshot: false"
+        )
+    info.bytes = copy_files(workdir, sorted(found), dest, info)
+    info.path = str(dest)
+    info.files = len(found) - sum(1 for f in found if f in info.skipped)
     return info
+
+
+MISSING = re.compile(
+    r"can't open file '([^']+)'|No such file or directory: '([^']+)'"
+    r"|(?:^|: )([^\s:]+): No such file or directory"
+)
+
+
+def why_missing(run_dir: Path, lines: list[str]) -> str | None:
+    """Why a file a failed run could not open is not in its code snapshot (for diagnose):
+    left out as a special file, ignored by .gitignore or .trebignore, created after the
+    submission, or absent from the workdir too. None when the run had no snapshot or the
+    file is in it (then the snapshot is not the cause)."""
+    try:
+        snap = json.loads((run_dir / "snapshot.json").read_text())
+        code, source = Path(snap["path"]), Path(snap["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    for line in lines:
+        m = MISSING.search(line)
+        if not m:
+            continue
+        name = Path(next(g for g in m.groups() if g))
+        for root in (code, source):
+            if name.is_absolute() and name.is_relative_to(root):
+                name = name.relative_to(root)
+        if name.is_absolute() or os.path.lexists(code / name):
+            continue
+        rel = str(name)
+        why = (snap.get("skipped") or {}).get(rel)
+        if why:
+            return f"{rel} was left out of the code snapshot: {why}"
+        if not os.path.lexists(source / name):
+            return f"{rel} is not in the code snapshot, and not in the workdir {source} either"
+        return f"{rel} is in the workdir but not in the code snapshot: {_left_out(source, rel)}"
+    return None
+
+
+def _left_out(source: Path, rel: str) -> str:
+    """Which rule kept a workdir file out of the snapshot."""
+    rule = _git(source, "check-ignore", "-v", "--no-index", "--", rel)
+    if rule:  # "<file>:<line>:<pattern>\t<path>"
+        where = rule.split("\t", 1)[0]
+        return f"git ignores it ({where}); un-ignore it or set snapshot: false"
+    trebignore = _ignore_spec(source / ".trebignore")
+    if trebignore and trebignore.match_file(rel):
+        return "it matches .trebignore; remove that pattern or set snapshot: false"
+    gitignore = _ignore_spec(source / ".gitignore")
+    if gitignore and gitignore.match_file(rel):
+        return "it matches .gitignore; un-ignore it or set snapshot: false"
+    return "it was created after the run was submitted (the snapshot is taken at submission)"

@@ -55,7 +55,6 @@ def resolved_spec_yaml(loaded: LoadedSpec) -> str:
 def prepare(loaded: LoadedSpec, backend: str, store: Store) -> Submission:
     """Create the run directory (private to the user) and the PENDING record."""
     check_secrets(loaded, os.environ)
-    spec = loaded.spec
     for _ in range(5):
         rid = new_run_id()
         path = run_dir(rid)
@@ -66,27 +65,32 @@ def prepare(loaded: LoadedSpec, backend: str, store: Store) -> Submission:
             continue
     else:  # pragma: no cover - 5 collisions of 32 random bits
         raise UserError("could not allocate a run id")
+    try:  # a run directory without its record is never left behind
+        return _record(loaded, backend, store, rid, path)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def _record(loaded: LoadedSpec, backend: str, store: Store, rid: str, path: Path) -> Submission:
+    spec = loaded.spec
     (path / "checkpoints").mkdir(mode=0o700)
     warnings: list[str] = []
     git_commit, git_dirty = None, None
     if spec.snapshot:
-        try:
-            snap = take(loaded.workdir, path / "code", parse_size(spec.snapshot_max_size))
-        except UserError:
-            shutil.rmtree(path, ignore_errors=True)
-            raise
+        snap = take(loaded.workdir, path / "code", parse_size(spec.snapshot_max_size))
         write_json(path / "snapshot.json", {**asdict(snap), "source": str(loaded.workdir)})
         git_commit, git_dirty = snap.git_commit, snap.git_dirty
-        if snap.untracked_left_out:
-            shown = ", ".join(snap.untracked_left_out[:5])
-            more = len(snap.untracked_left_out) - 5
+        if snap.skipped:
+            shown = ", ".join(f"{f} ({why})" for f, why in list(snap.skipped.items())[:5])
+            more = len(snap.skipped) - 5
             warnings.append(
-                f"{len(snap.untracked_left_out)} untracked file(s) left out of the code snapshot: "
-                f"{shown}{f' and {more} more' if more > 0 else ''} (git add them, list them in "
-                ".trebignore, or set snapshot: false)"
+                f"{len(snap.skipped)} file(s) left out of the code snapshot: {shown}"
+                f"{f' and {more} more' if more > 0 else ''}"
             )
         loaded.workdir = Path(snap.path)
     write_atomic(path / "spec.yaml", resolved_spec_yaml(loaded))
+    append_event(path, "submitted", backend=backend)
     rec = RunRecord(
         id=rid, name=spec.name, backend=backend, launcher=spec.launcher, state=PENDING,
         nodes=spec.nodes, procs_per_node=spec.ranks_per_node, run_dir=str(path),
@@ -95,5 +99,4 @@ def prepare(loaded: LoadedSpec, backend: str, store: Store) -> Submission:
         git_dirty=None if git_dirty is None else int(git_dirty),
     )  # fmt: skip
     store.insert_run(rec)
-    append_event(path, "submitted", backend=backend)
     return Submission(loaded=loaded, record=rec, run_dir=path, store=store, warnings=warnings)

@@ -9,6 +9,7 @@ killed, so a run never leaves orphans.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -42,6 +43,26 @@ if TYPE_CHECKING:
     from trebuchet.view.live import View
 
 HEARTBEAT_S = 5.0
+
+
+# Freed when the disk fills during the run, so that the index and events.jsonl can still
+# say why the run stopped (after the run's processes are killed, nobody else takes it).
+RESERVE, RESERVE_BYTES = ".space-reserve", 256 << 10
+
+
+def reserve_space(path: Path) -> None:
+    """Allocate the reserve (fallocate: no data written); skipped when the disk is full."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    except OSError:
+        return
+    try:
+        os.posix_fallocate(fd, 0, RESERVE_BYTES)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.write(fd, b"\0" * RESERVE_BYTES)
+    finally:
+        os.close(fd)
 
 
 class Supervisor:
@@ -96,12 +117,15 @@ class Supervisor:
         rid = self.plan.run_id
         me = os.getpid()
         now = time.time()
-        self.store.update_run(
-            rid, state=RUNNING, started_at=now, last_seen=now, supervisor_pid=me,
-            supervisor_start=start_time(me), host=socket.gethostname(),
-        )  # fmt: skip
-        append_event(self.run_dir, "run_started", pid=me)
+        who = {"supervisor_pid": me, "supervisor_start": start_time(me),
+               "host": socket.gethostname()}  # fmt: skip
+        self.store.update_run(rid, state=RUNNING, started_at=now, last_seen=now, **who)
+        # the index's facts, also in the run's own files (store/rebuild.py reads them)
+        append_event(self.run_dir, "run_started", pid=me, start=who["supervisor_start"],
+                     host=who["host"])  # fmt: skip
         self.watchdog = Watchdog(rid, str(self.run_dir))
+        reserve = self.run_dir / RESERVE
+        reserve_space(reserve)
         try:
             if not self.prepare_environment():
                 self.finish(FAILED)
@@ -117,7 +141,11 @@ class Supervisor:
                     continue
                 break
             self.finish(state)
+        except BaseException:
+            self.abort()  # the watchdog is told `done` below: nothing of the run may outlive it
+            raise
         finally:
+            reserve.unlink(missing_ok=True)  # before the outcome is recorded (main)
             self.watchdog.done()
             if self.plan.environment and self.plan.environment.get("cleanup"):
                 from trebuchet.envs.build import remove
@@ -125,6 +153,15 @@ class Supervisor:
 
                 remove(Recipe.from_json(self.plan.environment))
         return state
+
+    def abort(self) -> None:
+        """The supervisor itself failed (a full disk, a bug): SIGKILL every process of the
+        run now; recording anything may fail too, so nothing here depends on it."""
+        for agent in self.agents:
+            agent.kill(stopped=True)
+        exclude = {os.getpid(), self.watchdog.pid if self.watchdog else -1}
+        for pid in processes_of_run(self.plan.run_id, exclude):
+            signal_pid(pid, signal.SIGKILL)
 
     def prepare_environment(self) -> bool:
         """Build or reuse the run's environment; False (and a recorded failure) if it fails."""
@@ -415,6 +452,37 @@ class Supervisor:
         return {**{k: out[k] for k in keys}, "stopped_by_launcher": int(p.stopped)}
 
 
+def disk_full(exc: BaseException, run_dir: Path) -> str | None:
+    """'no space left on device (<path>)' when `exc` is a full disk or quota, else None."""
+    import errno
+    import sqlite3
+
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on device ({exc.filename or run_dir})"
+    if isinstance(exc, sqlite3.OperationalError) and "disk is full" in str(exc):
+        return f"no space left on device ({run_dir.parent.parent / 'runs.db'})"
+    return None
+
+
+def record_abort(store: Store, run_id: str, attempt: int, why: str | None) -> None:
+    """The supervisor's own failure in the index: FAILED with the full disk as the first
+    failure, LOST for anything else; when even that cannot be written, the message above
+    (terminal or supervisor.log) is what remains."""
+    now = time.time()
+    try:
+        if why is None:
+            store.update_run(run_id, only_if_active=True, state=LOST, ended_at=now)
+            return
+        cause = {"label": "disk", "rank": None, "node": None, "local_rank": None,
+                 "exit_code": 1, "signal": None, "ended_at": now, "attempt": attempt,
+                 "message": why}  # fmt: skip
+        store.set_attempt(run_id, attempt, state=FAILED, ended_at=now, reason=why)
+        store.update_run(run_id, only_if_active=True, state=FAILED, ended_at=now, exit_code=1,
+                         first_failure=cause)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the disk may refuse this too
+        print(f"treb: run {run_id}: could not record the outcome: {exc}", file=sys.stderr)
+
+
 def main(argv: list[str]) -> int:
     """Entry of a run's own supervisor process: in the background for a detached run, or
     `--attached` in the `treb run` process that handed itself over (backends/local.py)."""
@@ -436,9 +504,16 @@ def main(argv: list[str]) -> int:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
     try:
         state = sup.run()
-    except BaseException:
-        traceback.print_exc()
-        store.update_run(plan.run_id, only_if_active=True, state=LOST, ended_at=time.time())
+    except BaseException as exc:
+        why = disk_full(exc, run_dir)
+        if why is None:
+            traceback.print_exc()
+        else:  # not a bug: say what is full, and record it as the cause when there is room
+            print(f"treb: run {plan.run_id} stopped: {why}", file=sys.stderr, flush=True)
+        record_abort(store, plan.run_id, sup.attempt, why)
+        if why:
+            with contextlib.suppress(OSError):
+                append_event(run_dir, "run_ended", state=FAILED, reason=why)
         return 1
     finally:
         if view:

@@ -3,6 +3,13 @@
 WAL mode lets `treb ps` read while runs write; every write is one short statement or an
 IMMEDIATE transaction, and a long busy timeout waits out writers instead of failing with
 "database is locked".
+
+The index is only an index: each run directory holds its own records, so a damaged
+runs.db is reported (StoreDamaged, exit 2) and left as it is, never silently replaced by
+an empty one; `treb doctor --rebuild-index` (store/rebuild.py) moves it aside and rebuilds
+it from the run directories. Opening checks what is cheap: the file's header and size,
+and SQLite's quick_check while the file is small (QUICK_CHECK_MAX); a damaged page found
+later by a query is explained by explain() (the CLI calls it).
 """
 
 from __future__ import annotations
@@ -11,15 +18,16 @@ import json
 import os
 import re
 import sqlite3
+import sys
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from trebuchet.errors import UserError
-from trebuchet.store.paths import db_path
+from trebuchet.errors import StateError, UserError
+from trebuchet.store.paths import RUN_ID_RE, db_path, home_path
 from trebuchet.store.states import ACTIVE, TERMINAL
 
 SCHEMA = """
@@ -142,17 +150,145 @@ def _record(row: sqlite3.Row) -> RunRecord:
     return RunRecord(**data)
 
 
+SQLITE_MAGIC = b"SQLite format 3\0"
+QUICK_CHECK_MAX = 1 << 20  # quick_check reads the whole file: ~2 ms per MiB (bench/store_open.py)
+
+
+class StoreDamaged(StateError):
+    """runs.db is not a usable SQLite database; it was left untouched."""
+
+
+def damaged(path: Path, why: str) -> StoreDamaged:
+    runs = path.parent / "runs"
+    return StoreDamaged(
+        f"{path} is damaged ({why}); it was left as it is. The runs themselves are in "
+        f"{runs}/: `treb doctor --rebuild-index` moves the damaged file aside "
+        f"({path.name}.damaged-<time>) and rebuilds the index from them"
+    )
+
+
+def explain(exc: sqlite3.Error, path: Path | None = None) -> StateError | None:
+    """What an SQLite error says about TREB_HOME, as a named error; None for the errors
+    that are not about the file (a bug, a lock that outlived the busy timeout)."""
+    path = path or home_path() / "runs.db"
+    text = str(exc)
+    if "disk is full" in text:
+        return StateError(f"{path}: no space left on device: free space on TREB_HOME's file system")
+    if "disk I/O error" in text:
+        return StateError(f"{path}: disk I/O error on the run index; check TREB_HOME's disk")
+    if "readonly" in text or "unable to open" in text:
+        return StateError(
+            f"{path}: cannot write the run index ({text}); TREB_HOME {path.parent} must be "
+            "a writable folder (a read-only file system?); set TREB_HOME elsewhere"
+        )
+    if type(exc) is sqlite3.DatabaseError or "malformed" in text or "not a database" in text:
+        return damaged(path, text)
+    return None
+
+
+def header_problem(path: Path) -> str | None:
+    """Damage visible without SQLite, in the first 100 bytes and the size; None if none."""
+    with open(path, "rb") as fh:
+        head = fh.read(100)
+        size = os.fstat(fh.fileno()).st_size
+    if size == 0:
+        wal = path.with_name(path.name + "-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            return None  # written by an older build, not checkpointed yet
+        return "it is empty (0 bytes)"
+    if not head.startswith(SQLITE_MAGIC):
+        return "it is not an SQLite database: its first bytes are not SQLite's header"
+    if len(head) < 100:
+        return f"it is truncated ({size} bytes)"
+    page = int.from_bytes(head[16:18], "big")
+    page = 65536 if page == 1 else page
+    pages = int.from_bytes(head[28:32], "big")
+    if head[24:28] == head[92:96] and pages and size < pages * page:
+        return f"it is truncated ({size} bytes; its header says {pages * page})"
+    return None
+
+
+def _quick_check(conn: sqlite3.Connection) -> str | None:
+    """SQLite's own verdict on the file's pages; None when sound (other errors raise)."""
+    try:
+        rows = conn.execute("PRAGMA quick_check(3)").fetchall()
+    except sqlite3.DatabaseError as exc:
+        if not isinstance(explain(exc, Path("runs.db")), StoreDamaged):
+            raise
+        return str(exc)
+    found = [r[0] for r in rows if r[0] != "ok"]
+    return "; ".join(" ".join(f.split()) for f in found)[:300] or None
+
+
+def create(path: Path) -> None:
+    """A new, empty index that appears whole (WAL mode and the schema inside) or not at
+    all: no process ever sees a 0-byte runs.db, which would read as damage."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
+    try:
+        os.close(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
+        conn = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.executescript(SCHEMA)
+        finally:
+            conn.close()
+        with suppress(FileExistsError):  # another process made it first: use that one
+            os.link(tmp, path)
+    except OSError as exc:
+        raise StateError(
+            f"cannot create the run index {path}: {exc.strerror} (TREB_HOME must be a "
+            "writable folder with free space; set TREB_HOME elsewhere)"
+        ) from None
+    except sqlite3.Error as exc:
+        raise explain(exc, path) or exc from None
+    finally:
+        for leftover in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm")):
+            with suppress(OSError):
+                os.unlink(leftover)
+
+
+def _warn_if_runs_exist(path: Path) -> None:
+    """A new index beside run directories: runs.db was deleted or moved; say how to get
+    the runs back rather than show an empty list as if nothing had ever run."""
+    try:
+        found = any(RUN_ID_RE.match(p.name) for p in os.scandir(path.parent / "runs"))
+    except OSError:
+        return
+    if found:
+        print(
+            f"treb: warning: {path} was missing and is new, but {path.parent / 'runs'} holds "
+            "runs: `treb doctor --rebuild-index` puts them back in the index",
+            file=sys.stderr,
+        )
+
+
 class Store:
     """Access to runs.db; cheap to open, safe to use from many processes at once."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or db_path()
         if not self.path.exists():  # private to the user, like the run directories
-            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+            create(self.path)
+            _warn_if_runs_exist(self.path)
+        try:
+            problem = header_problem(self.path)
+        except OSError as exc:
+            raise StateError(f"cannot read the run index {self.path}: {exc.strerror}") from None
         self.conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
         self.conn.row_factory = sqlite3.Row
-        self.conn.execute("PRAGMA busy_timeout = 60000")
-        self._init()
+        try:
+            self.conn.execute("PRAGMA busy_timeout = 60000")
+            if problem or self.path.stat().st_size <= QUICK_CHECK_MAX:
+                # A header problem is confirmed by SQLite (a checkpoint may have been
+                # under way); an empty file is damage whatever SQLite thinks of it.
+                found = _quick_check(self.conn)
+                if found or (problem and problem.startswith("it is empty")):
+                    self.conn.close()
+                    raise damaged(self.path, problem or found or "")
+            self._init()
+        except sqlite3.Error as exc:
+            self.conn.close()
+            raise explain(exc, self.path) or exc from None
 
     def _init(self) -> None:
         for _ in range(100):

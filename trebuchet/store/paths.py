@@ -1,26 +1,85 @@
-"""Where trebuchet keeps its state: TREB_HOME (default ~/.trebuchet), private to the user."""
+"""Where trebuchet keeps its state: TREB_HOME (default ~/.trebuchet), private to the user.
+
+A TREB_HOME that is not a folder, or cannot be created, is a named error (StateError,
+exit 2), never a traceback. One that others may write to (a pre-existing folder with mode
+0777, say) is tightened to 0700 with a warning, or only warned about when that is not
+allowed: whoever can write there can replace runs.db or plant files in a run directory.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import stat
+import sys
 from pathlib import Path
 
+from trebuchet.errors import StateError
+
 RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{3,40}$")
+
+_checked: set[str] = set()  # folders whose mode was looked at by this process
+
+
+def home_path() -> Path:
+    """TREB_HOME as configured, whether or not it exists (nothing is created)."""
+    return Path(os.environ.get("TREB_HOME") or Path.home() / ".trebuchet").expanduser()
 
 
 def treb_home() -> Path:
     """The state folder, created 0700 on first use."""
-    home = Path(os.environ.get("TREB_HOME") or Path.home() / ".trebuchet").expanduser()
-    if not home.is_dir():
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    home = home_path()
+    if str(home) not in _checked and (home / "runs").is_dir():
+        tighten(home / "runs", "TREB_HOME/runs")
+    _ensure_dir(home, "TREB_HOME")
     return home
 
 
 def runs_dir() -> Path:
     path = treb_home() / "runs"
-    path.mkdir(exist_ok=True, mode=0o700)
+    _ensure_dir(path, "TREB_HOME/runs")
     return path
+
+
+def _ensure_dir(path: Path, what: str) -> None:
+    if path.is_dir():
+        if str(path) not in _checked:
+            _checked.add(str(path))
+            tighten(path, what)
+        return
+    if path.exists() or path.is_symlink():
+        kind = "a broken symlink" if not path.exists() else "not a folder"
+        raise StateError(
+            f"{what} {path} is {kind}: trebuchet keeps its runs in a folder there "
+            "(move it away, or set TREB_HOME to a folder)"
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise StateError(
+            f"cannot create {what} {path}: {exc.strerror} (set TREB_HOME to a writable folder)"
+        ) from None
+    _checked.add(str(path))
+
+
+def tighten(path: Path, what: str) -> str | None:
+    """Make a folder others may write to private again (0700); the warning printed, or None."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return None
+    if not mode & 0o022:  # read access for the group (a shared file system) is a choice
+        return None
+    try:
+        os.chmod(path, 0o700)
+        text = f"{what} {path} had mode {mode:04o} (others could write to it); set it to 0700"
+    except OSError as exc:
+        text = (
+            f"{what} {path} has mode {mode:04o}: others can write to it, and it could not "
+            f"be changed ({exc.strerror}); run `chmod 700 {path}`"
+        )
+    print(f"treb: warning: {text}", file=sys.stderr)
+    return text
 
 
 def run_dir(run_id: str) -> Path:

@@ -30,6 +30,8 @@ def describe_failure(ff: dict | None) -> str:
     label = str(ff.get("label") or "")
     if label == "environment":
         return f"the environment build failed: {ff.get('message', '')}".rstrip(": ")
+    if label == "disk":  # the supervisor could not write the run's records
+        return f"the run was stopped: {ff.get('message')}"
     if ff.get("rank") is not None:
         who = f"rank {ff['rank']} (node {ff['node']}, local rank {ff['local_rank']})"
     elif label.startswith(("pre:", "post:")):

@@ -1,0 +1,282 @@
+"""Rebuild runs.db from the run directories, which hold every run's own records.
+
+A run directory keeps the resolved spec (name, launcher, shape, retries), events.jsonl
+(backend, submission, supervisor, attempts, end state, engine job ids), each process's
+outcome record (attempt-<n>/*.json), the snapshot's git facts and, on Slurm, the job's
+attempt.json / result.json; sweeps/<id>.json gives a sweep point's id and parameters.
+That is all the index holds, so a damaged index loses nothing that is not recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trebuchet.runtime.records import first_failure
+from trebuchet.store.db import SCHEMA, RunRecord, Store, header_problem
+from trebuchet.store.paths import RUN_ID_RE
+from trebuchet.store.states import ACTIVE, FAILED, LOST, PENDING, RUNNING, SUCCEEDED, TERMINAL
+
+
+@dataclass
+class Recovered:
+    """One run as its directory tells it."""
+
+    record: RunRecord
+    attempts: dict[int, dict[str, Any]] = field(default_factory=dict)
+    procs: list[dict[str, Any]] = field(default_factory=list)
+
+
+PROC_KEYS = ("label", "rank", "node", "local_rank", "pid", "exit_code", "signal", "ended_at")
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    try:
+        text = (run_dir / "events.jsonl").read_text(errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:  # a line cut by a full disk: the others still count
+            continue
+        if isinstance(ev, dict):
+            out.append(ev)
+    return out
+
+
+def _spec(run_dir: Path) -> tuple[dict[str, Any], str | None]:
+    """The resolved spec and the file it was resolved from."""
+    import yaml
+
+    try:
+        text = (run_dir / "spec.yaml").read_text()
+    except OSError:
+        return {}, None
+    source = None
+    if text.startswith("# resolved from "):
+        source = text.splitlines()[0][len("# resolved from ") :].strip() or None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        data = None
+    return (data if isinstance(data, dict) else {}), source
+
+
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def recover(run_dir: Path, sweeps: dict[str, tuple[str, dict]]) -> Recovered:
+    """The index rows of one run directory."""
+    spec, source = _spec(run_dir)
+    events = _events(run_dir)
+    rid = run_dir.name
+    ppn = _int(spec.get("procs_per_node"), 0)
+    gpus = _int(spec.get("gpus_per_node"), 0)
+    rec = RunRecord(
+        id=rid, name=str(spec.get("name") or rid), backend="local",
+        launcher=str(spec.get("launcher") or "native"), state=PENDING,
+        nodes=_int(spec.get("nodes"), 1), procs_per_node=ppn or gpus or 1,
+        run_dir=str(run_dir), created_at=run_dir.stat().st_mtime,
+        max_attempts=_int(spec.get("retries"), 0) + 1,
+        spec_path=source if source and source.startswith("/") else None,
+    )  # fmt: skip
+    out = Recovered(rec)
+    env_failure = None
+    for ev in events:
+        kind, when = ev.get("event"), ev.get("time")
+        if kind == "submitted":
+            rec.backend = str(ev.get("backend") or rec.backend)
+            rec.created_at = when or rec.created_at
+        elif kind == "run_started":
+            rec.state, rec.started_at = RUNNING, when
+            rec.supervisor_pid = ev.get("pid")
+            rec.supervisor_start, rec.host = ev.get("start"), ev.get("host")
+        elif kind == "attempt_started":
+            n = _int(ev.get("attempt"), 0)
+            out.attempts[n] = {"state": RUNNING, "started_at": when}
+            rec.attempt = max(rec.attempt, n)
+        elif kind == "attempt_ended":
+            n = _int(ev.get("attempt"), 0)
+            out.attempts.setdefault(n, {}).update(state=ev.get("state"), ended_at=when)
+        elif kind == "log_policy":
+            n = _int(ev.get("attempt"), 0)
+            out.attempts.setdefault(n, {})["reason"] = f"{ev.get('policy')}: {ev.get('action')}"
+        elif kind == "environment_failed":
+            out.attempts[0] = {"state": FAILED, "ended_at": when,
+                               "reason": "environment build failed"}  # fmt: skip
+            env_failure = {"label": "environment", "rank": None, "node": None,
+                           "local_rank": None, "exit_code": 1, "signal": None, "ended_at": when,
+                           "attempt": 0, "log": str(run_dir / "environment.log"),
+                           "message": ev.get("error")}  # fmt: skip
+        elif kind in ("run_ended", "lost", "failed", "sbatch_failed"):
+            state = ev.get("state") or (LOST if kind == "lost" else FAILED)
+            rec.state, rec.ended_at = str(state), when
+        elif kind == "sbatch":
+            rec.backend_id = ev.get("job_id")
+        elif kind == "kubernetes":
+            rec.backend_id = f"{ev.get('namespace')}/{ev.get('job')}"
+        elif kind == "skypilot":
+            rec.backend_id = str(ev.get("job_id")) if ev.get("job_id") is not None else None
+    _engine_files(run_dir, out)
+    _proc_records(run_dir, out)
+    ff = first_failure(_records(run_dir / f"attempt-{rec.attempt}"))
+    if ff:
+        ff.pop("state", None)
+        ff.update(attempt=rec.attempt, log=str(run_dir / f"attempt-{rec.attempt}" / _log_name(ff)))
+    rec.first_failure = ff or env_failure
+    rec.last_seen = rec.ended_at or rec.started_at
+    if rec.first_failure:
+        rec.exit_code = rec.first_failure.get("exit_code")
+    elif rec.state == SUCCEEDED:
+        rec.exit_code = 0
+    rec.max_attempts = max(rec.max_attempts, rec.attempt + 1)
+    snap = _json(run_dir / "snapshot.json") or {}
+    rec.git_commit = snap.get("git_commit")
+    rec.git_dirty = None if snap.get("git_dirty") is None else int(bool(snap["git_dirty"]))
+    if rid in sweeps:
+        rec.sweep_id, params = sweeps[rid]
+        rec.params = json.dumps(params, sort_keys=True)
+    for att in out.attempts.values():  # an attempt of an ended run cannot still run
+        if att.get("state") in (None, RUNNING) and rec.state in TERMINAL:
+            att["state"] = rec.state
+    return out
+
+
+def _log_name(rec: dict[str, Any]) -> str:
+    if rec.get("rank") is not None:
+        return f"rank-{rec['rank']}.log"
+    return f"{rec.get('label') or 'node-' + str(rec.get('node'))}.log".replace(":", "-")
+
+
+def _engine_files(run_dir: Path, out: Recovered) -> None:
+    """What a Slurm job's controller wrote: each attempt's state and the run's result."""
+    for adir in run_dir.glob("attempt-*"):
+        att = _json(adir / "attempt.json")
+        n = adir.name.split("-", 1)[1]
+        if isinstance(att, dict) and n.isdigit():
+            row = out.attempts.setdefault(int(n), {})
+            for key in ("state", "started_at", "ended_at", "reason"):
+                if att.get(key) is not None:
+                    row[key] = att[key]
+            out.record.attempt = max(out.record.attempt, int(n))
+    result = _json(run_dir / "result.json")
+    if isinstance(result, dict) and result.get("state") in TERMINAL | ACTIVE:
+        out.record.state = result["state"]
+        out.record.ended_at = result.get("ended_at") or out.record.ended_at
+
+
+def _records(adir: Path) -> list[dict[str, Any]]:
+    """The outcome records of one attempt (each process's; not the attempt's own)."""
+    out = []
+    for path in sorted(adir.glob("*.json")):
+        data = _json(path)
+        if isinstance(data, dict) and "label" in data and "node" in data:
+            out.append(data)
+    return out
+
+
+def _proc_records(run_dir: Path, out: Recovered) -> None:
+    for adir in sorted(run_dir.glob("attempt-*")):
+        n = adir.name.split("-", 1)[1]
+        if not n.isdigit():
+            continue
+        for data in _records(adir):
+            row = {k: data.get(k) for k in PROC_KEYS}
+            row["attempt"] = int(n)
+            row["stopped_by_launcher"] = int(bool(data.get("stopped_by_launcher")))
+            out.procs.append(row)
+
+
+def _sweeps(home: Path) -> dict[str, tuple[str, dict]]:
+    found: dict[str, tuple[str, dict]] = {}
+    for path in (home / "sweeps").glob("*.json"):
+        data = _json(path)
+        if not isinstance(data, dict):
+            continue
+        for run in data.get("runs") or []:
+            if isinstance(run, dict) and run.get("id"):
+                found[str(run["id"])] = (str(data.get("id") or path.stem), run.get("params") or {})
+    return found
+
+
+def run_dirs(home: Path) -> list[Path]:
+    try:
+        found = (home / "runs").iterdir()
+        return sorted(p for p in found if RUN_ID_RE.match(p.name) and p.is_dir())
+    except FileNotFoundError:
+        return []
+
+
+def rebuild(home: Path) -> tuple[int, Path | None]:
+    """Write a new runs.db from the run directories; the old file (damaged or not) is moved
+    aside, never deleted. Returns (runs indexed, where the old file went)."""
+    db = home / "runs.db"
+    tmp = home / f".runs.db.{os.getpid()}.rebuild"
+    for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+        leftover.unlink(missing_ok=True)
+    sweeps = _sweeps(home)
+    conn = sqlite3.connect(tmp, isolation_level=None)
+    conn.executescript(SCHEMA)
+    conn.close()
+    store = Store(tmp)
+    count = 0
+    try:
+        with store.transaction():
+            for path in run_dirs(home):
+                got = recover(path, sweeps)
+                store.insert_run(got.record)
+                for n, att in sorted(got.attempts.items()):
+                    store.set_attempt(got.record.id, n, **{"state": PENDING, **att})
+                if got.procs:
+                    for p in got.procs:
+                        cols = {"run_id": got.record.id, **p}
+                        store.conn.execute(
+                            f"INSERT OR REPLACE INTO procs ({', '.join(cols)}) "
+                            f"VALUES ({', '.join(':' + k for k in cols)})",
+                            cols,
+                        )
+                count += 1
+    finally:
+        store.close()
+    moved = None
+    if db.exists():
+        try:
+            kind = "damaged" if header_problem(db) or _damaged(db) else "replaced"
+        except OSError:
+            kind = "damaged"
+        moved = home / f"runs.db.{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if moved.exists():
+            moved = Path(f"{moved}-{os.getpid()}")
+        os.rename(db, moved)
+        wal = home / "runs.db-wal"
+        if wal.exists():
+            os.rename(wal, f"{moved}-wal")
+        (home / "runs.db-shm").unlink(missing_ok=True)
+    os.rename(tmp, db)
+    return count, moved
+
+
+def _damaged(db: Path) -> bool:
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return conn.execute("PRAGMA integrity_check(1)").fetchone()[0] != "ok"
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return True
