@@ -20,7 +20,7 @@ from trebuchet.backends.job_file import SECRET_REF, common, job_text, write_job_
 from trebuchet.envs.recipe import Recipe
 from trebuchet.launcher.policies import policies_for
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
-from trebuchet.spec.duration import slurm_time
+from trebuchet.spec.duration import MAX_SECONDS, slurm_time
 from trebuchet.store.files import write_atomic
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -46,7 +46,7 @@ def slurm_seconds(text: str) -> float | None:
     t = text.strip().upper()
     if t in ("UNLIMITED", "INFINITE"):
         return None
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
+    m = re.fullmatch(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+))?(?::([0-9]+))?", t)
     if not m:
         raise ValueError(text)
     d, a, b, c = (int(x) if x else None for x in m.groups())
@@ -100,9 +100,13 @@ def problems(spec: Any) -> list[tuple[tuple[str, ...], str]]:
             out.append((("slurm", name), "must be one line without double quotes"))
     if sl.time:
         try:
-            slurm_seconds(sl.time)
+            seconds = slurm_seconds(sl.time)
         except ValueError:
             out.append((("slurm", "time"), f"{sl.time!r} is not a Slurm time (D-HH:MM:SS)"))
+        else:
+            if seconds is not None and seconds > MAX_SECONDS:
+                out.append((("slurm", "time"), f"{sl.time!r} is more than "
+                            f"{MAX_SECONDS // 86400} days (UNLIMITED: no limit)"))  # fmt: skip
     for i, arg in enumerate(sl.sbatch_args):
         flag = arg.split("=", 1)[0].strip()
         if CONTROL.search(arg) or '"' in arg or not arg.startswith("-"):
