@@ -136,7 +136,7 @@ class _Builder:
             key_line = key_node.start_mark.line + 1
             key = self.scalar(key_node, key_line) if isinstance(key_node, yaml.ScalarNode) else None
             if not isinstance(key, (str, int, float, bool)):
-                raise _Problem(line, "keys must be plain names")
+                raise _Problem(key_line, "keys must be plain names")
             key = key if isinstance(key, str) else str(key)
             if key in out:
                 raise _Problem(key_line, f"{key}: duplicate key")
