@@ -14,18 +14,30 @@ GOOD = "command: python train.py\n"
 
 # (case id, spec text, overrides, expected line, expected fragments of the message)
 CASES = [
-    ("nodes-word", "command: x\nnodes: two\n", [], 2, ["nodes: must be an integer >= 1", "'two'"]),
-    ("nodes-zero", "command: x\nnodes: 0\n", [], 2, ["nodes: must be an integer >= 1", "got 0"]),
-    ("nodes-negative", "command: x\nnodes: -3\n", [], 2, ["nodes:", ">= 1"]),
+    (
+        "nodes-word",
+        "command: x\nnodes: two\n",
+        [],
+        2,
+        ["nodes: must be an integer between 1 and 100000", "'two'"],
+    ),
+    (
+        "nodes-zero",
+        "command: x\nnodes: 0\n",
+        [],
+        2,
+        ["nodes: must be an integer between 1 and 100000", "got 0"],
+    ),
+    ("nodes-negative", "command: x\nnodes: -3\n", [], 2, ["nodes:", "between 1 and"]),
     ("nodes-float", "command: x\nnodes: 1.5\n", [], 2, ["nodes: must be an integer"]),
     (
         "procs-zero",
         "command: x\n\nprocs_per_node: 0\n",
         [],
         3,
-        ["procs_per_node: must be an integer >= 1"],
+        ["procs_per_node: must be an integer between 1 and 1024"],
     ),
-    ("gpus-bad", "command: x\ngpus_per_node: -2\n", [], 2, ["gpus_per_node:", ">= -1"]),
+    ("gpus-bad", "command: x\ngpus_per_node: -2\n", [], 2, ["gpus_per_node:", "between -1 and 64"]),
     (
         "unknown-key",
         "command: x\nnodez: 2\n",
@@ -110,7 +122,13 @@ CASES = [
         ["slurm.account", "secret"],
     ),
     ("name-invalid", "name: My Job\ncommand: x\n", [], 1, ["name: must be a name matching"]),
-    ("retries-negative", "command: x\nretries: -1\n", [], 2, ["retries: must be an integer >= 0"]),
+    (
+        "retries-negative",
+        "command: x\nretries: -1\n",
+        [],
+        2,
+        ["retries: must be an integer between 0 and 1000"],
+    ),
     ("timeout-garbage", "command: x\ntimeout: soon\n", [], 2, ["timeout: must be a duration"]),
     ("timeout-zero", "command: x\ntimeout: 0\n", [], 2, ["timeout: must be a duration"]),
     (
@@ -210,7 +228,7 @@ CASES = [
         GOOD,
         ["nodes=two"],
         None,
-        ["-o nodes=two: nodes: must be an integer >= 1"],
+        ["-o nodes=two: nodes: must be an integer between 1 and 100000"],
     ),
     (
         "override-unknown",
@@ -270,4 +288,7 @@ def test_real_cli_process_prints_no_traceback(tmp_path: Path, treb_home: Path) -
         [sys.executable, "-m", "trebuchet", "run", str(spec)], capture_output=True, text=True
     )
     assert res.returncode == 2
-    assert res.stderr.strip() == f"treb: {spec}:2: nodes: must be an integer >= 1, got 'two'"
+    assert (
+        res.stderr.strip()
+        == f"treb: {spec}:2: nodes: must be an integer between 1 and 100000, got 'two'"
+    )

@@ -34,7 +34,7 @@ def test_failed_run_raises_with_the_root_cause(treb_home: Path) -> None:
 def test_bad_spec_raises_spec_error(treb_home: Path) -> None:
     from trebuchet.errors import SpecError
 
-    with pytest.raises(SpecError, match="nodes: must be an integer >= 1"):
+    with pytest.raises(SpecError, match="nodes: must be an integer between 1 and 100000"):
         trebuchet.launch({"command": "x", "nodes": 0})
 
 

@@ -61,7 +61,10 @@ def test_a_bad_point_fails_the_whole_sweep_before_anything_runs(
 ) -> None:
     spec = write_spec(tmp_path, CMD)
     res = treb("run", str(spec), "-o", "nodes=1,two")
-    assert res.returncode == 2 and "-o nodes=two: nodes: must be an integer >= 1" in res.stderr
+    assert (
+        res.returncode == 2
+        and "-o nodes=two: nodes: must be an integer between 1 and 100000" in res.stderr
+    )
     assert json.loads(treb("ps", "--json").stdout) == []
 
 

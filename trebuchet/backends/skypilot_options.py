@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trebuchet.spec.model import Block, allowed
+from trebuchet.spec.model import Block, Int, allowed
 
 
 class SkyPilot(Block):
@@ -14,6 +14,7 @@ class SkyPilot(Block):
     )
     use_spot: bool | None = allowed("true or false", "resources.use_spot", default=None)
     region: str | None = allowed("a region name", "resources.region", default=None)
-    disk_size: int | None = allowed(
-        "an integer >= 1 (GB)", "resources.disk_size", default=None, ge=1
-    )
+    disk_size: Int | None = allowed(
+        "an integer between 1 and 65536 (GB)", "resources.disk_size", default=None, ge=1,
+        le=65536,
+    )  # fmt: skip

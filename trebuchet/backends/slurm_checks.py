@@ -67,16 +67,11 @@ def node_local_treb_home(ctx: Context) -> list[Finding]:
 
 
 def _args_partition(sbatch_args: list[str]) -> str | None:
-    """A partition given as a raw sbatch option (-p X, --partition=X)."""
-    found = None
-    for i, arg in enumerate(sbatch_args):
-        if arg in ("-p", "--partition") and i + 1 < len(sbatch_args):
-            found = sbatch_args[i + 1]
-        elif arg.startswith("--partition="):
-            found = arg.split("=", 1)[1]
-        elif arg.startswith("-p") and len(arg) > 2:
-            found = arg[2:]
-    return found
+    """A partition given as a raw sbatch option (-p X, --partition=X, -pX, --part X)."""
+    from trebuchet.backends.slurm_argv import parse
+
+    found = [o.value for o in parse(sbatch_args)[0] if o.name == "partition"]
+    return found[-1] if found else None
 
 
 def gres_gpus(gres: str) -> int:

@@ -6,7 +6,7 @@ A module of its own so that loading a spec does not import the engine, and `treb
 
 from __future__ import annotations
 
-from trebuchet.spec.model import Block, allowed
+from trebuchet.spec.model import Block, Int, allowed
 
 
 class Slurm(Block):
@@ -21,9 +21,10 @@ class Slurm(Block):
     exclusive: bool | None = allowed("true or false", "#SBATCH --exclusive", default=None)
     constraint: str | None = allowed("a string", "#SBATCH --constraint", default=None)
     mem: str | None = allowed("a Slurm memory size such as 64G", "#SBATCH --mem", default=None)
-    cpus_per_task: int | None = allowed(
-        "an integer >= 1", "#SBATCH --cpus-per-task", default=None, ge=1
-    )
+    cpus_per_task: Int | None = allowed(
+        "an integer between 1 and 4096", "#SBATCH --cpus-per-task", default=None, ge=1,
+        le=4096,
+    )  # fmt: skip
     mpi: str | None = allowed(
         "an srun --mpi value such as pmix or pmi2", "srun --mpi", default=None
     )

@@ -16,24 +16,32 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from trebuchet.backends import slurm_argv
 from trebuchet.backends.job_file import SECRET_REF, common, job_text, write_job_files
 from trebuchet.envs.recipe import Recipe
 from trebuchet.launcher.policies import policies_for
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
-from trebuchet.spec.duration import slurm_time
+from trebuchet.spec.duration import MAX_SECONDS, slurm_time
 from trebuchet.store.files import write_atomic
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 REQUEUE_MARGIN_S = 10  # requeue this long before the time limit when ranks do not stop
-# sbatch options trebuchet sets itself; the spec field to use instead.
+# sbatch options (long names) trebuchet sets itself; the spec field to use instead.
 MANAGED = {
-    "--nodes": "nodes", "-N": "nodes", "--ntasks": "procs_per_node", "-n": "procs_per_node",
-    "--ntasks-per-node": "procs_per_node", "--output": "(the run directory)",
-    "-o": "(the run directory)", "--error": "(the run directory)", "-e": "(the run directory)",
-    "--open-mode": "(the run directory)", "--job-name": "name", "-J": "name",
-    "--signal": "timeout_warning / checkpoint_signal", "--time": "slurm.time or timeout",
-    "-t": "slurm.time or timeout", "--requeue": "retries", "--no-requeue": "retries",
-    "--chdir": "workdir", "-D": "workdir", "--wrap": "command",
+    "nodes": "nodes", "ntasks": "procs_per_node", "ntasks-per-node": "procs_per_node",
+    "tasks-per-node": "procs_per_node", "output": "(the run directory)",
+    "error": "(the run directory)", "open-mode": "(the run directory)", "job-name": "name",
+    "signal": "timeout_warning / checkpoint_signal", "time": "slurm.time or timeout",
+    "requeue": "retries", "no-requeue": "retries", "chdir": "workdir", "wrap": "command",
+}  # fmt: skip
+# sbatch options that change what sbatch does at submission, not what the job gets.
+REFUSED = {
+    "array": "a sweep is trebuchet's job array (-o key=a,b or sweep:)",
+    "parsable": "trebuchet reads sbatch's answer itself",
+    "test-only": "use treb render / treb check",
+    "wait": "trebuchet follows the job itself (treb run without --detach)",
+    "help": "it prints help instead of submitting", "usage": "it prints help instead of submitting",
+    "version": "it prints its version instead of submitting",
 }  # fmt: skip
 
 
@@ -46,7 +54,7 @@ def slurm_seconds(text: str) -> float | None:
     t = text.strip().upper()
     if t in ("UNLIMITED", "INFINITE"):
         return None
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
+    m = re.fullmatch(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+))?(?::([0-9]+))?", t)
     if not m:
         raise ValueError(text)
     d, a, b, c = (int(x) if x else None for x in m.groups())
@@ -100,20 +108,14 @@ def problems(spec: Any) -> list[tuple[tuple[str, ...], str]]:
             out.append((("slurm", name), "must be one line without double quotes"))
     if sl.time:
         try:
-            slurm_seconds(sl.time)
+            seconds = slurm_seconds(sl.time)
         except ValueError:
             out.append((("slurm", "time"), f"{sl.time!r} is not a Slurm time (D-HH:MM:SS)"))
-    for i, arg in enumerate(sl.sbatch_args):
-        flag = arg.split("=", 1)[0].strip()
-        if CONTROL.search(arg) or '"' in arg or not arg.startswith("-"):
-            out.append((("slurm", "sbatch_args"), f"item {i} ({arg!r}): one option per item, "
-                        "starting with -, one line, no double quotes"))  # fmt: skip
-        elif flag in MANAGED or flag.startswith(tuple(f"{m}=" for m in MANAGED)):
-            out.append((("slurm", "sbatch_args"), f"{flag} is set by trebuchet: use "
-                        f"{MANAGED[flag]} in the spec"))  # fmt: skip
-        elif flag == "--export" and not arg.partition("=")[2].startswith("ALL"):
-            out.append((("slurm", "sbatch_args"), "--export must keep ALL: the job gets "
-                        "PATH and the secrets from the submitting environment"))  # fmt: skip
+        else:
+            if seconds is not None and seconds > MAX_SECONDS:
+                out.append((("slurm", "time"), f"{sl.time!r} is more than "
+                            f"{MAX_SECONDS // 86400} days (UNLIMITED: no limit)"))  # fmt: skip
+    out += [(("slurm", "sbatch_args"), why) for why in sbatch_args_problems(sl.sbatch_args)]
     for i, line in enumerate(sl.setup):
         if "\n" in line or "\r" in line:
             out.append((("slurm", "setup"), f"item {i}: one shell line per item"))
@@ -128,6 +130,29 @@ def problems(spec: Any) -> list[tuple[tuple[str, ...], str]]:
     for i, mount in enumerate(env.mounts if env else []):
         if "," in mount or CONTROL.search(mount):
             out.append((("environment", "mounts"), f"item {i}: no commas (pyxis separator)"))
+    return out
+
+
+def sbatch_args_problems(args: list[str]) -> list[str]:
+    """Why `slurm.sbatch_args` cannot go into the script: read as sbatch reads them."""
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if CONTROL.search(arg) or '"' in arg or not arg.strip():
+            out.append(f"item {i} ({arg!r}): one line, no double quotes")
+    if out:
+        return out
+    options, bad = slurm_argv.parse(args)
+    out += [f"item {i}: {why}" for i, why in bad]
+    for opt in options:
+        spelled = f"item {opt.item} ({opt.text})"
+        if opt.name in MANAGED:
+            out.append(f"{spelled} is --{opt.name}, set by trebuchet: use "
+                       f"{MANAGED[opt.name]} in the spec")  # fmt: skip
+        elif opt.name in REFUSED:
+            out.append(f"{spelled} is --{opt.name}: {REFUSED[opt.name]}")
+        elif opt.name == "export" and not (opt.value or "").startswith("ALL"):
+            out.append("--export must keep ALL: the job gets PATH and the secrets from the "
+                       "submitting environment")  # fmt: skip
     return out
 
 

@@ -20,6 +20,8 @@ def main(args: argparse.Namespace) -> int:
     from trebuchet.diagnose import report
 
     targets: list[str] = list(args.targets)
+    if any(not t.strip() for t in targets):  # Path('') is the current folder: never meant
+        raise UserError("an empty RUN names no run: give a run id, a prefix of one or a name")
     paths = [Path(t) for t in targets if Path(t).exists()]
     if paths and len(paths) != len(targets):
         missing = [t for t in targets if not Path(t).exists()]

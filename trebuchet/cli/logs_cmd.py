@@ -56,6 +56,12 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(
             f"run {rec.id} has no logs{what} in attempt {attempt + 1} (state {rec.state})"
         )
+    if not args.follow and all(_empty(path) for _, path in files):
+        n = len(files)
+        what = str(files[0][1]) if n == 1 else f"{n} logs of attempt {attempt + 1}"
+        print(f"treb: run {rec.id}: {what}: empty, nothing was written (state {rec.state})",
+              file=sys.stderr)  # fmt: skip
+        return 0
     out = sys.stdout.buffer
     if len(files) == 1 and not args.follow and args.tail is None:
         with open(files[0][1], "rb") as fh:
@@ -71,6 +77,13 @@ def main(args: argparse.Namespace) -> int:
         _follow(store, rec, follower, args)
     follower.close()
     return 0
+
+
+def _empty(path: Path) -> bool:
+    try:
+        return path.stat().st_size == 0
+    except OSError:
+        return False
 
 
 def _follow(store: Store, rec: RunRecord, follower: Follower, args: argparse.Namespace) -> None:

@@ -36,6 +36,17 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on", default="local", metavar="BACKEND", help="engine: local (default)")
 
 
+def _count(text: str) -> int:
+    """A number >= 0 (--tail, --rank, --node, --attempt): -5 is a mistake, not "all"."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be >= 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="treb", description="trebuchet: one YAML file, any engine, for distributed training."
@@ -64,15 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: latest)"
     )
-    p.add_argument("--rank", type=int, help="only this global rank")
-    p.add_argument("--node", type=int, help="only this node")
+    p.add_argument("--rank", type=_count, help="only this global rank")
+    p.add_argument("--node", type=_count, help="only this node")
     p.add_argument(
         "--attempt",
-        type=int,
+        type=_count,
         help="attempt number, from 1 as `treb status` lists them (default: the latest)",
     )
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
-    p.add_argument("--tail", type=int, metavar="N", help="only the last N lines of each log")
+    p.add_argument("--tail", type=_count, metavar="N", help="only the last N lines of each log")
     p = sub.add_parser("cancel", help=VERBS["cancel"])
     p.add_argument("run", metavar="RUN", help="run id or unique prefix")
     p = sub.add_parser("render", help=VERBS["render"])

@@ -20,10 +20,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trebuchet.errors import UserError
+
 if TYPE_CHECKING:
     from trebuchet.backends.base import SubmissionPoint, SweepSubmitted
     from trebuchet.backends.local import LocalBackend
 
+MAX_SWEEP_POINTS = 10_000  # runs in one sweep (docs/spec.md; spec/model.py checks `sweep:`)
 # A comma separates sweep values unless escaped (\,) or inside [...], {...} or quotes.
 _SPLIT = re.compile(r"(?<!\\),")
 
@@ -53,6 +56,12 @@ def points(
             axes.append((key, [_text(v) for v in values]))
     if not axes:
         return fixed, [{}]
+    count = 1
+    for _, values in axes:
+        count *= len(values)
+    if count > MAX_SWEEP_POINTS:  # counted before a point is built: millions would take GBs
+        sizes = " x ".join(f"{k} ({len(v)})" for k, v in axes)
+        raise UserError(f"sweep: {sizes} is {count} points, more than {MAX_SWEEP_POINTS}")
     keys = [k for k, _ in axes]
     return fixed, [
         dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(v for _, v in axes))

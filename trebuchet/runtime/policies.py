@@ -1,14 +1,85 @@
 """Log policies applied to a failed attempt's logs: the first policy whose pattern occurs
 decides (no_retry: final; retry: another attempt, bounded). The same code runs in the local
 supervisor and in the Slurm job controller, so a pattern means the same everywhere
-(Python's `re`, multiline)."""
+(Python's `re`, multiline).
+
+A pattern is input from the spec, and Python's `re` backtracks: `(a+)+$` takes exponential
+time on one line of a's. So unsafe_pattern() refuses, at validation, the forms that
+backtrack exponentially (a repeat inside an unbounded repeat, an unbounded repeat of an
+alternation), and match() runs the search in a child interpreter killed after
+MATCH_TIMEOUT_S, so that no pattern (a polynomial `.*.*.*x` over a 4 MiB line included)
+can hold up supervision. Stdlib only, Python >= 3.8: no re2 where the runtime runs.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from typing import Any, Iterable
 
 SCAN_BYTES = 4 << 20  # the end of each log holds the error; a huge log is not read whole
+MATCH_TIMEOUT_S = 10.0
+MAX_PATTERN = 1000  # characters
+_BIG_REPEAT = 100  # a repeat allowing more than this many copies counts as unbounded
+
+
+def unsafe_pattern(pattern: str) -> str | None:
+    """Why `pattern` cannot be a log policy (invalid, too long, exponential), or None."""
+    if len(pattern) > MAX_PATTERN:
+        return f"longer than {MAX_PATTERN} characters"
+    try:
+        re.compile(pattern, re.M)
+    except (re.error, RecursionError, OverflowError) as exc:
+        return f"not a valid regular expression: {exc}"
+    try:
+        from re import _parser as parser  # type: ignore[attr-defined]  # Python >= 3.11
+    except ImportError:  # pragma: no cover - Python < 3.11
+        import sre_parse as parser  # type: ignore[no-redef]
+    try:
+        tree = parser.parse(pattern, re.M)
+    except Exception:  # noqa: BLE001 - compiled above, so only a parser difference
+        return None
+    if _exponential(tree, inside_unbounded=False):
+        return (
+            "can backtrack for ever (a repeat inside an unbounded repeat, such as (a+)+, or "
+            "a repeated alternation, such as (a|ab)*): write it without the nesting"
+        )
+    return None
+
+
+def _exponential(items: Any, inside_unbounded: bool) -> bool:
+    """True when a repeat (or an alternation) sits inside an unbounded repeat."""
+    for op, av in items:
+        name = getattr(op, "name", str(op))
+        if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            if inside_unbounded and av[1] > 1:
+                return True
+            if _exponential(av[2], inside_unbounded or av[1] > _BIG_REPEAT):
+                return True
+            continue
+        if name == "BRANCH" and inside_unbounded:
+            return True
+        if any(_exponential(b, inside_unbounded) for b in _bodies(name, av)):
+            return True
+    return False
+
+
+def _bodies(name: str, av: Any) -> list[Any]:
+    """The sub-patterns of one parsed item (sre_parse's layout, Python 3.8 to 3.13)."""
+    if name == "BRANCH":
+        return list(av[1])
+    if name == "SUBPATTERN":
+        return [av[-1]]
+    if name in ("ASSERT", "ASSERT_NOT"):
+        return [av[1]]
+    if name == "ATOMIC_GROUP":
+        return [av]
+    if name == "GROUPREF_EXISTS":
+        return [b for b in av[1:] if b is not None]
+    return []
 
 
 def _tail(path: Any) -> str:
@@ -22,18 +93,56 @@ def _tail(path: Any) -> str:
         return ""
 
 
-def match(policies: list[dict[str, Any]], logs: Iterable[Any]) -> tuple[dict[str, Any], str] | None:
-    """The first policy (in order) whose pattern occurs in any log, with the matching line."""
-    texts = [_tail(p) for p in logs]
-    for policy in policies:
-        rx = re.compile(policy["pattern"], re.M)
+def _search(patterns: list[str], paths: list[str]) -> tuple[int, str] | None:
+    """(index of the first pattern found in any log, its line), unbounded in time."""
+    texts = [_tail(p) for p in paths]
+    for i, pattern in enumerate(patterns):
+        rx = re.compile(pattern, re.M)
         for text in texts:
             m = rx.search(text)
             if m:
                 start = text.rfind("\n", 0, m.start()) + 1
                 end = text.find("\n", m.end())
-                return policy, text[start : end if end >= 0 else len(text)].strip()[:300]
+                return i, text[start : end if end >= 0 else len(text)].strip()[:300]
     return None
+
+
+def match(
+    policies: list[dict[str, Any]], logs: Iterable[Any], timeout: float = MATCH_TIMEOUT_S
+) -> tuple[dict[str, Any], str] | None:
+    """The first policy (in order) whose pattern occurs in any log, with the matching line;
+    searched in a child interpreter that is killed after `timeout` (then: no match)."""
+    paths = [str(p) for p in logs]
+    if not policies or not paths:
+        return None
+    parts = __name__.split(".")
+    root = os.path.abspath(__file__)
+    for _ in parts:
+        root = os.path.dirname(root)  # the folder (or .pyz) that holds the package
+    code = "import sys; sys.path.insert(0, sys.argv[1]); __import__(sys.argv[2]); "
+    code += "sys.modules[sys.argv[2]]._serve()"
+    request = json.dumps({"patterns": [p["pattern"] for p in policies], "paths": paths})
+    try:
+        res = subprocess.run(
+            [sys.executable, "-S", "-c", code, root, __name__], input=request.encode(),
+            capture_output=True, timeout=timeout,
+        )  # fmt: skip
+        found = json.loads(res.stdout.decode() or "null") if res.returncode == 0 else None
+    except subprocess.TimeoutExpired:
+        sys.stderr.write(f"treb: log policies: no answer within {timeout:g} s; none applied\n")
+        return None
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"treb: log policies could not be matched: {exc}\n")
+        return None
+    if not found:
+        return None
+    return policies[found[0]], found[1]
+
+
+def _serve() -> None:
+    """The child's side of match(): a JSON request on stdin, the answer on stdout."""
+    request = json.loads(sys.stdin.read())
+    sys.stdout.write(json.dumps(_search(request["patterns"], request["paths"])))
 
 
 RETRY, FINAL, EXHAUSTED, NO_MATCH = "retry", "final", "exhausted", "no match"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNIT = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-_PARTS = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
+_PARTS = re.compile(r"([0-9]+(?:\.[0-9]+)?)([dhms])")
 ALLOWED = "a duration such as 90, 90s, 30m, 2h, 1h30m, 1d, 04:00:00 or 1-00:00:00"
+MAX_SECONDS = 366 * 86400  # a year and a day: no attempt runs longer; bounds Slurm's --time
 
 
 def parse_duration(value: object) -> float:
@@ -19,15 +21,17 @@ def parse_duration(value: object) -> float:
         seconds = _parse_text(value.strip().lower())
     else:
         raise ValueError(ALLOWED)
-    if seconds <= 0:
+    if math.isnan(seconds) or seconds <= 0:
         raise ValueError(f"{ALLOWED}, greater than zero")
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"at most {MAX_SECONDS // 86400} days")
     return seconds
 
 
 def _parse_text(text: str) -> float:
-    if re.fullmatch(r"\d+(\.\d+)?", text):
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text):
         return float(text)
-    if re.fullmatch(r"(\d+-)?\d+(:\d+){0,2}", text):
+    if re.fullmatch(r"([0-9]+-)?[0-9]+(:[0-9]+){0,2}", text):
         days, has_days = 0, "-" in text
         if has_days:
             d, text = text.split("-", 1)

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from trebuchet.errors import SpecError, UserError
 from trebuchet.spec.expand import expand_tree
 from trebuchet.spec.model import Spec, engine_blocks, not_expanded, spec_model
-from trebuchet.spec.yamlsrc import Located, parse_yaml
+from trebuchet.spec.yamlsrc import MAX_DEPTH, Located, parse_yaml, read_spec, yaml_value
+from trebuchet.spec.yamlsrc import dotted as _dotted
 
 
 @dataclass
@@ -58,9 +58,9 @@ def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
     stripped = value.strip()
     if stripped[:1] in ("[", "{", '"', "'") or stripped in ("null", "~"):
         try:
-            parsed = yaml.safe_load(stripped)
-        except yaml.YAMLError:
-            raise UserError(f"-o {text}: the value is not valid YAML") from None
+            parsed = yaml_value(stripped)
+        except ValueError as exc:
+            raise UserError(f"-o {_short(text)}: the value is not valid: {exc}") from None
     return tuple(key.strip().split(".")), parsed
 
 
@@ -101,12 +101,7 @@ def load_spec(
         if text is None:
             if p is None:
                 raise UserError("no spec given")
-            try:
-                text = p.read_text()
-            except FileNotFoundError:
-                raise UserError(f"{p}: no such spec file") from None
-            except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-                raise UserError(f"{p}: cannot read spec: {exc}") from None
+            text = read_spec(p)
         located = parse_yaml(text, source)
     if located.data is not None and not isinstance(located.data, dict):
         raise SpecError(
@@ -122,6 +117,7 @@ def load_spec(
     )
     model = spec_model()
     raw, errors = expand_tree(raw, environ, secret_names, _skip(model))
+    errors += list(_bad_text(raw, ()))
     problems = [f"{located.where(p_)}: {_dotted(p_)}: {msg}" for p_, msg in errors]
     raw.setdefault("name", default_name(p))
     try:
@@ -131,13 +127,17 @@ def load_spec(
     if problems:
         raise SpecError(sorted(problems, key=_line_key))
     base = p.resolve().parent if p else Path.cwd()
-    workdir = (base / spec.workdir).resolve()
-    if not workdir.is_dir():
+    try:
+        workdir = (base / spec.workdir).resolve()
+        is_dir = workdir.is_dir()
+    except OSError as exc:  # a name longer than the system allows, a symlink loop
+        raise SpecError([f"{located.where(('workdir',))}: workdir: {exc.strerror}"]) from None
+    if not is_dir:
         raise SpecError([f"{located.where(('workdir',))}: workdir: {workdir} is not a directory"])
     missing = [
         f"{located.where(field)}: {_dotted(field)}: {base / value} does not exist"
         for field, value in _input_files(spec)
-        if not (base / value).is_file()
+        if not _is_file(base / value)
     ]
     if missing:
         raise SpecError(missing)
@@ -175,12 +175,55 @@ def _line_key(problem: str) -> tuple[int, str]:
     return (int(m.group(1)) if m else 1 << 30, problem)
 
 
-def _copy(data: Any) -> Any:
+def _copy(data: Any, depth: int = 0) -> Any:
+    if depth > MAX_DEPTH and isinstance(data, (dict, list)):
+        raise SpecError([f"<spec>: nested deeper than {MAX_DEPTH} levels (or a cycle)"])
     if isinstance(data, dict):
-        return {k: _copy(v) for k, v in data.items()}
+        return {k: _copy(v, depth + 1) for k, v in data.items()}
     if isinstance(data, list):
-        return [_copy(v) for v in data]
+        return [_copy(v, depth + 1) for v in data]
     return data
+
+
+def _bad_text(data: Any, path: tuple) -> Any:
+    """(path, why) of each string no command line, environment or path can hold."""
+    if isinstance(data, dict):
+        items: Any = data.items()
+    elif isinstance(data, list):
+        items = enumerate(data)
+    else:
+        return
+    for key, value in items:
+        sub = (*path, key)
+        why = _text_why(key) or _text_why(value)
+        if why:
+            yield sub, why
+        else:
+            yield from _bad_text(value, sub)
+
+
+def _text_why(text: Any) -> str | None:
+    if not isinstance(text, str):
+        return None
+    if "\0" in text:
+        return "contains a NUL byte, which no command line, environment or path can hold"
+    if _SURROGATE.search(text):
+        return "is not valid Unicode text (a lone surrogate such as \\ud800)"
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _kind(value: Any) -> str:
@@ -191,13 +234,6 @@ def _kind(value: Any) -> str:
         float: "a number",
         bool: "a boolean",
     }.get(type(value), type(value).__name__)
-
-
-def _dotted(path: Sequence[Any]) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "spec"
 
 
 def _field_path(loc: Sequence[Any], raw: Any, top: type[BaseModel]) -> tuple:

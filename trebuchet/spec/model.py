@@ -5,6 +5,7 @@ Each field carries `x-allowed`, the phrase used in error messages ("must be <all
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -17,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from trebuchet.launcher.sweep import MAX_SWEEP_POINTS
 from trebuchet.runtime.contract import NODE_NAMES, RANK_NAMES
 from trebuchet.spec.duration import ALLOWED as DURATION_ALLOWED
 from trebuchet.spec.duration import parse_duration
@@ -26,12 +28,36 @@ ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 Launcher = Literal["native", "torchrun", "mpirun", "horovod", "none"]
 
 
+# Upper bounds (docs/spec.md "Limits"): far above any real job, low enough that a typo or a
+# hostile value is refused with its line instead of allocating gigabytes or overflowing.
+MAX_NODES = 100_000
+MAX_PROCS_PER_NODE = 1024
+MAX_GPUS_PER_NODE = 64
+MAX_WORLD = 1_000_000
+MAX_RETRIES = 1000
+MAX_TEXT = 100_000  # characters of a command, pre/post or env value (Linux: 128 KiB an argument)
+MAX_PATH = 4095  # PATH_MAX - 1
+
+
+def _no_bool(v: Any) -> Any:
+    """YAML's true/false are not numbers (pydantic's lax mode would read true as 1)."""
+    if isinstance(v, bool):
+        raise ValueError("bad number")
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_no_bool)]
+
+
 def _env_value(v: Any) -> str:
     """Env values may be written as numbers or booleans; the process sees strings."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (str, int, float)):
-        return str(v)
+        text = str(v)
+        if len(text) > MAX_TEXT:
+            raise ValueError(f"longer than {MAX_TEXT} characters")
+        return text
     raise ValueError("bad value")
 
 
@@ -148,19 +174,20 @@ class LogPolicy(Block):
     action: Literal["no_retry", "retry"] = allowed(
         "one of no_retry, retry", "no_retry: the failure is final; retry: retry even past `retries`"
     )
-    max_retries: int = allowed(
-        "an integer >= 0", "retry: at most this many extra attempts", default=3, ge=0
-    )
+    max_retries: Int = allowed(
+        f"an integer between 0 and {MAX_RETRIES}",
+        "retry: at most this many extra attempts",
+        default=3, ge=0, le=MAX_RETRIES,
+    )  # fmt: skip
 
     @field_validator("pattern")
     @classmethod
     def _regex(cls, v: str) -> str:
-        import re
+        from trebuchet.runtime.policies import unsafe_pattern
 
-        try:
-            re.compile(v)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression: {exc}") from None
+        why = unsafe_pattern(v)
+        if why:
+            raise ValueError(why)
         return v
 
 
@@ -184,18 +211,24 @@ class Spec(Block):
         "what every rank runs", expand=False,
     )  # fmt: skip
     workdir: str = allowed(
-        "a directory path", "working directory, relative to the spec file", default="."
-    )
+        "a directory path", "working directory, relative to the spec file", default=".",
+        max_length=MAX_PATH,
+    )  # fmt: skip
     launcher: Launcher = allowed(
         "one of native, torchrun, mpirun, horovod, none", "who starts the ranks", default="native"
     )
-    nodes: int = allowed("an integer >= 1", "number of nodes", default=1, ge=1)
-    procs_per_node: int | None = allowed(
-        "an integer >= 1", "ranks per node (default: gpus_per_node, or 1)", default=None, ge=1
+    nodes: Int = allowed(
+        f"an integer between 1 and {MAX_NODES}", "number of nodes", default=1, ge=1, le=MAX_NODES
     )
-    gpus_per_node: int = allowed(
-        "an integer >= -1 (-1: all visible)", "GPUs per node", default=0, ge=-1
-    )
+    procs_per_node: Int | None = allowed(
+        f"an integer between 1 and {MAX_PROCS_PER_NODE}",
+        "ranks per node (default: gpus_per_node, or 1)",
+        default=None, ge=1, le=MAX_PROCS_PER_NODE,
+    )  # fmt: skip
+    gpus_per_node: Int = allowed(
+        f"an integer between -1 and {MAX_GPUS_PER_NODE} (-1: all visible)", "GPUs per node",
+        default=0, ge=-1, le=MAX_GPUS_PER_NODE,
+    )  # fmt: skip
     env: dict[EnvName, EnvValue] = allowed(
         "a mapping of NAME: value (strings, numbers or booleans)",
         "extra environment",
@@ -220,7 +253,10 @@ class Spec(Block):
         "a shell command", "runs on each node, inside the environment, after the ranks",
         default=None, expand=False,
     )  # fmt: skip
-    retries: int = allowed("an integer >= 0", "extra attempts after a failed one", default=0, ge=0)
+    retries: Int = allowed(
+        f"an integer between 0 and {MAX_RETRIES}", "extra attempts after a failed one",
+        default=0, ge=0, le=MAX_RETRIES,
+    )  # fmt: skip
     timeout: Duration | None = allowed(DURATION_ALLOWED, "per-attempt time limit", default=None)
     timeout_warning: Duration | None = allowed(
         DURATION_ALLOWED,
@@ -243,13 +279,13 @@ class Spec(Block):
     default_log_policies: bool = allowed(
         "true or false", "also apply the shipped policies (CUDA OOM: no_retry, ...)", default=True
     )
-    master_port: int | None = allowed(
+    master_port: Int | None = allowed(
         "an integer between 1024 and 65535", "fixed MASTER_PORT", default=None, ge=1024, le=65535
     )
     profile: Literal["none", "nsys", "torch"] = allowed(
         "one of none, nsys, torch", "profiler", default="none"
     )
-    profile_ranks: list[Annotated[int, Field(ge=0)]] | None = allowed(
+    profile_ranks: list[Annotated[Int, Field(ge=0, lt=MAX_WORLD)]] | None = allowed(
         "a list of ranks (integers >= 0)", "profile only these ranks (default: all)", default=None
     )
     snapshot: bool = allowed(
@@ -263,9 +299,10 @@ class Spec(Block):
         "launch the cross product of these overrides as separate runs of one sweep",
         default=None,
     )
-    sweep_parallel: int | None = allowed(
-        "an integer >= 1", "at most this many runs of a sweep at once (local default 1)",
-        default=None, ge=1,
+    sweep_parallel: Int | None = allowed(
+        f"an integer between 1 and {MAX_SWEEP_POINTS}",
+        "at most this many runs of a sweep at once (local default 1)",
+        default=None, ge=1, le=MAX_SWEEP_POINTS,
     )  # fmt: skip
     results: Results = allowed(
         "a mapping", "how performance results are collected", default_factory=Results
@@ -279,10 +316,31 @@ class Spec(Block):
     @classmethod
     def _command(cls, v: Any) -> Any:
         if isinstance(v, str) and v.strip():
-            return v
-        if isinstance(v, list) and v and all(isinstance(x, str) for x in v) and v[0].strip():
-            return v
-        raise ValueError("bad command")
+            parts = [v]
+        elif isinstance(v, list) and v and all(isinstance(x, str) for x in v) and v[0].strip():
+            parts = v
+        else:
+            raise ValueError("bad command")
+        if any(len(x) > MAX_TEXT for x in parts) or len(parts) > MAX_TEXT:
+            raise ValueError(f"longer than {MAX_TEXT} characters (or items)")
+        return v
+
+    @field_validator("pre", "post")
+    @classmethod
+    def _hook(cls, v: str | None) -> str | None:
+        if v is not None and len(v) > MAX_TEXT:
+            raise ValueError(f"longer than {MAX_TEXT} characters")
+        return v
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep(cls, v: dict[str, list[Any]] | None) -> dict[str, list[Any]] | None:
+        count = 1
+        for values in (v or {}).values():
+            count *= max(1, len(values))
+            if count > MAX_SWEEP_POINTS:
+                raise ValueError(f"more than {MAX_SWEEP_POINTS} points in the cross product")
+        return v
 
     @field_validator("timeout", "timeout_warning", "grace_period", mode="before")
     @classmethod
@@ -323,11 +381,14 @@ class Spec(Block):
         if "MASTER_PORT" in self.env:
             if self.master_port is not None:
                 raise ValueError("@env.MASTER_PORT|set master_port or env.MASTER_PORT, not both")
-            if (
-                not self.env["MASTER_PORT"].isdigit()
-                or not 0 < int(self.env["MASTER_PORT"]) < 65536
-            ):
+            port = self.env["MASTER_PORT"]
+            if not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536:
                 raise ValueError("@env.MASTER_PORT|must be a port number")
+        if self.world_size > MAX_WORLD:
+            raise ValueError(
+                f"@nodes|{self.nodes} nodes x {self.ranks_per_node} ranks is more than "
+                f"{MAX_WORLD} ranks"
+            )
         clash = sorted(set(self.secrets) & set(self.env))
         if clash:
             raise ValueError(

@@ -1,15 +1,29 @@
-"""YAML loading that remembers the line of every value, so errors can point at it."""
+"""YAML loading that remembers the line of every value, so errors can point at it.
+
+Bounded, because a spec is input from anyone: the file is read up to MAX_SPEC_BYTES and only
+when it is a regular file (a FIFO or /dev/zero would never end), nesting stops at
+MAX_DEPTH and values at MAX_VALUES counted after alias expansion (a "billion laughs"
+document is a few lines that expand to gigabytes), and an alias inside its own anchor
+(`x: &a [*a]`) is refused instead of recursing forever. Each refusal names the line.
+"""
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from trebuchet.errors import SpecError
+from trebuchet.errors import SpecError, UserError
 
 Path_ = tuple[str | int, ...]
+
+MAX_SPEC_BYTES = 1 << 20  # a spec is a few KB; also bounds every string in it
+MAX_DEPTH = 50  # levels of nested mappings and lists
+MAX_VALUES = 100_000  # values in the document, aliases expanded
 
 
 @dataclass
@@ -33,44 +47,153 @@ class Located:
         return f"{self.source}:{self.lines.get((), 1)}"
 
 
-def _build(node: yaml.Node, path: Path_, lines: dict[Path_, int], ctor: yaml.SafeLoader) -> Any:
-    lines.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
+class _Problem(Exception):
+    """A refusal at a line of the document (1-based)."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(message)
+        self.line = line
+        self.message = message
+
+
+def read_spec(path: Path) -> str:
+    """The text of a spec file: a regular file of at most MAX_SPEC_BYTES, UTF-8."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such spec file") from None
+    except OSError as exc:  # a symlink loop, a name too long, permissions, a directory
+        raise UserError(f"{path}: cannot read spec: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise UserError(f"{path}: cannot read spec: it is a directory")
+        if not stat.S_ISREG(mode):
+            raise UserError(f"{path}: cannot read spec: not a regular file (a FIFO or device)")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read spec: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SPEC_BYTES:
+        raise UserError(f"{path}: the spec is larger than {MAX_SPEC_BYTES >> 20} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise UserError(f"{path}:{line}: the spec is not UTF-8 text") from None
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader whose composer stops at MAX_DEPTH (it recurses once per level)."""
+
+    depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise _Problem(mark.line + 1, f"nested deeper than {MAX_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+class _Builder:
+    """Nodes -> plain data and lines, counting values and refusing alias cycles."""
+
+    def __init__(self, ctor: yaml.SafeLoader, lines: dict[Path_, int]) -> None:
+        self.ctor = ctor
+        self.lines = lines
+        self.count = 0
+        self.open: set[int] = set()  # the collections being built (an alias back is a cycle)
+
+    def build(self, node: yaml.Node, path: Path_) -> Any:
+        line = node.start_mark.line + 1
+        self.lines.setdefault(path, line)
+        self.count += 1
+        if self.count > MAX_VALUES:
+            raise _Problem(line, f"more than {MAX_VALUES} values (aliases expanded)")
+        if len(path) > MAX_DEPTH:
+            raise _Problem(line, f"nested deeper than {MAX_DEPTH} levels")
+        if not isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+            return self.scalar(node, line)
+        if id(node) in self.open:
+            raise _Problem(line, f"{dotted(path)}: an alias refers to its own anchor (a cycle)")
+        self.open.add(id(node))
+        try:
+            if isinstance(node, yaml.SequenceNode):
+                return [self.build(v, (*path, i)) for i, v in enumerate(node.value)]
+            return self.mapping(node, path, line)
+        finally:
+            self.open.discard(id(node))
+
+    def mapping(self, node: yaml.MappingNode, path: Path_, line: int) -> dict[Any, Any]:
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key = ctor.construct_object(key_node, deep=True)
-            if not isinstance(key, (str, int, float, bool)) or key is None:
-                raise SpecError([f"{lines.get(path, 1)}: keys must be plain names"])
-            key = str(key) if not isinstance(key, str) else key
+            key_line = key_node.start_mark.line + 1
+            key = self.scalar(key_node, key_line) if isinstance(key_node, yaml.ScalarNode) else None
+            if not isinstance(key, (str, int, float, bool)):
+                raise _Problem(key_line, "keys must be plain names")
+            key = key if isinstance(key, str) else str(key)
             if key in out:
-                raise SpecError([f"{key_node.start_mark.line + 1}: {key}: duplicate key"])
-            lines[(*path, key)] = key_node.start_mark.line + 1
-            out[key] = _build(value_node, (*path, key), lines, ctor)
+                raise _Problem(key_line, f"{key}: duplicate key")
+            self.lines[(*path, key)] = key_line
+            out[key] = self.build(value_node, (*path, key))
         return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_build(v, (*path, i), lines, ctor) for i, v in enumerate(node.value)]
-    return ctor.construct_object(node, deep=True)
+
+    def scalar(self, node: yaml.Node, line: int) -> Any:
+        try:
+            return self.ctor.construct_object(node, deep=True)
+        except (ValueError, OverflowError) as exc:  # e.g. an integer of 5,000 digits
+            raise _Problem(line, f"cannot read the value: {exc}") from None
+
+
+def _parse(text: str) -> tuple[Any, dict[Path_, int]]:
+    loader = _Loader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None, {(): 1}
+        lines: dict[Path_, int] = {}
+        return _Builder(loader, lines).build(root, ()), lines
+    finally:
+        loader.dispose()
+
+
+def _why(exc: yaml.YAMLError) -> tuple[int | None, str]:
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        return (mark.line + 1 if mark else 1), f"invalid YAML: {exc.problem or exc.context}"
+    return None, f"invalid YAML: {exc}"
 
 
 def parse_yaml(text: str, source: str) -> Located:
-    """Parse one YAML document; syntax errors become SpecError with file:line."""
+    """Parse one YAML document; syntax errors and limits become SpecError with file:line."""
     try:
-        loader = yaml.SafeLoader(text)
-        try:
-            root = loader.get_single_node()
-            if root is None:
-                return Located(None, {(): 1}, source)
-            lines: dict[Path_, int] = {}
-            data = _build(root, (), lines, loader)
-        finally:
-            loader.dispose()
-    except SpecError as exc:
-        raise SpecError([f"{source}:{p}" for p in exc.problems]) from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else 1
-        why = exc.problem or exc.context or "invalid YAML"
-        raise SpecError([f"{source}:{line}: invalid YAML: {why}"]) from None
+        data, lines = _parse(text)
+    except _Problem as exc:
+        raise SpecError([f"{source}:{exc.line}: {exc.message}"]) from None
     except yaml.YAMLError as exc:
-        raise SpecError([f"{source}: invalid YAML: {exc}"]) from None
+        line, why = _why(exc)
+        raise SpecError([f"{source}:{line}: {why}" if line else f"{source}: {why}"]) from None
     return Located(data, lines, source)
+
+
+def yaml_value(text: str) -> Any:
+    """One value written in YAML (an `-o` value), within the same limits; ValueError why."""
+    try:
+        return _parse(text)[0]
+    except _Problem as exc:
+        raise ValueError(exc.message) from None
+    except yaml.YAMLError as exc:
+        raise ValueError(_why(exc)[1]) from None
+
+
+def dotted(path: Path_) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "spec"

@@ -365,7 +365,9 @@ class Store:
 
     def resolve(self, ref: str | None) -> RunRecord:
         """A run by id or unique id prefix (or name); None means the latest run."""
-        if not ref:
+        if ref is not None and not ref.strip():  # '' must never mean "the latest"
+            raise UserError("an empty RUN names no run: give a run id, a prefix of one or a name")
+        if ref is None:
             row = self.conn.execute(
                 "SELECT * FROM runs ORDER BY created_at DESC LIMIT 1"
             ).fetchone()
