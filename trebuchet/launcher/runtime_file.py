@@ -2,8 +2,10 @@
 
 Why a zipapp: the node agent and the job controller (trebuchet/runtime) must run where
 trebuchet is not installed (a Slurm node, a container image, a pod) with nothing but
-python3 >= 3.8. The archive is deterministic (fixed timestamps, sorted names), so its name
-says exactly which code a run executed, and the same sources always give the same bytes.
+python3 >= 3.8. Its name is a hash of the sources, so it says exactly which code a run
+executed; fixed timestamps and sorted names keep the zip stable (the .pyc inside may differ
+in marshal's reference flags from one build to the next, which is why it is built once per
+set of sources into TREB_HOME/cache and linked into the runs).
 """
 
 from __future__ import annotations
