@@ -63,8 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-check", action="store_true", help="skip the preflight checks (see treb check)"
     )
     p = sub.add_parser("ps", help=VERBS["ps"])
+    p.add_argument("name_arg", nargs="?", metavar="NAME", help="only runs of this name (as --name)")
     p.add_argument("--all", "-a", action="store_true", help="every run, not only recent ones")
+    p.add_argument(
+        "--state", action="append", default=[], metavar="STATE",
+        help="only runs in these states: FAILED,TIMEOUT, active, ended (repeatable)",
+    )  # fmt: skip
+    p.add_argument("--name", metavar="NAME", help="only runs of this name (a glob: 'digits*')")
+    p.add_argument("--backend", metavar="BACKEND", help="only runs on this engine")
+    p.add_argument(
+        "--since", metavar="WHEN",
+        help="only runs started since: an age (2h, 3d) or an ISO date (2024-05-01)",
+    )  # fmt: skip
     p.add_argument("--sweep", metavar="SWEEP", help="only the runs of this sweep (id or prefix)")
+    p.add_argument("--quiet", "-q", action="store_true", help="only run ids, one a line")
+    p.add_argument("--no-refresh", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("status", help=VERBS["status"])
     p.add_argument(

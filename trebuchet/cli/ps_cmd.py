@@ -1,35 +1,58 @@
-"""`treb ps`: the runs of this user, newest first."""
+"""`treb ps`: the runs of this user, newest first, filtered in the store's SQL."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from trebuchet.backends import refresh
-from trebuchet.cli.common import STATE_STYLE, age
-from trebuchet.spec.duration import human
-from trebuchet.store.db import Store
+from trebuchet.cli.filters import parse_states, parse_when
+from trebuchet.errors import UserError
+from trebuchet.store.db import RunFilter, Store
 
 RECENT = 20
 
 
+def run_filter(args: argparse.Namespace) -> RunFilter:
+    """The filter flags (and the NAME argument) as a RunFilter."""
+    if args.name_arg and args.name and args.name_arg != args.name:
+        raise UserError(f"treb ps {args.name_arg} --name {args.name}: give the name once")
+    return RunFilter(
+        states=parse_states(args.state),
+        name=args.name_arg or args.name,
+        backend=args.backend,
+        since=parse_when(args.since, "--since") if args.since else None,
+    )
+
+
 def main(args: argparse.Namespace) -> int:
+    where = run_filter(args)
     store = Store()
-    refresh(store, store.list(active_only=True))
+    if not args.no_refresh:  # the engines' word on active runs, before filtering by state
+        from trebuchet.backends import refresh
+
+        refresh(store, store.list(active_only=True))
     if args.sweep:
-        runs = store.sweep_runs(args.sweep)
+        members = store.sweep_runs(args.sweep)  # the id prefix, resolved (or refused)
+        where.sweep_id = members[0].sweep_id if members else "-"
+        runs = store.list(where=where)[::-1]  # a sweep's points in order
     else:
-        runs = store.list() if args.all else store.list(limit=RECENT)
+        runs = store.list(where=where) if args.all else store.list(limit=RECENT, where=where)
     if not args.all and not args.sweep:  # active runs always show, however old
         seen = {r.id for r in runs}
-        runs += [r for r in store.list(active_only=True) if r.id not in seen]
+        runs += [r for r in store.list(active_only=True, where=where) if r.id not in seen]
+    if args.quiet:
+        print("\n".join(r.id for r in runs))
+        return 0
     if args.json:
         print(json.dumps([r.to_json() for r in runs], indent=2))
         return 0
     if not runs:
-        print("no runs yet (start one with `treb run SPEC`)")
+        filtered = where != RunFilter()
+        print("no runs match" if filtered else "no runs yet (start one with `treb run SPEC`)")
         return 0
+    from trebuchet.cli.common import STATE_STYLE, age
     from trebuchet.cli.table import print_table
+    from trebuchet.spec.duration import human
 
     rows = [
         [r.id, r.name, r.backend, r.state, f"{r.nodes}x{r.procs_per_node}",

@@ -20,7 +20,7 @@ import re
 import sqlite3
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -60,6 +60,7 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE INDEX IF NOT EXISTS runs_created ON runs (created_at);
 CREATE INDEX IF NOT EXISTS runs_state ON runs (state);
+CREATE INDEX IF NOT EXISTS runs_name ON runs (name, created_at);
 CREATE TABLE IF NOT EXISTS attempts (
     run_id TEXT NOT NULL,
     attempt INTEGER NOT NULL,
@@ -85,6 +86,9 @@ CREATE TABLE IF NOT EXISTS procs (
 );
 """
 
+
+# Indexes added after the first schema; older stores gain them on open (IF NOT EXISTS).
+ADDED_INDEXES = ["CREATE INDEX IF NOT EXISTS runs_name ON runs (name, created_at)"]
 
 # Columns added after the first schema; older stores gain them on open.
 ADDED_COLUMNS = {
@@ -138,6 +142,44 @@ class RunRecord:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         out["shape"] = f"{self.nodes}x{self.procs_per_node}"
         return out
+
+
+@dataclass
+class RunFilter:
+    """Which runs a listing wants (`treb ps`, `treb prune`); empty fields match everything.
+
+    name: exact, or a glob (`digits*`) when it holds * ? or [; since: created at or after
+    (epoch seconds); ended_before: ended (or, never started, created) before."""
+
+    states: Sequence[str] = ()
+    name: str | None = None
+    backend: str | None = None
+    since: float | None = None
+    ended_before: float | None = None
+    sweep_id: str | None = None
+
+    def sql(self) -> tuple[list[str], list[Any]]:
+        clauses: list[str] = []
+        args: list[Any] = []
+        if self.states:
+            clauses.append(f"state IN ({', '.join('?' * len(self.states))})")
+            args += list(self.states)
+        if self.name is not None:
+            clauses.append("name GLOB ?" if any(c in self.name for c in "*?[") else "name = ?")
+            args.append(self.name)
+        if self.backend is not None:
+            clauses.append("backend = ?")
+            args.append(self.backend)
+        if self.since is not None:
+            clauses.append("created_at >= ?")
+            args.append(self.since)
+        if self.sweep_id is not None:
+            clauses.append("sweep_id = ?")
+            args.append(self.sweep_id)
+        if self.ended_before is not None:
+            clauses.append("COALESCE(ended_at, created_at) < ?")
+            args.append(self.ended_before)
+        return clauses, args
 
 
 COLUMNS = [f.name for f in fields(RunRecord) if f.name != "extra"]
@@ -310,6 +352,11 @@ class Store:
                         for statement in SCHEMA.split(";"):
                             if statement.strip():
                                 c.execute(statement)
+                have = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master")}
+                if not {"runs_name"} <= have:
+                    with self.transaction() as c:
+                        for statement in ADDED_INDEXES:
+                            c.execute(statement)
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) and "busy" not in str(exc):
@@ -409,14 +456,20 @@ class Store:
             raise UserError(f"sweep id prefix {ref!r} is ambiguous; give more characters")
         return runs
 
-    def list(self, limit: int | None = None, active_only: bool = False) -> list[RunRecord]:
-        sql = "SELECT * FROM runs"
+    def list(
+        self, limit: int | None = None, active_only: bool = False, where: RunFilter | None = None
+    ) -> list[RunRecord]:
+        """Runs newest first, filtered in SQL (the indexes on state, name and created_at)."""
+        clauses, args = (where or RunFilter()).sql()
         if active_only:
-            sql += " WHERE state IN ('PENDING', 'RUNNING', 'RETRYING')"
+            clauses.append("state IN ('PENDING', 'RUNNING', 'RETRYING')")
+        sql = "SELECT * FROM runs"
+        if clauses:
+            sql += " WHERE " + " AND ".join(clauses)
         sql += " ORDER BY created_at DESC"
         if limit:
             sql += f" LIMIT {int(limit)}"
-        return [_record(r) for r in self.conn.execute(sql).fetchall()]
+        return [_record(r) for r in self.conn.execute(sql, args).fetchall()]
 
     def follow_state(self, run_id: str, state: str, reason: str | None = None) -> None:
         """A state an engine reported for a run it runs alone (one attempt, as far as
