@@ -8,6 +8,7 @@ import sys
 
 VERBS = {
     "run": "launch a spec (attached: streams logs, Ctrl+C cancels)",
+    "rerun": "start an earlier run again: its resolved spec, its overrides, its code",
     "ps": "list runs",
     "status": "one run: state, attempts, per-rank exit codes, first failure",
     "logs": "print or follow a run's logs",
@@ -47,6 +48,17 @@ def _count(text: str) -> int:
     return value
 
 
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """What `treb run` and `treb rerun` share."""
+    p.add_argument(
+        "--detach", "-d", action="store_true", help="return at once; follow with treb logs -f"
+    )
+    p.add_argument("--name", help="run name (default: the spec's name)")
+    p.add_argument(
+        "--no-check", action="store_true", help="skip the preflight checks (see treb check)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="treb", description="trebuchet: one YAML file, any engine, for distributed training."
@@ -55,13 +67,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     p = sub.add_parser("run", help=VERBS["run"])
     _add_spec_args(p)
+    _add_run_flags(p)
+    p = sub.add_parser("rerun", help=VERBS["rerun"])
+    p.add_argument("run", metavar="RUN", help="run id, unique prefix or name")
     p.add_argument(
-        "--detach", "-d", action="store_true", help="return at once; follow with treb logs -f"
-    )
-    p.add_argument("--name", help="run name (default: the spec's name)")
+        "-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+        help="change a field on top of the earlier run's (repeatable)",
+    )  # fmt: skip
+    p.add_argument("--on", metavar="BACKEND", help="engine (default: the earlier run's)")
+    _add_run_flags(p)
     p.add_argument(
-        "--no-check", action="store_true", help="skip the preflight checks (see treb check)"
-    )
+        "--current-code", action="store_true",
+        help="snapshot the spec's workdir now instead of reusing the earlier run's code",
+    )  # fmt: skip
     p = sub.add_parser("ps", help=VERBS["ps"])
     p.add_argument("name_arg", nargs="?", metavar="NAME", help="only runs of this name (as --name)")
     p.add_argument("--all", "-a", action="store_true", help="every run, not only recent ones")

@@ -262,3 +262,29 @@ def _left_out(source: Path, rel: str) -> str:
     if gitignore and gitignore.match_file(rel):
         return "it matches .gitignore; un-ignore it or set snapshot: false"
     return "it was created after the run was submitted (the snapshot is taken at submission)"
+
+
+def earlier_run(workdir: Path) -> Path | None:
+    """The run directory whose code snapshot `workdir` is (a rerun's spec points there)."""
+    from trebuchet.store.paths import runs_dir
+
+    rel = _inside(workdir, runs_dir())
+    if rel is None or Path(rel).parts[1:] != ("code",):
+        return None
+    run = runs_dir() / Path(rel).parts[0]
+    return run if (run / "snapshot.json").is_file() else None
+
+
+def reuse(run: Path, dest: Path) -> tuple[Snapshot, str]:
+    """An earlier run's snapshot copied as it is, with its facts (commit, dirty) and the
+    workdir it came from: a rerun runs the same code, and its paths map to the same files.
+    (Taking it again would lose the git facts, and inside a repository that does not track
+    TREB_HOME would leave every file out.)"""
+    facts = json.loads((run / "snapshot.json").read_text())
+    shutil.copytree(run / "code", dest, symlinks=True)
+    info = Snapshot(
+        path=str(dest), files=facts.get("files", 0), bytes=facts.get("bytes", 0),
+        git_commit=facts.get("git_commit"), git_dirty=facts.get("git_dirty"),
+        untracked=facts.get("untracked") or [], skipped=facts.get("skipped") or {},
+    )  # fmt: skip
+    return info, str(facts.get("source") or run / "code")

@@ -12,8 +12,8 @@ from pathlib import Path
 import yaml
 
 from trebuchet.errors import UserError
-from trebuchet.launcher.snapshot import parse_size, take
-from trebuchet.spec.load import LoadedSpec
+from trebuchet.launcher.snapshot import earlier_run, parse_size, reuse, take
+from trebuchet.spec.load import LoadedSpec, _input_files
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event, write_atomic, write_json
 from trebuchet.store.paths import run_dir
@@ -48,6 +48,11 @@ def resolved_spec_yaml(loaded: LoadedSpec) -> str:
     """The spec as it will run: expanded, defaults filled, secrets as names only."""
     data = loaded.spec.model_dump(mode="json")
     data["workdir"] = str(loaded.workdir)
+    for keys, value in _input_files(loaded.spec):  # absolute: `treb rerun` loads it from here
+        node = data
+        for key in keys[:-1]:
+            node = node[key]
+        node[keys[-1]] = str(loaded.base / value)
     head = f"# resolved from {loaded.source}\n"
     return head + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
@@ -78,8 +83,12 @@ def _record(loaded: LoadedSpec, backend: str, store: Store, rid: str, path: Path
     warnings: list[str] = []
     git_commit, git_dirty = None, None
     if spec.snapshot:
-        snap = take(loaded.workdir, path / "code", parse_size(spec.snapshot_max_size))
-        write_json(path / "snapshot.json", {**asdict(snap), "source": str(loaded.workdir)})
+        earlier, source = earlier_run(loaded.workdir), str(loaded.workdir)
+        if earlier:  # a rerun: the same code as the earlier run
+            snap, source = reuse(earlier, path / "code")
+        else:
+            snap = take(loaded.workdir, path / "code", parse_size(spec.snapshot_max_size))
+        write_json(path / "snapshot.json", {**asdict(snap), "source": source})
         git_commit, git_dirty = snap.git_commit, snap.git_dirty
         if snap.skipped:
             shown = ", ".join(f"{f} ({why})" for f, why in list(snap.skipped.items())[:5])

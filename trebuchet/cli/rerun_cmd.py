@@ -1,0 +1,34 @@
+"""`treb rerun RUN`: a new run from an earlier run's resolved spec (its overrides included).
+
+The spec is the earlier run's `spec.yaml` (expanded, overrides applied, secrets by name);
+it runs through `treb run` (runner.launch), so every check and refusal is the same. The
+code is the earlier run's snapshot, copied (launcher/snapshot.reuse), unless
+--current-code takes the spec's workdir as it is now."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from trebuchet.errors import UserError
+from trebuchet.store.db import Store
+from trebuchet.store.paths import run_dir
+
+
+def main(args: argparse.Namespace) -> int:
+    rec = Store().resolve(args.run)
+    spec = run_dir(rec.id) / "spec.yaml"
+    if not spec.is_file():
+        raise UserError(f"run {rec.id}: {spec} is gone, so it cannot be rerun")
+    extra = []
+    if args.current_code:
+        try:
+            source = json.loads((run_dir(rec.id) / "snapshot.json").read_text())["source"]
+        except (OSError, ValueError, KeyError):
+            source = None  # snapshot: false, the workdir in the spec is the user's already
+        extra = [f"workdir={source}"] if source else []
+    from trebuchet.cli import run_cmd
+
+    args.spec, args.on = str(spec), args.on or rec.backend
+    args.override = [*extra, *args.override]
+    return run_cmd.main(args)
