@@ -54,3 +54,80 @@ def test_rerun_keeps_overrides_and_code_and_refuses_like_run(treb, tmp_path: Pat
     assert bad.returncode == 2 and "unknown engine" in bad.stderr
     assert len(json.loads(treb("ps", "--all", "--json").stdout)) == count
     assert treb("rerun", "zzzz").returncode == 2
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _backdate(home: Path, run_id: str, days: float) -> None:
+    import sqlite3
+    import time
+
+    with sqlite3.connect(home / "runs.db") as db:
+        when = time.time() - days * 86400
+        db.execute(
+            "UPDATE runs SET created_at = ?, ended_at = ? WHERE id = ?", (when, when, run_id)
+        )
+
+
+def test_rm_refuses_active_runs_unless_forced_and_says_what_it_freed(
+    treb, treb_home: Path, tmp_path: Path
+) -> None:
+    cmd = 'head -c 1048576 /dev/urandom > "$TREB_CHECKPOINT_DIR/ck-$RANK"; sleep 300 & ' \
+          'echo $! > "$TREB_RUN_DIR/child-$RANK.pid"; wait'  # fmt: skip
+    spec = write_spec(tmp_path, f"command: '{cmd}'\nprocs_per_node: 2\n")
+    rid = treb("run", "-d", str(spec)).stdout.strip()
+    run_dir = treb_home / "runs" / rid
+    import time
+
+    deadline = time.monotonic() + 30
+    while len(list(run_dir.glob("child-*.pid"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    children = [int(p.read_text()) for p in run_dir.glob("child-*.pid")]
+    assert len(children) == 2
+    res = treb("rm", rid)
+    assert res.returncode == 2 and "still active" in res.stderr and run_dir.is_dir()
+    res = treb("rm", "--force", rid)
+    assert res.returncode == 0, res.stderr
+    assert not run_dir.exists() and not any(_alive(p) for p in children)
+    freed = res.stdout.strip().splitlines()[-1]
+    assert freed.startswith("1 run(s), freed 2.") and freed.endswith(" MB")  # 2 checkpoints
+    assert treb("status", rid).returncode == 2  # no record left
+    assert treb("rm", "").returncode == 2
+
+
+def test_prune_by_age_and_state_never_escapes_runs(treb, treb_home: Path, tmp_path: Path) -> None:
+    ok = write_spec(tmp_path, "command: 'true'\n", "ok.yaml")
+    bad = write_spec(tmp_path, "command: 'exit 4'\n", "bad.yaml")
+    old_ok, old_bad, new_bad = (treb("run", str(s)) for s in (ok, bad, bad))
+    ids = [json.loads(treb("ps", "--json").stdout)[i]["id"] for i in (2, 1, 0)]
+    assert [old_ok.returncode, old_bad.returncode, new_bad.returncode] == [0, 1, 1]
+    for rid in ids[:2]:
+        _backdate(treb_home, rid, 40)
+    # A damaged index pointing a run's run_dir elsewhere: only runs/<id> is ever removed.
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    import sqlite3
+
+    with sqlite3.connect(treb_home / "runs.db") as db:
+        db.execute("UPDATE runs SET run_dir = ? WHERE id = ?", (str(victim), ids[0]))
+    dry = treb("prune", "--older-than", "30d", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert {line.split()[2] for line in dry.stdout.splitlines()[:-1]} == set(ids[:2])
+    assert "would free" in dry.stdout and all((treb_home / "runs" / i).is_dir() for i in ids)
+    res = treb("prune", "--older-than", "30d", "--state", "failed")
+    assert res.returncode == 0 and ids[1] in res.stdout and ids[0] not in res.stdout
+    res = treb("prune", "--older-than", "30d")
+    assert res.returncode == 0 and ids[0] in res.stdout
+    left = [r["id"] for r in json.loads(treb("ps", "--all", "--json").stdout)]
+    assert left == [ids[2]] and victim.is_dir()
+    assert sorted(p.name for p in (treb_home / "runs").iterdir()) == [ids[2]]
+    assert treb("prune", "--older-than", "30d").stdout.strip() == "nothing to prune"
+    bad_args = treb("prune", "--older-than", "soon")
+    assert bad_args.returncode == 2 and "--older-than soon" in bad_args.stderr
+    assert treb("prune", "--older-than", "1d", "--state", "running").returncode == 2

@@ -13,6 +13,8 @@ VERBS = {
     "status": "one run: state, attempts, per-rank exit codes, first failure",
     "logs": "print or follow a run's logs",
     "cancel": "stop a run",
+    "rm": "remove runs: their directories (code copy, checkpoints, logs) and records",
+    "prune": "remove the ended runs older than an age",
     "render": "show exactly what would be launched",
     "schema": "print the spec's JSON Schema",
     "diagnose": "root cause of a failed run, or of logs from elsewhere",
@@ -117,6 +119,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tail", type=_count, metavar="N", help="only the last N lines of each log")
     p = sub.add_parser("cancel", help=VERBS["cancel"])
     p.add_argument("run", metavar="RUN", help="run id or unique prefix")
+    p = sub.add_parser("rm", help=VERBS["rm"])
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, prefixes, names or sweep ids")
+    p.add_argument("--force", "-f", action="store_true", help="cancel active runs, then remove")
+    p = sub.add_parser("prune", help=VERBS["prune"])
+    p.add_argument(
+        "--older-than", required=True, metavar="AGE",
+        help="ended more than AGE ago (30d, 12h) or before an ISO date",
+    )  # fmt: skip
+    p.add_argument(
+        "--state", action="append", default=[], metavar="STATE",
+        help="only runs in these states (default: every ended state; repeatable)",
+    )  # fmt: skip
+    p.add_argument("--dry-run", "-n", action="store_true", help="list what would go, remove none")
     p = sub.add_parser("render", help=VERBS["render"])
     _add_spec_args(p)
     sub.add_parser("schema", help=VERBS["schema"])
