@@ -88,17 +88,19 @@ def launch(
     overrides: Sequence[str] = (),
     name: str | None = None,
     check: bool = True,
+    resume_from: str | None = None,
 ) -> Run:
     """Validate and start one run in the background (runner.py, as `treb run --detach`);
     returns at once with its Run.
 
     With `check`, the preflight checks of `treb check` run first: their errors raise
-    SpecError. Warnings are on `Run.warnings`, and logged to the `trebuchet` logger."""
+    SpecError. `resume_from`: a run id whose checkpoints the new run starts with.
+    Warnings are on `Run.warnings`, and logged to the `trebuchet` logger."""
     from trebuchet import runner
 
     extra = [f"name={name}"] if name else []
     started = runner.launch(
         spec_or_path, on, [*overrides, *extra], preflight=check, sweeps=False,
-        warn=lambda text: log.warning("%s", text),
+        warn=lambda text: log.warning("%s", text), resume_from=resume_from,
     )  # fmt: skip
     return Run(started.subs[0].record.id, started.subs[0].store, started.warnings)

@@ -40,6 +40,7 @@ class Checked:
     sweep: bool
     warnings: list[str] = field(default_factory=list)
     warn: Warn | None = None
+    resume: tuple[str, Path] | None = None  # --resume-from: (run id, its checkpoints)
 
     def add_warning(self, text: str) -> None:
         self.warnings.append(text)
@@ -108,11 +109,18 @@ def check(
     preflight: bool = True,
     sweeps: bool = True,
     warn: Warn | None = None,
+    resume_from: str | None = None,
 ) -> Checked:
     """Load the spec, run the preflight checks (`preflight=False`: --no-check) and the
-    engine's own: every refusal raises here (UserError, SpecError: exit 2)."""
+    engine's own: every refusal raises here (UserError, SpecError: exit 2). `resume_from`:
+    a run whose checkpoints each new run starts with (launcher/resume.py)."""
     base, engine, points = _expand(source, on, overrides, sweeps)
     checked = Checked(on, engine, points or [({}, base)], points is not None, warn=warn)
+    if resume_from is not None:
+        from trebuchet.launcher import resume
+        from trebuchet.store.db import Store
+
+        checked.resume = resume.source(Store(), resume_from, engine)
     if preflight:
         from trebuchet.preflight import enforce
 
@@ -138,7 +146,7 @@ def start(
     store = Store()
     engine = checked.engine
     if not checked.sweep:
-        sub = prepare(checked.points[0][1], checked.on, store)
+        sub = prepare(checked.points[0][1], checked.on, store, checked.resume)
         for text in sub.warnings:
             checked.add_warning(f"warning: {text}")
         if announce:
@@ -151,7 +159,7 @@ def start(
     sweep_id = new_sweep_id()
     points = []
     for point, loaded in checked.points:
-        sub = prepare(loaded, checked.on, store)
+        sub = prepare(loaded, checked.on, store, checked.resume)
         store.update_run(sub.record.id, sweep_id=sweep_id, params=json.dumps(point, sort_keys=True))
         points.append((point, sub))
     for text in points[0][1].warnings:  # one workdir: the points' snapshots say the same
@@ -171,9 +179,11 @@ def launch(
     warn: Warn | None = None,
     announce: Callable[[Submission], None] | None = None,
     handover: bool = False,
+    resume_from: str | None = None,
 ) -> Started:
     """check() then start(): `treb run` and trebuchet.launch()."""
-    checked = check(source, on, overrides, preflight=preflight, sweeps=sweeps, warn=warn)
+    checked = check(source, on, overrides, preflight=preflight, sweeps=sweeps, warn=warn,
+                    resume_from=resume_from)  # fmt: skip
     return start(checked, attach, announce, handover)
 
 

@@ -131,3 +131,60 @@ def test_prune_by_age_and_state_never_escapes_runs(treb, treb_home: Path, tmp_pa
     bad_args = treb("prune", "--older-than", "soon")
     assert bad_args.returncode == 2 and "--older-than soon" in bad_args.stderr
     assert treb("prune", "--older-than", "1d", "--state", "running").returncode == 2
+
+
+# Rank 0 resumes from $TREB_CHECKPOINT_DIR/step when there is one, and overwrites it in place.
+STEPPER = (
+    "import os\n"
+    "d = os.environ['TREB_CHECKPOINT_DIR']\n"
+    "p = os.path.join(d, 'step')\n"
+    "if os.environ['RANK'] == '0':\n"
+    "    step = int(open(p).read()) if os.path.exists(p) else 0\n"
+    "    print('resumed at', step)\n"
+    "    with open(p, 'r+' if os.path.exists(p) else 'w') as f:\n"
+    "        f.write(str(step + 1))\n"
+)
+
+
+def test_resume_from_copies_the_earlier_checkpoints(treb, treb_home: Path, tmp_path: Path) -> None:
+    (tmp_path / "step.py").write_text(STEPPER)
+    spec = write_spec(tmp_path, "command: python step.py\nprocs_per_node: 2\n")
+    first = treb("run", str(spec))
+    assert first.returncode == 0 and "resumed at 0" in first.stdout
+    src = status_json(treb)
+    second = treb("run", str(spec), "--resume-from", src["id"])
+    assert second.returncode == 0, second.stderr
+    assert "[0:0] resumed at 1" in second.stdout
+    new = status_json(treb)
+    assert (Path(new["run_dir"]) / "checkpoints" / "step").read_text() == "2"
+    assert (Path(src["run_dir"]) / "checkpoints" / "step").read_text() == "1"  # a copy
+    events = (Path(new["run_dir"]) / "events.jsonl").read_text()
+    assert f'"from_run": "{src["id"]}"' in events
+    # rerun takes it too, and the earlier run may go: the copy stays.
+    third = treb("rerun", new["id"], "--resume-from", new["id"])
+    assert third.returncode == 0 and "resumed at 2" in third.stdout, third.stderr
+    assert treb("rm", src["id"]).returncode == 0
+    assert (Path(new["run_dir"]) / "checkpoints" / "step").read_text() == "2"
+
+
+def test_resume_from_refusals_record_nothing(treb, treb_home: Path, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "command: 'sleep 300'\n")
+    empty = write_spec(tmp_path, "command: 'true'\n", "empty.yaml")
+    assert treb("run", str(empty)).returncode == 0
+    done = status_json(treb)["id"]
+    active = treb("run", "-d", str(spec)).stdout.strip()
+    try:
+        cases = [
+            ([done], "has no checkpoints"),
+            ([active], "is still"),
+            ([""], "give a run id"),
+            (["nope"], "no run matches"),
+            ([done, "--on", "kubernetes", "-o", "kubernetes.image=x"], "do not see the run"),
+        ]
+        for args, says in cases:
+            res = treb("run", str(empty), "--resume-from", *args)
+            assert res.returncode == 2 and says in res.stderr, (args, res.stderr)
+            assert "Traceback" not in res.stderr
+        assert len(json.loads(treb("ps", "--all", "--json").stdout)) == 2
+    finally:
+        treb("cancel", active)

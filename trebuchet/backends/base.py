@@ -60,6 +60,9 @@ class Backend(ABC):
     # The ranks run on machines other than the submitting host (multi-node preflight
     # checks apply; `treb diagnose` cannot assume a single host).
     remote: ClassVar[bool] = True
+    # The ranks see the run directory the submitting host writes (a remote engine on a
+    # shared filesystem): `--resume-from` can place checkpoints there at submission.
+    shared_run_dir: ClassVar[bool] = False
     # submit_sweep is implemented: a sweep's points are submitted in one call.
     sweeps: ClassVar[bool] = False
     # Ids of the findings `preflight` reports that are not in preflight/findings.py's

@@ -60,6 +60,7 @@ def call_sbatch(path: Path, cwd: Path, what: str) -> tuple[str | None, str]:
 class SlurmBackend(Backend):
     name = "slurm"
     sweeps = True
+    shared_run_dir = True  # TREB_HOME must be on the shared filesystem
 
     def __init__(self) -> None:
         self.cancel_signal: int | None = None

@@ -59,6 +59,10 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-check", action="store_true", help="skip the preflight checks (see treb check)"
     )
+    p.add_argument(
+        "--resume-from", metavar="RUN",
+        help="start with a copy of that earlier run's checkpoints in TREB_CHECKPOINT_DIR",
+    )  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

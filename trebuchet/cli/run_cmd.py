@@ -30,6 +30,7 @@ def main(args: argparse.Namespace) -> int:
     started = runner.launch(
         args.spec, args.on, overrides, attach=not args.detach, preflight=not args.no_check,
         warn=warn, announce=None if args.detach else announce, handover=True,
+        resume_from=args.resume_from,
     )  # fmt: skip
     result = started.result
     if isinstance(result, SweepSubmitted):

@@ -57,8 +57,11 @@ def resolved_spec_yaml(loaded: LoadedSpec) -> str:
     return head + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
-def prepare(loaded: LoadedSpec, backend: str, store: Store) -> Submission:
-    """Create the run directory (private to the user) and the PENDING record."""
+def prepare(
+    loaded: LoadedSpec, backend: str, store: Store, resume: tuple[str, Path] | None = None
+) -> Submission:
+    """Create the run directory (private to the user) and the PENDING record; `resume`:
+    (run id, checkpoint dir) copied into this run's checkpoints/ first."""
     check_secrets(loaded, os.environ)
     for _ in range(5):
         rid = new_run_id()
@@ -71,13 +74,20 @@ def prepare(loaded: LoadedSpec, backend: str, store: Store) -> Submission:
     else:  # pragma: no cover - 5 collisions of 32 random bits
         raise UserError("could not allocate a run id")
     try:  # a run directory without its record is never left behind
-        return _record(loaded, backend, store, rid, path)
+        return _record(loaded, backend, store, rid, path, resume)
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
 
 
-def _record(loaded: LoadedSpec, backend: str, store: Store, rid: str, path: Path) -> Submission:
+def _record(
+    loaded: LoadedSpec,
+    backend: str,
+    store: Store,
+    rid: str,
+    path: Path,
+    resume: tuple[str, Path] | None = None,
+) -> Submission:
     spec = loaded.spec
     (path / "checkpoints").mkdir(mode=0o700)
     warnings: list[str] = []
@@ -98,8 +108,19 @@ def _record(loaded: LoadedSpec, backend: str, store: Store, rid: str, path: Path
                 f"{f' and {more} more' if more > 0 else ''}"
             )
         loaded.workdir = Path(snap.path)
+    if resume:
+        from trebuchet.launcher.resume import copy
+
+        try:  # prepare() removes the run directory on any failure
+            copy(resume[1], path / "checkpoints")
+        except OSError as exc:
+            raise UserError(
+                f"--resume-from {resume[0]}: copying {resume[1]} failed: {exc}"
+            ) from None
     write_atomic(path / "spec.yaml", resolved_spec_yaml(loaded))
     append_event(path, "submitted", backend=backend)
+    if resume:
+        append_event(path, "resumed", from_run=resume[0])
     rec = RunRecord(
         id=rid, name=spec.name, backend=backend, launcher=spec.launcher, state=PENDING,
         nodes=spec.nodes, procs_per_node=spec.ranks_per_node, run_dir=str(path),
