@@ -23,6 +23,7 @@ VERBS = {
     "import": "a spec from an sbatch script, AI Runtime YAML, madengine card or NeMo config",
     "check": "preflight checks: mistakes a queue wait would reveal, found now",
     "doctor": "check TREB_HOME and the run index; --rebuild-index rebuilds it from the runs",
+    "completion": 'a shell completion script: eval "$(treb completion bash)"',
 }
 
 
@@ -169,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rebuild-index", action="store_true",
                    help="move runs.db aside (runs.db.damaged-<time> when damaged) and rebuild "
                    "it from the run directories")  # fmt: skip
+    p = sub.add_parser("completion", help=VERBS["completion"])
+    p.add_argument(
+        "shell", choices=["bash", "zsh", "fish"], metavar="SHELL", help="bash | zsh | fish"
+    )
     return parser
 
 
