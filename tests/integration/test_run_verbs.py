@@ -188,3 +188,31 @@ def test_resume_from_refusals_record_nothing(treb, treb_home: Path, tmp_path: Pa
         assert len(json.loads(treb("ps", "--all", "--json").stdout)) == 2
     finally:
         treb("cancel", active)
+
+
+CRASH = 'import os\n\ndef step():\n    return {}["missing"]\n\nif os.environ["RANK"] == "1":\n    step()\n'
+
+
+def test_tracebacks_name_the_users_files(treb, treb_home: Path, tmp_path: Path) -> None:
+    wd = tmp_path / "proj"
+    wd.mkdir()
+    (wd / "train.py").write_text(CRASH)
+    spec = write_spec(wd, "command: python train.py\nprocs_per_node: 2\n")
+    res = treb("run", str(spec))
+    assert res.returncode == 1
+    mine = f'File "{wd}/train.py", line 4, in step'
+    summary = res.stderr
+    assert mine in summary and f"(at {wd}/train.py:4 in step" in summary
+    assert "/code/train.py" not in summary
+    status = treb("status").stdout
+    assert f"{wd}/train.py:4 in step" in status and "/code/train.py" not in status
+    diag = treb("diagnose").stdout
+    assert f"user code: {wd}/train.py:4 in step" in diag and mine in diag
+    root = json.loads(treb("diagnose", "--json").stdout)["root_cause"]
+    assert mine in "\n".join(root["evidence"])
+    # Edited since: the line numbers may be wrong there, so the copy that ran is named.
+    (wd / "train.py").write_text("# moved\n" + CRASH)
+    diag = treb("diagnose").stdout
+    rid = status_json(treb)["id"]
+    assert f"user code: {treb_home}/runs/{rid}/code/train.py:4 in step" in diag
+    assert f"note: train.py changed in {wd} since the run" in diag

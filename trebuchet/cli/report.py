@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trebuchet.diagnose.codepaths import CodeMap
 from trebuchet.spec.duration import human
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.states import describe_failure
@@ -72,6 +73,8 @@ def final_summary(store: Store, rec: RunRecord) -> str:
         log = ff.get("log")
         if log:
             tail = tail_text(Path(log))
+            code = CodeMap.for_run(rec.run_dir)  # tracebacks name the user's files
+            tail = code.lines(tail) if code else tail
             if tail:
                 out.append(f"treb: last lines of {log}:")
                 out += [f"    {line}" for line in tail]

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.diagnose import catalog
+from trebuchet.diagnose.codepaths import CodeMap
 from trebuchet.diagnose.engine import Diagnosis, decide
 from trebuchet.diagnose.sources import paths_case, run_case
 
@@ -14,8 +15,17 @@ EVIDENCE_MAX = 8
 
 
 def diagnose_run(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> Diagnosis:
-    """A trebuchet run, from its RunRecord as a dict (RunRecord.to_json()) and its procs."""
-    return decide(run_case(run, procs))
+    """A trebuchet run, from its RunRecord as a dict (RunRecord.to_json()) and its procs;
+    paths into the code snapshot read as the user's files (diagnose/codepaths.py)."""
+    d = decide(run_case(run, procs))
+    code = CodeMap.for_run(run.get("run_dir"))
+    if code:
+        d.summary, d.evidence = code.text(d.summary), code.lines(d.evidence)
+        d.frame = code.text(d.frame) if d.frame else d.frame
+        if code.changed:
+            d.notes.append(f"{', '.join(code.changed)} changed in {code.source} since the run: "
+                           f"the paths above name the copy that ran, in {code.code}")  # fmt: skip
+    return d
 
 
 def diagnose_record(store: Any, rec: Any) -> Diagnosis:
