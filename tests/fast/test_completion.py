@@ -92,3 +92,36 @@ def test_run_id_query_imports_nothing_heavy(shell_env) -> None:
                          env=shell_env, timeout=60)  # fmt: skip
     assert res.stdout.split("HEAVY")[-1].strip() == "[]", res.stdout + res.stderr
     assert "c0ffee01" in res.stdout
+
+
+@pytest.mark.skipif(not shutil.which("fish"), reason="no fish")
+def test_fish_completes_verbs_values_and_run_ids(shell_env, tmp_path: Path) -> None:
+    script = (
+        "treb completion fish | source\n"
+        "for line in 'treb sta' 'treb status ' 'treb ps --state fa' 'treb run x --resume-from '\n"
+        '    echo "== $line"; complete -C "$line"\nend\n'
+    )
+    res = subprocess.run(["fish", "-c", script], capture_output=True, text=True, env=shell_env,
+                         cwd=tmp_path, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    got = {}
+    for block in res.stdout.split("== ")[1:]:
+        head, *words = block.splitlines()
+        got[head] = sorted(w.split("\t")[0] for w in words)
+    assert got["treb sta"] == ["status"]
+    assert got["treb status "] == ["c0ffee01", "c0ffee02"]
+    assert got["treb ps --state fa"] == ["failed"]
+    assert got["treb run x --resume-from "] == ["c0ffee01", "c0ffee02"]
+
+
+@pytest.mark.skipif(not shutil.which("zsh"), reason="no zsh")
+def test_zsh_loads_the_script_and_registers_treb(shell_env, tmp_path: Path) -> None:
+    script = (
+        'eval "$(treb completion zsh)"\ncomplete -p | grep -q "_treb treb" || exit 9\n'
+        "setopt ksharrays\nCOMP_WORDS=(treb status ''); COMP_CWORD=2; _treb\n"
+        'print -l -- "${COMPREPLY[@]}"\n'
+    )
+    res = subprocess.run(["zsh", "-c", script], capture_output=True, text=True,
+                         env={**shell_env, "HOME": str(tmp_path)}, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.split()) == ["c0ffee01", "c0ffee02"]

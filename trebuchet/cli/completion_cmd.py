@@ -152,7 +152,8 @@ def fish(vs: dict[str, Verb]) -> str:
             if kind is None:
                 lines.append(f"complete -c treb {cond} {opt}")
                 continue
-            lines.append(f"complete -c treb {cond} {opt} -r {_fish_args(kind)}")
+            need = "-r" if "files" in kind.split() else "-x"  # -x: a value, not a file
+            lines.append(f"complete -c treb {cond} {opt} {need} {_fish_args(kind)}")
         for kind in v.positionals[:1]:  # fish: the first positional's words
             lines.append(f"complete -c treb {cond} {_fish_args(kind)}")
     return "\n".join(lines) + "\n"
