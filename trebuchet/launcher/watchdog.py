@@ -1,10 +1,11 @@
 """A helper process that ends a run's processes if its supervisor dies (even by SIGKILL).
 
 PDEATHSIG only reaches a rank's first process; the watchdog also ends what the ranks
-started, and records the run as LOST at once instead of leaving it RUNNING. It is a fresh
-process in its own session (a forked copy of the supervisor could not use SQLite safely),
-so a Ctrl+C or a kill of the terminal's group does not take it down first. The supervisor
-writes `+PGID` lines to its stdin as it starts ranks and `done` when it finishes.
+started (the run's cgroup, the process groups, the TREB_RUN_ID scan), and records the run
+as LOST at once instead of leaving it RUNNING. It is a fresh process in its own session
+(a forked copy of the supervisor could not use SQLite safely), so a Ctrl+C or a kill of
+the terminal's group does not take it down first. The supervisor writes `+PGID` lines to
+its stdin as it starts ranks and `done` when it finishes.
 """
 
 from __future__ import annotations
@@ -58,13 +59,15 @@ def main(run_id: str, run_dir: str) -> int:
             return 0
         if line.startswith(b"+"):
             groups.add(int(line[1:]))
-    # EOF without `done`: the supervisor vanished. End everything it started.
-    from trebuchet.runtime.procs import processes_of_run, signal_group, signal_pid
+    # EOF without `done`: the supervisor vanished. End everything it started: the process
+    # groups, then the run's cgroup and what carries its TREB_RUN_ID (daemons that left
+    # their group); the cgroup is removed.
+    from trebuchet.runtime.contain import end_run
+    from trebuchet.runtime.procs import signal_group
 
     for pgid in groups:
         signal_group(pgid, signal.SIGKILL)
-    for pid in processes_of_run(run_id, {os.getpid()}):  # daemons that left their group
-        signal_pid(pid, signal.SIGKILL)
+    end_run(run_id, run_dir, {os.getpid()})
     from trebuchet.store.db import Store
     from trebuchet.store.files import append_event
     from trebuchet.store.states import LOST

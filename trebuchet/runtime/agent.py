@@ -21,7 +21,7 @@ import subprocess
 import time
 from typing import Any, Callable
 
-from . import procs
+from . import contain, procs
 from .records import exit_fields, now, write_json
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -107,6 +107,7 @@ class Agent:
         on_failure: Callable[[Proc], None] | None = None,
         stopped_elsewhere: Callable[[Proc], bool] | None = None,
         on_start: Callable[[Proc], None] | None = None,
+        cgroup: str | None = None,
     ) -> None:
         self.procs = procs_
         self.adir = attempt_dir
@@ -118,6 +119,7 @@ class Agent:
         self.on_failure = on_failure
         self.stopped_elsewhere = stopped_elsewhere
         self.on_start = on_start  # e.g. the local watchdog learns each pid
+        self.cgroup = cgroup  # the run's cgroup v2 (contain.py): each process joins it
         self.stop_on_failure = True  # pre/post commands: every node's runs to its end
         self.first_failure: Proc | None = None
         self.kill_at: float | None = None
@@ -149,6 +151,8 @@ class Agent:
     # -- the processes -------------------------------------------------------------------
     def _preexec(self, p: Proc) -> Callable[[], None]:
         def setup() -> None:
+            if self.cgroup:  # before the exec: whatever it forks stays contained
+                contain.join(self.cgroup)
             procs.die_with_parent()
             for sig in STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
