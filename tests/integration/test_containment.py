@@ -170,6 +170,12 @@ def test_daemon_does_not_outlive_a_cancel(mode, daemons, treb, tmp_path: Path) -
     daemons.assert_none_left(run_id)
 
 
+def _adopted(run_dir: Path) -> set[int]:
+    """The orphans the supervisor adopted and announced to its watchdog (events.jsonl)."""
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    return {p for e in events if e["event"] == "adopted" for p in e["pids"]}
+
+
 def _watchdog_of(supervisor: int) -> int:
     """The supervisor's child that runs trebuchet.launcher.watchdog."""
     for task in os.listdir(f"/proc/{supervisor}/task"):
@@ -220,16 +226,17 @@ def test_leftovers_after_supervisor_and_watchdog_are_killed(
 
 def test_supervisor_sigkill_alone_ends_daemons(mode, daemons, treb_home, tmp_path: Path) -> None:
     """The watchdog's own path: SIGKILL of an attached `treb run` (the supervisor). Without
-    a cgroup an `env -i` daemon is out of the watchdog's reach (not in a process group it
-    knows, no TREB_RUN_ID, re-parented to init): a documented limit of the fallback."""
-    if mode == "fallback":
-        pytest.skip("the fallback cannot find an `env -i` daemon once the supervisor is gone")
+    a cgroup the daemons are found because the supervisor, their subreaper, told the
+    watchdog about them (they carry no TREB_RUN_ID and are in no group it knows)."""
     spec = _spec(tmp_path, "sleep")
     proc = subprocess.Popen([sys.executable, "-m", "trebuchet", "run", str(spec)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         _wait_for(lambda: len(list(treb_home.glob("runs/*/daemon-*.pid"))) == 2, 60, "daemons")
         daemons.run_dir = next(treb_home.glob("runs/*"))
+        if mode == "fallback":  # wait until the supervisor told the watchdog about them
+            want = set(_pids(daemons.run_dir, "daemon"))
+            _wait_for(lambda: want <= _adopted(daemons.run_dir), 30, "the daemons' adoption")
         proc.kill()
         proc.wait()
     finally:

@@ -96,6 +96,7 @@ class Supervisor:
         # it adopts the ranks' orphans and ends them with the attempt.
         self.subreaper = own_process and become_subreaper()
         self.cgroup: str | None = None
+        self._adopted: set[int] = set()  # told to the watchdog
         self.policy_retries: dict[str, int] = {}
         self.port = plan.master_port
         self._wake_r, self._wake_w = os.pipe()
@@ -396,6 +397,8 @@ class Supervisor:
             if self.force_kill:
                 for agent in self.agents:
                     agent.kill()
+            if self.subreaper:
+                self._announce_adopted()
             if now >= heartbeat_at:
                 heartbeat_at = now + HEARTBEAT_S
                 self.store.update_run(self.plan.run_id, last_seen=now)
@@ -403,6 +406,19 @@ class Supervisor:
                 return reason
             select.select([self._wake_r], [], [], 0.2)
             self._drain_wakeups()
+
+    def _announce_adopted(self) -> None:
+        """Tell the watchdog about orphans adopted as subreaper: if the supervisor dies they
+        go to init, and without a cgroup nothing else finds a daemon that cleared its env."""
+        if not self.watchdog:
+            return
+        known = {p.pid for p in self.procs} | {self.watchdog.pid} | self._adopted
+        new = [pid for pid in children(os.getpid()) if pid not in known]
+        for pid in new:
+            self._adopted.add(pid)
+            self.watchdog.adopt(pid, start_time(pid))
+        if new:
+            append_event(self.run_dir, "adopted", attempt=self.attempt, pids=new)
 
     def _stopped_by_warning(self, p: Proc) -> bool:
         """After the timeout warning, a rank that dies of the checkpoint signal was stopped."""
