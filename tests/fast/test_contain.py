@@ -1,5 +1,5 @@
 """runtime/contain.py: finding cgroup v2 from the mount table, and a real cgroup's life
-(join before exec, kill with or without cgroup.kill, removal) where this host allows it."""
+(started inside, kill with or without cgroup.kill, removal) where this host allows it."""
 
 from __future__ import annotations
 
@@ -76,6 +76,17 @@ def _writable() -> bool:
 DAEMONIZE = "(setsid env -i sleep 3011 </dev/null >/dev/null 2>&1 &); exec sleep 3011"
 
 
+def _settled(path: str) -> bool:
+    """Two sleeps in the cgroup: the process itself and its daemon (the subshell is gone)."""
+    cmds = []
+    for pid in contain.members(path):
+        try:
+            cmds.append(Path(f"/proc/{pid}/cmdline").read_bytes())
+        except OSError:
+            return False
+    return cmds == [b"sleep\x003011\x00"] * 2
+
+
 @pytest.mark.parametrize("with_cgroup_kill", [True, False])
 def test_a_real_cgroup_holds_and_ends_a_daemon(with_cgroup_kill, monkeypatch) -> None:
     if not _writable():
@@ -83,14 +94,15 @@ def test_a_real_cgroup_holds_and_ends_a_daemon(with_cgroup_kill, monkeypatch) ->
     monkeypatch.delenv(contain.NO_CGROUP_ENV, raising=False)
     path, how = contain.create(f"treb-test-{uuid.uuid4().hex[:8]}")
     assert path and how == "cgroup v2"
-    proc = subprocess.Popen(["bash", "-c", DAEMONIZE], preexec_fn=lambda: contain.join(path),
-                            start_new_session=True)  # fmt: skip
+    with contain.inside(path):  # as the agent starts a run's processes
+        proc = subprocess.Popen(["bash", "-c", DAEMONIZE], start_new_session=True)
+    assert os.getpid() not in contain.members(path)  # this process moved back out
     try:
         deadline = time.monotonic() + 10
-        while len(contain.members(path)) < 2 and time.monotonic() < deadline:
+        while not _settled(path) and time.monotonic() < deadline:
             time.sleep(0.02)
         held = contain.members(path)
-        assert proc.pid in held and len(held) == 2  # the daemon stayed in the cgroup
+        assert proc.pid in held and _settled(path)  # the daemon stayed in the cgroup
         if not with_cgroup_kill:  # as on kernels < 5.14: a SIGKILL to each pid
             monkeypatch.setattr(contain, "_write", lambda *_: False)
         assert sorted(contain.kill(path)) == sorted(held)
@@ -113,7 +125,8 @@ def test_end_run_reads_the_record_and_removes_the_cgroup(tmp_path: Path, monkeyp
     path, how = contain.create(f"treb-test-{uuid.uuid4().hex[:8]}")
     contain.record(str(tmp_path), path, how)
     assert contain.recorded(str(tmp_path)) == path
-    proc = subprocess.Popen(["env", "-i", "sleep", "3013"], preexec_fn=lambda: contain.join(path))
+    with contain.inside(path):
+        proc = subprocess.Popen(["env", "-i", "sleep", "3013"])
     try:
         found = contain.end_run("nosuchrun", str(tmp_path))
         assert found["cgroup"] == [proc.pid] and found["scan"] == []
