@@ -244,4 +244,5 @@ def test_supervisor_sigkill_alone_ends_daemons(mode, daemons, treb_home, tmp_pat
             proc.kill()
             proc.wait()
     daemons.assert_none_left(daemons.run_dir.name)
-    assert "watchdog ended its processes" in (daemons.run_dir / "events.jsonl").read_text()
+    events = daemons.run_dir / "events.jsonl"  # written by the watchdog after the kills
+    _wait_for(lambda: "watchdog ended its processes" in events.read_text(), 30, "lost event")
