@@ -21,6 +21,7 @@ from trebuchet.errors import UserError
 from trebuchet.launcher.plan import Placement, Plan, describe, local_plan
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS
 from trebuchet.launcher.runtime_file import ship
+from trebuchet.runtime.contain import end_run
 from trebuchet.runtime.procs import alive, start_time
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event, read_json, write_json
@@ -176,8 +177,10 @@ class LocalBackend(Backend):
             if not fresh or not fresh.active:
                 continue
             last = fresh.last_seen or fresh.started_at or fresh.created_at
+            reason = "supervisor gone" + end_leftovers(rec)
             if store.update_run(rec.id, only_if_active=True, state=LOST, ended_at=last):
-                append_event(Path(rec.run_dir), "lost", reason="supervisor gone")
+                store.set_attempt(rec.id, fresh.attempt, reason=reason)
+                append_event(Path(rec.run_dir), "lost", reason=reason)
                 rec.state = LOST
 
     def cancel_sweep(self, store: Store, runs: list[RunRecord]) -> None:
@@ -203,7 +206,20 @@ class LocalBackend(Backend):
                 time.sleep(0.05)
             else:
                 raise UserError(f"run {run.id} did not stop within the grace period")
+        end_leftovers(run)  # what a supervisor that is gone left running
         store.update_run(run.id, only_if_active=True, state=CANCELLED, ended_at=time.time())
+
+
+def end_leftovers(run: RunRecord) -> str:
+    """SIGKILL the processes of a run whose supervisor is gone (its watchdog too, or they
+    would be gone): from the run's cgroup, else by TREB_RUN_ID. Says what was ended."""
+    found = end_run(run.id, run.run_dir, {os.getpid()})
+    by = (("in its cgroup", found["cgroup"]), ("by TREB_RUN_ID", found["scan"]))
+    ways = [f"{how} (pids {', '.join(map(str, pids))})" for how, pids in by if pids]
+    if not ways:
+        return ""
+    n = len(found["cgroup"]) + len(found["scan"])
+    return f" and so was its watchdog: {n} leftover process(es) ended, found {' and '.join(ways)}"
 
 
 def start_supervisor(store: Store, run_id: str, run_dir: Path) -> int:

@@ -2,9 +2,11 @@
 
 It is the attached `treb run` itself, or a small background process for detached runs
 (`python -m trebuchet.launcher.supervisor RUN_DIR`). It imports neither torch nor pydantic.
-Every rank runs in its own process group and dies with the supervisor (PDEATHSIG and the
-watchdog); at the end of each attempt anything still carrying the run's TREB_RUN_ID is
-killed, so a run never leaves orphans.
+Every rank runs in the run's cgroup v2 where one can be created (runtime/contain.py), in
+its own process group, and dies with the supervisor (PDEATHSIG and the watchdog); at the
+end of each attempt everything left in the cgroup, every process still carrying the run's
+TREB_RUN_ID and every orphan the supervisor adopted as a subreaper is killed, so a run
+never leaves orphans.
 """
 
 from __future__ import annotations
@@ -23,9 +25,17 @@ from typing import TYPE_CHECKING
 from trebuchet.launcher.plan import Plan, ProcPlan, free_port
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
 from trebuchet.launcher.watchdog import Watchdog
-from trebuchet.runtime import policies, secrets
+from trebuchet.runtime import contain, policies, secrets
 from trebuchet.runtime.agent import Agent, Proc
-from trebuchet.runtime.procs import processes_of_run, signal_pid, start_time
+from trebuchet.runtime.procs import (
+    alive,
+    become_subreaper,
+    children,
+    descendants,
+    reap,
+    signal_pid,
+    start_time,
+)
 from trebuchet.store.db import Store
 from trebuchet.store.files import append_event, read_json
 from trebuchet.store.states import (
@@ -66,7 +76,9 @@ def reserve_space(path: Path) -> None:
 
 
 class Supervisor:
-    def __init__(self, plan: Plan, store: Store, view: View | None = None) -> None:
+    def __init__(
+        self, plan: Plan, store: Store, view: View | None = None, own_process: bool = False
+    ) -> None:
         self.plan = plan
         self.store = store
         self.view = view  # attached: the terminal view, a thread of its own
@@ -80,6 +92,11 @@ class Supervisor:
         self._ckpt_sig = int(signal.Signals[plan.checkpoint_signal])
         self.first_failure: dict | None = None
         self.watchdog: Watchdog | None = None
+        # A process of its own (not a caller's, whose other children are not the run's):
+        # it adopts the ranks' orphans and ends them with the attempt.
+        self.subreaper = own_process and become_subreaper()
+        self.cgroup: str | None = None
+        self._adopted: set[int] = set()  # told to the watchdog
         self.policy_retries: dict[str, int] = {}
         self.port = plan.master_port
         self._wake_r, self._wake_w = os.pipe()
@@ -120,9 +137,11 @@ class Supervisor:
         who = {"supervisor_pid": me, "supervisor_start": start_time(me),
                "host": socket.gethostname()}  # fmt: skip
         self.store.update_run(rid, state=RUNNING, started_at=now, last_seen=now, **who)
+        self.cgroup, how = contain.create(f"treb-{rid}")
+        contain.record(str(self.run_dir), self.cgroup, how)
         # the index's facts, also in the run's own files (store/rebuild.py reads them)
         append_event(self.run_dir, "run_started", pid=me, start=who["supervisor_start"],
-                     host=who["host"])  # fmt: skip
+                     host=who["host"], cgroup=self.cgroup)  # fmt: skip
         self.watchdog = Watchdog(rid, str(self.run_dir))
         reserve = self.run_dir / RESERVE
         reserve_space(reserve)
@@ -146,6 +165,8 @@ class Supervisor:
             raise
         finally:
             reserve.unlink(missing_ok=True)  # before the outcome is recorded (main)
+            with contextlib.suppress(OSError):  # post's daemons; the cgroup goes
+                self._kill_strays(self.attempt, keep=False)
             self.watchdog.done()
             if self.plan.environment and self.plan.environment.get("cleanup"):
                 from trebuchet.envs.build import remove
@@ -160,8 +181,7 @@ class Supervisor:
         for agent in self.agents:
             agent.kill(stopped=True)
         exclude = {os.getpid(), self.watchdog.pid if self.watchdog else -1}
-        for pid in processes_of_run(self.plan.run_id, exclude):
-            signal_pid(pid, signal.SIGKILL)
+        contain.end_run(self.plan.run_id, str(self.run_dir), exclude, keep=True)
 
     def prepare_environment(self) -> bool:
         """Build or reuse the run's environment; False (and a recorded failure) if it fails."""
@@ -307,6 +327,7 @@ class Supervisor:
                 on_failure=self._on_failure,
                 stopped_elsewhere=self._stopped_by_warning,
                 on_start=(lambda p: watch(p.pid)) if watch else None,
+                cgroup=self.cgroup,
             )  # fmt: skip
             for _, procs in sorted(by_node.items())
         ]
@@ -376,6 +397,8 @@ class Supervisor:
             if self.force_kill:
                 for agent in self.agents:
                     agent.kill()
+            if self.subreaper:
+                self._announce_adopted()
             if now >= heartbeat_at:
                 heartbeat_at = now + HEARTBEAT_S
                 self.store.update_run(self.plan.run_id, last_seen=now)
@@ -383,6 +406,19 @@ class Supervisor:
                 return reason
             select.select([self._wake_r], [], [], 0.2)
             self._drain_wakeups()
+
+    def _announce_adopted(self) -> None:
+        """Tell the watchdog about orphans adopted as subreaper: if the supervisor dies they
+        go to init, and without a cgroup nothing else finds a daemon that cleared its env."""
+        if not self.watchdog:
+            return
+        known = {p.pid for p in self.procs} | {self.watchdog.pid} | self._adopted
+        new = [pid for pid in children(os.getpid()) if pid not in known]
+        for pid in new:
+            self._adopted.add(pid)
+            self.watchdog.adopt(pid, start_time(pid))
+        if new:
+            append_event(self.run_dir, "adopted", attempt=self.attempt, pids=new)
 
     def _stopped_by_warning(self, p: Proc) -> bool:
         """After the timeout warning, a rank that dies of the checkpoint signal was stopped."""
@@ -403,12 +439,21 @@ class Supervisor:
             agent.teardown()
         append_event(self.run_dir, "teardown", attempt=attempt)
 
-    def _kill_strays(self, attempt: int) -> None:
-        """Anything of this run still alive (a daemon a rank left behind) is killed now."""
-        exclude = {os.getpid(), self.watchdog.pid if self.watchdog else -1}
-        strays = processes_of_run(self.plan.run_id, exclude)
-        for pid in strays:
+    def _kill_strays(self, attempt: int, keep: bool = True) -> None:
+        """Anything of this run still alive (a daemon a rank left behind) is killed now:
+        the run's cgroup, what carries its TREB_RUN_ID, the orphans adopted as subreaper.
+        `keep` keeps the cgroup for the next attempt."""
+        me, dog = os.getpid(), self.watchdog.pid if self.watchdog else -1
+        adopted = []
+        if self.subreaper:  # every child but the watchdog: the ranks were reaped by now
+            adopted = [p for p in children(me) if p != dog and alive(p, None)]
+        found = contain.end_run(self.plan.run_id, str(self.run_dir), {me, dog}, keep=keep)
+        tree = [q for p in adopted for q in [p, *descendants(p)]]
+        for pid in tree:
             signal_pid(pid, signal.SIGKILL)
+        if self.subreaper:
+            reap([p for p in children(me) if p != dog], timeout=1.0)
+        strays = sorted({*found["cgroup"], *found["scan"], *tree})
         if strays:
             append_event(self.run_dir, "strays_killed", attempt=attempt, pids=strays)
 
@@ -498,7 +543,7 @@ def main(argv: list[str]) -> int:
         from trebuchet.view.live import View
 
         view = View()
-    sup = Supervisor(plan, store, view)
+    sup = Supervisor(plan, store, view, own_process=True)
     sup.install_signals()
     if attached:  # signals blocked across the exec: handled from here on
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})

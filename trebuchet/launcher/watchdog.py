@@ -1,10 +1,12 @@
 """A helper process that ends a run's processes if its supervisor dies (even by SIGKILL).
 
 PDEATHSIG only reaches a rank's first process; the watchdog also ends what the ranks
-started, and records the run as LOST at once instead of leaving it RUNNING. It is a fresh
-process in its own session (a forked copy of the supervisor could not use SQLite safely),
-so a Ctrl+C or a kill of the terminal's group does not take it down first. The supervisor
-writes `+PGID` lines to its stdin as it starts ranks and `done` when it finishes.
+started (the run's cgroup, the process groups, the TREB_RUN_ID scan), and records the run
+as LOST at once instead of leaving it RUNNING. It is a fresh process in its own session
+(a forked copy of the supervisor could not use SQLite safely), so a Ctrl+C or a kill of
+the terminal's group does not take it down first. The supervisor writes `+PGID` lines to
+its stdin as it starts ranks, `=PID START` for each orphan it adopts, and `done` when it
+finishes.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ class Watchdog:
     def watch(self, pgid: int) -> None:
         self._send(f"+{pgid}\n")
 
+    def adopt(self, pid: int, started: str | None) -> None:
+        """An orphan the supervisor adopted as subreaper (pid and start time: the pid may
+        be reused by the time the watchdog acts)."""
+        self._send(f"={pid} {started}\n")
+
     def done(self) -> None:
         """The supervisor finished on its own: the watchdog leaves without killing."""
         self._send("done\n")
@@ -52,19 +59,30 @@ def main(run_id: str, run_dir: str) -> int:
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     groups: set[int] = set()
+    adopted: dict[int, str] = {}
     for raw in sys.stdin.buffer:
         line = raw.strip()
         if line == b"done":
             return 0
         if line.startswith(b"+"):
             groups.add(int(line[1:]))
-    # EOF without `done`: the supervisor vanished. End everything it started.
-    from trebuchet.runtime.procs import processes_of_run, signal_group, signal_pid
+        elif line.startswith(b"="):
+            pid, started = line[1:].decode().split()
+            adopted[int(pid)] = started
+    # EOF without `done`: the supervisor vanished. End everything it started: the process
+    # groups, then the run's cgroup and what carries its TREB_RUN_ID (daemons that left
+    # their group); the cgroup is removed.
+    from trebuchet.runtime.contain import end_run
+    from trebuchet.runtime.procs import alive, descendants, signal_group, signal_pid
 
     for pgid in groups:
         signal_group(pgid, signal.SIGKILL)
-    for pid in processes_of_run(run_id, {os.getpid()}):  # daemons that left their group
+    # Orphans the supervisor had adopted (without a cgroup, a daemon that cleared its
+    # environment is found by nothing else), with what they started.
+    tree = [q for p, t in adopted.items() if alive(p, t) for q in [p, *descendants(p)]]
+    for pid in tree:
         signal_pid(pid, signal.SIGKILL)
+    end_run(run_id, run_dir, {os.getpid()})
     from trebuchet.store.db import Store
     from trebuchet.store.files import append_event
     from trebuchet.store.states import LOST

@@ -8,11 +8,11 @@ is not installed (a Slurm node, a container image): `treb` ships it into the run
 as one file, `treb-runtime-<version>-<hash>.pyz` (trebuchet/launcher/runtime_file.py).
 
 Modules: contract (rank variables), records (atomic JSON, outcome records), procs (process
-groups, signals), policies (log policies), agent (a node's or a task's processes),
-task (a Slurm task, a torchrun/mpirun worker, a pre/post command), node (one node of an
-engine that starts one process per node: SkyPilot, Kubernetes), logcopy (the ranks' logs
-on a node's stdout), controller (a Slurm job's attempts), main (the command line of the
-.pyz).
+groups, signals, subreaper), contain (a local run's cgroup v2, or the fallback), policies
+(log policies), agent (a node's or a task's processes), task (a Slurm task, a
+torchrun/mpirun worker, a pre/post command), node (one node of an engine that starts one
+process per node: SkyPilot, Kubernetes), logcopy (the ranks' logs on a node's stdout),
+controller (a Slurm job's attempts), main (the command line of the .pyz).
 Imports inside the package are relative: in the .pyz it is not called `trebuchet.runtime`.
 """
 

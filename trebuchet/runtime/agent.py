@@ -21,7 +21,7 @@ import subprocess
 import time
 from typing import Any, Callable
 
-from . import procs
+from . import contain, procs
 from .records import exit_fields, now, write_json
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -107,6 +107,7 @@ class Agent:
         on_failure: Callable[[Proc], None] | None = None,
         stopped_elsewhere: Callable[[Proc], bool] | None = None,
         on_start: Callable[[Proc], None] | None = None,
+        cgroup: str | None = None,
     ) -> None:
         self.procs = procs_
         self.adir = attempt_dir
@@ -118,6 +119,7 @@ class Agent:
         self.on_failure = on_failure
         self.stopped_elsewhere = stopped_elsewhere
         self.on_start = on_start  # e.g. the local watchdog learns each pid
+        self.cgroup = cgroup  # the run's cgroup v2 (contain.py): its processes start in it
         self.stop_on_failure = True  # pre/post commands: every node's runs to its end
         self.first_failure: Proc | None = None
         self.kill_at: float | None = None
@@ -236,13 +238,15 @@ class Agent:
                     self.teardown()
 
     def start_all(self) -> None:
-        """Start every process; one that cannot even start is the first failure."""
-        for p in self.procs:
-            self.start(p)
-            if p.returncode is not None and self.first_failure is None:
-                self.first_failure = p
-                if self.on_failure:
-                    self.on_failure(p)
+        """Start every process (inside the run's cgroup, if any); one that cannot even
+        start is the first failure."""
+        with contain.inside(self.cgroup):
+            for p in self.procs:
+                self.start(p)
+                if p.returncode is not None and self.first_failure is None:
+                    self.first_failure = p
+                    if self.on_failure:
+                        self.on_failure(p)
         if self.first_failure and self.stop_on_failure:
             self.teardown()
 

@@ -1,4 +1,5 @@
-"""Process helpers: identity that survives pid reuse, death with the parent, group kills."""
+"""Process helpers: identity that survives pid reuse, death with the parent, group kills,
+adoption of orphaned descendants (child subreaper)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import contextlib
 import ctypes
 import os
 import signal
+import time
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 _libc = None
 
 
@@ -42,12 +45,53 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-def die_with_parent() -> None:
-    """preexec_fn: the kernel sends SIGKILL to this child when its parent dies."""
+def _prctl(option: int, value: int) -> int:
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    return int(_libc.prctl(option, value, 0, 0, 0))
+
+
+def die_with_parent() -> None:
+    """preexec_fn: the kernel sends SIGKILL to this child when its parent dies."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def become_subreaper() -> bool:
+    """Orphans among this process's descendants (a daemon that double-forked and called
+    setsid) are re-parented to it instead of init, so it can still find and end them."""
+    with contextlib.suppress(OSError, AttributeError):
+        return _prctl(PR_SET_CHILD_SUBREAPER, 1) == 0
+    return False
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` in the process tree, parents before their children."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        kids = children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def reap(pids: list[int], timeout: float = 0.0) -> None:
+    """Collect the exit status of children nobody else waits for (adopted orphans), waiting
+    up to `timeout` for those just killed."""
+    deadline = time.monotonic() + timeout
+    left = list(pids)
+    while left:
+        for pid in list(left):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    continue
+            except ChildProcessError:
+                pass
+            left.remove(pid)
+        if not left or time.monotonic() >= deadline:
+            return
+        time.sleep(0.01)
 
 
 def find_program(name: str, path: str | None, cwd: str) -> str | None:
