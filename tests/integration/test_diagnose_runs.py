@@ -66,6 +66,8 @@ def test_python_exception_names_rank_frame_and_cascade(treb, tmp_path: Path) -> 
     # the two lines at the end of the attached run, and in `treb status`
     assert "treb: cause: python_exception on rank 2 (node 1): ValueError" in res.stderr
     assert "treb: fix:" in res.stderr
+    rid = status_json(treb)["id"]
+    assert f"(`treb logs {rid} --rank 2` has its whole output)" in res.stderr  # filled in
     assert "cause: python_exception on rank 2" in treb("status").stdout
     st = status_json(treb)
     assert st["diagnosis"]["root_cause"]["rank"] == 2
@@ -89,6 +91,19 @@ def test_segfault(treb, tmp_path: Path) -> None:
     root = diagnose(treb)["root_cause"]
     assert (root["category"], root["rank"]) == ("segfault", 0)
     assert "SIGSEGV" in root["summary"]
+    # a run without GPUs: no CUDA/NCCL advice
+    assert "without GPUs" in root["remedy"] and "CUDA" not in root["remedy"], root["remedy"]
+
+
+def test_segfault_advice_on_a_run_with_gpus_names_cuda(treb, tmp_path: Path) -> None:
+    # the same crash on a run that was given (detected, simulated) GPUs
+    spec = f"command: [{PY}, -c, 'import ctypes; ctypes.string_at(0)']\ngpus_per_node: 1\n"
+    res = treb("run", str(write_spec(tmp_path, spec)), timeout=180,
+               env={"TREB_FAKE_GPUS": "nvidia:1"})  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    root = diagnose(treb)["root_cause"]
+    assert root["category"] == "segfault"
+    assert "CUDA" in root["remedy"] and "NCCL" in root["remedy"]
 
 
 def test_missing_module(treb, tmp_path: Path) -> None:
@@ -183,12 +198,29 @@ def test_port_already_taken_by_another_program(treb, tmp_path: Path) -> None:
 
 
 def test_time_limit(treb, tmp_path: Path) -> None:
-    res = run(treb, tmp_path, "command: 'echo working; exec sleep 300'\ntimeout: 2s\n")
+    # a program silent after its first line: the limit is reached, and it was likely hung
+    spec = "command: 'echo working; exec sleep 300'\ntimeout: 3s\nprocs_per_node: 2\n"
+    res = run(treb, tmp_path, spec)
     assert res.returncode == 1
     root = diagnose(treb)["root_cause"]
     assert root["category"] == "time_limit" and root["rank"] is None
     assert "time limit" in root["summary"]
     assert "treb: cause: time_limit" in res.stderr
+    assert "no rank had written anything for the last" in root["summary"], root
+    assert "likely hung" in root["summary"] and "likely hung" in res.stderr
+    assert any(e.startswith("last output: rank") and e.endswith(": working")
+               for e in root["evidence"]), root  # fmt: skip
+    assert "more time would not help" in root["remedy"]
+
+
+def test_time_limit_of_a_program_that_keeps_printing_is_not_hung(treb, tmp_path: Path) -> None:
+    script = "import time\nwhile True:\n    print('step', flush=True)\n    time.sleep(0.05)\n"
+    res = run(treb, tmp_path, f"command: [{PY}, job.py]\ntimeout: 3s\n", script)
+    assert res.returncode == 1
+    root = diagnose(treb)["root_cause"]
+    assert root["category"] == "time_limit"
+    assert "hung" not in root["summary"], root
+    assert "raise timeout:" in root["remedy"]
 
 
 def test_cancelled(treb, treb_home: Path, tmp_path: Path) -> None:
@@ -222,6 +254,18 @@ def test_launcher_killed_is_a_lost_supervisor(treb, treb_home: Path, tmp_path: P
     assert root["category"] == "node_failure" and "supervisor" in root["summary"]
 
 
+def test_environment_build_with_a_package_not_in_the_registry(treb, tmp_path: Path) -> None:
+    spec = "command: 'echo never'\nenvironment:\n  requirements: [treb-no-such-package-xyz]\n"
+    res = run(treb, tmp_path, spec)
+    assert res.returncode == 1
+    root = diagnose(treb)["root_cause"]
+    assert root["category"] == "environment_build", root
+    assert "treb-no-such-package-xyz was not found in the package index" in root["summary"]
+    assert any("pip install" in e for e in root["evidence"])  # uv pip, or pip without uv
+    assert "treb: cause: environment_build: the environment build failed" in res.stderr
+    assert "environment.requirements" in root["remedy"]
+
+
 def test_unknown_failure_keeps_rank_and_last_error_lines(treb, tmp_path: Path) -> None:
     spec = ("command: 'if [ $RANK = 1 ]; then echo \"checksum mismatch in shard 9\" >&2; "
             "echo \"giving up\" >&2; exit 3; fi; exec sleep 300'\nprocs_per_node: 2\n")  # fmt: skip
@@ -230,6 +274,8 @@ def test_unknown_failure_keeps_rank_and_last_error_lines(treb, tmp_path: Path) -
     assert (root["category"], root["rank"]) == ("unknown", 1)
     assert "exit code 3" in root["summary"]
     assert any("checksum mismatch" in e for e in root["evidence"])
+    rid = status_json(treb)["id"]
+    assert f"(`treb logs {rid} --rank 1` has its whole output)" in root["remedy"]
 
 
 def test_torchrun_launcher_run(treb, tmp_path: Path) -> None:

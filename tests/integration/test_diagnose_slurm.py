@@ -152,3 +152,60 @@ def test_a_failed_run_on_the_slurm_backend(slurm_env, treb, tmp_path: Path) -> N
     out = treb("diagnose", "--json", env={"SLURM_CONF": slurm_env["SLURM_CONF"]})
     root = json.loads(out.stdout)["root_cause"]
     assert (root["category"], root["rank"], root["node"]) == ("python_exception", 2, "tn2")
+
+
+def test_sbatch_refusal_is_a_scheduler_refusal(slurm_env, treb, tmp_path: Path) -> None:
+    # more memory per node than any node has: sbatch refuses the job outright
+    spec = tmp_path / "job.yaml"
+    spec.write_text("command: 'echo never'\nslurm:\n  mem: 900G\n")
+    env = {"SLURM_CONF": slurm_env["SLURM_CONF"]}
+    res = treb("run", str(spec), "--on", "slurm", env=env, timeout=300)
+    assert res.returncode != 0
+    assert "Requested node configuration is not available" in res.stderr
+    root = json.loads(treb("diagnose", "--json", env=env).stdout)["root_cause"]
+    assert root["category"] == "scheduler_refusal", root
+    assert root["summary"] == (
+        "sbatch refused the job: Requested node configuration is not available"
+    )
+    assert any("--mem=900G" in e for e in root["evidence"])
+    # the fix lists what the partitions have, as sinfo says
+    assert "debug (default): 2 nodes tn[1-2]" in root["remedy"], root["remedy"]
+    assert "big: 8 nodes tn[1-8]" in root["remedy"]
+
+
+def test_srun_refusal_in_a_job_log(slurm_env, tmp_path: Path) -> None:
+    log = tmp_path / "srun.log"
+    with open(log, "w") as out:
+        subprocess.run(["srun", "-l", "--mem=900G", "true"], stdout=out,
+                       stderr=subprocess.STDOUT, env=slurm_env, timeout=120)  # fmt: skip
+    assert "Unable to allocate resources" in log.read_text()
+    root = diagnose(log)["root_cause"]
+    assert root["category"] == "scheduler_refusal", root
+    assert any("Requested node configuration" in e for e in root["evidence"])
+
+
+def test_job_that_left_the_queue_without_an_outcome(slurm_env, treb, tmp_path: Path) -> None:
+    # A run whose Slurm job the controller no longer knows (as after its saved state was
+    # wiped): a real held job is submitted, then the run is pointed at a job id this
+    # controller never issued, and the real job is cancelled. squeue answers "Invalid job
+    # id", accounting is off: the run ends LOST without an outcome record.
+    from trebuchet.store.db import Store
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text("command: 'echo never'\nslurm:\n  sbatch_args: [--hold]\n")
+    env = {"SLURM_CONF": slurm_env["SLURM_CONF"]}
+    rid = treb("run", str(spec), "--on", "slurm", "--detach", env=env).stdout.strip()
+    real = json.loads(treb("status", rid, "--json", env=env).stdout)["backend_id"]
+    try:
+        Store().update_run(rid, backend_id="99999999")
+    finally:
+        subprocess.run(["scancel", real], env=slurm_env, timeout=60, check=True)
+    st = json.loads(treb("status", rid, "--json", env=env).stdout)
+    assert st["state"] == "LOST", st
+    root = json.loads(treb("diagnose", rid, "--json", env=env).stdout)["root_cause"]
+    assert root["category"] == "node_failure", root
+    assert root["summary"].startswith("Slurm job 99999999 left the queue without an outcome")
+    assert "supervisor" not in root["summary"]
+    assert any("left the queue without an outcome record: is TREB_HOME" in e
+               for e in root["evidence"])  # fmt: skip
+    assert "`sacct -j 99999999`" in root["remedy"]

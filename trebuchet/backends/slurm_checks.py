@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -84,23 +85,49 @@ def gres_gpus(gres: str) -> int:
     return total
 
 
-def sinfo(ctx: Context) -> list[tuple[str, bool, int, int]] | None:
-    """(partition, is default, nodes, GPUs per node) per sinfo line, or None."""
-    exe = shutil.which("sinfo", path=ctx.environ.get("PATH"))
+def _sinfo(fmt: str, environ: Mapping[str, str]) -> list[list[str]] | None:
+    """sinfo's lines in this format, split at |; None when sinfo is absent or fails."""
+    exe = shutil.which("sinfo", path=environ.get("PATH"))
     if exe is None:
         return None
     try:
         res = subprocess.run(
-            [exe, "-h", "-a", "-o", "%P|%D|%G"], capture_output=True, text=True,
-            timeout=SINFO_TIMEOUT_S, env=dict(ctx.environ), stdin=subprocess.DEVNULL,
+            [exe, "-h", "-a", "-o", fmt], capture_output=True, text=True,
+            timeout=SINFO_TIMEOUT_S, env=dict(environ), stdin=subprocess.DEVNULL,
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
     if res.returncode != 0:
         return None
+    return [line.strip().split("|") for line in res.stdout.splitlines() if line.strip()]
+
+
+def partitions(environ: Mapping[str, str]) -> list[str] | None:
+    """What each partition's nodes have, as sinfo tells now (for a refused job's fix):
+    'debug (default): 2 nodes tn[1-2] with 8 CPUs, 21695 MB, no GPUs'."""
+    rows = _sinfo("%P|%D|%N|%c|%m|%G|%f", environ)
+    out = []
+    for parts in rows or []:
+        if len(parts) != 7 or not parts[1].isdigit():
+            continue
+        name, count, nodes, cpus, mem, gres, features = parts
+        gpus = gres_gpus(gres)
+        text = f"{name.rstrip('*')}{' (default)' if name.endswith('*') else ''}: {count} "
+        text += f"node{'s' if count != '1' else ''} {nodes} with {cpus} CPUs, {mem} MB, "
+        text += f"{gpus} GPUs" if gpus else "no GPUs"
+        if features not in ("(null)", ""):
+            text += f", features {features}"
+        out.append(text)
+    return out or None
+
+
+def sinfo(ctx: Context) -> list[tuple[str, bool, int, int]] | None:
+    """(partition, is default, nodes, GPUs per node) per sinfo line, or None."""
+    lines = _sinfo("%P|%D|%G", ctx.environ)
+    if lines is None:
+        return None
     rows = []
-    for line in res.stdout.splitlines():
-        parts = line.strip().split("|")
+    for parts in lines:
         if len(parts) != 3 or not parts[1].isdigit():
             continue
         name = parts[0]

@@ -17,10 +17,16 @@ from dataclasses import dataclass
 
 CAUSE, TIMEOUT, CASCADE = 2, 1, 0
 
+# Where a rank's whole output is; engine.fit_remedy puts the run's id and the rank in (or,
+# for logs from elsewhere, the file to read).
+LOGS_HINT = "`treb logs RUN --rank R` has its whole output"
+# What the partitions have; the engine puts in what sinfo said when it can.
+SINFO_HINT = "`sinfo -o '%P %D %c %m %G %f'` lists each partition's nodes, CPUs, memory, GPUs"
+
 # The categories, in the order of docs/diagnose.md, with their one-line remedies.
 REMEDIES: dict[str, str] = {
     "python_exception": "Fix the error at the user-code frame shown; run that rank's command "
-    "alone (`treb logs RUN --rank R` has its whole output) to reproduce it.",
+    f"alone ({LOGS_HINT}) to reproduce it.",
     "killed": "SIGKILL without a launcher kill is usually the kernel OOM killer: use less host "
     "memory per node (fewer DataLoader workers or ranks per node, smaller buffers) or ask for "
     "more (slurm.mem); `dmesg` or the Slurm oom-kill message confirms it.",
@@ -43,6 +49,11 @@ REMEDIES: dict[str, str] = {
     "disk_full": "A file system is full (the one named: TREB_HOME's holds the logs and "
     "records, checkpoints go to TREB_CHECKPOINT_DIR): free space there or move TREB_HOME to a "
     "bigger one; `treb doctor` shows the free space.",
+    "environment_build": "The run's environment could not be built, so nothing ran: when a "
+    "package was not found, fix its name or version in environment.requirements (a typo, a "
+    "version that does not exist for this Python) or point the installer at the index that has "
+    "it (UV_INDEX_URL, PIP_INDEX_URL, PIP_FIND_LINKS); otherwise fix the step environment.log "
+    "shows failing. `treb build SPEC` retries the build alone.",
     "launch_env_missing": "The script expects a launcher's variables (RANK, WORLD_SIZE, ...): "
     "run it with launcher: native or torchrun, or call trebuchet.dist.init_env() so srun, "
     "mpirun and SkyPilot variables fill them.",
@@ -53,11 +64,36 @@ REMEDIES: dict[str, str] = {
     "checkpoints on the warning signal (checkpoint_signal) and set retries: to resume.",
     "node_failure": "A node (or the process supervising the run) went away: resubmit; exclude "
     "the node if it happens again, and use retries: with checkpoints to ride it out.",
+    "scheduler_refusal": "Slurm refused the job as asked, so nothing ran: ask only for what a "
+    f"partition's nodes have ({SINFO_HINT}): fix slurm.partition, nodes, gpus_per_node, "
+    "slurm.mem, slurm.constraint or slurm.sbatch_args; `treb check SPEC --on slurm` catches "
+    "some of these before submitting.",
     "cancelled": "Nothing failed: the run was cancelled (treb cancel, Ctrl+C, scancel or a "
     "preemption); resubmit it when wanted.",
     "unknown": "No known cause was found: read the evidence lines and the failing rank's "
-    "whole log (`treb logs RUN --rank R`).",
+    f"whole log ({LOGS_HINT}).",
 }
+# Remedies fitted to what the run tells (engine.fit_remedy picks them).
+SEGFAULT_CPU = (
+    "A native crash in compiled code on a run without GPUs: a C extension or wheel that does "
+    "not match this Python, CPU or system libraries (SIGILL: built for a newer CPU), or a bug "
+    "in one: rerun with PYTHONFAULTHANDLER=1 (or under gdb) for the stack of the crash, then "
+    "reinstall or upgrade the package it crashed in (`pip check` finds mismatches)."
+)
+TIME_LIMIT_SILENT = (
+    "No rank wrote anything for a long stretch before the limit: the program most likely hung "
+    "(a rank stuck in I/O or data loading, a deadlock, a collective waiting for an absent rank), "
+    "and more time would not help. The last lines shown say where it stopped; to see where it "
+    "waits, dump its stacks while it hangs (py-spy dump --pid PID, or "
+    "faulthandler.dump_traceback_later in the program); raise timeout: only if it was slow."
+)
+SLURM_JOB_LOST = (
+    "Find out what became of the job: `sacct -j JOB` where accounting is on, the slurmctld log "
+    "(a controller restarted without its saved state forgets its jobs, and scancel, node "
+    "failures or a purge can too), and batch.log in the run directory (absent or empty: the "
+    "job never started, or TREB_HOME is not on a filesystem the nodes share). Then resubmit; "
+    "retries: with checkpoints rides such losses out."
+)
 CATEGORIES = tuple(REMEDIES)
 TITLES: dict[str, str] = {
     "python_exception": "Python exception",
@@ -69,10 +105,12 @@ TITLES: dict[str, str] = {
     "missing_module": "missing module or wrong environment",
     "missing_file": "file not found (not in the code snapshot, or a wrong path)",
     "disk_full": "no space left on device (or quota exceeded)",
+    "environment_build": "environment build failed",
     "launch_env_missing": "script not started by a launcher",
     "segfault": "native crash (segmentation fault, illegal instruction, abort)",
     "time_limit": "time limit reached",
     "node_failure": "node failure",
+    "scheduler_refusal": "the scheduler refused the job",
     "cancelled": "cancelled",
     "unknown": "unknown",
 }
@@ -149,6 +187,10 @@ RULES: tuple[Rule, ...] = (
           r"|cudaErrorMemoryAllocation|CUDA error: out of memory|Cuda failure 'out of memory'"),
     _rule("killed", CAUSE, r"oom-kill|oom_kill|Out of memory: Killed process|invoked oom-killer"
           r"|Memory cgroup out of memory"),
+    _rule("environment_build", CAUSE, r"was not found in the package registry|there is no "
+          r"version of \S+|No matching distribution found for|Could not find a version that "
+          r"satisfies the requirement|PackagesNotFoundError|nothing provides requested"
+          r"|ResolvePackageNotFound|No solution found when resolving dependencies"),
     _rule("launch_env_missing", CAUSE,
           r"environment variable (?:RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|LOCAL_RANK) "
           r"expected, but not set|KeyError: '(?:RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE"
@@ -179,6 +221,9 @@ RULES: tuple[Rule, ...] = (
           r"(?:Segmentation|Bus|Illegal|Floating)"),
     _rule("segfault", TIMEOUT, r"terminate called after throwing|Fatal Python error: Aborted"
           r"|SIGABRT|Signal 6 \(|Aborted \(core dumped\)"),
+    _rule("scheduler_refusal", CAUSE, r"Batch job submission failed|Unable to allocate "
+          r"resources|sbatch refused the job|Memory specification can not be satisfied"
+          r"|Invalid generic resource \(gres\) specification"),
     _rule("time_limit", CAUSE, r"DUE TO TIME LIMIT|[Tt]ime limit (?:reached|exceeded)"),
     _rule("node_failure", CAUSE, r"DUE TO NODE FAILURE|Node failure on|NODE_FAIL"
           r"|Communication connection failure|not responding, setting DOWN"),
@@ -190,6 +235,13 @@ RULES: tuple[Rule, ...] = (
           r"|remote process exited|Job step aborted|forcing job termination|Force Terminated"
           r"|_step_signal|KeyboardInterrupt"),
 )  # fmt: skip
+
+# What an environment build could not find (uv, pip, micromamba), for the summary.
+PACKAGE_MISSING = re.compile(
+    r"(?P<a>[\w.\-\[\]]+) was not found in the package registry|there is no version of "
+    r"(?P<b>\S+?)(?:,| and |$)|No matching distribution found for (?P<c>\S+)"
+    r"|nothing provides requested (?P<d>\S+)|satisfies the requirement (?P<e>\S+)"
+)
 
 # Lines that look like errors but are warnings or notes (never evidence of a cause).
 BENIGN = re.compile(

@@ -34,6 +34,10 @@ from trebuchet.diagnose.classify import Finding, Hit, classify
 from trebuchet.diagnose.sources import Case, Unit
 
 NO_TS = float("inf")
+# A time limit reached after the ranks wrote nothing for this long, or for this share of
+# the attempt (whichever is shorter), is called likely hung.
+HUNG_SILENCE_S = 600.0
+HUNG_SHARE = 0.5
 LOOPBACK = re.compile(r"\b127\.\d+\.\d+\.\d+|\[::1\]")
 
 
@@ -51,10 +55,11 @@ class Diagnosis:
     source: str = ""
     notes: list[str] = field(default_factory=list)
     run: dict[str, Any] | None = None
+    fix: str | None = None  # the catalog's remedy fitted to this run (fit_remedy)
 
     @property
     def remedy(self) -> str:
-        return catalog.REMEDIES.get(self.category or "", "")
+        return self.fix or catalog.REMEDIES.get(self.category or "", "")
 
     def root_json(self) -> dict[str, Any] | None:
         if self.category is None:
@@ -151,33 +156,123 @@ def _hit_diag(u: Unit | None, hit: Hit) -> Diagnosis:
                      u.log if u else None)  # fmt: skip
 
 
+def _clock(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+def _time_limit_diag(run: dict[str, Any]) -> Diagnosis:
+    """The time limit, and how long before it the ranks had gone silent: a run that wrote
+    nothing for most of its attempt (or for HUNG_SILENCE_S) was likely hung, not slow."""
+    from trebuchet.spec.duration import human
+
+    attempt = int(run.get("attempt") or 0) + 1  # shown from 1, as `treb status` lists them
+    limit = run.get("timeout")
+    text = f"attempt {attempt} reached its time limit"
+    if limit:
+        text += f" of {limit:g} s (timeout:)"
+    evidence = [text]
+    end, start, last = run.get("attempt_ended_at"), run.get("attempt_started_at"), run.get(
+        "last_output")  # fmt: skip
+    if not (end and last):
+        return Diagnosis("time_limit", text + "; every rank was stopped", evidence=evidence)
+    at, whose, line = last
+    silent = max(0.0, end - at)
+    ran = end - start if start else None
+    said = f": {line}" if line else " (no output at all)"
+    evidence.append(f"last output: {whose} at {_clock(at)}, {human(silent)} before the end{said}")
+    if ran is None or silent < min(HUNG_SILENCE_S, HUNG_SHARE * ran) or silent < 1.0:
+        return Diagnosis("time_limit", text + "; every rank was stopped", evidence=evidence)
+    summary = (f"{text}; no rank had written anything for the last {human(silent)} of its "
+               f"{human(ran)} (since {_clock(at)}): likely hung")  # fmt: skip
+    return Diagnosis("time_limit", summary, evidence=evidence, fix=catalog.TIME_LIMIT_SILENT)
+
+
+def _refusal_diag(run: dict[str, Any]) -> Diagnosis:
+    """sbatch refused the job: what it asked for, and what the partitions have."""
+    reason = str(run.get("reason"))  # "sbatch refused the job[ array]: sbatch: error: ..."
+    what, _, said = reason.partition(": ")
+    why = said.rsplit("Batch job submission failed: ", 1)[-1].rsplit("error: ", 1)[-1]
+    refusal = run.get("refusal") or {}
+    evidence = [reason]
+    if refusal.get("asked"):
+        evidence.append("the job asked for: " + " ".join(refusal["asked"]))
+    fix = None
+    parts = refusal.get("partitions")
+    if parts:
+        here = "partitions here, as sinfo says: " + "; ".join(parts)
+        fix = catalog.REMEDIES["scheduler_refusal"].replace(catalog.SINFO_HINT, here)
+    return Diagnosis("scheduler_refusal", f"{what}: {why}", evidence=evidence, fix=fix)
+
+
+def _lost_diag(run: dict[str, Any]) -> Diagnosis:
+    """No outcome was recorded: the supervisor vanished (local), or the job left Slurm's
+    queue without one (the attempt's reason says what to check)."""
+    if run.get("backend") != "slurm":
+        host = run.get("host") or "its host"
+        text = (f"the run's supervisor (pid {run.get('supervisor_pid') or '?'} on {host}) "
+                "vanished without recording an outcome")  # fmt: skip
+        return Diagnosis("node_failure", text + ": the host went down or the launcher was "
+                         "killed", evidence=[text])  # fmt: skip
+    job = run.get("backend_id")
+    reason = run.get("reason") or ""
+    evidence = [f"attempt {int(run.get('attempt') or 0) + 1}: {reason}"] if reason else []
+    if not job:
+        return Diagnosis("node_failure", "the run never reached sbatch (treb run was stopped "
+                         "before submitting it): no Slurm job ran", evidence=evidence)  # fmt: skip
+    batch = run.get("batch_log")
+    if batch is None:
+        evidence.append("batch.log: absent (the job never started, or wrote elsewhere)")
+    else:
+        evidence += [f"batch.log: {ln}" for ln in batch[-3:]] or ["batch.log: empty"]
+    summary = (
+        f"Slurm job {job} left the queue without an outcome record: Slurm no longer knows "
+        "it (squeue, sacct) and the job wrote no result into the run directory"
+    )
+    fix = catalog.SLURM_JOB_LOST.replace("JOB", str(job))
+    return Diagnosis("node_failure", summary, evidence=evidence, fix=fix)
+
+
 def _state_diag(case: Case) -> Diagnosis | None:
     run = case.run or {}
     state = run.get("state")
     when = run.get("ended_at")
-    at = time.strftime(" at %H:%M:%S", time.localtime(when)) if when else ""
+    at = f" at {_clock(when)}" if when else ""
     attempt = int(run.get("attempt") or 0) + 1  # shown from 1, as `treb status` lists them
     if state == "CANCELLED":
         why = f"attempt {attempt}: {run.get('reason') or 'cancel'}"
         return Diagnosis("cancelled", f"the run was cancelled{at} (treb cancel, Ctrl+C or a "
                          "signal to the launcher); nothing failed", evidence=[why])  # fmt: skip
     if state == "TIMEOUT":
-        limit = run.get("timeout")
-        text = f"attempt {attempt} reached its time limit"
-        if limit:
-            text += f" of {limit:g} s (timeout:)"
-        return Diagnosis("time_limit", text + "; every rank was stopped", evidence=[text])
+        return _time_limit_diag(run)
     ff = run.get("first_failure") or {}
     if ff.get("label") == "disk":  # the supervisor stopped the run: it could not write
         text = str(ff.get("message") or "no space left on device")
         return Diagnosis("disk_full", f"the run was stopped{at}: {text}", evidence=[text])
     if state == "LOST" and not run.get("first_failure"):
-        host = run.get("host") or "its host"
-        text = (f"the run's supervisor (pid {run.get('supervisor_pid') or '?'} on {host}) "
-                "vanished without recording an outcome")  # fmt: skip
-        return Diagnosis("node_failure", text + ": the host went down or the launcher was "
-                         "killed", evidence=[text])  # fmt: skip
+        return _lost_diag(run)
+    if state == "FAILED" and str(run.get("reason") or "").startswith("sbatch refused"):
+        return _refusal_diag(run)
     return None
+
+
+def _env_diag(u: Unit) -> Diagnosis:
+    """The environment build failed before any rank started: the package the installer
+    could not find when its log says so, else the build's own message."""
+    finding = u.finding
+    hits = [h for h in (finding.hits if finding else []) if h.category == "environment_build"]
+    evidence = [ln for ln in u.last_lines if ln.startswith("$ ")][-1:]
+    for h in hits:
+        m = catalog.PACKAGE_MISSING.search(h.line.text)
+        if m:
+            pkg = next(g for g in m.groups() if g)
+            evidence.append(h.line.raw)
+            summary = f"the environment build failed: {pkg} was not found in the package index"
+            return Diagnosis("environment_build", summary + " (nothing ran)", None, None,
+                             evidence, log=u.log)  # fmt: skip
+    errors = [ln.raw for ln in (finding.errors if finding else [])]
+    evidence += errors[-4:] or u.last_lines[-3:]
+    message = u.lines[-1].text.removeprefix("treb: ") if u.lines else "environment build failed"
+    return Diagnosis("environment_build", message, None, None, evidence, log=u.log)
 
 
 def _timeout_diag(case: Case, timed: list[tuple[Unit | None, Hit]]) -> tuple[Diagnosis, set[int]]:
@@ -241,6 +336,43 @@ def _timeout_diag(case: Case, timed: list[tuple[Unit | None, Hit]]) -> tuple[Dia
     return d, missing
 
 
+def _logs_hint(d: Diagnosis, case: Case) -> str:
+    """Where the root cause's whole output is: `treb logs` of this run and rank, or the
+    file to read for logs from elsewhere."""
+    run = case.run or {}
+    root = next((u for u in case.units if d.roles.get(id(u)) == "root_cause"), None)
+    rank = d.rank if d.rank is not None else (root.rank if root else None)
+    if case.in_store and run.get("id") and not (root and root.label == "environment"):
+        cmd = f"treb logs {run['id']}"
+        if rank is not None:
+            cmd += f" --rank {rank}"
+        elif root is not None and root.node is not None and str(root.node).isdigit():
+            cmd += f" --node {root.node}"
+        if run.get("attempt", 0) != run.get("latest_attempt", run.get("attempt", 0)):
+            cmd += f" --attempt {run['attempt'] + 1}"  # from 1, as treb logs counts
+        return f"`{cmd}` has its whole output"
+    log = d.log or (root.log if root else None)
+    if not log:
+        return "the logs read have its whole output"
+    shared = sum(1 for u in case.units if u.log == log) > 1
+    if shared and rank is not None:
+        return f"{log} has its whole output, in the lines of rank {rank}"
+    return f"{log} has its whole output"
+
+
+def fit_remedy(d: Diagnosis, case: Case) -> None:
+    """The catalog's remedy, told for this run: where its logs are, and no CUDA advice for
+    a crash on a run without GPUs."""
+    if d.category is None:
+        return
+    fix = d.remedy
+    if d.category == "segfault" and (case.run or {}).get("gpus") == 0:
+        fix = catalog.SEGFAULT_CPU
+    if catalog.LOGS_HINT in fix:
+        fix = fix.replace(catalog.LOGS_HINT, _logs_hint(d, case))
+    d.fix = fix
+
+
 def decide(case: Case) -> Diagnosis:
     d = _decide(case)
     if d.category == "missing_file" and case.run and case.run.get("run_dir"):
@@ -249,10 +381,15 @@ def decide(case: Case) -> Diagnosis:
         why = why_missing(Path(case.run["run_dir"]), [d.summary, *d.evidence])
         if why:
             d.summary += f"; {why}"
+    fit_remedy(d, case)
     if d.category == "network_unreachable":  # what the logs say about interfaces
         hints = [ln.raw for u in case.units for ln in u.lines if "IFNAME" in ln.text]
         hints += [ln.raw for ln in case.unattributed if "IFNAME" in ln.text]
         d.evidence += [h for h in dict.fromkeys(hints) if h not in d.evidence][:2]
+    if d.category == "scheduler_refusal":  # srun says why in one line, what it refused in another
+        lines = [h.line.raw for u in case.units if u.finding for h in u.finding.hits
+                 if h.category == "scheduler_refusal"]  # fmt: skip
+        d.evidence += [ln for ln in dict.fromkeys(lines) if ln not in d.evidence][:3]
     return d
 
 
@@ -293,6 +430,10 @@ def _decide(case: Case) -> Diagnosis:
         if ordered:
             first = min(ordered, key=lambda u: u.order or 0)
     fbest = first.finding.best if first and first.finding else None
+    if first is not None and first.label == "environment":
+        d = _env_diag(first)
+        _finish(d, case, first)
+        return d
 
     # 2. the first failure explains itself
     if first and fbest and fbest.strength == CAUSE:

@@ -35,6 +35,7 @@ def diagnose_record(store: Any, rec: Any) -> Diagnosis:
         ff = rec.first_failure or {}
         a = attempts.get(ff.get("attempt", rec.attempt)) or {}
         run["reason"] = a.get("reason")
+        run["attempt_started_at"], run["attempt_ended_at"] = a.get("started_at"), a.get("ended_at")
         return diagnose_run(run, store.procs(rec.id))
     return diagnose_run(run)
 

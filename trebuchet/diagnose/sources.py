@@ -102,6 +102,7 @@ class Case:
     first_failure: int | None = None  # index into units of the launcher's first failure
     failure_pos: int | None = None  # position of the first task failure line (merged logs)
     notes: list[str] = field(default_factory=list)
+    in_store: bool = False  # a run the store knows: `treb logs RUN` reads its logs
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -378,7 +379,89 @@ def _read_json(path: Path) -> Any:
 
 
 def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and (path / "plan.json").is_file() or any(path.glob("attempt-*/"))
+    """A trebuchet run directory (a Slurm run sbatch refused has no plan, no attempts, but
+    its events.jsonl)."""
+    if not path.is_dir():
+        return False
+    marks = ("plan.json", "events.jsonl")
+    return any((path / m).is_file() for m in marks) or any(path.glob("attempt-*/"))
+
+
+def _gpus(run_dir: Path, plan: dict[str, Any]) -> int | None:
+    """GPUs per node the run had (the plan's TREB_NGPUS, else the resolved spec's
+    gpus_per_node when it is a count); None when not known (gpus_per_node: -1 on Slurm)."""
+    procs = plan.get("procs") or []
+    ngpus = (procs[0].get("env") or {}).get("TREB_NGPUS") if procs else None
+    if ngpus is not None and str(ngpus).isdigit():
+        return int(ngpus)
+    try:
+        text = (run_dir / "spec.yaml").read_text()
+    except OSError:
+        return None
+    m = re.search(r"^gpus_per_node: (-?\d+)\s*$", text, re.M)
+    return int(m.group(1)) if m and int(m.group(1)) >= 0 else None
+
+
+def last_output(adir: Path) -> tuple[float, str, str] | None:
+    """(time, whose, last line) of the attempt's latest write to a rank log (node logs
+    under launcher: none); None when no log was written. A rank that wrote nothing counts
+    from its log's creation."""
+    found: tuple[float, str, str] | None = None
+    logs = sorted(adir.glob("rank-*.log")) or sorted(adir.glob("node-*.log"))
+    for log in logs:
+        try:
+            st = log.stat()
+        except OSError:
+            continue
+        if found is None or st.st_mtime > found[0]:
+            last = scanner.scan(log).last_lines if st.st_size else []
+            whose = log.stem.replace("-", " ")
+            found = (st.st_mtime, whose, last[-1] if last else "")
+    return found
+
+
+def _event_reason(run_dir: Path) -> str | None:
+    """Why a run ended before any rank started (sbatch refused it, its environment build
+    failed), from events.jsonl: for a run directory read without the store."""
+    reason = None
+    try:
+        lines = (run_dir / "events.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if ev.get("event") == "sbatch_failed":
+            reason = ev.get("reason")
+        elif ev.get("event") == "environment_failed":
+            reason = f"environment build failed: {ev.get('error')}"
+    return reason
+
+
+def _environment_unit(log: Path, message: str, ended_at: float | None) -> Unit:
+    lines, last = _scan_lines(log)
+    lines.append(parse(f"treb: environment build failed: {message}", len(lines)))
+    return Unit(rank=None, label="environment", exit_code=1, log=str(log), lines=lines,
+                last_lines=last, ended_at=ended_at, order=0)  # fmt: skip
+
+
+def _refusal(run_dir: Path) -> dict[str, Any]:
+    """What a job sbatch refused asked for (its #SBATCH lines) and what the partitions have
+    (sinfo, now: the user fixes the spec against what exists when they read this)."""
+    import os
+
+    from trebuchet.backends.slurm_checks import partitions
+
+    try:
+        script = (run_dir / "submit.sbatch").read_text().splitlines()
+    except OSError:
+        script = []
+    asked = [ln.split(None, 1)[1] for ln in script if ln.startswith("#SBATCH ")]
+    plumbing = ("--output", "--open-mode", "--job-name", "--no-requeue", "--requeue", "--signal")
+    asked = [a for a in asked if not a.startswith(plumbing)]
+    return {"asked": asked, "partitions": partitions(os.environ)}
 
 
 def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> Case:
@@ -388,8 +471,11 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
     attempt = ff.get("attempt", run.get("attempt", 0)) if ff else run.get("attempt", 0)
     adir = run_dir / f"attempt-{attempt}"
     plan = _read_json(run_dir / "plan.json") or {}
-    case = Case(source=f"run {run.get('id', run_dir.name)}", run={**run, "attempt": attempt})
+    case = Case(source=f"run {run.get('id', run_dir.name)}", run={**run, "attempt": attempt},
+                in_store=True)  # fmt: skip
     case.run["timeout"] = plan.get("timeout")
+    case.run["latest_attempt"] = run.get("attempt", 0)
+    case.run["gpus"] = _gpus(run_dir, plan)
     launcher = run.get("launcher") or plan.get("launcher", "native")
     ppn = int(run.get("procs_per_node") or plan.get("procs_per_node") or 1)
     outcomes: dict[str, dict[str, Any]] = {}
@@ -403,13 +489,19 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
             continue
         name = f"rank-{row['rank']}" if row.get("rank") is not None else f"node-{row['node']}"
         outcomes.setdefault(name, {**row, "stopped_by_launcher": bool(row["stopped_by_launcher"])})
+    reason = run.get("reason") or ""
+    env_log = run_dir / "environment.log"
     if ff and ff.get("label") == "environment":
-        lines, last = _scan_lines(Path(ff["log"]))
         msg = ff.get("message") or "environment build failed"
-        lines.append(parse(f"treb: environment build failed: {msg}", len(lines)))
-        u = Unit(rank=None, label="environment", exit_code=1, log=ff["log"], lines=lines,
-                 last_lines=last, ended_at=ff.get("ended_at"), order=0)  # fmt: skip
-        case.units = [u]
+        case.units = [_environment_unit(Path(ff["log"]), msg, ff.get("ended_at"))]
+        case.first_failure = 0
+        return case
+    if not ff and reason.startswith("sbatch refused"):
+        case.run["refusal"] = _refusal(run_dir)
+        return case
+    if not ff and reason.startswith("environment build failed") and env_log.is_file():
+        msg = reason.removeprefix("environment build failed").lstrip(": ") or "see its log"
+        case.units = [_environment_unit(env_log, msg, run.get("ended_at"))]  # Slurm: built here
         case.first_failure = 0
         return case
     units: list[Unit] = []
@@ -472,6 +564,17 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
                 u.order = 0
                 break
     case.multi_host = False if not _remote(run.get("backend") or "local") else None
+    if run.get("state") == "TIMEOUT":
+        starts = [o["started_at"] for o in outcomes.values() if o.get("started_at")]
+        ends = [o["ended_at"] for o in outcomes.values() if o.get("ended_at")]
+        case.run["attempt_started_at"] = run.get("attempt_started_at") or (
+            min(starts) if starts else run.get("started_at"))  # fmt: skip
+        case.run["attempt_ended_at"] = run.get("attempt_ended_at") or (
+            max(ends) if ends else run.get("ended_at"))  # fmt: skip
+        case.run["last_output"] = last_output(adir)
+    if run.get("state") == "LOST" and run.get("backend") == "slurm":
+        batch = run_dir / "batch.log"
+        case.run["batch_log"] = scanner.scan(batch).last_lines if batch.is_file() else None
     return case
 
 
@@ -500,12 +603,16 @@ def run_dir_case(path: Path) -> Case:
             continue
         if first is None or (o.get("ended_at") or 0) < (first.get("ended_at") or 0):
             first = {**o, "attempt": attempt}
+    reason = None if first else _event_reason(path)
     run = {
         "id": path.name, "run_dir": str(path), "attempt": attempt, "first_failure": first,
         "launcher": plan.get("launcher", "native"), "procs_per_node": plan.get("procs_per_node"),
-        "state": "FAILED" if first else None, "name": plan.get("run_id", path.name),
+        "state": "FAILED" if first or reason else None, "name": plan.get("run_id", path.name),
+        "reason": reason,
     }  # fmt: skip
-    return run_case(run)
+    case = run_case(run)
+    case.in_store = False  # read from a path: its logs are files, not `treb logs` of a run
+    return case
 
 
 def paths_case(paths: list[Path]) -> Case:
