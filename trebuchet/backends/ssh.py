@@ -137,6 +137,9 @@ def node_script(info: dict[str, Any], node: int, attempt: int) -> str:
         "TREB_RUN_DIR": info["remote_run_dir"],
         "TREB_ATTEMPT": str(attempt),
         "TREB_NODE_STDIN": "1",
+        # ranks started by bash would source ~/.bashrc again (bash does so when it sees
+        # SSH_CLIENT at level 1), undoing ssh.setup's PATH: the login shell did it once
+        "SHLVL": "1",
     }
     del env["TREB_RUN_DIR"]  # from the run folder itself: a relative remote_dir is $HOME's
     lines = [
