@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml examples/digits-ddp/requirements.txt | cksum | cut -d' ' -f1)
 
-.PHONY: test test-fast lint bench bench-slurm clean
+.PHONY: test test-fast lint bench bench-slurm bench-ssh clean
 
 # SkyPilot's own task parser checks `treb render --on skypilot` (about 300 MB, so in a venv of
 # its own and not in the `test` extra); uv builds it in seconds.
@@ -23,14 +23,15 @@ $(STAMP): pyproject.toml examples/digits-ddp/requirements.txt
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-# The Slurm test cluster is started for the suite and always taken down after it
-# (scripts/with-slurm-cluster); in CI a cluster that cannot start fails the run.
+# The Slurm test cluster and the two ssh test hosts are started for the suite and always
+# taken down after it (scripts/with-slurm-cluster, scripts/with-ssh-hosts); in CI a service
+# that cannot start fails the run.
 test: $(STAMP) $(SKY_VENV)/.installed-0.14.1
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	scripts/system-deps
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TREB_SKYPILOT_PYTHON="$(CURDIR)/$(SKY_VENV)/bin/python" \
-		scripts/with-slurm-cluster $(PY) -m pytest -q
+		scripts/with-slurm-cluster scripts/with-ssh-hosts $(PY) -m pytest -q
 
 test-fast: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -m "not integration"
@@ -50,6 +51,10 @@ bench: $(STAMP)
 bench-slurm: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/with-slurm-cluster $(PY) bench/slurm_submit.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/with-slurm-cluster $(PY) bench/slurm_scale.py
+
+# `treb run --on ssh` against a hand-written ssh loop, on the ssh test hosts.
+bench-ssh: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/with-ssh-hosts $(PY) bench/ssh_launch.py
 
 clean:
 	rm -rf $(VENV) $(SKY_VENV) .pytest_cache

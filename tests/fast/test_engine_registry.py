@@ -25,7 +25,7 @@ from trebuchet.cli.main import main
 from trebuchet.store.db import Store
 
 ENGINES = Path(__file__).resolve().parent.parent / "fixtures" / "engines"
-BUILTIN = "local, slurm, skypilot, kubernetes"
+BUILTIN = "local, slurm, skypilot, ssh, kubernetes"
 
 
 @pytest.fixture
@@ -147,4 +147,4 @@ def test_listing_engines_imports_no_engine_module(tmp_path: Path) -> None:
                          env=_child_env(tmp_path), check=True)  # fmt: skip
     modules, listed = (json.loads(x) for x in res.stdout.splitlines())
     assert modules == ["trebuchet.backends.base"]
-    assert listed == ["local", "slurm", "skypilot", "kubernetes", "tiny"]
+    assert listed == ["local", "slurm", "skypilot", "ssh", "kubernetes", "tiny"]

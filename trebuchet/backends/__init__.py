@@ -7,7 +7,7 @@ others come from installed packages through the `trebuchet.engines` entry point 
 where each entry point is registered as `register(entry_point.name, entry_point.value)`:
 
     [project.entry-points."trebuchet.engines"]
-    ssh = "trebuchet_ssh:SshEngine"
+    myengine = "trebuchet_myengine:MyEngine"
 
 An engine's block of options in the spec (`slurm:`, ...) is its `options` model, or the
 `module:attribute` given at registration (the built-ins: their engine modules stay free
@@ -51,6 +51,9 @@ BUILTIN = (
         "skypilot",
         "trebuchet.backends.skypilot:BACKEND",
         "trebuchet.backends.skypilot_options:SkyPilot",
+    ),
+    Registration(  # one node agent per host over ssh, supervised here
+        "ssh", "trebuchet.backends.ssh:BACKEND", "trebuchet.backends.ssh_options:Ssh"
     ),
     Registration(  # an indexed Job and a headless Service
         "kubernetes",

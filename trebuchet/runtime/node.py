@@ -12,6 +12,11 @@ forwarded; the spec's timeout is enforced here, with the checkpoint signal befor
 locally. Those engines keep what a node prints (`sky logs`, `kubectl logs`), so the ranks'
 logs are also copied to stdout, line by line with their label (logcopy.py).
 
+Started over ssh (the ssh engine sets TREB_NODE_STDIN=1), stdin is the session: its first
+line is a JSON object of the secrets' values (never on a command line, where `ps` shows
+them), and its end (the ssh connection dropped, the submitting `treb` died, or the engine
+closed it to cancel) stops the node as SIGTERM does: nothing outlives its session.
+
 Exit code: the first failure's; 124 when the timeout stopped the node (as coreutils
 `timeout`, which it replaces, said); 2 when the engine's lines left a variable unset or a
 secret is missing.
@@ -20,9 +25,11 @@ secret is missing.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -161,9 +168,39 @@ class Limit:
         return False
 
 
+def session_stdin() -> str | None:
+    """TREB_NODE_STDIN=1 (the ssh engine): read the secrets' line, then watch stdin in a
+    thread that sends this process SIGTERM at its end. Why not wait for SIGHUP: without a
+    terminal, sshd sends none when the connection goes. Returns why stdin is unusable."""
+    if os.environ.get("TREB_NODE_STDIN") != "1":
+        return None
+    line = b""
+    while not line.endswith(b"\n"):  # byte by byte: nothing read ahead of the line
+        byte = os.read(0, 1)
+        if not byte:
+            break
+        line += byte
+    try:
+        values = json.loads(line or b"{}")
+    except ValueError:
+        return "the first line of stdin is not the secrets' JSON object"
+    if not isinstance(values, dict):
+        return "the first line of stdin is not the secrets' JSON object"
+    os.environ.update({str(k): str(v) for k, v in values.items()})
+
+    def watch() -> None:  # the raw fd: a buffered reader's lock would block the exit
+        with contextlib.suppress(OSError):
+            while os.read(0, 4096):
+                pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="treb-session", daemon=True).start()
+    return None
+
+
 def node(job: dict[str, Any]) -> int:
     """Run this node's processes to their end (the verb's docstring, above)."""
-    why = missing_placement(dict(os.environ))
+    why = session_stdin() or missing_placement(dict(os.environ))
     if why:
         say(f"node: {why}")
         return 2

@@ -1,0 +1,178 @@
+"""`treb run --on ssh` on two real sshd hosts (tests/ssh_hosts/hosts.sh: network namespaces
+ts1, ts2 with their own addresses and hostnames, each running Debian's sshd).
+
+The hosts share this machine's filesystem and PID space, so "nothing left behind" is
+checked by listing every process that carries the run's TREB_RUN_ID (the agents, the
+ranks and their children, on both hosts), not by trusting the records. Most tests force
+the copy path (ssh.shared_dir: none) so the no-shared-filesystem code runs; one lets the
+engine detect the shared run directory. Locally they skip without the hosts; in CI
+(`make test` starts them) a missing host is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, TrebFn, in_ci, status_json, write_spec
+from trebuchet.runtime.procs import processes_of_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.ssh]
+
+HOSTS = REPO / "tests" / "ssh_hosts" / "hosts.sh"
+PY = sys.executable  # has torch; absolute, so ~/.bashrc on the hosts cannot shadow it
+
+
+@pytest.fixture(scope="session")
+def ssh_config() -> str:
+    conf = os.environ.get("TREB_SSH_CONFIG")
+    if not conf:
+        out = subprocess.run(["bash", str(HOSTS), "env"], capture_output=True, text=True)
+        conf = out.stdout.split("TREB_SSH_CONFIG=")[-1].split()[0] if out.stdout else ""
+    res = subprocess.run(["bash", str(HOSTS), "status"], capture_output=True, text=True,
+                         env={**os.environ, "TREB_SSH_CONFIG": conf}, timeout=60)  # fmt: skip
+    if res.returncode != 0 or not Path(conf).is_file():
+        msg = f"ssh test hosts not up: {res.stdout.strip()} (start them: {HOSTS} up)"
+        if in_ci():
+            pytest.fail(f"CI needs the ssh test hosts: {msg}")
+        pytest.skip(msg)
+    return conf
+
+
+def spec(tmp_path: Path, conf: str, command: str, extra: str = "", copy: bool = True) -> Path:
+    shared = f"shared_dir: none, remote_dir: {tmp_path / 'remote'}, " if copy else ""
+    return write_spec(tmp_path / "job", f"""\
+name: ssh-test
+command: {json.dumps(command)}
+nodes: 2
+procs_per_node: 2
+grace_period: 2
+ssh: {{hosts: [ts1, ts2], config_file: {conf}, {shared}}}
+{extra}""")  # fmt: skip
+
+
+def wait_for(cond, timeout: float = 60.0, what: str = "") -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if cond():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def assert_nothing_left(run_id: str) -> None:
+    """No process with the run's id on either host (they share this PID space)."""
+    wait_for(lambda: not processes_of_run(run_id), 30, f"the processes of run {run_id} to end")
+
+
+def ranks_started(run_id: str) -> bool:
+    """The 2 agents and 4 `sleep` ranks run (what carries the run's id, on both hosts)."""
+    return len(processes_of_run(run_id)) >= 6
+
+
+def detached(treb: TrebFn, path: Path) -> str:
+    res = treb("run", str(path), "--on", "ssh", "--detach")
+    assert res.returncode == 0, res.stderr
+    return status_json(treb)["id"]
+
+
+def test_digits_ddp_two_hosts_two_ranks(treb: TrebFn, ssh_config: str, tmp_path: Path) -> None:
+    job = REPO / "examples" / "digits-ddp" / "job.yaml"
+    res = treb(
+        "run", str(job), "--on", "ssh", "-o", "nodes=2", "-o", "ssh.hosts=[ts1, ts2]",
+        "-o", f"ssh.config_file={ssh_config}", "-o", "ssh.shared_dir=none",
+        "-o", f"ssh.remote_dir={tmp_path / 'remote'}", "-o", "env.GLOO_SOCKET_IFNAME=eth0",
+        "-o", f"command={PY} train.py --epochs 2",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    st = status_json(treb)
+    assert st["state"] == "SUCCEEDED"
+    run_dir = Path(st["run_dir"])
+    # the code went to each host's per-run folder (here the same disk, one folder)
+    assert (tmp_path / "remote" / st["id"] / "code" / "train.py").is_file()
+    hosts = {json.loads((run_dir / "attempt-0" / f"rank-{r}.json").read_text())["host"]
+             for r in range(4)}  # fmt: skip
+    assert hosts == {"ts1", "ts2"}
+    assert "accuracy:" in (run_dir / "attempt-0" / "rank-0.log").read_text()
+    assert "code copied to 2 host(s) by rsync" in res.stderr
+    logs = treb("logs", "--rank", "3")
+    assert logs.returncode == 0 and "Traceback" not in logs.stdout
+
+
+def test_failing_rank_on_second_host_is_named(
+    treb: TrebFn, ssh_config: str, tmp_path: Path
+) -> None:
+    cmd = 'if [ "$RANK" = 3 ]; then sleep 1; echo boom >&2; exit 7; fi; exec sleep 120'
+    res = treb("run", str(spec(tmp_path, ssh_config, cmd)), "--on", "ssh")
+    assert res.returncode == 1, res.stderr
+    st = status_json(treb)
+    ff = st["first_failure"]
+    assert (ff["rank"], ff["host"], ff["exit_code"]) == (3, "ts2", 7), ff
+    assert "rank 3 (node 1, local rank 1) on ts2 exited with code 7" in res.stderr
+    assert "boom" in Path(ff["log"]).read_text()  # the exact log, fetched from the host
+    assert_nothing_left(st["id"])
+
+
+def test_cancel_leaves_nothing_on_either_host(
+    treb: TrebFn, ssh_config: str, tmp_path: Path, treb_home: Path
+) -> None:
+    rid = detached(treb, spec(tmp_path, ssh_config, "sleep 300 & wait"))
+    wait_for(lambda: ranks_started(rid), 60, "4 ranks")
+    res = treb("cancel", rid)
+    assert res.returncode == 0, res.stderr
+    assert status_json(treb, rid)["state"] == "CANCELLED"
+    assert_nothing_left(rid)
+
+
+def test_connection_drop_stops_both_hosts(
+    treb: TrebFn, ssh_config: str, tmp_path: Path, treb_home: Path
+) -> None:
+    rid = detached(treb, spec(tmp_path, ssh_config, "exec sleep 300"))
+    wait_for(lambda: ranks_started(rid), 60, "4 ranks")
+    sup = status_json(treb, rid)["supervisor_pid"]
+    # node 1's session: the supervisor's ssh child that talks to ts2
+    out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(sup)], capture_output=True,
+                         text=True).stdout  # fmt: skip
+    pids = [int(line.split()[0]) for line in out.splitlines() if " ts2 sh -c " in line]
+    assert len(pids) == 1, out
+    os.kill(pids[0], signal.SIGKILL)
+    wait_for(lambda: status_json(treb, rid)["state"] == "FAILED", 60, "the run to fail")
+    ff = status_json(treb, rid)["first_failure"]
+    assert ff["host"] == "ts2" and "connection to ts2 was lost" in ff["message"], ff
+    assert_nothing_left(rid)
+
+
+def test_submitter_killed_leaves_nothing(
+    treb: TrebFn, ssh_config: str, tmp_path: Path, treb_home: Path
+) -> None:
+    rid = detached(treb, spec(tmp_path, ssh_config, "exec sleep 300", copy=False))
+    wait_for(lambda: ranks_started(rid), 60, "4 ranks")
+    os.kill(status_json(treb, rid)["supervisor_pid"], signal.SIGKILL)
+    assert_nothing_left(rid)  # each agent saw its session's stdin end
+    events = (treb_home / "runs" / rid / "events.jsonl").read_text()
+    assert "nothing copied" in events  # the shared run directory was detected
+
+
+def test_hostile_values_travel_intact(
+    treb: TrebFn, ssh_config: str, tmp_path: Path, treb_home: Path
+) -> None:
+    canary = tmp_path / "injected"
+    hostile = f"a b 'q' \"d\" $(touch {canary}); `touch {canary}` ;touch {canary}\nline2 \\ $HOME"
+    cmd = f'printf "%s|%s" "$WEIRD" "$TOKEN" > {tmp_path}/out-$RANK'
+    extra = f"env: {{WEIRD: {json.dumps(hostile)}}}\nsecrets: [TOKEN]\n"
+    path = spec(tmp_path, ssh_config, cmd, extra)
+    res = treb("run", str(path), "--on", "ssh", env={"TOKEN": hostile + "-secret"})
+    assert res.returncode == 0, res.stderr
+    for r in range(4):
+        assert (tmp_path / f"out-{r}").read_text() == f"{hostile}|{hostile}-secret"
+    assert not canary.exists()
+    rid = status_json(treb)["id"]
+    for name in ("ssh.json", "job.json", "events.jsonl", "spec.yaml"):  # never on disk
+        assert "-secret" not in (treb_home / "runs" / rid / name).read_text()
