@@ -145,10 +145,16 @@ cmd_up() {
         p="$(pid_of "$h")"
         [ -z "$p" ] || kill -TERM "$p" 2>/dev/null || true
         # nsenter, not `ip netns exec` (which remounts /sys); unshare --uts: its own hostname.
-        # shellcheck disable=SC2016  # $1/$2 are expanded by that sh
-        nsenter --net="/var/run/netns/$h" unshare --uts \
-            sh -c 'hostname "$1"; exec /usr/sbin/sshd -f "$2" -E "$3"' sh "$h" \
-            "$DIR/sshd-$h.conf" "$DIR/sshd-$h.log"
+        # unshare --mount: a host whose ~/.bashrc is empty, as on a plain server. This
+        # machine's root runs `pyenv rehash` from it at every ssh login (bash sources it for
+        # ssh commands), and a login killed mid-rehash (the connection-drop test) leaves a
+        # lock that stalls every later login for 60 s.
+        : >"$DIR/empty-bashrc"
+        # shellcheck disable=SC2016  # $1.. are expanded by that sh
+        nsenter --net="/var/run/netns/$h" unshare --uts --mount --propagation private \
+            sh -c 'hostname "$1"; if [ -f "$HOME/.bashrc" ]; then mount --bind "$4" "$HOME/.bashrc"; fi
+                   exec /usr/sbin/sshd -f "$2" -E "$3"' sh "$h" \
+            "$DIR/sshd-$h.conf" "$DIR/sshd-$h.log" "$DIR/empty-bashrc"
     done
     for h in "${HOSTS[@]}"; do
         ok=1
