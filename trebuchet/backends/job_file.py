@@ -50,6 +50,8 @@ def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> dict[str, An
         "command": command(spec, recipe),
         "grace": grace_seconds(spec),
         "checkpoint_signal": getattr(spec, "checkpoint_signal", "SIGUSR2"),
+        "hang_timeout": getattr(spec, "hang_timeout", None),
+        "on_hang": getattr(spec, "on_hang", "fail"),
         "secrets": sorted(spec.secrets),
         "spec_env": sorted(spec.env),
     }

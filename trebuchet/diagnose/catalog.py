@@ -36,6 +36,9 @@ REMEDIES: dict[str, str] = {
     "collective_timeout": "A rank never reached the collective (it crashed, hung or was "
     "slower than the timeout): look at the rank named here; raise init_process_group(timeout=) "
     "only when it is merely slow (rank 0 saving a checkpoint while the others wait).",
+    "hang": "No rank made progress for hang_timeout: look at the rank(s) apart from the "
+    "others at the frame shown (a data loader, a lock, a rank that skipped the collective); "
+    "each rank's stack is in attempt-<n>/stacks/, `treb stacks RUN` takes fresh ones.",
     "port_in_use": "Another process holds the port: drop master_port from the spec (each "
     "attempt then gets a free one) or pick a port nobody uses (`ss -ltnp` shows the holder).",
     "network_unreachable": "The ranks cannot reach each other: set GLOO_SOCKET_IFNAME / "
@@ -100,6 +103,7 @@ TITLES: dict[str, str] = {
     "killed": "killed (kernel OOM killer or kill -9)",
     "gpu_oom": "GPU out of memory (CUDA/HIP)",
     "collective_timeout": "collective or rendezvous timeout",
+    "hang": "hang (no progress for hang_timeout)",
     "port_in_use": "port already in use",
     "network_unreachable": "peers unreachable / wrong network interface",
     "missing_module": "missing module or wrong environment",

@@ -275,6 +275,14 @@ def _env_diag(u: Unit) -> Diagnosis:
     return Diagnosis("environment_build", message, None, None, evidence, log=u.log)
 
 
+def _hang_diag(case: Case) -> Diagnosis | None:
+    """An attempt stopped for a hang (diagnose/hang.py): where each rank was stuck."""
+    from trebuchet.diagnose.hang import for_run
+
+    found = for_run(case.run or {})
+    return Diagnosis("hang", **found) if found else None
+
+
 def _timeout_diag(case: Case, timed: list[tuple[Unit | None, Hit]]) -> tuple[Diagnosis, set[int]]:
     """A collective timeout: name the rank(s) that were not there, when the logs tell."""
     timed_ranks = {u.rank for u, _ in timed if u is not None and u.rank is not None}
@@ -406,9 +414,10 @@ def _decide(case: Case) -> Diagnosis:
         d = Diagnosis(None, f"run {state.lower()}: nothing to diagnose" if state else "")
         _finish(d, case, None)
         return d
-    d = _state_diag(case)
+    d = _state_diag(case) or _hang_diag(case)
     if d:
-        _finish(d, case, None)
+        _finish(d, case, next((u for u in case.units if d.rank is not None and u.rank == d.rank),
+                              None))  # fmt: skip
         return d
 
     # The scheduler's verdict on the whole job, unless a task had failed before it.

@@ -75,6 +75,8 @@ class Plan:
     grace_period: float = 5.0
     checkpoint_signal: str = "SIGUSR2"
     warning_seconds: float | None = None
+    hang_timeout: float | None = None  # runtime/hang.py; None: off
+    on_hang: str = "fail"
     log_policies: list[dict[str, Any]] = field(default_factory=list)
     hooks: list[dict[str, Any]] = field(default_factory=list)  # pre/post commands per node
     environment: dict[str, Any] | None = None  # an envs.recipe.Recipe as JSON
@@ -234,6 +236,7 @@ def local_plan(
         timeout=spec.timeout, secrets=secret_names, procs=procs, streams=streams,
         port_auto=spec.fixed_port is None, grace_period=spec.grace_period,
         checkpoint_signal=spec.checkpoint_signal, warning_seconds=spec.warning_seconds,
+        hang_timeout=spec.hang_timeout, on_hang=spec.on_hang,
         log_policies=policies_for(spec), hooks=hooks,
         environment=recipe.to_json() if recipe else None,
         path_prepend=[f"{recipe.prefix}/bin"] if recipe and recipe.kind == "venv" else [],

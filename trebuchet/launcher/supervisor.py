@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from trebuchet.launcher.plan import Plan, ProcPlan, free_port
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
 from trebuchet.launcher.watchdog import Watchdog
-from trebuchet.runtime import contain, policies, secrets
+from trebuchet.runtime import contain, hang, policies, secrets
 from trebuchet.runtime.agent import Agent, Proc
 from trebuchet.runtime.procs import (
     alive,
@@ -98,6 +98,7 @@ class Supervisor:
         self.cgroup: str | None = None
         self._adopted: set[int] = set()  # told to the watchdog
         self.policy_retries: dict[str, int] = {}
+        self.hang: dict | None = None  # this attempt's hang (runtime/hang.py), if any
         self.port = plan.master_port
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -227,6 +228,8 @@ class Supervisor:
         if self.first_failure and self.first_failure.get("log"):
             logs.insert(0, Path(self.first_failure["log"]))
         normal_used = attempt - sum(self.policy_retries.values())
+        if self.hang is not None:  # on_hang decides: retry counts against `retries`
+            return self.plan.on_hang == "retry" and normal_used < self.plan.retries
         if state != FAILED:
             return normal_used < self.plan.retries
         verdict, policy, line = policies.decide(self.plan.log_policies, logs, self.policy_retries)
@@ -268,6 +271,7 @@ class Supervisor:
             port = free_port(self.plan.master_addr)
         append_event(self.run_dir, "attempt_started", attempt=attempt, master_port=port)
         self.first_failure = None
+        self.hang = None
         self.port = port
         self.agents = []
         if not self._run_hooks("pre", adir, attempt):
@@ -287,7 +291,8 @@ class Supervisor:
         ended = time.time()
         rows = [self._proc_row(p) for p in self.procs] + self._rank_rows(adir, reason is not None)
         self.store.set_procs(rid, attempt, rows)
-        states = {"cancel": CANCELLED, "timeout": TIMEOUT, "failure": FAILED, "post": FAILED}
+        states = {"cancel": CANCELLED, "timeout": TIMEOUT, "failure": FAILED, "post": FAILED,
+                  "hang": FAILED}  # fmt: skip
         state = states.get(reason, SUCCEEDED)
         if reason is None and any(p.returncode != 0 for p in self.procs):
             state = FAILED
@@ -370,8 +375,19 @@ class Supervisor:
         warn_at = timeout_at - (self.plan.warning_seconds or 0) if timeout_at else None
         heartbeat_at = time.time() + HEARTBEAT_S
         self._warned = self._warned_stop = False
+        watch = None
+        if self.plan.hang_timeout:
+            expected = hang.expected_names(self.plan.launcher, self.plan.nodes,
+                                           self.plan.procs_per_node)  # fmt: skip
+            watch = hang.HangWatch(str(self.run_dir / f"attempt-{attempt}"),
+                                   self.plan.hang_timeout, self.plan.on_hang, expected,
+                                   started)  # fmt: skip
         while True:
             alive = any([agent.poll() for agent in self.agents])
+            if reason is None and watch is not None and alive:
+                found = watch.step()
+                if found is not None and self._on_hang(attempt, found):
+                    reason = "hang"
             if reason is None and self.first_failure:
                 reason = "failure"
             if reason is None and self._warned_stop:
@@ -419,6 +435,29 @@ class Supervisor:
             self.watchdog.adopt(pid, start_time(pid))
         if new:
             append_event(self.run_dir, "adopted", attempt=self.attempt, pids=new)
+
+
+    def _on_hang(self, attempt: int, info: dict) -> bool:
+        """A hang, its stacks in: record and say it, then act (on_hang); True when the
+        attempt is stopped for it."""
+        self.hang = info
+        action = self.plan.on_hang
+        append_event(self.run_dir, "hang", attempt=attempt, action=action,
+                     last_progress=info["last_progress"], detected_at=info["detected_at"],
+                     stacks=len(info["stacks"]))  # fmt: skip
+        from trebuchet.diagnose.hang import hang_lines
+
+        for line in hang_lines(self.run_dir / f"attempt-{attempt}"):
+            self._say(line)
+        if action == "warn":
+            self.hang = None  # the attempt goes on; hang.json and the event keep it
+            return False
+        self.store.set_attempt(self.plan.run_id, attempt, reason="hang")
+        if action == "retry":  # the checkpoint signal first; a rank it ends was stopped
+            self._warned = True
+            self.signal_ranks(self._ckpt_sig)
+        self._teardown(attempt)
+        return True
 
     def _stopped_by_warning(self, p: Proc) -> bool:
         """After the timeout warning, a rank that dies of the checkpoint signal was stopped."""

@@ -22,7 +22,9 @@ import time
 from typing import Any, Callable
 
 from . import contain, procs
+from .progress import Progress
 from .records import exit_fields, now, write_json
+from .stacks import Stacks, faulthandler_path
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 CHECKPOINT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -62,6 +64,12 @@ class Proc:
         self.ended_at: float | None = None
         self.returncode: int | None = None
         self.stopped = False
+
+    @property
+    def tracked(self) -> bool:
+        """Its progress is followed and its stacks dumped: a rank, or the user's own
+        command under launcher none (not torchrun/mpirun, nor a pre/post command)."""
+        return self.record and not self.launcher
 
     @property
     def alive(self) -> bool:
@@ -126,6 +134,8 @@ class Agent:
         self._stop = False
         self._forward: list[int] = []
         self._wake_r = -1
+        self.progress = Progress(attempt_dir)  # the agent's one log reader
+        self.stacks = Stacks(attempt_dir)
 
     # -- signals (a standalone agent; in the local supervisor, the supervisor has them) ---
     def install_signals(self) -> None:
@@ -175,6 +185,9 @@ class Agent:
     def start(self, p: Proc) -> None:
         log = os.path.join(self.adir, p.name + ".log")
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        if p.tracked:  # the contract's per-rank paths (trebuchet.dist.heartbeat/enable_stacks)
+            p.env["TREB_HEARTBEAT"] = self.progress.track(p.name)
+            p.env["TREB_STACKS_FILE"] = faulthandler_path(self.adir, p.name)
         argv = self._plain_start(p)
         try:
             if argv is not None and not procs.find_program(p.argv[0], p.env.get("PATH"), self.cwd):
@@ -251,7 +264,8 @@ class Agent:
             self.teardown()
 
     def poll(self) -> bool:
-        """One step: reap, stop on request, forward signals, SIGKILL after the grace.
+        """One step: reap, stop on request, forward signals, SIGKILL after the grace;
+        then the bounded rest (progress at most once a second, a stacks request).
         True while a process is alive."""
         self._reap()
         if self._stop:
@@ -261,7 +275,13 @@ class Agent:
             self.signal_all(self._forward.pop(0))
         if self.kill_at is not None and time.monotonic() >= self.kill_at:
             self.kill()
-        return any(p.alive for p in self.procs)
+        alive = any(p.alive for p in self.procs)
+        self.progress.step()
+        live = {p.name: p.pid for p in self.procs if p.tracked and p.alive and p.pid}
+        self.stacks.step(live)
+        if not alive:
+            self.stacks.close()
+        return alive
 
     def signal_all(self, sig: int) -> list[int]:
         """The checkpoint signal (or a forwarded USR1/USR2) to the processes that handle it,

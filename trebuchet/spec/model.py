@@ -266,6 +266,18 @@ class Spec(Block):
     grace_period: Duration = allowed(
         DURATION_ALLOWED, "between SIGTERM and SIGKILL when stopping ranks", default=5.0
     )
+    hang_timeout: Duration | None = allowed(
+        DURATION_ALLOWED,
+        "the run is hung when no rank made progress (a log line, a heartbeat) for this long "
+        "(off by default; docs/hangs.md)",
+        default=None,
+    )
+    on_hang: Literal["fail", "retry", "warn"] = allowed(
+        "one of fail, retry, warn",
+        "on a hang, after the stacks of every rank: fail the run (reason hang), retry it "
+        "(checkpoint signal, then teardown; counts against retries), or warn and go on",
+        default="fail",
+    )
     checkpoint_signal: str = allowed(
         "one of " + ", ".join(CHECKPOINT_SIGNALS),
         "signal that asks ranks to checkpoint (sent before a timeout)",
@@ -342,7 +354,7 @@ class Spec(Block):
                 raise ValueError(f"more than {MAX_SWEEP_POINTS} points in the cross product")
         return v
 
-    @field_validator("timeout", "timeout_warning", "grace_period", mode="before")
+    @field_validator("timeout", "timeout_warning", "grace_period", "hang_timeout", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> Any:
         return None if v is None else parse_duration(v)

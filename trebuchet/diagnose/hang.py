@@ -1,0 +1,303 @@
+"""A hang in words: where each rank is stuck, from the stacks the agents dumped.
+
+Each rank's file (`attempt-<n>/stacks/rank-<r>.txt`: py-spy's dump, or faulthandler's) is
+read down to its main thread's innermost frames: the innermost Python frame (`all_reduce`
+in torch), the innermost frame of the user's code (train.py:88) and the innermost native
+frame that says more than a libc wait (`c10d::Reducer::...`: DDP's backward waits there,
+not in a Python collective). Ranks are grouped by (what, where) and the grouping said in
+one line, the biggest group first:
+
+    hang: 3 of 4 ranks wait in all_reduce (train.py:14); rank 3 is in time.sleep
+    (train.py:12), silent for 21s
+
+Stdlib only (the local supervisor imports it to print a hang as it happens).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PY_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]*?):(?P<line>\d+)\)\s*$")
+NATIVE_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<lib>[^():]+)\)\s*$")
+FH_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
+PYSPY_THREAD = re.compile(r'^Thread (?P<id>\S+) \((?P<state>[^)]*)\)(?:: "(?P<name>.*)")?')
+FH_THREAD = re.compile(r"^(?P<current>Current thread|Thread) (?P<id>\S+)")
+LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python\d\.\d+/|^<frozen |^<")
+# Native frames that only say "waiting": the frame under them tells more.
+WAITS = re.compile(r"^(0x[0-9a-f]+|pthread_|__?futex|clock_nanosleep|nanosleep|__?poll|"
+                   r"epoll_|select|syscall|std::condition_variable|pybind11::|_PyEval|"
+                   r"PyObject_|cfunction_|method_vectorcall|_?PyFunction)")  # fmt: skip
+CALL = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
+NOT_CALLS = {"if", "while", "for", "return", "print", "assert", "with", "elif", "not", "and",
+             "or", "in", "lambda", "yield", "await"}  # fmt: skip
+COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "broadcast", "barrier", "reduce", "gather", "scatter",
+               "all_to_all", "all_to_all_single", "send", "recv", "monitored_barrier",
+               "all_gather_object", "broadcast_object_list", "init_process_group"}  # fmt: skip
+
+
+@dataclass
+class Frame:
+    func: str
+    file: str = ""
+    line: int = 0
+    lib: str = ""  # native frames: the shared object
+
+    @property
+    def python(self) -> bool:
+        return not self.lib
+
+    @property
+    def user(self) -> bool:
+        return self.python and not LIBRARY.search(self.file)
+
+    @property
+    def where(self) -> str:
+        return f"{os.path.basename(self.file)}:{self.line}"
+
+
+@dataclass
+class RankStack:
+    name: str  # rank-3 (node-0 under launcher none)
+    method: str = "none"
+    frames: list[Frame] = field(default_factory=list)  # the main thread's, innermost first
+    what: str = "?"
+    where: str = ""
+    native: str = ""
+    silent: float | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name.replace("-", " ")
+
+
+def parse(text: str) -> tuple[str, list[Frame]]:
+    """(method, the main thread's frames innermost first) of one stack file."""
+    method = "none"
+    m = re.search(r"^# request \S+ method (\S+(?: --native)?)", text, re.M)
+    if m:
+        method = m.group(1)
+    threads: list[tuple[str, list[Frame]]] = []
+    for raw in text.splitlines():
+        if raw.startswith("#"):
+            continue
+        t = PYSPY_THREAD.match(raw) or FH_THREAD.match(raw)
+        if t:
+            threads.append((t.groupdict().get("name") or "", []))
+            continue
+        if not threads:
+            continue
+        f = FH_FRAME.match(raw)
+        if f:
+            threads[-1][1].append(Frame(f["func"], f["file"], int(f["line"])))
+            continue
+        f = PY_FRAME.match(raw)
+        if f:
+            threads[-1][1].append(Frame(f["func"], f["file"], int(f["line"])))
+            continue
+        f = NATIVE_FRAME.match(raw)
+        if f:
+            threads[-1][1].append(Frame(f["func"], lib=f["lib"]))
+    main = next((fr for name, fr in threads if name == "MainThread"), None)
+    if main is None:  # faulthandler: the thread whose outermost Python frame is <module>
+        main = next((fr for _, fr in threads if any(x.func == "<module>" for x in fr)), None)
+    if main is None:
+        main = threads[0][1] if threads else []
+    return method, main
+
+
+def _source_call(frame: Frame) -> str | None:
+    """The call on a user frame's line (`time.sleep` of `time.sleep(3600)`)."""
+    try:
+        with open(frame.file, errors="replace") as fh:
+            for i, text in enumerate(fh, 1):
+                if i == frame.line:
+                    for name in CALL.findall(text.strip()):
+                        if name not in NOT_CALLS:
+                            return name
+                    return None
+    except OSError:
+        return None
+    return None
+
+
+def analyse(rs: RankStack) -> None:
+    """Fill what (the call it is in), where (file:line of the user's frame), native."""
+    py = [f for f in rs.frames if f.python]
+    if not py:
+        rs.what = "no Python frames" if rs.method != "none" else "no stacks"
+        return
+    user = next((f for f in py if f.user), py[0])
+    rs.where = user.where
+    inner = py[0]
+    natives = [f for f in rs.frames[: rs.frames.index(inner)] if not f.python]
+    telling = [f for f in natives if not WAITS.match(f.func)]
+    rs.native = telling[0].func[:120] if telling else ""
+    if not inner.user:
+        rs.what = inner.func.rsplit(".", 1)[-1] if "<locals>" in inner.func else inner.func
+    else:
+        rs.what = _source_call(inner) or (rs.native or inner.func)
+
+
+def read_stacks(adir: Path, names: list[str] | None = None) -> list[RankStack]:
+    folder = adir / "stacks"
+    files = sorted(folder.glob("*.txt")) if folder.is_dir() else []
+    out = []
+    for path in files:
+        if names is not None and path.stem not in names:
+            continue
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        method, frames = parse(text)
+        rs = RankStack(path.stem, method, frames)
+        analyse(rs)
+        out.append(rs)
+    return sorted(out, key=_order)
+
+
+def _order(rs: RankStack) -> tuple[int, int]:
+    kind, _, num = rs.name.partition("-")
+    return (kind != "rank", int(num) if num.isdigit() else 0)
+
+
+def _names(ranks: list[RankStack]) -> str:
+    nums = [r.name.partition("-")[2] for r in ranks]
+    kind = ranks[0].name.partition("-")[0]
+    shown = ", ".join(nums[:8]) + (f" and {len(nums) - 8} more" if len(nums) > 8 else "")
+    return f"{kind}{'s' if len(nums) > 1 else ''} {shown}"
+
+
+def _human(seconds: float) -> str:
+    from trebuchet.spec.duration import human
+
+    return human(max(0.0, seconds))
+
+
+def summary(ranks: list[RankStack], total: int, missing: list[str]) -> str:
+    """The one line: the biggest group waits; the others, with how long they were silent."""
+    groups: dict[tuple[str, str], list[RankStack]] = {}
+    for r in ranks:
+        groups.setdefault((r.what, r.where), []).append(r)
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), _order(kv[1][0])))
+    parts = []
+    for i, ((what, where), members) in enumerate(ordered[:4]):
+        at = f" ({where})" if where else ""
+        native = ""
+        if members[0].native and what not in COLLECTIVES and "::" in members[0].native:
+            native = f" [native: {members[0].native}]"
+        if i == 0 and len(ordered) > 1:
+            parts.append(f"{len(members)} of {total} ranks wait in {what}{at}{native}")
+        elif i == 0:
+            every = "all" if len(members) == total else f"{len(members)} of"
+            parts.append(f"{every} {total} ranks wait in {what}{at}{native}")
+        else:
+            verb = "is" if len(members) == 1 else "are"
+            silent = [m.silent for m in members if m.silent is not None]
+            quiet = f", silent for {_human(max(silent))}" if silent else ""
+            parts.append(f"{_names(members)} {verb} in {what}{at}{native}{quiet}")
+    if len(ordered) > 4:
+        parts.append(f"{len(ordered) - 4} more group(s)")
+    if missing:
+        parts.append(f"no stacks from {', '.join(missing[:8])}")
+    return "hang: " + "; ".join(parts)
+
+
+@dataclass
+class Hang:
+    info: dict[str, Any]
+    ranks: list[RankStack]
+    line: str
+    odd: RankStack | None  # the one rank apart from the rest, when there is one
+    stacks_dir: str
+
+
+def read(adir: Path) -> Hang | None:
+    """The attempt's hang (hang.json and its stacks), or None when it had none."""
+    adir = Path(adir)
+    try:
+        info = json.loads((adir / "hang.json").read_text())
+    except (OSError, ValueError):
+        return None
+    expected = list(info.get("expected") or [])
+    ranks = read_stacks(adir, info.get("stacks") or None)
+    detected = float(info.get("detected_at") or time.time())
+    started = float(info.get("last_progress") or detected)
+    for r in ranks:
+        try:
+            last = min((adir / "progress" / r.name).stat().st_mtime, detected)
+        except OSError:
+            last = None
+        r.silent = detected - last if last is not None else None
+        if r.silent is None:
+            r.silent = detected - min(started, detected)
+    got = {r.name for r in ranks}
+    missing = [n.replace("-", " ") for n in expected if n not in got]
+    line = summary(ranks, len(expected) or len(ranks), missing)
+    groups: dict[tuple[str, str], list[RankStack]] = {}
+    for r in ranks:
+        groups.setdefault((r.what, r.where), []).append(r)
+    odd = None
+    singles = [g[0] for g in groups.values() if len(g) == 1]
+    if len(groups) > 1 and len(singles) == 1:
+        odd = singles[0]
+    return Hang(info, ranks, line, odd, str(adir / "stacks"))
+
+
+def hang_lines(adir: Path) -> list[str]:
+    """Two lines: the grouping, and where the stacks are."""
+    h = read(adir)
+    if h is None:
+        return []
+    action = h.info.get("action", "fail")
+    silent = float(h.info["detected_at"]) - float(h.info["last_progress"])
+    then = {"fail": "the run is stopped", "retry": "the attempt is stopped and retried",
+            "warn": "the run goes on (on_hang: warn)"}.get(action, "")  # fmt: skip
+    return [
+        h.line,
+        f"no rank made progress for {_human(silent)} (hang_timeout "
+        f"{float(h.info['hang_timeout']):g}s): {then}; stacks in {h.stacks_dir}",
+    ]
+
+
+def grouped_text(ranks: list[RankStack], texts: dict[str, str]) -> str:
+    """`treb stacks`: ranks with the same main-thread stack once, the others after."""
+    groups: dict[tuple[tuple[str, str, int], ...], list[RankStack]] = {}
+    for r in ranks:
+        key = tuple((f.func, f.file, f.line) for f in r.frames)
+        groups.setdefault(key, []).append(r)
+    out = []
+    for members in sorted(groups.values(), key=lambda g: (-len(g), _order(g[0]))):
+        first = members[0]
+        out.append(f"== {_names(members)} ({first.method}): in {first.what}"
+                   + (f" ({first.where})" if first.where else ""))  # fmt: skip
+        body = [ln for ln in texts.get(first.name, "").splitlines() if not ln.startswith("# ")]
+        out += ["   " + ln for ln in body if ln.strip()]
+        out.append("")
+    return "\n".join(out)
+
+
+def for_run(run: dict[str, Any]) -> dict[str, Any] | None:
+    """The Diagnosis fields of a run whose attempt was stopped for a hang, else None."""
+    if not run.get("run_dir") or run.get("state") in ("SUCCEEDED", "RUNNING", "PENDING"):
+        return None
+    adir = Path(run["run_dir"]) / f"attempt-{int(run.get('attempt') or 0)}"
+    h = read(adir)
+    if h is None or h.info.get("action") == "warn":
+        return None
+    evidence = hang_lines(adir)[1:]
+    for r in h.ranks:
+        native = f" [native: {r.native}]" if r.native else ""
+        evidence.append(f"{r.label}: in {r.what} ({r.where or '?'}){native}, stacks by "
+                        f"{r.method}, silent for {_human(r.silent or 0.0)}")  # fmt: skip
+    rank = int(h.odd.name.partition("-")[2]) if h.odd and h.odd.name.startswith("rank-") else None
+    log = str(adir / f"{h.odd.name}.log") if h.odd else None
+    return {"summary": h.line.removeprefix("hang: "), "rank": rank, "evidence": evidence,
+            "log": log}  # fmt: skip

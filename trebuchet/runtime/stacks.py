@@ -1,0 +1,246 @@
+"""Stacks of every rank, on request: for a hang (runtime/hang.py) and for `treb stacks RUN`.
+
+The protocol works wherever every node's agent sees the run directory (local, Slurm):
+whoever wants stacks writes `attempt-<n>/stacks/request` (a request id); every agent looks
+at it each step and, for a new id, dumps the stacks of its own ranks into
+`attempt-<n>/stacks/<name>.txt` (rank-3.txt), each file whole once renamed, its first line
+`# request <id> ...` and the method used. The asker waits for the files (bounded).
+
+How: `py-spy dump --pid P --native` (py-spy on PATH, beside sys.executable, or
+`$TREB_PY_SPY`; native frames tell where a rank waits inside C++: DDP's reducer, a NCCL
+kernel); without --native when that fails; else faulthandler, when the program called
+`trebuchet.dist.enable_stacks()` (the agent sees the handler in /proc/<pid>/status
+SigCgt): the agent sends `STACKS_SIGNAL` and takes what the program wrote. py-spy runs as
+a child of the agent, never waited for: supervision goes on meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Optional
+
+from .records import write_text
+
+STACKS_DIR = "stacks"
+REQUEST = "request"
+# Default action: ignore. The ranks run in sessions of their own, with no terminal that
+# could send it; the checkpoint signals (USR1/USR2) stay the checkpoint machinery's.
+STACKS_SIGNAL = signal.SIGWINCH
+PY_SPY_TIMEOUT_S = 30.0
+FAULTHANDLER_WAIT_S = 3.0
+
+
+def stacks_dir(adir: str) -> str:
+    return os.path.join(adir, STACKS_DIR)
+
+
+def faulthandler_path(adir: str, name: str) -> str:
+    """Where `enable_stacks()` makes faulthandler write (`$TREB_STACKS_FILE`)."""
+    return os.path.join(stacks_dir(adir), name + ".faulthandler")
+
+
+def request(adir: str) -> str:
+    """Ask every agent of the attempt for its ranks' stacks; returns the request id."""
+    os.makedirs(stacks_dir(adir), mode=0o700, exist_ok=True)
+    rid = f"{time.time():.6f}-{os.getpid()}"
+    write_text(os.path.join(stacks_dir(adir), REQUEST), rid + "\n", durable=False)
+    return rid
+
+
+def answered(adir: str, rid: str) -> dict[str, str]:
+    """The stack files that answer request `rid` so far: {name: path}."""
+    folder = stacks_dir(adir)
+    out = {}
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return out
+    for fname in names:
+        if not fname.endswith(".txt") or fname.startswith("."):
+            continue
+        path = os.path.join(folder, fname)
+        try:
+            with open(path, errors="replace") as fh:
+                head = fh.readline()
+        except OSError:
+            continue
+        if head.startswith(f"# request {rid} "):
+            out[fname[:-4]] = path
+    return out
+
+
+def find_py_spy() -> Optional[str]:
+    """py-spy: `$TREB_PY_SPY` (empty: do not use it), PATH, or beside this Python."""
+    if "TREB_PY_SPY" in os.environ:
+        return os.environ["TREB_PY_SPY"] or None
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return beside if os.access(beside, os.X_OK) else None
+
+
+def catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` (/proc/<pid>/status SigCgt)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+class Dump:
+    """One process's dump in flight: py-spy (native, then plain), else faulthandler."""
+
+    def __init__(self, adir: str, name: str, pid: int, rid: str) -> None:
+        self.adir, self.name, self.pid, self.rid = adir, name, pid, rid
+        self.out = os.path.join(stacks_dir(adir), f".{name}.py-spy")
+        self.popen: Optional[subprocess.Popen] = None
+        self.deadline = 0.0
+        self.tried: list[str] = []  # what failed, said in the file
+        self.methods: list[list[str]] = []
+        self.fh_size = 0
+        spy = find_py_spy()
+        if spy:
+            base = [spy, "dump", "--full-filenames", "--pid", str(pid)]
+            self.methods = [[*base, "--native"], base]
+        else:
+            self.tried.append("py-spy not found (install py-spy on the nodes)")
+        self.fh_started = False
+        self.done = False
+        self._next()
+
+    def _next(self) -> None:
+        """Start the next method, or finish with what is known."""
+        if self.methods:
+            argv = self.methods.pop(0)
+            fd = os.open(self.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd,
+                                              stderr=subprocess.STDOUT, close_fds=True)  # fmt: skip
+            except OSError as exc:
+                self.tried.append(f"{argv[0]}: {exc.strerror}")
+                self.popen = None
+                return self._next()
+            finally:
+                os.close(fd)
+            self.deadline = time.monotonic() + PY_SPY_TIMEOUT_S
+            return None
+        self.popen = None
+        if not self.fh_started and catches(self.pid, STACKS_SIGNAL):
+            self.fh_started = True
+            path = faulthandler_path(self.adir, self.name)
+            self.fh_size = os.path.getsize(path) if os.path.exists(path) else 0
+            try:
+                os.kill(self.pid, STACKS_SIGNAL)
+            except OSError as exc:
+                self.tried.append(f"faulthandler: {exc.strerror}")
+                return self._finish("none", "")
+            self.deadline = time.monotonic() + FAULTHANDLER_WAIT_S
+            return None
+        if not self.fh_started:
+            self.tried.append(
+                "faulthandler: not registered (call trebuchet.dist.enable_stacks() in the program)"
+            )
+        return self._finish("none", "")
+
+    def step(self) -> bool:
+        """Advance; True once the file is written."""
+        if self.done:
+            return True
+        now = time.monotonic()
+        if self.popen is not None:
+            rc = self.popen.poll()
+            if rc is None and now < self.deadline:
+                return False
+            if rc is None:
+                self.popen.kill()
+                self.popen.wait()
+                self.tried.append(f"py-spy: no answer in {PY_SPY_TIMEOUT_S:g}s")
+            text = _read(self.out)
+            if rc == 0 and text.strip():
+                native = "--native" in self.popen.args
+                return self._finish("py-spy --native" if native else "py-spy", text)
+            if rc is not None:
+                last = text.strip().splitlines()[-1:] or [f"exit code {rc}"]
+                how = "py-spy dump --native" if "--native" in self.popen.args else "py-spy dump"
+                self.tried.append(f"{how}: {last[0][:200]}")
+            self._next()
+            return self.done
+        if self.fh_started:
+            path = faulthandler_path(self.adir, self.name)
+            text = _read(path)[self.fh_size :]
+            # faulthandler writes from the signal handler, all at once: done when it ends in
+            # the main thread's outermost frame, or when the wait is over.
+            if ("<module>" in text and text.endswith("\n")) or now >= self.deadline:
+                return self._finish("faulthandler" if text.strip() else "none", text)
+        return False
+
+    def _finish(self, method: str, text: str) -> bool:
+        header = [f"# request {self.rid} method {method} pid {self.pid}"]
+        header += [f"# tried: {t}" for t in self.tried]
+        if method == "none":
+            header.append("# no stacks: py-spy was not usable and faulthandler not registered")
+        body = "\n".join(header) + "\n" + text
+        write_text(os.path.join(stacks_dir(self.adir), self.name + ".txt"), body, durable=False)
+        try:
+            os.unlink(self.out)
+        except OSError:
+            pass
+        self.done = True
+        return True
+
+    def cancel(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4 << 20).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class Stacks:
+    """An agent's side: a new request -> a Dump per live tracked process."""
+
+    def __init__(self, adir: str) -> None:
+        self.adir = adir
+        self.path = os.path.join(stacks_dir(adir), REQUEST)
+        self.seen_mtime = 0.0
+        self.seen_id = ""
+        self.dumps: list[Dump] = []
+
+    def step(self, procs: dict[str, int]) -> None:
+        """`procs`: the live processes to dump ({name: pid})."""
+        self.dumps = [d for d in self.dumps if not d.step()]
+        try:
+            mtime = os.stat(self.path).st_mtime
+        except OSError:
+            return
+        if mtime == self.seen_mtime:
+            return
+        self.seen_mtime = mtime
+        rid = _read(self.path).strip()
+        if not rid or rid == self.seen_id:
+            return
+        self.seen_id = rid
+        for name, pid in procs.items():
+            self.dumps.append(Dump(self.adir, name, pid, rid))
+        self.dumps = [d for d in self.dumps if not d.step()]
+
+    def close(self) -> None:
+        for d in self.dumps:
+            d.cancel()
+        self.dumps = []
