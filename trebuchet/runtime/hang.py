@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional
+from typing import Any
 
 from . import stacks
 from .progress import HEARTBEAT_SUFFIX, progress_dir
@@ -52,19 +52,19 @@ class HangWatch:
     """Steps of the deciding side's loop: watch, then request stacks, then decide."""
 
     def __init__(self, adir: str, timeout: float, action: str, expected: list[str],
-                 started: Optional[float] = None) -> None:  # fmt: skip
+                 started: float | None = None) -> None:  # fmt: skip
         self.adir = adir
         self.timeout = float(timeout)
         self.action = action  # fail | retry | warn
         self.expected = expected  # the stack files to wait for: rank-0, ..., or node-0
         self.started = time.time() if started is None else started
         self.next_check = 0.0
-        self.rid: Optional[str] = None
+        self.rid: str | None = None
         self.info: dict[str, Any] = {}
         self.stacks_deadline = 0.0
-        self.warned_at: Optional[float] = None  # warn: watching again after progress
+        self.warned_at: float | None = None  # warn: watching again after progress
 
-    def step(self) -> Optional[dict[str, Any]]:
+    def step(self) -> dict[str, Any] | None:
         """None, or once per hang the hang's record (written to hang.json) when its stacks
         are in (or the wait for them is over)."""
         mono = time.monotonic()
@@ -115,5 +115,6 @@ def describe(info: dict[str, Any]) -> str:
     silent = info["detected_at"] - info["last_progress"]
     got, want = len(info.get("stacks", [])), len(info.get("expected", []))
     where = os.path.join(info["attempt_dir"], stacks.STACKS_DIR)
-    return (f"hang: no rank made progress for {silent:.0f}s (hang_timeout {info['hang_timeout']:g}s);"
-            f" stacks of {got}/{want} ranks in {where}")  # fmt: skip
+    limit = float(info["hang_timeout"])
+    return (f"hang: no rank made progress for {silent:.0f}s (hang_timeout {limit:g}s); "
+            f"stacks of {got}/{want} ranks in {where}")  # fmt: skip

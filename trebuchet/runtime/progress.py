@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Optional
+from typing import Callable
 
 from .lines import Splitter
 
@@ -51,7 +51,7 @@ class Tracked:
         self.offset = 0
         self.splitter = Splitter(cap=LINE_MAX)
         self.beat_mtime = 0.0
-        self.last_progress: Optional[float] = None
+        self.last_progress: float | None = None
         self.last_line = b""
         self.dirty = False  # progress not yet recorded
 
@@ -59,7 +59,7 @@ class Tracked:
 class Progress:
     """The progress of an agent's processes (see the module's docstring)."""
 
-    def __init__(self, adir: str, on_line: Optional[OnLine] = None) -> None:
+    def __init__(self, adir: str, on_line: OnLine | None = None) -> None:
         self.adir = adir
         self.on_line = on_line
         self.tracked: list[Tracked] = []
@@ -93,7 +93,7 @@ class Progress:
             return
         try:
             st = os.fstat(fd)
-            if not (st.st_mode & 0o170000 == 0o100000):  # a regular file only: no FIFO
+            if st.st_mode & 61440 != 32768:  # a regular file only: no FIFO
                 return
             if st.st_size < t.offset:  # truncated: start again
                 t.offset = 0

@@ -16,13 +16,13 @@ a child of the agent, never waited for: supervision goes on meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from typing import Optional
 
 from .records import write_text
 
@@ -74,7 +74,7 @@ def answered(adir: str, rid: str) -> dict[str, str]:
     return out
 
 
-def find_py_spy() -> Optional[str]:
+def find_py_spy() -> str | None:
     """py-spy: `$TREB_PY_SPY` (empty: do not use it), PATH, or beside this Python."""
     if "TREB_PY_SPY" in os.environ:
         return os.environ["TREB_PY_SPY"] or None
@@ -103,7 +103,7 @@ class Dump:
     def __init__(self, adir: str, name: str, pid: int, rid: str) -> None:
         self.adir, self.name, self.pid, self.rid = adir, name, pid, rid
         self.out = os.path.join(stacks_dir(adir), f".{name}.py-spy")
-        self.popen: Optional[subprocess.Popen] = None
+        self.popen: subprocess.Popen | None = None
         self.deadline = 0.0
         self.tried: list[str] = []  # what failed, said in the file
         self.methods: list[list[str]] = []
@@ -191,10 +191,8 @@ class Dump:
             header.append("# no stacks: py-spy was not usable and faulthandler not registered")
         body = "\n".join(header) + "\n" + text
         write_text(os.path.join(stacks_dir(self.adir), self.name + ".txt"), body, durable=False)
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self.out)
-        except OSError:
-            pass
         self.done = True
         return True
 
