@@ -20,9 +20,9 @@ import sys
 import time
 from typing import Any
 
-from . import contract, policies
+from . import contract, hang, policies
 from .agent import Agent
-from .records import append_event, first_failure, now, read_json, write_json
+from .records import append_event, first_failure, now, read_json, write_json, write_text
 from .task import PYTHON_GUARD
 
 REQUEUE_WAIT_S = 600  # after `scontrol requeue`, Slurm ends this step well before this
@@ -66,6 +66,8 @@ class Controller:
         self.warned = self.requeued = self.terminating = False
         self.requeue_at: float | None = None
         self.state, self.reason = "", ""
+        self.watch: hang.HangWatch | None = None  # while the ranks' step runs
+        self.hung: dict[str, Any] | None = None  # this attempt was stopped for a hang
         self._signals: list[int] = []
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -263,8 +265,55 @@ class Controller:
         if due and not self.terminating:
             self.requeue_at = None
             self.requeue()
+        if self.watch is not None and self.hung is None and not self.terminating:
+            found = self.watch.step()
+            if found is not None:
+                self.on_hang(found)
         select.select([self._wake_r], [], [], 0.2)
         self._drain()
+
+    def on_hang(self, info: dict[str, Any]) -> None:
+        """No rank progressed for hang_timeout (runtime/hang.py), the stacks are in: say
+        it, then on_hang: warn goes on; fail and retry stop the ranks (retry: the checkpoint
+        signal first), the teardown marker telling every agent that it is no failure."""
+        action = self.job.get("on_hang") or "fail"
+        log(f"{hang.describe(info)}; on_hang: {action}")
+        append_event(self.run_dir, "hang", attempt=self.attempt, action=action,
+                     last_progress=info["last_progress"], detected_at=info["detected_at"],
+                     stacks=len(info["stacks"]))  # fmt: skip
+        if action == "warn":
+            return
+        self.hung = info
+        write_text(os.path.join(self.adir, "teardown"), "hang\n")
+        stop = [getattr(signal, self.sig)] if action == "retry" else []
+        for sig in [*stop, signal.SIGTERM]:
+            if self.inline is not None:
+                if sig == signal.SIGTERM:
+                    self.inline.teardown()
+                else:
+                    self.inline.signal_all(sig)
+            elif self.step is not None:
+                self.signal_steps(sig)
+
+    def signal_steps(self, sig: int) -> None:
+        """A signal to every process of the job's running srun steps (`scancel --signal`:
+        the agents then stop their ranks with the grace period; srun itself would answer a
+        TERM with a forced termination)."""
+        try:
+            out = subprocess.run(
+                ["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i"],
+                capture_output=True, text=True, timeout=30,
+            ).stdout.split()  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            out = []
+        steps = [s for s in out if re.fullmatch(r"\d+\.\d+", s)]
+        name = signal.Signals(sig).name[3:]
+        for step in steps:
+            subprocess.run(["scancel", f"--signal={name}", step], stderr=subprocess.DEVNULL,
+                           timeout=60)  # fmt: skip
+        if not steps and self.step is not None:  # srun forwards it to every task
+            with contextlib.suppress(OSError):
+                self.step.send_signal(sig)
 
     def run_inline(self) -> int:
         """The job's only task (one node, one task, no srun needs: see slurm_script's
@@ -306,15 +355,27 @@ class Controller:
         if not self.hooks("pre"):
             self.state, self.reason = "FAILED", "pre"
         else:
-            if self.job.get("inline"):
-                rc = self.run_inline()
-            else:
-                rc = self.run_step(self.job["srun"], "task")
+            self.hung = None
+            if self.job.get("hang_timeout"):
+                job = self.job
+                names = hang.expected_names(job["launcher"], int(job["nodes"]), int(job["ppn"]))
+                action = job.get("on_hang") or "fail"
+                limit = float(job["hang_timeout"])
+                self.watch = hang.HangWatch(self.adir, limit, action, names, self.t0)
+            try:
+                if self.job.get("inline"):
+                    rc = self.run_inline()
+                else:
+                    rc = self.run_step(self.job["srun"], "task")
+            finally:
+                self.watch = None
             self.requeue_at = None
             if self.terminating:
                 return
             self.step_rc = rc if rc >= 0 else 128 - rc
-            if rc == 0:
+            if self.hung is not None:
+                self.state, self.reason = "FAILED", "hang"
+            elif rc == 0:
                 self.state, self.reason = "SUCCEEDED", ""
             elif self.warned:
                 self.state = "TIMEOUT"
@@ -473,6 +534,12 @@ class Controller:
             if self.state != "FAILED":
                 break
             verdict = policies.NO_MATCH
+            if self.hung is not None:  # on_hang decides; retry counts against `retries`
+                if self.job.get("on_hang") == "retry" and self.attempt + 1 < self.max_attempts():
+                    log(f"attempt {self.attempt} hung: retrying")
+                    self.attempt += 1
+                    continue
+                break
             if not self.warned and self.reason not in ("pre", "post"):
                 verdict = self.apply_policy()
                 if verdict != policies.NO_MATCH:
