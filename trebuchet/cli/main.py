@@ -18,6 +18,7 @@ VERBS = {
     "render": "show exactly what would be launched",
     "schema": "print the spec's JSON Schema",
     "diagnose": "root cause of a failed run, or of logs from elsewhere",
+    "stacks": "the Python stacks of every rank of a running run (py-spy), grouped",
     "results": "performance results of runs (table, madengine perf.csv)",
     "build": "build or refresh the spec's environment now",
     "import": "a spec from an sbatch script, AI Runtime YAML, madengine card or NeMo config",
@@ -104,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", "-q", action="store_true", help="only run ids, one a line")
     p.add_argument("--no-refresh", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("stacks", help=VERBS["stacks"])
+    p.add_argument(
+        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: latest)"
+    )
+    p.add_argument("--wait", type=float, default=60.0, metavar="S",
+                   help="how long to wait for every rank's stack (default 60)")  # fmt: skip
     p = sub.add_parser("status", help=VERBS["status"])
     p.add_argument(
         "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: latest)"

@@ -271,7 +271,7 @@ def grouped_text(ranks: list[RankStack], texts: dict[str, str]) -> str:
     """`treb stacks`: ranks with the same main-thread stack once, the others after."""
     groups: dict[tuple[tuple[str, str, int], ...], list[RankStack]] = {}
     for r in ranks:
-        key = tuple((f.func, f.file, f.line) for f in r.frames)
+        key = tuple((f.func, f.file, f.line) for f in r.frames if not f.func.startswith("0x"))
         groups.setdefault(key, []).append(r)
     out = []
     for members in sorted(groups.values(), key=lambda g: (-len(g), _order(g[0]))):

@@ -1,0 +1,60 @@
+"""`treb stacks [RUN]`: the Python stacks of every rank of a running run, grouped.
+
+It asks the run's node agents for their ranks' stacks (runtime/stacks.py: a request file in
+the attempt's directory, which every agent looks at each step), waits for them (at most
+--wait seconds) and prints them, ranks with the same stack once. The run goes on. It works
+where the deciding machine sees the run directory of every node: local runs and Slurm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from trebuchet.errors import TrebError, UserError
+
+SHARED_RUN_DIR = ("local", "slurm")
+
+
+def main(args: argparse.Namespace) -> int:
+    from trebuchet.backends import refresh
+    from trebuchet.diagnose.hang import grouped_text, read_stacks
+    from trebuchet.runtime import hang, stacks
+    from trebuchet.store.db import Store
+
+    store = Store()
+    rec = store.resolve(args.run)
+    refresh(store, [rec])
+    rec = store.get(rec.id) or rec
+    if rec.backend not in SHARED_RUN_DIR:
+        raise UserError(
+            f"treb stacks reads the ranks' stacks from the run directory, which "
+            f"{rec.backend} nodes keep to themselves: local and Slurm runs only"
+        )
+    if rec.state != "RUNNING":
+        raise TrebError(f"run {rec.id} is {rec.state}: stacks need its ranks running"
+                        + (" (a hang's stacks stay in attempt-<n>/stacks/)"
+                           if rec.state in ("FAILED", "TIMEOUT") else ""))  # fmt: skip
+    adir = Path(rec.run_dir) / f"attempt-{rec.attempt}"
+    expected = hang.expected_names(rec.launcher, rec.nodes, rec.procs_per_node)
+    rid = stacks.request(str(adir))
+    deadline = time.monotonic() + args.wait
+    got: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        got = stacks.answered(str(adir), rid)
+        if len(got) >= len(expected):
+            break
+        time.sleep(0.2)
+    ranks = read_stacks(adir, sorted(got))
+    texts = {r.name: Path(got[r.name]).read_text(errors="replace") for r in ranks}
+    print(f"run {rec.id} ({rec.name}), attempt {rec.attempt}: stacks of {len(ranks)} of "
+          f"{len(expected)} ranks, in {adir / 'stacks'}\n")  # fmt: skip
+    print(grouped_text(ranks, texts))
+    missing = [n for n in expected if n not in got]
+    if missing:
+        print(f"treb: no stacks within {args.wait:g}s from {', '.join(missing)} (has the "
+              "attempt started them? is the node agent alive?)", file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
