@@ -16,7 +16,7 @@ from trebuchet.diagnose.lines import parse
 
 def test_categories_are_the_issues_names() -> None:
     assert catalog.CATEGORIES == (
-        "python_exception", "killed", "gpu_oom", "collective_timeout", "port_in_use",
+        "python_exception", "killed", "gpu_oom", "collective_timeout", "hang", "port_in_use",
         "network_unreachable", "missing_module", "missing_file", "disk_full",
         "environment_build", "launch_env_missing", "segfault", "time_limit", "node_failure",
         "scheduler_refusal", "cancelled", "unknown",

@@ -41,8 +41,11 @@ def grace_seconds(spec: Any) -> int:
 
 
 def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> dict[str, Any]:
-    """The values of every engine's job file."""
+    """The values of every engine's job file (hang_timeout and on_hang only when set)."""
+    hang = getattr(spec, "hang_timeout", None)
+    hangs = {"hang_timeout": hang, "on_hang": spec.on_hang} if hang else {}
     return {
+        **hangs,
         "run_id": run_id,
         "launcher": spec.launcher,
         "nodes": spec.nodes,
@@ -50,8 +53,6 @@ def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> dict[str, An
         "command": command(spec, recipe),
         "grace": grace_seconds(spec),
         "checkpoint_signal": getattr(spec, "checkpoint_signal", "SIGUSR2"),
-        "hang_timeout": getattr(spec, "hang_timeout", None),
-        "on_hang": getattr(spec, "on_hang", "fail"),
         "secrets": sorted(spec.secrets),
         "spec_env": sorted(spec.env),
     }

@@ -170,6 +170,8 @@ class KubernetesBackend(Backend):
         if spec.gpus_per_node > 0:
             gpus = str(spec.gpus_per_node)
             container["resources"] = {"limits": {gpu_resource(spec): gpus}}
+        if spec.hang_timeout:  # py-spy reads the ranks' stacks with ptrace (docs/hangs.md)
+            container["securityContext"] = {"capabilities": {"add": ["SYS_PTRACE"]}}
         job_spec: dict[str, Any] = {
             "completionMode": "Indexed",
             "completions": spec.nodes,

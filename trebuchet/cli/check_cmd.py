@@ -13,6 +13,7 @@ import re
 from trebuchet.errors import SpecError, UserError
 from trebuchet.preflight import ERROR, Finding, preflight
 from trebuchet.preflight.findings import count
+from trebuchet.preflight.hangs import suggestions
 from trebuchet.spec.load import load_spec
 
 
@@ -50,14 +51,18 @@ def main(args: argparse.Namespace) -> int:
     findings = preflight(loaded, args.on)
     findings = _engine_refusals(loaded, args.on) + findings
     errors = sum(f.is_error for f in findings)
+    advice = suggestions(loaded.spec)
     if args.json:
         print(json.dumps({
             "spec": loaded.source, "backend": args.on, "ok": errors == 0, "errors": errors,
             "warnings": len(findings) - errors, "findings": [f.as_dict() for f in findings],
+            "suggestions": advice,
         }, indent=2))  # fmt: skip
     else:
         for f in findings:
             print(f.text())
+        for text in advice:
+            print(f"{loaded.where('nodes')}: suggestion: {text}")
         print(f"treb check: {count(findings)} ({loaded.source}, --on {args.on})")
         models = dict(option_models())
         blocks = [b for b in models if getattr(loaded.spec, b).model_fields_set]

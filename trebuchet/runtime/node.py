@@ -33,13 +33,14 @@ import threading
 import time
 from typing import Any
 
-from . import contract, secrets
+from . import contract, hang, secrets
 from .agent import Agent, Proc
 from .logcopy import LogCopy
 from .task import none_proc, self_argv, torchrun_proc
 
 PLACEMENT = ("NODE_RANK", "NUM_NODES", "MASTER_ADDR", "MASTER_PORT", "TREB_RUN_ID", "TREB_RUN_DIR")
 TIMEOUT_EXIT = 124
+HANG_EXIT = 1  # the engine's retries (backoffLimitPerIndex, max_restarts) take it from here
 
 
 def say(text: str) -> None:
@@ -239,11 +240,40 @@ def node(job: dict[str, Any]) -> int:
         stopped_elsewhere=limit.stopped,
     )
     limit.agent = agent
+    watch = node_hang_watch(job, adir, n)
+    hung: list[dict[str, Any]] = []
+
+    def tick() -> None:
+        limit.tick()
+        found = watch.step() if watch is not None and not hung else None
+        if found is not None:
+            action = found["action"]
+            notes.append(f"node {n}: {hang.describe(found)}; on_hang: {action}")
+            if action != "warn":
+                hung.append(found)
+                agent.teardown()
+
     agent.install_signals()
     copy = LogCopy(streams, notes=notes).start()
-    rc = agent.run(limit.tick)
+    rc = agent.run(tick)
     if not copy.finish():
         say(f"the copy of the ranks' logs here was cut short; they are whole in {adir}")
     if limit.timed_out and agent.first_failure is None:
         return TIMEOUT_EXIT
+    if hung and agent.first_failure is None:
+        return HANG_EXIT
     return rc
+
+
+def node_hang_watch(job: dict[str, Any], adir: str, node: int) -> hang.HangWatch | None:
+    """This node's hang watch: the run directory is the node's own on these engines, so
+    the node decides for its ranks (hung when none of them progressed: docs/hangs.md)."""
+    if not job.get("hang_timeout"):
+        return None
+    ppn = int(job["ppn"])
+    names = (
+        [f"node-{node}"]
+        if job["launcher"] == "none"
+        else [f"rank-{node * ppn + local}" for local in range(ppn)]
+    )
+    return hang.HangWatch(adir, float(job["hang_timeout"]), job.get("on_hang") or "fail", names)
