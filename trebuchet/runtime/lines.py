@@ -28,8 +28,15 @@ def _caret(m: re.Match[bytes]) -> bytes:
     return b"^?" if b == b"\x7f" else b"^" + bytes([b[0] + 64])
 
 
+# The C0 controls and DEL that _CONTROL matches: deleting them (bytes.translate, a C loop)
+# tells in ~0.3 ms a MiB whether the regex (~5 ms a MiB) has anything to do.
+_C0 = bytes([*range(0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
+
+
 def inert(data: bytes) -> bytes:
     """`data` with every control character but \\t, \\n and \\r made visible."""
+    if b"\xc2" not in data and len(data.translate(None, _C0)) == len(data):
+        return data
     return _CONTROL.sub(_caret, data)
 
 
