@@ -217,3 +217,23 @@ def test_torchrun_workers_get_the_checkpoint_signal(tmp_path: Path) -> None:
     assert rc == 124, (out, err)
     for local in range(2):
         assert f"[0:{local}] checkpoint {local}\n" in out, out
+
+
+def test_node_verb_stops_its_hung_ranks(tmp_path: Path) -> None:
+    """hang_timeout on an engine whose run directory is the node's own: the node agent
+    decides for its ranks (none progressed), dumps their stacks and exits 1."""
+    hung = f"{BIN}/python -c \"import time; print('ready', flush=True); time.sleep(600)\""
+    path = spec_file(tmp_path / "work", f"command: {json.dumps(hung)}\nprocs_per_node: 2\n"
+                     "hang_timeout: 5s\n")  # fmt: skip
+    task = sky_task(load(path), tmp_path / "run")
+    home = tmp_path / "node0"
+    with started(sky_node(task, home, 0, 1, ips="127.0.0.1")) as (proc,):
+        rc, out, err = finish(proc)
+    assert rc == 1, (out, err)
+    assert "treb: node 0: hang: no rank made progress" in out, out
+    adir = home / ".trebuchet" / "runs" / "r1" / "attempt-0"
+    assert sorted(p.name for p in (adir / "stacks").glob("rank-*.txt")) == [
+        "rank-0.txt", "rank-1.txt"]  # fmt: skip
+    assert json.loads((adir / "hang.json").read_text())["action"] == "fail"
+    for local in range(2):
+        assert record(home / ".trebuchet" / "runs" / "r1", local)["stopped_by_launcher"]

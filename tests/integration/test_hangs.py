@@ -152,6 +152,8 @@ def test_on_hang_warn_records_and_goes_on(treb, tmp_path) -> None:
     assert [e["action"] for e in events if e["event"] == "hang"] == ["warn"]
     assert_hang_diagnosis(res.stderr)  # printed as it happened
     assert "the run goes on (on_hang: warn)" in res.stderr
+    text = treb("status").stdout
+    assert "warning: hang: 3 of 4 ranks wait in all_reduce" in text, text
     for r in range(4):
         text = (run_dir / "attempt-0" / "stacks" / f"rank-{r}.txt").read_text()
         assert " method faulthandler" in text.splitlines()[0], text

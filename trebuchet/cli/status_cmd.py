@@ -60,6 +60,10 @@ def main(args: argparse.Namespace) -> int:
             con.print(f"    log {rec.first_failure.get('log')}")
     for line in diagnosis_lines(store, rec):
         con.print(f"  {line}", markup=False, highlight=False)
+    from trebuchet.diagnose.hang import warned_lines
+
+    for line in warned_lines(rec.run_dir, rec.attempt):  # on_hang: warn, the run went on
+        con.print(f"  {line}", markup=False, highlight=False)
     if attempts:
         con.print("attempts:")
         for a in attempts:

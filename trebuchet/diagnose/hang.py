@@ -301,3 +301,13 @@ def for_run(run: dict[str, Any]) -> dict[str, Any] | None:
     log = str(adir / f"{h.odd.name}.log") if h.odd else None
     return {"summary": h.line.removeprefix("hang: "), "rank": rank, "evidence": evidence,
             "log": log}  # fmt: skip
+
+
+def warned_lines(run_dir: str, attempt: int) -> list[str]:
+    """The hang an attempt that goes on reported (on_hang: warn), for `treb status`."""
+    adir = Path(run_dir) / f"attempt-{attempt}"
+    try:
+        action = json.loads((adir / "hang.json").read_text()).get("action")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [f"warning: {line}" for line in hang_lines(adir)] if action == "warn" else []
