@@ -108,7 +108,7 @@ def test_fish_completes_verbs_values_and_run_ids(shell_env, tmp_path: Path) -> N
     for block in res.stdout.split("== ")[1:]:
         head, *words = block.splitlines()
         got[head] = sorted(w.split("\t")[0] for w in words)
-    assert got["treb sta"] == ["status"]
+    assert got["treb sta"] == ["stacks", "status"]
     assert got["treb status "] == ["c0ffee01", "c0ffee02"]
     assert got["treb ps --state fa"] == ["failed"]
     assert got["treb run x --resume-from "] == ["c0ffee01", "c0ffee02"]

@@ -436,7 +436,6 @@ class Supervisor:
         if new:
             append_event(self.run_dir, "adopted", attempt=self.attempt, pids=new)
 
-
     def _on_hang(self, attempt: int, info: dict) -> bool:
         """A hang, its stacks in: record and say it, then act (on_hang); True when the
         attempt is stopped for it."""
