@@ -184,6 +184,12 @@ class RunFilter:
 
 COLUMNS = [f.name for f in fields(RunRecord) if f.name != "extra"]
 
+# The dashboard's sort keys -> SQL (a fixed list: a request never writes SQL); `?` is now.
+PAGE_SORTS = {
+    "created": "created_at", "name": "name", "state": "state", "backend": "backend",
+    "duration": "(COALESCE(ended_at, ?) - started_at)",
+}  # fmt: skip
+
 
 def _record(row: sqlite3.Row) -> RunRecord:
     data = dict(row)
@@ -470,6 +476,57 @@ class Store:
         if limit:
             sql += f" LIMIT {int(limit)}"
         return [_record(r) for r in self.conn.execute(sql, args).fetchall()]
+
+    def page(
+        self,
+        where: RunFilter | None = None,
+        sort: str = "created",
+        descending: bool = True,
+        offset: int = 0,
+        limit: int = 100,
+    ) -> tuple[list[RunRecord], int]:
+        """One page of runs and how many match, sorted and filtered in SQL (the dashboard:
+        10,000 runs cost one COUNT and one LIMIT query, never a full load)."""
+        clauses, args = (where or RunFilter()).sql()
+        cond = (" WHERE " + " AND ".join(clauses)) if clauses else ""
+        total = self.conn.execute(f"SELECT COUNT(*) FROM runs{cond}", args).fetchone()[0]
+        order = PAGE_SORTS.get(sort, PAGE_SORTS["created"])
+        direction = "DESC" if descending else "ASC"
+        sql = (f"SELECT * FROM runs{cond} ORDER BY {order} {direction}, id {direction} "
+               f"LIMIT {int(limit)} OFFSET {int(offset)}")  # fmt: skip
+        args = [*args, time.time()] if "?" in order else args
+        return [_record(r) for r in self.conn.execute(sql, args).fetchall()], total
+
+    def sweep_ids(self, limit: int = 200) -> list[tuple[str, str, int, float]]:
+        """Recent sweeps: (sweep id, name, number of points, created), newest first."""
+        rows = self.conn.execute(
+            "SELECT sweep_id, MIN(name), COUNT(*), MIN(created_at) FROM runs "
+            "WHERE sweep_id IS NOT NULL GROUP BY sweep_id ORDER BY MIN(created_at) DESC "
+            f"LIMIT {int(limit)}"
+        ).fetchall()
+        return [tuple(r) for r in rows]
+
+    def metrics(
+        self, run_id: str, names: Sequence[str] | None = None
+    ) -> dict[str, list[tuple[float, float, float]]]:
+        """A run's metric series, {name: [(step, value, time), ...]} by step, from the
+        `metrics` table (run_id, name, step, value, time, rank); rank 0 when ranks are
+        recorded, else whatever rank wrote them. {} while no table exists yet (a store
+        from before metrics were recorded)."""
+        if not self.conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'metrics'"
+        ).fetchone():
+            return {}
+        sql = "SELECT name, step, value, time FROM metrics WHERE run_id = ?"
+        args: list[Any] = [run_id]
+        if names:
+            sql += f" AND name IN ({', '.join('?' * len(names))})"
+            args += list(names)
+        sql += " AND COALESCE(rank, 0) = 0 ORDER BY name, step, time"
+        out: dict[str, list[tuple[float, float, float]]] = {}
+        for name, step, value, when in self.conn.execute(sql, args):
+            out.setdefault(name, []).append((step, value, when))
+        return out
 
     def follow_state(self, run_id: str, state: str, reason: str | None = None) -> None:
         """A state an engine reported for a run it runs alone (one attempt, as far as
