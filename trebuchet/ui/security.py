@@ -25,7 +25,7 @@ HEADERS = [
      b"form-action 'self'"),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),  # no-referrer would make POSTs Origin: null
     (b"cache-control", b"no-store"),
 ]  # fmt: skip
 
