@@ -227,7 +227,7 @@ def _job(name: str, active: int = 0, conditions: list | None = None) -> _Obj:
 
 
 def _stand_in_client(monkeypatch, jobs: dict[str, list], calls: list,
-                     refuse: str | None = None) -> None:  # fmt: skip
+                     refuse: str | None = None, pods: list | None = None) -> None:  # fmt: skip
     """A stand-in for the official client (no Kubernetes cluster can run here): the real
     client's names and shapes, jobs per namespace from the test; each call that changes
     the cluster is recorded in `calls`; `refuse`: create_from_yaml raises this."""
@@ -255,6 +255,14 @@ def _stand_in_client(monkeypatch, jobs: dict[str, list], calls: list,
 
         def delete_namespaced_service(self, name: str, ns: str) -> None:
             calls.append(("delete_service", ns, name))
+
+        def list_namespaced_pod(self, ns: str, label_selector: str = "") -> _Obj:
+            calls.append(("list_pods", ns, label_selector))
+            return _Obj(items=[p for p, _log in pods or []])
+
+        def read_namespaced_pod_log(self, name: str, ns: str) -> str:
+            calls.append(("pod_log", ns, name))
+            return {p.metadata.name: log for p, log in pods or []}[name]
 
     def create_from_yaml(api: object, yaml_objects: list, namespace: str) -> None:
         if refuse:
@@ -374,3 +382,65 @@ def test_refresh_without_the_client_concludes_nothing(treb_home, monkeypatch) ->
     ))  # fmt: skip
     KubernetesBackend().refresh(store, store.list(active_only=True))
     assert store.get("k").state == "RUNNING"
+
+
+def _pod_obj(name: str, index: int, attempt: int, phase: str, exit_code: int | None = None,
+         reason: str | None = None) -> _Obj:  # fmt: skip
+    notes = {"batch.kubernetes.io/job-completion-index": str(index),
+             "batch.kubernetes.io/job-index-failure-count": str(attempt)}  # fmt: skip
+    end = None if exit_code is None else _Obj(exit_code=exit_code, reason=reason)
+    state = _Obj(terminated=end)
+    return _Obj(metadata=_Obj(name=name, annotations=notes),
+                status=_Obj(phase=phase, reason=None,
+                            container_statuses=[_Obj(name="trainer", state=state)]))  # fmt: skip
+
+
+# What a pod's log holds: its node agent's output, rank lines labelled `[node:local]`
+# (runtime/logcopy.py), the agent's own notes unlabelled.
+POD1_ATTEMPT0 = (
+    "[1:0] step 1\n[1:1] step 1\n[1:1] CUDA error: out of memory\ntreb: rank 3 (1:1) failed\n"
+)
+POD1_ATTEMPT1 = "[1:0] resumed\n[1:1] resumed\n[1:1] done\n"
+POD0 = "[0:0] step 1\n[0:1] step 1\n[0:0] performance: 12.5 samples_per_second\n"
+
+
+def test_logs_and_node_outcomes_come_from_the_pods(tmp_path, capsys, treb_home,
+                                                   monkeypatch) -> None:  # fmt: skip
+    """`treb logs` reads each pod's log through the API (a stand-in of the client: no
+    cluster runs here) and shows it per rank and per attempt; `treb status` lists the
+    pods' outcomes per node."""
+    calls: list = []
+    pods = [
+        (_pod_obj("k-0-abc", 0, 0, "Running"), POD0),
+        (_pod_obj("k-1-def", 1, 0, "Failed", 1, "Error"), POD1_ATTEMPT0),
+        (_pod_obj("k-1-ghi", 1, 1, "Running"), POD1_ATTEMPT1),
+    ]
+    _stand_in_client(monkeypatch, {"default": [_job("k", active=2)]}, calls, pods=pods)
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: k\ncommand: python t.py\nnodes: 2\nprocs_per_node: 2\nretries: 1\n"
+                    "kubernetes: {image: i}\n")  # fmt: skip
+    assert main(["run", str(spec), "--on", "kubernetes", "--detach"]) == 0
+    capsys.readouterr()
+    assert main(["logs", "--rank", "3", "--attempt", "1"]) == 0
+    assert capsys.readouterr().out == "step 1\nCUDA error: out of memory\n"
+    assert main(["logs", "--node", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "[0:0] step 1" in out and "[0:1] step 1" in out and "performance: 12.5" in out
+    assert ("list_pods", "default", "job-name=k") in calls
+    run_dir = next((treb_home / "runs").iterdir())
+    assert (run_dir / "attempt-1" / "rank-3.log").read_text() == "resumed\ndone\n"
+    assert "treb: rank 3 (1:1) failed" in (run_dir / "attempt-0" / "agent-node-1.log").read_text()
+    # a second sync appends nothing twice
+    assert main(["logs", "--rank", "2", "--attempt", "2"]) == 0
+    assert capsys.readouterr().out == "resumed\n"
+    assert main(["status", "--json"]) == 0
+    nodes = json.loads(capsys.readouterr().out)["nodes"]
+    assert [(n["node"], n["attempt"], n["state"], n["exit_code"]) for n in nodes] == [
+        (0, 0, "Running", None),
+        (1, 0, "Failed", 1),
+        (1, 1, "Running", None),
+    ]
+    assert nodes[1]["reason"] == "Error" and nodes[1]["name"] == "k-1-def"
+    assert main(["status"]) == 0
+    text = capsys.readouterr().out
+    assert "nodes (as kubernetes reports them):" in text and "k-1-def" in text

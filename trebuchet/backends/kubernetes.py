@@ -375,6 +375,58 @@ class KubernetesBackend(Backend):
                     state, reason = job_state(job.status)
                 store.follow_state(rec.id, state, reason)
 
+    def _pods(self, run: Any) -> tuple[Any, str, list[Any]] | None:
+        """(CoreV1Api, namespace, the Job's pods by index then attempt), or None when the
+        client, the kubeconfig or the API is not there."""
+        ns, _, name = (run.backend_id or "").partition("/")
+        if not name:
+            return None
+        try:
+            from kubernetes import client, config
+
+            config.load_kube_config()
+            core = client.CoreV1Api()
+            pods = core.list_namespaced_pod(ns, label_selector=f"job-name={name}").items
+        except Exception:  # no client, no kubeconfig, API unreachable: nothing to read
+            return None
+        return core, ns, sorted(pods, key=lambda p: (_index(p), _attempt(p)))
+
+    def sync_logs(self, store: Any, run: Any) -> None:
+        """Each pod's log (its node agent's output: `kubectl logs`), split into the per-rank
+        logs of its attempt (node_logs.py); a pod already gone keeps what was synced."""
+        from trebuchet.backends.node_logs import split, write
+
+        got = self._pods(run)
+        if got is None:
+            return
+        core, ns, pods = got
+        ppn = max(1, run.procs_per_node)
+        for pod in pods:
+            if (pod.status.phase or "") == "Pending":
+                continue  # no container has started: no log yet
+            try:
+                text = core.read_namespaced_pod_log(pod.metadata.name, ns)
+            except Exception:
+                continue
+            write(Path(run.run_dir), _attempt(pod), split(text or "", ppn, _index(pod)))
+
+    def node_outcomes(self, store: Any, run: Any) -> list[dict[str, Any]] | None:
+        """One row per pod: its index (the node), attempt, phase, and how its container
+        ended (exit code, reason), as the Job's pods report them."""
+        got = self._pods(run)
+        if got is None:
+            return None
+        rows = []
+        for pod in got[2]:
+            end = _terminated(pod)
+            rows.append({
+                "node": _index(pod), "attempt": _attempt(pod), "name": pod.metadata.name,
+                "state": pod.status.phase or "Unknown",
+                "exit_code": getattr(end, "exit_code", None),
+                "reason": getattr(end, "reason", None) or pod.status.reason,
+            })  # fmt: skip
+        return rows
+
     def cancel(self, store: Any, run: Any) -> None:
         import time
 
@@ -394,6 +446,29 @@ class KubernetesBackend(Backend):
         core.delete_namespaced_service(name, ns)
         core.delete_namespaced_config_map(name, ns)
         store.update_run(run.id, only_if_active=True, state="CANCELLED", ended_at=time.time())
+
+
+def _annotation(pod: Any, key: str) -> int:
+    value = (pod.metadata.annotations or {}).get(f"batch.kubernetes.io/{key}")
+    return int(value) if str(value).isdigit() else 0
+
+
+def _index(pod: Any) -> int:
+    """The pod's completion index: its node rank."""
+    return _annotation(pod, "job-completion-index")
+
+
+def _attempt(pod: Any) -> int:
+    """The index's failures before this pod: its attempt (TREB_ATTEMPT in the pod)."""
+    return _annotation(pod, "job-index-failure-count")
+
+
+def _terminated(pod: Any) -> Any:
+    """The trainer container's `terminated` state, or None while it runs."""
+    for cs in pod.status.container_statuses or []:
+        if cs.name == "trainer" and cs.state is not None:
+            return cs.state.terminated
+    return None
 
 
 def job_state(status: Any) -> tuple[str, str | None]:

@@ -9,8 +9,10 @@ as `file_mounts`: from the run directory to `~/.trebuchet/runtime/<archive>` and
 Rendering needs nothing installed. Submitting uses SkyPilot's Python API (`pip install
 'trebuchet[skypilot]'`): a managed job (`sky.jobs.launch`) when the spec asks for spot
 instances or retries, so SkyPilot recovers it, otherwise a cluster launch (`sky.launch`)
-that is torn down when the job ends. trebuchet does not follow SkyPilot runs after that:
-`sky jobs queue` / `sky queue` and `sky logs` do.
+that is torn down when the job ends. `treb ps`/`status` follow the job through SkyPilot's API
+(skypilot_state.py); `treb logs` reads its log through the same API and splits the node
+agents' labelled lines into per-rank logs (node_logs.py). SkyPilot reports one status per
+job, no per-node outcome.
 """
 
 from __future__ import annotations
@@ -275,6 +277,33 @@ class SkyPilotBackend(Backend):
         from trebuchet.backends.skypilot_state import refresh_runs
 
         refresh_runs(self.name, store, runs)
+
+    def sync_logs(self, store: Any, run: Any) -> None:
+        """The job's log as SkyPilot keeps it (`sky.jobs.tail_logs` / `sky.tail_logs`, not
+        followed: what is there now), split into per-rank logs (node_logs.py). SkyPilot
+        gives a task no count of its recoveries: everything is attempt 0. Nothing happens
+        without the package, a job id or an answer."""
+        kind, _, job = (run.backend_id or "").rpartition(":")
+        if not job.isdigit():
+            return
+        try:
+            import sky
+        except ImportError:
+            return
+        import io
+
+        from trebuchet.backends.node_logs import split, write
+
+        buf = io.StringIO()
+        try:
+            if kind == "jobs":
+                sky.jobs.tail_logs(job_id=int(job), follow=False, output_stream=buf)
+            else:
+                cluster = kind.removeprefix("cluster:")
+                sky.tail_logs(cluster, int(job), follow=False, output_stream=buf)
+        except Exception:  # API server unreachable, cluster gone: keep what was synced
+            return
+        write(Path(run.run_dir), 0, split(buf.getvalue(), max(1, run.procs_per_node)))
 
     def cancel(self, store: Any, run: Any) -> None:
         try:
