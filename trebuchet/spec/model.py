@@ -119,8 +119,8 @@ class Environment(Block):
     cleanup: bool = allowed("true or false", "remove the env after the run", default=False)
     bare_nodes_only: bool = allowed(
         "true or false",
-        "build it only on engines whose nodes start bare (SkyPilot, Kubernetes); locally "
-        "and on Slurm the ranks run in the submitting environment",
+        "build it only on engines whose nodes start bare (SkyPilot, Kubernetes); locally, "
+        "on Slurm and on ssh hosts the ranks run in the submitting environment",
         default=False,
     )
 
