@@ -21,6 +21,7 @@ def test_runs_share_one_cached_archive(treb_home: Path, tmp_path: Path) -> None:
     (cached,) = (treb_home / "cache").glob("*-treb-runtime-*.pyz")
     assert first.stat().st_ino == second.stat().st_ino == cached.stat().st_ino
     assert first.stat().st_mode & 0o777 == 0o600
+    assert (treb_home / "cache").stat().st_mode & 0o777 == 0o700
     # the same sources as an archive built in memory: the cache changes nothing but speed
     assert _sources_in(first.read_bytes()) == _sources_in(runtime_file._built()[1])
     assert "treb_runtime/agent.py" in _sources_in(first.read_bytes())

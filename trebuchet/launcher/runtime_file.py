@@ -83,6 +83,7 @@ def cached_path() -> Path | None:
         for found in cache.glob(f"{key}-treb-runtime-*.pyz"):
             return found
         name, data = _built()
+        cache.mkdir(mode=0o700, exist_ok=True)  # private to the user, like TREB_HOME
         path = cache / f"{key}-{name}"
         write_atomic_bytes(path, data)
     except OSError:

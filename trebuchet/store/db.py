@@ -310,6 +310,15 @@ def _warn_if_runs_exist(path: Path) -> None:
         )
 
 
+# Index files this process has checked and opened. Closing any other fd of a database file
+# drops every POSIX lock this process holds on it, those of live SQLite connections too
+# (SQLite's documented caveat): another process closing its connection then thinks it is
+# the last, checkpoints and deletes the WAL, and this process's connections read a stale
+# snapshot from then on (a sweep driver waited forever for runs that had ended). So the
+# header is read by a plain open() only before the first connection of the process.
+_OPENED: set[str] = set()
+
+
 class Store:
     """Access to runs.db; cheap to open, safe to use from many processes at once."""
 
@@ -318,10 +327,13 @@ class Store:
         if not self.path.exists():  # private to the user, like the run directories
             create(self.path)
             _warn_if_runs_exist(self.path)
-        try:
-            problem = header_problem(self.path)
-        except OSError as exc:
-            raise StateError(f"cannot read the run index {self.path}: {exc.strerror}") from None
+        key = os.path.realpath(self.path)
+        problem = None
+        if key not in _OPENED:  # see _OPENED: never a second fd while a connection lives
+            try:
+                problem = header_problem(self.path)
+            except OSError as exc:
+                raise StateError(f"cannot read the run index {self.path}: {exc.strerror}") from None
         self.conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
         self.conn.row_factory = sqlite3.Row
         try:
@@ -337,6 +349,7 @@ class Store:
         except sqlite3.Error as exc:
             self.conn.close()
             raise explain(exc, self.path) or exc from None
+        _OPENED.add(key)
 
     def _init(self) -> None:
         for _ in range(100):
