@@ -20,6 +20,8 @@ VERBS = {
     "diagnose": "root cause of a failed run, or of logs from elsewhere",
     "stacks": "the Python stacks of every rank of a running run (py-spy), grouped",
     "results": "performance results of runs (table, madengine perf.csv)",
+    "metrics": "a run's metrics from its logs: last values and a small plot (--json, --csv)",
+    "top": "active runs, live: state, ranks, attempt, latest metrics and their rate",
     "build": "build or refresh the spec's environment now",
     "import": "a spec from an sbatch script, AI Runtime YAML, madengine card or NeMo config",
     "check": "preflight checks: mistakes a queue wait would reveal, found now",
@@ -181,6 +183,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "shell", choices=["bash", "zsh", "fish"], metavar="SHELL", help="bash | zsh | fish"
     )
+    p = sub.add_parser("metrics", help=VERBS["metrics"])
+    p.add_argument(
+        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: latest)"
+    )
+    p.add_argument("names", nargs="*", metavar="NAME", help="only these metrics")
+    p.add_argument("--rank", type=int, metavar="R", help="this rank's (default: the lowest read)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="every stored point, as JSON")
+    fmt.add_argument("--csv", action="store_true", help="every stored point, as CSV on stdout")
+    p = sub.add_parser("top", help=VERBS["top"])
+    p.add_argument("--interval", "-n", type=float, default=2.0, metavar="S",
+                   help="seconds between refreshes (default 2)")  # fmt: skip
+    p.add_argument("--once", action="store_true", help="print one plain snapshot and exit")
+    p.add_argument("--all", "-a", action="store_true", help="also runs that ended recently")
     return parser
 
 

@@ -21,7 +21,7 @@ import subprocess
 import time
 from typing import Any, Callable
 
-from . import contain, procs
+from . import contain, metrics, procs
 from .progress import Progress
 from .records import exit_fields, now, write_json
 from .stacks import Stacks, faulthandler_path
@@ -134,7 +134,8 @@ class Agent:
         self._stop = False
         self._forward: list[int] = []
         self._wake_r = -1
-        self.progress = Progress(attempt_dir)  # the agent's one log reader
+        # the agent's one log reader; its lines feed the metrics (metrics.py)
+        self.progress = Progress(attempt_dir, on_line=metrics.hook(attempt_dir))
         self.stacks = Stacks(attempt_dir)
 
     # -- signals (a standalone agent; in the local supervisor, the supervisor has them) ---

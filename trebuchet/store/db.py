@@ -515,6 +515,14 @@ class Store:
                 marks = ", ".join(f":{k}" for k in cols)
                 c.execute(f"INSERT OR REPLACE INTO procs ({names}) VALUES ({marks})", cols)
 
+    def metrics(
+        self, run_id: str, names: Iterable[str] | None = None, rank: int | None = None
+    ) -> dict[str, list[tuple[float, float, float]]]:
+        """{name: [(step, value, time), ...]} of a run (store/metrics.py; {}: none yet)."""
+        from trebuchet.store.metrics import series
+
+        return series(self, run_id, None if names is None else list(names), rank)
+
     def procs(self, run_id: str, attempt: int | None = None) -> list[dict[str, Any]]:
         sql = "SELECT * FROM procs WHERE run_id = ?"
         args: list[Any] = [run_id]
