@@ -1,5 +1,6 @@
 """`treb metrics [RUN] [NAME...] [--rank R] [--json | --csv]`: a run's metrics.
 
+RUN omitted (or the first word names no run): the latest run.
 Reads what the node agents wrote since the last look into the store first
 (store/metrics.py), then prints each metric's last value, its step, how many points it
 had, its range and a sparkline of its history. --json and --csv print every stored point
@@ -25,11 +26,14 @@ def main(args: argparse.Namespace) -> int:
     from trebuchet.store import metrics
 
     store = Store()
+    names = args.names or None
+    if args.run and not store.matches_run(args.run):  # `treb metrics loss`: the latest run's
+        names = [args.run, *args.names]
+        args.run = None
     rec = store.resolve(args.run)
     refresh(store, [rec])
     rec = store.get(rec.id) or rec
     metrics.ingest(store, rec)
-    names = args.names or None
     data = store.metrics(rec.id, names, args.rank)
     last = metrics.latest(store, rec.id, args.rank)
     if names:

@@ -258,6 +258,12 @@ class Metrics:
         if values:
             writer.add(step, values, time.time())
 
+    def close(self) -> None:
+        """Close the files (a later line opens its file again)."""
+        for w in self.writers.values():
+            if w is not None:
+                w.close()
+
     def _writer(self, name: str) -> Writer | None:
         try:
             os.makedirs(self.folder, mode=0o700, exist_ok=True)
