@@ -1,6 +1,6 @@
 """Metrics and `treb top` on real runs: digits-ddp's loss and accuracy as the rank printed
 them (native and torchrun), per-rank metrics on request, `treb top` plain and in a pty
-(q quits, the terminal is given back)."""
+(q quits, the terminal is given back), `treb results --metric`."""
 
 from __future__ import annotations
 
@@ -73,6 +73,14 @@ def test_every_rank_on_request_and_treb_top_plain(treb, tmp_path: Path) -> None:
     assert re.search(rf"^{rid}  ticker  local  SUCCEEDED  attempt 1/1  1x3", top.stdout, re.M)
     assert "metrics: loss 0.025 @39" in top.stdout
     assert "node 0: 0 exit 0, 1 exit 0, 2 exit 0" in top.stdout
+    first = rid
+    assert treb("run", str(spec), "-o", "command=python tick.py 20").returncode == 0
+    second = status_json(treb)["id"]
+    res = treb("results", first, second, "-m", "loss")
+    assert res.returncode == 0, res.stderr
+    row = next(line for line in res.stdout.splitlines() if line.startswith(second))
+    assert row.split()[-1] == "0.05"  # its last loss, in the LOSS column
+    assert f"change: +100.00% loss ({second} vs {first})" in res.stdout
 
 
 def read_until(fd: int, pattern: bytes, timeout: float) -> bytes:

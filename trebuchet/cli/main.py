@@ -175,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", metavar="FILE", help="write madengine perf.csv-compatible rows")
     p.add_argument("--all", "-a", action="store_true", help="every run, not only recent ones")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--metric", "-m", action="append", metavar="NAME",
+                   help="also each run's last value of this metric (repeatable)")  # fmt: skip
     p = sub.add_parser("doctor", help=VERBS["doctor"])
     p.add_argument("--rebuild-index", action="store_true",
                    help="move runs.db aside (runs.db.damaged-<time> when damaged) and rebuild "
