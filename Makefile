@@ -19,7 +19,7 @@ $(SKY_VENV)/.installed-0.14.1: $(STAMP)
 $(STAMP): pyproject.toml examples/digits-ddp/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]' -r examples/digits-ddp/requirements.txt python-hostlist
+	$(PY) -m pip install -q -e '.[test,ui]' -r examples/digits-ddp/requirements.txt python-hostlist
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -46,6 +46,7 @@ bench: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/teardown.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/env_build.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/train_speed.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/ui_runs_page.py
 
 # Slurm figures on the test cluster (started and taken down around it).
 bench-slurm: $(STAMP)

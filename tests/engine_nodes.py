@@ -8,8 +8,9 @@ for exactly what the engine would do, and nothing more:
   workdir (SkyPilot runs `run:` in the uploaded workdir).
 - Kubernetes: the pod command with JOB_COMPLETION_INDEX and the container's env (the
   secrets' values and the downward API's annotation value given by the test), the
-  ConfigMap's files written into a folder that stands for its mount (/treb), and a folder
-  for the emptyDir (/treb-run). The Service's DNS name for pod 0 is 127.0.0.1 here.
+  ConfigMap's files written into a folder that stands for its mount (/treb), and folders
+  for the emptyDirs (/treb-run, /treb-code: the pod unpacks the code archive there). The
+  Service's DNS name for pod 0 is 127.0.0.1 here.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.backends.kubernetes import AGENT_DIR, RUN_DIR, KubernetesBackend
+from trebuchet.backends.kubernetes_code import CODE_DIR
 from trebuchet.backends.skypilot import SkyPilotBackend
 from trebuchet.spec.load import LoadedSpec, load_spec
 
@@ -55,6 +57,8 @@ def sky_node(
 ) -> subprocess.Popen:  # fmt: skip
     """One node's `run:` as SkyPilot starts it (the module's docstring); stdout, stderr piped."""
     for dest, src in task["file_mounts"].items():
+        if isinstance(src, dict):  # a bucket: the test says where it stands (job.json)
+            continue
         target = home / dest.removeprefix("~/")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, target)
@@ -78,12 +82,13 @@ def k8s_pod(
     secrets: dict[str, str] | None = None, path: str | None = None,
 ) -> subprocess.Popen:  # fmt: skip
     """One pod of the indexed Job (the module's docstring): `root/treb` stands for the
-    ConfigMap's mount, `root/treb-run` for the emptyDir, `workdir` for the image's working
-    directory (where its code is)."""
+    ConfigMap's mount, `root/treb-run` and `root/treb-code` for the emptyDirs, `workdir`
+    for the image's working directory (where the ranks start with kubernetes.code_dir)."""
     configmap, _service, job = docs
-    mount, run_dir = root / "treb", root / "treb-run"
+    mount, run_dir, code = root / "treb", root / "treb-run", root / "treb-code"
     mount.mkdir(parents=True, exist_ok=True)
     run_dir.mkdir(exist_ok=True)
+    code.mkdir(exist_ok=True)
     for name, text in configmap["data"].items():
         (mount / name).write_text(text)
     for name, packed in configmap["binaryData"].items():
@@ -103,7 +108,7 @@ def k8s_pod(
     assert env["TREB_RUN_DIR"] == RUN_DIR
     env["TREB_RUN_DIR"] = str(run_dir)
     shell, flag, script = container["command"]
-    script = script.replace(f"{AGENT_DIR}/", f"{mount}/")
+    script = script.replace(f"{AGENT_DIR}/", f"{mount}/").replace(f"cd {CODE_DIR} ", f"cd {code} ")
     return subprocess.Popen(
         [shell, flag, script], env=env, cwd=str(workdir), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, start_new_session=True,

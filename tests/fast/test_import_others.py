@@ -55,7 +55,11 @@ def test_madengine_single_card_seed_000(capsys, tmp_path) -> None:
     data, err, loaded = imported(capsys, tmp_path, "madengine", "madengine-card.json")
     spec = loaded.spec
     assert spec.name == "pyt_train_example_bare_metal" and spec.launcher == "none"
-    assert spec.command == "bash scripts/example/train_bare_metal.sh"
+    assert spec.command == (  # the resolved count: TREB_NGPUS (every visible GPU with -1)
+        'MAD_RUNTIME_NGPUS="${MAD_RUNTIME_NGPUS:-${TREB_NGPUS:-0}}" '
+        "bash scripts/example/train_bare_metal.sh"
+    )
+    assert any("MAD_RUNTIME_NGPUS to the resolved count" in e for e in notes_at(err, 4))
     assert spec.gpus_per_node == -1 and spec.nodes == 1
     env = spec.environment
     assert env.name == "mad_pyt_train_example_bare_metal" and env.conda.python == "3.12"
@@ -70,20 +74,81 @@ def test_madengine_models_json_with_tags(capsys, tmp_path) -> None:
     )
     spec = loaded.spec
     assert spec.name == "pyt_bert_train" and spec.command == (
+        'MAD_RUNTIME_NGPUS="${MAD_RUNTIME_NGPUS:-${TREB_NGPUS:-8}}" '
         "python scripts/bert/run.py --batch-size 32 --epochs 1"
     )
     assert (spec.gpus_per_node, spec.nodes, spec.timeout) == (8, 2, 7200)
+    # madengine's multiple_results CSV is what trebuchet's results.file reads
+    assert spec.results.file == "perf_bert.csv" and data["results"] == {"file": "perf_bert.csv"}
+    assert any("multiple_results perf_bert.csv: results.file" in e for e in notes_at(err, 25))
     joined = "\n".join(err)
+    assert "not carried over: multiple_results" not in joined
     for dropped in (
         "dockerfile",
         "owner",
         "training_precision",
-        "multiple_results",
         "distributed.master_port",
         "environment_file",
     ):
         assert f"not carried over: {dropped}" in joined, dropped
     assert notes_at(err, 18) and notes_at(err, 27)  # dockerfile, environment_file (missing)
+
+
+def test_imported_model_sees_mad_runtime_ngpus_and_its_results_csv(
+    capsys, tmp_path, treb, monkeypatch
+) -> None:
+    """A real local run of an imported card (n_gpus -1, 4 GPUs detected: the tests' stand-in
+    for detection): the script reads MAD_RUNTIME_NGPUS = 4, writes its multiple_results
+    CSV, and `treb results` turns its rows into results as madengine does."""
+    import json
+
+    from trebuchet.cli.main import main
+
+    mad = tmp_path / "mad"
+    (mad / "scripts").mkdir(parents=True)
+    (mad / "scripts" / "run.sh").write_text(
+        'echo "ngpus=$MAD_RUNTIME_NGPUS"\n'
+        'printf "model,performance,metric\\nfwd,%s,samples_per_second\\n" '
+        '"$((MAD_RUNTIME_NGPUS * 10))" > perf_m.csv\n'
+    )
+    card = {"name": "m", "scripts": "scripts/run.sh", "n_gpus": "-1",
+            "multiple_results": "perf_m.csv"}  # fmt: skip
+    (mad / "models.json").write_text(json.dumps([card]))
+    assert main(["import", "madengine", str(mad / "models.json")]) == 0
+    spec = mad / "job.yaml"
+    spec.write_text(capsys.readouterr().out)
+    res = treb("run", str(spec), env={"TREB_FAKE_GPUS": "nvidia:4"})
+    assert res.returncode == 0 and "ngpus=4" in res.stdout, res.stdout + res.stderr
+    res = treb("results", "--json")
+    (row,) = json.loads(res.stdout)
+    assert (row["model"], row["performance"], row["metric"]) == (
+        "m_fwd",
+        40.0,
+        "samples_per_second",
+    ), row
+
+
+def test_render_of_an_imported_conda_model_without_conda(
+    capsys, tmp_path, treb_home, monkeypatch
+) -> None:
+    """Seed 000's card builds a conda prefix; on a host without conda `treb render --on
+    slurm` is a dry run: it renders (the prefix's `conda run`) and warns; `treb run`
+    still refuses, with the field's line."""
+    from trebuchet.cli.main import main
+
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    data, err, loaded = imported(capsys, tmp_path, "madengine", "madengine-card.json")
+    monkeypatch.setenv("PATH", str(empty))  # no micromamba, mamba or conda
+    spec = str(tmp_path / "job.yaml")
+    assert main(["render", spec, "--on", "slurm", "-o", "gpus_per_node=8"]) == 0
+    out = capsys.readouterr()
+    assert '"command": ["conda", "run", "-p", ' in out.out
+    assert "MAD_RUNTIME_NGPUS" in out.out
+    assert "job.yaml:12: environment.conda: no micromamba, mamba or conda" in out.err
+    assert "treb render: warning:" in out.err
+    assert main(["run", spec, "--on", "slurm", "-o", "gpus_per_node=8"]) == 2
+    assert "job.yaml:12: environment.conda: no micromamba" in capsys.readouterr().err
 
 
 def test_madengine_tags_must_pick_one(capsys) -> None:

@@ -6,11 +6,13 @@ tests/integration/test_engine_nodes.py."""
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import tarfile
 import time
 import types
 from pathlib import Path
@@ -100,7 +102,9 @@ def test_render_matches_golden_and_schema(launcher, tmp_path, capsys, monkeypatc
     job_file = json.loads(configmap["data"]["job.json"])
     assert job_file["command"] == ["bash", "-c", 'python train.py --msg "it\'s $(whoami) `id`"']
     assert job_file["secret_env"] == {"FROM_SECRET": "${HF_TOKEN}"}
-    assert list(configmap["binaryData"]) == [name]  # render elides the archive itself
+    assert list(configmap["binaryData"]) == [name, "code.tar.gz"]  # both elided in a render
+    assert configmap["binaryData"]["code.tar.gz"].startswith("<code.tar.gz: the 1 file(s)")
+    assert c["command"][2].index("tar -xzf /treb/code.tar.gz") < c["command"][2].index("exec")
 
 
 def test_schema_validation_catches_a_broken_manifest(tmp_path, capsys) -> None:
@@ -126,15 +130,83 @@ def test_image_from_environment_and_no_gpus(tmp_path, capsys) -> None:
     [
         ("command: x\n", "a pod needs an image"),
         (
-            "command: x\nkubernetes: {image: i}\nenvironment: {requirements: [torch]}\n",
-            "only image is used on Kubernetes",
+            "command: x\nkubernetes: {image: i}\nenvironment: {image: i, mounts: ['/a:/a']}\n",
+            "job.yaml:3: environment.mounts: a pod cannot bind-mount host paths",
         ),
+        (
+            "command: x\nkubernetes: {image: i}\nenvironment: {requirements: ../r.txt}\n",
+            "job.yaml:3: environment.requirements: ",
+        ),
+        (
+            "command: x\nkubernetes: {image: i, checkpoint_volume: Bad_Name}\n",
+            "job.yaml:2: kubernetes.checkpoint_volume",
+        ),
+        ("command: x\nkubernetes: {image: i, code_dir: app}\n", "job.yaml:2: kubernetes.code_dir"),
         ("command: x\nkubernetes: {image: i}\ngpus_per_node: -1\n", "gpus_per_node: -1"),
     ],
 )
 def test_refused_with_exit_2(spec, why, tmp_path, capsys) -> None:
+    (tmp_path / "r.txt").write_text("torch\n")  # outside the workdir (the spec's folder)
     code, out, err = render(tmp_path, capsys, spec)
-    assert code == 2 and why in err and out == ""
+    assert code == 2 and why in err and out == "", err
+
+
+def _pod(docs: list[dict]) -> dict:
+    return docs[2]["spec"]["template"]["spec"]
+
+
+def test_code_archive_environment_and_checkpoint_volume(tmp_path, capsys) -> None:
+    """The code travels in the ConfigMap (unpacked into /treb-code), the environment is
+    built in the pod before the agent, the PVC is mounted where TREB_CHECKPOINT_DIR points;
+    without secrets the header says nothing of a Secret (no sentence cut off)."""
+    (tmp_path / "requirements.txt").write_text("torch==2.13.0\n")
+    (tmp_path / "train.py").write_text("import torch\n")
+    code, out, err = render(tmp_path, capsys, "command: python train.py\nnodes: 2\nretries: 1\n"
+                            "environment: {requirements: requirements.txt}\n"
+                            "kubernetes: {image: 'python:3.12', checkpoint_volume: ckpt}\n")  # fmt: skip
+    assert code == 0, err
+    head = [line for line in out.splitlines() if line.startswith("#")][:4]
+    assert head[1].endswith("the code snapshot the pod unpacks into /treb-code "
+                            "(archives elided here).")  # fmt: skip
+    assert head[2] == "# GPUs as nvidia.com/gpu." and "Secret" not in out
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    validate(docs)
+    configmap, pod = docs[0], _pod(docs)
+    assert configmap["binaryData"]["code.tar.gz"].startswith("<code.tar.gz: the 3 file(s)")
+    assert json.loads(configmap["data"]["job.json"])["checkpoint_dir"] == "/treb-checkpoints/RUN_ID"
+    assert {"name": "treb-checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}} in pod[
+        "volumes"
+    ]
+    (c,) = pod["containers"]
+    assert {"name": "treb-code", "mountPath": "/treb-code"} in c["volumeMounts"]
+    assert "workingDir" not in c
+    script = c["command"][2]
+    order = ["cd /treb-code && tar -xzf /treb/code.tar.gz", "python3 -m venv",
+             "python -m pip install -r requirements.txt", "exec python3 -S /treb/"]  # fmt: skip
+    at = [script.index(part) for part in order]
+    assert at == sorted(at), script
+    check = subprocess.run([needs_program("shellcheck"), "-s", "sh", "-S", "warning", "-"],
+                           input=script, capture_output=True, text=True)  # fmt: skip
+    assert check.returncode == 0, check.stdout
+
+
+def test_code_dir_uses_the_image_code(tmp_path, capsys) -> None:
+    code, out, err = render(tmp_path, capsys, "command: python t.py\n"
+                            "kubernetes: {image: i, code_dir: /app}\n")  # fmt: skip
+    assert code == 0, err
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    validate(docs)
+    (c,) = _pod(docs)["containers"]
+    assert c["workingDir"] == "/app" and "tar" not in c["command"][2]
+    assert list(docs[0]["binaryData"]) == [archive()[0]]
+    assert "the code is the image's, in /app" in out
+
+
+def test_code_too_big_for_a_config_map_is_refused(tmp_path, capsys) -> None:
+    (tmp_path / "weights.bin").write_bytes(os.urandom(1 << 20))
+    code, out, err = render(tmp_path, capsys, "command: x\nkubernetes: {image: i}\n")
+    assert code == 2 and out == ""
+    assert "more than the" in err and "kubernetes.code_dir" in err
 
 
 def test_run_without_the_client_is_a_clear_exit_2(tmp_path, capsys, monkeypatch, treb_home) -> None:
@@ -155,7 +227,7 @@ def _job(name: str, active: int = 0, conditions: list | None = None) -> _Obj:
 
 
 def _stand_in_client(monkeypatch, jobs: dict[str, list], calls: list,
-                     refuse: str | None = None) -> None:  # fmt: skip
+                     refuse: str | None = None, pods: list | None = None) -> None:  # fmt: skip
     """A stand-in for the official client (no Kubernetes cluster can run here): the real
     client's names and shapes, jobs per namespace from the test; each call that changes
     the cluster is recorded in `calls`; `refuse`: create_from_yaml raises this."""
@@ -183,6 +255,14 @@ def _stand_in_client(monkeypatch, jobs: dict[str, list], calls: list,
 
         def delete_namespaced_service(self, name: str, ns: str) -> None:
             calls.append(("delete_service", ns, name))
+
+        def list_namespaced_pod(self, ns: str, label_selector: str = "") -> _Obj:
+            calls.append(("list_pods", ns, label_selector))
+            return _Obj(items=[p for p, _log in pods or []])
+
+        def read_namespaced_pod_log(self, name: str, ns: str) -> str:
+            calls.append(("pod_log", ns, name))
+            return {p.metadata.name: log for p, log in pods or []}[name]
 
     def create_from_yaml(api: object, yaml_objects: list, namespace: str) -> None:
         if refuse:
@@ -213,6 +293,7 @@ def test_run_creates_the_config_map_before_the_job_and_cancel_deletes_it(
     _stand_in_client(monkeypatch, {}, calls)
     spec = tmp_path / "job.yaml"
     spec.write_text("name: k\ncommand: python t.py\nnodes: 2\nkubernetes: {image: i}\n")
+    (tmp_path / "t.py").write_text("print(1)\n")
     assert main(["run", str(spec), "--on", "kubernetes", "--detach"]) == 0, capsys.readouterr()
     (_, ns, configmap), (what, ns2, rest) = calls
     assert (ns, what, ns2) == ("default", "create_from_yaml", "default")
@@ -220,6 +301,12 @@ def test_run_creates_the_config_map_before_the_job_and_cancel_deletes_it(
     validate([configmap, *rest])
     name, data = archive()
     assert base64.b64decode(configmap["binaryData"][name]) == data
+    # the code archive holds the run's snapshot (job.yaml and t.py here)
+    with tarfile.open(
+        fileobj=io.BytesIO(base64.b64decode(configmap["binaryData"]["code.tar.gz"]))
+    ) as tar:
+        assert sorted(tar.getnames()) == ["job.yaml", "t.py"]
+        assert tar.extractfile("t.py").read() == b"print(1)\n"
     job = json.loads(configmap["data"]["job.json"])
     run_id = job["run_id"]
     env = {
@@ -295,3 +382,65 @@ def test_refresh_without_the_client_concludes_nothing(treb_home, monkeypatch) ->
     ))  # fmt: skip
     KubernetesBackend().refresh(store, store.list(active_only=True))
     assert store.get("k").state == "RUNNING"
+
+
+def _pod_obj(name: str, index: int, attempt: int, phase: str, exit_code: int | None = None,
+         reason: str | None = None) -> _Obj:  # fmt: skip
+    notes = {"batch.kubernetes.io/job-completion-index": str(index),
+             "batch.kubernetes.io/job-index-failure-count": str(attempt)}  # fmt: skip
+    end = None if exit_code is None else _Obj(exit_code=exit_code, reason=reason)
+    state = _Obj(terminated=end)
+    return _Obj(metadata=_Obj(name=name, annotations=notes),
+                status=_Obj(phase=phase, reason=None,
+                            container_statuses=[_Obj(name="trainer", state=state)]))  # fmt: skip
+
+
+# What a pod's log holds: its node agent's output, rank lines labelled `[node:local]`
+# (runtime/logcopy.py), the agent's own notes unlabelled.
+POD1_ATTEMPT0 = (
+    "[1:0] step 1\n[1:1] step 1\n[1:1] CUDA error: out of memory\ntreb: rank 3 (1:1) failed\n"
+)
+POD1_ATTEMPT1 = "[1:0] resumed\n[1:1] resumed\n[1:1] done\n"
+POD0 = "[0:0] step 1\n[0:1] step 1\n[0:0] performance: 12.5 samples_per_second\n"
+
+
+def test_logs_and_node_outcomes_come_from_the_pods(tmp_path, capsys, treb_home,
+                                                   monkeypatch) -> None:  # fmt: skip
+    """`treb logs` reads each pod's log through the API (a stand-in of the client: no
+    cluster runs here) and shows it per rank and per attempt; `treb status` lists the
+    pods' outcomes per node."""
+    calls: list = []
+    pods = [
+        (_pod_obj("k-0-abc", 0, 0, "Running"), POD0),
+        (_pod_obj("k-1-def", 1, 0, "Failed", 1, "Error"), POD1_ATTEMPT0),
+        (_pod_obj("k-1-ghi", 1, 1, "Running"), POD1_ATTEMPT1),
+    ]
+    _stand_in_client(monkeypatch, {"default": [_job("k", active=2)]}, calls, pods=pods)
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: k\ncommand: python t.py\nnodes: 2\nprocs_per_node: 2\nretries: 1\n"
+                    "kubernetes: {image: i}\n")  # fmt: skip
+    assert main(["run", str(spec), "--on", "kubernetes", "--detach"]) == 0
+    capsys.readouterr()
+    assert main(["logs", "--rank", "3", "--attempt", "1"]) == 0
+    assert capsys.readouterr().out == "step 1\nCUDA error: out of memory\n"
+    assert main(["logs", "--node", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "[0:0] step 1" in out and "[0:1] step 1" in out and "performance: 12.5" in out
+    assert ("list_pods", "default", "job-name=k") in calls
+    run_dir = next((treb_home / "runs").iterdir())
+    assert (run_dir / "attempt-1" / "rank-3.log").read_text() == "resumed\ndone\n"
+    assert "treb: rank 3 (1:1) failed" in (run_dir / "attempt-0" / "agent-node-1.log").read_text()
+    # a second sync appends nothing twice
+    assert main(["logs", "--rank", "2", "--attempt", "2"]) == 0
+    assert capsys.readouterr().out == "resumed\n"
+    assert main(["status", "--json"]) == 0
+    nodes = json.loads(capsys.readouterr().out)["nodes"]
+    assert [(n["node"], n["attempt"], n["state"], n["exit_code"]) for n in nodes] == [
+        (0, 0, "Running", None),
+        (1, 0, "Failed", 1),
+        (1, 1, "Running", None),
+    ]
+    assert nodes[1]["reason"] == "Error" and nodes[1]["name"] == "k-1-def"
+    assert main(["status"]) == 0
+    text = capsys.readouterr().out
+    assert "nodes (as kubernetes reports them):" in text and "k-1-def" in text

@@ -152,11 +152,147 @@ def test_submitted_task_ships_the_runtime_and_job_file(tmp_path: Path, treb_home
         ("command: x\ngpus_per_node: 8\nskypilot: {accelerators: 'A100:4'}\n", "asks for 4 GPUs"),
         ("command: x\nlauncher: mpirun\n", "launcher: mpirun is not rendered"),
         ("command: x\nenvironment: {image: img, mounts: ['/a:/a']}\n", "environment.mounts"),
+        (
+            "command: x\nskypilot: {checkpoint_bucket: 's3://b', checkpoint_store: gcs}\n",
+            "job.yaml:2: skypilot.checkpoint_store: only for a bucket given by name",
+        ),
+        ("command: x\nskypilot: {checkpoint_store: gcs}\n", "needs skypilot.checkpoint_bucket"),
+        (
+            "command: x\nskypilot: {checkpoint_bucket: 'no spaces'}\n",
+            "job.yaml:2: skypilot.checkpoint_bucket",
+        ),
+        (
+            "command: x\nskypilot: {checkpoint_bucket: ckpt-b1, checkpoint_store: ftp}\n",
+            "job.yaml:2: skypilot.checkpoint_store",
+        ),
+        (
+            "command: x\nenvironment: {requirements: ../r.txt}\n",
+            "job.yaml:2: environment.requirements: ",
+        ),
     ],
 )
 def test_refused_with_exit_2(spec, why, tmp_path, capsys) -> None:
+    (tmp_path / "r.txt").write_text("torch\n")  # outside the workdir
     code, out, err = render(tmp_path, capsys, spec)
-    assert code == 2 and why in err and out == ""
+    assert code == 2 and why in err and out == "", err
+
+
+def test_checkpoint_bucket_is_mounted_where_the_checkpoints_go(tmp_path, capsys) -> None:
+    """A bucket URL (existing bucket) or a name (SkyPilot creates it, store as asked), in
+    MOUNT mode at /treb-checkpoints; job.json points TREB_CHECKPOINT_DIR at the run's
+    folder there. SkyPilot's own parser reads both tasks."""
+    outs = []
+    for over in (
+        ["-o", "skypilot.checkpoint_bucket=s3://team-ckpt/digits"],
+        ["-o", "skypilot.checkpoint_bucket=team-ckpt", "-o", "skypilot.checkpoint_store=gcs"],
+    ):
+        code, out, err = render(tmp_path, capsys, "command: x\nretries: 1\n", *over)
+        assert code == 0, err
+        outs.append(out)
+    url, named = (yaml.safe_load(o)["file_mounts"]["/treb-checkpoints"] for o in outs)
+    assert url == {"source": "s3://team-ckpt/digits", "mode": "MOUNT"}
+    assert named == {"name": "team-ckpt", "mode": "MOUNT", "persistent": True, "store": "gcs"}
+    assert '#   "checkpoint_dir": "/treb-checkpoints/RUN_ID",' in outs[0]
+    for line in validate_with_skypilot(tmp_path, outs):
+        assert line.startswith("1 "), line  # parsed; only the unwritten run dir is missing
+
+
+def test_node_agent_puts_checkpoints_in_the_mounted_bucket(tmp_path) -> None:
+    """The node (stand-in: the bucket's mount point is a folder here) gives every rank
+    TREB_CHECKPOINT_DIR in the bucket, per run."""
+    path = spec_file(tmp_path / "work", 'command: echo "$TREB_CHECKPOINT_DIR" > "$OUT/c"\n'
+                     "skypilot: {checkpoint_bucket: ckpt-b1}\n")  # fmt: skip
+    task = sky_task(load(path), tmp_path / "run")
+    job = json.loads((tmp_path / "run" / "job.json").read_text())
+    assert job["checkpoint_dir"] == "/treb-checkpoints/r1"
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    bucket = tmp_path / "bucket"
+    job["checkpoint_dir"] = str(bucket / "r1")  # where the stand-in mounted it
+    (tmp_path / "run" / "job.json").write_text(json.dumps(job))
+    with started(sky_node(task, tmp_path / "home", 0, 1, "10.0.0.1", {"OUT": str(outdir)})) as (
+        proc,
+    ):
+        rc, out, err = finish(proc, timeout=60)
+    assert rc == 0, out + err
+    assert (outdir / "c").read_text() == f"{bucket / 'r1'}\n" and (bucket / "r1").is_dir()
+
+
+def test_the_example_renders_with_its_environment_for_the_nodes(tmp_path, capsys) -> None:
+    """examples/digits-ddp as a new user tries it: its environment (bare_nodes_only) is the
+    task's setup, pip installing the pinned requirements.txt; `treb check` is clean of
+    node-environment-missing, and the same spec locally builds nothing."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "digits-ddp" / "job.yaml"
+    over = ["-o", "gpus_per_node=2", "-o", "skypilot.accelerators=H100:2", "-o", "nodes=2"]
+    assert main(["render", str(example), "--on", "skypilot", *over]) == 0
+    task = yaml.safe_load(capsys.readouterr().out)
+    assert "python -m pip install -r requirements.txt" in task["setup"]
+    assert task["resources"]["accelerators"] == "H100:2"
+    assert "torch==" in (example.parent / "requirements.txt").read_text()
+    assert main(["check", str(example), "--on", "skypilot", "--json", *over]) in (0, 1)
+    ids = [f["id"] for f in json.loads(capsys.readouterr().out)["findings"]]
+    assert "node-environment-missing" not in ids and "gpus-unused" not in ids
+    from trebuchet.envs.recipe import recipe_for
+
+    assert recipe_for(load(example).spec, example.parent, "none") is None  # local, Slurm
+    assert validate_with_skypilot(tmp_path, [yaml.safe_dump(task)])[0].startswith("2 ")
+
+
+@pytest.mark.parametrize(
+    "extra,over,want",
+    [
+        ("", [], ["node-environment-missing"]),
+        ("environment: {requirements: requirements.txt}\n", [], []),
+        ("environment: {image: 'nvcr.io/nvidia/pytorch:24.05-py3'}\n", [], []),
+        (
+            "environment: {requirements: requirements.txt}\nretries: 2\n",
+            [],
+            ["checkpoints-node-local"],
+        ),
+        (
+            "environment: {requirements: requirements.txt}\nskypilot: {use_spot: true}\n",
+            [],
+            ["checkpoints-node-local"],
+        ),
+        (
+            "environment: {requirements: requirements.txt}\nretries: 2\n",
+            ["-o", "skypilot.checkpoint_bucket=s3://b"],
+            [],
+        ),
+        (
+            "environment: {requirements: requirements.txt}\nprocs_per_node: 2\n",
+            ["-o", "skypilot.accelerators=H100:8"],
+            ["gpus-unused"],
+        ),
+        (
+            "environment: {requirements: requirements.txt}\nprocs_per_node: 2\ngpus_per_node: 8\n",
+            ["-o", "skypilot.accelerators=H100:8"],
+            [],
+        ),
+        (
+            "environment: {requirements: requirements.txt}\n",
+            ["-o", "skypilot.accelerators=H100:1"],
+            [],
+        ),
+    ],
+)
+def test_check_warns_what_bare_nodes_would_lack(extra, over, want, tmp_path, capsys,
+                                                monkeypatch) -> None:  # fmt: skip
+    monkeypatch.setitem(sys.modules, "sky", None)  # backend-refuses is not what is tested
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "requirements.txt").write_text("torch==2.13.0\n")
+    (work / "train.py").write_text("import os\nimport torch\ntry:\n    import trebuchet\n"
+                                   "except ImportError:\n    pass\n")  # fmt: skip
+    (work / "job.yaml").write_text("command: python train.py\n" + extra)
+    main(["check", str(work / "job.yaml"), "--on", "skypilot", "--json", *over])
+    found = json.loads(capsys.readouterr().out)["findings"]
+    ids = [f["id"] for f in found if f["id"] != "backend-refuses"]
+    assert ids == want, found
+    if want == ["node-environment-missing"]:
+        (f,) = [f for f in found if f["id"] == want[0]]
+        assert "imports torch and the workdir has requirements.txt" in f["message"]
+        assert "trebuchet" not in f["message"]  # an optional import (in a try)
 
 
 def test_run_without_skypilot_installed_is_a_clear_exit_2(

@@ -104,3 +104,39 @@ def test_status_names_are_skypilots_own() -> None:
     # every status either maps or is a failure (FAILED*), so none is shown RUNNING by default
     assert all(s in sst.MANAGED_STATES or s.startswith("FAILED") for s in managed)
     assert all(s in sst.CLUSTER_STATES or s.startswith("FAILED") for s in cluster)
+
+
+def test_logs_come_from_skypilots_log_tail(treb_home, monkeypatch, capsys) -> None:
+    """`treb logs` asks SkyPilot for the job's log (not followed: what is there now), into
+    an output stream, and splits the node agents' labelled lines into per-rank logs."""
+    from trebuchet.cli.main import main
+
+    store = Store()
+    add(store, treb_home, "m1", "jobs:4")
+    add(store, treb_home, "c1", "cluster:treb-c1:2")
+    store.update_run("c1", procs_per_node=2)
+    store.update_run("m1", procs_per_node=2)
+    calls: list = []
+    text = "treb: node 1: starting\n[1:0] hello from rank 2\n[0:1] hi 1\n[1:1] bye 3\n"
+
+    def tail(*args, follow, output_stream, **kw):
+        calls.append((args, kw, follow))
+        output_stream.write(text)
+        return 0
+
+    fake = types.SimpleNamespace(
+        get=lambda request: request, tail_logs=tail,
+        jobs=types.SimpleNamespace(tail_logs=tail, queue=lambda **kw: []),
+        job_status=lambda cluster, ids: {i: None for i in ids},
+    )  # fmt: skip
+    monkeypatch.setitem(sys.modules, "sky", fake)
+    assert main(["logs", "c1", "--rank", "3"]) == 0
+    assert capsys.readouterr().out == "bye 3\n"
+    assert calls[-1] == (("treb-c1", 2), {}, False)
+    assert main(["logs", "m1", "--node", "1"]) == 0
+    assert calls[-1] == ((), {"job_id": 4}, False)
+    out = capsys.readouterr().out
+    assert "[1:0] hello from rank 2\n" in out and "[1:1] bye 3\n" in out and "hi 1" not in out
+    assert (treb_home / "m1" / "attempt-0" / "agent-node-0.log").read_text() == (
+        "treb: node 1: starting\n"
+    )

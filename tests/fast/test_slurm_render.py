@@ -212,11 +212,24 @@ def _yaml(value: str) -> str:
     return json.dumps(value)  # JSON strings are YAML strings
 
 
+def test_a_tool_missing_here_warns_in_a_render_and_refuses_a_run(tmp_path: Path,
+                                                                 treb_home) -> None:  # fmt: skip
+    """A render is a dry run: the Python the venv needs (or conda) missing on this host is a
+    warning; `treb run` refuses it (before looking for sbatch), with the field's line."""
+    rc, out, err = _render(
+        tmp_path, "name: x\ncommand: python t.py\nenvironment: {python: '3.2'}\n"
+    )
+    assert rc == 0 and out, err
+    assert "treb render: warning: " in err and "job.yaml:3: environment.python: Python 3.2" in err
+    res = subprocess.run(["python", "-m", "trebuchet", "run", str(tmp_path / "work" / "job.yaml"),
+                          "--on", "slurm"], capture_output=True, text=True)  # fmt: skip
+    assert res.returncode == 2 and "job.yaml:3: environment.python: Python 3.2" in res.stderr
+
+
 @pytest.mark.parametrize(
     "extra,why",
     [
         ("launcher: mpirun\nenvironment: {image: x}", "mpirun with a container image"),
-        ("environment: {python: '3.2'}", "Python 3.2 is not installed here"),
         ("gpus_per_node: -1", "no Slurm equivalent"),
         ("checkpoint_signal: SIGTERM", "SIGTERM is what Slurm sends"),
         ("slurm: {sbatch_args: ['--ntasks-per-node=8']}", "use procs_per_node"),

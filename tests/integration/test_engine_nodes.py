@@ -85,9 +85,13 @@ def test_skypilot_failing_rank_stops_its_node(tmp_path: Path) -> None:
 
 
 def test_kubernetes_two_pods_say_hello(tmp_path: Path) -> None:
+    """The image's working directory is empty: hello.py comes in the ConfigMap's code
+    archive, which each pod unpacks into its /treb-code."""
     docs = k8s_docs(hello("kubernetes.image=python:3.12-slim"))
     roots = [tmp_path / f"pod{i}" for i in range(2)]
-    with started(*(k8s_pod(docs, roots[i], i, HELLO.parent) for i in range(2))) as procs:
+    empty = tmp_path / "image-workdir"
+    empty.mkdir()
+    with started(*(k8s_pod(docs, roots[i], i, empty) for i in range(2))) as procs:
         results = [finish(p) for p in procs]
     for i, (rc, out, err) in enumerate(results):
         assert rc == 0, (i, out, err)
@@ -97,6 +101,26 @@ def test_kubernetes_two_pods_say_hello(tmp_path: Path) -> None:
             rec = record(roots[i] / "treb-run", rank)  # no annotation: attempt 0
             assert rec["exit_code"] == 0 and rec["attempt"] == 0, rec
     assert "[0:0] all 4 ranks said hello\n" in results[0][1]
+
+
+def test_kubernetes_pod_builds_the_environment_in_the_unpacked_code(tmp_path: Path) -> None:
+    """environment.setup (no requirements: no network here): the pod unpacks the code,
+    builds a venv, runs setup.sh inside it, and the ranks run with that venv's python."""
+    work = tmp_path / "work"
+    path = spec_file(work, "command: python -c 'import sys; print(\"prefix\", sys.prefix)'\n"
+                     "procs_per_node: 1\nenvironment: {setup: setup.sh, bare_nodes_only: true}\n"
+                     "kubernetes: {image: i}\n")  # fmt: skip
+    (work / "setup.sh").write_text('touch "$VIRTUAL_ENV.built" 2>/dev/null; touch built-here\n')
+    docs = k8s_docs(load(path))
+    root = tmp_path / "pod0"
+    empty = tmp_path / "image-workdir"
+    empty.mkdir()
+    with started(k8s_pod(docs, root, 0, empty)) as (proc,):
+        rc, out, err = finish(proc)
+    assert rc == 0, (out, err)
+    env = root / ".trebuchet" / "envs" / "job"
+    assert f"[0:0] prefix {env}\n" in out
+    assert (root / "treb-code" / "built-here").exists()  # setup ran in the unpacked code
 
 
 def test_kubernetes_failing_rank_in_a_retried_pod(tmp_path: Path) -> None:

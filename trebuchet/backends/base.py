@@ -98,6 +98,16 @@ class Backend(ABC):
         default does nothing and `submit(sub, attach=True)` follows the run."""
         return None
 
+    def sync_logs(self, store: Store, run: RunRecord) -> None:  # noqa: B027 - optional
+        """Engines whose nodes keep the logs (SkyPilot, Kubernetes): bring what the engine's
+        API holds of them into the run directory as per-rank logs (node_logs.py), so that
+        `treb logs` reads them as any run's. Default: nothing, they are already there."""
+
+    def node_outcomes(self, store: Store, run: RunRecord) -> list[dict[str, Any]] | None:
+        """Per-node outcomes as the engine reports them (`treb status`): dicts with node,
+        attempt, name, state, exit_code, reason; None when the engine reports none."""
+        return None
+
     def preflight(self, ctx: Context) -> list[Finding]:
         """This engine's own preflight findings (`treb check`), beside the shared ones."""
         return []

@@ -66,13 +66,17 @@ def uses_secret(value: str, secrets: list[str]) -> bool:
     return any(m.group(1) in secrets for m in SECRET_REF.finditer(value))
 
 
-def node_job(spec: Any, run_id: str) -> dict[str, Any]:
+def node_job(spec: Any, run_id: str, checkpoint_dir: str | None = None) -> dict[str, Any]:
     """What the runtime's `node` verb reads: the common values, the timeout and when to
     send the checkpoint signal before it, the env values whose ${SECRET} the node expands
-    (the engine gives the node the secrets, never the manifest), profiling."""
+    (the engine gives the node the secrets, never the manifest), profiling, and where
+    checkpoints go when the engine mounts storage for them (else the node-local run
+    directory's `checkpoints/`)."""
     secrets = list(spec.secrets)
+    extra = {"checkpoint_dir": checkpoint_dir} if checkpoint_dir else {}
     return {
         **common(spec, run_id),
+        **extra,
         "timeout": spec.timeout,
         "warning": spec.warning_seconds,
         "secret_env": {k: v for k, v in spec.env.items() if uses_secret(v, secrets)},

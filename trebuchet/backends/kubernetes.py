@@ -1,17 +1,20 @@
 """Kubernetes: the spec as an indexed Job (one pod per node), a headless Service and a
-ConfigMap that carries trebuchet's node agent.
+ConfigMap that carries trebuchet's node agent and the run's code.
 
 Pod i of Job J is reachable as J-i.J (the Service is named after the Job and is the
 pods' subdomain), so MASTER_ADDR is the index-0 pod's name and NODE_RANK is the pod's
-completion index. The pod command only places the node and starts the node agent from the
-ConfigMap (the runtime archive and job.json, mounted at /treb), which runs the node's ranks
+completion index. The ConfigMap (mounted at /treb) holds the runtime archive, job.json and
+the code snapshot (kubernetes_code.py; or the image holds the code, `kubernetes.code_dir`).
+The pod command places the node, unpacks the code into /treb-code, builds the spec's
+environment there (node_setup.py) and starts the node agent, which runs the node's ranks
 as on every engine (trebuchet/runtime/node.py). Retries are the Job's, per index
 (backoffLimitPerIndex); TREB_ATTEMPT is the index's failure count, from the pod's
 annotation. GPUs are requested as nvidia.com/gpu, or amd.com/gpu with gpu_vendor: amd.
 Secrets come from a Kubernetes Secret named after the workload, one key per secret name;
-trebuchet never writes their values into a manifest. Rendering needs nothing installed;
-`treb run --on kubernetes` creates the objects with the official client
-(`pip install 'trebuchet[kubernetes]'`) and the current kubeconfig context.
+trebuchet never writes their values into a manifest. `kubernetes.checkpoint_volume` mounts
+a PersistentVolumeClaim at /treb-checkpoints, where TREB_CHECKPOINT_DIR then points.
+Rendering needs nothing installed; `treb run --on kubernetes` creates the objects with the
+official client (`pip install 'trebuchet[kubernetes]'`) and the current kubeconfig context.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trebuchet.backends.base import Backend, Submitted
@@ -30,6 +34,8 @@ from trebuchet.backends.job_file import (
     start_lines,
     uses_secret,
 )
+from trebuchet.backends.kubernetes_code import ARCHIVE, CODE_DIR, CONFIGMAP_MAX, code_archive
+from trebuchet.backends.node_setup import check_files, setup_lines
 from trebuchet.errors import UserError
 from trebuchet.launcher.runtime_file import archive
 from trebuchet.runtime.contract import DEFAULT_MASTER_PORT
@@ -44,11 +50,14 @@ from trebuchet.store.states import (
 )
 
 if TYPE_CHECKING:
+    from trebuchet.preflight.context import Context
+    from trebuchet.preflight.findings import Finding
     from trebuchet.spec.load import LoadedSpec
 
 INSTALL = "install it with: pip install 'trebuchet[kubernetes]'"
 AGENT_DIR = "/treb"  # the ConfigMap, read-only: the runtime archive and job.json
 RUN_DIR = "/treb-run"  # an emptyDir: the node-local run directory (logs, records)
+CHECKPOINTS = "/treb-checkpoints"  # where kubernetes.checkpoint_volume is mounted
 # The index's failures so far (Kubernetes >= 1.29, with backoffLimitPerIndex): the attempt.
 FAILURE_COUNT = "metadata.annotations['batch.kubernetes.io/job-index-failure-count']"
 GPU_RESOURCES = {"amd": "amd.com/gpu"}  # anything else (auto, nvidia): nvidia.com/gpu
@@ -73,6 +82,18 @@ class KubernetesBackend(Backend):
     def perf_fields(self, row: dict[str, Any]) -> dict[str, str]:
         return {"deployment_type": "k8s"}  # madengine's name for it
 
+    def preflight(self, ctx: Context) -> list[Finding]:
+        """A retried pod starts on a fresh node: checkpoints need a volume. (A pod always
+        has an image, so the shared `node-environment-missing` cannot apply here.)"""
+        from trebuchet.preflight import bare_nodes
+
+        spec = ctx.spec
+        if not spec.retries or spec.kubernetes.checkpoint_volume:
+            return []
+        how = f"retries: {spec.retries} starts a failed index again in a new pod"
+        field = "kubernetes.checkpoint_volume"
+        return bare_nodes.checkpoints_lost(ctx, "Kubernetes", how, field, "retries")
+
     def check(self, loaded: LoadedSpec) -> None:
         self.check_render(loaded)
         try:
@@ -91,17 +112,23 @@ class KubernetesBackend(Backend):
                 "kubernetes.image or environment.image)"
             )
         env = spec.environment
-        if env and (env.requirements or env.setup or env.conda or env.python or env.mounts):
+        if env and env.mounts:
             raise UserError(
-                f"{src}: environment: only image is used on Kubernetes; bake "
-                "requirements and setup into the image, mount volumes with "
-                "your own manifests"
+                f"{loaded.where('environment', 'mounts')}: environment.mounts: a pod cannot "
+                "bind-mount host paths; use kubernetes.checkpoint_volume for checkpoints, "
+                "other volumes with your own manifests"
             )
+        check_files(loaded, "Kubernetes", "the workdir (the code archive, or code_dir)")
 
     def manifests(
-        self, loaded: LoadedSpec, run_id: str = "RUN_ID", whole: bool = True
+        self,
+        loaded: LoadedSpec,
+        run_id: str = "RUN_ID",
+        whole: bool = True,
+        snapshot: Path | None = None,
     ) -> list[dict[str, Any]]:
-        """ConfigMap, Service, Job. Not `whole` (render): the archive's base64 is elided."""
+        """ConfigMap, Service, Job. Not `whole` (render): the archives' base64 is elided.
+        The code shipped is `snapshot` (the run's copy) when given, else the workdir's."""
         self.check_render(loaded)
         spec = loaded.spec
         name = k8s_name(spec.name)
@@ -114,12 +141,24 @@ class KubernetesBackend(Backend):
             meta["namespace"] = ns
         runtime, data = archive()
         packed = base64.b64encode(data).decode() if whole else f"<{runtime}: treb run sends it>"
+        kube = spec.kubernetes
+        ckpt = f"{CHECKPOINTS}/{run_id}" if kube.checkpoint_volume else None
+        job_json = job_text(node_job(spec, run_id, ckpt))
+        binary = {runtime: packed}
+        if not kube.code_dir:  # the code travels in the ConfigMap (kubernetes_code.py)
+            room = CONFIGMAP_MAX - len(base64.b64encode(data)) - len(job_json) - 4096
+            code, count = code_archive(loaded.workdir, snapshot, room)
+            binary[ARCHIVE] = (
+                base64.b64encode(code).decode()
+                if whole
+                else f"<{ARCHIVE}: the {count} file(s) of the code snapshot: treb run sends it>"
+            )
         configmap = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {**meta, "labels": dict(labels)},
-            "data": {"job.json": job_text(node_job(spec, run_id))},
-            "binaryData": {runtime: packed},
+            "data": {"job.json": job_json},
+            "binaryData": binary,
         }
         service = {
             "apiVersion": "v1",
@@ -150,23 +189,52 @@ class KubernetesBackend(Backend):
             {"name": "TREB_RUN_DIR", "value": RUN_DIR},
             {"name": "TREB_ATTEMPT", "valueFrom": {"fieldRef": {"fieldPath": FAILURE_COUNT}}},
         ]
+        code = (
+            []
+            if kube.code_dir
+            else [
+                f"# the code snapshot (the ConfigMap's {ARCHIVE}), where the ranks start",
+                f"cd {CODE_DIR} && tar -xzf {AGENT_DIR}/{ARCHIVE} || exit 1",
+            ]
+        )
+        build, _ = setup_lines(loaded)
+        no_python, start = start_lines(f"{AGENT_DIR}/{runtime}", f"{AGENT_DIR}/job.json")
+        if build:
+            build.insert(0, "# the environment, built in this pod before the ranks start")
         script = [
             "# trebuchet's node agent (the ConfigMap) runs this pod's ranks: "
             f"launcher {spec.launcher}, {spec.ranks_per_node} per node",
             'export NODE_RANK="$JOB_COMPLETION_INDEX" TREB_ATTEMPT="${TREB_ATTEMPT:-0}"',
-            *start_lines(f"{AGENT_DIR}/{runtime}", f"{AGENT_DIR}/job.json"),
+            no_python,
+            *code,
+            *build,
+            start,
         ]
+        mounts = [
+            {"name": "treb", "mountPath": AGENT_DIR, "readOnly": True},
+            {"name": "treb-run", "mountPath": RUN_DIR},
+        ]
+        volumes: list[dict[str, Any]] = [
+            {"name": "treb", "configMap": {"name": name}},
+            {"name": "treb-run", "emptyDir": {}},
+        ]
+        if not kube.code_dir:
+            mounts.append({"name": "treb-code", "mountPath": CODE_DIR})
+            volumes.append({"name": "treb-code", "emptyDir": {}})
+        if kube.checkpoint_volume:
+            mounts.append({"name": "treb-checkpoints", "mountPath": CHECKPOINTS})
+            claim = {"claimName": kube.checkpoint_volume}
+            volumes.append({"name": "treb-checkpoints", "persistentVolumeClaim": claim})
         container: dict[str, Any] = {
             "name": "trainer",
             "image": image,
             "command": ["sh", "-c", "\n".join(script) + "\n"],
             "env": env,
             "ports": [{"containerPort": port, "name": "master"}],
-            "volumeMounts": [
-                {"name": "treb", "mountPath": AGENT_DIR, "readOnly": True},
-                {"name": "treb-run", "mountPath": RUN_DIR},
-            ],
+            "volumeMounts": mounts,
         }
+        if kube.code_dir:
+            container["workingDir"] = kube.code_dir
         if spec.gpus_per_node > 0:
             gpus = str(spec.gpus_per_node)
             container["resources"] = {"limits": {gpu_resource(spec): gpus}}
@@ -188,10 +256,7 @@ class KubernetesBackend(Backend):
                     # the agent's grace period (TERM, then SIGKILL), then its records
                     "terminationGracePeriodSeconds": grace_seconds(spec) + 5,
                     "containers": [container],
-                    "volumes": [
-                        {"name": "treb", "configMap": {"name": name}},
-                        {"name": "treb-run", "emptyDir": {}},
-                    ],
+                    "volumes": volumes,
                 },
             },
         }
@@ -213,16 +278,24 @@ class KubernetesBackend(Backend):
 
         spec = loaded.spec
         name = k8s_name(spec.name)
+        code_dir = spec.kubernetes.code_dir
+        code = (
+            f"its job.json; the code is the image's, in {code_dir}"
+            if code_dir
+            else f"its job.json and {ARCHIVE}, the code snapshot the pod unpacks into {CODE_DIR}"
+        )
         head = (
             f"# Kubernetes manifests for {spec.name} ({loaded.source}).\n"
-            f"# The ConfigMap {name!r} carries trebuchet's node agent (the runtime archive"
-            f"{'' if docs else ', elided here'}) and its job.json.\n"
-            f"# GPUs as {gpu_resource(spec)}. Secrets come from the Secret {name!r}, one key "
-            "per name:\n"
+            f"# The ConfigMap {name!r} carries trebuchet's node agent (the runtime archive), "
+            f"{code}{'' if docs else ' (archives elided here)'}.\n"
+            f"# GPUs as {gpu_resource(spec)}.\n"
         )
         if spec.secrets:
             keys = " ".join(f'--from-literal={s}="${s}"' for s in spec.secrets)
-            head += f"#   kubectl create secret generic {name} {keys}\n"
+            head += (
+                f"# Secrets come from the Secret {name!r}, one key per name; create it "
+                f"first:\n#   kubectl create secret generic {name} {keys}\n"
+            )
         docs = docs or self.manifests(loaded, whole=False)
         text = [yaml.dump(m, Dumper=_Dumper, sort_keys=False, width=1000) for m in docs]
         return head + "---\n" + "---\n".join(text)
@@ -239,7 +312,8 @@ class KubernetesBackend(Backend):
             ) from None
         from trebuchet.store.files import append_event, write_atomic
 
-        docs = self.manifests(sub.loaded, sub.record.id)
+        snapshot = sub.run_dir / "code" if sub.loaded.spec.snapshot else None
+        docs = self.manifests(sub.loaded, sub.record.id, snapshot=snapshot)
         write_atomic(sub.run_dir / "manifests.yaml", self.render(sub.loaded, docs))
         configmap, *rest = docs
         name = configmap["metadata"]["name"]
@@ -301,6 +375,58 @@ class KubernetesBackend(Backend):
                     state, reason = job_state(job.status)
                 store.follow_state(rec.id, state, reason)
 
+    def _pods(self, run: Any) -> tuple[Any, str, list[Any]] | None:
+        """(CoreV1Api, namespace, the Job's pods by index then attempt), or None when the
+        client, the kubeconfig or the API is not there."""
+        ns, _, name = (run.backend_id or "").partition("/")
+        if not name:
+            return None
+        try:
+            from kubernetes import client, config
+
+            config.load_kube_config()
+            core = client.CoreV1Api()
+            pods = core.list_namespaced_pod(ns, label_selector=f"job-name={name}").items
+        except Exception:  # no client, no kubeconfig, API unreachable: nothing to read
+            return None
+        return core, ns, sorted(pods, key=lambda p: (_index(p), _attempt(p)))
+
+    def sync_logs(self, store: Any, run: Any) -> None:
+        """Each pod's log (its node agent's output: `kubectl logs`), split into the per-rank
+        logs of its attempt (node_logs.py); a pod already gone keeps what was synced."""
+        from trebuchet.backends.node_logs import split, write
+
+        got = self._pods(run)
+        if got is None:
+            return
+        core, ns, pods = got
+        ppn = max(1, run.procs_per_node)
+        for pod in pods:
+            if (pod.status.phase or "") == "Pending":
+                continue  # no container has started: no log yet
+            try:
+                text = core.read_namespaced_pod_log(pod.metadata.name, ns)
+            except Exception:
+                continue
+            write(Path(run.run_dir), _attempt(pod), split(text or "", ppn, _index(pod)))
+
+    def node_outcomes(self, store: Any, run: Any) -> list[dict[str, Any]] | None:
+        """One row per pod: its index (the node), attempt, phase, and how its container
+        ended (exit code, reason), as the Job's pods report them."""
+        got = self._pods(run)
+        if got is None:
+            return None
+        rows = []
+        for pod in got[2]:
+            end = _terminated(pod)
+            rows.append({
+                "node": _index(pod), "attempt": _attempt(pod), "name": pod.metadata.name,
+                "state": pod.status.phase or "Unknown",
+                "exit_code": getattr(end, "exit_code", None),
+                "reason": getattr(end, "reason", None) or pod.status.reason,
+            })  # fmt: skip
+        return rows
+
     def cancel(self, store: Any, run: Any) -> None:
         import time
 
@@ -320,6 +446,29 @@ class KubernetesBackend(Backend):
         core.delete_namespaced_service(name, ns)
         core.delete_namespaced_config_map(name, ns)
         store.update_run(run.id, only_if_active=True, state="CANCELLED", ended_at=time.time())
+
+
+def _annotation(pod: Any, key: str) -> int:
+    value = (pod.metadata.annotations or {}).get(f"batch.kubernetes.io/{key}")
+    return int(value) if str(value).isdigit() else 0
+
+
+def _index(pod: Any) -> int:
+    """The pod's completion index: its node rank."""
+    return _annotation(pod, "job-completion-index")
+
+
+def _attempt(pod: Any) -> int:
+    """The index's failures before this pod: its attempt (TREB_ATTEMPT in the pod)."""
+    return _annotation(pod, "job-index-failure-count")
+
+
+def _terminated(pod: Any) -> Any:
+    """The trainer container's `terminated` state, or None while it runs."""
+    for cs in pod.status.container_statuses or []:
+        if cs.name == "trainer" and cs.state is not None:
+            return cs.state.terminated
+    return None
 
 
 def job_state(status: Any) -> tuple[str, str | None]:

@@ -9,15 +9,16 @@ as `file_mounts`: from the run directory to `~/.trebuchet/runtime/<archive>` and
 Rendering needs nothing installed. Submitting uses SkyPilot's Python API (`pip install
 'trebuchet[skypilot]'`): a managed job (`sky.jobs.launch`) when the spec asks for spot
 instances or retries, so SkyPilot recovers it, otherwise a cluster launch (`sky.launch`)
-that is torn down when the job ends. trebuchet does not follow SkyPilot runs after that:
-`sky jobs queue` / `sky queue` and `sky logs` do.
+that is torn down when the job ends. `treb ps`/`status` follow the job through SkyPilot's API
+(skypilot_state.py); `treb logs` reads its log through the same API and splits the node
+agents' labelled lines into per-rank logs (node_logs.py). SkyPilot reports one status per
+job, no per-node outcome.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,23 +31,63 @@ from trebuchet.backends.job_file import (
     uses_secret,
     write_job_files,
 )
+from trebuchet.backends.node_setup import check_files, setup_lines
 from trebuchet.errors import UserError
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
+from trebuchet.preflight.findings import WARNING
 from trebuchet.runtime.contract import DEFAULT_MASTER_PORT
 
 if TYPE_CHECKING:
+    from trebuchet.preflight.context import Context
+    from trebuchet.preflight.findings import Finding
     from trebuchet.spec.load import LoadedSpec
 
 INSTALL = "install it with: pip install 'trebuchet[skypilot]'"
-ENV_ROOT = ".trebuchet/envs"
 # Where file_mounts put the runtime (named by its content: runs share it) and the job file
 # on every node; the job file's folder is the node-local run directory.
 REMOTE_RUNTIME = "~/.trebuchet/runtime"
 REMOTE_RUNS = "~/.trebuchet/runs"
+CHECKPOINTS = "/treb-checkpoints"  # where skypilot.checkpoint_bucket is mounted
 
 
 class SkyPilotBackend(Backend):
     name = "skypilot"
+
+    def preflight(self, ctx: Context) -> list[Finding]:
+        """What the bare nodes would lack (an environment, checkpoints kept across a
+        recovery), and GPUs the accelerators ask for that no rank uses."""
+        from trebuchet.preflight import bare_nodes
+
+        spec, sk = ctx.spec, ctx.spec.skypilot
+        image = bool(spec.environment and spec.environment.image)
+        out = bare_nodes.environment_missing(ctx, "SkyPilot", image)
+        if (spec.retries or sk.use_spot) and not sk.checkpoint_bucket:
+            how = (
+                f"retries: {spec.retries} makes it a managed job with job_recovery"
+                if spec.retries
+                else "use_spot: a managed job whose preempted nodes are recovered"
+            )
+            at = ("retries",) if spec.retries else ("skypilot", "use_spot")
+            out += bare_nodes.checkpoints_lost(
+                ctx, "SkyPilot", how, "skypilot.checkpoint_bucket", *at
+            )
+        count = _count(sk.accelerators)
+        if count and not spec.gpus_per_node and count > spec.ranks_per_node:
+            ranks = spec.ranks_per_node
+            out.append(
+                ctx.finding(
+                    "gpus-unused",
+                    WARNING,
+                    f"skypilot.accelerators {sk.accelerators} gives each node {count} GPUs, "
+                    f"but gpus_per_node is unset and {ranks} rank(s) run per node: "
+                    f"{count - ranks} GPU(s) per node idle unless each rank uses several",
+                    f"set `gpus_per_node: {count}` (one rank per GPU unless procs_per_node "
+                    f"says otherwise), or ask for {_gpu_name(sk.accelerators)}:{ranks}",
+                    "skypilot",
+                    "accelerators",
+                )
+            )
+        return out
 
     def check(self, loaded: LoadedSpec) -> None:
         """Refuse what a task YAML cannot express; submitting also needs the package."""
@@ -81,12 +122,18 @@ class SkyPilotBackend(Backend):
                 f"{src}: skypilot.accelerators {acc} asks for {m.group(2)} GPUs per "
                 f"node but gpus_per_node is {spec.gpus_per_node}"
             )
-        for path in _env_files(loaded):
-            if not _inside(path, loaded.workdir):
-                raise UserError(
-                    f"{src}: {path} is outside workdir {loaded.workdir}: SkyPilot "
-                    "only uploads workdir"
-                )
+        check_files(loaded, "SkyPilot", "workdir (it uploads nothing else)")
+        sk = spec.skypilot
+        if sk.checkpoint_store and sk.checkpoint_bucket and "://" in sk.checkpoint_bucket:
+            raise UserError(
+                f"{loaded.where('skypilot', 'checkpoint_store')}: skypilot.checkpoint_store: "
+                "only for a bucket given by name; the URL of checkpoint_bucket names its store"
+            )
+        if sk.checkpoint_store and not sk.checkpoint_bucket:
+            raise UserError(
+                f"{loaded.where('skypilot', 'checkpoint_store')}: skypilot.checkpoint_store: "
+                "needs skypilot.checkpoint_bucket"
+            )
 
     def task(
         self, loaded: LoadedSpec, run_id: str = "RUN_ID", run_dir: Path | None = None
@@ -136,9 +183,11 @@ class SkyPilotBackend(Backend):
             f"{REMOTE_RUNTIME}/{runtime}": str(run_dir / runtime),
             f"{REMOTE_RUNS}/{run_id}/job.json": str(run_dir / "job.json"),
         }
-        setup, activate = _setup(loaded)
+        if sk.checkpoint_bucket:
+            task["file_mounts"][CHECKPOINTS] = bucket_mount(sk)
+        setup, activate = setup_lines(loaded)
         if setup:
-            task["setup"] = setup
+            task["setup"] = "\n".join(setup) + "\n"
         port = spec.fixed_port or DEFAULT_MASTER_PORT
         lines = [
             "# trebuchet's node agent (file_mounts) runs this node's ranks: "
@@ -155,7 +204,7 @@ class SkyPilotBackend(Backend):
 
     def prepare_task(self, loaded: LoadedSpec, run_id: str, run_dir: Path) -> dict[str, Any]:
         """The files that file_mounts upload, written into the run directory, and the task."""
-        write_job_files(run_dir, node_job(loaded.spec, run_id))
+        write_job_files(run_dir, job_of(loaded.spec, run_id))
         return self.task(loaded, run_id, run_dir)
 
     def render(self, loaded: LoadedSpec) -> str:
@@ -163,7 +212,7 @@ class SkyPilotBackend(Backend):
 
         spec = loaded.spec
         task = self.task(loaded)
-        job = job_text(node_job(spec, "RUN_ID"))
+        job = job_text(job_of(spec, "RUN_ID"))
         src = task["file_mounts"][f"{REMOTE_RUNS}/RUN_ID/job.json"]
         head = (
             f"# SkyPilot task for {spec.name} ({loaded.source}); secrets are "
@@ -229,6 +278,33 @@ class SkyPilotBackend(Backend):
 
         refresh_runs(self.name, store, runs)
 
+    def sync_logs(self, store: Any, run: Any) -> None:
+        """The job's log as SkyPilot keeps it (`sky.jobs.tail_logs` / `sky.tail_logs`, not
+        followed: what is there now), split into per-rank logs (node_logs.py). SkyPilot
+        gives a task no count of its recoveries: everything is attempt 0. Nothing happens
+        without the package, a job id or an answer."""
+        kind, _, job = (run.backend_id or "").rpartition(":")
+        if not job.isdigit():
+            return
+        try:
+            import sky
+        except ImportError:
+            return
+        import io
+
+        from trebuchet.backends.node_logs import split, write
+
+        buf = io.StringIO()
+        try:
+            if kind == "jobs":
+                sky.jobs.tail_logs(job_id=int(job), follow=False, output_stream=buf)
+            else:
+                cluster = kind.removeprefix("cluster:")
+                sky.tail_logs(cluster, int(job), follow=False, output_stream=buf)
+        except Exception:  # API server unreachable, cluster gone: keep what was synced
+            return
+        write(Path(run.run_dir), 0, split(buf.getvalue(), max(1, run.procs_per_node)))
+
     def cancel(self, store: Any, run: Any) -> None:
         try:
             import sky
@@ -248,6 +324,34 @@ class SkyPilotBackend(Backend):
         store.update_run(run.id, only_if_active=True, state="CANCELLED", ended_at=time.time())
 
 
+def _count(acc: str | None) -> int:
+    """The GPU count of NAME:COUNT (0 without one)."""
+    m = re.fullmatch(r"[^:,\s]+:(\d+)", acc or "")
+    return int(m.group(1)) if m else 0
+
+
+def _gpu_name(acc: str) -> str:
+    return acc.partition(":")[0]
+
+
+def bucket_mount(sk: Any) -> dict[str, Any]:
+    """The file_mounts entry of skypilot.checkpoint_bucket: mounted (writes go to the
+    bucket), an existing bucket by URL, or one SkyPilot creates by name and keeps."""
+    bucket = sk.checkpoint_bucket
+    if "://" in bucket:
+        return {"source": bucket, "mode": "MOUNT"}
+    mount: dict[str, Any] = {"name": bucket, "mode": "MOUNT", "persistent": True}
+    if sk.checkpoint_store:
+        mount["store"] = sk.checkpoint_store
+    return mount
+
+
+def job_of(spec: Any, run_id: str) -> dict[str, Any]:
+    """job.json: checkpoints in the bucket's folder for this run when there is one."""
+    ckpt = f"{CHECKPOINTS}/{run_id}" if spec.skypilot.checkpoint_bucket else None
+    return node_job(spec, run_id, ckpt)
+
+
 def _fail(sub: Any, why: str) -> None:
     import time
 
@@ -255,68 +359,6 @@ def _fail(sub: Any, why: str) -> None:
 
     sub.store.update_run(sub.record.id, only_if_active=True, state="FAILED", ended_at=time.time())
     append_event(sub.run_dir, "failed", reason=why)
-
-
-def _inside(path: Path, root: Path) -> bool:
-    try:
-        path.resolve().relative_to(root.resolve())
-    except ValueError:
-        return False
-    return True
-
-
-def _env_files(loaded: LoadedSpec) -> list[Path]:
-    env = loaded.spec.environment
-    base = loaded.path.parent if loaded.path else Path.cwd()
-    files = []
-    if env:
-        if isinstance(env.requirements, str):
-            files.append(base / env.requirements)
-        if env.setup:
-            files.append(base / env.setup)
-        if env.conda and env.conda.environment_file:
-            files.append(base / env.conda.environment_file)
-    return files
-
-
-def _rel(loaded: LoadedSpec, value: str) -> str:
-    """A file of the environment, relative to workdir (where SkyPilot runs setup)."""
-    base = loaded.path.parent if loaded.path else Path.cwd()
-    return os.path.relpath((base / value).resolve(), loaded.workdir.resolve())
-
-
-def _setup(loaded: LoadedSpec) -> tuple[str | None, list[str]]:
-    """The setup script that builds the environment, and the run lines that enter it."""
-    env = loaded.spec.environment
-    if env is None or not (env.requirements or env.setup or env.conda or env.python):
-        return None, []
-    q = shlex.quote
-    name = q(env.name or loaded.spec.name)
-    lines = ["set -e", f'TREB_ENV="$HOME/{ENV_ROOT}/"{name}']
-    if env.conda:
-        conda = q(env.conda.conda_bin or "conda")
-        if env.conda.environment_file:
-            lines.append(
-                f'{conda} env create -y -p "$TREB_ENV" -f '
-                f"{q(_rel(loaded, env.conda.environment_file))}"
-            )
-        else:
-            py = env.conda.python or env.python
-            lines.append(f'{conda} create -y -p "$TREB_ENV"' + (f" python={q(py)}" if py else ""))
-    elif env.python:
-        lines.append("python3 -m pip install -q uv")
-        lines.append(f'python3 -m uv venv --seed --python {q(env.python)} "$TREB_ENV"')
-    else:
-        lines.append('python3 -m venv "$TREB_ENV"')
-    lines.append('export PATH="$TREB_ENV/bin:$PATH"')
-    if isinstance(env.requirements, str):
-        lines.append(f"python -m pip install -r {q(_rel(loaded, env.requirements))}")
-    elif env.requirements:
-        lines.append("python -m pip install " + " ".join(q(r) for r in env.requirements))
-    if env.setup:
-        lines.append(f"bash {q(_rel(loaded, env.setup))}")
-    activate = [lines[1], 'export PATH="$TREB_ENV/bin:$PATH"']
-    return "\n".join(lines) + "\n", activate
 
 
 BACKEND = SkyPilotBackend()

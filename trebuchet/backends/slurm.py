@@ -69,8 +69,12 @@ class SlurmBackend(Backend):
 
     # -- checks and rendering --------------------------------------------------------------
     def check(self, loaded: LoadedSpec) -> None:
-        """What `treb run --on slurm` needs: a spec Slurm can run, and sbatch."""
+        """What `treb run --on slurm` needs: a spec Slurm can run, the tool that builds its
+        environment here, and sbatch."""
         self._check_spec(loaded)
+        why = self._missing_tool(loaded)
+        if why:
+            raise UserError(why)
         if not shutil.which("sbatch"):
             raise UserError(
                 "--on slurm: sbatch is not on PATH (run treb where Slurm's commands work, "
@@ -92,10 +96,6 @@ class SlurmBackend(Backend):
                 "supported by the slurm backend (OpenMPI's daemons on the other nodes would "
                 "run outside it); use native (srun starts every rank in the container)"
             )
-        recipe = self.recipe(loaded)  # built here, on the submitting host, in TREB_HOME
-        if recipe and (missing := missing_tool(recipe)):
-            field, why = missing
-            raise UserError(f"{loaded.where(*field)}: {'.'.join(field)}: {why}")
         found = [f"{loaded.where(*path)}: {'.'.join(path)}: {why}" for path, why in problems(spec)]
         if found:
             raise SpecError(found)
@@ -112,8 +112,25 @@ class SlurmBackend(Backend):
         vendor = spec.gpu_vendor if spec.gpu_vendor != "auto" else "none"
         return recipe_for(spec, loaded.base, vendor)
 
+    def _missing_tool(self, loaded: LoadedSpec) -> str | None:
+        """`file:line: field: why` when this host lacks what builds the environment (conda,
+        the Python version): `treb run` refuses, a render only warns."""
+        recipe = self.recipe(loaded)  # built here, on the submitting host, in TREB_HOME
+        if recipe and (missing := missing_tool(recipe)):
+            field, why = missing
+            return f"{loaded.where(*field)}: {'.'.join(field)}: {why}"
+        return None
+
     def render(self, loaded: LoadedSpec) -> str:
+        """The script and job.json; a render is a dry run, so a tool missing on this host
+        (conda for an imported madengine model, say) is a warning on stderr, not a refusal."""
         self._check_spec(loaded)
+        why = self._missing_tool(loaded)
+        if why:
+            sys.stderr.write(
+                f"treb render: warning: {why}; the script names the tool as it would be "
+                "found, and `treb run --on slurm` refuses until this host has it\n"
+            )
         placeholder = runs_dir() / "RUN_ID"
         return render_all(loaded.spec, loaded.workdir, "RUN_ID", placeholder, self.recipe(loaded))
 

@@ -187,7 +187,7 @@ class SshBackend(Backend):
         spec = loaded.spec
         self._hosts(loaded)
         check_node_engine(spec, loaded.source, "ssh")
-        if spec.environment is not None:
+        if spec.environment is not None and not spec.environment.bare_nodes_only:
             raise UserError(
                 f"{loaded.where('environment')}: environment: the ssh engine does not build "
                 "environments on the hosts; prepare them and enter one with ssh.setup lines"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from trebuchet.backends import get_backend
-from trebuchet.store.db import Store
+from trebuchet.store.db import RunRecord, Store
 
 
 def main(args: argparse.Namespace) -> int:
@@ -19,11 +19,14 @@ def main(args: argparse.Namespace) -> int:
                 get_backend(name).cancel_sweep(store, active)
         print(f"sweep {members[0].sweep_id}: cancelled")
         return 0
-    rec = store.resolve(args.run)
+    print(cancel_run(store, store.resolve(args.run)))
+    return 0
+
+
+def cancel_run(store: Store, rec: RunRecord) -> str:
+    """Stop one run through its engine (`treb cancel`, the dashboard's button); what happened."""
     if not rec.active:
-        print(f"run {rec.id} already ended: {rec.state}")
-        return 0
+        return f"run {rec.id} already ended: {rec.state}"
     get_backend(rec.backend).cancel(store, rec)
     rec = store.get(rec.id) or rec
-    print(f"run {rec.id} {rec.state}")
-    return 0
+    return f"run {rec.id} {rec.state}"

@@ -8,12 +8,13 @@ import sys
 import time
 from pathlib import Path
 
-from trebuchet.backends import refresh
+from trebuchet.backends import get_backend, refresh
 from trebuchet.errors import UserError
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.view.follow import Follower
 
 LOG_RE = re.compile(r"^(rank|node)-(\d+)\.log$")
+SYNC_S = 5.0  # -f: how often an engine's API is asked for the logs its nodes keep
 
 
 def log_files(
@@ -43,6 +44,7 @@ def log_files(
 def main(args: argparse.Namespace) -> int:
     store = Store()
     rec = store.resolve(args.run)
+    sync(store, rec)
     # --attempt counts from 1 as `treb status` shows attempts; the folder is attempt-<n-1>
     attempt = rec.attempt if args.attempt is None else args.attempt - 1
     if args.attempt is not None and (
@@ -86,10 +88,21 @@ def _empty(path: Path) -> bool:
         return False
 
 
+def sync(store: Store, rec: RunRecord) -> None:
+    """Logs the engine keeps on its nodes (SkyPilot, Kubernetes) into the run directory;
+    nothing for an engine whose ranks write there themselves."""
+    try:
+        engine = get_backend(rec.backend)
+    except UserError:  # an engine no longer installed: read what is there
+        return
+    engine.sync_logs(store, rec)
+
+
 def _follow(store: Store, rec: RunRecord, follower: Follower, args: argparse.Namespace) -> None:
     """Print new lines until the run ends; picks up new files and new attempts."""
     attempt = rec.attempt if args.attempt is None else args.attempt
     next_check = 0.0
+    next_sync = time.monotonic() + SYNC_S
     while True:
         follower.pump()
         now = time.monotonic()
@@ -98,6 +111,9 @@ def _follow(store: Store, rec: RunRecord, follower: Follower, args: argparse.Nam
             fresh = store.get(rec.id) or rec
             refresh(store, [fresh])
             fresh = store.get(rec.id) or fresh
+            if now >= next_sync or not fresh.active:
+                next_sync = now + SYNC_S
+                sync(store, fresh)
             if args.attempt is None and fresh.attempt != attempt:
                 attempt = fresh.attempt
             for label, path in log_files(fresh, attempt, args.rank, args.node):

@@ -27,6 +27,7 @@ VERBS = {
     "check": "preflight checks: mistakes a queue wait would reveal, found now",
     "doctor": "check TREB_HOME and the run index; --rebuild-index rebuilds it from the runs",
     "completion": 'a shell completion script: eval "$(treb completion bash)"',
+    "ui": "the web dashboard (pip install 'trebuchet[ui]'), on 127.0.0.1 with a token",
 }
 
 
@@ -185,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "shell", choices=["bash", "zsh", "fish"], metavar="SHELL", help="bash | zsh | fish"
     )
+    p = sub.add_parser("ui", help=VERBS["ui"])
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=_count, default=8765, help="port (default 8765; 0: any free)")
     p = sub.add_parser("metrics", help=VERBS["metrics"])
     p.add_argument(
         "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: latest)"

@@ -11,24 +11,31 @@ import argparse
 import json
 
 from trebuchet.errors import UserError
-from trebuchet.store.db import Store
+from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.paths import run_dir
 
 
-def main(args: argparse.Namespace) -> int:
-    rec = Store().resolve(args.run)
+def source(rec: RunRecord, current_code: bool = False) -> tuple[str, list[str]]:
+    """The earlier run's spec file and the overrides a rerun starts from (`treb rerun`, the
+    dashboard's rerun button: both then launch through runner.launch)."""
     spec = run_dir(rec.id) / "spec.yaml"
     if not spec.is_file():
         raise UserError(f"run {rec.id}: {spec} is gone, so it cannot be rerun")
     extra = []
-    if args.current_code:
+    if current_code:
         try:
-            source = json.loads((run_dir(rec.id) / "snapshot.json").read_text())["source"]
+            workdir = json.loads((run_dir(rec.id) / "snapshot.json").read_text())["source"]
         except (OSError, ValueError, KeyError):
-            source = None  # snapshot: false, the workdir in the spec is the user's already
-        extra = [f"workdir={source}"] if source else []
+            workdir = None  # snapshot: false, the workdir in the spec is the user's already
+        extra = [f"workdir={workdir}"] if workdir else []
+    return str(spec), extra
+
+
+def main(args: argparse.Namespace) -> int:
+    rec = Store().resolve(args.run)
+    spec, extra = source(rec, args.current_code)
     from trebuchet.cli import run_cmd
 
-    args.spec, args.on = str(spec), args.on or rec.backend
+    args.spec, args.on = spec, args.on or rec.backend
     args.override = [*extra, *args.override]
     return run_cmd.main(args)

@@ -6,9 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
-from trebuchet.backends import refresh
+from trebuchet.backends import get_backend, refresh
 from trebuchet.cli.common import STATE_STYLE, clock, console
 from trebuchet.cli.report import diagnosis_json, diagnosis_lines
+from trebuchet.errors import UserError
 from trebuchet.spec.duration import human
 from trebuchet.store.db import Store
 from trebuchet.store.states import describe_failure
@@ -28,6 +29,7 @@ def main(args: argparse.Namespace) -> int:
         ingest(store, rec)
     attempts = store.attempts(rec.id)
     procs = store.procs(rec.id)
+    nodes = _node_outcomes(store, rec)
     run_dir = Path(rec.run_dir)
     for p in procs:
         name = f"rank-{p['rank']}.log" if p["rank"] is not None else f"node-{p['node']}.log"
@@ -39,6 +41,8 @@ def main(args: argparse.Namespace) -> int:
         out = rec.to_json()
         out["attempts"] = attempts
         out["procs"] = procs
+        if nodes is not None:
+            out["nodes"] = nodes
         out["diagnosis"] = diagnosis_json(store, rec)
         print(json.dumps(out, indent=2))
         return 0
@@ -74,6 +78,16 @@ def main(args: argparse.Namespace) -> int:
             why = f" ({a['reason']})" if a["reason"] else ""
             con.print(f"  {a['attempt'] + 1}  {a['state']:<10} {clock(a['started_at'])} -> "
                       f"{clock(a['ended_at'])}{why}")  # fmt: skip
+    if nodes:
+        con.print(f"nodes (as {rec.backend} reports them):")
+        table = Table(box=None, pad_edge=False, title=None)
+        for col in ("ATTEMPT", "NODE", "NAME", "STATE", "EXIT", "REASON"):
+            table.add_column(col, no_wrap=True)
+        for n in nodes:
+            exit_code = "-" if n.get("exit_code") is None else str(n["exit_code"])
+            table.add_row(str(n["attempt"] + 1), str(n["node"]), str(n["name"]),
+                          str(n["state"]), exit_code, str(n.get("reason") or "-"))  # fmt: skip
+        con.print(table)
     if procs:
         table = Table(box=None, pad_edge=False, title=None)
         for col in ("ATTEMPT", "PROC", "RANK", "PID", "EXIT", "SIGNAL", "STOPPED", "LOG"):
@@ -87,6 +101,17 @@ def main(args: argparse.Namespace) -> int:
             )  # fmt: skip
         con.print(table)
     return 0
+
+
+def _node_outcomes(store: Store, rec: object) -> list[dict] | None:
+    """Per-node outcomes where the engine reports them (Kubernetes' pods), else None."""
+    if not getattr(rec, "backend_id", None):
+        return None
+    try:
+        engine = get_backend(rec.backend)  # type: ignore[attr-defined]
+    except UserError:  # an engine no longer installed
+        return None
+    return engine.node_outcomes(store, rec)
 
 
 def sweep_status(store: Store, runs: list, as_json: bool) -> int:

@@ -82,9 +82,11 @@ def find_conda(conda_bin: str | None) -> str | None:
 
 
 def recipe_for(spec: Any, base: Path, vendor: str) -> Recipe | None:
-    """The recipe of a spec's `environment:` (None: run in the current environment)."""
+    """The recipe of a spec's `environment:` (None: run in the current environment).
+    Local and Slurm runs build it; `bare_nodes_only` leaves it to SkyPilot and Kubernetes
+    nodes (backends/node_setup.py), whose callers never come here."""
     env = spec.environment
-    if env is None:
+    if env is None or env.bare_nodes_only:
         return None
     name = safe_name(env.name or spec.name)
     r = Recipe(kind=env.kind, name=name, prefix=str(treb_home() / "envs" / name),

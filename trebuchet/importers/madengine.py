@@ -3,7 +3,10 @@
 madengine runs the card's script once on this machine inside a conda prefix (bare metal)
 and lets the script start its own launcher, so the spec uses launcher `none`; the
 dependency recipe (conda_env, python_version, environment_file, requirements_file,
-setup_script) maps onto `environment`.
+setup_script) maps onto `environment`. What madengine scripts read is kept: the command
+sets MAD_RUNTIME_NGPUS (the resolved GPU count: trebuchet's TREB_NGPUS where the engine
+sets it, else the card's n_gpus; a value in the spec's env wins), and `multiple_results`
+becomes `results.file`, the CSV trebuchet reads as madengine did.
 """
 
 from __future__ import annotations
@@ -29,7 +32,12 @@ USED = {
     "distributed",
     "timeout",
     "args",
+    "multiple_results",
 }
+# The resolved GPU count, as madengine exports it to the model script (seed 000): the
+# node's count where trebuchet sets TREB_NGPUS (the local engine: the mask's devices, or
+# every detected one with n_gpus -1), else the card's count.
+NGPUS = 'MAD_RUNTIME_NGPUS="${{MAD_RUNTIME_NGPUS:-${{TREB_NGPUS:-{n}}}}}"'
 
 
 def _cards(data: Any) -> list[tuple[tuple, dict]]:
@@ -90,10 +98,10 @@ def import_file(path: str | Path, tags: list[str] | None = None, **_: object) ->
     extra = f" {args}" if isinstance(args, str) and args.strip() else ""
     if isinstance(args, list):
         extra = " " + shlex.join(str(a) for a in args)
-    spec["command"] = shlex.join(command) + extra
     spec["workdir"] = str(root)
     spec["launcher"] = "none"
     n_gpus = card.get("n_gpus")
+    count = "0"  # no n_gpus: gpus_per_node stays 0
     if n_gpus is not None:
         try:
             n = int(str(n_gpus))
@@ -101,12 +109,15 @@ def import_file(path: str | Path, tags: list[str] | None = None, **_: object) ->
             res.drop(at("n_gpus"), f"n_gpus: {n_gpus}", "not a number")
         else:
             spec["gpus_per_node"] = n if n >= 0 else -1
-            if n < 0:
-                res.note(
-                    at("n_gpus"),
-                    "n_gpus -1: every visible GPU (gpus_per_node: -1); "
-                    "MAD_RUNTIME_NGPUS is not set by trebuchet",
-                )
+            count = str(n) if n >= 0 else "0"
+            res.note(
+                at("n_gpus"),
+                f"n_gpus {n_gpus}: gpus_per_node {spec['gpus_per_node']}; the command sets "
+                "MAD_RUNTIME_NGPUS to the resolved count ("
+                + ("every visible GPU: TREB_NGPUS" if n < 0 else f"TREB_NGPUS, else {n}")
+                + ")",
+            )
+    spec["command"] = NGPUS.format(n=count) + " " + shlex.join(command) + extra
     dist = card.get("distributed")
     if isinstance(dist, dict):
         for k, v in dist.items():
@@ -161,13 +172,17 @@ def import_file(path: str | Path, tags: list[str] | None = None, **_: object) ->
         else:
             if seconds > 0:
                 spec["timeout"] = int(seconds) if seconds.is_integer() else seconds
-    if card.get("multiple_results"):
-        res.drop(
+    multiple = card.get("multiple_results")
+    if isinstance(multiple, str) and multiple.strip():
+        spec["results"] = {"file": multiple}
+        res.note(
             at("multiple_results"),
-            f"multiple_results: {card['multiple_results']}",
-            "trebuchet does not read a results CSV yet; it reads `performance:` lines",
+            f"multiple_results {multiple}: results.file (its rows become results, as in "
+            "madengine; looked for in the run directory and where the script ran)",
         )
+    elif multiple:
+        res.drop(at("multiple_results"), f"multiple_results: {multiple}", "not a file name")
     for k in card:
-        if k not in USED and k != "multiple_results":
+        if k not in USED:
             res.drop(at(k), k, "no spec field for it")
     return res

@@ -25,6 +25,11 @@ CHECKS: dict[str, str] = {
     "launcher-in-command": "a launcher in the command under launcher native or mpirun",
     "launcher-in-torchrun": "a launcher in the command under launcher torchrun",
     "no-launcher-for-procs": "launcher none, procs_per_node > 1, nothing starts the ranks",
+    "node-environment-missing": "bare SkyPilot/Kubernetes nodes get no environment or image "
+    "the command needs",
+    "checkpoints-node-local": "a recovered SkyPilot/Kubernetes job would lose node-local "
+    "checkpoints",
+    "gpus-unused": "skypilot.accelerators gives more GPUs per node than the ranks use",
     "unknown-check-id": "an ignore_checks entry that names no check",
 }  # fmt: skip
 

@@ -79,3 +79,27 @@ def save(store: Any, run_id: str, rows: list[dict[str, Any]]) -> None:
             names = ", ".join(COLUMNS)
             marks = ", ".join(f":{k}" for k in COLUMNS)
             c.execute(f"INSERT INTO results ({names}) VALUES ({marks})", values)
+
+
+def workloads(conn: sqlite3.Connection) -> list[tuple[str, int, float]]:
+    """(workload, rows, latest created) of every workload with results, latest first."""
+    ensure(conn)
+    return [tuple(r) for r in conn.execute(
+        "SELECT workload, COUNT(*), MAX(created_at) FROM results GROUP BY workload "
+        "ORDER BY MAX(created_at) DESC"
+    ).fetchall()]  # fmt: skip
+
+
+def of_workload(conn: sqlite3.Connection, workload: str, limit: int = 1000) -> list[dict[str, Any]]:
+    """One workload's rows, oldest first (a trend), the latest `limit` of them."""
+    ensure(conn)
+    rows = conn.execute(
+        "SELECT * FROM (SELECT * FROM results WHERE workload = ? ORDER BY created_at DESC, "
+        "seq LIMIT ?) ORDER BY created_at, seq", (workload, int(limit)),
+    ).fetchall()  # fmt: skip
+    out = []
+    for r in rows:
+        d = dict(zip(COLUMNS, tuple(r), strict=False)) if not hasattr(r, "keys") else dict(r)
+        d["extra"] = json.loads(d.get("extra") or "{}")
+        out.append(d)
+    return out

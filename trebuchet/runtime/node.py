@@ -72,7 +72,8 @@ def node_env(job: dict[str, Any], run_dir: str, node: int, nnodes: int) -> dict[
     ours = {
         "TREB_WORKDIR": cwd,
         "TREB_CODE_DIR": cwd,
-        "TREB_CHECKPOINT_DIR": os.path.join(run_dir, "checkpoints"),
+        # storage the engine mounts for them (job.json), else the node-local run dir
+        "TREB_CHECKPOINT_DIR": job.get("checkpoint_dir") or os.path.join(run_dir, "checkpoints"),
         "PYTHONUNBUFFERED": "1",
     }
     if job.get("profile") == "torch":

@@ -117,10 +117,21 @@ class Environment(Block):
         "true or false", "reuse a built env while its inputs are unchanged", default=True
     )
     cleanup: bool = allowed("true or false", "remove the env after the run", default=False)
+    bare_nodes_only: bool = allowed(
+        "true or false",
+        "build it only on engines whose nodes start bare (SkyPilot, Kubernetes); locally, "
+        "on Slurm and on ssh hosts the ranks run in the submitting environment",
+        default=False,
+    )
 
     @model_validator(mode="after")
     def _combos(self) -> Environment:
         """Forms that cannot make sense are refused before anything is built."""
+        if self.bare_nodes_only and self.image:
+            raise ValueError(
+                "@environment.bare_nodes_only|an image runs the same on every engine; "
+                "bare_nodes_only is for a venv or conda env built on the nodes"
+            )
         if self.image and self.conda:
             raise ValueError("@environment.image|cannot be combined with environment.conda")
         if self.image and (self.python or self.requirements or self.setup):

@@ -184,6 +184,12 @@ class RunFilter:
 
 COLUMNS = [f.name for f in fields(RunRecord) if f.name != "extra"]
 
+# The dashboard's sort keys -> SQL (a fixed list: a request never writes SQL); `?` is now.
+PAGE_SORTS = {
+    "created": "created_at", "name": "name", "state": "state", "backend": "backend",
+    "duration": "(COALESCE(ended_at, ?) - started_at)",
+}  # fmt: skip
+
 
 def _record(row: sqlite3.Row) -> RunRecord:
     data = dict(row)
@@ -470,6 +476,35 @@ class Store:
         if limit:
             sql += f" LIMIT {int(limit)}"
         return [_record(r) for r in self.conn.execute(sql, args).fetchall()]
+
+    def page(
+        self,
+        where: RunFilter | None = None,
+        sort: str = "created",
+        descending: bool = True,
+        offset: int = 0,
+        limit: int = 100,
+    ) -> tuple[list[RunRecord], int]:
+        """One page of runs and how many match, sorted and filtered in SQL (the dashboard:
+        10,000 runs cost one COUNT and one LIMIT query, never a full load)."""
+        clauses, args = (where or RunFilter()).sql()
+        cond = (" WHERE " + " AND ".join(clauses)) if clauses else ""
+        total = self.conn.execute(f"SELECT COUNT(*) FROM runs{cond}", args).fetchone()[0]
+        order = PAGE_SORTS.get(sort, PAGE_SORTS["created"])
+        direction = "DESC" if descending else "ASC"
+        sql = (f"SELECT * FROM runs{cond} ORDER BY {order} {direction}, id {direction} "
+               f"LIMIT {int(limit)} OFFSET {int(offset)}")  # fmt: skip
+        args = [*args, time.time()] if "?" in order else args
+        return [_record(r) for r in self.conn.execute(sql, args).fetchall()], total
+
+    def sweep_ids(self, limit: int = 200) -> list[tuple[str, str, int, float]]:
+        """Recent sweeps: (sweep id, name, number of points, created), newest first."""
+        rows = self.conn.execute(
+            "SELECT sweep_id, MIN(name), COUNT(*), MIN(created_at) FROM runs "
+            "WHERE sweep_id IS NOT NULL GROUP BY sweep_id ORDER BY MIN(created_at) DESC "
+            f"LIMIT {int(limit)}"
+        ).fetchall()
+        return [tuple(r) for r in rows]
 
     def follow_state(self, run_id: str, state: str, reason: str | None = None) -> None:
         """A state an engine reported for a run it runs alone (one attempt, as far as

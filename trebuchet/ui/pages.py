@@ -1,0 +1,389 @@
+"""The dashboard's pages as HTML strings, from the store and the run directories.
+
+Each function takes an open Store and plain values and returns the page's body; the
+routes (app.py) open the store, catch errors and send the page. Everything rendered goes
+through html.e(); the charts' numbers travel as JSON (html.data) for static/app.js.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from trebuchet.store.db import RunFilter, RunRecord, Store
+from trebuchet.store.states import ACTIVE, TERMINAL, describe_failure
+from trebuchet.ui.html import data, e, state, table, url, when
+
+PAGE_SIZE = 100
+SPEC_MAX = 256 * 1024
+SORTS = ("created", "name", "state", "backend", "duration")
+
+
+def _duration(rec: RunRecord) -> str:
+    from trebuchet.spec.duration import human
+
+    return human(rec.duration)
+
+
+def _run_link(rec: RunRecord) -> str:
+    return f'<a class="run" href="{url("/runs/" + rec.id)}">{e(rec.id)}</a>'
+
+
+def _sweep_link(sweep_id: str | None) -> str:
+    return f'<a href="{url("/sweeps/" + sweep_id)}">{e(sweep_id)}</a>' if sweep_id else ""
+
+
+# -- runs ------------------------------------------------------------------------------------
+def runs_filter(q: dict[str, str], store: Store) -> RunFilter:
+    """The runs page's query -> RunFilter; bad values raise UserError (shown on the page)."""
+    from trebuchet.cli.filters import parse_states, parse_when
+
+    name = q.get("name") or None
+    if name and not any(c in name for c in "*?["):
+        name = f"*{name}*"  # a plain word matches inside names
+    where = RunFilter(
+        states=parse_states([q["state"]], "state") if q.get("state") else (),
+        name=name,
+        backend=q.get("backend") or None,
+        since=parse_when(q["since"], "since") if q.get("since") else None,
+    )
+    if q.get("sweep"):
+        members = store.sweep_runs(q["sweep"])
+        where.sweep_id = members[0].sweep_id if members else q["sweep"]
+    return where
+
+
+def runs_page(store: Store, q: dict[str, str]) -> str:
+    from trebuchet.backends import refresh
+
+    where = runs_filter(q, store)
+    sort = q.get("sort") if q.get("sort") in SORTS else "created"
+    desc = q.get("desc", "1") != "0"
+    try:
+        page = max(0, int(q.get("page") or 0))
+    except ValueError:
+        page = 0
+    rows, total = store.page(where, sort, desc, page * PAGE_SIZE, PAGE_SIZE)
+    if any(r.active for r in rows):  # the engines' word on the active runs shown
+        refresh(store, [r for r in rows if r.active])
+        rows = [store.get(r.id) or r for r in rows]
+    backends = [r[0] for r in store.conn.execute("SELECT DISTINCT backend FROM runs")]
+    keep = {k: q.get(k) for k in ("state", "name", "backend", "sweep", "since")}
+
+    def head(key: str, label: str) -> str:
+        flip = "0" if key == sort and desc else "1"
+        mark = (" ▼" if desc else " ▲") if key == sort else ""
+        return f'<a href="{url("/", **keep, sort=key, desc=flip)}">{e(label)}{mark}</a>'
+
+    states = ["", "active", "ended", *sorted(ACTIVE | TERMINAL)]
+    options = "".join(
+        f'<option value="{e(s)}"{" selected" if s == (q.get("state") or "") else ""}>'
+        f"{e(s or 'any state')}</option>"
+        for s in states
+    )
+    boptions = "".join(
+        f'<option value="{e(b)}"{" selected" if b == (q.get("backend") or "") else ""}>'
+        f"{e(b or 'any engine')}</option>"
+        for b in ["", *sorted(backends)]
+    )
+    form = (
+        '<form class="filters" method="get" action="/">'
+        f'<select name="state" id="f-state">{options}</select>'
+        f'<input name="name" id="f-name" placeholder="name or glob" value="{e(q.get("name"))}">'
+        f'<select name="backend" id="f-backend">{boptions}</select>'
+        f'<input name="sweep" id="f-sweep" placeholder="sweep id" value="{e(q.get("sweep"))}">'
+        f'<input name="since" id="f-since" placeholder="since: 2h, 2024-05-01" '
+        f'value="{e(q.get("since"))}">'
+        f'<input type="hidden" name="sort" value="{e(sort)}">'
+        f'<input type="hidden" name="desc" value="{"1" if desc else "0"}">'
+        '<button type="submit" id="f-apply">filter</button></form>'
+    )
+    body = [
+        f"<td>{_run_link(r)}</td><td class='name'>{e(r.name)}</td><td>{state(r.state)}</td>"
+        f"<td>{e(r.backend)}</td><td>{r.nodes}x{r.procs_per_node}</td>"
+        f"<td>{r.attempt + 1}/{r.max_attempts}</td><td>{when(r.created_at)}</td>"
+        f"<td>{e(_duration(r))}</td><td>{_sweep_link(r.sweep_id)}</td>"
+        f"<td>{e((r.git_commit or '')[:10])}</td>"
+        for r in rows
+    ]
+    heads = [head("created", "id"), head("name", "name"), head("state", "state"),
+             head("backend", "engine"), "shape", "attempt", head("created", "created"),
+             head("duration", "duration"), "sweep", "commit"]  # fmt: skip
+    thead = "".join(f"<th>{h}</th>" for h in heads)
+    tbody = "".join(f'<tr data-run="{e(r.id)}">{b}</tr>' for r, b in zip(rows, body, strict=True))
+    pages = (total + PAGE_SIZE - 1) // PAGE_SIZE
+    nav = []
+    if page > 0:
+        nav.append(f'<a href="{url("/", **keep, sort=sort, desc=int(desc), page=page - 1)}">'
+                   "&larr; newer</a>")  # fmt: skip
+    if page + 1 < pages:
+        older = url("/", **keep, sort=sort, desc=int(desc), page=page + 1)
+        nav.append(f'<a id="next" href="{older}">older &rarr;</a>')
+    first = page * PAGE_SIZE + 1 if rows else 0
+    last = page * PAGE_SIZE + len(rows)
+    count = f'<p class="count" id="count">{first}-{last} of {total} runs</p>'
+    return (
+        f"<h1>Runs</h1>{form}{count}"
+        f'<table id="runs"><thead><tr>{thead}</tr></thead><tbody>{tbody}</tbody></table>'
+        f'<p class="pager">{" ".join(nav)}</p>'
+    )
+
+
+# -- one run ---------------------------------------------------------------------------------
+def _timeline(rec: RunRecord, attempts: list[dict], procs: list[dict]) -> str:
+    """Each attempt as rows of bars, one per rank: from the attempt's start to the rank's
+    end (or now), coloured by how it ended; the first failure is marked."""
+    now = time.time()
+    ff = rec.first_failure or {}
+    parts = []
+    for a in attempts or [{"attempt": rec.attempt, "state": rec.state, "started_at": None,
+                           "ended_at": None, "reason": None}]:  # fmt: skip
+        n = a["attempt"]
+        start = a.get("started_at") or rec.started_at or rec.created_at
+        end = a.get("ended_at") or (rec.ended_at if rec.state in TERMINAL else None) or now
+        span = max(end - start, 1e-6)
+        why = f" ({e(a['reason'])})" if a.get("reason") else ""
+        rows = []
+        for p in (p for p in procs if p["attempt"] == n):
+            stop = p.get("ended_at") or (end if a.get("ended_at") else now)
+            width = max(1.0, min(100.0, 100.0 * (stop - start) / span))
+            if p.get("exit_code") is None and not p.get("signal") and not p.get("ended_at"):
+                kind = "live" if not a.get("ended_at") else "off"
+            elif p.get("stopped_by_launcher"):
+                kind = "off"
+            elif p.get("exit_code") == 0:
+                kind = "ok"
+            else:
+                kind = "bad"
+            first = ff.get("attempt") == n and ff.get("label") == p["label"]
+            outcome = (f"signal {p['signal']}" if p.get("signal")
+                       else "running" if p.get("exit_code") is None
+                       else f"exit {p['exit_code']}")  # fmt: skip
+            if p.get("stopped_by_launcher"):
+                outcome += ", stopped by the launcher"
+            rank = "-" if p.get("rank") is None else p["rank"]
+            rows.append(
+                f'<div class="tl-row{" first" if first else ""}" data-label="{e(p["label"])}">'
+                f'<span class="tl-label">{e(p["label"])} (rank {e(rank)}, node {e(p["node"])})'
+                f'</span><span class="tl-track"><span class="tl-bar {kind}" '
+                f'style="width:{width:.1f}%" title="{e(outcome)}"></span></span>'
+                f'<span class="tl-out">{e(outcome)}{" ← first failure" if first else ""}'
+                "</span></div>"
+            )
+        parts.append(
+            f'<div class="attempt" data-attempt="{n}"><h3>attempt {n + 1}: {state(a["state"])}'
+            f" {when(a.get('started_at'))} &rarr; {when(a.get('ended_at'))}{why}</h3>"
+            + ("".join(rows) or "<p class='muted'>no processes recorded yet</p>")
+            + "</div>"
+        )
+    return "".join(parts)
+
+
+def _results(store: Store, rec: RunRecord) -> str:
+    if rec.state in ACTIVE:
+        return "<p class='muted'>results come when the run ends</p>"
+    from trebuchet.results import collect
+    from trebuchet.results.perfcsv import number
+
+    try:
+        rows = collect.collect(store, rec)
+    except Exception as exc:  # noqa: BLE001 - the rest of the page still shows
+        return f"<p class='bad'>results unavailable: {e(exc)}</p>"
+    return table(
+        ["model", "status", "performance", "metric", "source"],
+        [
+            [
+                e(r["model"]),
+                e(r["status"]),
+                e(number(r.get("performance")) or "-"),
+                e(r.get("metric") or "-"),
+                e(r.get("source") or "-"),
+            ]
+            for r in rows
+        ],  # fmt: skip
+        "results",
+    )
+
+
+def _spec_text(run_dir: Path) -> str:
+    try:
+        with open(run_dir / "spec.yaml", encoding="utf-8", errors="replace") as fh:
+            text = fh.read(SPEC_MAX + 1)
+    except OSError:
+        return "(spec.yaml is gone)"
+    return text[:SPEC_MAX] + ("\n[treb: cut at 256 KiB]" if len(text) > SPEC_MAX else "")
+
+
+def series(points: dict[str, list[tuple[float, float, float]]]) -> dict[str, dict[str, list]]:
+    """Store.metrics' series as the charts take them: {name: {x: steps, y: values}}."""
+    return {n: {"x": [p[0] for p in pts], "y": [p[1] for p in pts]} for n, pts in points.items()}
+
+
+def run_page(store: Store, rec: RunRecord, csrf: str) -> str:
+    from trebuchet.cli.report import diagnosis_lines
+    from trebuchet.ui.logs import log_files
+
+    run_dir = Path(rec.run_dir)
+    attempts = store.attempts(rec.id)
+    procs = store.procs(rec.id)
+    facts = [
+        ("state", state(rec.state)),
+        ("name", e(rec.name)),
+        ("engine", e(rec.backend)),
+        ("launcher", e(rec.launcher)),
+        ("shape", f"{rec.nodes} node(s) x {rec.procs_per_node}"),
+        ("attempt", f"{rec.attempt + 1} of {rec.max_attempts}"),
+        ("created", when(rec.created_at)),
+        ("duration", e(_duration(rec))),
+        ("exit code", e("-" if rec.exit_code is None else rec.exit_code)),
+        (
+            "code",
+            e(f"git {rec.git_commit}" + (" with uncommitted changes" if rec.git_dirty else ""))
+            if rec.git_commit
+            else "-",
+        ),  # fmt: skip
+        ("run dir", e(rec.run_dir)),
+    ]
+    if rec.sweep_id:
+        facts.append(("sweep", _sweep_link(rec.sweep_id) + f" {e(rec.params)}"))
+    dl = "".join(f"<dt>{k}</dt><dd id='fact-{k.replace(' ', '-')}'>{v}</dd>" for k, v in facts)
+    actions = []
+    if rec.active:
+        actions.append(
+            f'<form method="post" action="{url("/runs/" + rec.id + "/cancel")}">'
+            f'<input type="hidden" name="csrf" value="{e(csrf)}">'
+            '<button id="cancel" class="danger" type="submit">cancel</button></form>'
+        )
+    actions.append(
+        f'<form method="post" action="{url("/runs/" + rec.id + "/rerun")}">'
+        f'<input type="hidden" name="csrf" value="{e(csrf)}">'
+        '<button id="rerun" type="submit">rerun</button></form>'
+    )
+    failure = ""
+    if rec.first_failure:
+        what = e(describe_failure(rec.first_failure))
+        failure = f"<p id='first-failure' class='bad'>first failure: {what}</p>"
+    diagnosis = "".join(f"<p class='diag'>{e(line)}</p>" for line in diagnosis_lines(store, rec))
+    shown = attempts[-1]["attempt"] if attempts else rec.attempt
+    choices = [(a["attempt"], name) for a in (attempts or [{"attempt": shown}])
+               for name in log_files(run_dir, a["attempt"])]  # fmt: skip
+    default = next((c for c in choices if c[0] == shown), None)
+    opts = "".join(
+        f'<option value="{e(f"{n}/{name}")}"{" selected" if (n, name) == default else ""}>'
+        f"attempt {n + 1}: {e(name[:-4])}</option>"
+        for n, name in choices
+    )
+    logs = (
+        f'<div id="logs" data-run="{e(rec.id)}"><select id="log-pick">{opts}</select> '
+        '<span id="log-status" class="muted"></span><pre id="log"></pre></div>'
+        if choices
+        else "<p class='muted' id='logs'>no logs yet</p>"
+    )
+    metrics = store.metrics(rec.id)
+    charts = (
+        data("metrics-data", series(metrics)) + '<div id="metric-charts"></div>'
+        if metrics
+        else "<p class='muted' id='no-metrics'>no metrics recorded</p>"
+    )
+    return (
+        f"<h1>Run <span id='run-id'>{e(rec.id)}</span> <span class='name'>{e(rec.name)}</span></h1>"
+        f"<div class='actions'>{''.join(actions)}</div><dl class='facts'>{dl}</dl>"
+        f"{failure}{diagnosis}"
+        f"<h2>Attempts</h2><div id='timeline'>{_timeline(rec, attempts, procs)}</div>"
+        f"<h2>Logs</h2>{logs}<h2>Metrics</h2>{charts}"
+        f"<h2>Results</h2>{_results(store, rec)}"
+        f"<h2>Resolved spec</h2><pre id='spec'>{e(_spec_text(run_dir))}</pre>"
+    )
+
+
+# -- sweeps ----------------------------------------------------------------------------------
+def sweeps_page(store: Store) -> str:
+    rows = [[f'<a href="{url("/sweeps/" + s)}">{e(s)}</a>', e(name), str(n), when(t)]
+            for s, name, n, t in store.sweep_ids()]  # fmt: skip
+    if not rows:
+        return "<h1>Sweeps</h1><p class='muted'>no sweeps yet</p>"
+    return "<h1>Sweeps</h1>" + table(["sweep", "name", "points", "created"], rows, "sweeps")
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, int | float):
+        return float(v)
+    try:
+        return float(str(v))
+    except ValueError:
+        return None
+
+
+def sweep_page(store: Store, runs: list[RunRecord], q: dict[str, str]) -> str:
+    """The points' parameters against a chosen metric: `performance` (the results' value)
+    or a recorded metric's last value."""
+    from trebuchet.results import collect
+
+    params = {r.id: json.loads(r.params or "{}") for r in runs}
+    keys = sorted({k for p in params.values() for k in p})
+    last: dict[str, dict[str, float]] = {}
+    for r in runs:
+        last[r.id] = {n: pts[-1][1] for n, pts in store.metrics(r.id).items() if pts}
+    names = ["performance", *sorted({n for m in last.values() for n in m})]
+    metric = q.get("metric") if q.get("metric") in names else "performance"
+    x = q.get("x") if q.get("x") in keys else (keys[0] if keys else None)
+    values: dict[str, float | None] = {}
+    for r in runs:
+        if metric == "performance":
+            rows = collect.collect(store, r) if r.state in TERMINAL else []
+            values[r.id] = next((row["performance"] for row in rows
+                                 if row.get("performance") is not None), None)  # fmt: skip
+        else:
+            values[r.id] = last[r.id].get(metric)
+    mopts = "".join(f"<option{' selected' if n == metric else ''}>{e(n)}</option>" for n in names)
+    xopts = "".join(f"<option{' selected' if k == x else ''}>{e(k)}</option>" for k in keys)
+    form = (f'<form method="get" class="filters">metric <select name="metric" id="s-metric">'
+            f'{mopts}</select> against <select name="x" id="s-x">{xopts}</select>'
+            '<button type="submit">show</button></form>')  # fmt: skip
+    pts = [(_number(params[r.id].get(x)), values[r.id]) for r in runs if x is not None]
+    pts = sorted((a, b) for a, b in pts if a is not None and b is not None)
+    chart = (data("sweep-data", {"x": [a for a, _ in pts], "y": [b for _, b in pts],
+                                 "xlabel": x, "ylabel": metric}) + '<div id="sweep-chart"></div>'
+             if pts else "<p class='muted'>no numeric points to plot yet</p>")  # fmt: skip
+    rows = [[_run_link(r), state(r.state), *[e(params[r.id].get(k, "-")) for k in keys],
+             e("-" if values[r.id] is None else f"{values[r.id]:g}")] for r in runs]  # fmt: skip
+    return (f"<h1>Sweep <span id='sweep-id'>{e(runs[0].sweep_id)}</span> {e(runs[0].name)}</h1>"
+            f"{form}{chart}" + table(["run", "state", *[e(k) for k in keys], e(metric)], rows,
+                                     "sweep"))  # fmt: skip
+
+
+# -- results trends --------------------------------------------------------------------------
+def results_page(store: Store, q: dict[str, str]) -> str:
+    from trebuchet.results import table as results_table
+    from trebuchet.results.perfcsv import number, relative_changes
+
+    loads = results_table.workloads(store.conn)
+    if not loads:
+        return ("<h1>Results</h1><p class='muted'>no results yet: they are collected when a "
+                "run ends (or by `treb results`)</p>")  # fmt: skip
+    chosen = q.get("workload") if q.get("workload") in {w for w, _, _ in loads} else loads[0][0]
+    links = " ".join(
+        f'<a class="{"chosen" if w == chosen else ""}" href="{url("/results", workload=w)}">'
+        f"{e(w)} ({n})</a>"
+        for w, n, _ in loads
+    )
+    rows = results_table.of_workload(store.conn, chosen)
+    changes = relative_changes(rows)
+    by_metric: dict[str, dict[str, list]] = {}
+    for r in rows:
+        if r.get("performance") is not None:
+            s = by_metric.setdefault(r.get("metric") or "value", {"x": [], "y": []})
+            s["x"].append(r["created_at"])
+            s["y"].append(r["performance"])
+    cells = [[f'<a href="{url("/runs/" + r["run_id"])}">{e(r["run_id"])}</a>', e(r["model"]),
+              e(r["status"]), e(number(r.get("performance")) or "-"), e(r.get("metric") or "-"),
+              e("-" if c is None else f"{c:+.2f}%"), e((r.get("git_commit") or "-")[:10]),
+              when(r.get("created_at"))] for r, c in zip(rows, changes, strict=True)]  # fmt: skip
+    chart = (data("trend-data", by_metric) + '<div id="trend-charts"></div>') if by_metric else ""
+    return (f"<h1>Results</h1><p class='workloads'>{links}</p><h2>{e(chosen)}</h2>{chart}"
+            + table(["run", "model", "status", "performance", "metric", "change", "commit",
+                     "created"], cells, "results"))  # fmt: skip
