@@ -23,7 +23,7 @@ contender the ratio of medians to torchrun, the per-round paired ratios (median,
 in how many rounds treb was ahead. A ratio within about 2 MADs of 1.0, ahead in about half the
 rounds, is noise; a real difference shows as a ratio outside that band in nearly every round.
 Usage: python bench/train_speed.py [--rounds 7] [--epochs 50] [--threads N] [--sink pty|pipe]
-                                   [--src DIR]
+                                   [--src DIR] [--metrics on|off]
 """
 
 from __future__ import annotations
@@ -75,7 +75,9 @@ def mad(xs: list[float]) -> float:
 
 
 class Bench:
-    def __init__(self, work: Path, src: Path, sink: str, epochs: int, threads: int) -> None:
+    def __init__(
+        self, work: Path, src: Path, sink: str, epochs: int, threads: int, metrics: bool = True
+    ) -> None:
         self.work = work
         self.sink = sink
         self.args = ["train.py", "--epochs", str(epochs)]
@@ -91,6 +93,8 @@ class Bench:
         self.torchrun = torchrun
         self.spec = str(EXAMPLE / "job.yaml")
         self.override = ["-o", "command=" + " ".join(["python", *self.args])]
+        if not metrics:  # the agents read no metrics (docs/metrics.md)
+            self.override += ["-o", "metrics.ranks=[]"]
         self.count = 0  # runs so far: names each run and torchrun's checkpoint dir
 
     def treb_json(self, *argv: str) -> object:
@@ -225,12 +229,16 @@ def main() -> None:
     ap.add_argument("--sink", choices=["pty", "pipe"], default="pty")
     ap.add_argument("--src", type=Path, default=ROOT)
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    ap.add_argument("--metrics", choices=["on", "off"], default="on",
+                    help="off: treb's runs with -o metrics.ranks=[] (no metrics read)")  # fmt: skip
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        b = Bench(Path(tmp), args.src.resolve(), args.sink, args.epochs, args.threads)
+        b = Bench(Path(tmp), args.src.resolve(), args.sink, args.epochs, args.threads,
+                  args.metrics == "on")  # fmt: skip
         print(
             f"# training speed, examples/digits-ddp --epochs {args.epochs}, 2 ranks, "
-            f"OMP_NUM_THREADS={args.threads} for all modes, code from {args.src}, {machine()}; "
+            f"OMP_NUM_THREADS={args.threads} for all modes, code from {args.src}, metrics "
+            f"{args.metrics}, {machine()}; "
             f"{args.rounds} alternating rounds (order rotated) after {args.warmup} warm-up, "
             f"attached output to a {args.sink}; samples/s (wall s)",
             flush=True,

@@ -50,17 +50,26 @@ def test_page_filters_sorts_and_counts_in_sql(tmp_path: Path) -> None:
 
 
 def test_metrics_empty_without_table_then_series_by_step(tmp_path: Path) -> None:
+    from trebuchet.store.metrics import ingest
+
     store = _store(tmp_path)
     assert store.metrics("00000001") == {}
-    # The table as the metrics ingestion writes it (issue 14 section 1).
-    store.conn.execute(
-        "CREATE TABLE metrics (run_id TEXT NOT NULL, name TEXT NOT NULL, step REAL, "
-        "value REAL, time REAL, rank INTEGER)"
-    )
-    rows = [("00000001", "loss", 2, 1.5, 12.0, 0), ("00000001", "loss", 1, 2.0, 11.0, 0),
-            ("00000001", "loss", 1, 9.0, 11.0, 1), ("00000001", "acc", 1, 0.5, 11.0, None),
-            ("00000002", "loss", 1, 7.0, 11.0, 0)]  # fmt: skip
-    store.conn.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)", rows)
+    # The table as the metrics ingestion writes it (issue 14 section 1), from agent files.
+    for rid in ("00000001", "00000002"):
+        _add(store, int(rid, 16), run_dir=str(tmp_path / rid))
+    files = {
+        "00000001/attempt-0/metrics/rank-0.jsonl": [(1, 11.0, {"loss": 2.0, "acc": 0.5}),
+                                                    (2, 12.0, {"loss": 1.5})],
+        "00000001/attempt-0/metrics/rank-1.jsonl": [(1, 11.0, {"loss": 9.0})],
+        "00000002/attempt-0/metrics/rank-0.jsonl": [(1, 11.0, {"loss": 7.0})],
+    }  # fmt: skip
+    for rel, points in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(
+            "".join(json.dumps({"t": t, "s": s, "m": m}) + "\n" for s, t, m in points)
+        )
+    for rid in ("00000001", "00000002"):
+        ingest(store, store.get(rid))
     got = store.metrics("00000001")
     assert got == {"acc": [(1, 0.5, 11.0)], "loss": [(1, 2.0, 11.0), (2, 1.5, 12.0)]}
     assert store.metrics("00000001", ["acc"]) == {"acc": [(1, 0.5, 11.0)]}

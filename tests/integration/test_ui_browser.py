@@ -155,14 +155,17 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
                                    launcher="native", state="FAILED", nodes=1, procs_per_node=1,
                                    run_dir=str(env.home / "runs" / "0000beef"),
                                    created_at=1.0))  # fmt: skip
-        # Metrics as the ingestion of issue 14 section 1 writes them (Store.metrics' table).
-        store.conn.execute("CREATE TABLE IF NOT EXISTS metrics (run_id TEXT NOT NULL, name TEXT "
-                           "NOT NULL, step REAL, value REAL, time REAL, rank INTEGER)")  # fmt: skip
-        store.conn.executemany(
-            "INSERT INTO metrics (run_id, name, step, value, time, rank) VALUES (?, ?, ?, ?, ?, 0)",
-            [(env.fails_id, n, s, v / (s + 1), 1000.0 + s, ) for s in range(20)
-             for n, v in (("loss", 2.0), ("accuracy", 0.9))],
-        )  # fmt: skip
+        # Metrics as the node agents write them, ingested (issue 14 section 1).
+        from trebuchet.store.metrics import ingest
+
+        fails = store.get(env.fails_id)
+        mfile = Path(fails.run_dir) / "attempt-0" / "metrics" / "rank-0.jsonl"
+        mfile.parent.mkdir(parents=True, exist_ok=True)
+        mfile.write_text("".join(
+            json.dumps({"t": 1000.0 + s, "s": s, "m": {"loss": 2.0 / (s + 1),
+                                                        "accuracy": 0.9 / (s + 1)}}) + "\n"
+            for s in range(20)))  # fmt: skip
+        ingest(store, fails)
         store.close()
         server = subprocess.Popen([sys.executable, "-m", "trebuchet", "ui", "--port", "0"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -249,6 +252,16 @@ def test_runs_page_shows_what_treb_ps_lists(ui: Env) -> None:
     wait_for("no match", lambda: d.find_element("id", "count").text.endswith("of 0 runs"))
 
 
+def store_metric_names(home: Path, run_id: str) -> list[str]:
+    from trebuchet.store.db import Store
+
+    store = Store(home / "runs.db")
+    try:
+        return list(store.metrics(run_id))
+    finally:
+        store.close()
+
+
 def test_run_page_shows_what_treb_status_says(ui: Env) -> None:
     st = ui.json("status", ui.fails_id)
     d = ui.get(f"/runs/{ui.fails_id}")
@@ -265,8 +278,10 @@ def test_run_page_shows_what_treb_status_says(ui: Env) -> None:
     first = d.find_element("css selector", ".tl-row.first").get_attribute("data-label")
     assert first == ff["label"]
     charts = d.find_elements("css selector", "#metric-charts .chart")
-    assert sorted(c.get_attribute("data-name") for c in charts) == ["accuracy", "loss"]
-    assert len(d.find_elements("css selector", "#metric-charts canvas")) == 2
+    names = sorted(c.get_attribute("data-name") for c in charts)
+    want = sorted(store_metric_names(ui.home, ui.fails_id))  # also what its own log printed
+    assert {"accuracy", "loss"} <= set(names) and names == want
+    assert len(d.find_elements("css selector", "#metric-charts canvas")) == len(want)
     assert "12.5" in d.find_element("css selector", "table.results").text
     spec = d.find_element("id", "spec").text
     assert "UI_TEST_SECRET" in spec and SECRET_VALUE not in d.page_source

@@ -167,8 +167,8 @@ def sweep_engines() -> list[str]:
 
 
 def refresh(store: Store, runs: list[RunRecord]) -> None:
-    """Let each engine update its active runs, in one batch per engine; runs of an engine
-    that is not installed here are left as they are."""
+    """Let each engine update its active runs, in one batch per engine (runs of an engine
+    that is not installed here are left as they are); then ingest their new metrics."""
     by_engine: dict[str, list[RunRecord]] = defaultdict(list)
     for rec in runs:
         if rec.active:
@@ -179,3 +179,9 @@ def refresh(store: Store, runs: list[RunRecord]) -> None:
         except UserError:
             continue
         engine.refresh(store, recs)
+    if by_engine:  # what their agents wrote since the last look (store/metrics.py)
+        from trebuchet.store.metrics import ingest
+
+        for recs in by_engine.values():
+            for rec in recs:
+                ingest(store, rec)

@@ -41,9 +41,12 @@ def grace_seconds(spec: Any) -> int:
 
 
 def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> dict[str, Any]:
-    """The values of every engine's job file (hang_timeout and on_hang only when set)."""
+    """The values of every engine's job file (hang_timeout, on_hang, metrics only when set)."""
     hang = getattr(spec, "hang_timeout", None)
     hangs = {"hang_timeout": hang, "on_hang": spec.on_hang} if hang else {}
+    wanted = getattr(spec, "metrics", None)  # only when not the defaults (runtime/metrics.py)
+    if wanted is not None and wanted.model_fields_set:
+        hangs["metrics"] = wanted.model_dump()
     return {
         **hangs,
         "run_id": run_id,

@@ -20,6 +20,8 @@ VERBS = {
     "diagnose": "root cause of a failed run, or of logs from elsewhere",
     "stacks": "the Python stacks of every rank of a running run (py-spy), grouped",
     "results": "performance results of runs (table, madengine perf.csv)",
+    "metrics": "a run's metrics from its logs: last values and a small plot (--json, --csv)",
+    "top": "active runs, live: state, ranks, attempt, latest metrics and their rate",
     "build": "build or refresh the spec's environment now",
     "import": "a spec from an sbatch script, AI Runtime YAML, madengine card or NeMo config",
     "check": "preflight checks: mistakes a queue wait would reveal, found now",
@@ -174,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", metavar="FILE", help="write madengine perf.csv-compatible rows")
     p.add_argument("--all", "-a", action="store_true", help="every run, not only recent ones")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--metric", "-m", action="append", metavar="NAME",
+                   help="also each run's last value of this metric (repeatable)")  # fmt: skip
     p = sub.add_parser("doctor", help=VERBS["doctor"])
     p.add_argument("--rebuild-index", action="store_true",
                    help="move runs.db aside (runs.db.damaged-<time> when damaged) and rebuild "
@@ -185,6 +189,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ui", help=VERBS["ui"])
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=_count, default=8765, help="port (default 8765; 0: any free)")
+    p = sub.add_parser("metrics", help=VERBS["metrics"])
+    p.add_argument(
+        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: latest)"
+    )
+    p.add_argument("names", nargs="*", metavar="NAME", help="only these metrics")
+    p.add_argument("--rank", type=int, metavar="R", help="this rank's (default: the lowest read)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="every stored point, as JSON")
+    fmt.add_argument("--csv", action="store_true", help="every stored point, as CSV on stdout")
+    p = sub.add_parser("top", help=VERBS["top"])
+    p.add_argument("--interval", "-n", type=float, default=2.0, metavar="S",
+                   help="seconds between refreshes (default 2)")  # fmt: skip
+    p.add_argument("--once", action="store_true", help="print one plain snapshot and exit")
+    p.add_argument("--all", "-a", action="store_true", help="also runs that ended recently")
     return parser
 
 

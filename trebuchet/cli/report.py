@@ -82,7 +82,25 @@ def final_summary(store: Store, rec: RunRecord) -> str:
         out.append(f"treb: see `treb status {rec.id}` and `treb logs {rec.id}`")
     out += [f"treb: {line}" for line in diagnosis_lines(store, rec)]
     out += [f"treb: {line}" for line in results_lines(store, rec)]
+    out += [f"treb: {line}" for line in metrics_lines(store, rec)]
     return "\n".join(out)
+
+
+def metrics_lines(store: Store, rec: RunRecord) -> list[str]:
+    """Ingests the run's metrics and names their last values ('metrics: loss 0.11 ...')."""
+    try:
+        from trebuchet.cli.metrics_cmd import number
+        from trebuchet.store.metrics import ingest, latest
+
+        ingest(store, rec)
+        last = latest(store, rec.id)
+    except Exception as exc:  # noqa: BLE001 - the run's own outcome must still be reported
+        return [f"metrics not recorded: {exc!r}"]
+    if not last:
+        return []
+    shown = ", ".join(f"{k} {number(v['value'])}" for k, v in list(last.items())[:6])
+    more = f" and {len(last) - 6} more" if len(last) > 6 else ""
+    return [f"metrics: {shown}{more} (`treb metrics {rec.id}`)"]
 
 
 def results_lines(store: Store, rec: RunRecord) -> list[str]:

@@ -3,7 +3,8 @@
 Without RUN: the recent runs (--all: every run), oldest first, so each row's change is
 against the one above it of the same workload and metric. With RUNs: those, in the order
 given; two runs of one workload print their relative change. --csv writes madengine
-perf.csv-compatible rows (see docs/results.md).
+perf.csv-compatible rows (see docs/results.md). --metric NAME (repeatable) adds each run's
+last value of that metric (docs/metrics.md), compared like performance between two runs.
 """
 
 from __future__ import annotations
@@ -44,6 +45,16 @@ def main(args: argparse.Namespace) -> int:
         if not got:
             waiting.append(f"{rec.id} ({rec.state})")
         rows += got
+    if args.metric:  # the last value of each asked-for metric, beside each run's rows
+        from trebuchet.store.metrics import ingest, latest
+
+        for rec in recs:
+            ingest(store, rec)
+            last = latest(store, rec.id)
+            values = {m: last[m]["value"] if m in last else None for m in args.metric}
+            for row in rows:
+                if row["run_id"] == rec.id:
+                    row["metrics"] = values
     changes = perfcsv.relative_changes(rows)
     for row, change in zip(rows, changes, strict=True):
         row["relative_change"] = change
@@ -60,17 +71,28 @@ def main(args: argparse.Namespace) -> int:
             print("no finished runs yet (start one with `treb run SPEC`)")
         return 0
     if not args.csv or sys.stdout.isatty():
-        show(rows)
+        show(rows, args.metric or [])
     workloads = {r["workload"] for r in rows}
     if args.runs and len(recs) == 2 and len(workloads) == 1 and len(rows) >= 2:
         last = rows[-1]
         if last.get("relative_change") is not None:
             print(f"change: {last['relative_change']:+.2f}% {last['metric']} "
                   f"({recs[1].id} vs {recs[0].id})")  # fmt: skip
+    if args.runs and len(recs) == 2:
+        for m in args.metric or []:
+            before, after = (metric_of(rows, r.id, m) for r in recs)
+            if before and after is not None:
+                change = (after - before) / abs(before) * 100.0
+                print(f"change: {change:+.2f}% {m} ({recs[1].id} vs {recs[0].id})")
     return 0
 
 
-def show(rows: list[dict]) -> None:
+def metric_of(rows: list[dict], run_id: str, name: str) -> float | None:
+    return next((r["metrics"][name] for r in rows if r["run_id"] == run_id and "metrics" in r),
+                None)  # fmt: skip
+
+
+def show(rows: list[dict], metrics: list[str]) -> None:
     from trebuchet.cli.table import print_table
     from trebuchet.results.perfcsv import number
     from trebuchet.spec.duration import human
@@ -89,6 +111,10 @@ def show(rows: list[dict]) -> None:
     headers = ["RUN", "MODEL", "STATUS", "PERFORMANCE", "METRIC", "CHANGE", "SHAPE",
                "LAUNCHER", "COMMIT", "DURATION", "CREATED"]  # fmt: skip
     cells = [cell(r) for r in rows]
+    for m in metrics:  # --metric: the run's last value of it
+        headers.append(m.upper())
+        for c, r in zip(cells, rows, strict=True):
+            c.append(number((r.get("metrics") or {}).get(m)) or "-")
     keys = sorted({k for r in rows for k in r.get("params") or {}})
     if keys:  # sweep points: their parameters side by side
         headers += keys

@@ -23,6 +23,10 @@ def main(args: argparse.Namespace) -> int:
     rec = store.resolve(args.run)
     refresh(store, [rec])
     rec = store.get(rec.id) or rec
+    if not rec.active:  # refresh read an active run's; a finished one's last points here
+        from trebuchet.store.metrics import ingest
+
+        ingest(store, rec)
     attempts = store.attempts(rec.id)
     procs = store.procs(rec.id)
     nodes = _node_outcomes(store, rec)

@@ -118,6 +118,7 @@ def _record(
                 f"--resume-from {resume[0]}: copying {resume[1]} failed: {exc}"
             ) from None
     write_atomic(path / "spec.yaml", resolved_spec_yaml(loaded))
+    write_json(path / "metrics.json", spec.metrics.model_dump())  # read by runtime/metrics.py
     append_event(path, "submitted", backend=backend)
     if resume:
         append_event(path, "resumed", from_run=resume[0])

@@ -15,11 +15,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-NUMBER = rb"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
-PERF = re.compile(
-    rb"performance:\s*(?P<value>" + NUMBER + rb")\s*(?:/\s*[A-Za-z%][\w%]*)?\s*,?\s*"
-    rb"(?P<metric>[A-Za-z_%][\w./%-]*)"
-)
+from trebuchet.runtime.metrics import NUMBER, PERF  # one reading, also the agents'
+
 HF = re.compile(rb"train_samples_per_second['\"]?\s*[:=]\s*(?P<value>" + NUMBER + rb")")
 CHUNK = 4 << 20
 REQUIRED = ("model", "performance", "metric")

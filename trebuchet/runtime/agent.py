@@ -21,7 +21,7 @@ import subprocess
 import time
 from typing import Any, Callable
 
-from . import contain, procs
+from . import contain, metrics, procs
 from .progress import Progress
 from .records import exit_fields, now, write_json
 from .stacks import Stacks, faulthandler_path
@@ -134,7 +134,8 @@ class Agent:
         self._stop = False
         self._forward: list[int] = []
         self._wake_r = -1
-        self.progress = Progress(attempt_dir)  # the agent's one log reader
+        self.metrics = metrics.hook(attempt_dir)  # fed by the one reader's lines
+        self.progress = Progress(attempt_dir, on_line=self.metrics)  # the agent's log reader
         self.stacks = Stacks(attempt_dir)
 
     # -- signals (a standalone agent; in the local supervisor, the supervisor has them) ---
@@ -276,11 +277,13 @@ class Agent:
         if self.kill_at is not None and time.monotonic() >= self.kill_at:
             self.kill()
         alive = any(p.alive for p in self.procs)
-        self.progress.step()
+        self.progress.step(force=not alive)  # all ended: their last lines now
         live = {p.name: p.pid for p in self.procs if p.tracked and p.alive and p.pid}
         self.stacks.step(live)
         if not alive:
             self.stacks.close()
+            if self.metrics is not None:
+                self.metrics.close()
         return alive
 
     def signal_all(self, sig: int) -> list[int]:

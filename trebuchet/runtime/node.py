@@ -33,9 +33,10 @@ import threading
 import time
 from typing import Any
 
-from . import contract, hang, secrets
+from . import contract, hang, metrics, secrets
 from .agent import Agent, Proc
 from .logcopy import LogCopy
+from .records import write_json
 from .task import none_proc, self_argv, torchrun_proc
 
 PLACEMENT = ("NODE_RANK", "NUM_NODES", "MASTER_ADDR", "MASTER_PORT", "TREB_RUN_ID", "TREB_RUN_DIR")
@@ -216,6 +217,8 @@ def node(job: dict[str, Any]) -> int:
     run_dir = os.path.abspath(os.path.expanduser(os.environ["TREB_RUN_DIR"]))
     adir = os.path.join(run_dir, f"attempt-{attempt}")
     os.makedirs(adir, mode=0o700, exist_ok=True)
+    if job.get("metrics"):  # the run directory is the node's own here (metrics.hook reads it)
+        write_json(os.path.join(run_dir, metrics.CONFIG_FILE), job["metrics"])
     env = node_env(job, run_dir, n, nnodes)
     with contextlib.suppress(OSError):  # the spec's own folder: the ranks will say why
         os.makedirs(env["TREB_CHECKPOINT_DIR"], exist_ok=True)

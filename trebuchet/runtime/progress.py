@@ -26,6 +26,7 @@ from .lines import Splitter
 STEP_S = 1.0
 CHUNK = 256 << 10  # bytes read per file and step at most (~0.7 ms of splitting)
 LINE_MAX = 512
+LINE_CAP = 16 << 10  # lines handed to on_line (a metrics line may be long: metrics.py)
 PROGRESS_DIR = "progress"
 HEARTBEAT_SUFFIX = ".heartbeat"
 
@@ -49,7 +50,7 @@ class Tracked:
         self.log = log
         self.heartbeat = heartbeat
         self.offset = 0
-        self.splitter = Splitter(cap=LINE_MAX)
+        self.splitter = Splitter(cap=LINE_CAP)
         self.beat_mtime = 0.0
         self.last_progress: float | None = None
         self.last_line = b""

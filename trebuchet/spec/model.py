@@ -172,6 +172,40 @@ class Results(Block):
     )
 
 
+class MetricsSpec(Block):
+    """Which rank logs the node agent reads metrics from, and how (docs/metrics.md)."""
+
+    ranks: Literal["all"] | list[Annotated[int, Field(ge=0)]] = allowed(
+        'a list of ranks (integers >= 0) or "all"',
+        "whose log lines are read for metrics ([] turns metrics off)",
+        default_factory=lambda: [0],
+    )
+    prefix: str | None = allowed(
+        "a string such as 'metrics:'",
+        "key=value / key: value pairs after this marker on a line are metrics",
+        default=None,
+    )
+    patterns: list[str] = allowed(
+        "a list of regular expressions with named groups",
+        "each named group of a matching line is a metric (the group `step`: the step)",
+        default_factory=list,
+    )
+
+    @field_validator("patterns")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        import re
+
+        for p in v:
+            try:
+                rx = re.compile(p.encode())
+            except re.error as exc:
+                raise ValueError(f"{p!r} is not a valid regular expression: {exc}") from None
+            if not set(rx.groupindex) - {"step"}:
+                raise ValueError(f"{p!r} has no named group, e.g. (?P<loss>[0-9.]+)")
+        return v
+
+
 # Set by the launcher for each process (the contract's names); a spec cannot override them.
 LAUNCHER_VARS = frozenset((*RANK_NAMES, *NODE_NAMES))
 CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
@@ -330,6 +364,10 @@ class Spec(Block):
     results: Results = allowed(
         "a mapping", "how performance results are collected", default_factory=Results
     )
+    metrics: MetricsSpec = allowed(
+        "a mapping", "metrics read from the rank logs (docs/metrics.md)",
+        default_factory=MetricsSpec,
+    )  # fmt: skip
     ignore_checks: list[str] = allowed(
         "a list of preflight finding ids", "silence these `treb check` findings",
         default_factory=list,

@@ -519,28 +519,6 @@ class Store:
         ).fetchall()
         return [tuple(r) for r in rows]
 
-    def metrics(
-        self, run_id: str, names: Sequence[str] | None = None
-    ) -> dict[str, list[tuple[float, float, float]]]:
-        """A run's metric series, {name: [(step, value, time), ...]} by step, from the
-        `metrics` table (run_id, name, step, value, time, rank); rank 0 when ranks are
-        recorded, else whatever rank wrote them. {} while no table exists yet (a store
-        from before metrics were recorded)."""
-        if not self.conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'metrics'"
-        ).fetchone():
-            return {}
-        sql = "SELECT name, step, value, time FROM metrics WHERE run_id = ?"
-        args: list[Any] = [run_id]
-        if names:
-            sql += f" AND name IN ({', '.join('?' * len(names))})"
-            args += list(names)
-        sql += " AND COALESCE(rank, 0) = 0 ORDER BY name, step, time"
-        out: dict[str, list[tuple[float, float, float]]] = {}
-        for name, step, value, when in self.conn.execute(sql, args):
-            out.setdefault(name, []).append((step, value, when))
-        return out
-
     def follow_state(self, run_id: str, state: str, reason: str | None = None) -> None:
         """A state an engine reported for a run it runs alone (one attempt, as far as
         trebuchet sees): an end also closes attempt 0 with its reason."""
@@ -584,6 +562,14 @@ class Store:
                 names = ", ".join(cols)
                 marks = ", ".join(f":{k}" for k in cols)
                 c.execute(f"INSERT OR REPLACE INTO procs ({names}) VALUES ({marks})", cols)
+
+    def metrics(
+        self, run_id: str, names: Iterable[str] | None = None, rank: int | None = None
+    ) -> dict[str, list[tuple[float, float, float]]]:
+        """{name: [(step, value, time), ...]} of a run (store/metrics.py; {}: none yet)."""
+        from trebuchet.store.metrics import series
+
+        return series(self, run_id, None if names is None else list(names), rank)
 
     def procs(self, run_id: str, attempt: int | None = None) -> list[dict[str, Any]]:
         sql = "SELECT * FROM procs WHERE run_id = ?"

@@ -71,6 +71,9 @@ def remove_run(store: Store, run_id: str) -> int:
     with store.transaction() as c:
         for table, key in (("procs", "run_id"), ("attempts", "run_id"), ("runs", "id")):
             c.execute(f"DELETE FROM {table} WHERE {key} = ?", (run_id,))
+    from trebuchet.store.metrics import remove
+
+    remove(store, run_id)
     return freed
 
 

@@ -1,0 +1,279 @@
+"""The runs' metrics in the store: ingested from the files the node agents write, bounded.
+
+The agents append points to `attempt-<n>/metrics/<rank-r|node-n>.jsonl` in the run
+directory (runtime/metrics.py); never SQLite from a compute node. The submitting side
+reads what is new in each file (`metric_files` remembers the offset of the last whole
+line) when `treb metrics`, `treb status`, `treb top` or a refresh look at a run, and when
+an attached run ends, and keeps it in one table, `metrics` (run_id, name, step, value,
+time, rank), indexed by run and name.
+
+Bounded: each series (run, name, rank) keeps at most `MAX_POINTS` rows, spread evenly
+over its history: the n-th point of a series is kept when n is a multiple of the series'
+stride, and the stride doubles (dropping every other kept row) whenever the rows would
+pass the cap. The last point of each series is kept apart (`metric_series`), so the last
+value is always exact. 10 million values of one series leave 4096 rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from trebuchet.store.db import RunRecord, Store
+
+MAX_POINTS = 4096
+CHUNK = 4 << 20  # bytes of one file read per transaction (the write lock is held briefly)
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS metrics (
+    run_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    step REAL NOT NULL,
+    value REAL NOT NULL,
+    time REAL NOT NULL,
+    rank INTEGER NOT NULL DEFAULT 0,
+    seq INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS metrics_run_name ON metrics (run_id, name, rank, seq);
+CREATE TABLE IF NOT EXISTS metric_series (
+    run_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    seen INTEGER NOT NULL,
+    stride INTEGER NOT NULL,
+    kept INTEGER NOT NULL,
+    last_step REAL,
+    last_value REAL,
+    last_time REAL,
+    PRIMARY KEY (run_id, name, rank)
+);
+CREATE TABLE IF NOT EXISTS metric_files (
+    run_id TEXT NOT NULL,
+    path TEXT NOT NULL,
+    offset INTEGER NOT NULL,
+    PRIMARY KEY (run_id, path)
+);
+"""
+
+Point = tuple[float, float, float]  # (step, value, time)
+
+
+def ensure(store: Store) -> None:
+    """Create the metrics tables (once per store; cheap when they exist)."""
+    if has_tables(store):
+        return
+    with store.transaction() as c:
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                c.execute(statement)
+
+
+def has_tables(store: Store) -> bool:
+    return bool(
+        store.conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'metric_series'").fetchone()
+    )
+
+
+def files(run_dir: str) -> list[tuple[str, int]]:
+    """(path relative to the run directory, rank) of every metrics file, by attempt."""
+    out = []
+    try:
+        attempts = [e for e in os.listdir(run_dir) if e.startswith("attempt-")]
+    except OSError:
+        return []
+    for attempt in sorted(attempts, key=lambda a: int(a[8:]) if a[8:].isdigit() else -1):
+        folder = os.path.join(run_dir, attempt, "metrics")
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for name in names:
+            stem, _, num = name.removesuffix(".jsonl").partition("-")
+            if name.endswith(".jsonl") and stem in ("rank", "node") and num.isdigit():
+                out.append((f"{attempt}/metrics/{name}", int(num)))
+    return out
+
+
+@dataclass
+class Series:
+    seen: int = 0
+    stride: int = 1
+    kept: int = 0
+    last: Point | None = None
+    dirty: bool = False
+
+
+def ingest(store: Store, rec: RunRecord) -> int:
+    """Read what is new in a run's metrics files into the store; the points read."""
+    found = files(rec.run_dir)
+    if not found:
+        return 0
+    ensure(store)
+    offsets = dict(
+        store.conn.execute(
+            "SELECT path, offset FROM metric_files WHERE run_id = ?", (rec.id,)
+        ).fetchall()
+    )
+    total = 0
+    for rel, rank in found:
+        path = os.path.join(rec.run_dir, rel)
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            continue
+        if size <= offsets.get(rel, 0):
+            continue
+        while True:
+            n = _ingest_chunk(store, rec.id, rel, path, rank)
+            if n < 0:
+                break
+            total += n
+    return total
+
+
+def _ingest_chunk(store: Store, run_id: str, rel: str, path: str, rank: int) -> int:
+    """One bounded read of a file, in one transaction; -1 when nothing was left."""
+    with store.transaction() as c:
+        row = c.execute(
+            "SELECT offset FROM metric_files WHERE run_id = ? AND path = ?", (run_id, rel)
+        ).fetchone()
+        offset = row[0] if row else 0
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(CHUNK)
+        except OSError:
+            return -1
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            if len(data) < CHUNK:
+                return -1  # a line being written: next time
+            cut = len(data)  # an overlong line: skipped
+        points: dict[str, list[Point]] = {}
+        for line in data[:cut].splitlines():
+            _decode(line, points)
+        n = _add(c, run_id, rank, points)
+        c.execute(
+            "INSERT INTO metric_files (run_id, path, offset) VALUES (?, ?, ?) "
+            "ON CONFLICT (run_id, path) DO UPDATE SET offset = excluded.offset",
+            (run_id, rel, offset + cut),
+        )
+        return n
+
+
+def _decode(line: bytes, points: dict[str, list[Point]]) -> None:
+    try:
+        rec = json.loads(line)
+        t, s, values = float(rec["t"]), float(rec["s"]), rec["m"]
+    except (ValueError, KeyError, TypeError):
+        return
+    if not isinstance(values, dict):
+        return
+    for name, v in values.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            points.setdefault(str(name), []).append((s, float(v), t))
+
+
+def _add(c: sqlite3.Connection, run_id: str, rank: int, points: dict[str, list[Point]]) -> int:
+    """Insert one batch per series at the series' stride, thinning when it would overflow."""
+    total = 0
+    for name, pts in points.items():
+        total += len(pts)
+        row = c.execute(
+            "SELECT seen, stride, kept FROM metric_series WHERE run_id = ? AND name = ? "
+            "AND rank = ?",
+            (run_id, name, rank),
+        ).fetchone()
+        ser = Series(*row) if row else Series()
+        rows = []
+        for step, value, t in pts:
+            if ser.seen % ser.stride == 0:
+                rows.append((ser.seen, step, value, t))
+            ser.seen += 1
+        while ser.kept + len(rows) > MAX_POINTS:
+            ser.stride *= 2
+            rows = [r for r in rows if r[0] % ser.stride == 0]
+            if ser.kept:
+                c.execute(
+                    "DELETE FROM metrics WHERE run_id = ? AND name = ? AND rank = ? "
+                    "AND seq % ? != 0",
+                    (run_id, name, rank, ser.stride),
+                )
+                ser.kept = c.execute(
+                    "SELECT count(*) FROM metrics WHERE run_id = ? AND name = ? AND rank = ?",
+                    (run_id, name, rank),
+                ).fetchone()[0]
+        c.executemany(
+            "INSERT INTO metrics (run_id, name, step, value, time, rank, seq) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(run_id, name, s, v, t, rank, q) for q, s, v, t in rows],
+        )
+        ser.kept += len(rows)
+        step, value, t = pts[-1]
+        c.execute(
+            "INSERT OR REPLACE INTO metric_series (run_id, name, rank, seen, stride, kept, "
+            "last_step, last_value, last_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, name, rank, ser.seen, ser.stride, ser.kept, step, value, t),
+        )
+    return total
+
+
+def series(
+    store: Store, run_id: str, names: list[str] | None = None, rank: int | None = None
+) -> dict[str, list[Point]]:
+    """{name: [(step, value, time), ...]} of a run, oldest first, the last point exact.
+
+    rank None: for each name, the lowest rank that has it (rank 0 unless told otherwise).
+    Empty when nothing was ingested (or the store predates the metrics tables)."""
+    if not has_tables(store):
+        return {}
+    sql = "SELECT name, rank, last_step, last_value, last_time, seen FROM metric_series "
+    sql += "WHERE run_id = ?"
+    args: list[Any] = [run_id]
+    if rank is not None:
+        sql += " AND rank = ?"
+        args.append(rank)
+    chosen: dict[str, tuple] = {}
+    for name, r, ls, lv, lt, seen in store.conn.execute(sql + " ORDER BY rank DESC", args):
+        if names is None or name in names:
+            chosen[name] = (r, (ls, lv, lt), seen)
+    out: dict[str, list[Point]] = {}
+    for name in sorted(chosen):
+        r, last, seen = chosen[name]
+        rows = store.conn.execute(
+            "SELECT step, value, time, seq FROM metrics WHERE run_id = ? AND name = ? "
+            "AND rank = ? ORDER BY seq",
+            (run_id, name, r),
+        ).fetchall()
+        pts = [(s, v, t) for s, v, t, _ in rows]
+        if not rows or rows[-1][3] != seen - 1:
+            pts.append(last)
+        out[name] = pts
+    return out
+
+
+def latest(store: Store, run_id: str, rank: int | None = None) -> dict[str, dict[str, Any]]:
+    """The last point of each series of a run: {name: {step, value, time, rank, points}}
+    (rank None: the lowest rank that has the name, as series())."""
+    if not has_tables(store):
+        return {}
+    sql = "SELECT name, rank, last_step, last_value, last_time, seen FROM metric_series "
+    sql += "WHERE run_id = ?" + (" AND rank = ?" if rank is not None else "")
+    args = (run_id,) if rank is None else (run_id, rank)
+    rows = store.conn.execute(sql + " ORDER BY rank DESC", args).fetchall()
+    out = {
+        name: {"step": s, "value": v, "time": t, "rank": r, "points": seen}
+        for name, r, s, v, t, seen in rows
+    }
+    return dict(sorted(out.items()))
+
+
+def remove(store: Store, run_id: str) -> None:
+    """Forget a run's metrics (the run was removed)."""
+    if not has_tables(store):
+        return
+    with store.transaction() as c:
+        for table in ("metrics", "metric_series", "metric_files"):
+            c.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
