@@ -27,7 +27,15 @@ from trebuchet.errors import SpecError, TrebError, UserError
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event, write_atomic
 from trebuchet.store.paths import runs_dir
-from trebuchet.store.states import CANCELLED, FAILED, LOST, SUCCEEDED, TERMINAL, first_failure
+from trebuchet.store.states import (
+    CANCELLED,
+    FAILED,
+    LOST,
+    SUCCEEDED,
+    TERMINAL,
+    describe_waiting,
+    first_failure,
+)
 
 if TYPE_CHECKING:  # `treb ps` refreshes slurm runs: it must not import pydantic
     from trebuchet.launcher.submit import Submission
@@ -66,6 +74,7 @@ class SlurmBackend(Backend):
         self.cancel_signal: int | None = None
         self._queue_cache: tuple[float, frozenset[str], dict[str, st.QueueInfo]] | None = None
         self.queue_ok_at = time.monotonic()  # when squeue last answered
+        self._partitions: dict[str, dict[str, str] | None] = {}  # scontrol's, per partition
 
     # -- checks and rendering --------------------------------------------------------------
     def check(self, loaded: LoadedSpec) -> None:
@@ -254,6 +263,9 @@ class SlurmBackend(Backend):
         live = st.live_state(info, files) if info else None
         if live:
             values: dict[str, Any] = {"state": live, "attempt": files.last_attempt or 0}
+            waiting = self._waiting(rec, info) if info and info.state in st.PENDING_STATES else None
+            if waiting != rec.waiting:
+                values["waiting"] = waiting
             if rec.started_at is None and files.attempts:
                 values["started_at"] = files.attempts[min(files.attempts)].get("started_at")
             store.update_run(rec.id, only_if_active=True, **values)
@@ -265,6 +277,20 @@ class SlurmBackend(Backend):
             return True  # maybe a requeue on its way back to PENDING: look again later
         self._finish(store, rec, files, queue)
         return True
+
+    def _waiting(self, rec: RunRecord, info: st.QueueInfo) -> dict[str, Any] | None:
+        """Why the job is pending, in plain words; the partition's facts are asked for
+        only when a new reason needs them (a run keeps its explanation while it holds)."""
+        from trebuchet.backends import slurm_reasons as why
+
+        if rec.waiting and rec.waiting.get("reason") == info.reason.strip():
+            return rec.waiting
+        facts = None
+        if why.needs_facts(info.reason):
+            if info.partition not in self._partitions:
+                self._partitions[info.partition] = why.partition_facts(info.partition)
+            facts = self._partitions[info.partition]
+        return why.explain(info.reason, info.partition, rec.nodes, info.time_limit, facts)
 
     def _store_attempts(self, store: Store, rec: RunRecord, files: st.JobFiles) -> None:
         granted = max((a.get("max_attempts") or 0 for a in files.attempts.values()), default=0)
@@ -313,7 +339,7 @@ class SlurmBackend(Backend):
         if store.update_run(
             rec.id, only_if_active=True, state=state, attempt=n, exit_code=exit_code,
             first_failure=ff, ended_at=result.get("ended_at") or now,
-            started_at=rec.started_at or started,
+            started_at=rec.started_at or started, waiting=None,
         ):  # fmt: skip
             append_event(Path(rec.run_dir), "run_ended", state=state, reason=reason)
 
@@ -326,7 +352,7 @@ class SlurmBackend(Backend):
         self.cancel_signal = None
         cancelled_at: float | None = None
         presses = 0
-        shown = ""
+        shown = waited = ""
         warned_at = 0.0
         self.queue_ok_at = time.monotonic()
 
@@ -355,6 +381,12 @@ class SlurmBackend(Backend):
                             f"Slurm job {rec.backend_id} {shown.lower()}"
                             f"{f' (attempt {rec.attempt + 1})' if rec.attempt else ''}"
                         )
+                    waiting = rec.waiting if rec.state not in TERMINAL else None
+                    meaning = (waiting or {}).get("meaning") or ""
+                    if meaning and meaning != waited:  # a new reason in the same words: quiet
+                        stop = "" if waiting and waiting.get("starts") else "; Ctrl+C cancels it"
+                        view.say(f"Slurm job {rec.backend_id}: {describe_waiting(waiting)}{stop}")
+                    waited = meaning
                     for label, name in streams(rec):
                         view.add(label, run_dir / f"attempt-{rec.attempt}" / name)
                 if rec.state in TERMINAL:

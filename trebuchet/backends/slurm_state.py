@@ -51,8 +51,10 @@ class QueueInfo:
     """One job as squeue (or sacct) sees it."""
 
     state: str
-    reason: str = ""
+    reason: str = ""  # squeue's %r: why a pending job waits (slurm_reasons.py)
     nodes: str = ""
+    partition: str = ""
+    time_limit: str = ""
 
 
 @dataclass
@@ -97,13 +99,13 @@ def read_job_files(run_dir: Path) -> JobFiles:
 
 
 def parse_squeue(text: str) -> dict[str, QueueInfo]:
-    """`squeue -h -o '%i|%T|%r|%N'` lines -> {job id: QueueInfo}."""
+    """`squeue -h -o '%i|%T|%r|%N|%P|%l'` lines (or sacct's JobID|State) -> {job id: QueueInfo}."""
     jobs: dict[str, QueueInfo] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
         if len(parts) >= 2 and parts[0]:
             jobs[parts[0]] = QueueInfo(
-                parts[1].split()[0].rstrip("+"), *(p.strip() for p in parts[2:4])
+                parts[1].split()[0].rstrip("+"), *(p.strip() for p in parts[2:6])
             )
     return jobs
 
@@ -123,7 +125,7 @@ def squeue_jobs(job_ids: list[str], timeout: float = 30.0) -> dict[str, QueueInf
     # --array: one line per array task (`<job>_<task>`, a sweep point's backend_id), pending
     # ones too; an array is asked for once, by its job id.
     cmd = ["squeue", "--noheader", "--array", "--states=all",
-           f"--jobs={','.join(base_ids(job_ids))}", "--format=%i|%T|%r|%N"]  # fmt: skip
+           f"--jobs={','.join(base_ids(job_ids))}", "--format=%i|%T|%r|%N|%P|%l"]  # fmt: skip
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):

@@ -28,6 +28,13 @@ def clock(ts: float | None) -> str:
     return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
+def state_cell(rec: Any) -> str:
+    """A RunRecord's state, with the engine's reason while it waits (`PENDING (Priority)`)."""
+    if rec.active and rec.waiting:
+        return f"{rec.state} ({str(rec.waiting.get('reason', '')).split(',')[0]})"
+    return str(rec.state)
+
+
 STATE_STYLE = {
     "SUCCEEDED": "green", "FAILED": "red", "TIMEOUT": "red", "LOST": "magenta",
     "CANCELLED": "yellow", "RUNNING": "cyan", "RETRYING": "cyan", "PENDING": "blue",

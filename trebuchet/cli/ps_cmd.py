@@ -50,12 +50,13 @@ def main(args: argparse.Namespace) -> int:
         filtered = where != RunFilter()
         print("no runs match" if filtered else "no runs yet (start one with `treb run SPEC`)")
         return 0
-    from trebuchet.cli.common import STATE_STYLE, age
+    from trebuchet.cli.common import STATE_STYLE, age, state_cell
     from trebuchet.cli.table import print_table
     from trebuchet.spec.duration import human
+    from trebuchet.store.states import describe_waiting
 
     rows = [
-        [r.id, r.name, r.backend, r.state, f"{r.nodes}x{r.procs_per_node}",
+        [r.id, r.name, r.backend, state_cell(r), f"{r.nodes}x{r.procs_per_node}",
          f"{r.attempt + 1}/{r.max_attempts}", age(r.created_at), human(r.duration)]
         for r in runs
     ]  # fmt: skip
@@ -66,4 +67,7 @@ def main(args: argparse.Namespace) -> int:
             params = " ".join(f"{k}={v}" for k, v in json.loads(r.params or "{}").items())
             row += [r.sweep_id or "-", params or "-"]
     print_table(headers, rows, [STATE_STYLE.get(r.state) for r in runs])
+    blocked = [r for r in runs if r.active and r.waiting and r.waiting.get("starts") is False]
+    for r in blocked:  # said plainly: cancelling it is the user's move
+        print(f"{r.id}: {describe_waiting(r.waiting)}; `treb cancel {r.id}` ends it")
     return 0

@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 from trebuchet.backends import get_backend, refresh
-from trebuchet.cli.common import STATE_STYLE, clock, console
+from trebuchet.cli.common import STATE_STYLE, clock, console, state_cell
 from trebuchet.cli.report import diagnosis_json, diagnosis_lines
 from trebuchet.errors import UserError
 from trebuchet.spec.duration import human
 from trebuchet.store.db import Store
-from trebuchet.store.states import describe_failure
+from trebuchet.store.states import describe_failure, describe_waiting
 
 
 def main(args: argparse.Namespace) -> int:
@@ -62,6 +62,9 @@ def main(args: argparse.Namespace) -> int:
     if rec.git_commit:
         dirty = " with uncommitted changes" if rec.git_dirty else ""
         con.print(f"  code    git {rec.git_commit[:12]}{dirty}")
+    if rec.active and rec.waiting:
+        colour = "yellow" if rec.waiting.get("starts") else "red"
+        con.print(f"  {describe_waiting(rec.waiting)}", style=colour, markup=False)
     if rec.first_failure:
         con.print(f"  [red]first failure[/]: {describe_failure(rec.first_failure)}")
         if rec.first_failure.get("log"):
@@ -129,8 +132,9 @@ def sweep_status(store: Store, runs: list, as_json: bool) -> int:
     counts = ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states)))
     print(f"sweep {runs[0].sweep_id}: {len(runs)} runs ({counts})")
     keys = sorted({k for r in runs for k in json.loads(r.params or "{}")})
-    rows = [[r.id, r.state, "-" if r.exit_code is None else str(r.exit_code), human(r.duration),
-             *[json.loads(r.params or "{}").get(k, "-") for k in keys]] for r in runs]  # fmt: skip
+    rows = [[r.id, state_cell(r), "-" if r.exit_code is None else str(r.exit_code),
+             human(r.duration), *[json.loads(r.params or "{}").get(k, "-") for k in keys]]
+            for r in runs]  # fmt: skip
     print_table(
         ["ID", "STATE", "EXIT", "DURATION", *keys], rows, [STATE_STYLE.get(s) for s in states]
     )

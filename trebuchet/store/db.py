@@ -56,7 +56,8 @@ CREATE TABLE IF NOT EXISTS runs (
     git_commit TEXT,
     git_dirty INTEGER,
     sweep_id TEXT,
-    params TEXT
+    params TEXT,
+    waiting TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_created ON runs (created_at);
 CREATE INDEX IF NOT EXISTS runs_state ON runs (state);
@@ -93,13 +94,15 @@ ADDED_INDEXES = ["CREATE INDEX IF NOT EXISTS runs_name ON runs (name, created_at
 # Columns added after the first schema; older stores gain them on open.
 ADDED_COLUMNS = {
     "last_seen": "REAL", "git_commit": "TEXT", "git_dirty": "INTEGER", "sweep_id": "TEXT",
-    "params": "TEXT",
+    "params": "TEXT", "waiting": "TEXT",
 }  # fmt: skip
+# Columns that hold JSON (decoded in RunRecord).
+JSON_COLUMNS = ("first_failure", "waiting")
 
 
 @dataclass
 class RunRecord:
-    """One row of `runs`; first_failure is decoded JSON."""
+    """One row of `runs`; first_failure and waiting are decoded JSON."""
 
     id: str
     name: str
@@ -126,6 +129,8 @@ class RunRecord:
     git_dirty: int | None = None
     sweep_id: str | None = None
     params: str | None = None  # JSON of a sweep point's overrides
+    # why an active run has not started, as its engine says: {reason, meaning, starts, source}
+    waiting: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -193,8 +198,9 @@ PAGE_SORTS = {
 
 def _record(row: sqlite3.Row) -> RunRecord:
     data = dict(row)
-    if data.get("first_failure"):
-        data["first_failure"] = json.loads(data["first_failure"])
+    for key in JSON_COLUMNS:
+        if data.get(key):
+            data[key] = json.loads(data[key])
     return RunRecord(**data)
 
 
@@ -401,15 +407,17 @@ class Store:
     def insert_run(self, rec: RunRecord) -> None:
         data = rec.to_json()
         data.pop("shape")
-        data["first_failure"] = json.dumps(rec.first_failure) if rec.first_failure else None
+        for key in JSON_COLUMNS:
+            data[key] = json.dumps(data[key]) if data[key] else None
         cols = ", ".join(data)
         marks = ", ".join(f":{k}" for k in data)
         self.conn.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", data)
 
     def update_run(self, run_id: str, only_if_active: bool = False, **values: Any) -> bool:
         """Set columns of one run; with only_if_active, a finished run is left alone."""
-        if "first_failure" in values and values["first_failure"] is not None:
-            values["first_failure"] = json.dumps(values["first_failure"])
+        for key in JSON_COLUMNS:
+            if values.get(key) is not None:
+                values[key] = json.dumps(values[key])
         sets = ", ".join(f"{k} = :{k}" for k in values)
         sql = f"UPDATE runs SET {sets} WHERE id = :_id"
         if only_if_active:

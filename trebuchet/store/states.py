@@ -47,3 +47,11 @@ def describe_failure(ff: dict | None) -> str:
     )
     when = time.strftime("%H:%M:%S", time.localtime(ff["ended_at"])) if ff.get("ended_at") else "?"
     return f"{who} {how} at {when} (attempt {int(ff.get('attempt') or 0) + 1})"
+
+
+def describe_waiting(waiting: dict | None) -> str:
+    """Why an active run has not started, as its engine says (RunRecord.waiting): the
+    meaning, then the engine's own word for it (Slurm's pending reason)."""
+    if not waiting:
+        return ""
+    return f"{waiting.get('meaning')} ({waiting.get('source', 'engine')}: {waiting.get('reason')})"
