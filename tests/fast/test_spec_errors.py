@@ -53,6 +53,37 @@ CASES = [
         ["slurm.acount: unknown field", "'account'"],
     ),
     (
+        "borrowed-gpus",
+        "command: x\ngpus: 8\n",
+        [],
+        2,
+        ["gpus: unknown field", "did you mean 'gpus_per_node'"],
+    ),  # fmt: skip
+    ("borrowed-num-nodes", "command: x\nnum_nodes: 2\n", [], 2, ["did you mean 'nodes'"]),
+    (
+        "borrowed-nproc",
+        "command: x\nnproc_per_node: 2\n",
+        [],
+        2,
+        ["did you mean 'procs_per_node'"],
+    ),  # fmt: skip
+    ("part-of-a-name", "command: x\nprocs: 2\n", [], 2, ["did you mean 'procs_per_node'"]),
+    ("borrowed-time", "command: x\ntime: 1h\n", [], 2, ["did you mean 'timeout'"]),
+    (
+        "nested-alias",
+        "command: x\nenvironment:\n  container: img\n",
+        [],
+        3,
+        ["environment.container: unknown field", "did you mean 'image'"],
+    ),  # fmt: skip
+    (
+        "slurm-time-limit",
+        "command: x\nslurm: {time_limit: 1}\n",
+        [],
+        2,
+        ["slurm.time_limit: unknown field", "did you mean 'time'"],
+    ),  # fmt: skip
+    (
         "misplaced-engine-key",
         "command: x\npartition: gpu\n",
         [],

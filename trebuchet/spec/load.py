@@ -338,15 +338,44 @@ def _problems(exc: ValidationError, located: Located, raw: dict, top: type[BaseM
     return problems
 
 
+# Names other launchers give a field (torchrun, sbatch, SkyPilot, Ray): the field they mean.
+ALIASES = {
+    "gpus": "gpus_per_node", "num_gpus": "gpus_per_node", "gpus_per_task": "gpus_per_node",
+    "num_nodes": "nodes", "nnodes": "nodes", "nproc_per_node": "procs_per_node",
+    "ntasks_per_node": "procs_per_node", "tasks_per_node": "procs_per_node",
+    "time": "timeout", "time_limit": "timeout", "walltime": "timeout", "max_retries": "retries",
+    "max_restarts": "retries", "envs": "env", "env_vars": "env", "environment_variables": "env",
+    "cmd": "command", "run": "command", "script": "command", "working_dir": "workdir",
+    "cwd": "workdir", "chdir": "workdir", "image_id": "image", "container": "image",
+}  # fmt: skip
+
+
+def close_field(key: str, fields: list[str]) -> str | None:
+    """The field a mistyped or borrowed key most likely means: a known alias, a close
+    spelling (difflib), or the one field whose words hold the key's (`gpus`: gpus_per_node)."""
+    low = key.lower().replace("-", "_")
+    if ALIASES.get(low) in fields:
+        return ALIASES[low]
+    words = set(low.split("_"))
+    holding = [f for f in fields if words <= set(f.split("_"))]
+    if len(holding) == 1:
+        return holding[0]
+    close = difflib.get_close_matches(low, fields, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    held = [f for f in fields if set(f.split("_")) <= words]
+    return held[0] if len(held) == 1 else None
+
+
 def _suggest(path: tuple, top: type[BaseModel]) -> str:
     """A did-you-mean hint, including keys that belong in an engine block."""
     parent_model, _ = _field_info(path[:-1], top) if len(path) > 1 else (top, None)
     if parent_model is None:
         return ""
     key = str(path[-1])
-    close = difflib.get_close_matches(key, list(parent_model.model_fields), n=1, cutoff=0.6)
+    close = close_field(key, list(parent_model.model_fields))
     if close:
-        return f"; did you mean '{close[0]}'?"
+        return f"; did you mean '{close}'?"
     if parent_model is top:
         for block in engine_blocks(top):
             sub = _sub_model(top, block)
