@@ -91,7 +91,8 @@ def test_cancel_a_sweep_cancels_the_array(streb, tmp_path: Path) -> None:
     assert sorted(r["state"] for r in runs) == ["PENDING", "PENDING", "RUNNING", "RUNNING"]
     job = runs[0]["backend_id"].split("_")[0]
     res = streb("cancel", sweep_id)
-    assert res.returncode == 0 and f"sweep {sweep_id}: cancelled" in res.stdout, res.stderr
+    assert res.returncode == 0, res.stderr
+    assert f"sweep {sweep_id}: 4 of 4 runs stopped (4 CANCELLED)" in res.stdout, res.stdout
     runs = _ps(streb)
     assert [r["state"] for r in runs] == ["CANCELLED"] * 4
     for r in runs:

@@ -34,6 +34,8 @@ def test_override_sweep_runs_the_cross_product(treb, tmp_path: Path) -> None:
     assert st["sweep_id"] == sweep_id and [r["state"] for r in st["runs"]] == ["SUCCEEDED"] * 4
     table = treb("status", sweep_id).stdout
     assert "env.BS" in table and "env.LR" in table and "4 SUCCEEDED" in table
+    res = treb("cancel", sweep_id)  # nothing left to cancel: it says so
+    assert res.returncode == 0 and res.stdout == f"sweep {sweep_id} already ended: 4 SUCCEEDED\n"
 
 
 def test_sweep_block_and_parallel_limit(treb, tmp_path: Path) -> None:
@@ -79,7 +81,8 @@ def test_detached_sweep_can_be_cancelled(treb, tmp_path: Path) -> None:
         if "RUNNING" in states:
             break
         time.sleep(0.1)
-    assert treb("cancel", sweep_id).returncode == 0
+    res = treb("cancel", sweep_id)
+    assert res.returncode == 0 and f"sweep {sweep_id}: 3 of 3 runs stopped" in res.stdout
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         states = [r["state"] for r in json.loads(treb("ps", "--json").stdout)]
@@ -87,6 +90,8 @@ def test_detached_sweep_can_be_cancelled(treb, tmp_path: Path) -> None:
             break
         time.sleep(0.1)
     assert states == ["CANCELLED"] * 3
+    again = treb("cancel", sweep_id).stdout
+    assert again == f"sweep {sweep_id} already ended: 3 CANCELLED\n", again
 
 
 def test_results_of_a_sweep_side_by_side(treb, tmp_path: Path) -> None:
