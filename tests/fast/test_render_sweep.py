@@ -19,10 +19,10 @@ def test_local_render_has_one_section_per_point(treb, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     heads = [x for x in res.stdout.splitlines() if x.startswith("# ==== sweep point")]
     assert heads == [
-        "# ==== sweep point 0 (of 4): env.LR=1e-3, env.BS=32",
-        "# ==== sweep point 1 (of 4): env.LR=1e-3, env.BS=64",
-        "# ==== sweep point 2 (of 4): env.LR=3e-4, env.BS=32",
-        "# ==== sweep point 3 (of 4): env.LR=3e-4, env.BS=64",
+        "# ==== sweep point 0 (of 4): env.LR=1e-3 env.BS=32",
+        "# ==== sweep point 1 (of 4): env.LR=1e-3 env.BS=64",
+        "# ==== sweep point 2 (of 4): env.LR=3e-4 env.BS=32",
+        "# ==== sweep point 3 (of 4): env.LR=3e-4 env.BS=64",
     ]
     sections = res.stdout.split("# ==== sweep point")[1:]
     assert "LR=3e-4" in sections[3] and "LR=1e-3" not in sections[3]
@@ -56,3 +56,11 @@ def test_sweep_on_kubernetes_is_refused(treb, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, SPEC)
     res = treb("render", str(spec), "--on", "kubernetes", "-o", "env.LR=1,2")
     assert res.returncode == 2 and "sweeps run on the local and slurm backends" in res.stderr
+
+
+def test_points_print_as_the_user_wrote_them() -> None:
+    from trebuchet.launcher.sweep import point_text
+
+    assert point_text({"env.LR": "0.1", "env.BS": "32"}) == "env.LR=0.1 env.BS=32"
+    assert point_text({"nodes": 2, "env.X": "a b", "env.Y": ""}) == 'nodes=2 env.X="a b" env.Y=""'
+    assert point_text({"env.L": [1, 2]}) == "env.L=[1, 2]"

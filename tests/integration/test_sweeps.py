@@ -19,6 +19,7 @@ def test_override_sweep_runs_the_cross_product(treb, tmp_path: Path) -> None:
     res = treb("run", str(spec), "-o", "env.LR=0.1,0.01", "-o", "env.BS=32,64")
     assert res.returncode == 0, res.stderr
     assert "sweep s" in res.stderr and "4 of 4 runs succeeded" in res.stderr
+    assert "env.LR=0.1 env.BS=32" in res.stderr and "{'" not in res.stderr  # no Python dicts
     runs = json.loads(treb("ps", "--json").stdout)
     assert len(runs) == 4 and len({r["sweep_id"] for r in runs}) == 1
     params = sorted(

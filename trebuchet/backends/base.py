@@ -127,10 +127,11 @@ class Backend(ABC):
 
     def render_sweep(self, points: list[SpecPoint]) -> str:
         """Every point's render, headed by its overrides."""
+        from trebuchet.launcher.sweep import point_text
+
         out = []
         for i, (point, loaded) in enumerate(points):
-            params = ", ".join(f"{k}={v}" for k, v in point.items())
-            out.append(f"# ==== sweep point {i} (of {len(points)}): {params}\n")
+            out.append(f"# ==== sweep point {i} (of {len(points)}): {point_text(point)}\n")
             out.append(self.render(loaded))
         return "".join(out)
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from trebuchet.backends.slurm_script import _directive, q, sbatch_lines, write_job
 from trebuchet.errors import TrebError, UserError
+from trebuchet.launcher.sweep import point_text
 from trebuchet.store.files import append_event, write_atomic
 from trebuchet.store.states import CANCELLED, FAILED, SUCCEEDED, TERMINAL
 
@@ -72,7 +73,7 @@ def check_shape(points: list[tuple[dict[str, str], LoadedSpec]]) -> None:
 
 
 def _show(flag: str, point: dict[str, str], lines: dict[str, str]) -> str:
-    params = ", ".join(f"{k}={v}" for k, v in point.items())
+    params = point_text(point)
     line = lines[flag].removeprefix("#SBATCH ") if flag in lines else f"no {flag}"
     return f"{line} at {params}"
 
@@ -154,7 +155,8 @@ def submit_sweep(
     at_once = f"at most {parallel} at once" if parallel else "as many at once as Slurm allows"
     print(f"treb: sweep {sweep_id}: {len(runs)} runs, {at_once}", file=sys.stderr)
     for run in runs:
-        print(f"treb:   {run['index']}  {run['id']}  {job_id}_{run['index']}  {run['params']}",
+        task = f"{job_id}_{run['index']}"
+        print(f"treb:   {run['index']}  {run['id']}  {task}  {point_text(run['params'])}",
               file=sys.stderr)  # fmt: skip
     if not attach:
         return SweepSubmitted(sweep_id, len(runs))
@@ -225,7 +227,7 @@ def follow(backend: Any, store: Any, job_id: str, runs: list[dict[str, Any]]) ->
                         failed += int(rec.state != SUCCEEDED)
                         view.say(
                             f"sweep point {run['index']} ({run['id']}, Slurm job "
-                            f"{rec.backend_id}) {rec.state}: {run['params']}"
+                            f"{rec.backend_id}) {rec.state}: {point_text(run['params'])}"
                         )
                     elif shown.get(run["id"]) != rec.state:
                         shown[run["id"]] = rec.state

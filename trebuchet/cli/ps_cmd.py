@@ -62,10 +62,11 @@ def main(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     headers = ["ID", "NAME", "BACKEND", "STATE", "SHAPE", "ATTEMPT", "AGE", "DURATION"]
     if any(r.sweep_id for r in runs):  # the sweep and the point's parameters
+        from trebuchet.launcher.sweep import point_text
+
         headers += ["SWEEP", "PARAMS"]
         for row, r in zip(rows, runs, strict=True):
-            params = " ".join(f"{k}={v}" for k, v in json.loads(r.params or "{}").items())
-            row += [r.sweep_id or "-", params or "-"]
+            row += [r.sweep_id or "-", point_text(json.loads(r.params or "{}")) or "-"]
     print_table(headers, rows, [STATE_STYLE.get(r.state) for r in runs])
     blocked = [r for r in runs if r.active and r.waiting and r.waiting.get("starts") is False]
     for r in blocked:  # said plainly: cancelling it is the user's move

@@ -31,6 +31,17 @@ MAX_SWEEP_POINTS = 10_000  # runs in one sweep (docs/spec.md; spec/model.py chec
 _SPLIT = re.compile(r"(?<!\\),")
 
 
+def point_text(point: dict[str, Any]) -> str:
+    """A sweep point as the user wrote it: `env.LR=0.1 env.BS=32` (not a Python dict);
+    a value with spaces or a list/mapping is shown as JSON."""
+    shown = []
+    for key, value in point.items():
+        plain = isinstance(value, str) and value and not any(c.isspace() for c in value)
+        text = value if plain else json.dumps(value)
+        shown.append(f"{key}={text}")
+    return " ".join(shown)
+
+
 def split_values(value: str) -> list[str]:
     v = value.strip()
     if not v or v[0] in "[{'\"":
@@ -104,7 +115,7 @@ def submit_local(
     write_json(path, {"id": sweep_id, "parallel": parallel, "runs": runs})
     print(f"treb: sweep {sweep_id}: {len(runs)} runs, at most {parallel} at once", file=sys.stderr)
     for run in runs:
-        print(f"treb:   {run['index']}  {run['id']}  {run['params']}", file=sys.stderr)
+        print(f"treb:   {run['index']}  {run['id']}  {point_text(run['params'])}", file=sys.stderr)
     if not attach:
         subprocess.Popen(
             [sys.executable, "-m", "trebuchet.launcher.sweep", str(path)],
@@ -164,7 +175,8 @@ def drive(sweep: dict[str, Any], follow: bool) -> tuple[int, int]:
                 failed += int(rec is None or rec.state != "SUCCEEDED")
                 if view:
                     state = rec.state if rec else "?"
-                    view.say(f"sweep point {run['index']} ({run['id']}) {state}: {run['params']}")
+                    params = point_text(run["params"])
+                    view.say(f"sweep point {run['index']} ({run['id']}) {state}: {params}")
         time.sleep(0.1)
     if view:
         view.close()
