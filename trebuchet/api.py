@@ -58,12 +58,29 @@ class Run:
             rec = self.record
             if rec.state in TERMINAL:
                 if rec.state != SUCCEEDED:
-                    detail = describe_failure(rec.first_failure) if rec.first_failure else ""
-                    raise RunFailed(rec.id, rec.state, detail)
+                    raise self._failed(rec)
                 return self
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"run {self.id} still {rec.state} after {timeout} s")
             time.sleep(poll)
+
+    def _failed(self, rec: RunRecord) -> RunFailed:
+        """RunFailed with the first failure and the diagnosis' error line (its summary)."""
+        ff = rec.first_failure or {}
+        detail = describe_failure(ff) if ff else ""
+        try:
+            from trebuchet.diagnose.report import diagnose_record
+
+            d = diagnose_record(self._store, rec)
+        except Exception:  # noqa: BLE001 - the failure is raised whatever the logs hold
+            d = None
+        found = d is not None and d.category is not None
+        return RunFailed(
+            rec.id, rec.state, detail, error=d.summary if found else None,
+            rank=ff.get("rank", d.rank if found else None),
+            exit_code=ff.get("exit_code", rec.exit_code), cause=d.category if found else None,
+            log=ff.get("log") or (d.log if found else None),
+        )  # fmt: skip
 
     def cancel(self) -> None:
         from trebuchet.backends import get_backend

@@ -29,10 +29,23 @@ class SpecError(UserError):
 
 
 class RunFailed(TrebError):
-    """Raised by Run.wait() when a run ends in any state but SUCCEEDED."""
+    """Raised by Run.wait() when a run ends in any state but SUCCEEDED.
 
-    def __init__(self, run_id: str, state: str, detail: str = "") -> None:
+    Besides the state, what a caller needs to act without reading logs: the failing rank,
+    its exit code and its error line (the diagnosis' summary, e.g. `KeyError: 'lr'`)."""
+
+    def __init__(
+        self, run_id: str, state: str, detail: str = "", *, error: str | None = None,
+        rank: int | None = None, exit_code: int | None = None, cause: str | None = None,
+        log: str | None = None,
+    ) -> None:  # fmt: skip
         self.run_id = run_id
         self.state = state
+        self.error = error  # the failing rank's error line, when its log has one
+        self.rank = rank
+        self.exit_code = exit_code
+        self.cause = cause  # the diagnosis category (python_exception, gpu_oom, ...)
+        self.log = log
         msg = f"run {run_id} ended {state}"
-        super().__init__(f"{msg}: {detail}" if detail else msg)
+        said = ": ".join(part for part in (detail, error) if part)
+        super().__init__(f"{msg}: {said}" if said else msg)

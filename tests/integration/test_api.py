@@ -29,6 +29,20 @@ def test_failed_run_raises_with_the_root_cause(treb_home: Path) -> None:
         run.wait(timeout=60)
     assert err.value.state == "FAILED"
     assert "rank 1" in str(err.value) and "code 7" in str(err.value)
+    assert err.value.rank == 1 and err.value.exit_code == 7
+
+
+def test_run_failed_carries_the_error_line(treb_home: Path) -> None:
+    """The failing rank's own error, not only its exit code: a caller can act on it."""
+    cmd = 'python3 -c \'import os; os.environ["RANK"] == "1" and {}["lr_schedule"]\''
+    run = trebuchet.launch({"name": "api-error", "command": cmd, "procs_per_node": 2})
+    with pytest.raises(trebuchet.RunFailed) as err:
+        run.wait(timeout=60)
+    e = err.value
+    assert e.error.startswith("KeyError: 'lr_schedule'"), e.error
+    assert e.rank == 1 and e.exit_code == 1 and e.cause == "python_exception"
+    assert e.log.endswith("attempt-0/rank-1.log")
+    assert str(e).endswith(f": {e.error}") and "rank 1" in str(e)
 
 
 def test_bad_spec_raises_spec_error(treb_home: Path) -> None:
