@@ -148,3 +148,34 @@ def test_listing_engines_imports_no_engine_module(tmp_path: Path) -> None:
     modules, listed = (json.loads(x) for x in res.stdout.splitlines())
     assert modules == ["trebuchet.backends.base"]
     assert listed == ["local", "slurm", "skypilot", "ssh", "kubernetes", "tiny"]
+
+
+def test_run_help_lists_every_engine_without_importing_them(tmp_path: Path) -> None:
+    """`treb run --help` names the engines, an installed one too; no engine module loads,
+    and parsing a command line (no help printed) does not even read the registry."""
+    probe = (
+        "import contextlib, io, json, sys\nfrom trebuchet.cli.main import build_parser\n"
+        "build_parser().parse_args(['run', 'x.yaml'])\n"
+        "before = sorted(m for m in sys.modules if m.startswith('trebuchet.backends'))\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
+        "    build_parser().parse_args(['run', '--help'])\n"
+        "after = sorted(m for m in sys.modules if m.startswith('trebuchet.backends.')\n"
+        "               or m == 'tiny_engine')\n"
+        "print(json.dumps([before, after, ' '.join(out.getvalue().split())]))"
+    )
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=_child_env(tmp_path), check=True)  # fmt: skip
+    before, after, text = json.loads(res.stdout)
+    assert before == [] and after == ["trebuchet.backends.base"]
+    assert "engine: local | slurm | skypilot | ssh | kubernetes | tiny (default: local)" in text
+
+
+@pytest.mark.parametrize("verb", ["status", "cancel"])
+def test_status_and_cancel_help_name_every_kind_of_reference(verb: str, capsys) -> None:
+    from trebuchet.cli.main import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([verb, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "RUN | SWEEP" in text and "unique prefix or name (its latest run), or a sweep id" in text

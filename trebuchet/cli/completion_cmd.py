@@ -11,7 +11,7 @@ import argparse
 from dataclasses import dataclass, field
 
 IDS = "treb ps -q --all --no-refresh 2>/dev/null"
-RUN_METAVARS = {"RUN", "RUN | LOG"}
+RUN_METAVARS = {"RUN", "RUN | LOG", "RUN | SWEEP"}
 FILE_METAVARS = {"SPEC", "FILE", "RUN | LOG"}
 
 

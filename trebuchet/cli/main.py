@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import Any
 
 VERBS = {
     "run": "launch a spec (attached: streams logs, Ctrl+C cancels)",
@@ -31,6 +32,27 @@ VERBS = {
 }
 
 
+class _Help(argparse.HelpFormatter):
+    """Fills `{engines}` in a flag's help with the registered engines' names, only when help
+    is printed (the registry reads installed packages' entry points: parsing never pays)."""
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        text = super()._expand_help(action)
+        if "{engines}" in text:
+            from trebuchet.backends import names
+
+            text = text.replace("{engines}", " | ".join(names()))
+        return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """treb's parsers (the verbs' too, by add_subparsers): help through _Help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
+
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", metavar="SPEC", help="workload spec (YAML)")
     p.add_argument(
@@ -41,7 +63,9 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override a field, e.g. -o nodes=2 -o env.LR=0.1 (repeatable)",
     )
-    p.add_argument("--on", default="local", metavar="BACKEND", help="engine: local (default)")
+    p.add_argument(
+        "--on", default="local", metavar="BACKEND", help="engine: {engines} (default: local)"
+    )
 
 
 def _count(text: str) -> int:
@@ -71,7 +95,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="treb", description="trebuchet: one YAML file, any engine, for distributed training."
     )
     parser.add_argument("--version", action="store_true", help="print the version")
@@ -85,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--override", action="append", default=[], metavar="KEY=VALUE",
         help="change a field on top of the earlier run's (repeatable)",
     )  # fmt: skip
-    p.add_argument("--on", metavar="BACKEND", help="engine (default: the earlier run's)")
+    p.add_argument("--on", metavar="BACKEND", help="engine: {engines} (default: the earlier run's)")
     _add_run_flags(p)
     p.add_argument(
         "--current-code", action="store_true",
@@ -116,8 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long to wait for every rank's stack (default 60)")  # fmt: skip
     p = sub.add_parser("status", help=VERBS["status"])
     p.add_argument(
-        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: latest)"
-    )
+        "run", nargs="?", metavar="RUN | SWEEP",
+        help="run id, unique prefix or name (its latest run), or a sweep id: its points side "
+        "by side (default: the latest run)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("logs", help=VERBS["logs"])
     p.add_argument(
@@ -133,7 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
     p.add_argument("--tail", type=_count, metavar="N", help="only the last N lines of each log")
     p = sub.add_parser("cancel", help=VERBS["cancel"])
-    p.add_argument("run", metavar="RUN", help="run id or unique prefix")
+    p.add_argument(
+        "run", metavar="RUN | SWEEP",
+        help="run id, unique prefix or name (its latest run), or a sweep id: all its points",
+    )  # fmt: skip
     p = sub.add_parser("rm", help=VERBS["rm"])
     p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, prefixes, names or sweep ids")
     p.add_argument("--force", "-f", action="store_true", help="cancel active runs, then remove")
