@@ -22,6 +22,17 @@ def test_expansion_defaults_escapes_and_command_untouched(tmp_path) -> None:
     assert spec.slurm.setup == ["echo ${SLURM_NODEID}"]
 
 
+def test_pre_and_post_are_left_to_the_node_shell(tmp_path) -> None:
+    """docs/spec.md: like command, pre/post/ssh.setup are never expanded at submission."""
+    text = (
+        "command: 'true'\npre: mkdir -p /s/${NODE_RANK} ${TV_A}\npost: echo ${NOT_SET_HERE}\n"
+        "ssh: {setup: ['echo ${TV_A}']}\n"
+    )
+    spec = load_spec(tmp_path / "j.yaml", environ={"TV_A": "a1"}, text=text).spec
+    assert spec.pre == "mkdir -p /s/${NODE_RANK} ${TV_A}" and spec.post == "echo ${NOT_SET_HERE}"
+    assert spec.ssh.setup == ["echo ${TV_A}"]
+
+
 def test_secret_references_stay_unexpanded(tmp_path) -> None:
     text = "command: x\nsecrets: [TOK]\nenv:\n  WANDB_API_KEY: ${TOK}\n"
     loaded = load_spec(tmp_path / "j.yaml", environ={"TOK": "s3cr3t"}, text=text)
