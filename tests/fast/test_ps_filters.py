@@ -94,3 +94,8 @@ def test_bad_filters_are_exit_2_without_traceback(store: Store, args: list[str],
     res = ps(*args)
     assert res.returncode == 2
     assert says in res.stderr and "Traceback" not in res.stderr
+
+
+def test_an_empty_store_says_no_runs_yet_and_a_filter_says_no_match(treb) -> None:
+    assert "no runs yet" in treb("ps").stdout
+    assert treb("ps", "--state", "failed").stdout.strip() == "no runs match"

@@ -47,7 +47,9 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps([r.to_json() for r in runs], indent=2))
         return 0
     if not runs:
-        filtered = where != RunFilter()
+        filtered = bool(where.states) or any(
+            v is not None for v in (where.name, where.backend, where.since, where.sweep_id)
+        )
         print("no runs match" if filtered else "no runs yet (start one with `treb run SPEC`)")
         return 0
     from trebuchet.cli.common import STATE_STYLE, age, state_cell
