@@ -8,6 +8,7 @@ python bench/ssh_launch.py [ROUNDS]).
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import statistics
@@ -65,7 +66,9 @@ def loop(d: Path) -> float:
 
 
 def main() -> int:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("rounds", type=int, nargs="?", default=5, help="alternating rounds")
+    rounds = ap.parse_args().rounds
     times: dict[str, list[float]] = {"treb run --on ssh": [], "ssh host torchrun loop": []}
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "home"
