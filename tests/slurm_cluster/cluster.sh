@@ -325,7 +325,8 @@ daemons_alive() {
     done
 }
 
-# Node states that count as up: idle, alloc, mix, comp. A suffix ('*' = not
+# Node states that count as up: idle, alloc, mix, comp, plnd (idle but planned by the
+# backfill scheduler for a pending job, e.g. one asking more nodes than exist). A suffix ('*' = not
 # responding, '~' = powered off, ...) or drain/down/inval does not count.
 nodes_up() {    # nodes_up [idle]: all nodes up (or, with "idle", all idle)
     local want="${1:-}" out n st
@@ -335,7 +336,7 @@ nodes_up() {    # nodes_up [idle]: all nodes up (or, with "idle", all idle)
         if [ "$want" = idle ]; then
             [ "$st" = idle ] || return 1
         else
-            case "$st" in idle|alloc|mix|comp) ;; *) return 1 ;; esac
+            case "$st" in idle|alloc|mix|comp|plnd) ;; *) return 1 ;; esac
         fi
     done
 }

@@ -121,6 +121,8 @@ def _csv_path(name: str, run_dir: Path, cwd: str | None, started: float | None) 
 def _environment(spec: dict[str, Any], plan: dict[str, Any]) -> tuple[str, str | None]:
     env = plan.get("environment") or {}
     block = spec.get("environment") or {}
+    if block.get("bare_nodes_only") and not env:  # not built here: the submitting env ran it
+        block = {}
     image = env.get("image") or block.get("image")
     if image:
         return str(image), str(image)
