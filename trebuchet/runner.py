@@ -140,6 +140,7 @@ def start(
     """Record the runs, then hand them to the engine; attached, follow until they end.
     `announce` sees a single run once it is recorded, before it is submitted. `handover`
     (`treb run` only): an attached single run may take over this process (Backend.handover)."""
+    from trebuchet.launcher import tracking
     from trebuchet.launcher.submit import prepare
     from trebuchet.store.db import Store
 
@@ -149,6 +150,7 @@ def start(
         sub = prepare(checked.points[0][1], checked.on, store, checked.resume)
         for text in sub.warnings:
             checked.add_warning(f"warning: {text}")
+        tracking.open_run(sub, checked.add_warning)
         if announce:
             announce(sub)
         if attach and handover:
@@ -157,10 +159,13 @@ def start(
     from trebuchet.launcher.sweep import new_sweep_id
 
     sweep_id = new_sweep_id()
+    parent = tracking.open_sweep(sweep_id, checked.points[0][1], len(checked.points),
+                                 checked.add_warning)  # fmt: skip
     points = []
     for point, loaded in checked.points:
         sub = prepare(loaded, checked.on, store, checked.resume)
         store.update_run(sub.record.id, sweep_id=sweep_id, params=json.dumps(point, sort_keys=True))
+        tracking.open_run(sub, checked.add_warning, params=point, sweep_id=sweep_id, parent=parent)
         points.append((point, sub))
     for text in points[0][1].warnings:  # one workdir: the points' snapshots say the same
         checked.add_warning(f"warning: {text}")

@@ -18,6 +18,7 @@ imports the option models, and the modules of registered engines that name none.
 from __future__ import annotations
 
 import importlib
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -185,3 +186,9 @@ def refresh(store: Store, runs: list[RunRecord]) -> None:
         for recs in by_engine.values():
             for rec in recs:
                 ingest(store, rec)
+    tracked = [r for recs in by_engine.values() for r in recs
+               if os.path.exists(os.path.join(r.run_dir, "tracking.json"))]  # fmt: skip
+    if tracked:  # runs that ended elsewhere (or were found LOST): their trackers' end
+        from trebuchet.launcher.tracking import close_ended
+
+        close_ended(store, tracked)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from trebuchet.launcher.plan import Plan, ProcPlan, free_port
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
 from trebuchet.launcher.watchdog import Watchdog
-from trebuchet.runtime import contain, hang, policies, secrets
+from trebuchet.runtime import contain, hang, policies, secrets, tracking
 from trebuchet.runtime.agent import Agent, Proc
 from trebuchet.runtime.procs import (
     alive,
@@ -100,6 +100,8 @@ class Supervisor:
         self.policy_retries: dict[str, int] = {}
         self.hang: dict | None = None  # this attempt's hang (runtime/hang.py), if any
         self.port = plan.master_port
+        # MLFLOW_RUN_ID, WANDB_RUN_ID...: the same for every attempt (docs/tracking.md)
+        self.tracking_env = tracking.rank_env(tracking.load(plan.run_dir))
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -174,7 +176,20 @@ class Supervisor:
                 from trebuchet.envs.recipe import Recipe
 
                 remove(Recipe.from_json(self.plan.environment))
+        self.close_trackers()
         return state
+
+    def close_trackers(self) -> None:
+        """The end of the run in its trackers, after everything is recorded: bounded
+        requests, and no failure of theirs reaches the run (launcher/tracking.py)."""
+        if not self.tracking_env:
+            return
+        try:
+            from trebuchet.launcher.tracking import close
+
+            close(self.store, self.plan.run_id)
+        except Exception as exc:  # noqa: BLE001
+            tracking.failed(str(self.run_dir), "mlflow", f"{type(exc).__name__}: {exc}")
 
     def abort(self) -> None:
         """The supervisor itself failed (a full disk, a bug): SIGKILL every process of the
@@ -305,7 +320,7 @@ class Supervisor:
         """One node agent per simulated node, driven by this supervisor's loop."""
         by_node: dict[int, list[Proc]] = {}
         for p in plans:
-            env = dict(os.environ)
+            env = {**os.environ, **self.tracking_env}
             env.update(
                 {k: secrets.resolve(v, self.plan.secrets, os.environ) for k, v in p.env.items()}
             )

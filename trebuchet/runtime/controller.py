@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from . import contract, hang, policies
+from . import contract, hang, policies, tracking
 from .agent import Agent
 from .records import append_event, first_failure, now, read_json, write_json, write_text
 from .task import PYTHON_GUARD
@@ -117,6 +117,9 @@ class Controller:
                 "job_id": self.job_id,
             },
         )
+        # The MLflow run's status now, also when nobody follows the job (bounded: a
+        # server that does not answer costs 2 x END_TIMEOUT_S, an event, nothing else).
+        tracking.mark(self.run_dir, state, reason)
 
     def die(self, why: str) -> int:
         """The job cannot start: say why where `treb status` finds it."""
@@ -460,6 +463,7 @@ class Controller:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.run_dir, name))
         log(f"job {self.job_id} restarted (restart {os.environ.get('SLURM_RESTART_COUNT', 0)})")
+        tracking.mark(self.run_dir, "RUNNING", "requeued")  # the same MLflow run goes on
         if self.attempt >= self.max_attempts():
             self.result(
                 "FAILED",
@@ -511,6 +515,9 @@ class Controller:
             "MASTER_ADDR": hosts[0] if hosts else "",
             "MASTER_PORT": str(job["master_port"] or contract.slurm_master_port(self.job_id)),
         }
+        # The trackers' ids (tracking.json, written at submission): the same on every
+        # attempt and requeue, so the ranks' own mlflow/wandb calls continue one run.
+        ours.update(tracking.rank_env(tracking.load(self.run_dir)))
         for name, value in ours.items():
             if name not in job["spec_env"]:
                 os.environ[name] = value

@@ -206,6 +206,45 @@ class MetricsSpec(Block):
         return v
 
 
+class MlflowTracking(Block):
+    """An MLflow tracking server (docs/tracking.md)."""
+
+    uri: str | None = allowed(
+        "an http:// or https:// URL", "tracking server (default: MLFLOW_TRACKING_URI)",
+        default=None, pattern=r"^https?://\S+$",
+    )  # fmt: skip
+    experiment: str | None = allowed(
+        "a name", "experiment (default: MLFLOW_EXPERIMENT_NAME, else the run name)",
+        default=None, min_length=1, max_length=500,
+    )  # fmt: skip
+    enabled: bool = allowed(
+        "true or false", "false: no MLflow run even when MLFLOW_TRACKING_URI is set",
+        default=True,
+    )  # fmt: skip
+
+
+class WandbTracking(Block):
+    """Weights & Biases: variables for the program's own `wandb.init()`."""
+
+    project: str | None = allowed("a name", "WANDB_PROJECT", default=None, min_length=1)
+    entity: str | None = allowed("a name", "WANDB_ENTITY", default=None, min_length=1)
+
+
+class Tracking(Block):
+    """Experiment trackers the run is logged to (docs/tracking.md)."""
+
+    mlflow: MlflowTracking | None = allowed(
+        "a mapping", "an MLflow run per run (a parent per sweep)", default=None
+    )
+    wandb: WandbTracking | None = allowed(
+        "a mapping", "W&B run ids, names and groups for the ranks", default=None
+    )
+
+
+# Tracker credentials: secrets by name (`secrets:`), never a value written in the spec.
+TRACKER_SECRETS = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD", "WANDB_API_KEY")
+
+
 # Set by the launcher for each process (the contract's names); a spec cannot override them.
 LAUNCHER_VARS = frozenset((*RANK_NAMES, *NODE_NAMES))
 CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
@@ -368,6 +407,10 @@ class Spec(Block):
         "a mapping", "metrics read from the rank logs (docs/metrics.md)",
         default_factory=MetricsSpec,
     )  # fmt: skip
+    tracking: Tracking = allowed(
+        "a mapping with mlflow and/or wandb", "experiment trackers (docs/tracking.md)",
+        default_factory=Tracking,
+    )  # fmt: skip
     ignore_checks: list[str] = allowed(
         "a list of preflight finding ids", "silence these `treb check` findings",
         default_factory=list,
@@ -450,6 +493,14 @@ class Spec(Block):
                 f"@nodes|{self.nodes} nodes x {self.ranks_per_node} ranks is more than "
                 f"{MAX_WORLD} ranks"
             )
+        for name in TRACKER_SECRETS:  # a literal credential would be written to disk
+            value = self.env.get(name)
+            if value is not None and not any("${" + s + "}" in value for s in self.secrets):
+                raise ValueError(
+                    f"@env.{name}|is a credential: list it under secrets, or set it to "
+                    "${A_SECRET} (its value then comes from the submitting shell and is "
+                    "never written)"
+                )
         clash = sorted(set(self.secrets) & set(self.env))
         if clash:
             raise ValueError(

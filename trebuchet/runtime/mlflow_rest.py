@@ -1,0 +1,190 @@
+"""MLflow's REST API with the standard library (urllib): the launcher and the job
+controller on Slurm talk to a tracking server without importing mlflow (hundreds of MB
+and seconds of imports, and absent on the nodes).
+
+Every request has a short timeout; callers turn any MlflowError into a warning and an
+event, never into a failed run. Credentials come from the environment only
+(MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and _PASSWORD, as mlflow reads them)
+and are never written anywhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import time
+import urllib.parse
+from typing import Any, Mapping, Sequence, Tuple
+
+TIMEOUT_S = 5.0
+# runs/log-batch limits of the server (MLflow's REST API documentation)
+MAX_METRICS, MAX_PARAMS, MAX_TAGS, MAX_ITEMS = 1000, 100, 100, 1000
+MAX_PARAM_VALUE, MAX_TAG_VALUE = 6000, 8000
+# trebuchet's states as MLflow run statuses
+STATUS = {"SUCCEEDED": "FINISHED", "FAILED": "FAILED", "TIMEOUT": "FAILED", "LOST": "FAILED",
+          "CANCELLED": "KILLED"}  # fmt: skip
+Pairs = Sequence[Tuple[str, str]]
+
+
+class MlflowError(Exception):
+    """The server could not be reached (`unreachable`), or refused a request."""
+
+    def __init__(self, text: str, unreachable: bool = False) -> None:
+        super().__init__(text)
+        self.unreachable = unreachable
+
+
+def usable_uri(uri: str) -> bool:
+    """Only a tracking server speaks REST; a file store or sqlite URI needs mlflow itself."""
+    return urllib.parse.urlparse(uri).scheme in ("http", "https")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Mlflow:
+    def __init__(
+        self, uri: str, environ: Mapping[str, str] = os.environ, timeout: float = TIMEOUT_S
+    ) -> None:
+        self.uri = uri.rstrip("/")
+        self.timeout = timeout
+        self.headers = {"Content-Type": "application/json"}
+        token = environ.get("MLFLOW_TRACKING_TOKEN")
+        user, password = (
+            environ.get("MLFLOW_TRACKING_USERNAME"),
+            environ.get("MLFLOW_TRACKING_PASSWORD"),
+        )
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
+        elif user and password:
+            pair = base64.b64encode(f"{user}:{password}".encode()).decode()
+            self.headers["Authorization"] = f"Basic {pair}"
+        self.insecure = environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true"
+
+    # -- transport -----------------------------------------------------------------------
+    def request(
+        self, method: str, path: str, body: dict[str, Any] | None = None,
+        data: bytes | None = None, headers: dict[str, str] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        import urllib.error  # here: `treb run` without a tracker never pays for them
+        import urllib.request
+
+        context = None
+        if self.insecure:
+            import ssl
+
+            context = ssl._create_unverified_context()
+        url = self.uri + path
+        if body is not None:
+            data = json.dumps(body).encode()
+        req = urllib.request.Request(url, data=data, method=method)
+        for k, v in {**self.headers, **(headers or {})}.items():
+            req.add_header(k, v)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=context) as r:
+                text = r.read().decode() or "{}"
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:300]
+            with contextlib.suppress(ValueError):
+                detail = json.loads(detail).get("message", detail)
+            raise MlflowError(f"{method} {path}: HTTP {exc.code}: {detail}") from None
+        except (OSError, ValueError) as exc:  # URLError, timeouts, refused connections
+            reason = getattr(exc, "reason", exc)
+            raise MlflowError(f"{self.uri} did not answer ({reason})", True) from None
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise MlflowError(f"{method} {path}: not JSON: {text[:100]!r}") from None
+
+    def api(self, method: str, endpoint: str, body: dict[str, Any] | None = None,
+            query: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+        path = "/api/2.0/mlflow/" + endpoint
+        if query:
+            path += "?" + urllib.parse.urlencode(query)
+        return self.request(method, path, body)
+
+    # -- experiments and runs ------------------------------------------------------------
+    def experiment_id(self, name: str) -> str:
+        """The experiment's id, created when it does not exist yet."""
+        try:
+            got = self.api("GET", "experiments/get-by-name", query={"experiment_name": name})
+            return str(got["experiment"]["experiment_id"])
+        except MlflowError as exc:
+            if "HTTP 404" not in str(exc) and "RESOURCE_DOES_NOT_EXIST" not in str(exc):
+                raise
+        try:
+            return str(self.api("POST", "experiments/create", {"name": name})["experiment_id"])
+        except MlflowError as exc:  # created meanwhile by another submission
+            if "RESOURCE_ALREADY_EXISTS" not in str(exc) and "already exists" not in str(exc):
+                raise
+            got = self.api("GET", "experiments/get-by-name", query={"experiment_name": name})
+            return str(got["experiment"]["experiment_id"])
+
+    def create_run(self, experiment_id: str, name: str, tags: Pairs) -> dict[str, Any]:
+        """A new RUNNING run; its `info` (run_id, artifact_uri, ...)."""
+        body = {
+            "experiment_id": experiment_id,
+            "run_name": name,
+            "start_time": now_ms(),
+            "tags": [{"key": k, "value": _cut(v, MAX_TAG_VALUE)} for k, v in tags],
+        }
+        return self.api("POST", "runs/create", body)["run"]["info"]
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        return self.api("GET", "runs/get", query={"run_id": run_id})["run"]
+
+    def log_batch(
+        self, run_id: str, params: Pairs = (), tags: Pairs = (),
+        metrics: Sequence[dict[str, Any]] = (),
+    ) -> None:  # fmt: skip
+        """In as many log-batch calls as the server's limits need."""
+        params = [{"key": k, "value": _cut(v, MAX_PARAM_VALUE)} for k, v in params]
+        tags = [{"key": k, "value": _cut(v, MAX_TAG_VALUE)} for k, v in tags]
+        metrics = list(metrics)
+        while params or tags or metrics:
+            p, params = params[:MAX_PARAMS], params[MAX_PARAMS:]
+            t, tags = tags[:MAX_TAGS], tags[MAX_TAGS:]
+            room = MAX_ITEMS - len(p) - len(t)
+            m, metrics = metrics[:room], metrics[room:]
+            self.api("POST", "runs/log-batch", {"run_id": run_id, "params": p, "tags": t,
+                                                "metrics": m})  # fmt: skip
+
+    def terminate(self, run_id: str, status: str, end_ms: int | None = None) -> None:
+        self.api("POST", "runs/update", {"run_id": run_id, "status": status,
+                                         "end_time": end_ms or now_ms()})  # fmt: skip
+
+    # -- artifacts -----------------------------------------------------------------------
+    def upload(self, artifact_uri: str, name: str, data: bytes) -> None:
+        """One artifact file: through the server when it proxies artifacts
+        (`mlflow-artifacts:`), or written in place for a local path the server uses."""
+        parsed = urllib.parse.urlparse(artifact_uri)
+        if parsed.scheme == "mlflow-artifacts":
+            path = urllib.parse.quote(f"{parsed.path.strip('/')}/{name}")
+            self.request("PUT", f"/api/2.0/mlflow-artifacts/artifacts/{path}", data=data,
+                         headers={"Content-Type": "application/octet-stream"})  # fmt: skip
+            return
+        if parsed.scheme in ("", "file"):
+            folder = os.path.join(parsed.path, os.path.dirname(name))
+            try:
+                os.makedirs(folder, exist_ok=True)
+                with open(os.path.join(parsed.path, name), "wb") as fh:
+                    fh.write(data)
+            except OSError as exc:
+                raise MlflowError(f"artifact {name}: {exc}") from None
+            return
+        raise MlflowError(
+            f"artifact {name}: the artifact store {parsed.scheme}: needs the mlflow client "
+            "(start the server with --serve-artifacts to upload through it)"
+        )
+
+
+def _cut(value: Any, limit: int) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def metric(key: str, value: float, step: int, ms: int) -> dict[str, Any]:
+    return {"key": key, "value": value, "step": step, "timestamp": ms}
