@@ -16,6 +16,16 @@ $(SKY_VENV)/.installed-0.14.1: $(STAMP)
 	$(VENV)/bin/uv pip install -q --python $(SKY_VENV)/bin/python '$(SKYPILOT)'
 	touch $@
 
+# A real `mlflow server` for tests/integration/test_tracking.py (trebuchet itself talks to
+# MLflow over REST with the standard library and never imports mlflow); its own venv too.
+MLFLOW_VENV := .venv-mlflow
+MLFLOW := mlflow==3.17.2
+
+$(MLFLOW_VENV)/.installed-3.17.2: $(STAMP)
+	$(VENV)/bin/uv venv -q --allow-existing -p $(PY) $(MLFLOW_VENV)
+	$(VENV)/bin/uv pip install -q --python $(MLFLOW_VENV)/bin/python '$(MLFLOW)'
+	touch $@
+
 $(STAMP): pyproject.toml examples/digits-ddp/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -26,11 +36,12 @@ $(STAMP): pyproject.toml examples/digits-ddp/requirements.txt
 # The Slurm test cluster and the two ssh test hosts are started for the suite and always
 # taken down after it (scripts/with-slurm-cluster, scripts/with-ssh-hosts); in CI a service
 # that cannot start fails the run.
-test: $(STAMP) $(SKY_VENV)/.installed-0.14.1
+test: $(STAMP) $(SKY_VENV)/.installed-0.14.1 $(MLFLOW_VENV)/.installed-3.17.2
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	scripts/system-deps
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TREB_SKYPILOT_PYTHON="$(CURDIR)/$(SKY_VENV)/bin/python" \
+		TREB_MLFLOW_PYTHON="$(CURDIR)/$(MLFLOW_VENV)/bin/python" \
 		scripts/with-slurm-cluster scripts/with-ssh-hosts $(PY) -m pytest -q
 
 test-fast: $(STAMP)
@@ -58,4 +69,4 @@ bench-ssh: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/with-ssh-hosts $(PY) bench/ssh_launch.py
 
 clean:
-	rm -rf $(VENV) $(SKY_VENV) .pytest_cache
+	rm -rf $(VENV) $(SKY_VENV) $(MLFLOW_VENV) .pytest_cache

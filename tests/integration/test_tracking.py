@@ -1,0 +1,368 @@
+"""Experiment trackers against a real `mlflow server` (sqlite backend, proxied artifacts)
+started by this module: trebuchet's REST client creates and ends the runs, the ranks'
+own `mlflow` client continues them, and a tracker that does not answer changes nothing.
+
+Why real: MLflow's API has limits and shapes (log-batch sizes, artifact proxying, the
+MLFLOW_RUN_ID handshake of `mlflow.start_run()`) that only a server checks. The server
+runs from .venv-mlflow (`make test` builds it; TREB_MLFLOW_PYTHON names its python), one
+per module, stopped by its process group. It binds the Slurm test cluster's bridge
+address when there is one (the nodes are network namespaces that cannot reach this
+host's 127.0.0.1), else 127.0.0.1; both are private to this machine.
+"""
+
+# ruff: noqa: F811 (pytest fixtures imported from slurm_support are named as arguments)
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, in_ci, status_json, write_spec
+from tests.integration.slurm_support import slurm_conf, streb  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.integration
+BRIDGE = "10.77.0.1"  # tests/slurm_cluster/cluster.sh's bridge (trebbr0)
+
+
+def _mlflow_python() -> str:
+    py = os.environ.get("TREB_MLFLOW_PYTHON") or str(REPO / ".venv-mlflow" / "bin" / "python")
+    if not Path(py).exists():
+        msg = f"no mlflow venv at {py} (make test builds .venv-mlflow)"
+        if in_ci():
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return py
+
+
+def _host() -> str:
+    with socket.socket() as s:
+        try:
+            s.bind((BRIDGE, 0))
+        except OSError:
+            return "127.0.0.1"
+    return BRIDGE
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    py = _mlflow_python()
+    root = tmp_path_factory.mktemp("mlflow")
+    host = _host()
+    port = _free_port(host)
+    log = open(root / "server.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [py, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
+         "--serve-artifacts", "--artifacts-destination", str(root / "artifacts"),
+         "--host", host, "--port", str(port), "--workers", "1"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+    )  # fmt: skip
+    uri = f"http://{host}:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(uri + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"mlflow server did not start: {(root / 'server.log').read_text()}")
+            time.sleep(0.5)
+        yield uri
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
+        log.close()
+
+
+# -- reading the server (plain REST, not trebuchet's client) ------------------------------------
+def api(uri: str, endpoint: str, body: dict | None = None, **query: str) -> dict:
+    url = f"{uri}/api/2.0/mlflow/{endpoint}"
+    if query:
+        url += "?" + urllib.parse.urlencode(query)
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read() or b"{}")
+
+
+def ml_run(uri: str, run_id: str) -> dict:
+    """{status, params, tags, metrics, artifacts} of one MLflow run."""
+    run = api(uri, "runs/get", run_id=run_id)["run"]
+    data = run["data"]
+    arts = api(uri, "artifacts/list", run_id=run_id).get("files", [])
+    return {
+        "status": run["info"]["status"],
+        "experiment_id": run["info"]["experiment_id"],
+        "params": {p["key"]: p["value"] for p in data.get("params", [])},
+        "tags": {t["key"]: t["value"] for t in data.get("tags", [])},
+        "metrics": {m["key"]: m["value"] for m in data.get("metrics", [])},
+        "artifacts": {a["path"] for a in arts},
+    }
+
+
+def artifact(uri: str, run: dict, name: str) -> str:
+    exp, rid = run["experiment_id"], run["tags"]["treb.mlflow_run"]
+    url = f"{uri}/api/2.0/mlflow-artifacts/artifacts/{exp}/{rid}/artifacts/{name}"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode()
+
+
+def tracking_of(run_dir: str) -> dict:
+    return json.loads((Path(run_dir) / "tracking.json").read_text())
+
+
+def events(run_dir: str) -> list[dict]:
+    lines = (Path(run_dir) / "events.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def tracked(uri: str, run_dir: str) -> dict:
+    rid = tracking_of(run_dir)["mlflow"]["run_id"]
+    out = ml_run(uri, rid)
+    out["tags"]["treb.mlflow_run"] = rid
+    return out
+
+
+def wait_status(uri: str, run_dir: str, timeout: float = 120) -> dict:
+    """The MLflow run once it has a final status (read from the server only)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run = tracked(uri, run_dir)
+        if run["status"] != "RUNNING":
+            return run
+        assert time.monotonic() < deadline, f"MLflow run still RUNNING: {run}"
+        time.sleep(0.5)
+
+
+# -- local runs -------------------------------------------------------------------------------
+def test_detached_run_logs_params_tags_spec_and_finished(treb, tmp_path, mlflow_server) -> None:
+    spec = write_spec(tmp_path / "w", f"""
+name: tracked
+command: echo "run $MLFLOW_RUN_ID exp $MLFLOW_EXPERIMENT_ID at $MLFLOW_TRACKING_URI"
+procs_per_node: 2
+tracking:
+  mlflow: {{uri: "{mlflow_server}", experiment: treb-tests}}
+""")  # fmt: skip
+    res = treb("run", str(spec), "--detach")
+    assert res.returncode == 0, res.stderr
+    st = status_json(treb)
+    run = wait_status(mlflow_server, st["run_dir"])
+    info = tracking_of(st["run_dir"])["mlflow"]
+    assert run["status"] == "FINISHED"
+    assert run["params"]["treb.launcher"] == "native"
+    assert run["params"]["treb.backend"] == "local"
+    assert (run["params"]["treb.nodes"], run["params"]["treb.procs_per_node"]) == ("1", "2")
+    assert run["tags"]["treb.run_id"] == st["id"]
+    assert run["tags"]["treb.shape"] == "1x2"
+    assert run["tags"]["mlflow.runName"] == "tracked"
+    assert "spec.yaml" in run["artifacts"]
+    assert "name: tracked" in artifact(mlflow_server, run, "spec.yaml")
+    exp = api(mlflow_server, "experiments/get-by-name", experiment_name="treb-tests")
+    assert exp["experiment"]["experiment_id"] == run["experiment_id"]
+    # every rank got the ids of this run
+    for rank in (0, 1):
+        log = (Path(st["run_dir"]) / "attempt-0" / f"rank-{rank}.log").read_text()
+        assert f"run {info['run_id']} exp {run['experiment_id']} at {mlflow_server}" in log
+    wait = time.monotonic() + 30  # the supervisor tags the state with the status
+    while run["tags"].get("treb.state") != "SUCCEEDED" and time.monotonic() < wait:
+        time.sleep(0.2)
+        run = tracked(mlflow_server, st["run_dir"])
+    assert run["tags"]["treb.state"] == "SUCCEEDED"
+
+
+def test_failed_run_is_failed_with_its_diagnosis(treb, tmp_path, mlflow_server) -> None:
+    """MLFLOW_TRACKING_URI from the shell is enough; the experiment is the run's name."""
+    spec = write_spec(tmp_path / "w", """
+name: tracked-fail
+command: 'if [ "$RANK" = 1 ]; then echo "ValueError: bad batch" >&2; exit 3; fi; sleep 30'
+procs_per_node: 2
+""")  # fmt: skip
+    res = treb("run", str(spec), env={"MLFLOW_TRACKING_URI": mlflow_server})
+    assert res.returncode == 1, res.stderr
+    st = status_json(treb)
+    run = tracked(mlflow_server, st["run_dir"])  # attached: final before `treb run` returns
+    assert run["status"] == "FAILED"
+    assert run["tags"]["treb.state"] == "FAILED"
+    assert run["tags"]["treb.exit_code"] == "3"
+    assert {"diagnosis.txt", "diagnosis.json"} <= run["artifacts"]
+    text = artifact(mlflow_server, run, "diagnosis.txt")
+    assert "rank 1" in text and "ValueError: bad batch" in text
+    exp = api(mlflow_server, "experiments/get-by-name", experiment_name="tracked-fail")
+    assert exp["experiment"]["experiment_id"] == run["experiment_id"]
+
+
+RANK_SCRIPT = """
+import os, sys
+import mlflow
+attempt = int(os.environ["TREB_ATTEMPT"])
+with mlflow.start_run() as run:  # MLFLOW_RUN_ID: trebuchet's run, continued
+    mlflow.log_metric("loss", 1.0 / (attempt + 1), step=attempt)
+    mlflow.log_param(f"attempt{attempt}_run", run.info.run_id)
+sys.exit(1 if attempt == 0 else 0)
+"""
+
+
+def test_rank_client_and_retries_log_into_one_run(treb, tmp_path, mlflow_server) -> None:
+    """The rank's own `mlflow` (the real client) continues trebuchet's run; a retried
+    attempt continues the same one, and the run ends FINISHED."""
+    py = _mlflow_python()
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "train.py").write_text(RANK_SCRIPT)
+    spec = write_spec(tmp_path / "w", f"""
+name: tracked-retry
+command: ["{py}", "train.py"]
+retries: 1
+tracking:
+  mlflow: {{uri: "{mlflow_server}", experiment: treb-retry}}
+""")  # fmt: skip
+    res = treb("run", str(spec))
+    assert res.returncode == 0, res.stderr
+    st = status_json(treb)
+    assert st["attempt"] == 1
+    run = tracked(mlflow_server, st["run_dir"])
+    rid = run["tags"]["treb.mlflow_run"]
+    assert run["status"] == "FINISHED"
+    assert run["params"]["attempt0_run"] == rid == run["params"]["attempt1_run"]
+    hist = api(mlflow_server, "metrics/get-history", run_id=rid, metric_key="loss")["metrics"]
+    assert sorted((m["step"], m["value"]) for m in hist) == [(0, 1.0), (1, 0.5)]
+    assert run["tags"]["treb.attempts"] == "2"
+    found = api(mlflow_server, "runs/search", {"experiment_ids": [run["experiment_id"]]})
+    assert [r["info"]["run_id"] for r in found["runs"]] == [rid]  # one run, not one per attempt
+
+
+def test_sweep_is_a_parent_with_children(treb, tmp_path, mlflow_server) -> None:
+    spec = write_spec(tmp_path / "w", f"""
+name: tracked-sweep
+command: 'test "$LR" != 0.2'
+sweep: {{env.LR: [0.1, 0.2]}}
+sweep_parallel: 2
+tracking:
+  mlflow: {{uri: "{mlflow_server}", experiment: treb-sweep}}
+""")  # fmt: skip
+    res = treb("run", str(spec))
+    assert res.returncode == 1, res.stderr  # one point fails
+    exp = api(mlflow_server, "experiments/get-by-name", experiment_name="treb-sweep")
+    found = api(mlflow_server, "runs/search",
+                {"experiment_ids": [exp["experiment"]["experiment_id"]]})["runs"]  # fmt: skip
+    tags = {r["info"]["run_id"]: {t["key"]: t["value"] for t in r["data"]["tags"]} for r in found}
+    parents = [rid for rid, t in tags.items() if "mlflow.parentRunId" not in t]
+    assert len(parents) == 1 and len(found) == 3
+    children = [ml_run(mlflow_server, rid) for rid in tags if rid != parents[0]]
+    assert {c["tags"]["mlflow.parentRunId"] for c in children} == {parents[0]}
+    by_lr = {c["params"]["env.LR"]: c["status"] for c in children}
+    assert by_lr == {"0.1": "FINISHED", "0.2": "FAILED"}
+    sweep_id = children[0]["tags"]["treb.sweep_id"]
+    assert tags[parents[0]]["treb.sweep_id"] == sweep_id
+    deadline = time.monotonic() + 30  # the last point's supervisor ends the parent
+    while (parent := ml_run(mlflow_server, parents[0]))["status"] == "RUNNING":
+        assert time.monotonic() < deadline, parent
+        time.sleep(0.2)
+    assert parent["status"] == "FAILED"
+    assert parent["tags"]["treb.failed_points"] == "1"
+
+
+# -- Slurm ------------------------------------------------------------------------------------
+@pytest.mark.slurm
+def test_slurm_run_ends_finished_by_the_controller(streb, tmp_path, mlflow_server) -> None:
+    """Detached and never followed: the job controller itself sets FINISHED."""
+    if not mlflow_server.startswith(f"http://{BRIDGE}:"):
+        pytest.fail("the mlflow server is not on the cluster's bridge")
+    spec = write_spec(tmp_path / "w", f"""
+name: tracked-slurm
+command: echo "rank $RANK run $MLFLOW_RUN_ID"
+procs_per_node: 2
+tracking:
+  mlflow: {{uri: "{mlflow_server}", experiment: treb-slurm}}
+""")  # fmt: skip
+    res = streb("run", str(spec), "--on", "slurm", "--detach")
+    assert res.returncode == 0, res.stderr
+    run_dir = next((Path(os.environ["TREB_HOME"]) / "runs").iterdir())
+    run = wait_status(mlflow_server, str(run_dir), timeout=180)  # no `treb` call meanwhile
+    assert run["status"] == "FINISHED"
+    assert run["tags"]["treb.state"] == "SUCCEEDED"
+    assert run["params"]["treb.backend"] == "slurm"
+    rid = run["tags"]["treb.mlflow_run"]
+    for rank in (0, 1):
+        assert f"rank {rank} run {rid}" in (run_dir / "attempt-0" / f"rank-{rank}.log").read_text()
+    st = status_json(streb)  # the submitting side then adds what only it has
+    assert st["state"] == "SUCCEEDED"
+    assert (run_dir / "tracking-closed").exists()
+    assert tracked(mlflow_server, str(run_dir))["tags"]["treb.attempts"] == "1"
+
+
+# -- no server ------------------------------------------------------------------------------
+def test_unreachable_server_does_not_fail_the_run(treb, tmp_path) -> None:
+    port = _free_port("127.0.0.1")  # nothing listens there
+    spec = write_spec(tmp_path / "w", f"""
+name: untracked
+command: echo "ok $MLFLOW_RUN_ID."
+tracking:
+  mlflow: {{uri: "http://127.0.0.1:{port}"}}
+""")  # fmt: skip
+    res = treb("run", str(spec))
+    assert res.returncode == 0, res.stderr
+    assert "warning: mlflow:" in res.stderr and "the run goes on" in res.stderr
+    st = status_json(treb)
+    assert st["state"] == "SUCCEEDED"
+    assert "ok ." in (Path(st["run_dir"]) / "attempt-0" / "rank-0.log").read_text()
+    failed = [e for e in events(st["run_dir"]) if e["event"] == "tracking_failed"]
+    assert failed and "did not answer" in failed[0]["error"]
+
+
+def test_wandb_variables_reach_every_rank_and_attempt(treb, tmp_path) -> None:
+    spec = write_spec(tmp_path / "w", """
+name: wb
+command: 'env | grep ^WANDB_ | sort; test "$TREB_ATTEMPT" = 1'
+procs_per_node: 2
+retries: 1
+tracking:
+  wandb: {project: proj, entity: team}
+""")  # fmt: skip
+    res = treb("run", str(spec))
+    assert res.returncode == 0, res.stderr
+    st = status_json(treb)
+    want = {"WANDB_RUN_ID": f"treb-{st['id']}", "WANDB_RESUME": "allow", "WANDB_NAME": "wb",
+            "WANDB_PROJECT": "proj", "WANDB_ENTITY": "team"}  # fmt: skip
+    # attempt 0's first failure may stop rank 1 before it prints: rank 0's log there
+    for attempt, rank in ((0, 0), (1, 0), (1, 1)):
+        log = Path(st["run_dir"]) / f"attempt-{attempt}" / f"rank-{rank}.log"
+        got = dict(line.split("=", 1) for line in log.read_text().split())
+        assert got == want, (attempt, rank, got)
+    assert "WANDB_RUN_GROUP" not in want  # a single run has no group; a sweep's: below
+
+
+def test_wandb_group_is_the_sweep_id(treb, tmp_path) -> None:
+    spec = write_spec(tmp_path / "w", """
+name: wbs
+command: 'echo "group=$WANDB_RUN_GROUP id=$WANDB_RUN_ID"'
+tracking: {wandb: {}}
+""")  # fmt: skip
+    res = treb("run", str(spec), "-o", "env.X=1,2", "-o", "sweep_parallel=2")
+    assert res.returncode == 0, res.stderr
+    runs = json.loads(treb("ps", "--all", "--json").stdout)
+    assert len(runs) == 2 and len({r["sweep_id"] for r in runs}) == 1
+    for r in runs:
+        log = (Path(r["run_dir"]) / "attempt-0" / "rank-0.log").read_text()
+        assert f"group={r['sweep_id']} id=treb-{r['id']}" in log
