@@ -160,7 +160,9 @@ def wait_status(uri: str, run_dir: str, timeout: float = 120) -> dict:
 def test_detached_run_logs_params_tags_spec_and_finished(treb, tmp_path, mlflow_server) -> None:
     spec = write_spec(tmp_path / "w", f"""
 name: tracked
-command: echo "run $MLFLOW_RUN_ID exp $MLFLOW_EXPERIMENT_ID at $MLFLOW_TRACKING_URI"
+command: |
+  echo "run $MLFLOW_RUN_ID exp $MLFLOW_EXPERIMENT_ID at $MLFLOW_TRACKING_URI"
+  echo '{{"step": 1, "loss": 2.5}}'; echo '{{"step": 2, "loss": 1.5, "acc": 0.75}}'
 procs_per_node: 2
 tracking:
   mlflow: {{uri: "{mlflow_server}", experiment: treb-tests}}
@@ -190,6 +192,13 @@ tracking:
         time.sleep(0.2)
         run = tracked(mlflow_server, st["run_dir"])
     assert run["tags"]["treb.state"] == "SUCCEEDED"
+    # the metrics read from rank 0's log (store/metrics.py), the same values in MLflow
+    rid = info["run_id"]
+    hist = api(mlflow_server, "metrics/get-history", run_id=rid, metric_key="loss")["metrics"]
+    assert sorted((m["step"], m["value"]) for m in hist) == [(1, 2.5), (2, 1.5)]
+    assert run["metrics"]["acc"] == 0.75
+    got = json.loads(treb("metrics", st["id"], "--json").stdout)
+    assert got, "treb metrics shows them too"
 
 
 def test_failed_run_is_failed_with_its_diagnosis(treb, tmp_path, mlflow_server) -> None:
