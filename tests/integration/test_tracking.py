@@ -163,6 +163,7 @@ name: tracked
 command: |
   echo "run $MLFLOW_RUN_ID exp $MLFLOW_EXPERIMENT_ID at $MLFLOW_TRACKING_URI"
   echo '{{"step": 1, "loss": 2.5}}'; echo '{{"step": 2, "loss": 1.5, "acc": 0.75}}'
+  seq 1500 | sed 's/.*/{{"step": &, "x": &}}/'
 procs_per_node: 2
 tracking:
   mlflow: {{uri: "{mlflow_server}", experiment: treb-tests}}
@@ -197,6 +198,8 @@ tracking:
     hist = api(mlflow_server, "metrics/get-history", run_id=rid, metric_key="loss")["metrics"]
     assert sorted((m["step"], m["value"]) for m in hist) == [(1, 2.5), (2, 1.5)]
     assert run["metrics"]["acc"] == 0.75
+    hist = api(mlflow_server, "metrics/get-history", run_id=rid, metric_key="x")["metrics"]
+    assert len(hist) == 1500  # more than one log-batch call holds (1000 at most)
     got = json.loads(treb("metrics", st["id"], "--json").stdout)
     assert got, "treb metrics shows them too"
 
