@@ -324,6 +324,54 @@ tracking:
     assert tracked(mlflow_server, str(run_dir))["tags"]["treb.attempts"] == "1"
 
 
+@pytest.mark.slurm
+def test_slurm_requeue_keeps_one_mlflow_run(streb, tmp_path, mlflow_server) -> None:
+    """`scontrol requeue` of a running job (as a preemption): the controller marks the
+    MLflow run KILLED at the SIGTERM, RUNNING again when the job restarts, and the next
+    attempt's ranks log into the same run, which ends FINISHED."""
+    spec = write_spec(tmp_path / "w", f"""
+name: tracked-requeue
+command: |
+  echo "attempt $TREB_ATTEMPT run $MLFLOW_RUN_ID"
+  if [ "$TREB_ATTEMPT" = 0 ]; then sleep 300; fi
+retries: 1
+tracking:
+  mlflow: {{uri: "{mlflow_server}", experiment: treb-requeue}}
+""")  # fmt: skip
+    res = streb("run", str(spec), "--on", "slurm", "--detach")
+    assert res.returncode == 0, res.stderr
+    run_dir = next((Path(os.environ["TREB_HOME"]) / "runs").iterdir())
+    rid = tracking_of(str(run_dir))["mlflow"]["run_id"]
+    job = json.loads((run_dir / "events.jsonl").read_text().splitlines()[-1])["job_id"]
+    log0 = run_dir / "attempt-0" / "rank-0.log"
+    deadline = time.monotonic() + 120
+    while not (log0.exists() and f"attempt 0 run {rid}" in log0.read_text()):
+        assert time.monotonic() < deadline, "attempt 0 did not start"
+        time.sleep(0.5)
+    run_sh = ["scontrol", "requeue", job]
+    assert subprocess.run(run_sh, capture_output=True, timeout=60).returncode == 0
+    deadline = time.monotonic() + 120
+    while True:  # Slurm holds a requeued job (BeginTime): release it once it is PENDING
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                             text=True, timeout=60).stdout.strip()  # fmt: skip
+        if out == "PENDING":
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"],
+                           capture_output=True, timeout=60)  # fmt: skip
+            break
+        assert time.monotonic() < deadline, f"job {job} not requeued: {out!r}"
+        time.sleep(0.5)
+    deadline = time.monotonic() + 180
+    while (run := tracked(mlflow_server, str(run_dir)))["tags"].get("treb.state") != "SUCCEEDED":
+        assert time.monotonic() < deadline, run
+        time.sleep(0.5)
+    assert run["status"] == "FINISHED"
+    assert f"attempt 1 run {rid}" in (run_dir / "attempt-1" / "rank-0.log").read_text()
+    marks = [e["state"] for e in events(str(run_dir)) if e["event"] == "mlflow_status"]
+    assert marks[-2:] == ["RUNNING", "SUCCEEDED"], marks  # KILLED at the SIGTERM before
+    found = api(mlflow_server, "runs/search", {"experiment_ids": [run["experiment_id"]]})
+    assert [r["info"]["run_id"] for r in found["runs"]] == [rid]
+
+
 # -- no server ------------------------------------------------------------------------------
 def test_unreachable_server_does_not_fail_the_run(treb, tmp_path) -> None:
     port = _free_port("127.0.0.1")  # nothing listens there
