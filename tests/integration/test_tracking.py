@@ -394,7 +394,7 @@ tracking:
 def test_wandb_variables_reach_every_rank_and_attempt(treb, tmp_path) -> None:
     spec = write_spec(tmp_path / "w", """
 name: wb
-command: 'env | grep ^WANDB_ | sort; test "$TREB_ATTEMPT" = 1'
+command: 'env | grep ^WANDB_ | sort; test "$TREB_ATTEMPT" = 1 || { test "$RANK" = 0 || sleep 30; exit 1; }'
 procs_per_node: 2
 retries: 1
 tracking:
@@ -405,7 +405,7 @@ tracking:
     st = status_json(treb)
     want = {"WANDB_RUN_ID": f"treb-{st['id']}", "WANDB_RESUME": "allow", "WANDB_NAME": "wb",
             "WANDB_PROJECT": "proj", "WANDB_ENTITY": "team"}  # fmt: skip
-    # attempt 0's first failure may stop rank 1 before it prints: rank 0's log there
+    # attempt 0: rank 0 prints, then fails (rank 1 is stopped, maybe before it printed)
     for attempt, rank in ((0, 0), (1, 0), (1, 1)):
         log = Path(st["run_dir"]) / f"attempt-{attempt}" / f"rank-{rank}.log"
         got = dict(line.split("=", 1) for line in log.read_text().split())
