@@ -67,3 +67,17 @@ def test_tracking_spec_errors(tmp_path, text: str, message: str) -> None:
 def test_a_credential_may_reference_a_secret(tmp_path) -> None:
     loaded = _load(tmp_path, "command: x\nsecrets: [TOK]\nenv:\n  WANDB_API_KEY: ${TOK}\n")
     assert loaded.spec.env["WANDB_API_KEY"] == "${TOK}"
+
+
+def test_a_tracking_uri_with_credentials_is_refused(tmp_path) -> None:
+    """user:password@host would land in tracking.json; they must come as secrets."""
+    spec = "name: d\ncommand: x\ntracking: {mlflow: {uri: 'https://u:pw@h:1'}}\n"
+    with pytest.raises(UserError, match="carries credentials"):
+        mlflow_target(_load(tmp_path, spec), {})
+    plain = _load(tmp_path, "name: d\ncommand: x\n")
+    with pytest.raises(UserError, match="MLFLOW_TRACKING_USERNAME"):
+        mlflow_target(plain, {"MLFLOW_TRACKING_URI": "http://u:pw@s:2/path"})
+    assert mlflow_target(plain, {"MLFLOW_TRACKING_URI": "http://s:2/a@b"}) == (
+        "http://s:2/a@b",
+        "d",
+    )

@@ -64,6 +64,12 @@ def mlflow_target(loaded: LoadedSpec, environ: Mapping[str, str]) -> tuple[str, 
                 f"{uri!r} is not a tracking server (http:// or https://)"
             )
         return None  # a file store of the user's own scripts: theirs, not trebuchet's
+    if "@" in uri.split("://", 1)[-1].split("/", 1)[0]:  # user:password@host
+        raise UserError(
+            f"{loaded.where('tracking', 'mlflow')}: the MLflow tracking URI carries credentials "
+            "(user:password@host), which would be written into the run directory: give them "
+            "as secrets MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (docs/tracking.md)"
+        )
     experiment = (
         (block.experiment if block else None) or environ.get("MLFLOW_EXPERIMENT_NAME") or spec.name
     )
