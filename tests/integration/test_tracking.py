@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -426,3 +427,41 @@ tracking: {wandb: {}}
     for r in runs:
         log = (Path(r["run_dir"]) / "attempt-0" / "rank-0.log").read_text()
         assert f"group={r['sweep_id']} id=treb-{r['id']}" in log
+
+
+def test_digits_ddp_metrics_are_the_same_in_treb_the_dashboard_and_mlflow(
+    treb, tmp_path, mlflow_server
+) -> None:
+    """Issue 14's "done": digits-ddp's loss and accuracy, as rank 0 printed them, in
+    `treb metrics`, in the data of the dashboard's charts and in MLflow."""
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    digits = REPO / "examples" / "digits-ddp" / "job.yaml"
+    res = treb("run", str(digits), "-o", "command=python train.py --epochs 4",
+               "-o", f"tracking.mlflow.uri={mlflow_server}", timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    printed = {int(s): float(v) for s, v in re.findall(r"^\[0:0\] epoch (\d+) loss ([0-9.]+)$",
+                                                       res.stdout, re.M)}  # fmt: skip
+    accuracy = float(re.search(r"^\[0:0\] accuracy: ([0-9.]+)$", res.stdout, re.M)[1])
+    assert sorted(printed) == [1, 2, 3, 4]
+    st = status_json(treb)
+    got = json.loads(treb("metrics", st["id"], "--json").stdout)["metrics"]
+    assert {int(s): v for s, v, _ in got["loss"]["points"]} == printed
+    assert got["accuracy"]["last"]["value"] == accuracy
+    # the dashboard's run page carries the same series for its charts
+    pytest.importorskip("starlette")
+    from trebuchet.store.db import Store
+    from trebuchet.ui.pages import run_page
+
+    store = Store()
+    page = run_page(store, store.get(st["id"]), "csrf")
+    chart = json.loads(re.search(r'id="metrics-data">(.*?)</script>', page)[1])
+    assert dict(zip(map(int, chart["loss"]["x"]), chart["loss"]["y"], strict=True)) == printed
+    assert chart["accuracy"]["y"][-1] == accuracy
+    # and MLflow has them, step for step
+    run = wait_status(mlflow_server, st["run_dir"])
+    assert run["status"] == "FINISHED"
+    rid = tracking_of(st["run_dir"])["mlflow"]["run_id"]
+    hist = api(mlflow_server, "metrics/get-history", run_id=rid, metric_key="loss")["metrics"]
+    assert {m["step"]: m["value"] for m in hist} == printed
+    assert run["metrics"]["accuracy"] == accuracy
