@@ -99,6 +99,7 @@ class Supervisor:
         self._adopted: set[int] = set()  # told to the watchdog
         self.policy_retries: dict[str, int] = {}
         self.hang: dict | None = None  # this attempt's hang (runtime/hang.py), if any
+        self._hang_stop_at: float | None = None  # on_hang retry: teardown after the grace
         self.port = plan.master_port
         # MLFLOW_RUN_ID, WANDB_RUN_ID...: the same for every attempt (docs/tracking.md)
         self.tracking_env = tracking.rank_env(tracking.load(plan.run_dir))
@@ -287,6 +288,7 @@ class Supervisor:
         append_event(self.run_dir, "attempt_started", attempt=attempt, master_port=port)
         self.first_failure = None
         self.hang = None
+        self._hang_stop_at = None
         self.port = port
         self.agents = []
         if not self._run_hooks("pre", adir, attempt):
@@ -425,6 +427,9 @@ class Supervisor:
             if reason is None and timeout_at and now > timeout_at:
                 reason = "timeout"
                 self._teardown(attempt)
+            if self._hang_stop_at is not None and now >= self._hang_stop_at:
+                self._hang_stop_at = None
+                self._teardown(attempt)
             if self.force_kill:
                 for agent in self.agents:
                     agent.kill()
@@ -469,7 +474,11 @@ class Supervisor:
         self.store.set_attempt(self.plan.run_id, attempt, reason="hang")
         if action == "retry":  # the checkpoint signal first; a rank it ends was stopped
             self._warned = True
-            self.signal_ranks(self._ckpt_sig)
+            if self.signal_ranks(self._ckpt_sig):
+                # the handlers get the grace period to write their checkpoint before the
+                # teardown's SIGTERM (which would end a rank before its handler ran)
+                self._hang_stop_at = time.time() + self.plan.grace_period
+                return True
         self._teardown(attempt)
         return True
 
