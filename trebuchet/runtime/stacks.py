@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 
+from .procs import handles
 from .records import write_text
 
 STACKS_DIR = "stacks"
@@ -85,18 +86,6 @@ def find_py_spy() -> str | None:
     return beside if os.access(beside, os.X_OK) else None
 
 
-def catches(pid: int, sig: int) -> bool:
-    """Whether process `pid` has a handler for `sig` (/proc/<pid>/status SigCgt)."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
-
-
 class Dump:
     """One process's dump in flight: py-spy (native, then plain), else faulthandler."""
 
@@ -135,7 +124,7 @@ class Dump:
             self.deadline = time.monotonic() + PY_SPY_TIMEOUT_S
             return None
         self.popen = None
-        if not self.fh_started and catches(self.pid, STACKS_SIGNAL):
+        if not self.fh_started and handles(self.pid, STACKS_SIGNAL):
             self.fh_started = True
             path = faulthandler_path(self.adir, self.name)
             self.fh_size = os.path.getsize(path) if os.path.exists(path) else 0
