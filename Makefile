@@ -57,6 +57,7 @@ bench: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/teardown.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/env_build.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/train_speed.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/launcher_cpu.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/ui_runs_page.py
 
 # Slurm figures on the test cluster (started and taken down around it).

@@ -202,6 +202,24 @@ Current thread 0x00007f0000000001 (most recent call first):
 """
 
 
+def test_two_deciders_sharing_a_run_directory_both_get_the_stacks(tmp_path: Path) -> None:
+    """ssh hosts on a shared filesystem: two node agents' watches request stacks in the
+    same folder; the later request overwrites the earlier, the agents answer it, and both
+    watches must take those answers (a newer stack than asked for), not wait for theirs."""
+    adir = str(tmp_path)
+    first = stacks.request(adir)
+    time.sleep(0.01)
+    second = stacks.request(adir)
+    folder = Path(stacks.stacks_dir(adir))
+    for r in range(2):
+        (folder / f"rank-{r}.txt").write_text(f"# request {second} method py-spy pid 1\n")
+    (folder / "rank-2.txt").write_text(f"# request {first} method py-spy pid 1\n")
+    assert sorted(stacks.answered(adir, first)) == ["rank-0", "rank-1", "rank-2"]
+    assert sorted(stacks.answered(adir, second)) == ["rank-0", "rank-1"]  # not older ones
+    (folder / "rank-3.txt").write_text("# request junk method py-spy pid 1\n")
+    assert "rank-3" not in stacks.answered(adir, first)
+
+
 def test_grouping_names_the_rank_apart_and_native_frames(tmp_path: Path) -> None:
     adir = tmp_path / "attempt-0"
     (adir / "stacks").mkdir(parents=True)

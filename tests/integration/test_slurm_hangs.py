@@ -43,3 +43,21 @@ def test_hang_on_two_nodes(launcher: str, streb, tmp_path: Path) -> None:
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["action"] for e in events if e["event"] == "hang"] == ["fail"]
     print(launcher, figures(run_dir, 0, st))
+
+
+def test_on_hang_retry_checkpoints_then_retries_on_two_nodes(streb, tmp_path: Path) -> None:
+    """on_hang: retry on Slurm, as locally: the checkpoint signal to the ranks that handle
+    it, the grace period for their handlers (the late rank is in time.sleep on tn2), then
+    the teardown and a second attempt in the same allocation."""
+    needs("torch")
+    spec = hang_spec(tmp_path, "on_hang: retry\nretries: 1\n", "  HANG_CKPT: '1'\n")
+    res = streb("run", str(spec), "--on", "slurm", timeout=400)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    st = status(streb)
+    assert st["state"] == "SUCCEEDED"
+    assert [(a["state"], a["reason"]) for a in st["attempts"]] == [
+        ("FAILED", "hang"), ("SUCCEEDED", None)]  # fmt: skip
+    run_dir = Path(st["run_dir"])
+    assert (run_dir / "ckpt-rank-3").read_text() == "attempt 0\n"
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["action"] for e in events if e["event"] == "hang"] == ["retry"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TrebFn, in_ci, status_json, write_spec
+from tests.conftest import REPO, TrebFn, in_ci, needs, status_json, write_spec
 from trebuchet.runtime.procs import processes_of_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.ssh]
@@ -117,6 +118,63 @@ def test_failing_rank_on_second_host_is_named(
     assert (ff["rank"], ff["host"], ff["exit_code"]) == (3, "ts2", 7), ff
     assert "rank 3 (node 1, local rank 1) on ts2 exited with code 7" in res.stderr
     assert "boom" in Path(ff["log"]).read_text()  # the exact log, fetched from the host
+    assert_nothing_left(st["id"])
+
+
+def test_retries_and_log_policies_as_locally(treb: TrebFn, ssh_config: str, tmp_path: Path) -> None:
+    """Rank 3 (on ts2) fails once per attempt: attempt 0 with a port in use (the shipped
+    retry policy grants an attempt), attempt 1 plainly (`retries: 1` allows one more),
+    attempt 2 with a CUDA OOM (no_retry: final, although nothing else would stop it)."""
+    cmd = (
+        'if [ "$RANK" = 3 ]; then case "$TREB_ATTEMPT" in '
+        "0) echo 'RuntimeError: Address already in use' >&2;; "
+        "1) echo 'plain failure' >&2;; "
+        "*) echo 'torch.OutOfMemoryError: CUDA out of memory' >&2;; esac; exit 3; fi; "
+        "exec sleep 120"
+    )
+    path = spec(tmp_path, ssh_config, cmd, "retries: 1\n")
+    res = treb("run", str(path), "--on", "ssh")
+    assert res.returncode == 1, res.stderr
+    st = status_json(treb)
+    assert st["state"] == "FAILED"
+    assert [(a["state"], a["reason"]) for a in st["attempts"]] == [
+        ("FAILED", "port-in-use: retry"), ("FAILED", "failure"),
+        ("FAILED", "gpu-oom: no_retry")]  # fmt: skip
+    assert st["max_attempts"] == 3
+    assert "log policy gpu-oom (no_retry) matched" in res.stderr
+    assert_nothing_left(st["id"])
+
+
+def test_hang_is_found_and_retried_with_every_ranks_stack(
+    treb: TrebFn, ssh_config: str, tmp_path: Path
+) -> None:
+    """hang_timeout on ssh: each host's agent watches its ranks (runtime/node.py); rank 3
+    on ts2 sleeps while the others wait in all_reduce. on_hang: retry sends the checkpoint
+    signal, tears the attempt down after the grace period and retries; the stacks of all 4
+    ranks come back from both hosts (copy path), and the diagnosis sees the whole run."""
+    needs("torch")
+    from tests.integration.test_hangs import SCRIPT, assert_hang_diagnosis
+    from trebuchet.diagnose.hang import hang_lines
+
+    work = tmp_path / "job"
+    work.mkdir()
+    shutil.copy(SCRIPT, work / "hang_ddp.py")
+    # stacks by faulthandler (HANG_STACKS): py-spy is not on the hosts' PATH
+    extra = ("hang_timeout: 20s\non_hang: retry\nretries: 1\nenv: {HANG_RANK: '3', "
+             "HANG_CKPT: '1', HANG_STACKS: '1', GLOO_SOCKET_IFNAME: eth0}\n")  # fmt: skip
+    res = treb("run", str(spec(tmp_path, ssh_config, f"exec {PY} hang_ddp.py", extra)),
+               "--on", "ssh", timeout=400)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    st = status_json(treb)
+    assert [(a["state"], a["reason"]) for a in st["attempts"]] == [
+        ("FAILED", "hang"), ("SUCCEEDED", None)]  # fmt: skip
+    adir = Path(st["run_dir"]) / "attempt-0"
+    stacks = sorted(p.name for p in (adir / "stacks").glob("rank-*.txt"))
+    assert stacks == [f"rank-{r}.txt" for r in range(4)]
+    assert_hang_diagnosis("\n".join(hang_lines(adir)))
+    # the late rank's checkpoint handler ran on ts2, before the teardown
+    remote = tmp_path / "remote" / st["id"]
+    assert (remote / "ckpt-rank-3").read_text() == "attempt 0\n"
     assert_nothing_left(st["id"])
 
 

@@ -49,6 +49,7 @@ from typing import IO, TYPE_CHECKING, Any
 from trebuchet.backends.base import Backend, Submitted
 from trebuchet.backends.job_file import check_node_engine, job_text, node_job, uses_secret
 from trebuchet.errors import UserError
+from trebuchet.runtime.hang import expected_names
 from trebuchet.runtime.records import first_failure
 from trebuchet.runtime.task import NO_PYTHON
 
@@ -208,6 +209,8 @@ class SshBackend(Backend):
     def info(self, loaded: LoadedSpec, run_id: str, run_dir: Path, runtime: str) -> dict:
         """Everything the supervisor needs (ssh.json): hosts, the ssh command, where the
         run's files are on the hosts until the copy step says otherwise."""
+        from trebuchet.launcher.policies import policies_for
+
         spec, sp = loaded.spec, loaded.spec.ssh
         names = [h.name for h in self._hosts(loaded)]
         env = {k: v for k, v in spec.env.items() if not uses_secret(v, spec.secrets)}
@@ -229,6 +232,8 @@ class SshBackend(Backend):
             "setup": list(sp.setup),
             "secrets": sorted(spec.secrets),
             "retries": spec.retries,
+            "on_hang": spec.on_hang,
+            "log_policies": policies_for(spec),
             "grace_period": float(spec.grace_period),
             "launcher": spec.launcher,
             "ppn": spec.ranks_per_node,
@@ -289,6 +294,20 @@ class SshBackend(Backend):
         from trebuchet.backends.local import BACKEND as LOCAL
 
         LOCAL.cancel(store, run)
+
+
+def merge_hang(adir: Path, expected: list[str]) -> bool:
+    """Whether a node's hang watch stopped the attempt (runtime/node.py: each node watches
+    its own ranks and dumps their stacks). Its hang.json then covers every rank whose stacks
+    came back, from any node, so the diagnosis sees the whole run, not one node's ranks."""
+    from trebuchet.store.files import read_json, write_json
+
+    info = read_json(adir / "hang.json")
+    if not isinstance(info, dict) or info.get("action") == "warn":
+        return False
+    stacks = sorted(p.stem for p in (adir / "stacks").glob("*.txt"))
+    write_json(adir / "hang.json", {**info, "expected": expected, "stacks": stacks})
+    return True
 
 
 def _hex(text: str) -> bool:
@@ -363,9 +382,11 @@ class SshRun:
         self.view = view
         self.rid = self.info["run_id"]
         self.cancel_signal: int | None = None
+        self.hung = False  # the last attempt was stopped by a node's hang watch
         self.force = False
         self.control = ""
         self.notes: list[str] = []  # said by the main loop (reader threads append)
+        self.granted: dict[str, int] = {}  # retries granted by log policies, by name
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -560,8 +581,7 @@ class SshRun:
                 attempt = 0
                 while True:
                     state, cause = self.attempt(attempt)
-                    retry = state in ("FAILED", "TIMEOUT") and self.cancel_signal is None
-                    if retry and attempt < self.info["retries"]:
+                    if self.retry(state, attempt, cause):
                         self.say(f"attempt {attempt} {state}; retrying as attempt {attempt + 1}")
                         self.store.update_run(self.rid, state="RETRYING")
                         attempt += 1
@@ -575,6 +595,23 @@ class SshRun:
         )
         append_event(self.run_dir, "run_ended", state=state)
         return state
+
+    def retry(self, state: str, attempt: int, cause: dict | None) -> bool:
+        """As locally (launcher/policies.retry_after): log policies, then `retries`; the
+        logs are the attempt's as fetched from the hosts, the failing rank's first."""
+        from trebuchet.launcher.policies import retry_after
+
+        if state not in ("FAILED", "TIMEOUT") or self.cancel_signal is not None:
+            return False
+        adir = self.run_dir / f"attempt-{attempt}"
+        logs = sorted(adir.glob("rank-*.log")) + sorted(adir.glob("node-*.log"))
+        first = Path(cause["log"]) if cause and cause.get("log") else None
+        if first in logs:
+            logs.insert(0, logs.pop(logs.index(first)))
+        hung = (self.info.get("on_hang") or "fail") if self.hung else None
+        return retry_after(self.store, self.run_dir, self.rid, attempt, state,
+                           self.info["retries"], self.info.get("log_policies", []), logs,
+                           self.granted, hung, self.say)  # fmt: skip
 
     def start(self, i: int, host: str, attempt: int, adir: Path) -> Node:
         log = open(adir / f"ssh-{i}.log", "ab")  # noqa: SIM115 - closed by attempt()
@@ -643,10 +680,11 @@ class SshRun:
         with tarfile.open(fileobj=io.BytesIO(out.stdout)) as tar:
             for member in tar.getmembers():
                 name = member.name.removeprefix("./")
-                if not member.isfile() or not re.fullmatch(r"[\w.-]+", name):
-                    continue  # only the folder's own files (no paths from the host)
+                if not member.isfile() or not re.fullmatch(r"(stacks/)?[\w.-]+", name):
+                    continue  # the folder's own files and stacks (no paths from the host)
                 data = tar.extractfile(member).read()  # type: ignore[union-attr]
                 path = adir / name
+                path.parent.mkdir(mode=0o700, exist_ok=True)
                 if name.endswith(".log"):  # in place: a `treb logs -f` reader keeps its file
                     with open(path, "ab") as fh:
                         fh.truncate(0)
@@ -714,7 +752,13 @@ class SshRun:
                 self.fetch(n, adir)
         while self.notes:
             self.say(self.notes.pop(0))
+        shape = (self.info["launcher"], len(nodes), int(self.info["ppn"]))
+        self.hung = reason == "failure" and merge_hang(adir, expected_names(*shape))
         state, cause = self.outcome(nodes, first, reason, adir, attempt)
+        if self.hung and cause is None and state == "FAILED":
+            reason = "hang"
+        else:
+            self.hung = False
         self.store.set_attempt(rid, attempt, state=state, ended_at=time.time(), reason=reason)
         append_event(self.run_dir, "attempt_ended", attempt=attempt, state=state)
         return state, cause
@@ -775,6 +819,8 @@ class SshRun:
         cause = first_failure(mine) or first_failure(records)
         if first.returncode == 124 and cause is None:
             return "TIMEOUT", None
+        if cause is None and self.hung:  # no rank failed: the hang watch stopped them
+            return "FAILED", None
         if cause is None:
             cause = {
                 "label": f"node {first.index}",

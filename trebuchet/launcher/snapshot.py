@@ -51,13 +51,46 @@ class Snapshot:
     skipped: dict[str, str] = field(default_factory=dict)  # path -> why it was left out
 
 
-def _git(workdir: Path, *args: str) -> str | None:
+def in_git_tree(path: Path) -> bool:
+    """Whether git could find a repository for `path` (a `.git` in it or above it, or
+    GIT_DIR): elsewhere a git call only costs a process to say "not a git repository"."""
+    if os.environ.get("GIT_DIR"):
+        return True
     try:
-        res = subprocess.run(["git", "-C", str(workdir), *args], capture_output=True, text=True,
-                             timeout=60)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return res.stdout if res.returncode == 0 else None
+        here = path.resolve()
+    except OSError:
+        return True  # let git say what is wrong
+    return any(os.path.lexists(d / ".git") for d in (here, *here.parents))
+
+
+def _git_all(workdir: Path, *calls: list[str]) -> list[str | None]:
+    """Several git commands at once (they only read): each one's stdout, None on failure."""
+    procs = []
+    for args in calls:
+        try:
+            procs.append(subprocess.Popen(["git", "-C", str(workdir), *args], text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          stdin=subprocess.DEVNULL))  # fmt: skip
+        except OSError:
+            procs.append(None)
+    out: list[str | None] = []
+    for proc in procs:
+        if proc is None:
+            out.append(None)
+            continue
+        try:
+            stdout, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            out.append(None)
+            continue
+        out.append(stdout if proc.returncode == 0 else None)
+    return out
+
+
+def _git(workdir: Path, *args: str) -> str | None:
+    return _git_all(workdir, list(args))[0]
 
 
 def _ignore_spec(path: Path):  # -> pathspec.PathSpec | None
@@ -76,15 +109,22 @@ def list_files(workdir: Path) -> tuple[list[str], Snapshot]:
     """Relative paths to copy, and the git facts of the workdir."""
     info = Snapshot(path="")
     home = _inside(treb_home(), workdir)
-    tracked = _git(workdir, "ls-files", "-z", "--cached")
+    listed, status = (
+        _git_all(workdir, ["ls-files", "-z", "-t", "--cached", "--others", "--exclude-standard"],
+                 ["status", "--porcelain=v2", "--branch", "--untracked-files=no", "--", "."])
+        if in_git_tree(workdir)
+        else (None, None)
+    )  # fmt: skip
+    tracked = None if listed is None else [e for e in listed.split("\0") if e]
     if tracked is not None:
-        files = [f for f in tracked.split("\0") if f and os.path.lexists(workdir / f)]
-        others = _git(workdir, "ls-files", "-z", "--others", "--exclude-standard") or ""
-        info.untracked = [f for f in others.split("\0") if f]
+        # `-t` tags each path: `? ` untracked (not ignored), any other tag tracked
+        files = [e[2:] for e in tracked if e[:1] != "?" and os.path.lexists(workdir / e[2:])]
+        info.untracked = [e[2:] for e in tracked if e[:1] == "?"]
         files += info.untracked
-        info.git_commit = (_git(workdir, "rev-parse", "HEAD") or "").strip() or None
-        status = _git(workdir, "status", "--porcelain", "--untracked-files=no", "--", ".")
-        info.git_dirty = bool(status and status.strip())
+        lines = (status or "").splitlines()
+        oid = next((ln.split()[2] for ln in lines if ln.startswith("# branch.oid ")), "")
+        info.git_commit = oid if re.fullmatch(r"[0-9a-f]{7,64}", oid) else None
+        info.git_dirty = any(ln and not ln.startswith("#") for ln in lines)
     else:
         gitignore = _ignore_spec(workdir / ".gitignore")
         files = []

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trebuchet.launcher.plan import Plan, ProcPlan, free_port
+from trebuchet.launcher.policies import retry_after
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
 from trebuchet.launcher.watchdog import Watchdog
-from trebuchet.runtime import contain, hang, policies, secrets, tracking
+from trebuchet.runtime import contain, hang, secrets, tracking
 from trebuchet.runtime.agent import Agent, Proc
 from trebuchet.runtime.procs import (
     alive,
@@ -243,25 +244,10 @@ class Supervisor:
         logs += [adir / name for _, name in self.plan.streams if adir / name not in logs]
         if self.first_failure and self.first_failure.get("log"):
             logs.insert(0, Path(self.first_failure["log"]))
-        normal_used = attempt - sum(self.policy_retries.values())
-        if self.hang is not None:  # on_hang decides: retry counts against `retries`
-            return self.plan.on_hang == "retry" and normal_used < self.plan.retries
-        if state != FAILED:
-            return normal_used < self.plan.retries
-        verdict, policy, line = policies.decide(self.plan.log_policies, logs, self.policy_retries)
-        if policy:
-            name, action = policy["name"], policy["action"]
-            append_event(self.run_dir, "log_policy", attempt=attempt, policy=name,
-                         action=action, line=line)  # fmt: skip
-            self._say(f"log policy {name} ({action}) matched: {line}")
-            self.store.set_attempt(self.plan.run_id, attempt, reason=f"{name}: {action}")
-        if verdict == policies.FINAL:
-            return False
-        if verdict == policies.RETRY:
-            granted = sum(self.policy_retries.values())
-            self.store.update_run(self.plan.run_id, max_attempts=1 + self.plan.retries + granted)
-            return True
-        return normal_used < self.plan.retries
+        hung = self.plan.on_hang if self.hang is not None else None
+        return retry_after(self.store, self.run_dir, self.plan.run_id, attempt, state,
+                           self.plan.retries, self.plan.log_policies, logs, self.policy_retries,
+                           hung, self._say)  # fmt: skip
 
     def finish(self, state: str) -> None:
         codes = [p.exit_code for p in self.procs]

@@ -62,7 +62,9 @@ def _spec(run_dir: Path) -> dict[str, Any]:
 
 def _git(workdir: str | None, created_at: float) -> str | None:
     """The workdir's commit, if it was already HEAD's commit when the run was created."""
-    if not workdir or not Path(workdir).is_dir():
+    from trebuchet.launcher.snapshot import in_git_tree
+
+    if not workdir or not Path(workdir).is_dir() or not in_git_tree(Path(workdir)):
         return None
     try:
         out = subprocess.run(

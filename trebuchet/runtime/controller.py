@@ -68,6 +68,7 @@ class Controller:
         self.state, self.reason = "", ""
         self.watch: hang.HangWatch | None = None  # while the ranks' step runs
         self.hung: dict[str, Any] | None = None  # this attempt was stopped for a hang
+        self.hang_stop_at: float | None = None  # on_hang retry: the teardown, after the grace
         self._signals: list[int] = []
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -272,13 +273,18 @@ class Controller:
             found = self.watch.step()
             if found is not None:
                 self.on_hang(found)
+        if self.hang_stop_at is not None and time.monotonic() >= self.hang_stop_at:
+            self.hang_stop_at = None
+            self.stop_ranks(signal.SIGTERM)
         select.select([self._wake_r], [], [], 0.2)
         self._drain()
 
     def on_hang(self, info: dict[str, Any]) -> None:
         """No rank progressed for hang_timeout (runtime/hang.py), the stacks are in: say
-        it, then on_hang: warn goes on; fail and retry stop the ranks (retry: the checkpoint
-        signal first), the teardown marker telling every agent that it is no failure."""
+        it, then on_hang: warn goes on; fail and retry stop the ranks, the teardown marker
+        telling every agent that it is no failure. retry sends the checkpoint signal first
+        and gives the handlers the grace period before the SIGTERM (as the local
+        supervisor does): a SIGTERM at once could end a rank before its handler ran."""
         action = self.job.get("on_hang") or "fail"
         log(f"{hang.describe(info)}; on_hang: {action}")
         append_event(self.run_dir, "hang", attempt=self.attempt, action=action,
@@ -288,15 +294,21 @@ class Controller:
             return
         self.hung = info
         write_text(os.path.join(self.adir, "teardown"), "hang\n")
-        stop = [getattr(signal, self.sig)] if action == "retry" else []
-        for sig in [*stop, signal.SIGTERM]:
-            if self.inline is not None:
-                if sig == signal.SIGTERM:
-                    self.inline.teardown()
-                else:
-                    self.inline.signal_all(sig)
-            elif self.step is not None:
-                self.signal_steps(sig)
+        if action == "retry":
+            self.stop_ranks(getattr(signal, self.sig))
+            self.hang_stop_at = time.monotonic() + float(self.job["grace"])
+            return
+        self.stop_ranks(signal.SIGTERM)
+
+    def stop_ranks(self, sig: int) -> None:
+        """`sig` to the attempt's agents (SIGTERM: their teardown, with the grace period)."""
+        if self.inline is not None:
+            if sig == signal.SIGTERM:
+                self.inline.teardown()
+            else:
+                self.inline.signal_all(sig)
+        elif self.step is not None:
+            self.signal_steps(sig)
 
     def signal_steps(self, sig: int) -> None:
         """A signal to every process of the job's running srun steps (`scancel --signal`:
@@ -372,6 +384,7 @@ class Controller:
                     rc = self.run_step(self.job["srun"], "task")
             finally:
                 self.watch = None
+                self.hang_stop_at = None
             self.requeue_at = None
             if self.terminating:
                 return

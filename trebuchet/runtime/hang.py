@@ -69,8 +69,8 @@ class HangWatch:
         are in (or the wait for them is over)."""
         mono = time.monotonic()
         if self.rid is not None:
-            got = stacks.answered(self.adir, self.rid)
-            if len(got) >= len(self.expected) or mono >= self.stacks_deadline:
+            got = stacks.answered(self.adir, self.rid)  # other nodes' ranks, in a shared dir
+            if all(n in got for n in self.expected) or mono >= self.stacks_deadline:
                 return self._decided(got)
             return None
         if mono < self.next_check:
@@ -113,8 +113,9 @@ def describe(info: dict[str, Any]) -> str:
     """One line for a log: 'no rank made progress for 21s (hang_timeout 20s); stacks of
     4/4 ranks in attempt-0/stacks'."""
     silent = info["detected_at"] - info["last_progress"]
-    got, want = len(info.get("stacks", [])), len(info.get("expected", []))
+    want = info.get("expected", [])
+    got = len([n for n in info.get("stacks", []) if n in want])
     where = os.path.join(info["attempt_dir"], stacks.STACKS_DIR)
     limit = float(info["hang_timeout"])
     return (f"hang: no rank made progress for {silent:.0f}s (hang_timeout {limit:g}s); "
-            f"stacks of {got}/{want} ranks in {where}")  # fmt: skip
+            f"stacks of {got}/{len(want)} ranks in {where}")  # fmt: skip

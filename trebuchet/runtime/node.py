@@ -246,15 +246,26 @@ def node(job: dict[str, Any]) -> int:
     limit.agent = agent
     watch = node_hang_watch(job, adir, n)
     hung: list[dict[str, Any]] = []
+    stop_at: list[float] = []  # on_hang retry: the teardown, after the grace period
 
     def tick() -> None:
         limit.tick()
+        if stop_at and time.monotonic() >= stop_at[0]:
+            stop_at.clear()
+            agent.teardown()
         found = watch.step() if watch is not None and not hung else None
         if found is not None:
             action = found["action"]
             notes.append(f"node {n}: {hang.describe(found)}; on_hang: {action}")
-            if action != "warn":
-                hung.append(found)
+            if action == "warn":
+                return
+            hung.append(found)
+            sig = getattr(signal, job.get("checkpoint_signal") or "SIGUSR2")
+            if action == "retry" and agent.signal_all(sig):
+                # the handlers get the grace period to checkpoint (as the local supervisor
+                # and the Slurm controller do): a SIGTERM now could end a rank first
+                stop_at.append(time.monotonic() + float(job["grace"]))
+            else:
                 agent.teardown()
 
     agent.install_signals()

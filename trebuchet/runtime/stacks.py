@@ -53,8 +53,19 @@ def request(adir: str) -> str:
     return rid
 
 
+def _asked_at(rid: str) -> float | None:
+    try:
+        return float(rid.partition("-")[0])
+    except ValueError:
+        return None
+
+
 def answered(adir: str, rid: str) -> dict[str, str]:
-    """The stack files that answer request `rid` so far: {name: path}."""
+    """The stack files that answer request `rid`, or a later request, so far: {name: path}.
+    A later one counts (its stacks are newer than asked for): where several deciders share
+    a run directory (the node agents of ssh hosts on a shared filesystem), the last request
+    written is the one the agents answer, and every decider must see those answers."""
+    since = _asked_at(rid)
     folder = stacks_dir(adir)
     out = {}
     try:
@@ -70,7 +81,8 @@ def answered(adir: str, rid: str) -> dict[str, str]:
                 head = fh.readline()
         except OSError:
             continue
-        if head.startswith(f"# request {rid} "):
+        got = head[len("# request ") :].split(" ", 1)[0] if head.startswith("# request ") else ""
+        if got == rid or (since is not None and (_asked_at(got) or 0.0) >= since):
             out[fname[:-4]] = path
     return out
 
