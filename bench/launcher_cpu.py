@@ -5,14 +5,15 @@ The samples/s of a 2-core shared machine vary by 10-20% from run to run, so a co
 examples/digits-ddp (2 ranks, attached, its output read and discarded as a terminal would)
 with progress tracking and a hang watch on (`hang_timeout`), samples the supervisor's own
 CPU time (utime + stime in /proc/PID/stat: `treb run` becomes the supervisor, same pid)
-twice a second, and reports
-  - the supervisor's CPU during training, in % of one core, from the first sample after
+twice a second, and reports, for it and alternately for torchrun's agent on the same script
+(`torchrun --standalone --nproc_per_node 2`, same OMP_NUM_THREADS and checkpoints):
+  - the launcher's CPU during training, in % of one core, from the first sample after
     `--settle` seconds to the last one before it exits (start-up and the end left out);
   - the ranks' CPU (the run's children, from wait4's rusage, less the supervisor's own);
   - their ratio: the share of the machine the launcher takes from the ranks, at most.
 The supervisor's figure includes everything it does (supervision, the live view, the
 progress reader, the hang watch, metrics), so the tracking alone costs no more than it.
-Usage: python bench/launcher_cpu.py [--rounds 3] [--epochs 40] [--settle 5]
+Usage: python bench/launcher_cpu.py [--rounds 3] [--epochs 300] [--settle 5]
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def one_run(treb: str, spec: Path, env: dict[str, str], settle: float) -> dict[str, float]:
-    proc = subprocess.Popen([treb, "run", str(spec)], env=env, cwd=spec.parent,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+def one_run(argv: list[str], cwd: Path, env: dict[str, str], settle: float) -> dict[str, float]:
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)  # fmt: skip
     assert proc.stdout is not None
     drain = threading.Thread(target=proc.stdout.read, daemon=True)
     drain.start()
@@ -73,7 +74,7 @@ def one_run(treb: str, spec: Path, env: dict[str, str], settle: float) -> dict[s
     _, status, usage = os.wait4(proc.pid, 0)
     drain.join(5)
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"treb run failed ({os.waitstatus_to_exitcode(status)})")
+        raise SystemExit(f"{argv[0]} failed ({os.waitstatus_to_exitcode(status)})")
     if first is None or last is None or last[0] - first[0] < 5:
         raise SystemExit("the run was too short to measure: raise --epochs")
     # wait4: the supervisor and the children it waited for (ranks, watchdog); its own
@@ -88,12 +89,12 @@ def one_run(treb: str, spec: Path, env: dict[str, str], settle: float) -> dict[s
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--epochs", type=int, default=40)
+    ap.add_argument("--epochs", type=int, default=300)
     ap.add_argument("--settle", type=float, default=5.0)
     args = ap.parse_args()
-    treb = shutil.which("treb")
-    if not treb:
-        raise SystemExit("needs treb on PATH (run `make bench`)")
+    treb, torchrun = shutil.which("treb"), shutil.which("torchrun")
+    if not treb or not torchrun:
+        raise SystemExit("needs treb and torchrun on PATH (run `make bench`)")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         shutil.copy(EXAMPLE / "train.py", work / "train.py")
@@ -104,17 +105,30 @@ def main() -> None:
         )
         env = {**os.environ, "TREB_HOME": str(work / "home")}
         env.pop("PYTHONDONTWRITEBYTECODE", None)
-        print(f"# launcher CPU beside digits-ddp (2 ranks, attached), {machine()}")
-        print(f"{'round':>5} {'wall s':>7} {'supervisor %core':>16} {'ranks %core':>12} "
-              f"{'ratio %':>8} {'supervisor CPU s (all)':>22}")  # fmt: skip
-        rows = []
+        threads = str(max(1, len(os.sched_getaffinity(0)) // 2))  # what treb gives each rank
+        cmds = {
+            "treb": [treb, "run", str(spec)],
+            "torchrun": [torchrun, "--standalone", "--nproc_per_node", "2", "train.py",
+                         "--epochs", str(args.epochs)],
+        }  # fmt: skip
+        print(f"# launcher CPU beside digits-ddp (2 ranks; treb attached), {machine()}")
+        print(f"{'round':>5} {'launcher':>9} {'wall s':>7} {'launcher %core':>14} "
+              f"{'ranks %core':>12} {'ratio %':>8} {'launcher CPU s (all)':>20}")  # fmt: skip
+        rows: dict[str, list[dict[str, float]]] = {name: [] for name in cmds}
         for i in range(args.rounds):
-            r = one_run(treb, spec, env, args.settle)
-            rows.append(r)
-            print(f"{i + 1:>5} {r['wall']:>7.1f} {100 * r['sup_rate']:>16.3f} "
-                  f"{100 * r['ranks_rate']:>12.1f} {100 * r['ratio']:>8.3f} "
-                  f"{r['sup_total']:>22.2f}")  # fmt: skip
-        print(f"median ratio: {100 * median([r['ratio'] for r in rows]):.3f}% of the ranks' CPU")
+            for name, argv in cmds.items():
+                run_env = {**env, "OMP_NUM_THREADS": threads}
+                if name == "torchrun":  # the same per-epoch checkpoint as treb's ranks write
+                    run_env["TREB_CHECKPOINT_DIR"] = tempfile.mkdtemp(dir=work)
+                r = one_run(argv, work, run_env, args.settle)
+                rows[name].append(r)
+                print(f"{i + 1:>5} {name:>9} {r['wall']:>7.1f} {100 * r['sup_rate']:>14.3f} "
+                      f"{100 * r['ranks_rate']:>12.1f} {100 * r['ratio']:>8.3f} "
+                      f"{r['sup_total']:>20.2f}")  # fmt: skip
+        for name, got in rows.items():
+            ratio = 100 * median([r["ratio"] for r in got])
+            rate = 100 * median([r["sup_rate"] for r in got])
+            print(f"{name}: median {rate:.3f}% of a core, {ratio:.3f}% of the ranks' CPU")
 
 
 if __name__ == "__main__":
