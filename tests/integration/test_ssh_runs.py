@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -57,6 +58,10 @@ procs_per_node: 2
 grace_period: 2
 ssh: {{hosts: [ts1, ts2], config_file: {conf}, {shared}}}
 {extra}""")  # fmt: skip
+
+
+def logs_of(run_dir: Path, rank: int) -> str:
+    return (run_dir / "attempt-0" / f"rank-{rank}.log").read_text()
 
 
 def wait_for(cond, timeout: float = 60.0, what: str = "") -> None:
@@ -105,6 +110,12 @@ def test_digits_ddp_two_hosts_two_ranks(treb: TrebFn, ssh_config: str, tmp_path:
     assert "code copied to 2 host(s) by rsync" in res.stderr
     logs = treb("logs", "--rank", "3")
     assert logs.returncode == 0 and "Traceback" not in logs.stdout
+    # the metrics the agents parsed on the hosts came back with the records
+    printed = re.findall(r"^epoch (\d+) loss ([0-9.]+)$", logs_of(run_dir, 0), re.M)
+    got = json.loads(treb("metrics", "--json").stdout)["metrics"]
+    assert {int(s): v for s, v, _ in got["loss"]["points"]} == {
+        int(e): float(v) for e, v in printed}  # fmt: skip
+    assert len(printed) == 2
 
 
 def test_failing_rank_on_second_host_is_named(
@@ -183,9 +194,45 @@ def test_cancel_leaves_nothing_on_either_host(
 ) -> None:
     rid = detached(treb, spec(tmp_path, ssh_config, "sleep 300 & wait"))
     wait_for(lambda: ranks_started(rid), 60, "4 ranks")
+    res = treb("stacks", rid)  # the hosts keep their copies of the run directory
+    assert res.returncode == 2 and "keep to themselves" in res.stderr, res.stderr
     res = treb("cancel", rid)
     assert res.returncode == 0, res.stderr
     assert status_json(treb, rid)["state"] == "CANCELLED"
+    assert_nothing_left(rid)
+
+
+SLEEPER = """\
+import time
+from trebuchet.dist import enable_stacks
+enable_stacks()
+print("ready", flush=True)
+while True:
+    time.sleep(0.5)  # SLEEP-LINE
+"""
+
+
+def test_stacks_of_a_running_run_on_a_shared_run_directory(
+    treb: TrebFn, ssh_config: str, tmp_path: Path, treb_home: Path
+) -> None:
+    """The run directory is shared with the hosts (detected): `treb stacks` asks every
+    host's agent through it and prints the 4 ranks' stacks; the run goes on."""
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "sleeper.py").write_text(SLEEPER)
+    rid = detached(treb, spec(tmp_path, ssh_config, f"exec {PY} sleeper.py", copy=False))
+    adir = treb_home / "runs" / rid / "attempt-0"
+
+    def ready() -> bool:
+        logs = [adir / f"rank-{r}.log" for r in range(4)]
+        return all(p.is_file() and "ready" in p.read_text() for p in logs)
+
+    wait_for(ready, 60, "4 ranks ready")
+    res = treb("stacks", rid)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "stacks of 4 of 4 ranks" in res.stdout, res.stdout
+    assert "sleeper.py" in res.stdout
+    assert status_json(treb, rid)["state"] == "RUNNING"
+    assert treb("cancel", rid).returncode == 0
     assert_nothing_left(rid)
 
 

@@ -108,6 +108,12 @@ class Backend(ABC):
         attempt, name, state, exit_code, reason; None when the engine reports none."""
         return None
 
+    def agents_share_run_dir(self, run: RunRecord) -> bool:
+        """Whether this run's node agents work in the run directory this machine sees
+        (`treb stacks` asks them through it). Default: local engines and those whose run
+        directory is on a shared filesystem by design."""
+        return not self.remote or self.shared_run_dir
+
     def preflight(self, ctx: Context) -> list[Finding]:
         """This engine's own preflight findings (`treb check`), beside the shared ones."""
         return []

@@ -283,6 +283,13 @@ class SshBackend(Backend):
         rec = sub.store.get(sub.record.id) or sub.record
         return Submitted(rec.id, state, rec.exit_code, run.cancel_signal)
 
+    def agents_share_run_dir(self, run: RunRecord) -> bool:
+        """When the run directory was found shared with every host (ssh.json, as placed)."""
+        from trebuchet.store.files import read_json
+
+        info = read_json(Path(run.run_dir) / "ssh.json") or {}
+        return info.get("remote_run_dir") == run.run_dir and info.get("remote_root") is None
+
     def refresh(self, store: Store, runs: list[RunRecord]) -> None:
         """As locally: a run whose supervisor vanished without an outcome is LOST."""
         from trebuchet.backends.local import BACKEND as LOCAL
@@ -537,7 +544,7 @@ class SshRun:
     # -- the run -------------------------------------------------------------------------
     def run(self) -> str:
         from trebuchet.runtime.procs import start_time
-        from trebuchet.store.files import append_event
+        from trebuchet.store.files import append_event, write_json
 
         me = os.getpid()
         now = time.time()
@@ -558,6 +565,7 @@ class SshRun:
             if why is None:
                 shared = self.shared()
                 _place(self.info, shared)
+                write_json(self.run_dir / "ssh.json", self.info)  # where the files are
                 why = None if shared else self.copy()
                 if shared:
                     self.say("run directory shared with every host: nothing copied")
@@ -665,7 +673,8 @@ class SshRun:
                 fh.close()
 
     def fetch(self, node: Node, adir: Path) -> None:
-        """The node's attempt folder (records, exact logs) from its host, into `adir`."""
+        """The node's attempt folder (records, exact logs, stacks, metrics) from its host,
+        into `adir`."""
         remote = f"{self.info['remote_run_dir']}/{adir.name}"
         cmd = f"tar -C {shlex.quote(remote)} -cf - ."
         try:
@@ -680,8 +689,8 @@ class SshRun:
         with tarfile.open(fileobj=io.BytesIO(out.stdout)) as tar:
             for member in tar.getmembers():
                 name = member.name.removeprefix("./")
-                if not member.isfile() or not re.fullmatch(r"(stacks/)?[\w.-]+", name):
-                    continue  # the folder's own files and stacks (no paths from the host)
+                if not member.isfile() or not re.fullmatch(r"((stacks|metrics)/)?[\w.-]+", name):
+                    continue  # the folder's files, stacks, metrics (no paths from the host)
                 data = tar.extractfile(member).read()  # type: ignore[union-attr]
                 path = adir / name
                 path.parent.mkdir(mode=0o700, exist_ok=True)

@@ -3,7 +3,8 @@
 It asks the run's node agents for their ranks' stacks (runtime/stacks.py: a request file in
 the attempt's directory, which every agent looks at each step), waits for them (at most
 --wait seconds) and prints them, ranks with the same stack once. The run goes on. It works
-where the deciding machine sees the run directory of every node: local runs and Slurm.
+where this machine sees the run directory of every node: local runs, Slurm, and ssh runs
+whose run directory is shared with the hosts (Backend.agents_share_run_dir).
 """
 
 from __future__ import annotations
@@ -15,11 +16,9 @@ from pathlib import Path
 
 from trebuchet.errors import TrebError, UserError
 
-SHARED_RUN_DIR = ("local", "slurm")
-
 
 def main(args: argparse.Namespace) -> int:
-    from trebuchet.backends import refresh
+    from trebuchet.backends import get_backend, refresh
     from trebuchet.diagnose.hang import grouped_text, read_stacks
     from trebuchet.runtime import hang, stacks
     from trebuchet.store.db import Store
@@ -28,10 +27,11 @@ def main(args: argparse.Namespace) -> int:
     rec = store.resolve(args.run)
     refresh(store, [rec])
     rec = store.get(rec.id) or rec
-    if rec.backend not in SHARED_RUN_DIR:
+    if not get_backend(rec.backend).agents_share_run_dir(rec):
         raise UserError(
-            f"treb stacks reads the ranks' stacks from the run directory, which "
-            f"{rec.backend} nodes keep to themselves: local and Slurm runs only"
+            f"treb stacks reads the ranks' stacks from the run directory, which the "
+            f"{rec.backend} nodes of run {rec.id} keep to themselves: local and Slurm runs, "
+            "and ssh runs whose run directory is shared with the hosts"
         )
     if rec.state != "RUNNING":
         raise TrebError(f"run {rec.id} is {rec.state}: stacks need its ranks running"
