@@ -111,7 +111,8 @@ def list_files(workdir: Path) -> tuple[list[str], Snapshot]:
     home = _inside(treb_home(), workdir)
     listed, status = (
         _git_all(workdir, ["ls-files", "-z", "-t", "--cached", "--others", "--exclude-standard"],
-                 ["status", "--porcelain=v2", "--branch", "--untracked-files=no", "--", "."])
+                 ["--no-optional-locks", "status", "--porcelain=v2", "--branch",
+                  "--untracked-files=no", "--", "."])
         if in_git_tree(workdir)
         else (None, None)
     )  # fmt: skip
