@@ -118,6 +118,46 @@ def test_digits_ddp_two_hosts_two_ranks(treb: TrebFn, ssh_config: str, tmp_path:
     assert len(printed) == 2
 
 
+@pytest.mark.parametrize("launcher", ["torchrun", "none"])
+def test_hello_contract_under_torchrun_and_none(
+    launcher: str, treb: TrebFn, ssh_config: str, tmp_path: Path
+) -> None:
+    """examples/hello checks every rank's contract and talks through MASTER_ADDR:PORT, on
+    2 hosts (code copied): under torchrun (started by each host's agent, found on the PATH
+    that ssh.setup sets) and with one process per node (`none`)."""
+    if launcher == "torchrun":
+        needs("torch")
+    job = REPO / "examples" / "hello" / "job.yaml"
+    setup = json.dumps([f"export PATH={Path(PY).parent}:$PATH"])
+    res = treb(
+        "run", str(job), "--on", "ssh", "-o", f"launcher={launcher}", "-o", "ssh.hosts=[ts1, ts2]",
+        "-o", f"ssh.config_file={ssh_config}", "-o", "ssh.shared_dir=none",
+        "-o", f"ssh.remote_dir={tmp_path / 'remote'}", "-o", f"ssh.setup={setup}",
+        "-o", f"command={PY} hello.py", "-o", "timeout=5m",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    st = status_json(treb)
+    assert st["state"] == "SUCCEEDED"
+    adir = Path(st["run_dir"]) / "attempt-0"
+    if launcher == "none":  # one process per node: node-<n>.log
+        assert "ok" in (adir / "node-0.log").read_text() + (adir / "node-1.log").read_text()
+    else:
+        assert "all 4 ranks said hello" in (adir / "rank-0.log").read_text()
+        for r in range(4):
+            assert f"rank {r} ok" in (adir / f"rank-{r}.log").read_text()
+    assert "CONTRACT FAIL" not in res.stdout + res.stderr
+    assert_nothing_left(st["id"])
+
+
+def test_timeout_ends_the_run_on_both_hosts(treb: TrebFn, ssh_config: str, tmp_path: Path) -> None:
+    res = treb("run", str(spec(tmp_path, ssh_config, "exec sleep 120", "timeout: 3s\n")),
+               "--on", "ssh")  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    st = status_json(treb)
+    assert st["state"] == "TIMEOUT", st
+    assert_nothing_left(st["id"])
+
+
 def test_failing_rank_on_second_host_is_named(
     treb: TrebFn, ssh_config: str, tmp_path: Path
 ) -> None:
