@@ -5,8 +5,9 @@ The samples/s of a 2-core shared machine vary by 10-20% from run to run, so a co
 examples/digits-ddp (2 ranks, attached, its output read and discarded as a terminal would)
 with progress tracking and a hang watch on (`hang_timeout`), samples the supervisor's own
 CPU time (utime + stime in /proc/PID/stat: `treb run` becomes the supervisor, same pid)
-twice a second, and reports, for it and alternately for torchrun's agent on the same script
-(`torchrun --standalone --nproc_per_node 2`, same OMP_NUM_THREADS and checkpoints):
+twice a second, and reports, for it, for it with no metrics read (`-o metrics.ranks=[]`:
+what reading metrics costs is the difference) and, alternately, for torchrun's agent on the
+same script (`torchrun --standalone --nproc_per_node 2`, same OMP_NUM_THREADS, checkpoints):
   - the launcher's CPU during training, in % of one core, from the first sample after
     `--settle` seconds to the last one before it exits (start-up and the end left out);
   - the ranks' CPU (the run's children, from wait4's rusage, less the supervisor's own);
@@ -108,11 +109,12 @@ def main() -> None:
         threads = str(max(1, len(os.sched_getaffinity(0)) // 2))  # what treb gives each rank
         cmds = {
             "treb": [treb, "run", str(spec)],
+            "treb-no-metrics": [treb, "run", str(spec), "-o", "metrics.ranks=[]"],
             "torchrun": [torchrun, "--standalone", "--nproc_per_node", "2", "train.py",
                          "--epochs", str(args.epochs)],
         }  # fmt: skip
         print(f"# launcher CPU beside digits-ddp (2 ranks; treb attached), {machine()}")
-        print(f"{'round':>5} {'launcher':>9} {'wall s':>7} {'launcher %core':>14} "
+        print(f"{'round':>5} {'launcher':>15} {'wall s':>7} {'launcher %core':>14} "
               f"{'ranks %core':>12} {'ratio %':>8} {'launcher CPU s (all)':>20}")  # fmt: skip
         rows: dict[str, list[dict[str, float]]] = {name: [] for name in cmds}
         for i in range(args.rounds):
@@ -122,7 +124,7 @@ def main() -> None:
                     run_env["TREB_CHECKPOINT_DIR"] = tempfile.mkdtemp(dir=work)
                 r = one_run(argv, work, run_env, args.settle)
                 rows[name].append(r)
-                print(f"{i + 1:>5} {name:>9} {r['wall']:>7.1f} {100 * r['sup_rate']:>14.3f} "
+                print(f"{i + 1:>5} {name:>15} {r['wall']:>7.1f} {100 * r['sup_rate']:>14.3f} "
                       f"{100 * r['ranks_rate']:>12.1f} {100 * r['ratio']:>8.3f} "
                       f"{r['sup_total']:>20.2f}")  # fmt: skip
         for name, got in rows.items():
