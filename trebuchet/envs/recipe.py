@@ -6,7 +6,6 @@ chosen), the tool, and the stamp that decides whether a built env can be reused.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -117,6 +116,8 @@ def recipe_for(spec: Any, base: Path, vendor: str) -> Recipe | None:
 
 def stamp(r: Recipe) -> str:
     """Hash of everything the env is built from; a changed input means a rebuild."""
+    import hashlib  # here: a run without an environment never needs it
+
     h = hashlib.sha256()
     for part in (r.kind, r.python or "", r.tool, "\n".join(r.requirements)):
         h.update(part.encode() + b"\0")

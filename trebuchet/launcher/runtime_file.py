@@ -10,11 +10,9 @@ set of sources into TREB_HOME/cache and linked into the runs).
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import sys
-import zipfile
 from functools import lru_cache
 from importlib._bootstrap_external import _code_to_hash_pyc  # noqa: PLC2701
 from importlib.util import source_hash
@@ -44,6 +42,9 @@ def _bytecode(name: str, data: bytes) -> bytes:
 
 
 def _build(sources: list[tuple[str, bytes]]) -> tuple[str, bytes]:
+    import hashlib  # here: `treb run` with the native launcher never ships a runtime file
+    import zipfile
+
     digest = hashlib.sha256(sys.implementation.cache_tag.encode())
     for name, data in sources:
         digest.update(name.encode() + b"\0" + data + b"\0")
@@ -65,6 +66,8 @@ def _build(sources: list[tuple[str, bytes]]) -> tuple[str, bytes]:
 def _cache_key() -> str:
     """Names, sizes and mtimes of the installed sources (stat only: building the archive
     compiles every module, ~15 ms that every `treb run` would pay)."""
+    import hashlib
+
     folder = Path(runtime.__file__).parent
     digest = hashlib.sha256(f"{sys.implementation.cache_tag} {runtime.VERSION}".encode())
     for path in sorted(folder.glob("*.py")):

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import yaml
-
 from trebuchet.errors import UserError
 from trebuchet.launcher.snapshot import earlier_run, parse_size, reuse, take
-from trebuchet.spec.load import LoadedSpec, _input_files
+from trebuchet.spec import resolved
+from trebuchet.spec.load import LoadedSpec
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event, write_atomic, write_json
 from trebuchet.store.paths import run_dir
@@ -32,7 +30,7 @@ class Submission:
 
 
 def new_run_id() -> str:
-    return secrets.token_hex(4)
+    return os.urandom(4).hex()  # the secrets module's source, without its imports
 
 
 def check_secrets(loaded: LoadedSpec, environ: dict[str, str] | os._Environ) -> None:
@@ -46,15 +44,7 @@ def check_secrets(loaded: LoadedSpec, environ: dict[str, str] | os._Environ) -> 
 
 def resolved_spec_yaml(loaded: LoadedSpec) -> str:
     """The spec as it will run: expanded, defaults filled, secrets as names only."""
-    data = loaded.spec.model_dump(mode="json")
-    data["workdir"] = str(loaded.workdir)
-    for keys, value in _input_files(loaded.spec):  # absolute: `treb rerun` loads it from here
-        node = data
-        for key in keys[:-1]:
-            node = node[key]
-        node[keys[-1]] = str(loaded.base / value)
-    head = f"# resolved from {loaded.source}\n"
-    return head + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+    return resolved.text(loaded)
 
 
 def prepare(
@@ -118,6 +108,7 @@ def _record(
                 f"--resume-from {resume[0]}: copying {resume[1]} failed: {exc}"
             ) from None
     write_atomic(path / "spec.yaml", resolved_spec_yaml(loaded))
+    write_json(path / "spec.json", resolved.data(loaded))  # read by results/collect.py
     write_json(path / "metrics.json", spec.metrics.model_dump())  # read by runtime/metrics.py
     append_event(path, "submitted", backend=backend)
     if resume:

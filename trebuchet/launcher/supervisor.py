@@ -18,7 +18,6 @@ import signal
 import socket
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -600,6 +599,8 @@ def main(argv: list[str]) -> int:
     except BaseException as exc:
         why = disk_full(exc, run_dir)
         if why is None:
+            import traceback
+
             traceback.print_exc()
         else:  # not a bug: say what is full, and record it as the cause when there is room
             print(f"treb: run {plan.run_id} stopped: {why}", file=sys.stderr, flush=True)

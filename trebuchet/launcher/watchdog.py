@@ -19,13 +19,15 @@ import sys
 import time
 from pathlib import Path
 
+from trebuchet.runtime.procs import python_s
+
 
 class Watchdog:
     """The supervisor's end of the pipe: announce process groups, then say done."""
 
     def __init__(self, run_id: str, run_dir: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trebuchet.launcher.watchdog", run_id, run_dir],
+            python_s(__name__, "main", run_id, run_dir),
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, close_fds=True,
         )  # fmt: skip

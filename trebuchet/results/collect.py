@@ -49,6 +49,10 @@ def _read_json(path: Path) -> Any:
 
 
 def _spec(run_dir: Path) -> dict[str, Any]:
+    """The run's resolved spec: spec.json, or spec.yaml for runs recorded before it."""
+    data = _read_json(run_dir / "spec.json")
+    if isinstance(data, dict):
+        return data
     try:
         import yaml
 

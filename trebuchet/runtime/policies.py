@@ -14,11 +14,12 @@ can hold up supervision. Stdlib only, Python >= 3.8: no re2 where the runtime ru
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from typing import Any, Iterable
+
+from . import procs
 
 SCAN_BYTES = 4 << 20  # the end of each log holds the error; a huge log is not read whole
 MATCH_TIMEOUT_S = 10.0
@@ -115,16 +116,10 @@ def match(
     paths = [str(p) for p in logs]
     if not policies or not paths:
         return None
-    parts = __name__.split(".")
-    root = os.path.abspath(__file__)
-    for _ in parts:
-        root = os.path.dirname(root)  # the folder (or .pyz) that holds the package
-    code = "import sys; sys.path.insert(0, sys.argv[1]); __import__(sys.argv[2]); "
-    code += "sys.modules[sys.argv[2]]._serve()"
     request = json.dumps({"patterns": [p["pattern"] for p in policies], "paths": paths})
     try:
         res = subprocess.run(
-            [sys.executable, "-S", "-c", code, root, __name__], input=request.encode(),
+            procs.python_s(__name__, "_serve"), input=request.encode(),
             capture_output=True, timeout=timeout,
         )  # fmt: skip
         found = json.loads(res.stdout.decode() or "null") if res.returncode == 0 else None

@@ -14,6 +14,22 @@ PR_SET_CHILD_SUBREAPER = 36
 _libc = None
 
 
+def python_s(module: str, function: str, *args: str) -> list[str]:
+    """argv of `python -S` calling `module.function(*args)` and exiting with its result: a
+    helper process of our own starts in ~15 ms instead of ~45 (no site, no installed
+    packages' .pth files), with the folder (or .pyz) that holds trebuchet on sys.path."""
+    import sys
+
+    root = os.path.abspath(__file__)
+    for _ in __name__.split("."):
+        root = os.path.dirname(root)
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); m = __import__(sys.argv[2], "
+        "fromlist=['_']); raise SystemExit(getattr(m, sys.argv[3])(*sys.argv[4:]))"
+    )
+    return [sys.executable, "-S", "-c", code, root, module, function, *args]
+
+
 def start_time(pid: int) -> str | None:
     """The kernel's start time of `pid` (clock ticks since boot), or None if it is gone."""
     try:

@@ -22,6 +22,7 @@ from trebuchet.launcher.sweep import MAX_SWEEP_POINTS
 from trebuchet.runtime.contract import NODE_NAMES, RANK_NAMES
 from trebuchet.spec.duration import ALLOWED as DURATION_ALLOWED
 from trebuchet.spec.duration import parse_duration
+from trebuchet.spec.facts import EnvironmentFacts, SpecFacts
 
 NAME_RE = r"^[a-z0-9][a-z0-9._-]*$"
 ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -95,7 +96,7 @@ class CondaEnv(Block):
     )
 
 
-class Environment(Block):
+class Environment(Block, EnvironmentFacts):
     name: str | None = allowed("a name", "cache name under TREB_HOME/envs", default=None)
     python: str | None = allowed(
         'a version string such as "3.11"', "Python version of the venv", default=None
@@ -151,10 +152,6 @@ class Environment(Block):
             if ":" not in m:
                 raise ValueError(f"@environment.mounts|{m!r} is not SRC:DST[:ro]")
         return self
-
-    @property
-    def kind(self) -> str:
-        return "image" if self.image else "conda" if self.conda else "venv"
 
 
 class Results(Block):
@@ -275,7 +272,7 @@ class LogPolicy(Block):
         return v
 
 
-class Spec(Block):
+class Spec(Block, SpecFacts):
     """A workload: what to run, on how many nodes and processes, with which software.
 
     The engine-neutral fields only: the model a spec is validated with is spec_model(),
@@ -468,15 +465,6 @@ class Spec(Block):
             raise ValueError("bad signal")
         return name
 
-    @property
-    def warning_seconds(self) -> float | None:
-        """When to send the checkpoint signal before a timeout."""
-        if self.timeout is None:
-            return None
-        if self.timeout_warning is not None:
-            return min(self.timeout_warning, self.timeout)
-        return min(60.0, 0.1 * self.timeout)
-
     @model_validator(mode="after")
     def _cross(self) -> Spec:
         for name in self.env:
@@ -508,24 +496,6 @@ class Spec(Block):
                 "a secret's value comes from the shell only"
             )
         return self
-
-    @property
-    def ranks_per_node(self) -> int:
-        """procs_per_node, defaulting to one rank per GPU (or 1 without GPUs)."""
-        if self.procs_per_node:
-            return self.procs_per_node
-        return self.gpus_per_node if self.gpus_per_node > 0 else 1
-
-    @property
-    def fixed_port(self) -> int | None:
-        """MASTER_PORT when the spec pins it (master_port or env.MASTER_PORT)."""
-        if self.master_port:
-            return self.master_port
-        return int(self.env["MASTER_PORT"]) if "MASTER_PORT" in self.env else None
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.ranks_per_node
 
 
 _built: tuple[int, type[Spec]] | None = None

@@ -1,0 +1,75 @@
+"""A spec's text and the map from its key paths to lines: what loading needs before YAML
+(standard library only, so that a cached spec is read without importing yaml)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trebuchet.errors import UserError
+
+Path_ = tuple[str | int, ...]
+
+MAX_SPEC_BYTES = 1 << 20  # a spec is a few KB; also bounds every string in it
+MAX_DEPTH = 50  # levels of nested mappings and lists
+MAX_VALUES = 100_000  # values in the document, aliases expanded
+
+
+@dataclass
+class Located:
+    """Plain data from a YAML document plus a map from each key path to its 1-based line."""
+
+    data: Any
+    lines: dict[Path_, int] = field(default_factory=dict)
+    source: str = "<spec>"
+    origins: dict[Path_, str] = field(default_factory=dict)
+
+    def where(self, path: Path_) -> str:
+        """`file:line` of `path`, or the `-o key=value` that set it."""
+        p = tuple(path)
+        while p:
+            if p in self.origins:
+                return self.origins[p]
+            if p in self.lines:
+                return f"{self.source}:{self.lines[p]}"
+            p = p[:-1]
+        return f"{self.source}:{self.lines.get((), 1)}"
+
+
+def read_spec(path: Path) -> str:
+    """The text of a spec file: a regular file of at most MAX_SPEC_BYTES, UTF-8."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such spec file") from None
+    except OSError as exc:  # a symlink loop, a name too long, permissions, a directory
+        raise UserError(f"{path}: cannot read spec: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise UserError(f"{path}: cannot read spec: it is a directory")
+        if not stat.S_ISREG(mode):
+            raise UserError(f"{path}: cannot read spec: not a regular file (a FIFO or device)")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read spec: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SPEC_BYTES:
+        raise UserError(f"{path}: the spec is larger than {MAX_SPEC_BYTES >> 20} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise UserError(f"{path}:{line}: the spec is not UTF-8 text") from None
+
+
+def dotted(path: Path_) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "spec"
