@@ -6,12 +6,14 @@ trebuchet` (and the `treb` CLI) stays fast.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+TYPE_CHECKING = False  # not typing's: the helpers that import this package start lighter
 
 __version__ = "0.1.0"
 __all__ = ["launch", "Run", "RunFailed"]
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from trebuchet.api import Run, launch
     from trebuchet.errors import RunFailed
 

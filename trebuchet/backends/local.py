@@ -132,6 +132,7 @@ class LocalBackend(Backend):
                 state = sup.run()
             finally:
                 view.close()
+                sup.reap()
             rec = sub.store.get(sub.record.id) or sub.record
             return Submitted(rec.id, state, rec.exit_code, sup.cancel_signal)
         start_supervisor(sub.store, sub.record.id, sub.run_dir)

@@ -18,6 +18,7 @@ from trebuchet.envs.gpus import gpu_env
 from trebuchet.envs.recipe import Recipe
 from trebuchet.envs.wrap import wrap_argv
 from trebuchet.launcher.policies import policies_for
+from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
 from trebuchet.runtime.contract import node_vars, omp_threads, rank_vars
 
@@ -155,8 +156,10 @@ def local_plan(
     # Under torchrun/mpirun/horovodrun each worker runs the runtime's `worker` around its
     # rank (own log, own outcome record, signals), from the run directory.
     python = "python3" if recipe and recipe.kind == "image" else sys.executable
-    worker = [python, "-S", str(run_dir / runtime_file_name()), "worker",
-              "--grace", str(spec.grace_period)]  # fmt: skip
+    worker: list[str] = []
+    if spec.launcher in AGENT_LAUNCHERS:  # the runtime file is looked up (or built) for them
+        worker = [python, "-S", str(run_dir / runtime_file_name()), "worker",
+                  "--grace", str(spec.grace_period)]  # fmt: skip
     mounts = [f"{workdir}:{workdir}", f"{run_dir}:{run_dir}"]
     secret_names = list(spec.secrets)
 

@@ -180,6 +180,12 @@ class Supervisor:
         self.close_trackers()
         return state
 
+    def reap(self) -> None:
+        """The last step: wait for the watchdog, told `done` at the end of run() (it may
+        still have been starting beside the ranks; the run's summary does not wait)."""
+        if self.watchdog:
+            self.watchdog.wait()
+
     def close_trackers(self) -> None:
         """The end of the run in its trackers, after everything is recorded: bounded
         requests, and no failure of theirs reaches the run (launcher/tracking.py)."""
@@ -613,13 +619,16 @@ def main(argv: list[str]) -> int:
         if view:
             view.close()
     if not attached:
+        sup.reap()
         return 0 if state == SUCCEEDED else 1
     from trebuchet.backends.base import Submitted
     from trebuchet.cli.report import attached_end
 
     rec = store.get(plan.run_id)
     result = Submitted(plan.run_id, state, rec.exit_code if rec else None, sup.cancel_signal)
-    return attached_end(store, result, run_dir, profile)
+    code = attached_end(store, result, run_dir, profile)
+    sup.reap()
+    return code
 
 
 if __name__ == "__main__":

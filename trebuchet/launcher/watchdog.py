@@ -14,18 +14,20 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import sys
-import time
-from pathlib import Path
 
 from trebuchet.runtime.procs import python_s
+
+# The watchdog process imports only the above (it starts beside the ranks, under `python
+# -S`); what its supervisor's side and its rare EOF path need is imported where used.
 
 
 class Watchdog:
     """The supervisor's end of the pipe: announce process groups, then say done."""
 
     def __init__(self, run_id: str, run_dir: str) -> None:
+        import subprocess
+
         self.proc = subprocess.Popen(
             python_s(__name__, "main", run_id, run_dir),
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -35,9 +37,11 @@ class Watchdog:
 
     def _send(self, line: str) -> None:
         if self.proc.stdin and not self.proc.stdin.closed:
-            with contextlib.suppress(OSError):
+            try:
                 self.proc.stdin.write(line.encode())
                 self.proc.stdin.flush()
+            except OSError:
+                pass
 
     def watch(self, pgid: int) -> None:
         self._send(f"+{pgid}\n")
@@ -48,11 +52,17 @@ class Watchdog:
         self._send(f"={pid} {started}\n")
 
     def done(self) -> None:
-        """The supervisor finished on its own: the watchdog leaves without killing."""
+        """The supervisor finished on its own: the watchdog leaves without killing. Not
+        waited for here (it may still be starting, beside the ranks): wait() reaps it."""
         self._send("done\n")
         if self.proc.stdin:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
+
+    def wait(self) -> None:
+        """Reap the watchdog after done(), at the very end of the supervisor."""
+        import subprocess
+
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
@@ -85,6 +95,9 @@ def main(run_id: str, run_dir: str) -> int:
     for pid in tree:
         signal_pid(pid, signal.SIGKILL)
     end_run(run_id, run_dir, {os.getpid()})
+    import time
+    from pathlib import Path
+
     from trebuchet.store.db import Store
     from trebuchet.store.files import append_event
     from trebuchet.store.states import LOST

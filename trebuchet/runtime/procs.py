@@ -4,7 +4,6 @@ adoption of orphaned descendants (child subreaper)."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import time
@@ -64,6 +63,8 @@ def _is_zombie(pid: int) -> bool:
 def _prctl(option: int, value: int) -> int:
     global _libc
     if _libc is None:
+        import ctypes  # here: the watchdog and most agents never call prctl
+
         _libc = ctypes.CDLL(None, use_errno=True)
     return int(_libc.prctl(option, value, 0, 0, 0))
 

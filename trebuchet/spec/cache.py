@@ -9,7 +9,7 @@ a failure: a spec with a mistake is validated, and refused, every time. The chec
 filesystem (the workdir, the environment's files) run on every load. Entries live in
 TREB_HOME/cache/specs (private, as TREB_HOME; they hold the expanded spec, as the runs'
 spec.yaml do); a damaged or unreadable one is a miss, and a cache that cannot be written
-costs only the speed. TREB_SPEC_CACHE=0 turns it off.
+costs only the speed. TREB_SPEC_CACHE=0 turns it off (and =always: see always()).
 """
 
 from __future__ import annotations
@@ -83,6 +83,13 @@ def usable() -> bool:
     from trebuchet import backends
 
     return backends.generation() == 0 and os.environ.get("TREB_SPEC_CACHE", "1") != "0"
+
+
+def always() -> bool:
+    """TREB_SPEC_CACHE=always: every spec loaded from a file is used as the cache gives it
+    back, even the first time (the test suite runs this way once, so the cached form is
+    tried by every test, not only by a second run)."""
+    return os.environ.get("TREB_SPEC_CACHE") == "always"
 
 
 def entry_key(path: Path, text: str, overrides: list[str]) -> str:
