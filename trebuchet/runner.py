@@ -57,12 +57,12 @@ class Started:
     warnings: list[str]
 
 
-def _load(source: Source, overrides: Sequence[str]) -> LoadedSpec:
+def _load(source: Source, overrides: Sequence[str], cached: bool = True) -> LoadedSpec:
     from trebuchet.spec.load import load_spec
 
     if isinstance(source, dict):
         return load_spec(data=source, overrides=overrides)
-    return load_spec(source, overrides)
+    return load_spec(source, overrides, cached=cached)
 
 
 def _expand(
@@ -93,10 +93,10 @@ def _expand(
         raise UserError(f"--on {on}: sweeps run on the {listed} backends only so far")
     # Every point's spec, validated before anything is recorded or rendered: a bad value
     # fails the whole sweep.
-    points = [
-        (point, _load(source, [*fixed, *(f"{k}={v}" for k, v in point.items()), "sweep=null"]))
-        for point in sweep.points(overrides, base.spec.sweep)[1]
-    ]
+    points = []
+    for point in sweep.points(overrides, base.spec.sweep)[1]:
+        point_overrides = [*fixed, *(f"{k}={v}" for k, v in point.items()), "sweep=null"]
+        points.append((point, _load(source, point_overrides, cached=False)))
     engine.check_sweep(points)
     return base, engine, points
 

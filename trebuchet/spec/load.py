@@ -99,9 +99,11 @@ def load_spec(
     environ: Mapping[str, str] | None = None,
     text: str | None = None,
     data: dict | None = None,
+    cached: bool = True,
 ) -> LoadedSpec:
     """Load, expand, override and validate a spec from a file, YAML text or a dict (a file:
-    from the spec cache when it has this spec)."""
+    from the spec cache when it has this spec; `cached=False`: not looked up nor kept, as
+    for a sweep's points, which would crowd the cache out)."""
     environ = os.environ if environ is None else environ
     p = Path(path) if path is not None else None
     source = str(p) if p else "<spec>"
@@ -110,7 +112,7 @@ def load_spec(
         if p is None:
             raise UserError("no spec given")
         text = read_spec(p)
-        if cache.usable():
+        if cached and cache.usable():
             key = cache.entry_key(p.resolve(), text, list(overrides))
             entry = cache.lookup(key, environ)
             if entry is not None:
