@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import needs_program
 from trebuchet.store.db import RunRecord, Store
 
 REPO = Path(__file__).resolve().parents[2]  # this checkout, wherever the shell's cwd is
@@ -94,8 +95,8 @@ def test_run_id_query_imports_nothing_heavy(shell_env) -> None:
     assert "c0ffee01" in res.stdout
 
 
-@pytest.mark.skipif(not shutil.which("fish"), reason="no fish")
 def test_fish_completes_verbs_values_and_run_ids(shell_env, tmp_path: Path) -> None:
+    needs_program("fish")  # scripts/system-deps installs it; CI fails without it
     script = (
         "treb completion fish | source\n"
         "for line in 'treb sta' 'treb status ' 'treb ps --state fa' 'treb run x --resume-from '\n"
@@ -114,8 +115,8 @@ def test_fish_completes_verbs_values_and_run_ids(shell_env, tmp_path: Path) -> N
     assert got["treb run x --resume-from "] == ["c0ffee01", "c0ffee02"]
 
 
-@pytest.mark.skipif(not shutil.which("zsh"), reason="no zsh")
 def test_zsh_loads_the_script_and_registers_treb(shell_env, tmp_path: Path) -> None:
+    needs_program("zsh")
     script = (
         'eval "$(treb completion zsh)"\ncomplete -p | grep -q "_treb treb" || exit 9\n'
         "setopt ksharrays\nCOMP_WORDS=(treb status ''); COMP_CWORD=2; _treb\n"

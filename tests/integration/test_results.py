@@ -102,20 +102,32 @@ def test_sum_and_mean_over_ranks(treb, treb_home: Path, tmp_path: Path) -> None:
     st = status_json(treb)
     rows = results(treb, st["id"])
     assert rows[0]["performance"] == (60.0 if field else 10.0)
-    # Recompute as the run's resolved spec says, for each aggregation (the spec.yaml of a run
-    # recorded before the `results:` block existed has none: rank 0 then).
+    # Recompute as the run's resolved spec says, for each aggregation: spec.json, and
+    # spec.yaml for a run recorded before spec.json existed (the spec.yaml of a run recorded
+    # before the `results:` block existed has none: rank 0 then).
     from trebuchet.results.collect import collect
     from trebuchet.store.db import Store
 
-    for how, want in (("sum", 60.0), ("mean", 20.0), ("rank0", 10.0)):
-        path = Path(st["run_dir"]) / "spec.yaml"
-        data = yaml.safe_load(path.read_text())
-        data["results"] = {"file": "results.csv", "ranks": how}
-        path.write_text(yaml.safe_dump(data))
+    run_dir = Path(st["run_dir"])
+    recorded = json.loads((run_dir / "spec.json").read_text())
+    assert recorded == yaml.safe_load((run_dir / "spec.yaml").read_text())
+    cases = [("json", "sum", 60.0), ("json", "mean", 20.0), ("yaml", "mean", 20.0),
+             ("yaml", "rank0", 10.0), ("yaml", None, 10.0)]  # fmt: skip
+    for form, how, want in cases:
+        data = dict(recorded)
+        if how is None:
+            data.pop("results")
+        else:
+            data["results"] = {"file": "results.csv", "ranks": how}
+        if form == "json":
+            (run_dir / "spec.json").write_text(json.dumps(data))
+        else:
+            (run_dir / "spec.json").unlink(missing_ok=True)
+            (run_dir / "spec.yaml").write_text(yaml.safe_dump(data))
         store = Store(treb_home / "runs.db")
         (row,) = collect(store, store.get(st["id"]), force=True)
         store.close()
-        assert (row["performance"], row["aggregation"]) == (want, how)
+        assert (row["performance"], row["aggregation"]) == (want, how or "rank0"), form
 
 
 def test_hugging_face_fallback_and_failure_rows(treb, tmp_path: Path) -> None:
