@@ -16,6 +16,9 @@ launcher, written to the temporary directory, is the least any launcher has to d
     sys.exit(max(p.wait() for p in procs))
 
 Child processes write .pyc files (PYTHONDONTWRITEBYTECODE is unset), as on a user's machine.
+`treb` runs a spec it has run before (from the spec cache, trebuchet/spec/cache.py: no
+pydantic, supervised in the same process); `treb cold` runs it with TREB_SPEC_CACHE=0, as
+a spec seen for the first time or changed since (validated, then an exec to the supervisor).
 Usage: python bench/launch_overhead.py [--repeats 7] [--ranks 2 32]
 """
 
@@ -56,8 +59,8 @@ def main() -> None:
             f"# launch overhead, no-op rank script, {machine()}, {args.repeats} alternating rounds"
         )
         print(
-            f"{'ranks':>5} {'torchrun s':>11} {'popen s':>8} {'treb s':>8} "
-            f"{'treb/torchrun':>13} {'treb/popen':>10}"
+            f"{'ranks':>5} {'torchrun s':>11} {'popen s':>8} {'treb s':>8} {'cold s':>7} "
+            f"{'treb/torchrun':>13} {'treb/popen':>10} {'cold/torchrun':>13} {'cold/popen':>10}"
         )
         for n in args.ranks:
             spec = work / f"noop{n}.yaml"
@@ -66,10 +69,13 @@ def main() -> None:
                 "torchrun": [torchrun, "--nproc_per_node", str(n), "noop.py"],
                 "popen": [python, "popen.py", str(n), "python", "noop.py"],
                 "treb": [treb, "run", str(spec)],
+                "cold": ["env", "TREB_SPEC_CACHE=0", treb, "run", str(spec)],
             }
             t = alternate(cmds, args.repeats, env, cwd=str(work))
             tr, tp, tb = median(t["torchrun"]), median(t["popen"]), median(t["treb"])
-            print(f"{n:>5} {tr:>11.3f} {tp:>8.3f} {tb:>8.3f} {tb / tr:>13.3f} {tb / tp:>10.3f}")
+            tc = median(t["cold"])
+            print(f"{n:>5} {tr:>11.3f} {tp:>8.3f} {tb:>8.3f} {tc:>7.3f} {tb / tr:>13.3f} "
+                  f"{tb / tp:>10.3f} {tc / tr:>13.3f} {tc / tp:>10.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -104,16 +105,30 @@ def test_rank_ignoring_sigterm_dies_after_the_grace_period(treb, tmp_path: Path)
     assert other["signal"] == "SIGKILL" and other["stopped_by_launcher"]
 
 
-SLEEPERS = "command: 'echo up; exec sleep 300'\nnodes: 2\nprocs_per_node: 2\n"
+SLEEPERS = "command: 'echo up; exec sleep $(cat {nap})'\nnodes: 2\nprocs_per_node: 2\n"
 
 
+@pytest.mark.parametrize("cached", [False, True], ids=["first-run", "spec-cache"])
 @pytest.mark.parametrize("sig,code,state", [(signal.SIGINT, 130, "CANCELLED"),
                                             (signal.SIGTERM, 143, "CANCELLED"),
                                             (signal.SIGHUP, 129, "CANCELLED"),
                                             (signal.SIGKILL, -9, "LOST")])  # fmt: skip
-def test_signals_to_the_launcher(sig, code, state, treb, treb_home: Path, tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, SLEEPERS)
+def test_signals_to_the_launcher(
+    sig, code, state, cached, treb, treb_home: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """Both ways `treb run` supervises: after an exec (a spec validated now) and in place
+    (the same spec again, from the spec cache, pydantic never imported)."""
+    nap = tmp_path / "nap"
+    spec = write_spec(tmp_path, SLEEPERS.format(nap=nap))
     cmd = [sys.executable, "-m", "trebuchet", "run", str(spec)]
+    if cached:
+        monkeypatch.delenv("TREB_SPEC_CACHE", raising=False)
+        nap.write_text("0\n")
+        assert treb("run", str(spec)).returncode == 0  # validated, now in the cache
+        monkeypatch.setenv("TREB_HOME", str(tmp_path / "home2"))  # ps and status: the new run
+        shutil.copytree(treb_home / "cache", tmp_path / "home2" / "cache")
+        treb_home = tmp_path / "home2"
+    nap.write_text("300\n")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
@@ -122,6 +137,9 @@ def test_signals_to_the_launcher(sig, code, state, treb, treb_home: Path, tmp_pa
             if len(logs) == 4 and all(p.read_text() for p in logs):
                 break
             time.sleep(0.05)
+        argv = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+        in_place = cached or os.environ.get("TREB_SPEC_CACHE") == "always"
+        assert (b"trebuchet.launcher.supervisor" not in argv) == in_place, argv
         proc.send_signal(sig)
         assert proc.wait(timeout=60) == code
     finally:

@@ -151,7 +151,9 @@ class LocalBackend(Backend):
         signal.pthread_sigmask(signal.SIG_BLOCK, HANDOVER_SIGNALS)
         argv = [sys.executable, "-m", "trebuchet.launcher.supervisor", "--attached",
                 "--profile", sub.loaded.spec.profile, str(sub.run_dir)]  # fmt: skip
-        if "pydantic" not in sys.modules:
+        from trebuchet.spec.cache import always
+
+        if "pydantic" not in sys.modules or always():  # always: the tests try this path
             from trebuchet.launcher import supervisor
 
             sys.exit(supervisor.main(argv[3:]))
