@@ -97,11 +97,14 @@ def test_a_cached_spec_says_what_validation_says(spec_dir: Path, treb_home: Path
     assert (first.path, first.workdir, first.base) == (again.path, again.workdir, again.base)
     with pytest.raises(AttributeError):
         _ = b.no_such_field
-    # spec.yaml and spec.json of a run: the same from either, whatever the workdir's name
-    for workdir in ("/runs/abc/code", "/runs/a b/c: d", "/runs/é/x", "/runs/#x/y"):
+    # spec.yaml and spec.json of a run: the same from either, whatever the workdir's name,
+    # and the template filled in is what a whole dump by yaml writes
+    long = "/runs/" + "y" * 200 + " z"
+    for workdir in ("/runs/abc/code", "/runs/a b/c: d", "/runs/é/x", "/runs/#x/y", long):
         first.workdir = again.workdir = Path(workdir)
-        assert resolved.text(first) == resolved.text(again)
+        assert resolved.text(first) == resolved.text(again) == resolved._dump(again, workdir)
         assert resolved.data(first) == resolved.data(again)
+    again.workdir = Path("/runs/#x/y")
     assert "\nworkdir: /runs/#x/y\n" in resolved.text(again)  # as yaml writes it
 
 
