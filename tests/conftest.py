@@ -15,6 +15,13 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = str(Path(sys.executable).parent)
 
 
+@pytest.fixture(autouse=True)
+def _own_treb_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test, also one that only loads a spec (the spec cache writes under TREB_HOME),
+    has its own TREB_HOME: nothing reaches the user's ~/.trebuchet."""
+    monkeypatch.setenv("TREB_HOME", str(tmp_path / "treb-home"))
+
+
 @pytest.fixture
 def treb_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "treb-home"

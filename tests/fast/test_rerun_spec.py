@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trebuchet.launcher.submit import resolved_spec_yaml
+from trebuchet.spec import resolved
 from trebuchet.spec.load import load_spec
 
 
@@ -21,7 +21,7 @@ def test_resolved_spec_loads_from_elsewhere_with_its_environment_files(tmp_path:
     loaded = load_spec(proj / "job.yaml", ["env.A=2"])
     run = tmp_path / "runs" / "abcd1234"
     run.mkdir(parents=True)
-    (run / "spec.yaml").write_text(resolved_spec_yaml(loaded))
+    (run / "spec.yaml").write_text(resolved.text(loaded))
     again = load_spec(run / "spec.yaml", ["nodes=2"])
     assert again.spec.env == {"A": "2"} and again.spec.nodes == 2
     assert again.workdir == proj

@@ -42,11 +42,6 @@ def check_secrets(loaded: LoadedSpec, environ: dict[str, str] | os._Environ) -> 
         )
 
 
-def resolved_spec_yaml(loaded: LoadedSpec) -> str:
-    """The spec as it will run: expanded, defaults filled, secrets as names only."""
-    return resolved.text(loaded)
-
-
 def prepare(
     loaded: LoadedSpec, backend: str, store: Store, resume: tuple[str, Path] | None = None
 ) -> Submission:
@@ -107,7 +102,7 @@ def _record(
             raise UserError(
                 f"--resume-from {resume[0]}: copying {resume[1]} failed: {exc}"
             ) from None
-    write_atomic(path / "spec.yaml", resolved_spec_yaml(loaded))
+    write_atomic(path / "spec.yaml", resolved.text(loaded))  # as it will run
     write_json(path / "spec.json", resolved.data(loaded))  # read by results/collect.py
     write_json(path / "metrics.json", spec.metrics.model_dump())  # read by runtime/metrics.py
     append_event(path, "submitted", backend=backend)

@@ -37,11 +37,9 @@ class Watchdog:
 
     def _send(self, line: str) -> None:
         if self.proc.stdin and not self.proc.stdin.closed:
-            try:
+            with contextlib.suppress(OSError):
                 self.proc.stdin.write(line.encode())
                 self.proc.stdin.flush()
-            except OSError:
-                pass
 
     def watch(self, pgid: int) -> None:
         self._send(f"+{pgid}\n")

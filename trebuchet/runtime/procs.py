@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 
 PR_SET_PDEATHSIG = 1
@@ -17,8 +18,6 @@ def python_s(module: str, function: str, *args: str) -> list[str]:
     """argv of `python -S` calling `module.function(*args)` and exiting with its result: a
     helper process of our own starts in ~15 ms instead of ~45 (no site, no installed
     packages' .pth files), with the folder (or .pyz) that holds trebuchet on sys.path."""
-    import sys
-
     root = os.path.abspath(__file__)
     for _ in __name__.split("."):
         root = os.path.dirname(root)

@@ -72,7 +72,7 @@ def _code_stamp() -> list[Any]:
         if os.path.basename(entry) not in ("site-packages", "dist-packages"):
             continue  # where installed packages (their entry points) are
         try:
-            folders.append(f"{entry}:{os.stat(entry or '.').st_mtime_ns}")
+            folders.append(f"{entry}:{os.stat(entry).st_mtime_ns}")
         except OSError:
             folders.append(f"{entry}:-")
     return [sys.version, files, folders]

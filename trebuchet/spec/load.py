@@ -116,10 +116,7 @@ def load_spec(
             key = cache.entry_key(p.resolve(), text, list(overrides))
             entry = cache.lookup(key, environ)
             if entry is not None:
-                from trebuchet.spec.frozen import from_entry
-
-                spec, located = from_entry(entry)
-                return _placed(spec, p, located, entry.get("resolved"))
+                return _from_cache(entry, p)
     if data is not None:
         located = Located(_copy(data), {(): 1}, source)
     else:
@@ -142,11 +139,15 @@ def load_spec(
             cache.store(key, entry, seen.seen, environ)
             loaded.resolved = entry["resolved"]
             if cache.always():  # the tests' mode: what was stored is what is used, at once
-                from trebuchet.spec.frozen import from_entry
-
-                spec, located = from_entry(json.loads(json.dumps(entry)))
-                return _placed(spec, p, located, entry["resolved"])
+                return _from_cache(json.loads(json.dumps(entry)), p)
     return loaded
+
+
+def _from_cache(entry: dict[str, Any], p: Path) -> LoadedSpec:
+    from trebuchet.spec.frozen import from_entry
+
+    spec, located = from_entry(entry)
+    return _placed(spec, p, located, entry["resolved"])
 
 
 def _placed(

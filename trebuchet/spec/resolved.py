@@ -17,8 +17,8 @@ _PLAIN = re.compile(r"/[A-Za-z0-9_./+-]*")  # written by yaml as it is, unquoted
 
 
 def template(loaded: LoadedSpec) -> str | None:
-    """spec.yaml with the workdir left to fill(); None when the placeholder is not one line
-    of its own (fill() then dumps the whole spec)."""
+    """spec.yaml with the workdir left to fill in; None when the placeholder is not one line
+    of its own (text() then dumps the whole spec)."""
     text = _dump(loaded, PLACEHOLDER)
     return text if text.count(PLACEHOLDER) == 1 and _LINE in text else None
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from trebuchet.errors import SpecError
 from trebuchet.spec.expand import expand_tree
+from trebuchet.spec.frozen import key as model_key
 from trebuchet.spec.load import default_name
 from trebuchet.spec.model import Spec, engine_blocks, not_expanded, spec_model
 from trebuchet.spec.source import Located
@@ -72,7 +73,7 @@ def cache_entry(loaded: LoadedSpec) -> dict[str, Any] | None:
 def _walk(model: BaseModel, path: tuple[Any, ...], out: dict[str, tuple[str, list[str]]]) -> bool:
     if not type(model).__module__.startswith("trebuchet."):
         return False
-    out[".".join(str(p) for p in path)] = (type(model).__name__, sorted(model.model_fields_set))
+    out[model_key(path)] = (type(model).__name__, sorted(model.model_fields_set))
     for name in type(model).model_fields:
         value = getattr(model, name)
         items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
