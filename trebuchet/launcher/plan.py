@@ -10,7 +10,7 @@ import os
 import shlex
 import socket
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,9 @@ class Plan:
     path_prepend: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain data, as asdict() gives it but without its deep copy (~3 ms for 32 ranks):
+        every field is JSON data already, and the result is only written out."""
+        return {**vars(self), "procs": [dict(vars(p)) for p in self.procs]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from trebuchet.errors import UserError
 from trebuchet.launcher.snapshot import earlier_run, parse_size, reuse, take
+from trebuchet.runtime.records import sync
 from trebuchet.spec import resolved
 from trebuchet.spec.load import LoadedSpec
 from trebuchet.store.db import RunRecord, Store
@@ -83,7 +84,7 @@ def _record(
             snap, source = reuse(earlier, path / "code")
         else:
             snap = take(loaded.workdir, path / "code", parse_size(spec.snapshot_max_size))
-        write_json(path / "snapshot.json", {**asdict(snap), "source": source})
+        write_json(path / "snapshot.json", {**asdict(snap), "source": source}, durable=False)
         git_commit, git_dirty = snap.git_commit, snap.git_dirty
         if snap.skipped:
             shown = ", ".join(f"{f} ({why})" for f, why in list(snap.skipped.items())[:5])
@@ -102,9 +103,11 @@ def _record(
             raise UserError(
                 f"--resume-from {resume[0]}: copying {resume[1]} failed: {exc}"
             ) from None
-    write_atomic(path / "spec.yaml", resolved.text(loaded))  # as it will run
-    write_json(path / "spec.json", resolved.data(loaded))  # read by results/collect.py
-    write_json(path / "metrics.json", spec.metrics.model_dump())  # read by runtime/metrics.py
+    write_atomic(path / "spec.yaml", resolved.text(loaded), durable=False)  # as it will run
+    write_json(path / "spec.json", resolved.data(loaded), durable=False)  # results/collect.py
+    write_json(path / "metrics.json", spec.metrics.model_dump(), durable=False)  # runtime/metrics
+    # fsynced together: the first one's journal commit carries the others (records.sync)
+    sync([str(path / n) for n in ("snapshot.json", "spec.yaml", "spec.json", "metrics.json")])
     append_event(path, "submitted", backend=backend)
     if resume:
         append_event(path, "resumed", from_run=resume[0])

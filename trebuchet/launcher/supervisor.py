@@ -140,13 +140,14 @@ class Supervisor:
         now = time.time()
         who = {"supervisor_pid": me, "supervisor_start": start_time(me),
                "host": socket.gethostname()}  # fmt: skip
+        self.watchdog = Watchdog(rid, str(self.run_dir))  # before the cgroup move (a fork waits)
         self.store.update_run(rid, state=RUNNING, started_at=now, last_seen=now, **who)
         self.cgroup, how = contain.create(f"treb-{rid}")
+        contain.enter_early(self.cgroup)  # finished by the first start (Agent.start_all)
         contain.record(str(self.run_dir), self.cgroup, how)
         # the index's facts, also in the run's own files (store/rebuild.py reads them)
         append_event(self.run_dir, "run_started", pid=me, start=who["supervisor_start"],
                      host=who["host"], cgroup=self.cgroup)  # fmt: skip
-        self.watchdog = Watchdog(rid, str(self.run_dir))
         reserve = self.run_dir / RESERVE
         reserve_space(reserve)
         try:
@@ -286,8 +287,7 @@ class Supervisor:
             self.store.set_attempt(rid, attempt, state=FAILED, ended_at=time.time(), reason="pre")
             return CANCELLED if self.cancel_signal is not None else FAILED
         self.agents = self._agents(self.plan.procs, adir, attempt, port)
-        for agent in self.agents:
-            agent.start_all()
+        self._start(self.agents)
         self.store.set_procs(rid, attempt, [self._proc_row(p) for p in self.procs])
         if self.view:
             for label, name in self.plan.streams:
@@ -345,6 +345,13 @@ class Supervisor:
             for _, procs in sorted(by_node.items())
         ]
 
+    def _start(self, agents: list[Agent]) -> None:
+        """Start every agent's processes, then tell the watchdog their groups at once."""
+        for agent in agents:
+            agent.start_all()
+        if self.watchdog:
+            self.watchdog.flush()
+
     def _run_hooks(self, when: str, adir: Path, attempt: int) -> bool:
         """The spec's pre/post command on every node, in parallel; False if one failed."""
         hooks = [h for h in self.plan.hooks if h["when"] == when]
@@ -356,7 +363,7 @@ class Supervisor:
         for agent in agents:  # every node's command runs to its end; the first failure counts
             agent.stop_on_failure = False
             agent.on_failure = lambda p: self._on_failure(p, stop=False)
-            agent.start_all()
+        self._start(agents)
         while any([agent.poll() for agent in agents]):
             if self.cancel_signal is not None:
                 for agent in agents:

@@ -35,14 +35,24 @@ class Watchdog:
         )  # fmt: skip
         self.pid = self.proc.pid
 
-    def _send(self, line: str) -> None:
+    def _send(self, line: str, flush: bool = True) -> None:
         if self.proc.stdin and not self.proc.stdin.closed:
             with contextlib.suppress(OSError):
                 self.proc.stdin.write(line.encode())
-                self.proc.stdin.flush()
+                if flush:
+                    self.proc.stdin.flush()
 
     def watch(self, pgid: int) -> None:
-        self._send(f"+{pgid}\n")
+        """Buffered until flush(): a write and a wakeup of the watchdog per rank cost more
+        than the start itself. Until then the started ranks die with the supervisor by their
+        PDEATHSIG, and the cgroup or TREB_RUN_ID scan finds what they started."""
+        self._send(f"+{pgid}\n", flush=False)
+
+    def flush(self) -> None:
+        """Tell the watchdog the groups announced so far (after each batch of starts)."""
+        if self.proc.stdin and not self.proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.flush()
 
     def adopt(self, pid: int, started: str | None) -> None:
         """An orphan the supervisor adopted as subreaper (pid and start time: the pid may

@@ -22,7 +22,7 @@ import contextlib
 import os
 import signal
 import time
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from . import procs
 from .records import read_json, write_json
@@ -115,13 +115,43 @@ def create(name: str) -> tuple[str | None, str]:
     return None, why
 
 
+_ENTERING: dict[str, Any] = {}  # path -> the thread moving this process in (enter_early)
+
+
+def enter_early(path: str | None) -> None:
+    """Begin moving this process into the cgroup now, in a thread, for `inside` to finish:
+    the kernel makes each move wait out an RCU grace period (10-25 ms here, idle), which
+    then passes while the caller writes its records instead of before the first start.
+    Until `inside`, the caller must not fork: a fork waits for the move."""
+    if not path or path in _ENTERING:
+        return
+    import threading
+
+    result: list[bool] = []
+    move = threading.Thread(
+        target=lambda: result.append(_write(os.path.join(path, "cgroup.procs"), str(os.getpid()))),
+        name="treb-cgroup-enter", daemon=True,
+    )  # fmt: skip
+    move.start()
+    _ENTERING[path] = (move, result)
+
+
+def _enter(path: str) -> bool:
+    started = _ENTERING.pop(path, None)
+    if started is None:
+        return _write(os.path.join(path, "cgroup.procs"), str(os.getpid()))
+    move, result = started
+    move.join()
+    return bool(result and result[0])
+
+
 @contextlib.contextmanager
 def inside(path: str | None) -> Iterator[None]:
     """Move this process into the cgroup while it starts processes: they are in it from
     their fork (no preexec_fn, so subprocess may vfork), and what they fork stays in it.
     It moves back to the parent cgroup, where it was when it created `path`. If the move
     fails, they start outside it, and the fallback still finds them."""
-    moved = bool(path) and _write(os.path.join(str(path), "cgroup.procs"), str(os.getpid()))
+    moved = bool(path) and _enter(str(path))
     try:
         yield
     finally:
@@ -189,7 +219,8 @@ def remove(path: str, wait: float = 2.0) -> bool:
 
 def record(run_dir: str, path: str | None, how: str) -> None:
     """Say in the run directory how its processes are contained (cancel/refresh read it)."""
-    write_json(os.path.join(run_dir, RECORD), {"path": path, "how": how})
+    # not fsynced: a cgroup does not outlive a reboot, so its record need not either
+    write_json(os.path.join(run_dir, RECORD), {"path": path, "how": how}, durable=False)
 
 
 def recorded(run_dir: str) -> str | None:

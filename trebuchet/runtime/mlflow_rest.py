@@ -10,12 +10,10 @@ and are never written anywhere.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
 import time
-import urllib.parse
 from typing import Any, Mapping, Sequence, Tuple
 
 TIMEOUT_S = 5.0
@@ -38,6 +36,8 @@ class MlflowError(Exception):
 
 def usable_uri(uri: str) -> bool:
     """Only a tracking server speaks REST; a file store or sqlite URI needs mlflow itself."""
+    import urllib.parse  # here: `treb run` without a tracker never pays for it
+
     return urllib.parse.urlparse(uri).scheme in ("http", "https")
 
 
@@ -60,6 +60,8 @@ class Mlflow:
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
         elif user and password:
+            import base64
+
             pair = base64.b64encode(f"{user}:{password}".encode()).decode()
             self.headers["Authorization"] = f"Basic {pair}"
         self.insecure = environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true"
@@ -101,6 +103,8 @@ class Mlflow:
 
     def api(self, method: str, endpoint: str, body: dict[str, Any] | None = None,
             query: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+        import urllib.parse
+
         path = "/api/2.0/mlflow/" + endpoint
         if query:
             path += "?" + urllib.parse.urlencode(query)
@@ -160,6 +164,8 @@ class Mlflow:
     def upload(self, artifact_uri: str, name: str, data: bytes) -> None:
         """One artifact file: through the server when it proxies artifacts
         (`mlflow-artifacts:`), or written in place for a local path the server uses."""
+        import urllib.parse
+
         parsed = urllib.parse.urlparse(artifact_uri)
         if parsed.scheme == "mlflow-artifacts":
             path = urllib.parse.quote(f"{parsed.path.strip('/')}/{name}")

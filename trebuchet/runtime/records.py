@@ -48,6 +48,23 @@ def write_bytes(path: str, data: bytes, mode: int = 0o600, durable: bool = True)
         raise
 
 
+def sync(paths: list[str]) -> None:
+    """fsync files written with `durable=False`, then their folders (the renames): issued
+    together, the first one's journal commit carries most of the others. A file that is
+    gone (its run directory removed) is skipped."""
+    for path in [*paths, *sorted({os.path.dirname(p) for p in paths})]:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 def write_json(path: str, data: Any, durable: bool = True) -> None:
     write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n", durable=durable)
 

@@ -335,7 +335,8 @@ class Store:
             _warn_if_runs_exist(self.path)
         key = os.path.realpath(self.path)
         problem = None
-        if key not in _OPENED:  # see _OPENED: never a second fd while a connection lives
+        checked = key in _OPENED  # this process opened it already: it was found sound then
+        if not checked:  # see _OPENED: never a second fd while a connection lives
             try:
                 problem = header_problem(self.path)
             except OSError as exc:
@@ -344,7 +345,7 @@ class Store:
         self.conn.row_factory = sqlite3.Row
         try:
             self.conn.execute("PRAGMA busy_timeout = 60000")
-            if problem or self.path.stat().st_size <= QUICK_CHECK_MAX:
+            if problem or (not checked and self.path.stat().st_size <= QUICK_CHECK_MAX):
                 # A header problem is confirmed by SQLite (a checkpoint may have been
                 # under way); an empty file is damage whatever SQLite thinks of it.
                 found = _quick_check(self.conn)

@@ -9,10 +9,11 @@ from typing import Any
 from trebuchet.runtime import records
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
-    """Replace `path` with `text` in one rename, so readers see old or new, never half."""
+def write_atomic(path: Path, text: str, mode: int = 0o600, durable: bool = True) -> None:
+    """Replace `path` with `text` in one rename, so readers see old or new, never half.
+    `durable=False`: the caller makes it durable with others (records.sync)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    records.write_text(str(path), text, mode)
+    records.write_text(str(path), text, mode, durable)
 
 
 def write_atomic_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
@@ -20,8 +21,8 @@ def write_atomic_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
     records.write_bytes(str(path), data, mode)
 
 
-def write_json(path: Path, data: Any) -> None:
-    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+def write_json(path: Path, data: Any, durable: bool = True) -> None:
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n", durable=durable)
 
 
 def read_json(path: Path) -> Any:
