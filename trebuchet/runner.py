@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trebuchet.errors import UserError
+from trebuchet.plain import field, record
 
 if TYPE_CHECKING:
     from trebuchet.backends.base import Backend, SpecPoint, Submitted, SweepSubmitted
@@ -30,7 +30,7 @@ Source = str | Path | dict[str, Any]  # a spec file, or its fields as a dict
 Warn = Callable[[str], None]
 
 
-@dataclass
+@record
 class Checked:
     """A spec that passed every check for its engine; nothing is recorded yet."""
 
@@ -48,7 +48,7 @@ class Checked:
             self.warn(text)
 
 
-@dataclass
+@record
 class Started:
     """The recorded runs (one, or a sweep's points in order) and what the engine said."""
 

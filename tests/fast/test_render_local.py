@@ -66,9 +66,8 @@ def test_schema_is_valid_json_schema_and_accepts_examples(capsys) -> None:
 def test_plan_json_is_asdict(tmp_path: Path, treb_home: Path, monkeypatch) -> None:
     """Plan.to_json skips asdict's deep copy (launch speed): the same data, and it reads back
     as the same plan, for every launcher, with hooks and GPUs per node."""
-    import dataclasses
-
     from trebuchet.launcher.plan import Placement, Plan, local_plan
+    from trebuchet.plain import asdict
     from trebuchet.spec.load import load_spec
 
     monkeypatch.setenv("HF_TOKEN", "x")
@@ -78,7 +77,7 @@ def test_plan_json_is_asdict(tmp_path: Path, treb_home: Path, monkeypatch) -> No
         place = Placement(vendor="nvidia", node_gpus=[["0", "1"], ["2", "3"]])
         plan = local_plan(loaded.spec, tmp_path, "RUN", tmp_path / "run", dict(os.environ), place)
         data = plan.to_json()
-        assert data == dataclasses.asdict(plan)
+        assert data == asdict(plan)
         assert json.loads(json.dumps(data)) == data
         assert Plan.from_json(json.loads(json.dumps(data))) == plan
         assert plan.hooks and len(plan.procs) >= 2

@@ -20,11 +20,11 @@ from __future__ import annotations
 import importlib
 import os
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trebuchet.backends.base import Backend, Submitted, SweepSubmitted
 from trebuchet.errors import UserError
+from trebuchet.plain import record
 
 if TYPE_CHECKING:
     from trebuchet.store.db import RunRecord, Store
@@ -34,7 +34,7 @@ __all__ = ["Backend", "Submitted", "SweepSubmitted", "get_backend", "names", "re
 ENTRY_POINT_GROUP = "trebuchet.engines"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Registration:
     name: str
     engine: Any  # "module:attribute", a Backend instance, or a Backend subclass

@@ -11,8 +11,9 @@ time (`treb ps` refreshes runs through them).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from trebuchet.plain import record
 
 if TYPE_CHECKING:
     from trebuchet.envs.recipe import Recipe
@@ -27,7 +28,7 @@ SpecPoint = tuple[dict[str, str], "LoadedSpec"]
 SubmissionPoint = tuple[dict[str, str], "Submission"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Submitted:
     """What `submit` returns. Detached, the run is handed over and `state` is None; attached,
     how it ended: its final state, its exit code where the engine knows it, and the signal
@@ -39,7 +40,7 @@ class Submitted:
     cancel_signal: int | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SweepSubmitted:
     """What `submit_sweep` returns; `failed` (runs that did not succeed) is known attached."""
 

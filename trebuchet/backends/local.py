@@ -156,7 +156,9 @@ class LocalBackend(Backend):
         if "pydantic" not in sys.modules or always():  # always: the tests try this path
             from trebuchet.launcher import supervisor
 
-            sys.exit(supervisor.main(argv[3:]))
+            code = supervisor.main(argv[3:])
+            sub.store.close()
+            supervisor.leave(code)
         try:
             os.execv(sys.executable, argv)
         except OSError:  # no exec here: supervise in this process (submit, below)

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import re
 import shutil
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trebuchet.plain import asdict, field, record
 from trebuchet.store.paths import treb_home
 
 CONDA_SEARCH = ("micromamba", "mamba", "conda")
 
 
-@dataclass
+@record
 class Recipe:
     kind: str  # venv | conda | image
     name: str

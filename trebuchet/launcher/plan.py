@@ -10,7 +10,6 @@ import os
 import shlex
 import socket
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from trebuchet.envs.wrap import wrap_argv
 from trebuchet.launcher.policies import policies_for
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
+from trebuchet.plain import field, record
 from trebuchet.runtime.contract import node_vars, omp_threads, rank_vars
 
 HOROVOD_TIMEOUT_S = 120
@@ -42,7 +42,7 @@ def profiled(spec: Any, argv: list[str]) -> list[str]:
     return ["bash", "-c", NSYS_WRAPPER, "treb-nsys", *argv]
 
 
-@dataclass
+@record
 class ProcPlan:
     """One process the supervisor starts (a rank, or a per-node agent)."""
 
@@ -56,7 +56,7 @@ class ProcPlan:
     log: str
 
 
-@dataclass
+@record
 class Plan:
     """Every process of one attempt, plus what the supervisor needs to run attempts."""
 
@@ -113,7 +113,7 @@ def command_argv(command: str | list[str]) -> list[str]:
     return ["bash", "-c", command] if isinstance(command, str) else list(command)
 
 
-@dataclass
+@record
 class Placement:
     """What the local machine gives a run: GPUs per simulated node and the environment."""
 

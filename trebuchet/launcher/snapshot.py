@@ -21,10 +21,10 @@ import re
 import shutil
 import stat
 import subprocess
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from trebuchet.errors import UserError
+from trebuchet.plain import field, record
 from trebuchet.store.paths import treb_home
 
 UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
@@ -38,7 +38,7 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * UNITS[unit])
 
 
-@dataclass
+@record
 class Snapshot:
     """What was copied, and what the run record says about the code."""
 

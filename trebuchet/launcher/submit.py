@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trebuchet.errors import UserError
 from trebuchet.launcher.snapshot import earlier_run, parse_size, reuse, take
+from trebuchet.plain import asdict, field, record
 from trebuchet.runtime.records import sync
 from trebuchet.spec import resolved
 from trebuchet.spec.load import LoadedSpec
@@ -19,7 +19,7 @@ from trebuchet.store.paths import run_dir
 from trebuchet.store.states import PENDING
 
 
-@dataclass
+@record
 class Submission:
     """A recorded, not yet started run."""
 

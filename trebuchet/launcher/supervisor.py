@@ -19,7 +19,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from trebuchet.launcher.plan import Plan, ProcPlan, free_port
 from trebuchet.launcher.policies import retry_after
@@ -591,13 +591,29 @@ def record_abort(store: Store, run_id: str, attempt: int, why: str | None) -> No
 def main(argv: list[str]) -> int:
     """Entry of a run's own supervisor process: in the background for a detached run, or
     `--attached` in the `treb run` process that handed itself over (backends/local.py)."""
+    run_dir = Path(argv[-1])
+    plan = Plan.from_json(read_json(run_dir / "plan.json"))
+    store = Store()
+    try:
+        return _supervise(argv, plan, store, run_dir)
+    finally:
+        store.close()  # the last connection checkpoints the index: the outcome is durable
+
+
+def leave(code: int) -> NoReturn:
+    """End the supervisor's process once its run is recorded and reported (its index
+    connections closed): stdout and stderr flushed, the interpreter's teardown skipped.
+    Freeing ~200 modules took ~40 ms here, after the summary, before the shell's prompt."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _supervise(argv: list[str], plan: Plan, store: Store, run_dir: Path) -> int:
     attached = "--attached" in argv
     profile = "none"
     if "--profile" in argv:
         profile = argv[argv.index("--profile") + 1]
-    run_dir = Path(argv[-1])
-    plan = Plan.from_json(read_json(run_dir / "plan.json"))
-    store = Store()
     view = None
     if attached:
         from trebuchet.view.live import View
@@ -639,4 +655,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    leave(main(sys.argv[1:]))

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trebuchet.plain import record
 from trebuchet.preflight.findings import Finding
 
 if TYPE_CHECKING:
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from trebuchet.spec.load import LoadedSpec
 
 
-@dataclass
+@record
 class Context:
     loaded: LoadedSpec
     backend: str

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from trebuchet.plain import asdict, record
 
 ERROR = "error"
 WARNING = "warning"
@@ -34,7 +34,7 @@ CHECKS: dict[str, str] = {
 }  # fmt: skip
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Finding:
     """One problem: a stable id, error or warning, what is wrong, how to fix it, where."""
 

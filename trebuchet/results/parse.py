@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import csv
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from trebuchet.plain import field, record
 from trebuchet.runtime.metrics import NUMBER, PERF  # one reading, also the agents'
 
 HF = re.compile(rb"train_samples_per_second['\"]?\s*[:=]\s*(?P<value>" + NUMBER + rb")")
@@ -22,14 +22,14 @@ CHUNK = 4 << 20
 REQUIRED = ("model", "performance", "metric")
 
 
-@dataclass
+@record
 class Value:
     value: float
     metric: str
     line: str
 
 
-@dataclass
+@record
 class CsvRow:
     model: str
     value: float | None

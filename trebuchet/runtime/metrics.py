@@ -25,7 +25,6 @@ file past `SOFT_MAX` bytes keeps one point a name every `THIN_S` seconds, and st
 
 from __future__ import annotations
 
-import ast
 import json
 import math
 import os
@@ -151,6 +150,8 @@ def _decoded(part: bytes) -> tuple[float | None, Values]:
         if "'" not in text:
             return None, {}
         try:  # the HuggingFace Trainer's repr of a dict: literals only, bounded above
+            import ast  # here: only a dict printed as a repr pays for it
+
             data = ast.literal_eval(text)
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             return None, {}

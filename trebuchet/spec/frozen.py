@@ -8,7 +8,6 @@ produced when the spec was validated, so a cached spec and a validated one say t
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from trebuchet.spec.facts import FACTS
@@ -49,6 +48,8 @@ class Frozen:
     def model_dump(self, mode: str = "python") -> dict[str, Any]:
         """As pydantic's: a copy (the cache holds only JSON-native values, the same in
         either mode)."""
+        import copy  # here: the launch path never calls it
+
         return copy.deepcopy(self._data)
 
     def __repr__(self) -> str:

@@ -11,11 +11,11 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trebuchet.errors import SpecError, UserError
+from trebuchet.plain import record
 from trebuchet.spec import cache
 from trebuchet.spec.source import MAX_DEPTH, Located, read_spec
 from trebuchet.spec.source import dotted as _dotted
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from trebuchet.spec.model import Spec
 
 
-@dataclass
+@record
 class LoadedSpec:
     """A validated spec and where it came from."""
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trebuchet.errors import UserError
+from trebuchet.plain import field, record
 
 Path_ = tuple[str | int, ...]
 
@@ -18,7 +18,7 @@ MAX_DEPTH = 50  # levels of nested mappings and lists
 MAX_VALUES = 100_000  # values in the document, aliases expanded
 
 
-@dataclass
+@record
 class Located:
     """Plain data from a YAML document plus a map from each key path to its 1-based line."""
 

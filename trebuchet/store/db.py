@@ -22,11 +22,11 @@ import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from trebuchet.errors import StateError, UserError
+from trebuchet.plain import field, fields, record
 from trebuchet.store.paths import RUN_ID_RE, db_path, home_path
 from trebuchet.store.states import ACTIVE, TERMINAL
 
@@ -100,7 +100,7 @@ ADDED_COLUMNS = {
 JSON_COLUMNS = ("first_failure", "waiting")
 
 
-@dataclass
+@record
 class RunRecord:
     """One row of `runs`; first_failure and waiting are decoded JSON."""
 
@@ -149,7 +149,7 @@ class RunRecord:
         return out
 
 
-@dataclass
+@record
 class RunFilter:
     """Which runs a listing wants (`treb ps`, `treb prune`); empty fields match everything.
 

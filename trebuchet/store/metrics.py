@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from dataclasses import dataclass
 from typing import Any
 
+from trebuchet.plain import record
 from trebuchet.store.db import RunRecord, Store
 
 MAX_POINTS = 4096
@@ -96,7 +96,7 @@ def files(run_dir: str) -> list[tuple[str, int]]:
     return out
 
 
-@dataclass
+@record
 class Series:
     seen: int = 0
     stride: int = 1
