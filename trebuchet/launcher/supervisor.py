@@ -312,14 +312,19 @@ class Supervisor:
                 record: bool = True) -> list[Agent]:  # fmt: skip
         """One node agent per simulated node, driven by this supervisor's loop."""
         by_node: dict[int, list[Proc]] = {}
+        base = {**os.environ, **self.tracking_env, "TREB_ATTEMPT": str(attempt)}  # read once
+        if self.plan.path_prepend:
+            base["PATH"] = os.pathsep.join([*self.plan.path_prepend, os.environ.get("PATH", "")])
+        names = self.plan.secrets
         for p in plans:
-            env = {**os.environ, **self.tracking_env}
+            env = base.copy()
             env.update(
-                {k: secrets.resolve(v, self.plan.secrets, os.environ) for k, v in p.env.items()}
-            )
+                {k: secrets.resolve(v, names, os.environ) if names and "${" in v else v
+                 for k, v in p.env.items()}
+            )  # fmt: skip
             env["TREB_ATTEMPT"] = str(attempt)
             if self.plan.path_prepend:
-                env["PATH"] = os.pathsep.join([*self.plan.path_prepend, os.environ.get("PATH", "")])
+                env["PATH"] = base["PATH"]
             argv = list(p.argv)
             if "MASTER_PORT" in p.env:
                 env["MASTER_PORT"] = str(port)
