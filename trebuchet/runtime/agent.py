@@ -190,8 +190,9 @@ class Agent:
             return None
         return procs.with_pdeathsig(p.argv)
 
-    def start(self, p: Proc, ignored: bool = False) -> None:
-        """Start one process; its record is the caller's to write (start_all)."""
+    def start(self, p: Proc, ignored: bool = False, stdin: int = subprocess.DEVNULL) -> None:
+        """Start one process; its record is the caller's to write (start_all). `stdin`: an
+        fd of /dev/null opened once for all, or Popen opens and closes one per process."""
         log = os.path.join(self.adir, p.name + ".log")
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         if p.tracked:  # the contract's per-rank paths (trebuchet.dist.heartbeat/enable_stacks)
@@ -205,7 +206,7 @@ class Agent:
                 argv or p.argv,
                 env=p.env,
                 cwd=self.cwd,
-                stdin=subprocess.DEVNULL,
+                stdin=stdin,
                 stdout=fd,
                 stderr=fd,
                 start_new_session=True,
@@ -274,13 +275,17 @@ class Agent:
         whatever else it did per process delayed the later starts several times over. One
         that cannot even start is the first failure."""
         ignored = self._signals_ignored()
-        with contain.inside(self.cgroup):
-            for p in self.procs:
-                self.start(p, ignored)
-                if p.returncode is not None and self.first_failure is None:
-                    self.first_failure = p
-                    if self.on_failure:
-                        self.on_failure(p)
+        devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            with contain.inside(self.cgroup):
+                for p in self.procs:
+                    self.start(p, ignored, devnull)
+                    if p.returncode is not None and self.first_failure is None:
+                        self.first_failure = p
+                        if self.on_failure:
+                            self.on_failure(p)
+        finally:
+            os.close(devnull)
         for p in self.procs:
             self.write_record(p)
         if self.first_failure and self.stop_on_failure:
