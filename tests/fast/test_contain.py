@@ -137,3 +137,32 @@ def test_end_run_reads_the_record_and_removes_the_cgroup(tmp_path: Path, monkeyp
             proc.kill()
             proc.wait()
         contain.remove(path)
+
+
+def test_an_early_move_is_finished_by_inside_or_undone(monkeypatch) -> None:
+    """enter_early (the supervisor, while it writes its records) moves this process into the
+    cgroup in a thread; `inside` finishes it and starts processes there, and `leave_early`
+    undoes it when an attempt fails before its first start, so the cgroup can go."""
+    if not _writable():
+        pytest.skip("no writable cgroup v2 on this host")
+    monkeypatch.delenv(contain.NO_CGROUP_ENV, raising=False)
+    started, undone = (contain.create(f"treb-test-{uuid.uuid4().hex[:8]}")[0] for _ in "ab")
+    assert started and undone
+    proc = None
+    try:
+        contain.enter_early(started)
+        contain.enter_early(started)  # once per path: the second is a no-op
+        with contain.inside(started):
+            assert os.getpid() in contain.members(started)
+            proc = subprocess.Popen(["sleep", "3017"])
+        assert contain.members(started) == [proc.pid]  # the process moved back out
+        contain.enter_early(undone)
+        contain.leave_early(undone)
+        assert contain.members(undone) == [] and contain.remove(undone)
+        contain.leave_early(undone)  # nothing pending: nothing to undo
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        for path in (started, undone):
+            contain.remove(path)

@@ -140,10 +140,9 @@ class Supervisor:
         now = time.time()
         who = {"supervisor_pid": me, "supervisor_start": start_time(me),
                "host": socket.gethostname()}  # fmt: skip
-        self.watchdog = Watchdog(rid, str(self.run_dir))  # before the cgroup move (a fork waits)
+        self.watchdog = Watchdog(rid, str(self.run_dir))
         self.store.update_run(rid, state=RUNNING, started_at=now, last_seen=now, **who)
         self.cgroup, how = contain.create(f"treb-{rid}")
-        contain.enter_early(self.cgroup)  # finished by the first start (Agent.start_all)
         contain.record(str(self.run_dir), self.cgroup, how)
         # the index's facts, also in the run's own files (store/rebuild.py reads them)
         append_event(self.run_dir, "run_started", pid=me, start=who["supervisor_start"],
@@ -170,6 +169,7 @@ class Supervisor:
             raise
         finally:
             reserve.unlink(missing_ok=True)  # before the outcome is recorded (main)
+            contain.leave_early(self.cgroup)  # an attempt that failed before its first start
             with contextlib.suppress(OSError):  # post's daemons; the cgroup goes
                 self._kill_strays(self.attempt, keep=False)
             self.watchdog.done()
@@ -268,6 +268,8 @@ class Supervisor:
 
     def run_attempt(self, attempt: int) -> str:
         rid = self.plan.run_id
+        # finished by the first start (Agent.start_all); nothing forks until then
+        contain.enter_early(self.cgroup)
         self.attempt = attempt
         adir = self.run_dir / f"attempt-{attempt}"
         adir.mkdir(mode=0o700, exist_ok=True)

@@ -136,6 +136,13 @@ def enter_early(path: str | None) -> None:
     _ENTERING[path] = (move, result)
 
 
+def leave_early(path: str | None) -> None:
+    """Undo an early move that no `inside` finished (the attempt failed before its first
+    start): the process leaves the cgroup, which can then be removed."""
+    if path and path in _ENTERING and _enter(path):
+        _write(os.path.join(os.path.dirname(path), "cgroup.procs"), str(os.getpid()))
+
+
 def _enter(path: str) -> bool:
     started = _ENTERING.pop(path, None)
     if started is None:
