@@ -140,9 +140,11 @@ class Supervisor:
         now = time.time()
         who = {"supervisor_pid": me, "supervisor_start": start_time(me),
                "host": socket.gethostname()}  # fmt: skip
-        self.watchdog = Watchdog(rid, str(self.run_dir))
+        self.watchdog = Watchdog(rid, str(self.run_dir))  # before the cgroup move (a fork waits)
         self.store.update_run(rid, state=RUNNING, started_at=now, last_seen=now, **who)
         self.cgroup, how = contain.create(f"treb-{rid}")
+        if not self.plan.environment:  # else after the build, whose processes stay outside
+            contain.enter_early(self.cgroup)  # nothing forks until the first start
         contain.record(str(self.run_dir), self.cgroup, how)
         # the index's facts, also in the run's own files (store/rebuild.py reads them)
         append_event(self.run_dir, "run_started", pid=me, start=who["supervisor_start"],
@@ -268,8 +270,7 @@ class Supervisor:
 
     def run_attempt(self, attempt: int) -> str:
         rid = self.plan.run_id
-        # finished by the first start (Agent.start_all); nothing forks until then
-        contain.enter_early(self.cgroup)
+        contain.enter_early(self.cgroup)  # (begun in run() already, unless it built an env)
         self.attempt = attempt
         adir = self.run_dir / f"attempt-{attempt}"
         adir.mkdir(mode=0o700, exist_ok=True)

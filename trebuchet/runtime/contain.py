@@ -128,11 +128,15 @@ def enter_early(path: str | None) -> None:
     import threading
 
     result: list[bool] = []
-    move = threading.Thread(
-        target=lambda: result.append(_write(os.path.join(path, "cgroup.procs"), str(os.getpid()))),
-        name="treb-cgroup-enter", daemon=True,
-    )  # fmt: skip
+    begun = threading.Event()
+
+    def enter() -> None:
+        begun.set()
+        result.append(_write(os.path.join(path, "cgroup.procs"), str(os.getpid())))
+
+    move = threading.Thread(target=enter, name="treb-cgroup-enter", daemon=True)
     move.start()
+    begun.wait()  # the caller keeps the GIL from here, but the thread's write has begun
     _ENTERING[path] = (move, result)
 
 
