@@ -50,9 +50,7 @@ class Watchdog:
 
     def flush(self) -> None:
         """Tell the watchdog the groups announced so far (after each batch of starts)."""
-        if self.proc.stdin and not self.proc.stdin.closed:
-            with contextlib.suppress(OSError):
-                self.proc.stdin.flush()
+        self._send("")
 
     def adopt(self, pid: int, started: str | None) -> None:
         """An orphan the supervisor adopted as subreaper (pid and start time: the pid may
