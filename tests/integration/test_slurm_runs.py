@@ -366,6 +366,26 @@ def test_requeue_by_slurm_counts_as_an_attempt(streb, tmp_path: Path) -> None:
     wait_for(streb, rid, {"RETRYING"}, timeout=60)
     assert slurm("scontrol", "update", f"JobId={st['backend_id']}", "StartTime=now").returncode == 0
     st = wait_for(streb, rid, {"SUCCEEDED", "FAILED", "LOST"}, timeout=120)
-    assert st["state"] == "SUCCEEDED" and st["attempt"] == 1, st
+    assert st["state"] == "SUCCEEDED" and st["attempt"] == 1, (st["attempts"], st["state"])
     first = st["attempts"][0]
     assert first["state"] == "FAILED" and first["reason"].startswith("requeued by Slurm")
+
+
+def test_ranks_that_die_as_slurm_requeues_are_no_failed_attempt(streb, tmp_path: Path) -> None:
+    """Slurm signals every process of a job it requeues, so the ranks can die before the
+    controller sees its own SIGTERM. Here the rank asks for the requeue and exits at once:
+    the attempt is the requeued one, not a failure retried inside the job being ended (which
+    a restart would then find with no attempt left)."""
+    spec = write_spec(tmp_path, "name: self-requeued\ncommand: 'if [ \"$TREB_ATTEMPT\" = 0 ]; "
+                                "then scontrol requeue $SLURM_JOB_ID; exit 3; fi; echo done'\n"
+                                "retries: 1\n")  # fmt: skip
+    rid = streb("run", str(spec), "--on", "slurm", "--detach").stdout.strip()
+    st = wait_for(streb, rid, {"RETRYING", "SUCCEEDED", "FAILED", "LOST"}, timeout=60)
+    assert st["state"] == "RETRYING", st
+    assert slurm("scontrol", "update", f"JobId={st['backend_id']}", "StartTime=now").returncode == 0
+    st = wait_for(streb, rid, {"SUCCEEDED", "FAILED", "LOST"}, timeout=120)
+    assert st["state"] == "SUCCEEDED" and st["attempt"] == 1, (st["attempts"], st["state"])
+    first = st["attempts"][0]
+    assert first["state"] == "FAILED" and first["reason"].startswith("requeued by Slurm"), first
+    log = (Path(st["run_dir"]) / "batch.log").read_text()
+    assert "retrying" not in log, log

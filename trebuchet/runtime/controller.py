@@ -26,6 +26,10 @@ from .records import append_event, first_failure, now, read_json, write_json, wr
 from .task import PYTHON_GUARD
 
 REQUEUE_WAIT_S = 600  # after `scontrol requeue`, Slurm ends this step well before this
+ENDING_WAIT_S = 120  # Slurm's SIGTERM (then its SIGKILL, after KillWait) comes well before this
+# squeue's states of a job that goes on; any other, while this batch step runs, means that
+# Slurm is ending it (COMPLETING, REQUEUED, CANCELLED, PREEMPTED, ...)
+GOING_ON = {"RUNNING", "SIGNALING", "RESIZING", "STAGE_OUT"}
 
 
 def log(text: str) -> None:
@@ -179,15 +183,7 @@ class Controller:
         if os.path.exists(os.path.join(self.run_dir, "cancel-requested")):
             reason = "cancelled (treb cancel)"
         else:
-            try:
-                info = subprocess.run(
-                    ["squeue", "-h", "-j", self.job_id, "-o", "%T %r"],
-                    capture_output=True,
-                    text=True,
-                    timeout=10,
-                ).stdout.strip()
-            except (OSError, subprocess.SubprocessError):
-                info = ""
+            info = self.slurm_state()[0]
             if "TimeLimit" in info or (not info and self.warned):
                 state, reason = "TIMEOUT", "time limit"
             else:
@@ -202,6 +198,40 @@ class Controller:
         if self.adir:
             self.attempt_json(state, reason, now(), "signal")
         self.result(state, reason, "signal")
+
+    def slurm_state(self) -> tuple[str, bool]:
+        """squeue's '%T %r' of this job ('COMPLETING None'; '' when squeue does not answer),
+        and whether squeue was killed: Slurm's sweep over the job's processes takes it too."""
+        try:
+            res = subprocess.run(
+                ["squeue", "-h", "-j", self.job_id, "-o", "%T %r"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return "", False
+        return (res.stdout.strip() if res.returncode == 0 else ""), res.returncode < 0
+
+    def ended_by_slurm(self) -> bool:
+        """Did the attempt's processes stop because Slurm ends the job (requeue, preemption,
+        scancel)? Slurm marks the job first, then signals every process in it, so the ranks
+        can die before this process sees its own SIGTERM. Then wait for that signal (on_term
+        records why) rather than count a failure and retry inside a job that is going away."""
+        self._handle_signals()
+        if self.terminating:
+            return True
+        info, killed = self.slurm_state()
+        state = info.split(" ")[0]
+        if not killed and (not state or state in GOING_ON):
+            return False
+        log(f"the ranks stopped as Slurm ends the job ({state or 'squeue killed'}): waiting")
+        end = time.monotonic() + ENDING_WAIT_S
+        while not self.terminating and time.monotonic() < end:
+            select.select([self._wake_r], [], [], 1.0)
+            self._drain()
+            self._handle_signals()
+        return self.terminating
 
     def requeue(self) -> None:
         """A new allocation (and time limit) for the next attempt, same job id."""
@@ -386,7 +416,7 @@ class Controller:
                 self.watch = None
                 self.hang_stop_at = None
             self.requeue_at = None
-            if self.terminating:
+            if self.terminating or (rc != 0 and self.hung is None and self.ended_by_slurm()):
                 return
             self.step_rc = rc if rc >= 0 else 128 - rc
             if self.hung is not None:
