@@ -145,7 +145,7 @@ class LocalBackend(Backend):
         the spec models (their ~20 MiB would stay resident for the whole run). Stop signals
         are blocked until the supervisor has its handlers (the mask survives the exec), so a
         Ctrl+C in between still cancels the run."""
-        self.write_plan(sub)
+        plan = self.write_plan(sub)
         sys.stdout.flush()
         sys.stderr.flush()
         signal.pthread_sigmask(signal.SIG_BLOCK, HANDOVER_SIGNALS)
@@ -156,7 +156,7 @@ class LocalBackend(Backend):
         if "pydantic" not in sys.modules or always():  # always: the tests try this path
             from trebuchet.launcher import supervisor
 
-            code = supervisor.main(argv[3:])
+            code = supervisor.main(argv[3:], plan)
             sub.store.close()
             supervisor.leave(code)
         try:

@@ -77,9 +77,15 @@ def reserve_space(path: Path) -> None:
 
 class Supervisor:
     def __init__(
-        self, plan: Plan, store: Store, view: View | None = None, own_process: bool = False
+        self,
+        plan: Plan,
+        store: Store,
+        view: View | None = None,
+        own_process: bool = False,
+        begun: Begun | None = None,
     ) -> None:
         self.plan = plan
+        self._begun = begun  # the watchdog and cgroup, when the caller began them (begin)
         self.store = store
         self.view = view  # attached: the terminal view, a thread of its own
         self.run_dir = Path(plan.run_dir)
@@ -140,11 +146,9 @@ class Supervisor:
         now = time.time()
         who = {"supervisor_pid": me, "supervisor_start": start_time(me),
                "host": socket.gethostname()}  # fmt: skip
-        self.watchdog = Watchdog(rid, str(self.run_dir))  # before the cgroup move (a fork waits)
+        self.watchdog, self.cgroup, how = self._begun or begin(self.plan)
+        self._begun = None
         self.store.update_run(rid, state=RUNNING, started_at=now, last_seen=now, **who)
-        self.cgroup, how = contain.create(f"treb-{rid}")
-        if not self.plan.environment:  # else after the build, whose processes stay outside
-            contain.enter_early(self.cgroup)  # nothing forks until the first start
         contain.record(str(self.run_dir), self.cgroup, how)
         # the index's facts, also in the run's own files (store/rebuild.py reads them)
         append_event(self.run_dir, "run_started", pid=me, start=who["supervisor_start"],
@@ -596,11 +600,29 @@ def record_abort(store: Store, run_id: str, attempt: int, why: str | None) -> No
         print(f"treb: run {run_id}: could not record the outcome: {exc}", file=sys.stderr)
 
 
-def main(argv: list[str]) -> int:
+Begun = tuple[Watchdog, "str | None", str]  # the watchdog, the cgroup (None: none) and how
+
+
+def begin(plan: Plan) -> Begun:
+    """The run's watchdog, then its cgroup, with this process's move into it begun unless
+    an environment is built first (its processes stay outside). Called before the
+    Supervisor is made, so that the move's wait (an RCU grace period, 10-25 ms here) passes
+    during its setup instead of before the first start; nothing may fork or start a thread
+    until then (either waits for the move). If the process ends before the Supervisor runs,
+    the watchdog ends the run."""
+    watchdog = Watchdog(plan.run_id, plan.run_dir)  # before the cgroup move (a fork waits)
+    cgroup, how = contain.create(f"treb-{plan.run_id}")
+    if not plan.environment:
+        contain.enter_early(cgroup)  # nothing forks until the first start
+    return watchdog, cgroup, how
+
+
+def main(argv: list[str], plan: Plan | None = None) -> int:
     """Entry of a run's own supervisor process: in the background for a detached run, or
-    `--attached` in the `treb run` process that handed itself over (backends/local.py)."""
+    `--attached` in the `treb run` process that handed itself over (backends/local.py),
+    which passes the plan it wrote."""
     run_dir = Path(argv[-1])
-    plan = Plan.from_json(read_json(run_dir / "plan.json"))
+    plan = plan or Plan.from_json(read_json(run_dir / "plan.json"))
     store = Store()
     try:
         return _supervise(argv, plan, store, run_dir)
@@ -626,8 +648,8 @@ def _supervise(argv: list[str], plan: Plan, store: Store, run_dir: Path) -> int:
     if attached:
         from trebuchet.view.live import View
 
-        view = View()
-    sup = Supervisor(plan, store, view, own_process=True)
+        view = View()  # its thread before the cgroup move begins (a new thread waits too)
+    sup = Supervisor(plan, store, view, own_process=True, begun=begin(plan))
     sup.install_signals()
     if attached:  # signals blocked across the exec: handled from here on
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
