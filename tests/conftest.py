@@ -6,13 +6,38 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = str(Path(sys.executable).parent)
+
+
+def run_cgroups() -> set[str]:
+    """Every run's cgroup (`treb-<run id>`) on this machine's cgroup2 mounts."""
+    from trebuchet.runtime.contain import cgroup2_mounts
+
+    found = set()
+    for _root, mount in cgroup2_mounts():
+        for folder, dirs, _files in os.walk(mount):
+            found.update(os.path.join(folder, d) for d in dirs if d.startswith("treb-"))
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_run_cgroup_outlives_the_suite() -> Iterator[None]:
+    """A run's cgroup left behind is a run whose end escaped its supervisor and watchdog
+    (an orphan, or a cleanup path that failed): the suite fails on it. A watchdog may still
+    be removing the last run's cgroup, so it gets a few seconds."""
+    before = run_cgroups()
+    yield
+    deadline = time.monotonic() + 15
+    while (left := run_cgroups() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"run cgroups outlived the tests: {sorted(left)}"
 
 
 @pytest.fixture(autouse=True)
