@@ -97,6 +97,17 @@ def slurm(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
 
 
+def release_requeued(job_id: str) -> None:
+    """Start a requeued (PENDING) job now, not at the BeginTime Slurm gave it (~2 min). Not
+    in the second of the requeue: slurmd revoked the job's credential then, refuses a launch
+    whose credential is not newer (whole seconds), and slurmctld kills the job ("Killing
+    non-startable batch JobId=56: Job credential revoked", a CI run): the delay that
+    BeginTime keeps, cut to what the credential needs."""
+    time.sleep(2)
+    res = slurm("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+    assert res.returncode == 0, res.stderr
+
+
 def status(treb: TrebFn, run: str = "") -> dict:
     res = treb("status", *([run] if run else []), "--json")
     assert res.returncode == 0, res.stderr

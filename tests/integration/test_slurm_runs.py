@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import REPO, needs, write_spec
 from tests.integration.slurm_support import (  # noqa: F401 (fixtures)
     records,
+    release_requeued,
     slurm,
     slurm_conf,
     status,
@@ -230,9 +231,7 @@ retries: 1
     rq = wait_for(streb, ids["requeue"], {"RETRYING", "SUCCEEDED", "FAILED"}, timeout=240)
     assert rq["state"] == "RETRYING", rq
     assert rq["attempts"][0]["state"] == "TIMEOUT" and "requeued" in rq["attempts"][0]["reason"]
-    # Slurm holds a requeued job for about 2 minutes (BeginTime); release it now.
-    res = slurm("scontrol", "update", f"JobId={rq['backend_id']}", "StartTime=now")
-    assert res.returncode == 0, res.stderr
+    release_requeued(rq["backend_id"])
     rq = wait_for(streb, ids["requeue"], {"SUCCEEDED", "FAILED", "LOST"}, timeout=120)
     assert rq["state"] == "SUCCEEDED", rq
     assert [a["state"] for a in rq["attempts"]] == ["TIMEOUT", "SUCCEEDED"]
@@ -364,7 +363,7 @@ def test_requeue_by_slurm_counts_as_an_attempt(streb, tmp_path: Path) -> None:
     wait_ranks_running(st["run_dir"], 1)
     assert slurm("scontrol", "requeue", st["backend_id"]).returncode == 0
     wait_for(streb, rid, {"RETRYING"}, timeout=60)
-    assert slurm("scontrol", "update", f"JobId={st['backend_id']}", "StartTime=now").returncode == 0
+    release_requeued(st["backend_id"])
     st = wait_for(streb, rid, {"SUCCEEDED", "FAILED", "LOST"}, timeout=120)
     assert st["state"] == "SUCCEEDED" and st["attempt"] == 1, (st["attempts"], st["state"])
     first = st["attempts"][0]
@@ -382,7 +381,7 @@ def test_ranks_that_die_as_slurm_requeues_are_no_failed_attempt(streb, tmp_path:
     rid = streb("run", str(spec), "--on", "slurm", "--detach").stdout.strip()
     st = wait_for(streb, rid, {"RETRYING", "SUCCEEDED", "FAILED", "LOST"}, timeout=60)
     assert st["state"] == "RETRYING", st
-    assert slurm("scontrol", "update", f"JobId={st['backend_id']}", "StartTime=now").returncode == 0
+    release_requeued(st["backend_id"])
     st = wait_for(streb, rid, {"SUCCEEDED", "FAILED", "LOST"}, timeout=120)
     assert st["state"] == "SUCCEEDED" and st["attempt"] == 1, (st["attempts"], st["state"])
     first = st["attempts"][0]

@@ -28,7 +28,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, in_ci, status_json, write_spec
-from tests.integration.slurm_support import slurm_conf, streb  # noqa: F401 (fixtures)
+from tests.integration.slurm_support import (  # noqa: F401 (fixtures)
+    release_requeued,
+    slurm_conf,
+    streb,
+)
 
 pytestmark = pytest.mark.integration
 BRIDGE = "10.77.0.1"  # tests/slurm_cluster/cluster.sh's bridge (trebbr0)
@@ -356,8 +360,7 @@ tracking:
         out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
                              text=True, timeout=60).stdout.strip()  # fmt: skip
         if out == "PENDING":
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"],
-                           capture_output=True, timeout=60)  # fmt: skip
+            release_requeued(job)
             break
         assert time.monotonic() < deadline, f"job {job} not requeued: {out!r}"
         time.sleep(0.5)
