@@ -365,10 +365,12 @@ tracking:
         assert time.monotonic() < deadline, f"job {job} not requeued: {out!r}"
         time.sleep(0.5)
     deadline = time.monotonic() + 180
-    while (run := tracked(mlflow_server, str(run_dir)))["tags"].get("treb.state") != "SUCCEEDED":
+    while True:  # the tags, then the status: two requests (runtime/tracking.mark)
+        run = tracked(mlflow_server, str(run_dir))
+        if run["tags"].get("treb.state") == "SUCCEEDED" and run["status"] == "FINISHED":
+            break
         assert time.monotonic() < deadline, run
         time.sleep(0.5)
-    assert run["status"] == "FINISHED"
     assert f"attempt 1 run {rid}" in (run_dir / "attempt-1" / "rank-0.log").read_text()
     marks = [e["state"] for e in events(str(run_dir)) if e["event"] == "mlflow_status"]
     assert marks[-2:] == ["RUNNING", "SUCCEEDED"], marks  # KILLED at the SIGTERM before
