@@ -61,6 +61,8 @@ def asdict(obj: Any) -> Any:
         return type(obj)(asdict(v) for v in obj)
     if isinstance(obj, dict):
         return {asdict(k): asdict(v) for k, v in obj.items()}
+    if obj is None or isinstance(obj, (str, int, float, bytes)):
+        return obj  # immutable: what deepcopy returns (and no import of copy at launch)
     import copy
 
     return copy.deepcopy(obj)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from trebuchet.launcher.plan import Placement, Plan, describe, local_plan
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS
 from trebuchet.launcher.runtime_file import ship
 from trebuchet.runtime.contain import end_run
-from trebuchet.runtime.procs import alive, start_time
+from trebuchet.runtime.procs import alive, hostname, start_time
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event, read_json, write_json
 from trebuchet.store.paths import runs_dir
@@ -174,7 +173,7 @@ class LocalBackend(Backend):
 
     def refresh(self, store: Store, runs: list[RunRecord]) -> None:
         """Active runs whose supervisor vanished without an outcome become LOST."""
-        me = socket.gethostname()
+        me = hostname()
         now = time.time()
         for rec in runs:
             if not rec.active or (rec.host and rec.host != me):
@@ -202,7 +201,7 @@ class LocalBackend(Backend):
         super().cancel_sweep(store, runs)
 
     def cancel(self, store: Store, run: RunRecord) -> None:
-        if run.host and run.host != socket.gethostname():
+        if run.host and run.host != hostname():
             raise UserError(f"run {run.id} is supervised on host {run.host}; cancel it there")
         if run.supervisor_pid and alive(run.supervisor_pid, run.supervisor_start):
             os.kill(run.supervisor_pid, 15)
@@ -246,7 +245,7 @@ def start_supervisor(store: Store, run_id: str, run_dir: Path) -> int:
         os.close(log)
     store.update_run(
         run_id, only_if_active=True, supervisor_pid=proc.pid,
-        supervisor_start=start_time(proc.pid), host=socket.gethostname(),
+        supervisor_start=start_time(proc.pid), host=hostname(),
     )  # fmt: skip
     return proc.pid
 

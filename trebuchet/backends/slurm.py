@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from trebuchet.backends.slurm_script import CONTROL, problems, render_all, write
 from trebuchet.envs.build import BuildError, ensure, missing_tool
 from trebuchet.envs.recipe import Recipe, recipe_for
 from trebuchet.errors import SpecError, TrebError, UserError
+from trebuchet.runtime.procs import hostname
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event, write_atomic
 from trebuchet.store.paths import runs_dir
@@ -181,7 +181,7 @@ class SlurmBackend(Backend):
         spec, workdir = sub.loaded.spec, sub.loaded.workdir
         path = write_job(spec, workdir, sub.record.id, sub.run_dir, recipe)
         job_id = self._sbatch(sub, path)
-        sub.store.update_run(sub.record.id, backend_id=job_id, host=socket.gethostname())
+        sub.store.update_run(sub.record.id, backend_id=job_id, host=hostname())
         append_event(sub.run_dir, "sbatch", job_id=job_id)
         print(f"treb: Slurm job {job_id}; script {path}", file=sys.stderr)
         if not attach:

@@ -12,7 +12,6 @@ reach its traps). Each run's backend_id is `<array job id>_<task>`, as squeue -r
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from trebuchet.backends.slurm_script import _directive, q, sbatch_lines, write_job
 from trebuchet.errors import TrebError, UserError
 from trebuchet.launcher.sweep import point_text
+from trebuchet.runtime.procs import hostname
 from trebuchet.store.files import append_event, write_atomic
 from trebuchet.store.states import CANCELLED, FAILED, SUCCEEDED, TERMINAL
 
@@ -126,7 +126,7 @@ def submit(
     path = log_dir / f"{sweep_id}.sbatch"
     write_atomic(path, render_array(sweep_id, subs, parallel, log_dir))
     job_id = _sbatch(subs, path)
-    host = socket.gethostname()
+    host = hostname()
     for i, sub in enumerate(subs):
         task = f"{job_id}_{i}"
         sub.store.update_run(sub.record.id, backend_id=task, host=host)

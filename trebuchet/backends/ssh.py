@@ -35,7 +35,6 @@ import select
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -50,6 +49,7 @@ from trebuchet.backends.base import Backend, Submitted
 from trebuchet.backends.job_file import check_node_engine, job_text, node_job, uses_secret
 from trebuchet.errors import UserError
 from trebuchet.runtime.hang import expected_names
+from trebuchet.runtime.procs import hostname
 from trebuchet.runtime.records import first_failure
 from trebuchet.runtime.task import NO_PYTHON
 
@@ -352,7 +352,7 @@ def _start_detached(store: Store, run_id: str, run_dir: Path) -> None:
         only_if_active=True,
         supervisor_pid=proc.pid,
         supervisor_start=start_time(proc.pid),
-        host=socket.gethostname(),
+        host=hostname(),
     )
 
 
@@ -555,7 +555,7 @@ class SshRun:
             last_seen=now,
             supervisor_pid=me,
             supervisor_start=start_time(me),
-            host=socket.gethostname(),
+            host=hostname(),
         )
         append_event(self.run_dir, "run_started", pid=me)
         self.control = tempfile.mkdtemp(prefix="treb-ssh-")

@@ -15,7 +15,6 @@ import contextlib
 import os
 import select
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from trebuchet.runtime.procs import (
     become_subreaper,
     children,
     descendants,
+    hostname,
     reap,
     signal_pid,
     start_time,
@@ -145,7 +145,7 @@ class Supervisor:
         me = os.getpid()
         now = time.time()
         who = {"supervisor_pid": me, "supervisor_start": start_time(me),
-               "host": socket.gethostname()}  # fmt: skip
+               "host": hostname()}  # fmt: skip
         self.watchdog, self.cgroup, how = self._begun or begin(self.plan)
         self._begun = None
         self.store.update_run(rid, state=RUNNING, started_at=now, last_seen=now, **who)

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import shlex
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from trebuchet.results import parse, table
+from trebuchet.runtime.procs import hostname
 
 RANKS = ("rank0", "sum", "mean")
 DEFAULT_FILE = "results.csv"
@@ -180,7 +180,7 @@ def compute(store: Any, rec: Any) -> list[dict[str, Any]]:
         "n_gpus": rec.nodes * gpn if gpn is not None and gpn >= 0 else None,
         "environment": environment,
         "docker_image": image, "git_commit": commit, "git_dirty": getattr(rec, "git_dirty", None),
-        "machine_name": rec.host or socket.gethostname(), "build_duration": build,
+        "machine_name": rec.host or hostname(), "build_duration": build,
         "test_duration": test, "aggregation": how, "run_state": rec.state,
         "created_at": rec.created_at,
         "args": shlex.join(command) if isinstance(command, list) else command,

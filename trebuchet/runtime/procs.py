@@ -28,6 +28,12 @@ def python_s(module: str, function: str, *args: str) -> list[str]:
     return [sys.executable, "-S", "-c", code, root, module, function, *args]
 
 
+def hostname() -> str:
+    """This machine's name, as socket.gethostname() gives it (the same uname(2) nodename)
+    without importing socket: ~4 ms of every launch, for one name."""
+    return os.uname().nodename
+
+
 def start_time(pid: int) -> str | None:
     """The kernel's start time of `pid` (clock ticks since boot), or None if it is gone."""
     try:

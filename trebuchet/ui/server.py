@@ -7,6 +7,7 @@ import socket
 import sys
 
 from trebuchet.errors import UserError
+from trebuchet.runtime.procs import hostname
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -30,7 +31,7 @@ def serve(host: str, port: int, token: str) -> None:
 
     sock = bind(host, port)
     port = sock.getsockname()[1]
-    shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
+    shown = hostname() if host in ("0.0.0.0", "::") else host
     shown = f"[{shown}]" if ":" in shown else shown
     print(f"treb ui: http://{shown}:{port}/?token={token}", flush=True)
     print("treb ui: the token is needed for every request; Ctrl+C stops the server",
