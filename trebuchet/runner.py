@@ -147,14 +147,18 @@ def start(
     store = Store()
     engine = checked.engine
     if not checked.sweep:
-        sub = prepare(checked.points[0][1], checked.on, store, checked.resume)
+        # Handed over, the run's files are synced by whoever runs it (the local supervisor
+        # does it while its cgroup move waits); not taken over, they are synced below.
+        takeover = attach and handover
+        sub = prepare(checked.points[0][1], checked.on, store, checked.resume, not takeover)
         for text in sub.warnings:
             checked.add_warning(f"warning: {text}")
         tracking.open_run(sub, checked.add_warning)
         if announce:
             announce(sub)
-        if attach and handover:
+        if takeover:
             engine.handover(sub)
+            sub.sync()
         return Started([sub], engine.submit(sub, attach), checked.warnings)
     from trebuchet.launcher.sweep import new_sweep_id
 

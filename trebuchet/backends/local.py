@@ -108,14 +108,17 @@ class LocalBackend(Backend):
         )  # fmt: skip
         return describe(plan)
 
-    def write_plan(self, sub: Submission) -> Plan:
+    def write_plan(self, sub: Submission, durable: bool = True) -> Plan:
+        """plan.json; `durable=False`: left in sub.unsynced for the supervisor to sync."""
         plan = local_plan(
             sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir, dict(os.environ),
             self.placement(sub.loaded),
         )  # fmt: skip
         if plan.launcher in AGENT_LAUNCHERS:  # each worker runs the runtime's `worker`
             ship(sub.run_dir)
-        write_json(sub.run_dir / "plan.json", plan.to_json())
+        write_json(sub.run_dir / "plan.json", plan.to_json(), durable=durable)
+        if not durable:
+            sub.unsynced.append(str(sub.run_dir / "plan.json"))
         return plan
 
     def submit(self, sub: Submission, attach: bool) -> Submitted:
@@ -144,7 +147,7 @@ class LocalBackend(Backend):
         the spec models (their ~20 MiB would stay resident for the whole run). Stop signals
         are blocked until the supervisor has its handlers (the mask survives the exec), so a
         Ctrl+C in between still cancels the run."""
-        plan = self.write_plan(sub)
+        plan = self.write_plan(sub, durable=False)
         sys.stdout.flush()
         sys.stderr.flush()
         signal.pthread_sigmask(signal.SIG_BLOCK, HANDOVER_SIGNALS)
@@ -155,9 +158,10 @@ class LocalBackend(Backend):
         if "pydantic" not in sys.modules or always():  # always: the tests try this path
             from trebuchet.launcher import supervisor
 
-            code = supervisor.main(argv[3:], plan)
+            code = supervisor.main(argv[3:], plan, sub.unsynced)
             sub.store.close()
             supervisor.leave(code)
+        sub.sync()  # the new interpreter's supervisor does not know them
         try:
             os.execv(sys.executable, argv)
         except OSError:  # no exec here: supervise in this process (submit, below)

@@ -28,6 +28,14 @@ class Submission:
     run_dir: Path
     store: Store
     warnings: list[str] = field(default_factory=list)
+    # The run directory's files written without their fsync (prepare(durable=False)): the
+    # local supervisor syncs them while its cgroup move waits, off the launch's serial path.
+    unsynced: list[str] = field(default_factory=list)
+
+    def sync(self) -> None:
+        """Make the files written so far durable (records.sync), once."""
+        sync(self.unsynced)
+        self.unsynced = []
 
 
 def new_run_id() -> str:
@@ -44,10 +52,15 @@ def check_secrets(loaded: LoadedSpec, environ: dict[str, str] | os._Environ) -> 
 
 
 def prepare(
-    loaded: LoadedSpec, backend: str, store: Store, resume: tuple[str, Path] | None = None
+    loaded: LoadedSpec,
+    backend: str,
+    store: Store,
+    resume: tuple[str, Path] | None = None,
+    durable: bool = True,
 ) -> Submission:
     """Create the run directory (private to the user) and the PENDING record; `resume`:
-    (run id, checkpoint dir) copied into this run's checkpoints/ first."""
+    (run id, checkpoint dir) copied into this run's checkpoints/ first. `durable=False`:
+    its files are left for Submission.sync() (the caller's, before the run starts)."""
     check_secrets(loaded, os.environ)
     for _ in range(5):
         rid = new_run_id()
@@ -60,7 +73,7 @@ def prepare(
     else:  # pragma: no cover - 5 collisions of 32 random bits
         raise UserError("could not allocate a run id")
     try:  # a run directory without its record is never left behind
-        return _record(loaded, backend, store, rid, path, resume)
+        return _record(loaded, backend, store, rid, path, resume, durable)
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
@@ -73,6 +86,7 @@ def _record(
     rid: str,
     path: Path,
     resume: tuple[str, Path] | None = None,
+    durable: bool = True,
 ) -> Submission:
     spec = loaded.spec
     (path / "checkpoints").mkdir(mode=0o700)
@@ -107,7 +121,10 @@ def _record(
     write_json(path / "spec.json", resolved.data(loaded), durable=False)  # results/collect.py
     write_json(path / "metrics.json", spec.metrics.model_dump(), durable=False)  # runtime/metrics
     # fsynced together: the first one's journal commit carries the others (records.sync)
-    sync([str(path / n) for n in ("snapshot.json", "spec.yaml", "spec.json", "metrics.json")])
+    written = [str(path / n) for n in ("snapshot.json", "spec.yaml", "spec.json", "metrics.json")]
+    if durable:
+        sync(written)
+        written = []
     append_event(path, "submitted", backend=backend)
     if resume:
         append_event(path, "resumed", from_run=resume[0])
@@ -119,4 +136,5 @@ def _record(
         git_dirty=None if git_dirty is None else int(git_dirty),
     )  # fmt: skip
     store.insert_run(rec)
-    return Submission(loaded=loaded, record=rec, run_dir=path, store=store, warnings=warnings)
+    return Submission(loaded=loaded, record=rec, run_dir=path, store=store, warnings=warnings,
+                      unsynced=written)  # fmt: skip

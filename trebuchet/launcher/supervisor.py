@@ -36,6 +36,7 @@ from trebuchet.runtime.procs import (
     signal_pid,
     start_time,
 )
+from trebuchet.runtime.records import sync
 from trebuchet.store.db import Store
 from trebuchet.store.files import append_event, read_json
 from trebuchet.store.states import (
@@ -617,15 +618,15 @@ def begin(plan: Plan) -> Begun:
     return watchdog, cgroup, how
 
 
-def main(argv: list[str], plan: Plan | None = None) -> int:
+def main(argv: list[str], plan: Plan | None = None, unsynced: list[str] | None = None) -> int:
     """Entry of a run's own supervisor process: in the background for a detached run, or
     `--attached` in the `treb run` process that handed itself over (backends/local.py),
-    which passes the plan it wrote."""
+    which passes the plan it wrote and the run's files it left unsynced."""
     run_dir = Path(argv[-1])
     plan = plan or Plan.from_json(read_json(run_dir / "plan.json"))
     store = Store()
     try:
-        return _supervise(argv, plan, store, run_dir)
+        return _supervise(argv, plan, store, run_dir, unsynced or [])
     finally:
         store.close()  # the last connection checkpoints the index: the outcome is durable
 
@@ -639,7 +640,8 @@ def leave(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _supervise(argv: list[str], plan: Plan, store: Store, run_dir: Path) -> int:
+def _supervise(argv: list[str], plan: Plan, store: Store, run_dir: Path, unsynced: list[str]
+                ) -> int:  # fmt: skip
     attached = "--attached" in argv
     profile = "none"
     if "--profile" in argv:
@@ -649,7 +651,9 @@ def _supervise(argv: list[str], plan: Plan, store: Store, run_dir: Path) -> int:
         from trebuchet.view.live import View
 
         view = View()  # its thread before the cgroup move begins (a new thread waits too)
-    sup = Supervisor(plan, store, view, own_process=True, begun=begin(plan))
+    begun = begin(plan)
+    sync(unsynced)  # the run's files: durable while the cgroup move waits (~10 ms of fsyncs)
+    sup = Supervisor(plan, store, view, own_process=True, begun=begun)
     sup.install_signals()
     if attached:  # signals blocked across the exec: handled from here on
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})

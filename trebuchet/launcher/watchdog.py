@@ -11,15 +11,12 @@ finishes.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import sys
 
-from trebuchet.runtime.procs import python_s
-
 # The watchdog process imports only the above (it starts beside the ranks, under `python
-# -S`); what its supervisor's side and its rare EOF path need is imported where used.
+# -S`, and every millisecond of its CPU is taken from them): what the supervisor's side and
+# the rare EOF path need is imported where used. Not even `signal`, whose enums cost more
+# than the whole wait (~10 ms of CPU); the loop ignores the stop signals through `_signal`.
 
 
 class Watchdog:
@@ -27,6 +24,8 @@ class Watchdog:
 
     def __init__(self, run_id: str, run_dir: str) -> None:
         import subprocess
+
+        from trebuchet.runtime.procs import python_s
 
         self.proc = subprocess.Popen(
             python_s(__name__, "main", run_id, run_dir),
@@ -37,10 +36,12 @@ class Watchdog:
 
     def _send(self, line: str, flush: bool = True) -> None:
         if self.proc.stdin and not self.proc.stdin.closed:
-            with contextlib.suppress(OSError):
+            try:
                 self.proc.stdin.write(line.encode())
                 if flush:
                     self.proc.stdin.flush()
+            except OSError:
+                pass
 
     def watch(self, pgid: int) -> None:
         """Buffered until flush(): a write and a wakeup of the watchdog per rank cost more
@@ -62,11 +63,14 @@ class Watchdog:
         waited for here (it may still be starting, beside the ranks): wait() reaps it."""
         self._send("done\n")
         if self.proc.stdin:
+            import contextlib  # (the supervisor's side: imported already)
+
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
 
     def wait(self) -> None:
         """Reap the watchdog after done(), at the very end of the supervisor."""
+        import contextlib
         import subprocess
 
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -74,8 +78,11 @@ class Watchdog:
 
 
 def main(run_id: str, run_dir: str) -> int:
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_IGN)
+    import _signal  # signal's C core: the same calls, without its enums
+
+    for sig in (_signal.SIGINT, _signal.SIGHUP, _signal.SIGTERM, _signal.SIGUSR1,
+                _signal.SIGUSR2):  # fmt: skip
+        _signal.signal(sig, _signal.SIG_IGN)
     groups: set[int] = set()
     adopted: dict[int, str] = {}
     for raw in sys.stdin.buffer:
@@ -90,6 +97,9 @@ def main(run_id: str, run_dir: str) -> int:
     # EOF without `done`: the supervisor vanished. End everything it started: the process
     # groups, then the run's cgroup and what carries its TREB_RUN_ID (daemons that left
     # their group); the cgroup is removed.
+    import os
+    import signal
+
     from trebuchet.runtime.contain import end_run
     from trebuchet.runtime.procs import alive, descendants, signal_group, signal_pid
 
