@@ -9,6 +9,7 @@ import os
 import pty
 import re
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -83,6 +84,34 @@ def test_every_rank_on_request_and_treb_top_plain(treb, tmp_path: Path) -> None:
     assert f"change: +100.00% loss ({second} vs {first})" in res.stdout
 
 
+def top_in_a_pty(env: dict[str, str]) -> tuple[int, int]:
+    """`treb top -n 0.5` on a new terminal, as an interactive shell would start it: with
+    the default SIGINT and SIGQUIT even where the suite inherited them ignored (a shell
+    running it in the background without job control: Python keeps an ignored SIGINT, and
+    Ctrl+C would then do nothing)."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+        os.execvpe(sys.executable, [sys.executable, "-m", "trebuchet", "top", "-n", "0.5"],
+                   {**os.environ, **env})  # fmt: skip
+    return pid, fd
+
+
+def wait_exit(pid: int, fd: int, timeout: float) -> int:
+    """The child's wait status, reading its terminal meanwhile (a full terminal would block
+    its writes); fails after `timeout` instead of hanging the suite."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        read_until(fd, b"\0never", 0.2)
+    raise AssertionError(
+        f"treb top (pid {pid}) still running {timeout:g} s after it was told to quit"
+    )
+
+
 def read_until(fd: int, pattern: bytes, timeout: float) -> bytes:
     seen = b""
     end = time.monotonic() + timeout
@@ -103,10 +132,7 @@ def test_treb_top_live_in_a_pty_quits_on_q(treb, tmp_path: Path) -> None:
     res = treb("run", "--detach", str(spec))
     assert res.returncode == 0, res.stderr
     rid = res.stdout.split()[0]
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: treb top on a terminal
-        os.execvpe(sys.executable, [sys.executable, "-m", "trebuchet", "top", "-n", "0.5"],
-                   {**os.environ, "COLUMNS": "160", "LINES": "40", "TERM": "xterm"})  # fmt: skip
+    pid, fd = top_in_a_pty({"COLUMNS": "160", "LINES": "40", "TERM": "xterm"})
     try:
         screen = read_until(fd, b"loss", 60)
         assert rid.encode() in screen and b"RUNNING" in screen, screen[-2000:]
@@ -114,7 +140,7 @@ def test_treb_top_live_in_a_pty_quits_on_q(treb, tmp_path: Path) -> None:
         os.write(fd, b"q")
         tail = read_until(fd, b"\x1b[?1049l", 20)
         assert b"\x1b[?1049l" in tail  # left the alternate screen
-        _, status = os.waitpid(pid, 0)
+        status = wait_exit(pid, fd, 20)
         pid = 0
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     finally:
@@ -127,15 +153,12 @@ def test_treb_top_live_in_a_pty_quits_on_q(treb, tmp_path: Path) -> None:
 
 
 def test_treb_top_live_quits_on_ctrl_c(treb) -> None:
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.execvpe(sys.executable, [sys.executable, "-m", "trebuchet", "top", "-n", "0.5"],
-                   {**os.environ, "TERM": "xterm"})  # fmt: skip
+    pid, fd = top_in_a_pty({"TERM": "xterm"})
     try:
         assert b"no active runs" in read_until(fd, b"no active runs", 60)
         os.write(fd, b"\x03")  # the terminal's interrupt character: SIGINT to top
         read_until(fd, b"\x1b[?1049l", 20)
-        _, status = os.waitpid(pid, 0)
+        status = wait_exit(pid, fd, 20)
         pid = 0
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     finally:
