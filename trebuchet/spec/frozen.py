@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trebuchet.plain import asdict
 from trebuchet.spec.facts import FACTS
 from trebuchet.spec.source import Located
 
@@ -47,21 +48,11 @@ class Frozen:
 
     def model_dump(self, mode: str = "python") -> dict[str, Any]:
         """As pydantic's: a copy (the cache holds only JSON-native values, the same in
-        either mode)."""
-        return _copy(self._data)
+        either mode; plain.asdict copies them without importing copy)."""
+        return asdict(self._data)
 
     def __repr__(self) -> str:
         return f"{self._models[key(self._path)][0]}(cached, {self._data!r})"
-
-
-def _copy(value: Any) -> Any:
-    """A deep copy of JSON data: dicts and lists copied, the rest immutable (what
-    copy.deepcopy does here, without its import at every launch)."""
-    if isinstance(value, dict):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copy(v) for v in value]
-    return value
 
 
 _classes: dict[str, type[Frozen]] = {}
