@@ -39,6 +39,7 @@ $(STAMP): pyproject.toml examples/digits-ddp/requirements.txt
 test: $(STAMP) $(SKY_VENV)/.installed-0.14.1 $(MLFLOW_VENV)/.installed-3.17.2
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	scripts/system-deps
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TREB_SKYPILOT_PYTHON="$(CURDIR)/$(SKY_VENV)/bin/python" \
 		TREB_MLFLOW_PYTHON="$(CURDIR)/$(MLFLOW_VENV)/bin/python" \
@@ -50,6 +51,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/launch_overhead.py
@@ -70,4 +72,4 @@ bench-ssh: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/with-ssh-hosts $(PY) bench/ssh_launch.py
 
 clean:
-	rm -rf $(VENV) $(SKY_VENV) $(MLFLOW_VENV) .pytest_cache
+	rm -rf $(VENV) $(SKY_VENV) $(MLFLOW_VENV) .pytest_cache .mypy_cache

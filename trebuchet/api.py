@@ -33,7 +33,7 @@ class Run:
 
     @property
     def record(self) -> RunRecord:
-        from trebuchet.backends import refresh
+        from trebuchet.runner import refresh
 
         rec = self._store.get(self.id)
         if rec is None:
@@ -74,12 +74,13 @@ class Run:
             d = diagnose_record(self._store, rec)
         except Exception:  # noqa: BLE001 - the failure is raised whatever the logs hold
             d = None
-        found = d is not None and d.category is not None
+        found = d if d is not None and d.category is not None else None
         return RunFailed(
-            rec.id, rec.state, detail, error=d.summary if found else None,
-            rank=ff.get("rank", d.rank if found else None),
-            exit_code=ff.get("exit_code", rec.exit_code), cause=d.category if found else None,
-            log=ff.get("log") or (d.log if found else None),
+            rec.id, rec.state, detail, error=found.summary if found is not None else None,
+            rank=ff.get("rank", found.rank if found is not None else None),
+            exit_code=ff.get("exit_code", rec.exit_code),
+            cause=found.category if found is not None else None,
+            log=ff.get("log") or (found.log if found is not None else None),
         )  # fmt: skip
 
     def cancel(self) -> None:

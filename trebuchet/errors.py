@@ -34,6 +34,10 @@ class RunFailed(TrebError):
     Besides the state, what a caller needs to act without reading logs: the failing rank,
     its exit code and its error line (the diagnosis' summary, e.g. `KeyError: 'lr'`)."""
 
+    # The failing rank's exit code (None: unknown), not TrebError's exit status of the CLI,
+    # which never raises RunFailed: the API's name, kept although the two types differ.
+    exit_code: int | None  # type: ignore[assignment]
+
     def __init__(
         self, run_id: str, state: str, detail: str = "", *, error: str | None = None,
         rank: int | None = None, exit_code: int | None = None, cause: str | None = None,

@@ -13,9 +13,16 @@ class to what @dataclass would give it). Modules off the launch path use datacla
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 T = TypeVar("T")
+
+if TYPE_CHECKING:  # in typing from 3.11; the type checker alone reads this import
+    from typing_extensions import dataclass_transform
+else:
+
+    def dataclass_transform(**_kwargs: Any) -> Callable[[T], T]:
+        return lambda decorated: decorated
 
 
 class FrozenInstanceError(AttributeError):
@@ -43,13 +50,14 @@ class _Factory:
         self.make = make
 
 
-def field(*, default_factory: Callable[[], Any]) -> Any:
+def field(*, default_factory: Callable[[], T]) -> T:
     """A default made afresh for each instance (a list, a dict)."""
-    return _Factory(default_factory)
+    return cast(T, _Factory(default_factory))  # what @record reads (as dataclasses.field)
 
 
 def fields(obj: Any) -> tuple[Field, ...]:
-    return type(obj).__record_fields__ if not isinstance(obj, type) else obj.__record_fields__
+    owner: Any = type(obj) if not isinstance(obj, type) else obj  # set by _install
+    return owner.__record_fields__
 
 
 def asdict(obj: Any) -> Any:
@@ -68,7 +76,16 @@ def asdict(obj: Any) -> Any:
     return copy.deepcopy(obj)
 
 
-def record(cls: type[T] | None = None, *, frozen: bool = False) -> Any:
+@overload
+def record(cls: type[T], *, frozen: bool = False) -> type[T]: ...
+@overload
+def record(cls: None = None, *, frozen: bool = False) -> Callable[[type[T]], type[T]]: ...
+
+
+@dataclass_transform(field_specifiers=(field,))
+def record(
+    cls: type[T] | None = None, *, frozen: bool = False
+) -> type[T] | Callable[[type[T]], type[T]]:
     """@record or @record(frozen=True) in place of @dataclass / @dataclass(frozen=True)."""
 
     def make(cls: type[T]) -> type[T]:
@@ -95,7 +112,8 @@ def record(cls: type[T] | None = None, *, frozen: bool = False) -> Any:
     return make if cls is None else make(cls)
 
 
-def _install(cls: type, specs: tuple[Field, ...], frozen: bool) -> None:
+def _install(cls: Any, specs: tuple[Field, ...], frozen: bool) -> None:
+    # cls: Any, as no type checker follows the methods it is given here.
     names = tuple(f.name for f in specs)
     setter = object.__setattr__
 
@@ -136,11 +154,11 @@ def _install(cls: type, specs: tuple[Field, ...], frozen: bool) -> None:
         inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in names)
         return f"{cls.__qualname__}({inner})"
 
-    cls.__record_fields__ = specs  # type: ignore[attr-defined]
-    cls.__init__ = __init__  # type: ignore[misc]
-    cls.__eq__ = __eq__  # type: ignore[method-assign]
-    cls.__repr__ = __repr__  # type: ignore[method-assign]
-    cls.__match_args__ = names  # type: ignore[attr-defined]
+    cls.__record_fields__ = specs
+    cls.__init__ = __init__
+    cls.__eq__ = __eq__
+    cls.__repr__ = __repr__
+    cls.__match_args__ = names  # type: ignore[misc]  # mypy refuses it even on Any
     if frozen:
 
         def __setattr__(self: Any, name: str, value: Any) -> None:
@@ -149,8 +167,8 @@ def _install(cls: type, specs: tuple[Field, ...], frozen: bool) -> None:
         def __delattr__(self: Any, name: str) -> None:
             raise FrozenInstanceError(f"cannot delete field '{name}'")
 
-        cls.__setattr__ = __setattr__  # type: ignore[method-assign]
-        cls.__delattr__ = __delattr__  # type: ignore[method-assign]
-        cls.__hash__ = lambda self: hash(values(self))  # type: ignore[method-assign]
+        cls.__setattr__ = __setattr__
+        cls.__delattr__ = __delattr__
+        cls.__hash__ = lambda self: hash(values(self))
     else:
-        cls.__hash__ = None  # type: ignore[assignment]  # as @dataclass: eq without frozen
+        cls.__hash__ = None  # as @dataclass: eq without frozen

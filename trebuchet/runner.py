@@ -23,8 +23,10 @@ from trebuchet.plain import field, record
 
 if TYPE_CHECKING:
     from trebuchet.backends.base import Backend, SpecPoint, Submitted, SweepSubmitted
+    from trebuchet.launcher.hooks import Hooks
     from trebuchet.launcher.submit import Submission
     from trebuchet.spec.load import LoadedSpec
+    from trebuchet.store.db import RunRecord, Store
 
 Source = str | Path | dict[str, Any]  # a spec file, or its fields as a dict
 Warn = Callable[[str], None]
@@ -73,7 +75,7 @@ def _expand(
     A comma in an override's value, or a `sweep:` block, makes a sweep (sweeps=False:
     launch(), where a comma is part of the value and a `sweep:` block is refused)."""
     from trebuchet.backends import get_backend
-    from trebuchet.launcher import sweep
+    from trebuchet.spec import sweep
 
     overrides = list(overrides)
     fixed, axes = sweep.points(overrides, None) if sweeps else (overrides, [{}])
@@ -124,7 +126,7 @@ def check(
     if preflight:
         from trebuchet.preflight import enforce
 
-        for finding in enforce(base, on):
+        for finding in enforce(base, engine):
             checked.add_warning(finding.text())
     for _, loaded in checked.points:
         engine.check(loaded)
@@ -135,12 +137,13 @@ def start(
     checked: Checked,
     attach: bool = False,
     announce: Callable[[Submission], None] | None = None,
-    handover: bool = False,
+    handover: Hooks | None = None,
 ) -> Started:
     """Record the runs, then hand them to the engine; attached, follow until they end.
     `announce` sees a single run once it is recorded, before it is submitted. `handover`
-    (`treb run` only): an attached single run may take over this process (Backend.handover)."""
-    from trebuchet.launcher import tracking
+    (`treb run` only): an attached single run may take over this process (Backend.handover),
+    its supervisor given these hooks. Attached, the trackers' end follows the run's."""
+    from trebuchet import tracking
     from trebuchet.launcher.submit import prepare
     from trebuchet.store.db import Store
 
@@ -149,7 +152,7 @@ def start(
     if not checked.sweep:
         # Handed over, the run's files are synced by whoever runs it (the local supervisor
         # does it while its cgroup move waits); not taken over, they are synced below.
-        takeover = attach and handover
+        takeover = attach and handover is not None
         sub = prepare(checked.points[0][1], checked.on, store, checked.resume, not takeover)
         for text in sub.warnings:
             checked.add_warning(f"warning: {text}")
@@ -157,10 +160,13 @@ def start(
         if announce:
             announce(sub)
         if takeover:
-            engine.handover(sub)
+            engine.handover(sub, handover)
             sub.sync()
-        return Started([sub], engine.submit(sub, attach), checked.warnings)
-    from trebuchet.launcher.sweep import new_sweep_id
+        result = engine.submit(sub, attach)
+        if attach:
+            tracking.close_ended(store, [sub.record])
+        return Started([sub], result, checked.warnings)
+    from trebuchet.spec.sweep import new_sweep_id
 
     sweep_id = new_sweep_id()
     parent = tracking.open_sweep(sweep_id, checked.points[0][1], len(checked.points),
@@ -173,8 +179,10 @@ def start(
         points.append((point, sub))
     for text in points[0][1].warnings:  # one workdir: the points' snapshots say the same
         checked.add_warning(f"warning: {text}")
-    result = engine.submit_sweep(sweep_id, points, attach)
-    return Started([sub for _, sub in points], result, checked.warnings)
+    swept = engine.submit_sweep(sweep_id, points, attach)
+    if attach:
+        tracking.close_ended(store, [sub.record for _, sub in points])
+    return Started([sub for _, sub in points], swept, checked.warnings)
 
 
 def launch(
@@ -187,13 +195,30 @@ def launch(
     sweeps: bool = True,
     warn: Warn | None = None,
     announce: Callable[[Submission], None] | None = None,
-    handover: bool = False,
+    handover: Hooks | None = None,
     resume_from: str | None = None,
 ) -> Started:
     """check() then start(): `treb run` and trebuchet.launch()."""
     checked = check(source, on, overrides, preflight=preflight, sweeps=sweeps, warn=warn,
                     resume_from=resume_from)  # fmt: skip
     return start(checked, attach, announce, handover)
+
+
+def refresh(store: Store, runs: list[RunRecord]) -> None:
+    """Each engine's word on the active runs among `runs` and their new metrics
+    (backends.refresh), then the trackers' end of those that ended meanwhile, elsewhere or
+    found LOST (metrics, diagnosis, status: trebuchet/tracking.py; once a run)."""
+    import os
+
+    from trebuchet.backends import refresh as refresh_engines
+
+    active = [r for r in runs if r.active]
+    refresh_engines(store, active)
+    tracked = [r for r in active if os.path.exists(os.path.join(r.run_dir, "tracking.json"))]
+    if tracked:
+        from trebuchet.tracking import close_ended
+
+        close_ended(store, tracked)
 
 
 def render(source: Source, on: str = "local", overrides: Sequence[str] = ()) -> str:

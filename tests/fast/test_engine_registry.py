@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import write_spec
-from trebuchet import backends
+from trebuchet import backends, registry
 from trebuchet.cli.main import main
 from trebuchet.store.db import Store
 
@@ -32,9 +32,9 @@ BUILTIN = "local, slurm, skypilot, ssh, kubernetes"
 def tiny(monkeypatch: pytest.MonkeyPatch, treb_home: Path) -> None:
     """The tiny engine registered for this test only (the registry is restored after)."""
     monkeypatch.syspath_prepend(str(ENGINES))
-    monkeypatch.setattr(backends, "_registry", dict(backends._registry))
-    monkeypatch.setattr(backends, "_engines", dict(backends._engines))
-    monkeypatch.setattr(backends, "_generation", backends._generation)
+    monkeypatch.setattr(registry, "registry", dict(registry.registry))
+    monkeypatch.setattr(registry, "engines", dict(registry.engines))
+    monkeypatch.setattr(registry, "_generation", registry._generation)
     backends.register("tiny", "tiny_engine:TinyEngine")  # as load_entry_points() does
 
 

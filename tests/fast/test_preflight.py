@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, write_spec
+from trebuchet.backends import get_backend
 from trebuchet.backends import slurm_checks as partition_mod
 from trebuchet.cli.main import main
 from trebuchet.errors import SpecError
@@ -47,7 +48,7 @@ def printf(text: str) -> str:
 def run_checks(tmp_path: Path, text: str, backend: str, env: dict, overrides=()) -> tuple:
     path = write_spec(tmp_path / "proj", text)
     loaded = load_spec(path, overrides, environ=env)
-    return preflight(loaded, backend, environ=env), str(path)
+    return preflight(loaded, get_backend(backend), environ=env), str(path)
 
 
 # (finding id, spec text, backend, extra environment, severity, line of the finding)
@@ -135,7 +136,7 @@ def _run_case(tmp_path: Path, text: str, backend: str, env: dict) -> tuple:
     spec_dir = env.pop("_spec_dir", None)
     path = write_spec(Path(spec_dir) if spec_dir else tmp_path / "proj", text)
     loaded = load_spec(path, (), environ=env)
-    return preflight(loaded, backend, environ=env), str(path)
+    return preflight(loaded, get_backend(backend), environ=env), str(path)
 
 
 @pytest.mark.parametrize(
@@ -192,7 +193,7 @@ def test_workdir_missing_after_loading(tmp_path, env) -> None:
     (tmp_path / "proj" / "code").mkdir()
     loaded = load_spec(path, (), environ=env)
     (tmp_path / "proj" / "code").rmdir()
-    [f] = preflight(loaded, "local", environ=env)
+    [f] = preflight(loaded, get_backend("local"), environ=env)
     assert (f.id, f.severity, f.where) == ("workdir-missing", "error", f"{path}:2")
 
 
@@ -329,7 +330,7 @@ def test_enforce_returns_warnings_and_refuses_errors(tmp_path, env, capsys) -> N
     from trebuchet.cli.run_cmd import warn
 
     path = write_spec(tmp_path / "proj", "command: python t.py\ntimeout: 20s\n")
-    found = enforce(load_spec(path, (), environ=env), "local", env)
+    found = enforce(load_spec(path, (), environ=env), get_backend("local"), env)
     assert [f.id for f in found] == ["time-limit-short"]
     checked = runner.check(path, "local", warn=warn)
     assert checked.warnings == [found[0].text()]
@@ -339,7 +340,7 @@ def test_enforce_returns_warnings_and_refuses_errors(tmp_path, env, capsys) -> N
         tmp_path / "proj", "command: torchrun t.py\nprocs_per_node: 2\ntimeout: 20s\n"
     )
     with pytest.raises(SpecError) as exc:
-        enforce(load_spec(path, (), environ=env), "local", env)
+        enforce(load_spec(path, (), environ=env), get_backend("local"), env)
     assert exc.value.exit_code == 2 and "[time-limit-short]" not in str(exc.value)
     first, fix, last = exc.value.problems
     assert first.startswith(f"{path}:1: error: ") and first.endswith("[launcher-in-command]")

@@ -59,7 +59,7 @@ def test_sweep_on_kubernetes_is_refused(treb, tmp_path: Path) -> None:
 
 
 def test_points_print_as_the_user_wrote_them() -> None:
-    from trebuchet.launcher.sweep import point_text
+    from trebuchet.spec.sweep import point_text
 
     assert point_text({"env.LR": "0.1", "env.BS": "32"}) == "env.LR=0.1 env.BS=32"
     assert point_text({"nodes": 2, "env.X": "a b", "env.Y": ""}) == 'nodes=2 env.X="a b" env.Y=""'

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import needs_program
-from trebuchet.backends.slurm_script import env_value, slurm_seconds, warning_seconds
+from trebuchet.backends.slurm_checks import slurm_seconds
+from trebuchet.backends.slurm_script import env_value, warning_seconds
 from trebuchet.cli.main import main
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
@@ -167,11 +168,30 @@ def test_pitfalls_handled_in_the_script(tmp_path: Path, treb_home: Path) -> None
     # secrets by name only; env values quoted; the secret reference expands in the job
     assert "export FROM_SECRET='Bearer '\"${HF_TOKEN}\"" in native
     assert "export QUOTED='it'\"'\"'s a $value; rm -rf /'" in native
-    # time limit, checkpoint signal before it, requeue allowed when retries remain
-    assert "#SBATCH --time=02:00:00" in torch and "#SBATCH --signal=B:USR1@60" in torch
+    # timeout 2h is per attempt (the controller's, with its warning): --time covers the 7
+    # attempts (retries 2, and the default policies' 4) x (2h + grace 30 s + 30 s), + 1 min
+    assert "#SBATCH --time=14:08:00" in torch and "--signal" not in torch
+    assert (_split(torch)[1]["timeout"], _split(torch)[1]["warning"]) == (7200, 60)
+    # slurm.time is the whole job's limit: Slurm sends the checkpoint signal before it
+    _, own, _ = _render(tmp_path, SPECS["torchrun"] + "  time: '3:00:00'\n")
+    assert "#SBATCH --time=3:00:00" in own and "#SBATCH --signal=B:USR1@60" in own
     assert "#SBATCH --requeue" in torch and "#SBATCH --no-requeue" in native
     assert "--mpi=pmi2" in torch and "--mpi" not in native
     assert _split(native)[1]["master_port"] == 29511 and _split(torch)[1]["master_port"] is None
+
+
+def test_time_covers_every_attempt_of_the_per_attempt_timeout(tmp_path: Path,
+                                                              treb_home: Path) -> None:  # fmt: skip
+    """--time from timeout alone: attempts x (timeout + grace + 30 s) + 60 s, in minutes;
+    the attempts are retries + 1 and what the retry log policies may grant."""
+    base = "command: sleep 60\ntimeout: 4s\n"
+    for extra, time in (("", "00:05:00"), ("default_log_policies: false\n", "00:02:00"),
+                        ("default_log_policies: false\nretries: 3\n", "00:04:00"),
+                        ("slurm: {time: '1'}\n", "1")):  # fmt: skip
+        rc, out, err = _render(tmp_path, base + extra)
+        assert rc == 0 and f"#SBATCH --time={time}\n" in out, (extra, err, out)
+        assert ("--signal" in out) == ("slurm:" in extra), out
+        assert (_split(out)[1]["timeout"], _split(out)[1]["warning"]) == (4, 0.4)
 
 
 def test_mpirun_is_one_task_on_the_first_node(tmp_path: Path, treb_home: Path) -> None:

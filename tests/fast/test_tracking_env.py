@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from trebuchet.errors import SpecError, UserError
-from trebuchet.launcher.tracking import mlflow_target
 from trebuchet.runtime.tracking import rank_env
 from trebuchet.spec.load import load_spec
+from trebuchet.tracking import mlflow_target
 
 
 def _load(tmp_path, text: str):

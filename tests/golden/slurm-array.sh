@@ -5,8 +5,7 @@
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=2
 #SBATCH --partition=debug
-#SBATCH --time=00:10:00
-#SBATCH --signal=B:USR2@60
+#SBATCH --time=00:54:00
 #SBATCH --no-requeue
 #SBATCH --output=$TREB_HOME/sweeps/SWEEP-%a.log
 #SBATCH --open-mode=append

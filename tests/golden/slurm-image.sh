@@ -7,8 +7,7 @@
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=4
 #SBATCH --gpus-per-node=4
-#SBATCH --time=00:30:00
-#SBATCH --signal=B:USR2@300
+#SBATCH --time=02:34:00
 #SBATCH --no-requeue
 #SBATCH --output=$TREB_HOME/runs/RUN_ID/batch.log
 #SBATCH --open-mode=append
@@ -41,5 +40,7 @@ exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"
   "spec_env": [],
   "srun": ["--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--kill-on-bad-exit=0", "--export=ALL", "--mpi=pmix", "--container-image=nvcr.io/nvidia/pytorch:24.05-py3", "--container-mounts=$TREB_HOME/runs/RUN_ID:$TREB_HOME/runs/RUN_ID,$WORKDIR:$WORKDIR,/data:/data:ro,/scratch:/scratch", "--container-workdir=$WORKDIR", "--no-container-mount-home"],
   "srun_hook": ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--export=ALL", "--container-image=nvcr.io/nvidia/pytorch:24.05-py3", "--container-mounts=$TREB_HOME/runs/RUN_ID:$TREB_HOME/runs/RUN_ID,$WORKDIR:$WORKDIR,/data:/data:ro,/scratch:/scratch", "--container-workdir=$WORKDIR", "--no-container-mount-home"],
+  "timeout": 1800.0,
+  "warning": 300.0,
   "workdir": "$WORKDIR"
 }

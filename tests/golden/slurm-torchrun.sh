@@ -8,8 +8,7 @@
 #SBATCH --ntasks-per-node=1
 #SBATCH --cpus-per-task=48
 #SBATCH --gpus-per-node=8
-#SBATCH --time=02:00:00
-#SBATCH --signal=B:USR1@60
+#SBATCH --time=14:08:00
 #SBATCH --requeue
 #SBATCH --output=$TREB_HOME/runs/RUN_ID/batch.log
 #SBATCH --open-mode=append
@@ -42,5 +41,7 @@ exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"
   "spec_env": [],
   "srun": ["--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--export=ALL", "--cpus-per-task=48", "--mpi=pmi2"],
   "srun_hook": ["--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--export=ALL"],
+  "timeout": 7200.0,
+  "warning": 60.0,
   "workdir": "$WORKDIR"
 }

@@ -206,12 +206,13 @@ def test_retry_resumes_from_the_checkpoint(streb) -> None:
 
 
 def test_time_limits_timeout_and_requeue(streb, tmp_path: Path) -> None:
-    """Three jobs at once (each waits for a 1-minute limit): a rank that does not handle
-    the checkpoint signal, one that ignores it (Slurm's own TIMEOUT), and a retried one
-    that checkpoints on the signal and resumes after `scontrol requeue`."""
-    plain = write_spec(tmp_path / "a", "name: plain\ncommand: 'echo up; sleep 600'\ntimeout: 1m\n")
+    """Three jobs at once (each waits for the job's 1-minute limit, slurm.time): a rank that
+    does not handle the checkpoint signal, one that ignores it (Slurm's own TIMEOUT), and a
+    retried one that checkpoints on the signal and resumes after `scontrol requeue`."""
+    limit = "slurm: {time: '1'}\n"
+    plain = write_spec(tmp_path / "a", f"name: plain\ncommand: 'echo up; sleep 600'\n{limit}")
     ignore = write_spec(tmp_path / "b", "name: ignore\ncommand: 'trap \"\" USR2; echo up; "
-                                        "sleep 600'\ntimeout: 1m\n")  # fmt: skip
+                                        f"sleep 600'\n{limit}")  # fmt: skip
     requeue = write_spec(tmp_path / "c", """\
 name: requeue
 command: |
@@ -220,7 +221,7 @@ command: |
     while :; do sleep 1; done
   fi
   echo "attempt $TREB_ATTEMPT resumes from: $(cat "$TREB_CHECKPOINT_DIR/ck")"
-timeout: 1m
+slurm: {time: '1'}
 retries: 1
 """)  # fmt: skip
     ids = {}
@@ -247,8 +248,9 @@ retries: 1
 
 
 def test_checkpoint_signal_only_to_ranks_that_handle_it(streb, tmp_path: Path) -> None:
-    """Near the limit, the ranks that handle SIGUSR2 get it (through the bash in front of
-    them), the others run on to the limit: no `scancel --signal` to every process."""
+    """Near the job's limit (slurm.time), the ranks that handle SIGUSR2 get it (through the
+    bash in front of them), the others run on to the limit: no `scancel --signal` to every
+    process."""
     (tmp_path / "ck.py").write_text(
         "import os, signal, time\n"
         "rank, got = int(os.environ['RANK']), []\n"
@@ -260,7 +262,7 @@ def test_checkpoint_signal_only_to_ranks_that_handle_it(streb, tmp_path: Path) -
         "time.sleep(600)\n"
     )
     spec = write_spec(tmp_path, "command: python3 ck.py; echo after\nnodes: 2\n"
-                      "procs_per_node: 2\ntimeout: 1m\ntimeout_warning: 30s\n")  # fmt: skip
+                      "procs_per_node: 2\ntimeout_warning: 30s\nslurm: {time: '1'}\n")  # fmt: skip
     res = streb("run", str(spec), "--on", "slurm", "--detach")
     assert res.returncode == 0, res.stderr
     st = wait_for(streb, res.stdout.strip(), {"TIMEOUT", "FAILED", "SUCCEEDED", "LOST"}, 240)
@@ -274,6 +276,55 @@ def test_checkpoint_signal_only_to_ranks_that_handle_it(streb, tmp_path: Path) -
     batch = (run_dir / "batch.log").read_text()
     assert "tn1: SIGUSR2 to 1 process(es) that handle it" in batch, batch
     assert "tn2: SIGUSR2 to 1 process(es) that handle it" in batch, batch
+
+
+def test_timeout_is_per_attempt_as_locally(streb, tmp_path: Path) -> None:
+    """`timeout` holds each attempt, as locally (not the job, as #SBATCH --time would): a
+    rank that sleeps 60 s ends TIMEOUT after 4 s, with no first failure and the exit code
+    of a rank stopped by SIGTERM; with retries both attempts time out, inside one
+    allocation (no requeue). The one-rank job runs inline in the batch step, the 2-node one
+    as an srun step: both ways of stopping the ranks."""
+    once = write_spec(tmp_path / "a", "name: once\ncommand: sleep 60\ntimeout: 4s\n")
+    twice = write_spec(tmp_path / "b", "name: twice\ncommand: sleep 60\ntimeout: 4s\n"
+                                       "retries: 1\nnodes: 2\n")  # fmt: skip
+    ids = []
+    for spec in (once, twice):
+        res = streb("run", str(spec), "--on", "slurm", "--detach")
+        assert res.returncode == 0, res.stderr
+        ids.append(res.stdout.strip())
+    for rid, attempts in zip(ids, (1, 2), strict=True):
+        st = wait_for(streb, rid, {"TIMEOUT", "FAILED", "SUCCEEDED", "LOST"}, timeout=240)
+        assert st["state"] == "TIMEOUT" and st["first_failure"] is None, st
+        assert st["exit_code"] == 143, st  # as locally: the rank's SIGTERM
+        assert [a["state"] for a in st["attempts"]] == ["TIMEOUT"] * attempts, st
+        assert all(a["reason"] == "timeout" for a in st["attempts"]), st
+        recs = records(st["run_dir"], attempts - 1)
+        assert recs and all(r["stopped_by_launcher"] for r in recs.values()), recs
+        batch = (Path(st["run_dir"]) / "batch.log").read_text()
+        assert "requeue" not in batch, batch
+
+
+def test_checkpoint_signal_before_the_per_attempt_timeout(streb, tmp_path: Path) -> None:
+    """`timeout_warning` before a per-attempt `timeout`: the controller sends the checkpoint
+    signal to the rank that handles it (rank 0 traps it; rank 1, on the other node, would
+    die of it and does not get it), then stops both at the timeout."""
+    cmd = ('if [ "$RANK" = 0 ]; then trap "echo got USR2 on \\$(hostname)" USR2; fi; '
+           "echo up; while :; do sleep 1; done")  # fmt: skip
+    spec = write_spec(tmp_path, f"command: '{cmd}'\nnodes: 2\ntimeout: 12s\n"
+                                "timeout_warning: 8s\n")  # fmt: skip
+    res = streb("run", str(spec), "--on", "slurm", "--detach")
+    assert res.returncode == 0, res.stderr
+    st = wait_for(streb, res.stdout.strip(), {"TIMEOUT", "FAILED", "SUCCEEDED", "LOST"}, 240)
+    assert st["state"] == "TIMEOUT" and st["attempts"][0]["reason"] == "timeout", st
+    run_dir = Path(st["run_dir"])
+    assert "got USR2 on tn1" in (run_dir / "attempt-0" / "rank-0.log").read_text()
+    assert "got USR2" not in (run_dir / "attempt-0" / "rank-1.log").read_text()
+    recs = records(run_dir)
+    assert all(r["signal"] != "SIGUSR2" and r["stopped_by_launcher"] for r in recs.values())
+    batch = (run_dir / "batch.log").read_text()
+    assert re.search(r"timeout in \d+s: SIGUSR2 to the ranks that handle it", batch), batch
+    assert "tn1: SIGUSR2 to 1 process(es) that handle it" in batch, batch
+    assert "tn2: SIGUSR2 to 0 process(es) that handle it" in batch, batch
 
 
 def test_two_jobs_at_once_do_not_collide_on_ports(streb, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ import pytest
 
 from tests.conftest import REPO, TrebFn, in_ci, needs, status_json, write_spec
 from trebuchet.runtime.procs import processes_of_run
+from trebuchet.store.files import read_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.ssh]
 
@@ -101,6 +103,10 @@ def test_digits_ddp_two_hosts_two_ranks(treb: TrebFn, ssh_config: str, tmp_path:
     st = status_json(treb)
     assert st["state"] == "SUCCEEDED"
     run_dir = Path(st["run_dir"])
+    # the run's own events know its supervisor as the index did (pid, start time, host):
+    # an index rebuilt from them does not take a reused pid for it
+    [began] = [e for e in read_events(run_dir) if e["event"] == "run_started"]
+    assert began["pid"] > 0 and began["start"] and began["host"] == socket.gethostname(), began
     # the code went to each host's per-run folder (here the same disk, one folder)
     assert (tmp_path / "remote" / st["id"] / "code" / "train.py").is_file()
     hosts = {json.loads((run_dir / "attempt-0" / f"rank-{r}.json").read_text())["host"]

@@ -13,10 +13,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from trebuchet.plain import record
+from trebuchet.launcher.submitted import Submitted as Submitted
+from trebuchet.launcher.submitted import SweepSubmitted as SweepSubmitted
 
 if TYPE_CHECKING:
     from trebuchet.envs.recipe import Recipe
+    from trebuchet.launcher.hooks import Hooks
     from trebuchet.launcher.submit import Submission
     from trebuchet.preflight.context import Context
     from trebuchet.preflight.findings import Finding
@@ -26,28 +28,6 @@ if TYPE_CHECKING:
 # One point of a sweep: its swept overrides ({"env.LR": "0.1"}) and what they apply to.
 SpecPoint = tuple[dict[str, str], "LoadedSpec"]
 SubmissionPoint = tuple[dict[str, str], "Submission"]
-
-
-@record(frozen=True)
-class Submitted:
-    """What `submit` returns. Detached, the run is handed over and `state` is None; attached,
-    how it ended: its final state, its exit code where the engine knows it, and the signal
-    that cancelled it from this process (Ctrl+C: 2), which `treb run` exits with."""
-
-    run_id: str
-    state: str | None = None
-    exit_code: int | None = None
-    cancel_signal: int | None = None
-
-
-@record(frozen=True)
-class SweepSubmitted:
-    """What `submit_sweep` returns; `failed` (runs that did not succeed) is known attached."""
-
-    sweep_id: str
-    runs: int
-    failed: int | None = None
-    cancel_signal: int | None = None
 
 
 class Backend(ABC):
@@ -92,11 +72,12 @@ class Backend(ABC):
         """Stop the run wherever it executes."""
 
     # -- what an engine may add (the defaults hold for an engine without it) -------------
-    def handover(self, sub: Submission) -> None:
+    def handover(self, sub: Submission, hooks: Hooks | None = None) -> None:
         """`treb run` attached, a single run: the engine may replace the calling process by
         the run's own lean follower (it never returns then; the local engine does, so that
-        the modules that validated the spec do not stay in memory for the whole run). The
-        default does nothing and `submit(sub, attach=True)` follows the run."""
+        the modules that validated the spec do not stay in memory for the whole run), given
+        the `hooks` of the front door that called it. The default does nothing and
+        `submit(sub, attach=True)` follows the run."""
         return None
 
     def sync_logs(self, store: Store, run: RunRecord) -> None:  # noqa: B027 - optional
@@ -134,7 +115,7 @@ class Backend(ABC):
 
     def render_sweep(self, points: list[SpecPoint]) -> str:
         """Every point's render, headed by its overrides."""
-        from trebuchet.launcher.sweep import point_text
+        from trebuchet.spec.sweep import point_text
 
         out = []
         for i, (point, loaded) in enumerate(points):

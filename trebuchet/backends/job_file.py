@@ -61,6 +61,13 @@ def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> dict[str, An
     }
 
 
+def engine_options(spec: Any, engine: str) -> Any:
+    """The spec's block of an engine's options (`spec.ssh`): a field of the model that
+    spec_model() builds from the engines' blocks, unknown to the Spec class (and so to type
+    checkers: callers annotate what they get, `sp: Ssh = engine_options(spec, "ssh")`)."""
+    return getattr(spec, engine)
+
+
 def uses_secret(value: str, secrets: list[str]) -> bool:
     """True when an env value names one of the spec's secrets (`${HF_TOKEN}`)."""
     return any(m.group(1) in secrets for m in SECRET_REF.finditer(value))

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from trebuchet.backends.base import Backend, Submitted
 from trebuchet.backends.job_file import (
     check_node_engine,
+    engine_options,
     grace_seconds,
     job_text,
     node_job,
@@ -50,6 +51,7 @@ from trebuchet.store.states import (
 )
 
 if TYPE_CHECKING:
+    from trebuchet.backends.kubernetes_options import Kubernetes
     from trebuchet.preflight.context import Context
     from trebuchet.preflight.findings import Finding
     from trebuchet.spec.load import LoadedSpec
@@ -106,7 +108,8 @@ class KubernetesBackend(Backend):
     def check_render(self, loaded: LoadedSpec) -> None:
         spec, src = loaded.spec, loaded.source
         check_node_engine(spec, src, "Kubernetes")
-        if not (spec.kubernetes.image or (spec.environment and spec.environment.image)):
+        kube: Kubernetes = engine_options(spec, "kubernetes")
+        if not (kube.image or (spec.environment and spec.environment.image)):
             raise UserError(
                 f"{src}: kubernetes.image: a pod needs an image (set "
                 "kubernetes.image or environment.image)"
@@ -132,8 +135,9 @@ class KubernetesBackend(Backend):
         self.check_render(loaded)
         spec = loaded.spec
         name = k8s_name(spec.name)
-        ns = spec.kubernetes.namespace
-        image = spec.kubernetes.image or spec.environment.image  # type: ignore[union-attr]
+        kube: Kubernetes = engine_options(spec, "kubernetes")
+        ns = kube.namespace
+        image = kube.image or spec.environment.image  # type: ignore[union-attr]
         port = spec.fixed_port or DEFAULT_MASTER_PORT
         labels = {LABEL: name, "trebuchet.dev/run-id": k8s_name(run_id)}
         meta: dict[str, Any] = {"name": name, "labels": labels}
@@ -141,15 +145,14 @@ class KubernetesBackend(Backend):
             meta["namespace"] = ns
         runtime, data = archive()
         packed = base64.b64encode(data).decode() if whole else f"<{runtime}: treb run sends it>"
-        kube = spec.kubernetes
         ckpt = f"{CHECKPOINTS}/{run_id}" if kube.checkpoint_volume else None
         job_json = job_text(node_job(spec, run_id, ckpt))
         binary = {runtime: packed}
         if not kube.code_dir:  # the code travels in the ConfigMap (kubernetes_code.py)
             room = CONFIGMAP_MAX - len(base64.b64encode(data)) - len(job_json) - 4096
-            code, count = code_archive(loaded.workdir, snapshot, room)
+            tarball, count = code_archive(loaded.workdir, snapshot, room)
             binary[ARCHIVE] = (
-                base64.b64encode(code).decode()
+                base64.b64encode(tarball).decode()
                 if whole
                 else f"<{ARCHIVE}: the {count} file(s) of the code snapshot: treb run sends it>"
             )
@@ -278,7 +281,8 @@ class KubernetesBackend(Backend):
 
         spec = loaded.spec
         name = k8s_name(spec.name)
-        code_dir = spec.kubernetes.code_dir
+        kube: Kubernetes = engine_options(spec, "kubernetes")
+        code_dir = kube.code_dir
         code = (
             f"its job.json; the code is the image's, in {code_dir}"
             if code_dir
@@ -369,6 +373,7 @@ class KubernetesBackend(Backend):
             found = {j.metadata.name: j for j in jobs}
             for rec in recs:
                 job = found.get(rec.backend_id.partition("/")[2])
+                reason: str | None
                 if job is None:
                     state, reason = LOST, "its Job is gone (deleted outside trebuchet?)"
                 else:
@@ -449,8 +454,8 @@ class KubernetesBackend(Backend):
 
 
 def _annotation(pod: Any, key: str) -> int:
-    value = (pod.metadata.annotations or {}).get(f"batch.kubernetes.io/{key}")
-    return int(value) if str(value).isdigit() else 0
+    value = str((pod.metadata.annotations or {}).get(f"batch.kubernetes.io/{key}"))
+    return int(value) if value.isdigit() else 0
 
 
 def _index(pod: Any) -> int:

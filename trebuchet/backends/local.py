@@ -29,10 +29,13 @@ from trebuchet.store.states import CANCELLED, LOST, PENDING, TERMINAL
 
 if TYPE_CHECKING:  # `treb ps` refreshes local runs: it must not import pydantic
     from trebuchet.envs.recipe import Recipe
+    from trebuchet.launcher.hooks import Hooks
     from trebuchet.launcher.submit import Submission
     from trebuchet.spec.load import LoadedSpec
 
 ORPHAN_PENDING_S = 60.0
+# The supervisor process's module: a front door, where its Hooks are wired.
+SUPERVISOR = "trebuchet.cli.supervise"
 HANDOVER_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
@@ -50,7 +53,8 @@ class LocalBackend(Backend):
         if key in self._placements:
             return self._placements[key]
         spec = loaded.spec
-        vendor, detected = "none", []
+        vendor = "none"
+        detected: list[str] = []
         if spec.gpus_per_node != 0 or spec.environment is not None:
             vendor, detected = gpus.detect()
         if spec.gpu_vendor != "auto":
@@ -140,7 +144,7 @@ class LocalBackend(Backend):
         start_supervisor(sub.store, sub.record.id, sub.run_dir)
         return Submitted(sub.record.id)
 
-    def handover(self, sub: Submission) -> None:
+    def handover(self, sub: Submission, hooks: Hooks | None = None) -> None:
         """`treb run` becomes the run's supervisor (same pid, terminal and process group).
         With the spec from the spec cache, nothing heavy was imported: the supervisor runs
         here and now. Otherwise exec a fresh interpreter that imports neither pydantic nor
@@ -151,14 +155,14 @@ class LocalBackend(Backend):
         sys.stdout.flush()
         sys.stderr.flush()
         signal.pthread_sigmask(signal.SIG_BLOCK, HANDOVER_SIGNALS)
-        argv = [sys.executable, "-m", "trebuchet.launcher.supervisor", "--attached",
+        argv = [sys.executable, "-m", SUPERVISOR, "--attached",
                 "--profile", sub.loaded.spec.profile, str(sub.run_dir)]  # fmt: skip
         from trebuchet.spec.cache import always
 
         if "pydantic" not in sys.modules or always():  # always: the tests try this path
             from trebuchet.launcher import supervisor
 
-            code = supervisor.main(argv[3:], plan, sub.unsynced)
+            code = supervisor.main(argv[3:], plan, sub.unsynced, hooks)
             sub.store.close()
             supervisor.leave(code)
         sub.sync()  # the new interpreter's supervisor does not know them
@@ -171,7 +175,7 @@ class LocalBackend(Backend):
         self, sweep_id: str, points: list[SubmissionPoint], attach: bool
     ) -> SweepSubmitted:
         """At most sweep_parallel runs at once (default 1), by the driver in sweep.py."""
-        from trebuchet.launcher.sweep import submit_local
+        from trebuchet.backends.local_sweep import submit_local
 
         return submit_local(self, sweep_id, points, attach)
 
@@ -241,7 +245,7 @@ def start_supervisor(store: Store, run_id: str, run_dir: Path) -> int:
     log = os.open(run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "trebuchet.launcher.supervisor", str(run_dir)],
+            [sys.executable, "-m", SUPERVISOR, str(run_dir)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
             close_fds=True,
         )  # fmt: skip

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from trebuchet.backends.base import Backend, Submitted
 from trebuchet.backends.job_file import (
     check_node_engine,
+    engine_options,
     job_text,
     node_job,
     start_lines,
@@ -38,6 +39,7 @@ from trebuchet.preflight.findings import WARNING
 from trebuchet.runtime.contract import DEFAULT_MASTER_PORT
 
 if TYPE_CHECKING:
+    from trebuchet.backends.skypilot_options import SkyPilot
     from trebuchet.preflight.context import Context
     from trebuchet.preflight.findings import Finding
     from trebuchet.spec.load import LoadedSpec
@@ -108,12 +110,13 @@ class SkyPilotBackend(Backend):
                 f"{src}: environment.mounts: SkyPilot cannot bind-mount host "
                 "paths into the image; use SkyPilot file_mounts or a bucket"
             )
-        if spec.gpus_per_node > 0 and not spec.skypilot.accelerators:
+        sk: SkyPilot = engine_options(spec, "skypilot")
+        if spec.gpus_per_node > 0 and not sk.accelerators:
             raise UserError(
                 f"{src}: skypilot.accelerators: SkyPilot needs the GPU type, e.g. "
                 f"skypilot.accelerators: H100:{spec.gpus_per_node}"
             )
-        acc = spec.skypilot.accelerators
+        acc = sk.accelerators
         m = re.fullmatch(r"([^:,\s]+)(?::(\d+))?", acc or "")
         if acc and not m:
             raise UserError(f"{src}: skypilot.accelerators: {acc!r} is not NAME or NAME:COUNT")
@@ -123,7 +126,6 @@ class SkyPilotBackend(Backend):
                 f"node but gpus_per_node is {spec.gpus_per_node}"
             )
         check_files(loaded, "SkyPilot", "workdir (it uploads nothing else)")
-        sk = spec.skypilot
         if sk.checkpoint_store and sk.checkpoint_bucket and "://" in sk.checkpoint_bucket:
             raise UserError(
                 f"{loaded.where('skypilot', 'checkpoint_store')}: skypilot.checkpoint_store: "
@@ -153,7 +155,7 @@ class SkyPilotBackend(Backend):
             "num_nodes": spec.nodes,
         }
         res: dict[str, Any] = {}
-        sk = spec.skypilot
+        sk: SkyPilot = engine_options(spec, "skypilot")
         if sk.accelerators:
             acc = sk.accelerators
             if ":" not in acc and spec.gpus_per_node > 0:

@@ -342,9 +342,6 @@ class SlurmBackend(Backend):
             started_at=rec.started_at or started, waiting=None,
         ):  # fmt: skip
             append_event(Path(rec.run_dir), "run_ended", state=state, reason=reason)
-            from trebuchet.launcher.tracking import close
-
-            close(store, rec.id)  # metrics and diagnosis; the controller set the status
 
     def _attach(self, store: Store, rec: RunRecord) -> str:
         """Stream the logs until the job ends; Ctrl+C (or SIGTERM) cancels the job."""

@@ -144,21 +144,21 @@ def parse(items: list[str]) -> tuple[list[Option], list[tuple[int, str]]]:
             j = 1
             while j < len(word):
                 char = word[j]
-                arity = _short_arity(char)
+                char_arity = _short_arity(char)
                 j += 1
-                if arity is None:
+                if char_arity is None:
                     problems.append((i, f"{word}: -{char} is not an sbatch option"))
                     break
-                if arity == 0:
+                if char_arity == 0:
                     out.append(Option(SHORT_NAMES[char], None, i, word))
                     continue
-                value = word[j:] or None
-                if value is None and arity == 1:
+                attached = word[j:] or None
+                if attached is None and char_arity == 1:
                     if nxt is None:
                         problems.append((i, f"{word}: -{char} needs a value"))
                         break
-                    value, k = nxt, k + 1
-                out.append(Option(SHORT_NAMES[char], value, i, word))
+                    attached, k = nxt, k + 1
+                out.append(Option(SHORT_NAMES[char], attached, i, word))
                 break
         else:
             problems.append((i, f"{word!r}: not an option (one option per item, starting with -)"))

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from trebuchet.backends.slurm_script import _directive, q, sbatch_lines, write_job
 from trebuchet.errors import TrebError, UserError
-from trebuchet.launcher.sweep import point_text
 from trebuchet.runtime.procs import hostname
+from trebuchet.spec.sweep import point_text
 from trebuchet.store.files import append_event, write_atomic
 from trebuchet.store.states import CANCELLED, FAILED, SUCCEEDED, TERMINAL
 
@@ -141,13 +141,15 @@ def submit_sweep(
 ) -> SweepSubmitted:
     """All points as one Slurm job array; attached: follow every point until it ends."""
     from trebuchet.backends.base import SweepSubmitted
-    from trebuchet.launcher.sweep import sweep_file
     from trebuchet.store.files import write_json
+    from trebuchet.store.paths import sweep_file
 
     subs = [sub for _, sub in points]
     parallel = subs[0].loaded.spec.sweep_parallel  # unset: as many at once as Slurm allows
-    runs = [{"index": index, "id": sub.record.id, "run_dir": str(sub.run_dir), "params": point}
-            for index, (point, sub) in enumerate(points)]  # fmt: skip
+    runs: list[dict[str, Any]] = [
+        {"index": index, "id": sub.record.id, "run_dir": str(sub.run_dir), "params": point}
+        for index, (point, sub) in enumerate(points)
+    ]
     path = sweep_file(sweep_id)
     job_id = submit(backend, sweep_id, subs, parallel, path.parent)
     write_json(path, {"id": sweep_id, "backend": "slurm", "job_id": job_id,

@@ -28,11 +28,15 @@ SLURM_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 
 def slurm_seconds(text: str) -> float | None:
     """Seconds in a Slurm --time value, read as Slurm does (a bare number is minutes);
-    None when unlimited or not a Slurm time (the engine's check reports that one)."""
-    m = SLURM_TIME.fullmatch(text.strip())
-    if not m:
+    None when unlimited; ValueError when it is not a Slurm time."""
+    t = text.strip().upper()
+    if t in ("UNLIMITED", "INFINITE"):
         return None
-    d, a, b, c = (int(x) if x else None for x in m.groups())
+    m = SLURM_TIME.fullmatch(t)
+    if not m:
+        raise ValueError(text)
+    d, b, c = (int(x) if x else None for x in m.group(1, 3, 4))
+    a = int(m.group(2))  # the group the pattern requires
     if d is not None:  # D-H, D-H:M, D-H:M:S
         return float(d * 86400 + (a or 0) * 3600 + (b or 0) * 60 + (c or 0))
     if c is not None:  # H:M:S
@@ -43,10 +47,15 @@ def slurm_seconds(text: str) -> float | None:
 
 
 def time_limit(spec: Any) -> tuple[float | None, tuple[str, ...]] | None:
-    """slurm.time, when set, holds each attempt instead of the spec's timeout."""
+    """slurm.time, when set: the job's whole limit, every attempt together (the spec's
+    timeout holds each attempt, enforced by the job controller: docs/backends/slurm.md)."""
     if not spec.slurm.time:
         return None
-    return slurm_seconds(spec.slurm.time), ("slurm", "time")
+    try:
+        seconds = slurm_seconds(spec.slurm.time)
+    except ValueError:  # the engine's check reports it
+        seconds = None
+    return seconds, ("slurm", "time")
 
 
 def node_local_treb_home(ctx: Context) -> list[Finding]:

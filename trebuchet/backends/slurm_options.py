@@ -16,7 +16,9 @@ class Slurm(Block):
     partition: str | None = allowed("a string", "#SBATCH --partition", default=None)
     qos: str | None = allowed("a string", "#SBATCH --qos", default=None)
     time: str | None = allowed(
-        "a Slurm time such as 04:00:00", "#SBATCH --time (default: timeout)", default=None
+        "a Slurm time such as 04:00:00",
+        "#SBATCH --time, the whole job (default: timeout x attempts)",
+        default=None,
     )
     exclusive: bool | None = allowed("true or false", "#SBATCH --exclusive", default=None)
     constraint: str | None = allowed("a string", "#SBATCH --constraint", default=None)

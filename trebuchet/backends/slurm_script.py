@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.backends import slurm_argv
-from trebuchet.backends.job_file import SECRET_REF, common, job_text, write_job_files
+from trebuchet.backends.job_file import (
+    SECRET_REF,
+    common,
+    grace_seconds,
+    job_text,
+    write_job_files,
+)
+from trebuchet.backends.slurm_checks import slurm_seconds
 from trebuchet.envs.recipe import Recipe
 from trebuchet.launcher.policies import policies_for
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
@@ -26,6 +33,10 @@ from trebuchet.store.files import write_atomic
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 REQUEUE_MARGIN_S = 10  # requeue this long before the time limit when ranks do not stop
+# --time from `timeout` alone (job_seconds): per attempt, beyond its timeout and grace period,
+# the start and end of its srun steps and the pre/post commands; once, the controller's start.
+ATTEMPT_MARGIN_S = 30
+JOB_MARGIN_S = 60
 # sbatch options (long names) trebuchet sets itself; the spec field to use instead.
 MANAGED = {
     "nodes": "nodes", "ntasks": "procs_per_node", "ntasks-per-node": "procs_per_node",
@@ -49,31 +60,31 @@ def q(value: object) -> str:
     return shlex.quote(str(value))
 
 
-def slurm_seconds(text: str) -> float | None:
-    """Seconds in a Slurm --time value (a bare number is minutes); None when unlimited."""
-    t = text.strip().upper()
-    if t in ("UNLIMITED", "INFINITE"):
-        return None
-    m = re.fullmatch(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+))?(?::([0-9]+))?", t)
-    if not m:
-        raise ValueError(text)
-    d, a, b, c = (int(x) if x else None for x in m.groups())
-    if d is not None:  # D-H, D-H:M, D-H:M:S
-        return d * 86400 + (a or 0) * 3600 + (b or 0) * 60 + (c or 0)
-    if c is not None:  # H:M:S
-        return a * 3600 + b * 60 + c
-    if b is not None:  # M:S
-        return a * 60 + b
-    return a * 60.0  # M
-
-
 def time_limit(spec: Any) -> tuple[str | None, float | None]:
-    """The --time value and its seconds: slurm.time when set, else the spec's timeout."""
+    """The --time value and its seconds: slurm.time when set (the whole job's limit, the
+    user's), else enough for every attempt the spec's per-attempt timeout allows."""
     if spec.slurm.time:
         return spec.slurm.time, slurm_seconds(spec.slurm.time)
     if spec.timeout:
-        return slurm_time(spec.timeout), float(spec.timeout)
+        seconds = job_seconds(spec)
+        return slurm_time(seconds), float(seconds)
     return None, None
+
+
+def most_attempts(spec: Any) -> int:
+    """The attempts a job may run: retries + 1, plus every retry the log policies could
+    grant (each `retry` policy's max_retries; runtime/policies.decide)."""
+    found = policies_for(spec) if hasattr(spec, "log_policies") else []
+    granted = sum(int(p.get("max_retries", 3)) for p in found if p["action"] == "retry")
+    return spec.retries + 1 + granted
+
+
+def job_seconds(spec: Any) -> float:
+    """--time when only `timeout` is set: the job controller holds each attempt to it, so
+    the job needs, per attempt, the timeout, the grace period of the stop after it and
+    ATTEMPT_MARGIN_S, and JOB_MARGIN_S once (at most MAX_SECONDS)."""
+    per_attempt = float(spec.timeout) + grace_seconds(spec) + ATTEMPT_MARGIN_S
+    return min(float(MAX_SECONDS), most_attempts(spec) * per_attempt + JOB_MARGIN_S)
 
 
 def warning_seconds(spec: Any, limit: float | None) -> int | None:
@@ -193,7 +204,8 @@ def sbatch_lines(spec: Any, run_dir: Path) -> list[str]:
     limit_text, limit = time_limit(spec)
     if limit_text:
         lines.append(_directive("--time", limit_text))
-    warn = warning_seconds(spec, limit)
+    # Slurm warns before the user's slurm.time only: the controller warns before a timeout.
+    warn = warning_seconds(spec, limit) if sl.time else None
     if warn:
         sig = getattr(spec, "checkpoint_signal", "SIGUSR2").removeprefix("SIG")
         lines.append(_directive("--signal", f"B:{sig}@{warn}"))
@@ -259,8 +271,11 @@ def job_file(spec: Any, workdir: Path, run_id: str, run_dir: Path,
     """What the job controller and the node agents read (`<run dir>/job.json`): the values
     of every engine's job file (job_file.py), and Slurm's own."""
     secrets = sorted(spec.secrets)
+    # the per-attempt timeout and its warning (seconds), enforced by the controller
+    timeout = {"timeout": spec.timeout, "warning": spec.warning_seconds} if spec.timeout else {}
     return {
         **common(spec, run_id, recipe),
+        **timeout,
         "run_dir": str(run_dir), "workdir": str(workdir),
         "max_attempts": spec.retries + 1,
         "requeue_margin": REQUEUE_MARGIN_S,

@@ -214,7 +214,7 @@ def final_state(files: JobFiles, info: QueueInfo | None, job_id: str) -> tuple[s
         if guessed and slurm and slurm[0] not in (SUCCEEDED, result["state"]):
             return slurm  # Slurm knows better (preempted, node failure)
         return str(result["state"]), result.get("reason")
-    if slurm:
+    if slurm and info is not None:  # slurm: from info
         return slurm[0], f"{slurm[1] or 'completed'} (Slurm state {info.state}; " \
             "the job left no result record)"  # fmt: skip
     return "LOST", (

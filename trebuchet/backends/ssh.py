@@ -46,7 +46,13 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from trebuchet.backends.base import Backend, Submitted
-from trebuchet.backends.job_file import check_node_engine, job_text, node_job, uses_secret
+from trebuchet.backends.job_file import (
+    check_node_engine,
+    engine_options,
+    job_text,
+    node_job,
+    uses_secret,
+)
 from trebuchet.errors import UserError
 from trebuchet.runtime.hang import expected_names
 from trebuchet.runtime.procs import hostname
@@ -54,6 +60,7 @@ from trebuchet.runtime.records import first_failure
 from trebuchet.runtime.task import NO_PYTHON
 
 if TYPE_CHECKING:
+    from trebuchet.backends.ssh_options import Ssh
     from trebuchet.launcher.submit import Submission
     from trebuchet.spec.load import LoadedSpec
     from trebuchet.store.db import RunRecord, Store
@@ -75,7 +82,7 @@ class Host:
 
 def hosts(loaded: LoadedSpec) -> list[Host]:
     """ssh.hosts, then the hostfile's (DeepSpeed's `host slots=N`; # comments)."""
-    sp = loaded.spec.ssh
+    sp: Ssh = engine_options(loaded.spec, "ssh")
     out = [Host(h, None, loaded.where("ssh", "hosts")) for h in sp.hosts]
     if sp.hostfile:
         path = loaded.base / os.path.expanduser(sp.hostfile)
@@ -195,7 +202,8 @@ class SshBackend(Backend):
             )
         if not shutil.which("ssh"):
             raise UserError("--on ssh: no ssh client on PATH (Debian: openssh-client)")
-        shared = spec.ssh.shared_dir
+        sp: Ssh = engine_options(spec, "ssh")
+        shared = sp.shared_dir
         if shared and shared != "none":
             from trebuchet.store.paths import runs_dir
 
@@ -211,7 +219,8 @@ class SshBackend(Backend):
         run's files are on the hosts until the copy step says otherwise."""
         from trebuchet.launcher.policies import policies_for
 
-        spec, sp = loaded.spec, loaded.spec.ssh
+        spec = loaded.spec
+        sp: Ssh = engine_options(spec, "ssh")
         names = [h.name for h in self._hosts(loaded)]
         env = {k: v for k, v in spec.env.items() if not uses_secret(v, spec.secrets)}
         # A port per run (from its id, as Slurm's from the job id): two runs sharing a host
@@ -543,21 +552,11 @@ class SshRun:
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> str:
-        from trebuchet.runtime.procs import start_time
         from trebuchet.store.files import append_event, write_json
+        from trebuchet.store.lifecycle import run_started
 
-        me = os.getpid()
         now = time.time()
-        self.store.update_run(
-            self.rid,
-            state="RUNNING",
-            started_at=now,
-            last_seen=now,
-            supervisor_pid=me,
-            supervisor_start=start_time(me),
-            host=hostname(),
-        )
-        append_event(self.run_dir, "run_started", pid=me)
+        run_started(self.store, self.rid, self.run_dir)
         self.control = tempfile.mkdtemp(prefix="treb-ssh-")
         state, cause = "FAILED", None
         try:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from trebuchet.backends import get_backend, refresh
+from trebuchet.backends import get_backend
+from trebuchet.runner import refresh
 from trebuchet.store.db import RunRecord, Store
 
 

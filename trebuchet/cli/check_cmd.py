@@ -46,9 +46,9 @@ def _engine_refusals(loaded, backend_name: str) -> list[Finding]:
 def main(args: argparse.Namespace) -> int:
     from trebuchet.backends import get_backend, option_models
 
-    get_backend(args.on)  # an unknown engine: exit 2, before the spec is read
+    engine = get_backend(args.on)  # an unknown engine: exit 2, before the spec is read
     loaded = load_spec(args.spec, args.override)
-    findings = preflight(loaded, args.on)
+    findings = preflight(loaded, engine)
     findings = _engine_refusals(loaded, args.on) + findings
     errors = sum(f.is_error for f in findings)
     advice = suggestions(loaded.spec)

@@ -1,5 +1,5 @@
 """Helpers shared by the verbs: formatting. (Refreshing active runs is
-backends.refresh; describing a failure, store.states.describe_failure: the API uses them.)"""
+runner.refresh; describing a failure, store.states.describe_failure: the API uses them.)"""
 
 from __future__ import annotations
 

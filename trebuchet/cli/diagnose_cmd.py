@@ -31,7 +31,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         if len(targets) > 1:
             raise UserError("give one run id, or log files that exist")
-        from trebuchet.backends import refresh
+        from trebuchet.runner import refresh
         from trebuchet.store.db import Store
 
         store = Store()

@@ -8,8 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from trebuchet.backends import get_backend, refresh
+from trebuchet.backends import get_backend
 from trebuchet.errors import UserError
+from trebuchet.runner import refresh
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.view.follow import Follower
 

@@ -22,7 +22,7 @@ WIDTH = 32
 
 
 def main(args: argparse.Namespace) -> int:
-    from trebuchet.backends import refresh
+    from trebuchet.runner import refresh
     from trebuchet.store import metrics
 
     store = Store()

@@ -12,8 +12,8 @@ from trebuchet.store.states import ACTIVE, TERMINAL
 
 
 def main(args: argparse.Namespace) -> int:
-    from trebuchet.backends import refresh
     from trebuchet.cli.rm_cmd import remove
+    from trebuchet.runner import refresh
 
     states = parse_states(args.state) or sorted(TERMINAL)
     if set(states) & ACTIVE:

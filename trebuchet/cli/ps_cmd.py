@@ -28,7 +28,7 @@ def main(args: argparse.Namespace) -> int:
     where = run_filter(args)
     store = Store()
     if not args.no_refresh:  # the engines' word on active runs, before filtering by state
-        from trebuchet.backends import refresh
+        from trebuchet.runner import refresh
 
         refresh(store, store.list(active_only=True))
     if args.sweep:
@@ -64,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     headers = ["ID", "NAME", "BACKEND", "STATE", "SHAPE", "ATTEMPT", "AGE", "DURATION"]
     if any(r.sweep_id for r in runs):  # the sweep and the point's parameters
-        from trebuchet.launcher.sweep import point_text
+        from trebuchet.spec.sweep import point_text
 
         headers += ["SWEEP", "PARAMS"]
         for row, r in zip(rows, runs, strict=True):

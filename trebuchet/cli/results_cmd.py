@@ -19,8 +19,8 @@ RECENT = 20
 
 
 def main(args: argparse.Namespace) -> int:
-    from trebuchet.backends import refresh
     from trebuchet.results import collect, perfcsv
+    from trebuchet.runner import refresh
     from trebuchet.store.db import Store
 
     store = Store()

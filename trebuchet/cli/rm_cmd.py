@@ -54,7 +54,7 @@ def remove(store: Store, runs: list[RunRecord], dry_run: bool = False) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    from trebuchet.backends import refresh
+    from trebuchet.runner import refresh
 
     store = Store()
     runs = targets(store, args.runs)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from trebuchet import runner
 from trebuchet.backends.base import SweepSubmitted
+from trebuchet.cli.supervise import HOOKS
 
 if TYPE_CHECKING:
     from trebuchet.launcher.submit import Submission
@@ -29,7 +30,7 @@ def main(args: argparse.Namespace) -> int:
     overrides = list(args.override) + ([f"name={args.name}"] if args.name else [])
     started = runner.launch(
         args.spec, args.on, overrides, attach=not args.detach, preflight=not args.no_check,
-        warn=warn, announce=None if args.detach else announce, handover=True,
+        warn=warn, announce=None if args.detach else announce, handover=HOOKS,
         resume_from=args.resume_from,
     )  # fmt: skip
     result = started.result

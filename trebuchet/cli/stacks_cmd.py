@@ -18,8 +18,9 @@ from trebuchet.errors import TrebError, UserError
 
 
 def main(args: argparse.Namespace) -> int:
-    from trebuchet.backends import get_backend, refresh
+    from trebuchet.backends import get_backend
     from trebuchet.diagnose.hang import grouped_text, read_stacks
+    from trebuchet.runner import refresh
     from trebuchet.runtime import hang, stacks
     from trebuchet.store.db import Store
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
-from trebuchet.backends import get_backend, refresh
+from trebuchet.backends import get_backend
 from trebuchet.cli.common import STATE_STYLE, clock, console, state_cell
 from trebuchet.cli.report import diagnosis_json, diagnosis_lines
 from trebuchet.errors import UserError
+from trebuchet.runner import refresh
 from trebuchet.spec.duration import human
-from trebuchet.store.db import Store
+from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.states import describe_failure, describe_waiting
 
 
@@ -106,12 +108,12 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _node_outcomes(store: Store, rec: object) -> list[dict] | None:
+def _node_outcomes(store: Store, rec: RunRecord) -> list[dict[str, Any]] | None:
     """Per-node outcomes where the engine reports them (Kubernetes' pods), else None."""
     if not getattr(rec, "backend_id", None):
         return None
     try:
-        engine = get_backend(rec.backend)  # type: ignore[attr-defined]
+        engine = get_backend(rec.backend)
     except UserError:  # an engine no longer installed
         return None
     return engine.node_outcomes(store, rec)

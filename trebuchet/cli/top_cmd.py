@@ -41,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
 
 def snapshot(store: Store, include_recent: bool = False) -> list[RunView]:
     """The runs to show, refreshed (engines' states, new metrics), with their details."""
-    from trebuchet.backends import refresh
+    from trebuchet.runner import refresh
     from trebuchet.store.metrics import ingest
 
     runs = store.list(active_only=True)

@@ -402,6 +402,7 @@ def decide(case: Case) -> Diagnosis:
 
 
 def _decide(case: Case) -> Diagnosis:
+    u: Unit | None  # each unit in turn; at the end, the one the diagnosis blames (or none)
     for u in case.units:
         if u.finding is None:
             u.finding = classify(u.lines, case.multi_host)
@@ -414,11 +415,12 @@ def _decide(case: Case) -> Diagnosis:
         d = Diagnosis(None, f"run {state.lower()}: nothing to diagnose" if state else "")
         _finish(d, case, None)
         return d
-    d = _state_diag(case) or _hang_diag(case)
-    if d:
-        _finish(d, case, next((u for u in case.units if d.rank is not None and u.rank == d.rank),
-                              None))  # fmt: skip
-        return d
+    said = _state_diag(case) or _hang_diag(case)
+    if said:
+        rank = said.rank
+        _finish(said, case, next((u for u in case.units if rank is not None and u.rank == rank),
+                                 None))  # fmt: skip
+        return said
 
     # The scheduler's verdict on the whole job, unless a task had failed before it.
     for ev in sorted(case.events, key=lambda e: e.pos):
@@ -476,7 +478,9 @@ def _decide(case: Case) -> Diagnosis:
     if causes:
         u = min(causes, key=lambda x: (id(x) in victims, _ts(x), x.order if x.order is not None
                                        else 1 << 30, x.ended_at or NO_TS, x.rank or 0))  # fmt: skip
-        d = _hit_diag(u, u.finding.best)  # type: ignore[union-attr]
+        best = u.finding.best if u.finding else None
+        assert best is not None  # causes: units whose best hit is a CAUSE
+        d = _hit_diag(u, best)
         _finish(d, case, u)
         return d
     if loose.best and loose.best.strength == CAUSE:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def diagnose_record(store: Any, rec: Any) -> Diagnosis:
     return diagnose_run(run)
 
 
-def diagnose_paths(paths: list[str | Path]) -> Diagnosis:
+def diagnose_paths(paths: Sequence[str | Path]) -> Diagnosis:
     return decide(paths_case([Path(p) for p in paths]))
 
 

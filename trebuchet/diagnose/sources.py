@@ -473,6 +473,7 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
     plan = _read_json(run_dir / "plan.json") or {}
     case = Case(source=f"run {run.get('id', run_dir.name)}", run={**run, "attempt": attempt},
                 in_store=True)  # fmt: skip
+    assert case.run is not None  # given just above
     case.run["timeout"] = plan.get("timeout")
     case.run["latest_attempt"] = run.get("attempt", 0)
     case.run["gpus"] = _gpus(run_dir, plan)
@@ -544,9 +545,9 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
                 continue
             log = adir / f"{name}.log"
             lines, last = _scan_lines(log, srun_labels=False)
-            node = o.get("host") or (None if o.get("node") is None else str(o["node"]))
+            host = o.get("host") or (None if o.get("node") is None else str(o["node"]))
             units.append(Unit(
-                rank=o.get("rank"), node=node,
+                rank=o.get("rank"), node=host,
                 local_rank=o.get("local_rank"), exit_code=o.get("exit_code"),
                 signal=o.get("signal"), ended_at=o.get("ended_at"),
                 stopped_by_launcher=bool(o.get("stopped_by_launcher")), log=str(log),

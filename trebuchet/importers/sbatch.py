@@ -324,7 +324,9 @@ def _body(cmds: list[Command], text: str, st: _Script) -> None:
             res.drop(c.line, first, "after the main srun")
         elif len(stmt) == 1 and all(ASSIGN.match(w.raw) for w in c.words):
             for w in c.words:
-                name = ASSIGN.match(w.raw).group(1)
+                assign = ASSIGN.match(w.raw)
+                assert assign is not None  # each word matched, above
+                name = assign.group(1)
                 value = w.value(st.resolve)[len(name) + 1 :]
                 st.parts[name] = assigned(w, st.lookup)
                 st.vars[name] = (value, _Item(c.line, c.raw, w.names()))
@@ -798,7 +800,7 @@ def _cpus(n: int | None, value: str | None, line: int, res: ImportResult) -> Non
 def _signal(value: str, line: int, res: ImportResult) -> None:
     m = re.fullmatch(r"(?:[RB]+:)?([A-Z0-9]+)(?:@(\d+))?", value.upper().replace("SIG", ""))
     sig = SIGNALS.get(m.group(1)) if m else None
-    if not sig:
+    if m is None or not sig:
         res.drop(line, f"--signal={value}", "not a signal trebuchet can send")
         return
     res.spec["checkpoint_signal"] = sig

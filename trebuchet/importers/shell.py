@@ -78,7 +78,7 @@ class Word:
         for p in parts:
             got = resolve(p.text) if p.kind == "var" and resolve and p.plain else None
             if p.kind == "lit" or got is not None:
-                lit += p.text if p.kind == "lit" else got
+                lit += p.text if got is None else got  # got: a var's value, never a lit's
                 continue
             if lit:
                 out.append(shlex.quote(lit))

@@ -14,7 +14,7 @@ import io
 import os
 import sys
 from functools import lru_cache
-from importlib._bootstrap_external import _code_to_hash_pyc  # noqa: PLC2701
+from importlib._bootstrap_external import _code_to_hash_pyc  # type: ignore[attr-defined]  # noqa: PLC2701
 from importlib.util import source_hash
 from pathlib import Path
 

@@ -27,16 +27,6 @@ from trebuchet.errors import UserError
 from trebuchet.plain import field, record
 from trebuchet.store.paths import treb_home
 
-UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?B?)\s*", text.upper())
-    if not m:
-        raise ValueError("bad size")
-    unit = m.group(2) if m.group(2).endswith("B") or not m.group(2) else m.group(2) + "B"
-    return int(float(m.group(1)) * UNITS[unit])
-
 
 @record
 class Snapshot:
@@ -65,7 +55,7 @@ def in_git_tree(path: Path) -> bool:
 
 def _git_all(workdir: Path, *calls: list[str]) -> list[str | None]:
     """Several git commands at once (they only read): each one's stdout, None on failure."""
-    procs = []
+    procs: list[subprocess.Popen[str] | None] = []
     for args in calls:
         try:
             procs.append(subprocess.Popen(["git", "-C", str(workdir), *args], text=True,

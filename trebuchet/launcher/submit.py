@@ -8,10 +8,11 @@ import time
 from pathlib import Path
 
 from trebuchet.errors import UserError
-from trebuchet.launcher.snapshot import earlier_run, parse_size, reuse, take
+from trebuchet.launcher.snapshot import earlier_run, reuse, take
 from trebuchet.plain import asdict, field, record
 from trebuchet.runtime.records import sync
 from trebuchet.spec import resolved
+from trebuchet.spec.duration import parse_size
 from trebuchet.spec.load import LoadedSpec
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event, write_atomic, write_json

@@ -1,7 +1,7 @@
 """Runs a plan to its end: attempts, first-failure teardown, cancel, timeout, records.
 
 It is the attached `treb run` itself, or a small background process for detached runs
-(`python -m trebuchet.launcher.supervisor RUN_DIR`). It imports neither torch nor pydantic.
+(`python -m trebuchet.cli.supervise RUN_DIR`). It imports neither torch nor pydantic.
 Every rank runs in the run's cgroup v2 where one can be created (runtime/contain.py), in
 its own process group, and dies with the supervisor (PDEATHSIG and the watchdog); at the
 end of each attempt everything left in the cgroup, every process still carrying the run's
@@ -18,11 +18,13 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, cast
 
+from trebuchet.launcher.hooks import Hooks
 from trebuchet.launcher.plan import Plan, ProcPlan, free_port
 from trebuchet.launcher.policies import retry_after
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
+from trebuchet.launcher.submitted import Submitted
 from trebuchet.launcher.watchdog import Watchdog
 from trebuchet.runtime import contain, hang, secrets, tracking
 from trebuchet.runtime.agent import Agent, Proc
@@ -31,7 +33,6 @@ from trebuchet.runtime.procs import (
     become_subreaper,
     children,
     descendants,
-    hostname,
     reap,
     signal_pid,
     start_time,
@@ -39,6 +40,7 @@ from trebuchet.runtime.procs import (
 from trebuchet.runtime.records import sync
 from trebuchet.store.db import Store
 from trebuchet.store.files import append_event, read_json
+from trebuchet.store.lifecycle import run_started
 from trebuchet.store.states import (
     CANCELLED,
     FAILED,
@@ -84,8 +86,10 @@ class Supervisor:
         view: View | None = None,
         own_process: bool = False,
         begun: Begun | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         self.plan = plan
+        self.hooks = hooks or Hooks()
         self._begun = begun  # the watchdog and cgroup, when the caller began them (begin)
         self.store = store
         self.view = view  # attached: the terminal view, a thread of its own
@@ -143,17 +147,10 @@ class Supervisor:
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> str:
         rid = self.plan.run_id
-        me = os.getpid()
-        now = time.time()
-        who = {"supervisor_pid": me, "supervisor_start": start_time(me),
-               "host": hostname()}  # fmt: skip
         self.watchdog, self.cgroup, how = self._begun or begin(self.plan)
         self._begun = None
-        self.store.update_run(rid, state=RUNNING, started_at=now, last_seen=now, **who)
+        run_started(self.store, rid, self.run_dir, cgroup=self.cgroup)
         contain.record(str(self.run_dir), self.cgroup, how)
-        # the index's facts, also in the run's own files (store/rebuild.py reads them)
-        append_event(self.run_dir, "run_started", pid=me, start=who["supervisor_start"],
-                     host=who["host"], cgroup=self.cgroup)  # fmt: skip
         reserve = self.run_dir / RESERVE
         reserve_space(reserve)
         try:
@@ -196,13 +193,11 @@ class Supervisor:
 
     def close_trackers(self) -> None:
         """The end of the run in its trackers, after everything is recorded: bounded
-        requests, and no failure of theirs reaches the run (launcher/tracking.py)."""
-        if not self.tracking_env:
+        requests, and no failure of theirs reaches the run (trebuchet/tracking.py)."""
+        if not self.tracking_env or self.hooks.close_trackers is None:
             return
         try:
-            from trebuchet.launcher.tracking import close
-
-            close(self.store, self.plan.run_id)
+            self.hooks.close_trackers(self.store, self.plan.run_id)
         except Exception as exc:  # noqa: BLE001
             tracking.failed(str(self.run_dir), "mlflow", f"{type(exc).__name__}: {exc}")
 
@@ -307,8 +302,10 @@ class Supervisor:
         ended = time.time()
         rows = [self._proc_row(p) for p in self.procs] + self._rank_rows(adir, reason is not None)
         self.store.set_procs(rid, attempt, rows)
-        states = {"cancel": CANCELLED, "timeout": TIMEOUT, "failure": FAILED, "post": FAILED,
-                  "hang": FAILED}  # fmt: skip
+        states: dict[str | None, str] = {
+            "cancel": CANCELLED, "timeout": TIMEOUT, "failure": FAILED, "post": FAILED,
+            "hang": FAILED,
+        }  # fmt: skip
         state = states.get(reason, SUCCEEDED)
         if reason is None and any(p.returncode != 0 for p in self.procs):
             state = FAILED
@@ -352,7 +349,7 @@ class Supervisor:
                 self.plan.grace_period,
                 on_failure=self._on_failure,
                 stopped_elsewhere=self._stopped_by_warning,
-                on_start=(lambda p: watch(p.pid)) if watch else None,
+                on_start=(lambda p: watch(cast(int, p.pid))) if watch else None,  # started
                 cgroup=self.cgroup,
             )  # fmt: skip
             for _, procs in sorted(by_node.items())
@@ -475,9 +472,9 @@ class Supervisor:
         append_event(self.run_dir, "hang", attempt=attempt, action=action,
                      last_progress=info["last_progress"], detected_at=info["detected_at"],
                      stacks=len(info["stacks"]))  # fmt: skip
-        from trebuchet.diagnose.hang import hang_lines
-
-        for line in hang_lines(self.run_dir / f"attempt-{attempt}"):
+        adir = self.run_dir / f"attempt-{attempt}"
+        lines = self.hooks.hang_lines(adir) if self.hooks.hang_lines else [hang.describe(info)]
+        for line in lines:
             self._say(line)
         if action == "warn":
             self.hang = None  # the attempt goes on; hang.json and the event keep it
@@ -618,15 +615,21 @@ def begin(plan: Plan) -> Begun:
     return watchdog, cgroup, how
 
 
-def main(argv: list[str], plan: Plan | None = None, unsynced: list[str] | None = None) -> int:
-    """Entry of a run's own supervisor process: in the background for a detached run, or
-    `--attached` in the `treb run` process that handed itself over (backends/local.py),
-    which passes the plan it wrote and the run's files it left unsynced."""
+def main(
+    argv: list[str],
+    plan: Plan | None = None,
+    unsynced: list[str] | None = None,
+    hooks: Hooks | None = None,
+) -> int:
+    """A run's own supervisor process (its entry: cli/supervise.py): in the background for
+    a detached run, or `--attached` in the `treb run` process that handed itself over
+    (backends/local.py), which passes the plan it wrote and the run's files it left
+    unsynced."""
     run_dir = Path(argv[-1])
     plan = plan or Plan.from_json(read_json(run_dir / "plan.json"))
     store = Store()
     try:
-        return _supervise(argv, plan, store, run_dir, unsynced or [])
+        return _supervise(argv, plan, store, run_dir, unsynced or [], hooks or Hooks())
     finally:
         store.close()  # the last connection checkpoints the index: the outcome is durable
 
@@ -640,8 +643,8 @@ def leave(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _supervise(argv: list[str], plan: Plan, store: Store, run_dir: Path, unsynced: list[str]
-                ) -> int:  # fmt: skip
+def _supervise(argv: list[str], plan: Plan, store: Store, run_dir: Path, unsynced: list[str],
+               hooks: Hooks) -> int:  # fmt: skip
     attached = "--attached" in argv
     profile = "none"
     if "--profile" in argv:
@@ -653,7 +656,7 @@ def _supervise(argv: list[str], plan: Plan, store: Store, run_dir: Path, unsynce
         view = View()  # its thread before the cgroup move begins (a new thread waits too)
     begun = begin(plan)
     sync(unsynced)  # the run's files: durable while the cgroup move waits (~10 ms of fsyncs)
-    sup = Supervisor(plan, store, view, own_process=True, begun=begun)
+    sup = Supervisor(plan, store, view, own_process=True, begun=begun, hooks=hooks)
     sup.install_signals()
     if attached:  # signals blocked across the exec: handled from here on
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
@@ -675,18 +678,11 @@ def _supervise(argv: list[str], plan: Plan, store: Store, run_dir: Path, unsynce
     finally:
         if view:
             view.close()
-    if not attached:
+    if not attached or hooks.end is None:
         sup.reap()
         return 0 if state == SUCCEEDED else 1
-    from trebuchet.backends.base import Submitted
-    from trebuchet.cli.report import attached_end
-
     rec = store.get(plan.run_id)
     result = Submitted(plan.run_id, state, rec.exit_code if rec else None, sup.cancel_signal)
-    code = attached_end(store, result, run_dir, profile)
+    code = hooks.end(store, result, run_dir, profile)
     sup.reap()
     return code
-
-
-if __name__ == "__main__":
-    leave(main(sys.argv[1:]))

@@ -16,18 +16,12 @@ if TYPE_CHECKING:
 @record
 class Context:
     loaded: LoadedSpec
-    backend: str
+    engine: Backend  # given by the caller: checks run below the engine registry
     environ: Mapping[str, str]
 
     @property
     def spec(self) -> Any:
         return self.loaded.spec
-
-    @property
-    def engine(self) -> Backend:
-        from trebuchet.backends import get_backend
-
-        return get_backend(self.backend)
 
     @property
     def remote(self) -> bool:

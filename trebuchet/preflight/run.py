@@ -11,6 +11,7 @@ from trebuchet.preflight.context import Context
 from trebuchet.preflight.findings import CHECKS, WARNING, Finding, count
 
 if TYPE_CHECKING:
+    from trebuchet.backends.base import Backend
     from trebuchet.spec.load import LoadedSpec
 
 Check = Callable[[Context], list[Finding]]
@@ -32,12 +33,12 @@ def _line(f: Finding) -> int:
 
 
 def preflight(
-    loaded: LoadedSpec, backend_name: str, environ: Mapping[str, str] | None = None
+    loaded: LoadedSpec, engine: Backend, environ: Mapping[str, str] | None = None
 ) -> list[Finding]:
-    """The findings for `loaded` on `backend_name`: errors first, then by line.
+    """The findings for `loaded` on `engine`: errors first, then by line.
 
     Findings whose id is in the spec's `ignore_checks` are left out."""
-    ctx = Context(loaded, backend_name, os.environ if environ is None else environ)
+    ctx = Context(loaded, engine, os.environ if environ is None else environ)
     findings = all_findings(ctx)
     ignored = set(getattr(ctx.spec, "ignore_checks", None) or ())
     kept = [f for f in findings if f.id not in ignored]
@@ -67,13 +68,13 @@ def all_findings(ctx: Context) -> list[Finding]:
 
 
 def enforce(
-    loaded: LoadedSpec, backend_name: str, environ: Mapping[str, str] | None = None
+    loaded: LoadedSpec, engine: Backend, environ: Mapping[str, str] | None = None
 ) -> list[Finding]:
     """For `treb run` and launch(): the warnings; SpecError (exit 2) when there are errors.
     Printing is the caller's (the CLI prints, the API keeps them on the Run)."""
     from trebuchet.errors import SpecError
 
-    findings = preflight(loaded, backend_name, environ)
+    findings = preflight(loaded, engine, environ)
     errors = [f for f in findings if f.is_error]
     if errors:
         lines = [line for f in errors for line in f.text().splitlines()]

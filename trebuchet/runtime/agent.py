@@ -59,7 +59,7 @@ class Proc:
         self.record = record  # pre/post commands: their log is their record
         self.launcher = launcher  # torchrun/mpirun: ignores the checkpoint signals itself
         self.cwd = cwd  # None: the agent's
-        self.popen: subprocess.Popen | None = None
+        self.popen: subprocess.Popen[bytes] | None = None
         self.started_at = now()
         self.ended_at: float | None = None
         self.returncode: int | None = None
@@ -85,8 +85,11 @@ class Proc:
 
     def outcome(self) -> dict[str, Any]:
         """What its record and the run store say about it."""
-        ended = self.returncode is not None
-        fields = exit_fields(self.returncode) if ended else {"exit_code": None, "signal": None}
+        fields = (
+            {"exit_code": None, "signal": None}
+            if self.returncode is None
+            else exit_fields(self.returncode)
+        )
         return {
             "label": self.label,
             "rank": self.rank,

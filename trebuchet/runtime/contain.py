@@ -22,10 +22,13 @@ import contextlib
 import os
 import signal
 import time
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from . import procs
 from .records import read_json, write_json
+
+if TYPE_CHECKING:
+    import threading
 
 RECORD = "cgroup.json"
 # Tests only: force the fallback on a host where cgroup v2 is writable.
@@ -115,7 +118,8 @@ def create(name: str) -> tuple[str | None, str]:
     return None, why
 
 
-_ENTERING: dict[str, Any] = {}  # path -> the thread moving this process in (enter_early)
+# path -> the thread moving this process in (enter_early), and where it says if it did
+_ENTERING: dict[str, tuple[threading.Thread, list[bool]]] = {}
 
 
 def enter_early(path: str | None) -> None:

@@ -1,9 +1,12 @@
 """The job controller on Slurm: what happens once per job, in the batch step.
 
 Attempts (each one srun step of node agents, with the spec's pre/post commands around it),
-retries within the allocation, log policies, the time-limit warning (Slurm's
-`--signal=B:SIG@warning`: the checkpoint signal to every rank, then a requeue before the
-limit when attempts remain), requeue by Slurm, and the records `treb` reads without sacct:
+retries within the allocation, log policies, the spec's `timeout` per attempt (as the local
+supervisor: the checkpoint signal `warning` seconds before it, then the ranks stopped, the
+attempt TIMEOUT and retried here when attempts remain), the job's time-limit warning
+(Slurm's `--signal=B:SIG@warning` with `slurm.time`: the checkpoint signal to every rank,
+then a requeue before the limit when attempts remain), requeue by Slurm, and the records
+`treb` reads without sacct:
 `attempt-<n>/attempt.json` and `result.json`. A requeued job starts this again from the
 top; the attempt directories already present say which attempt it is.
 """
@@ -20,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from . import contract, hang, policies, tracking
+from . import contract, hang, policies, procs, tracking
 from .agent import Agent
 from .records import append_event, first_failure, now, read_json, write_json, write_text
 from .task import PYTHON_GUARD
@@ -63,9 +66,9 @@ class Controller:
         self.attempt = 0
         self.adir = ""
         self.t0: float | None = None
-        self.step: subprocess.Popen | None = None
+        self.step: subprocess.Popen[bytes] | None = None
         self.inline: Agent | None = None  # the job's only task, run here (job["inline"])
-        self.signaller: subprocess.Popen | None = None  # the step that delivers the warning
+        self.signaller: subprocess.Popen[bytes] | None = None  # delivers the warning
         self.step_rc: int | None = None
         self.warned = self.requeued = self.terminating = False
         self.requeue_at: float | None = None
@@ -73,6 +76,10 @@ class Controller:
         self.watch: hang.HangWatch | None = None  # while the ranks' step runs
         self.hung: dict[str, Any] | None = None  # this attempt was stopped for a hang
         self.hang_stop_at: float | None = None  # on_hang retry: the teardown, after the grace
+        # the spec's timeout (monotonic times, armed while the ranks run), as locally
+        self.warn_at: float | None = None
+        self.timeout_at: float | None = None
+        self.timeout_warned = self.timed_out = False  # in this attempt
         self._signals: list[int] = []
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -152,19 +159,7 @@ class Controller:
         if self.warned:
             return
         self.warned = True
-        if self.inline is not None:
-            sent = len(self.inline.signal_all(getattr(signal, self.sig)))
-            log(f"time limit near: {self.sig} to the {sent} process(es) that handle it")
-        elif self.step is not None:
-            # Not `scancel --signal`: Slurm would signal every process of the step, and
-            # kill those without a handler. One task per node picks the handlers instead.
-            log(f"time limit near: {self.sig} to the ranks that handle it (checkpoint now)")
-            n = int(self.job["nodes"])
-            argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1"]
-            argv += ["--overlap", "--export=ALL", "sh", "-c", PYTHON_GUARD, "treb-agent"]
-            argv += [self.runtime, "signal", self.sig, self.job_path]
-            with contextlib.suppress(OSError):
-                self.signaller = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        self.send_checkpoint("time limit near")
         running = self.step is not None or self.inline is not None
         if self.attempt + 1 < self.max_attempts() and running:
             margin = int(self.job["requeue_margin"])
@@ -172,6 +167,23 @@ class Controller:
             left = left - margin if left > margin + 1 else 1
             log(f"requeueing when the ranks stop, at the latest in {left}s")
             self.requeue_at = time.monotonic() + left
+
+    def send_checkpoint(self, why: str) -> None:
+        """The checkpoint signal to the ranks that handle it: the inline agent picks them
+        itself; for an srun step, one more step (one task per node) does. Not `scancel
+        --signal`: Slurm would signal every process of the step, and kill those without a
+        handler."""
+        if self.inline is not None:
+            sent = len(self.inline.signal_all(getattr(signal, self.sig)))
+            log(f"{why}: {self.sig} to the {sent} process(es) that handle it")
+        elif self.step is not None:
+            log(f"{why}: {self.sig} to the ranks that handle it (checkpoint now)")
+            n = int(self.job["nodes"])
+            argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1"]
+            argv += ["--overlap", "--export=ALL", "sh", "-c", PYTHON_GUARD, "treb-agent"]
+            argv += [self.runtime, "signal", self.sig, self.job_path]
+            with contextlib.suppress(OSError):
+                self.signaller = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
 
     def on_term(self) -> None:
         """Cancelled, time limit, preemption, requeue: record why, at once (Slurm's SIGKILL
@@ -306,8 +318,54 @@ class Controller:
         if self.hang_stop_at is not None and time.monotonic() >= self.hang_stop_at:
             self.hang_stop_at = None
             self.stop_ranks(signal.SIGTERM)
-        select.select([self._wake_r], [], [], 0.2)
+        self._attempt_clock()
+        select.select([self._wake_r], [], [], self._wait())
         self._drain()
+
+    def arm_timeout(self, started: float) -> None:
+        """The spec's timeout for this attempt, counted from its start (monotonic `started`,
+        before `pre`) as the local supervisor counts it; the checkpoint signal `warning`
+        seconds before it."""
+        self.timeout_warned = self.timed_out = False
+        limit = self.job.get("timeout")
+        if not limit:
+            self.warn_at = self.timeout_at = None
+            return
+        self.timeout_at = started + float(limit)
+        self.warn_at = self.timeout_at - float(self.job.get("warning") or 0)
+
+    def _attempt_clock(self) -> None:
+        """While the ranks run: the checkpoint signal at `warning` before the timeout, then
+        at the timeout the teardown marker (the agents count no rank failure) and a SIGTERM
+        to the agents, which stop their ranks with the grace period."""
+        if self.timeout_at is None or self.terminating or self.hung is not None:
+            return
+        at = time.monotonic()
+        if self.warn_at is not None and at >= self.warn_at:
+            self.warn_at = None
+            self.timeout_warned = True
+            self.send_checkpoint(f"timeout in {float(self.job.get('warning') or 0):g}s")
+        if not self.timed_out and at >= self.timeout_at:
+            self.timed_out = True
+            log(
+                f"timeout ({float(self.job['timeout']):g}s): stopping the ranks "
+                f"(grace {self.job['grace']}s)"
+            )
+            write_text(os.path.join(self.adir, "teardown"), "timeout\n")
+            self.stop_ranks(signal.SIGTERM)
+
+    def _wait(self) -> float:
+        """How long _tick sleeps: 0.2 s, less when the timeout (or its warning) is due
+        sooner, so that it is kept to the tenth of a second."""
+        if self.timeout_at is None or self.timed_out or self.terminating or self.hung is not None:
+            return 0.2
+        due = self.timeout_at if self.warn_at is None else self.warn_at
+        return max(0.0, min(0.2, due - time.monotonic()))
+
+    def timeout_reason(self) -> str:
+        """The attempt's reason when the spec's timeout stopped it: 'timeout', as the local
+        supervisor records it (the limit itself is in the spec and batch.log)."""
+        return "timeout"
 
     def on_hang(self, info: dict[str, Any]) -> None:
         """No rank progressed for hang_timeout (runtime/hang.py), the stacks are in: say
@@ -334,11 +392,21 @@ class Controller:
         """`sig` to the attempt's agents (SIGTERM: their teardown, with the grace period)."""
         if self.inline is not None:
             if sig == signal.SIGTERM:
-                self.inline.teardown()
+                self.term_inline(self.inline)
             else:
                 self.inline.signal_all(sig)
         elif self.step is not None:
             self.signal_steps(sig)
+
+    @staticmethod
+    def term_inline(agent: Agent) -> None:
+        """The inline agent's teardown, with the SIGTERM that Slurm sends to an srun step's
+        processes: its agent does not forward TERM (forward_term=False), so without this
+        the rank would get only the SIGKILL after the grace period."""
+        agent.teardown()
+        for p in agent.procs:
+            if p.alive and p.popen is not None:
+                procs.signal_group(p.popen.pid, signal.SIGTERM)
 
     def signal_steps(self, sig: int) -> None:
         """A signal to every process of the job's running srun steps (`scancel --signal`:
@@ -390,7 +458,8 @@ class Controller:
         self.adir = os.path.join(self.run_dir, f"attempt-{self.attempt}")
         os.makedirs(self.adir, mode=0o700, exist_ok=True)
         os.environ["TREB_ATTEMPT"] = str(self.attempt)
-        self.t0, self.step_rc = now(), None
+        self.t0, self.step_rc, started = now(), None, time.monotonic()
+        self.timeout_warned = self.timed_out = False
         self.attempt_json("RUNNING", "", None, "batch")
         log(
             f"attempt {self.attempt + 1} of {self.max_attempts()}: {self.job['nodes']} node(s) "
@@ -407,6 +476,7 @@ class Controller:
                 action = job.get("on_hang") or "fail"
                 limit = float(job["hang_timeout"])
                 self.watch = hang.HangWatch(self.adir, limit, action, names, self.t0)
+            self.arm_timeout(started)
             try:
                 if self.job.get("inline"):
                     rc = self.run_inline()
@@ -414,13 +484,16 @@ class Controller:
                     rc = self.run_step(self.job["srun"], "task")
             finally:
                 self.watch = None
-                self.hang_stop_at = None
+                self.hang_stop_at = self.warn_at = self.timeout_at = None
             self.requeue_at = None
-            if self.terminating or (rc != 0 and self.hung is None and self.ended_by_slurm()):
+            stopped_here = self.hung is not None or self.timed_out
+            if self.terminating or (rc != 0 and not stopped_here and self.ended_by_slurm()):
                 return
             self.step_rc = rc if rc >= 0 else 128 - rc
             if self.hung is not None:
                 self.state, self.reason = "FAILED", "hang"
+            elif self.timed_out or (rc != 0 and self.timeout_warned and self.died_of_warning()):
+                self.state, self.reason = "TIMEOUT", self.timeout_reason()
             elif rc == 0:
                 self.state, self.reason = "SUCCEEDED", ""
             elif self.warned:
@@ -433,16 +506,27 @@ class Controller:
         if not self.terminating:
             self.attempt_json(self.state, self.reason, now(), "batch")
 
-    def failure_reason(self) -> str:
-        """Why the attempt failed, from its records: the first process that failed on its
-        own ('rank 1 on tn2 exited with code 4'). srun's code is not it: srun returns the
-        highest code of its tasks, e.g. 143 of a rank it stopped after the real failure."""
+    def first_failed(self) -> dict[str, Any] | None:
+        """The attempt's first process that failed on its own, from its records."""
         records = []
         for name in sorted(os.listdir(self.adir)):
             rec = read_json(os.path.join(self.adir, name)) if name.endswith(".json") else None
             if isinstance(rec, dict) and name != "attempt.json":
                 records.append(rec)
         first = first_failure(records)
+        return first if isinstance(first, dict) else None
+
+    def died_of_warning(self) -> bool:
+        """After the timeout's warning, a rank that died of the checkpoint signal ends the
+        attempt as the timeout would (as locally): part of the timeout, not a failure."""
+        first = self.first_failed()
+        return first is not None and first.get("signal") == self.sig
+
+    def failure_reason(self) -> str:
+        """Why the attempt failed, from its records: the first process that failed on its
+        own ('rank 1 on tn2 exited with code 4'). srun's code is not it: srun returns the
+        highest code of its tasks, e.g. 143 of a rank it stopped after the real failure."""
+        first = self.first_failed()
         if first is None:
             return f"srun exited with code {self.step_rc}"
         who = f"rank {first['rank']}" if first.get("rank") is not None else str(first["label"])
@@ -578,9 +662,14 @@ class Controller:
             if self.terminating:
                 break
             if self.state == "TIMEOUT":
-                if self.attempt + 1 < self.max_attempts():
+                if self.attempt + 1 >= self.max_attempts():
+                    break
+                if self.warned:  # the job's own limit is near: a new allocation
                     self.requeue()
-                break
+                    break
+                log(f"attempt {self.attempt + 1} ended: {self.reason}: retrying")
+                self.attempt += 1
+                continue
             if self.state != "FAILED":
                 break
             verdict = policies.NO_MATCH

@@ -16,12 +16,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 
-def _job(path: str) -> dict:
+def _job(path: str) -> dict[str, Any]:
     try:
         with open(path) as fh:
-            return json.load(fh)
+            job: dict[str, Any] = json.load(fh)  # the job file: a JSON object
+            return job
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"treb: cannot read the job file {path}: {exc}\n")
         sys.exit(2)

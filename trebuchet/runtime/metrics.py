@@ -249,8 +249,9 @@ class Metrics:
         self.writers: dict[str, Writer | None] = {}
 
     def __call__(self, name: str, line: bytes) -> None:
-        writer = self.writers.get(name, False)
-        if writer is False:
+        try:
+            writer = self.writers[name]
+        except KeyError:
             writer = self._writer(name) if self.config.wants(name) else None
             self.writers[name] = writer
         if writer is None:

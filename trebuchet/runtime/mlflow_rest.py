@@ -97,7 +97,8 @@ class Mlflow:
             reason = getattr(exc, "reason", exc)
             raise MlflowError(f"{self.uri} did not answer ({reason})", True) from None
         try:
-            return json.loads(text)
+            answer: dict[str, Any] = json.loads(text)  # MLflow answers a JSON object
+            return answer
         except ValueError:
             raise MlflowError(f"{method} {path}: not JSON: {text[:100]!r}") from None
 
@@ -135,24 +136,26 @@ class Mlflow:
             "start_time": now_ms(),
             "tags": [{"key": k, "value": _cut(v, MAX_TAG_VALUE)} for k, v in tags],
         }
-        return self.api("POST", "runs/create", body)["run"]["info"]
+        info: dict[str, Any] = self.api("POST", "runs/create", body)["run"]["info"]
+        return info
 
     def get_run(self, run_id: str) -> dict[str, Any]:
-        return self.api("GET", "runs/get", query={"run_id": run_id})["run"]
+        run: dict[str, Any] = self.api("GET", "runs/get", query={"run_id": run_id})["run"]
+        return run
 
     def log_batch(
         self, run_id: str, params: Pairs = (), tags: Pairs = (),
         metrics: Sequence[dict[str, Any]] = (),
     ) -> None:  # fmt: skip
         """In as many log-batch calls as the server's limits need."""
-        params = [{"key": k, "value": _cut(v, MAX_PARAM_VALUE)} for k, v in params]
-        tags = [{"key": k, "value": _cut(v, MAX_TAG_VALUE)} for k, v in tags]
-        metrics = list(metrics)
-        while params or tags or metrics:
-            p, params = params[:MAX_PARAMS], params[MAX_PARAMS:]
-            t, tags = tags[:MAX_TAGS], tags[MAX_TAGS:]
+        ps = [{"key": k, "value": _cut(v, MAX_PARAM_VALUE)} for k, v in params]
+        ts = [{"key": k, "value": _cut(v, MAX_TAG_VALUE)} for k, v in tags]
+        ms = list(metrics)
+        while ps or ts or ms:
+            p, ps = ps[:MAX_PARAMS], ps[MAX_PARAMS:]
+            t, ts = ts[:MAX_TAGS], ts[MAX_TAGS:]
             room = MAX_ITEMS - len(p) - len(t)
-            m, metrics = metrics[:room], metrics[room:]
+            m, ms = ms[:room], ms[room:]
             self.api("POST", "runs/log-batch", {"run_id": run_id, "params": p, "tags": t,
                                                 "metrics": m})  # fmt: skip
 

@@ -99,7 +99,10 @@ def node_procs(
 ) -> tuple[list[Proc], list[tuple[str, str]]]:
     """This node's processes, and the logs to copy to stdout (label, path)."""
     launcher, ppn, cmd = job["launcher"], int(job["ppn"]), list(job["command"])
-    log = lambda name: os.path.join(adir, name + ".log")  # noqa: E731
+
+    def log(name: str) -> str:
+        return os.path.join(adir, name + ".log")
+
     ranks = [(node * ppn + local, local) for local in range(ppn)]
     rank_streams = [(f"{node}:{local}", log(f"rank-{rank}")) for rank, local in ranks]
     if launcher == "native":
@@ -127,7 +130,7 @@ class Limit:
         self.label = label
         self.sig_name = job.get("checkpoint_signal") or "SIGUSR2"
         self.sig = int(getattr(signal, self.sig_name))
-        self.timeout = job.get("timeout")
+        self.timeout: float | None = job.get("timeout")
         warning = job.get("warning")
         now = time.monotonic()
         self.end = now + float(self.timeout) if self.timeout else None
@@ -154,6 +157,7 @@ class Limit:
             return
         if self._warned_stop or (self.end is not None and now >= self.end):
             self.fired = True
+            assert self.timeout is not None  # end and the warning come from the timeout
             self.notes.append(
                 f"{self.label}: timeout ({float(self.timeout):g}s): stopping the ranks"
             )

@@ -17,9 +17,12 @@ import json
 import re
 import subprocess
 import sys
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from . import procs
+
+if TYPE_CHECKING:
+    from os import PathLike
 
 SCAN_BYTES = 4 << 20  # the end of each log holds the error; a huge log is not read whole
 MATCH_TIMEOUT_S = 10.0
@@ -38,7 +41,7 @@ def unsafe_pattern(pattern: str) -> str | None:
     try:
         from re import _parser as parser  # type: ignore[attr-defined]  # Python >= 3.11
     except ImportError:  # pragma: no cover - Python < 3.11
-        import sre_parse as parser  # type: ignore[no-redef]
+        import sre_parse as parser
     try:
         tree = parser.parse(pattern, re.M)
     except Exception:  # noqa: BLE001 - compiled above, so only a parser difference
@@ -83,7 +86,7 @@ def _bodies(name: str, av: Any) -> list[Any]:
     return []
 
 
-def _tail(path: Any) -> str:
+def _tail(path: str) -> str:
     try:
         with open(path, "rb") as fh:
             fh.seek(0, 2)
@@ -109,7 +112,9 @@ def _search(patterns: list[str], paths: list[str]) -> tuple[int, str] | None:
 
 
 def match(
-    policies: list[dict[str, Any]], logs: Iterable[Any], timeout: float = MATCH_TIMEOUT_S
+    policies: list[dict[str, Any]],
+    logs: Iterable[str | PathLike[str]],
+    timeout: float = MATCH_TIMEOUT_S,
 ) -> tuple[dict[str, Any], str] | None:
     """The first policy (in order) whose pattern occurs in any log, with the matching line;
     searched in a child interpreter that is killed after `timeout` (then: no match)."""
@@ -144,7 +149,7 @@ RETRY, FINAL, EXHAUSTED, NO_MATCH = "retry", "final", "exhausted", "no match"
 
 
 def decide(
-    policies: list[dict[str, Any]], logs: Iterable[Any], granted: dict[str, int]
+    policies: list[dict[str, Any]], logs: Iterable[str | PathLike[str]], granted: dict[str, int]
 ) -> tuple[str, dict[str, Any] | None, str]:
     """After a failed attempt, what the log policies say: (verdict, policy, line).
 
@@ -170,7 +175,7 @@ def should_retry(
     attempt: int,
     retries: int,
     policies: list[dict[str, Any]],
-    logs: Iterable[Any],
+    logs: Iterable[str | PathLike[str]],
     granted: dict[str, int],
     on_hang: str | None = None,
 ) -> tuple[bool, str, dict[str, Any] | None, str]:

@@ -101,7 +101,7 @@ def exit_fields(returncode: int) -> dict[str, Any]:
     return {"exit_code": 128 - returncode, "signal": name}
 
 
-def first_failure(records: list) -> Any:
+def first_failure(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The earliest non-zero outcome that was not a cascade (a process stopped by its
     launcher, the teardown or the engine); a rank's record before a node agent's."""
     failed = [

@@ -14,9 +14,10 @@ def resolve(value: str, names: Collection[str], environ: Mapping[str, str]) -> s
     """`value` with the references to the secrets `names` filled in; any other `${...}`
     stays as written (it was expanded at submission already, or is meant literally)."""
 
-    def sub(m: re.Match) -> str:
+    def sub(m: re.Match[str]) -> str:
         if m.group(1) not in names:
             return m.group(0)
-        return environ.get(m.group(1)) or (m.group(2) or "")
+        default: str = m.group(2) or ""  # the group is None when not given
+        return environ.get(m.group(1)) or default
 
     return SECRET_REF.sub(sub, value)

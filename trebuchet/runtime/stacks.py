@@ -67,7 +67,7 @@ def answered(adir: str, rid: str) -> dict[str, str]:
     written is the one the agents answer, and every decider must see those answers."""
     since = _asked_at(rid)
     folder = stacks_dir(adir)
-    out = {}
+    out: dict[str, str] = {}
     try:
         names = os.listdir(folder)
     except OSError:
@@ -104,7 +104,8 @@ class Dump:
     def __init__(self, adir: str, name: str, pid: int, rid: str) -> None:
         self.adir, self.name, self.pid, self.rid = adir, name, pid, rid
         self.out = os.path.join(stacks_dir(adir), f".{name}.py-spy")
-        self.popen: subprocess.Popen | None = None
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.argv: list[str] = []  # the popen's
         self.deadline = 0.0
         self.tried: list[str] = []  # what failed, said in the file
         self.methods: list[list[str]] = []
@@ -122,7 +123,7 @@ class Dump:
     def _next(self) -> None:
         """Start the next method, or finish with what is known."""
         if self.methods:
-            argv = self.methods.pop(0)
+            argv = self.argv = self.methods.pop(0)
             fd = os.open(self.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
                 self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd,
@@ -144,14 +145,15 @@ class Dump:
                 os.kill(self.pid, STACKS_SIGNAL)
             except OSError as exc:
                 self.tried.append(f"faulthandler: {exc.strerror}")
-                return self._finish("none", "")
+                self._finish("none", "")
+                return None
             self.deadline = time.monotonic() + FAULTHANDLER_WAIT_S
             return None
         if not self.fh_started:
             self.tried.append(
                 "faulthandler: not registered (call trebuchet.dist.enable_stacks() in the program)"
             )
-        return self._finish("none", "")
+        self._finish("none", "")
 
     def step(self) -> bool:
         """Advance; True once the file is written."""
@@ -168,11 +170,11 @@ class Dump:
                 self.tried.append(f"py-spy: no answer in {PY_SPY_TIMEOUT_S:g}s")
             text = _read(self.out)
             if rc == 0 and text.strip():
-                native = "--native" in self.popen.args
+                native = "--native" in self.argv
                 return self._finish("py-spy --native" if native else "py-spy", text)
             if rc is not None:
                 last = text.strip().splitlines()[-1:] or [f"exit code {rc}"]
-                how = "py-spy dump --native" if "--native" in self.popen.args else "py-spy dump"
+                how = "py-spy dump --native" if "--native" in self.argv else "py-spy dump"
                 self.tried.append(f"{how}: {last[0][:200]}")
             self._next()
             return self.done

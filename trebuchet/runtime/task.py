@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from . import contract, procs
 from .agent import STOP_EXIT_CODES, Agent, Proc
@@ -56,7 +56,7 @@ def _attempt_dir(job: dict[str, Any]) -> tuple[int, str]:
     return attempt, os.path.join(job["run_dir"], f"attempt-{attempt}")
 
 
-def slurm_stopped_elsewhere(run_dir: str, adir: str) -> Any:
+def slurm_stopped_elsewhere(run_dir: str, adir: str) -> Callable[[Proc], bool]:
     """Slurm signals a step's processes one by one (children first with proctrack/linuxproc):
     a command can die of the step's TERM before its agent's own TERM arrives. Such a death is
     a stop, not a failure, when a cancel or a teardown is on record or the job is ending."""
@@ -340,7 +340,9 @@ def deliver(job: dict[str, Any], sig_name: str) -> int:
         names = []
     for name in names:
         rec = read_json(os.path.join(adir, name)) if name.endswith(".json") else None
-        pid = rec.get("pid") if isinstance(rec, dict) else None
+        if not isinstance(rec, dict):
+            continue
+        pid = rec.get("pid")
         if not isinstance(pid, int) or rec.get("state") != "RUNNING" or rec.get("host") != host:
             continue
         if not procs.in_run(pid, str(job["run_id"])):

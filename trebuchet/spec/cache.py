@@ -80,9 +80,9 @@ def _code_stamp() -> list[Any]:
 
 def usable() -> bool:
     """No engine registered in this process (its options would change the model)."""
-    from trebuchet import backends
+    from trebuchet import registry
 
-    return backends.generation() == 0 and os.environ.get("TREB_SPEC_CACHE", "1") != "0"
+    return registry.generation() == 0 and os.environ.get("TREB_SPEC_CACHE", "1") != "0"
 
 
 def always() -> bool:

@@ -1,4 +1,5 @@
-"""Durations as users write them: 90, "90s", "30m", "2h", "1h30m", "1d", "04:00:00"."""
+"""Durations and sizes as users write them: 90, "90s", "30m", "2h", "1h30m", "1d",
+"04:00:00"; "500MB", "2G"."""
 
 from __future__ import annotations
 
@@ -76,3 +77,14 @@ def human(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?B?)\s*", text.upper())
+    if not m:
+        raise ValueError("bad size")
+    unit = m.group(2) if m.group(2).endswith("B") or not m.group(2) else m.group(2) + "B"
+    return int(float(m.group(1)) * _SIZE_UNITS[unit])

@@ -143,7 +143,7 @@ def load_spec(
     return loaded
 
 
-def _from_cache(entry: dict[str, Any], p: Path) -> LoadedSpec:
+def _from_cache(entry: dict[str, Any], p: Path | None) -> LoadedSpec:
     from trebuchet.spec.frozen import from_entry
 
     spec, located = from_entry(entry)
@@ -181,7 +181,7 @@ def _input_files(spec: Spec) -> list[tuple[tuple[str, ...], str]]:
     env = spec.environment
     if env is None:
         return []
-    out = []
+    out: list[tuple[tuple[str, ...], str]] = []
     if isinstance(env.requirements, str):
         out.append((("environment", "requirements"), env.requirements))
     if env.setup:

@@ -18,11 +18,11 @@ from pydantic import (
     model_validator,
 )
 
-from trebuchet.launcher.sweep import MAX_SWEEP_POINTS
 from trebuchet.runtime.contract import NODE_NAMES, RANK_NAMES
 from trebuchet.spec.duration import ALLOWED as DURATION_ALLOWED
-from trebuchet.spec.duration import parse_duration
+from trebuchet.spec.duration import parse_duration, parse_size
 from trebuchet.spec.facts import EnvironmentFacts, SpecFacts
+from trebuchet.spec.sweep import MAX_SWEEP_POINTS
 
 NAME_RE = r"^[a-z0-9][a-z0-9._-]*$"
 ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -451,8 +451,6 @@ class Spec(Block, SpecFacts):
     @field_validator("snapshot_max_size")
     @classmethod
     def _size(cls, v: str) -> str:
-        from trebuchet.launcher.snapshot import parse_size
-
         parse_size(v)  # raises on a bad size
         return v
 
@@ -507,10 +505,10 @@ def spec_model() -> type[Spec]:
     global _built
     from pydantic import create_model
 
-    from trebuchet import backends
+    from trebuchet import registry
 
-    blocks = backends.option_models()  # may register engines from entry points
-    gen = backends.generation()
+    blocks = registry.option_models()  # may register engines from entry points
+    gen = registry.generation()
     if _built is None or _built[0] != gen:
         fields: dict[str, Any] = {
             name: (model, allowed("a mapping", _about(name, model), default_factory=model))

@@ -89,8 +89,9 @@ class _Builder:
             key = key if isinstance(key, str) else str(key)
             if key in out:
                 raise _Problem(key_line, f"{key}: duplicate key")
-            self.lines[(*path, key)] = key_line
-            out[key] = self.build(value_node, (*path, key))
+            at = (*path, key)  # a name: mypy's parser refuses d[(*a, b)] before Python 3.11
+            self.lines[at] = key_line
+            out[key] = self.build(value_node, at)
         return out
 
     def scalar(self, node: yaml.Node, line: int) -> Any:

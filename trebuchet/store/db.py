@@ -14,6 +14,7 @@ later by a query is explained by explain() (the CLI calls it).
 
 from __future__ import annotations
 
+import builtins  # annotations in Store, below its method `list`
 import json
 import os
 import re
@@ -506,7 +507,7 @@ class Store:
         descending: bool = True,
         offset: int = 0,
         limit: int = 100,
-    ) -> tuple[list[RunRecord], int]:
+    ) -> tuple[builtins.list[RunRecord], int]:
         """One page of runs and how many match, sorted and filtered in SQL (the dashboard:
         10,000 runs cost one COUNT and one LIMIT query, never a full load)."""
         clauses, args = (where or RunFilter()).sql()
@@ -519,7 +520,7 @@ class Store:
         args = [*args, time.time()] if "?" in order else args
         return [_record(r) for r in self.conn.execute(sql, args).fetchall()], total
 
-    def sweep_ids(self, limit: int = 200) -> list[tuple[str, str, int, float]]:
+    def sweep_ids(self, limit: int = 200) -> builtins.list[tuple[str, str, int, float]]:
         """Recent sweeps: (sweep id, name, number of points, created), newest first."""
         rows = self.conn.execute(
             "SELECT sweep_id, MIN(name), COUNT(*), MIN(created_at) FROM runs "
@@ -558,7 +559,7 @@ class Store:
             cols,
         )
 
-    def attempts(self, run_id: str) -> list[dict[str, Any]]:
+    def attempts(self, run_id: str) -> builtins.list[dict[str, Any]]:
         rows = self.conn.execute(
             "SELECT * FROM attempts WHERE run_id = ? ORDER BY attempt", (run_id,)
         ).fetchall()
@@ -574,13 +575,13 @@ class Store:
 
     def metrics(
         self, run_id: str, names: Iterable[str] | None = None, rank: int | None = None
-    ) -> dict[str, list[tuple[float, float, float]]]:
+    ) -> dict[str, builtins.list[tuple[float, float, float]]]:
         """{name: [(step, value, time), ...]} of a run (store/metrics.py; {}: none yet)."""
         from trebuchet.store.metrics import series
 
         return series(self, run_id, None if names is None else list(names), rank)
 
-    def procs(self, run_id: str, attempt: int | None = None) -> list[dict[str, Any]]:
+    def procs(self, run_id: str, attempt: int | None = None) -> builtins.list[dict[str, Any]]:
         sql = "SELECT * FROM procs WHERE run_id = ?"
         args: list[Any] = [run_id]
         if attempt is not None:

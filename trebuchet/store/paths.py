@@ -91,3 +91,9 @@ def run_dir(run_id: str) -> Path:
 
 def db_path() -> Path:
     return treb_home() / "runs.db"
+
+
+def sweep_file(sweep_id: str) -> Path:
+    path = treb_home() / "sweeps"
+    path.mkdir(exist_ok=True, mode=0o700)
+    return path / f"{sweep_id}.json"

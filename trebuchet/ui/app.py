@@ -61,7 +61,7 @@ def create_app(token: str, cookie: str = "treb_ui") -> TokenGate:
         run_id = request.path_params["run_id"]
 
         def body(store: Store) -> str:
-            from trebuchet.backends import refresh
+            from trebuchet.runner import refresh
 
             rec = _run_or_404(store, run_id)
             refresh(store, [rec])
@@ -108,7 +108,7 @@ def create_app(token: str, cookie: str = "treb_ui") -> TokenGate:
         path = Path(rec.run_dir) / f"attempt-{int(attempt)}" / name
 
         def active() -> bool:
-            from trebuchet.backends import refresh
+            from trebuchet.runner import refresh
 
             store = Store()
             try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from trebuchet.runtime.lines import Splitter, inert
@@ -35,12 +35,12 @@ def _event(kind: str, text: str) -> bytes:
 
 
 async def follow(
-    path: Path, active: Callable[[], bool], disconnected: Callable[[], object]
+    path: Path, active: Callable[[], bool], disconnected: Callable[[], Awaitable[bool]]
 ) -> AsyncIterator[bytes]:
     """Events for one log file: `line` (JSON string) per line, `note` for gaps, `end` once
     the run has ended and the file is read to its end."""
     split = Splitter()
-    offset = None
+    offset: int | None = None
     checked_at = 0.0
     running = True
     loop = asyncio.get_running_loop()
@@ -66,6 +66,7 @@ async def follow(
         except FileNotFoundError:
             data = b""
         if data:
+            assert offset is not None  # set when the file was read
             offset += len(data)
             for line in split.feed(data):
                 yield _event("line", inert(line).decode(errors="replace"))

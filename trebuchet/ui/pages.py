@@ -56,10 +56,11 @@ def runs_filter(q: dict[str, str], store: Store) -> RunFilter:
 
 
 def runs_page(store: Store, q: dict[str, str]) -> str:
-    from trebuchet.backends import refresh
+    from trebuchet.runner import refresh
 
     where = runs_filter(q, store)
-    sort = q.get("sort") if q.get("sort") in SORTS else "created"
+    asked = q.get("sort")
+    sort = asked if asked in SORTS else "created"
     desc = q.get("desc", "1") != "0"
     try:
         page = max(0, int(q.get("page") or 0))
@@ -329,7 +330,8 @@ def sweep_page(store: Store, runs: list[RunRecord], q: dict[str, str]) -> str:
     for r in runs:
         last[r.id] = {n: pts[-1][1] for n, pts in store.metrics(r.id).items() if pts}
     names = ["performance", *sorted({n for m in last.values() for n in m})]
-    metric = q.get("metric") if q.get("metric") in names else "performance"
+    asked = q.get("metric")
+    metric = asked if asked in names else "performance"
     x = q.get("x") if q.get("x") in keys else (keys[0] if keys else None)
     values: dict[str, float | None] = {}
     for r in runs:
@@ -349,10 +351,10 @@ def sweep_page(store: Store, runs: list[RunRecord], q: dict[str, str]) -> str:
     chart = (data("sweep-data", {"x": [a for a, _ in pts], "y": [b for _, b in pts],
                                  "xlabel": x, "ylabel": metric}) + '<div id="sweep-chart"></div>'
              if pts else "<p class='muted'>no numeric points to plot yet</p>")  # fmt: skip
-    rows = [[_run_link(r), state(r.state), *[e(params[r.id].get(k, "-")) for k in keys],
-             e("-" if values[r.id] is None else f"{values[r.id]:g}")] for r in runs]  # fmt: skip
+    cells = [[_run_link(r), state(r.state), *[e(params[r.id].get(k, "-")) for k in keys],
+              e("-" if values[r.id] is None else f"{values[r.id]:g}")] for r in runs]  # fmt: skip
     return (f"<h1>Sweep <span id='sweep-id'>{e(runs[0].sweep_id)}</span> {e(runs[0].name)}</h1>"
-            f"{form}{chart}" + table(["run", "state", *[e(k) for k in keys], e(metric)], rows,
+            f"{form}{chart}" + table(["run", "state", *[e(k) for k in keys], e(metric)], cells,
                                      "sweep"))  # fmt: skip
 
 
@@ -365,7 +367,8 @@ def results_page(store: Store, q: dict[str, str]) -> str:
     if not loads:
         return ("<h1>Results</h1><p class='muted'>no results yet: they are collected when a "
                 "run ends (or by `treb results`)</p>")  # fmt: skip
-    chosen = q.get("workload") if q.get("workload") in {w for w, _, _ in loads} else loads[0][0]
+    asked = q.get("workload")
+    chosen = asked if asked in {w for w, _, _ in loads} else loads[0][0]
     links = " ".join(
         f'<a class="{"chosen" if w == chosen else ""}" href="{url("/results", workload=w)}">'
         f"{e(w)} ({n})</a>"

@@ -1,97 +1,26 @@
-"""Sweeps: `-o env.LR=1e-3,3e-4 -o env.BS=32,64` (or a `sweep:` block) launch the cross
-product as separate runs grouped under one sweep id.
-
-Locally a driver starts at most `sweep_parallel` runs at once (default 1): in the `treb
-run` process when attached, else in the background (`python -m trebuchet.launcher.sweep
-SWEEP_FILE`). It imports no pydantic: every run's plan was written at submission.
+"""The local engine's sweeps: at most `sweep_parallel` runs at once (default 1), driven in
+the `treb run` process when attached, else in the background (`python -m
+trebuchet.backends.local_sweep SWEEP_FILE`). It imports no pydantic: every run's plan was
+written at submission.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
-import re
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trebuchet.errors import UserError
+from trebuchet.spec.sweep import point_text
+from trebuchet.store.paths import sweep_file
 
 if TYPE_CHECKING:
     from trebuchet.backends.base import SubmissionPoint, SweepSubmitted
     from trebuchet.backends.local import LocalBackend
-
-MAX_SWEEP_POINTS = 10_000  # runs in one sweep (docs/spec.md; spec/model.py checks `sweep:`)
-# A comma separates sweep values unless escaped (\,) or inside [...], {...} or quotes.
-_SPLIT = re.compile(r"(?<!\\),")
-
-
-def point_text(point: dict[str, Any]) -> str:
-    """A sweep point as the user wrote it: `env.LR=0.1 env.BS=32` (not a Python dict);
-    a value with spaces or a list/mapping is shown as JSON."""
-    shown = []
-    for key, value in point.items():
-        plain = isinstance(value, str) and value and not any(c.isspace() for c in value)
-        text = value if plain else json.dumps(value)
-        shown.append(f"{key}={text}")
-    return " ".join(shown)
-
-
-def split_values(value: str) -> list[str]:
-    v = value.strip()
-    if not v or v[0] in "[{'\"":
-        return [value]
-    return [part.replace("\\,", ",") for part in _SPLIT.split(value)]
-
-
-def points(
-    overrides: list[str], block: dict[str, list[Any]] | None
-) -> tuple[list[str], list[dict[str, str]]]:
-    """(fixed overrides, one dict of swept overrides per run); one empty dict: no sweep."""
-    fixed: list[str] = []
-    axes: list[tuple[str, list[str]]] = []
-    for text in overrides:
-        key, sep, value = text.partition("=")
-        values = split_values(value) if sep else [value]
-        if sep and len(values) > 1:
-            axes.append((key.strip(), values))
-        else:
-            fixed.append(text.replace("\\,", ","))
-    for key, values in (block or {}).items():
-        if key not in {k for k, _ in axes}:
-            axes.append((key, [_text(v) for v in values]))
-    if not axes:
-        return fixed, [{}]
-    count = 1
-    for _, values in axes:
-        count *= len(values)
-    if count > MAX_SWEEP_POINTS:  # counted before a point is built: millions would take GBs
-        sizes = " x ".join(f"{k} ({len(v)})" for k, v in axes)
-        raise UserError(f"sweep: {sizes} is {count} points, more than {MAX_SWEEP_POINTS}")
-    keys = [k for k, _ in axes]
-    return fixed, [
-        dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(v for _, v in axes))
-    ]
-
-
-def _text(value: Any) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)
-
-
-def new_sweep_id() -> str:
-    return "s" + os.urandom(4).hex()[:7]  # the secrets module's source, without its imports
-
-
-def sweep_file(sweep_id: str) -> Path:
-    from trebuchet.store.paths import treb_home
-
-    path = treb_home() / "sweeps"
-    path.mkdir(exist_ok=True, mode=0o700)
-    return path / f"{sweep_id}.json"
 
 
 def submit_local(
@@ -117,7 +46,7 @@ def submit_local(
         print(f"treb:   {run['index']}  {run['id']}  {point_text(run['params'])}", file=sys.stderr)
     if not attach:
         subprocess.Popen(
-            [sys.executable, "-m", "trebuchet.launcher.sweep", str(path)],
+            [sys.executable, "-m", "trebuchet.backends.local_sweep", str(path)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, close_fds=True,
         )  # fmt: skip

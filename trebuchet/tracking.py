@@ -99,7 +99,7 @@ def open_sweep(sweep_id: str, loaded: LoadedSpec, points: int, warn: Warn | None
     if target is None:
         return None
     uri, experiment = target
-    from trebuchet.launcher.sweep import sweep_file
+    from trebuchet.store.paths import sweep_file
 
     where = sweep_file(sweep_id).parent
     client = _client(uri, None)
@@ -294,7 +294,7 @@ def _diagnosis(store: Store, rec: RunRecord, client: Mlflow, artifact_uri: str) 
 
 
 def _close_sweep(store: Store, sweep_id: str) -> None:
-    from trebuchet.launcher.sweep import sweep_file
+    from trebuchet.store.paths import sweep_file
 
     runs = store.sweep_runs(sweep_id)
     if not runs or any(r.state not in TERMINAL for r in runs):

@@ -1,0 +1,124 @@
+"""Engines by name: which module holds each engine and its spec block, imported on first use.
+
+Below every other part (it imports none): the spec model asks it for the engines' blocks,
+backends/ for the engines themselves (get_backend). An engine is registered under a name
+with the `module:attribute` of its object (an instance of backends.base.Backend, or the
+class); the built-in engines are listed below, others come from installed packages through
+the `trebuchet.engines` entry point group, each registered as `register(entry_point.name,
+entry_point.value)`:
+
+    [project.entry-points."trebuchet.engines"]
+    myengine = "trebuchet_myengine:MyEngine"
+
+An engine's block of options in the spec (`slurm:`, ...) is its `options` model, or the
+`module:attribute` given at registration (the built-ins: their engine modules stay free
+of pydantic). Listing the names never imports an engine module; building the spec model
+imports the option models, and the modules of registered engines that name none.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from trebuchet.plain import record
+
+ENTRY_POINT_GROUP = "trebuchet.engines"
+
+
+@record(frozen=True)
+class Registration:
+    name: str
+    engine: Any  # "module:attribute", a Backend instance, or a Backend subclass
+    # "module:attribute" of its spec block's model, or the model; False: no block; None:
+    # the engine's own `options` (importing the engine when a spec is loaded).
+    options: Any = None
+
+
+BUILTIN = (
+    Registration("local", "trebuchet.backends.local:BACKEND", False),  # simulated nodes, here
+    Registration(  # an sbatch script; submits, follows, cancels
+        "slurm", "trebuchet.backends.slurm:BACKEND", "trebuchet.backends.slurm_options:Slurm"
+    ),
+    Registration(  # a task YAML handed to SkyPilot
+        "skypilot",
+        "trebuchet.backends.skypilot:BACKEND",
+        "trebuchet.backends.skypilot_options:SkyPilot",
+    ),
+    Registration(  # one node agent per host over ssh, supervised here
+        "ssh", "trebuchet.backends.ssh:BACKEND", "trebuchet.backends.ssh_options:Ssh"
+    ),
+    Registration(  # an indexed Job and a headless Service
+        "kubernetes",
+        "trebuchet.backends.kubernetes:BACKEND",
+        "trebuchet.backends.kubernetes_options:Kubernetes",
+    ),
+)
+
+registry: dict[str, Registration] = {r.name: r for r in BUILTIN}
+engines: dict[str, Any] = {}  # the engine objects made so far (backends.get_backend)
+_entry_points_read = False
+_generation = 0  # changes whenever an engine is registered: the spec model is rebuilt
+
+
+def register(name: str, engine: Any, options: Any = None) -> None:
+    """Add (or replace) the engine called `name`. `engine` is a Backend instance or class,
+    or the `module:attribute` of one, imported when first asked for; `options` as in
+    Registration (None: the engine's own `options` attribute)."""
+    global _generation
+    if not name or not name.replace("-", "").replace("_", "").isalnum() or name != name.lower():
+        raise ValueError(f"engine name {name!r}: use lower-case letters, digits, - and _")
+    registry[name] = Registration(name, engine, options)
+    engines.pop(name, None)
+    _generation += 1
+
+
+def load_entry_points() -> None:
+    """Register every engine installed packages declare (once per process); a name that is
+    already registered keeps its registration."""
+    global _entry_points_read
+    if _entry_points_read:
+        return
+    _entry_points_read = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in registry:
+            register(ep.name, ep.value)
+
+
+def generation() -> int:
+    return _generation
+
+
+def names() -> list[str]:
+    """Every engine's name, without importing any engine module."""
+    load_entry_points()
+    return list(registry)
+
+
+def resolve(target: Any) -> Any:
+    if isinstance(target, str):
+        module, _, attr = target.partition(":")
+        obj: Any = importlib.import_module(module)
+        for part in attr.split(".") if attr else ():
+            obj = getattr(obj, part)
+        return obj
+    return target
+
+
+def option_models() -> list[tuple[str, Any]]:
+    """(engine name, model of its spec block) for every engine that has a block."""
+    load_entry_points()
+    out = []
+    for name, reg in list(registry.items()):
+        if reg.options is False:
+            continue
+        try:
+            model = (resolve(reg.options) if reg.options is not None
+                     else getattr(resolve(reg.engine), "options", None))  # fmt: skip
+        except (ImportError, AttributeError):
+            continue  # a broken engine: refused with its reason when `--on` names it
+        if model is not None:
+            out.append((name, model))
+    return out
