@@ -20,7 +20,7 @@ def heavy_modules(body: str, env: dict | None = None) -> list[str]:
 
 
 def test_detached_supervisor_imports_neither_torch_nor_pydantic() -> None:
-    assert heavy_modules("import trebuchet.launcher.supervisor") == []
+    assert heavy_modules("import trebuchet.cli.supervise, trebuchet.launcher.supervisor") == []
 
 
 def test_ps_and_help_import_only_what_they_need(tmp_path) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, needs, needs_program, status_json, write_spec
+from trebuchet.backends.local import SUPERVISOR
 
 pytestmark = pytest.mark.integration
 
@@ -139,7 +140,7 @@ def test_signals_to_the_launcher(
             time.sleep(0.05)
         argv = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
         in_place = cached or os.environ.get("TREB_SPEC_CACHE") == "always"
-        assert (b"trebuchet.launcher.supervisor" not in argv) == in_place, argv
+        assert (SUPERVISOR.encode() not in argv) == in_place, argv
         proc.send_signal(sig)
         assert proc.wait(timeout=60) == code
     finally:

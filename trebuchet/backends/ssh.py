@@ -31,7 +31,6 @@ import io
 import json
 import os
 import re
-import select
 import shlex
 import shutil
 import signal
@@ -55,6 +54,7 @@ from trebuchet.backends.job_file import (
 )
 from trebuchet.errors import UserError
 from trebuchet.runtime.hang import expected_names
+from trebuchet.runtime.lifecycle import Ending, JobController, Settings
 from trebuchet.runtime.procs import hostname
 from trebuchet.runtime.records import first_failure
 from trebuchet.runtime.task import NO_PYTHON
@@ -131,9 +131,10 @@ def ssh_argv(sp: Any, control_dir: str | None) -> list[str]:
     return argv
 
 
-def node_script(info: dict[str, Any], node: int, attempt: int) -> str:
+def node_script(info: dict[str, Any], node: int, attempt: int, hook: str | None = None) -> str:
     """What `sh -c` runs on host `node`: every value quoted, the user's setup lines as
-    written, then the node agent in place of the shell."""
+    written, then the node agent in place of the shell (`hook`: the spec's pre or post
+    command instead, under bash as locally)."""
     q = shlex.quote
     env = {
         **info["env"],
@@ -144,7 +145,7 @@ def node_script(info: dict[str, Any], node: int, attempt: int) -> str:
         "TREB_RUN_ID": info["run_id"],
         "TREB_RUN_DIR": info["remote_run_dir"],
         "TREB_ATTEMPT": str(attempt),
-        "TREB_NODE_STDIN": "1",
+        **({} if hook else {"TREB_NODE_STDIN": "1"}),
         # ranks started by bash would source ~/.bashrc again (bash does so when it sees
         # SSH_CLIENT at level 1), undoing ssh.setup's PATH: the login shell did it once
         "SHLVL": "1",
@@ -157,9 +158,11 @@ def node_script(info: dict[str, Any], node: int, attempt: int) -> str:
         *info["setup"],
         *[f"export {k}={q(v)}" for k, v in env.items()],
         "export TREB_RUN_DIR",
-        NO_PYTHON,
-        f'exec python3 -S "$TREB_RUN_DIR"/{q(info["runtime"])} node "$TREB_RUN_DIR"/job.json',
-    ]
+        *([f"exec bash -c {q(hook)}"] if hook else [
+            NO_PYTHON,
+            f'exec python3 -S "$TREB_RUN_DIR"/{q(info["runtime"])} node "$TREB_RUN_DIR"/job.json',
+        ]),
+    ]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -246,6 +249,8 @@ class SshBackend(Backend):
             "grace_period": float(spec.grace_period),
             "launcher": spec.launcher,
             "ppn": spec.ranks_per_node,
+            "pre": spec.pre,
+            "post": spec.post,
         }
 
     def render(self, loaded: LoadedSpec) -> str:
@@ -390,6 +395,7 @@ class SshRun:
     """The supervisor of one ssh run (attached or detached)."""
 
     def __init__(self, run_dir: Path, store: Store, view: View | None = None) -> None:
+        from trebuchet.launcher.index_records import IndexRecords
         from trebuchet.store.files import read_json
 
         self.run_dir = run_dir
@@ -397,27 +403,28 @@ class SshRun:
         self.store = store
         self.view = view
         self.rid = self.info["run_id"]
-        self.cancel_signal: int | None = None
-        self.hung = False  # the last attempt was stopped by a node's hang watch
-        self.force = False
         self.control = ""
         self.notes: list[str] = []  # said by the main loop (reader threads append)
-        self.granted: dict[str, int] = {}  # retries granted by log policies, by name
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self.nodes: list[Node] = []  # this attempt's sessions, one per host
+        self.first: Node | None = None  # the first node to end badly: the root cause's
+        self.kill_at: float | None = None  # sessions that did not end by then are cut
+        self.cancel_said = False
+        self.records = IndexRecords(store, self.rid, run_dir, self.say)
+        self.job = JobController(settings(self.info, run_dir), self, self.records)
+
+    @property
+    def cancel_signal(self) -> int | None:
+        return self.job.cancel_signal
 
     # -- signals, messages ---------------------------------------------------------------
     def install_signals(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, self._on_cancel)
         signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        signal.set_wakeup_fd(self.job.wake_w, warn_on_full_buffer=False)
 
     def _on_cancel(self, signum: int, _frame: object) -> None:
-        if self.cancel_signal is not None:
-            self.force = True
-        self.cancel_signal = signum
+        self.job.cancel(signum)
 
     def say(self, text: str) -> None:
         from trebuchet.store.files import append_event
@@ -425,12 +432,6 @@ class SshRun:
         append_event(self.run_dir, "ssh", message=text)
         if self.view:
             self.view.say(text)
-
-    def _sleep(self, seconds: float) -> None:
-        select.select([self._wake_r], [], [], seconds)
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._wake_r, 512):
-                pass
 
     # -- ssh -----------------------------------------------------------------------------
     def opts(self, master: bool = False) -> list[str]:
@@ -552,75 +553,149 @@ class SshRun:
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> str:
-        from trebuchet.store.files import append_event, write_json
         from trebuchet.store.lifecycle import run_started
 
-        now = time.time()
         run_started(self.store, self.rid, self.run_dir)
         self.control = tempfile.mkdtemp(prefix="treb-ssh-")
-        state, cause = "FAILED", None
         try:
-            why = self.connect()
-            if why is None:
-                shared = self.shared()
-                _place(self.info, shared)
-                write_json(self.run_dir / "ssh.json", self.info)  # where the files are
-                why = None if shared else self.copy()
-                if shared:
-                    self.say("run directory shared with every host: nothing copied")
-            if why is not None:
-                self.say(why)
-                cause = {
-                    "label": "ssh",
-                    "rank": None,
-                    "node": None,
-                    "local_rank": None,
-                    "exit_code": 255,
-                    "signal": None,
-                    "ended_at": time.time(),
-                    "attempt": 0,
-                    "message": why,
-                }
-                self.store.set_attempt(
-                    self.rid, 0, state="FAILED", started_at=now, ended_at=time.time(), reason=why
-                )
-            else:
-                attempt = 0
-                while True:
-                    state, cause = self.attempt(attempt)
-                    if self.retry(state, attempt, cause):
-                        self.say(f"attempt {attempt} {state}; retrying as attempt {attempt + 1}")
-                        self.store.update_run(self.rid, state="RETRYING")
-                        attempt += 1
-                        continue
-                    break
+            return self.job.run()
         finally:
             self.disconnect()
-        exit_code = cause["exit_code"] if cause else 0
-        self.store.update_run(
-            self.rid, state=state, ended_at=time.time(), exit_code=exit_code, first_failure=cause
-        )
-        append_event(self.run_dir, "run_ended", state=state)
-        return state
 
-    def retry(self, state: str, attempt: int, cause: dict | None) -> bool:
-        """As locally (launcher/policies.retry_after): log policies, then `retries`; the
-        logs are the attempt's as fetched from the hosts, the failing rank's first."""
-        from trebuchet.launcher.policies import retry_after
+    # -- Nodes (runtime/lifecycle.py): this engine's side of each attempt -----------------
+    def prepare(self) -> dict[str, Any] | None:
+        """Connections to every host, then the run's files where they are not shared."""
+        from trebuchet.store.files import write_json
 
-        if state not in ("FAILED", "TIMEOUT") or self.cancel_signal is not None:
-            return False
+        t0 = time.time()
+        why = self.connect()
+        if why is None:
+            shared = self.shared()
+            _place(self.info, shared)
+            write_json(self.run_dir / "ssh.json", self.info)  # where the files are
+            why = None if shared else self.copy()
+            if shared:
+                self.say("run directory shared with every host: nothing copied")
+        if why is None:
+            return None
+        self.say(why)
+        self.store.set_attempt(self.rid, 0, state="FAILED", started_at=t0, ended_at=time.time(),
+                               reason=why)  # fmt: skip
+        return {"label": "ssh", "rank": None, "node": None, "local_rank": None, "exit_code": 255,
+                "signal": None, "ended_at": time.time(), "attempt": 0, "message": why}  # fmt: skip
+
+    def attempt_facts(self, attempt: int) -> dict[str, Any]:
+        return {"master": f"{self.info['master_addr']}:{self.info['master_port']}"}
+
+    def pre_post(self, when: str, attempt: int) -> bool:
+        """The spec's pre/post command on every host at once, each node's to its end (as
+        locally), placed as the node agent is; its output in attempt-<n>/<when>-node-<i>.log.
+        False when one failed."""
+        command = self.info.get(when)
+        if not command or self.job.cancel_signal is not None:
+            return True
+        adir = self.run_dir / f"attempt-{attempt}"
+        hosts = self.info["hosts"]
+        argvs = [self.ssh(h, remote_command(node_script(self.info, i, attempt, command)))
+                 for i, h in enumerate(hosts)]  # fmt: skip
+        results = self.each(argvs)
+        for i, (_, out, err) in enumerate(results):
+            (adir / f"{when}-node-{i}.log").write_bytes(out + err.encode())
+        ok = all(rc == 0 for rc, _, _ in results)
+        self.records.event(f"{when}_hooks", attempt=attempt, ok=ok)
+        if not ok:
+            self.say(f"{when} command failed on a node; see attempt-{attempt}/{when}-node-*.log")
+        return ok
+
+    def start(self, attempt: int) -> None:
+        adir = self.run_dir / f"attempt-{attempt}"
+        self.first, self.kill_at, self.cancel_said = None, None, False
+        self.nodes = [self.start_node(i, h, attempt, adir)
+                      for i, h in enumerate(self.info["hosts"])]  # fmt: skip
+        if self.view:
+            ppn = int(self.info["ppn"])
+            for i in range(len(self.nodes)):
+                for local in range(ppn):
+                    self.view.add(f"{i}:{local}", adir / f"rank-{i * ppn + local}.log")
+
+    def poll(self) -> bool:
+        """A node that ends badly first names the root cause's node; the controller then
+        stops the others."""
+        for n in self.nodes:
+            if n.returncode is None and n.proc.poll() is not None:
+                n.returncode = n.proc.returncode
+                if n.returncode != 0 and self.first is None and self.job.cancel_signal is None:
+                    self.first = n
+                    what = LOST if n.lost else f"node agent exited {n.returncode}"
+                    self.say(f"node {n.index} ({n.host}): {what}: stopping the others")
+                    self.job.failure(None)  # its record comes with the attempt's folder
+        return any(n.returncode is None for n in self.nodes)
+
+    def checkpoint(self, signum: int) -> int:
+        return 0  # the node agents hold the timeout and its warning themselves
+
+    def stop(self) -> None:
+        """Close every session: each agent stops its ranks (grace, SIGKILL) and ends; a
+        session still open after the grace period and 15 s is cut."""
+        if self.job.cancel_signal is not None and not self.cancel_said:
+            self.cancel_said = True
+            self.say("cancelling: closing every host's session")
+        for n in self.nodes:
+            n.close_session()
+        if self.kill_at is None:
+            self.kill_at = time.time() + self.info["grace_period"] + 15
+
+    def kill(self) -> None:
+        for n in self.nodes:  # the session did not end: cut it (the agent sees EOF)
+            if n.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(n.proc.pid, signal.SIGKILL)
+
+    def tick(self) -> None:
+        if self.kill_at is not None and time.time() > self.kill_at:
+            self.kill()
+        while self.notes:
+            self.say(self.notes.pop(0))
+
+    def after(self, attempt: int, reason: str | None) -> None:
+        adir = self.run_dir / f"attempt-{attempt}"
+        for n in self.nodes:
+            if n.reader:
+                n.reader.join(10)
+            n.close_session()
+            n.log.close()
+            if self.info["remote_root"] is not None and not n.lost:
+                self.fetch(n, adir)
+        while self.notes:
+            self.say(self.notes.pop(0))
+
+    def ending(self, attempt: int, reason: str | None) -> Ending:
+        adir = self.run_dir / f"attempt-{attempt}"
+        shape = (self.info["launcher"], len(self.nodes), int(self.info["ppn"]))
+        hung = reason == "failure" and merge_hang(adir, expected_names(*shape))
+        state, cause = self.outcome(self.nodes, self.first, reason, adir, attempt, hung)
+        if cause is not None:
+            self.job.first_failure = cause
+        if hung and cause is None and state == "FAILED":
+            return Ending(state, "hang", hung=True)
+        return Ending(state, reason)
+
+    def logs(self, attempt: int, cause: dict[str, Any] | None) -> list[str]:
+        """The attempt's logs as fetched from the hosts, the failing rank's first."""
         adir = self.run_dir / f"attempt-{attempt}"
         logs = sorted(adir.glob("rank-*.log")) + sorted(adir.glob("node-*.log"))
         first = Path(cause["log"]) if cause and cause.get("log") else None
         if first in logs:
             logs.insert(0, logs.pop(logs.index(first)))
-        hung = (self.info.get("on_hang") or "fail") if self.hung else None
-        return retry_after(self.store, self.run_dir, self.rid, attempt, state,
-                           self.info["retries"], self.info.get("log_policies", []), logs,
-                           self.granted, hung, self.say)  # fmt: skip
+        return [str(path) for path in logs]
 
-    def start(self, i: int, host: str, attempt: int, adir: Path) -> Node:
+    def exit_code(self) -> int:
+        return 0
+
+    def requeue(self) -> None:
+        raise AssertionError("ssh hosts have no time limit of their own")
+
+    def start_node(self, i: int, host: str, attempt: int, adir: Path) -> Node:
         log = open(adir / f"ssh-{i}.log", "ab")  # noqa: SIM115 - closed by attempt()
         script = node_script(self.info, i, attempt)
         proc = subprocess.Popen(
@@ -700,79 +775,14 @@ class SshRun:
                 else:
                     write_atomic_bytes(path, data)
 
-    def attempt(self, attempt: int) -> tuple[str, dict | None]:
-        from trebuchet.store.files import append_event
-
-        rid = self.rid
-        adir = self.run_dir / f"attempt-{attempt}"
-        adir.mkdir(mode=0o700, exist_ok=True)
-        t0 = time.time()
-        self.store.set_attempt(rid, attempt, state="RUNNING", started_at=t0)
-        self.store.update_run(rid, attempt=attempt, state="RUNNING")
-        append_event(
-            self.run_dir,
-            "attempt_started",
-            attempt=attempt,
-            master=f"{self.info['master_addr']}:{self.info['master_port']}",
-        )
-        nodes = [self.start(i, h, attempt, adir) for i, h in enumerate(self.info["hosts"])]
-        if self.view:
-            ppn = int(self.info["ppn"])
-            for i in range(len(nodes)):
-                for local in range(ppn):
-                    self.view.add(f"{i}:{local}", adir / f"rank-{i * ppn + local}.log")
-        first: Node | None = None  # the first node to end badly: the root cause's
-        reason: str | None = None
-        kill_at: float | None = None
-        beat = time.time() + 5
-        while any(n.returncode is None for n in nodes):
-            for n in nodes:
-                if n.returncode is None and n.proc.poll() is not None:
-                    n.returncode = n.proc.returncode
-                    if n.returncode != 0 and first is None and reason is None:
-                        first, reason = n, "failure"
-                        what = LOST if n.lost else f"node agent exited {n.returncode}"
-                        self.say(f"node {n.index} ({n.host}): {what}: stopping the others")
-            if reason is None and self.cancel_signal is not None:
-                reason = "cancel"
-                self.say("cancelling: closing every host's session")
-            if reason is not None and kill_at is None:
-                for n in nodes:
-                    n.close_session()
-                kill_at = time.time() + self.info["grace_period"] + 15
-            if self.force or (kill_at is not None and time.time() > kill_at):
-                for n in nodes:  # the session did not end: cut it (the agent sees EOF)
-                    if n.returncode is None:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.killpg(n.proc.pid, signal.SIGKILL)
-            while self.notes:
-                self.say(self.notes.pop(0))
-            if time.time() > beat:
-                beat = time.time() + 5
-                self.store.update_run(rid, last_seen=time.time())
-            self._sleep(0.1)
-        for n in nodes:
-            if n.reader:
-                n.reader.join(10)
-            n.close_session()
-            n.log.close()
-            if self.info["remote_root"] is not None and not n.lost:
-                self.fetch(n, adir)
-        while self.notes:
-            self.say(self.notes.pop(0))
-        shape = (self.info["launcher"], len(nodes), int(self.info["ppn"]))
-        self.hung = reason == "failure" and merge_hang(adir, expected_names(*shape))
-        state, cause = self.outcome(nodes, first, reason, adir, attempt)
-        if self.hung and cause is None and state == "FAILED":
-            reason = "hang"
-        else:
-            self.hung = False
-        self.store.set_attempt(rid, attempt, state=state, ended_at=time.time(), reason=reason)
-        append_event(self.run_dir, "attempt_ended", attempt=attempt, state=state)
-        return state, cause
-
     def outcome(
-        self, nodes: list[Node], first: Node | None, reason: str | None, adir: Path, attempt: int
+        self,
+        nodes: list[Node],
+        first: Node | None,
+        reason: str | None,
+        adir: Path,
+        attempt: int,
+        hung: bool = False,
     ) -> tuple[str, dict | None]:
         """The attempt's state and root cause from the records the agents wrote."""
         from trebuchet.store.files import read_json
@@ -827,7 +837,7 @@ class SshRun:
         cause = first_failure(mine) or first_failure(records)
         if first.returncode == 124 and cause is None:
             return "TIMEOUT", None
-        if cause is None and self.hung:  # no rank failed: the hang watch stopped them
+        if cause is None and hung:  # no rank failed: the hang watch stopped them
             return "FAILED", None
         if cause is None:
             cause = {
@@ -846,6 +856,17 @@ class SshRun:
 
 
 BACKEND = SshBackend()
+
+
+def settings(info: dict[str, Any], run_dir: Path) -> Settings:
+    """What the job controller reads of ssh.json: the node agents hold the timeout and
+    watch their own ranks for hangs, so the controller does neither."""
+    return Settings(
+        retries=info["retries"], log_policies=info.get("log_policies", []),
+        on_hang=info.get("on_hang") or "fail", hang_timeout=None, timeout=None, warning=None,
+        checkpoint_signal=int(signal.SIGUSR2), grace=float(info["grace_period"]), expected=[],
+        run_dir=str(run_dir),
+    )  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

@@ -41,14 +41,15 @@ def retry_after(
     on_hang: str | None, say: Callable[[str], None],
 ) -> bool:  # fmt: skip
     """A supervisor that runs the whole job here (local, ssh), after a FAILED or TIMEOUT
-    attempt that was not cancelled: whether to retry it (runtime/policies.should_retry),
-    with a matching policy recorded (event, attempt reason, a line) and the run's
-    max_attempts raised by the retries policies granted. `granted` is kept by the caller."""
-    from trebuchet.runtime import policies
+    attempt that was not cancelled: whether to retry it (the one rule:
+    runtime/lifecycle.next_step), with a matching policy recorded (event, attempt reason, a
+    line) and the run's max_attempts raised by the retries policies granted. `granted` is
+    kept by the caller."""
+    from trebuchet.runtime import lifecycle, policies
     from trebuchet.store.files import append_event
 
-    retry, verdict, policy, line = policies.should_retry(
-        state, attempt, retries, log_policies, logs, granted, on_hang
+    action, verdict, policy, line = lifecycle.next_step(
+        state, attempt, retries, log_policies, logs, granted, on_hang=on_hang
     )
     if policy:
         name, action = policy["name"], policy["action"]
@@ -58,4 +59,4 @@ def retry_after(
         store.set_attempt(run_id, attempt, reason=f"{name}: {action}")
     if verdict == policies.RETRY:
         store.update_run(run_id, max_attempts=1 + retries + sum(granted.values()))
-    return retry
+    return action == lifecycle.RETRY

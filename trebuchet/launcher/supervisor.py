@@ -18,16 +18,17 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from trebuchet.launcher.hooks import Hooks
+from trebuchet.launcher.index_records import IndexRecords
 from trebuchet.launcher.plan import Plan, ProcPlan, free_port
-from trebuchet.launcher.policies import retry_after
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
 from trebuchet.launcher.submitted import Submitted
 from trebuchet.launcher.watchdog import Watchdog
 from trebuchet.runtime import contain, hang, secrets, tracking
 from trebuchet.runtime.agent import Agent, Proc
+from trebuchet.runtime.lifecycle import Ending, JobController, Settings
 from trebuchet.runtime.procs import (
     alive,
     become_subreaper,
@@ -45,8 +46,6 @@ from trebuchet.store.states import (
     CANCELLED,
     FAILED,
     LOST,
-    RETRYING,
-    RUNNING,
     SUCCEEDED,
     TIMEOUT,
     first_failure,
@@ -54,8 +53,6 @@ from trebuchet.store.states import (
 
 if TYPE_CHECKING:
     from trebuchet.view.live import View
-
-HEARTBEAT_S = 5.0
 
 
 # Freed when the disk fills during the run, so that the index and events.jsonl can still
@@ -79,6 +76,10 @@ def reserve_space(path: Path) -> None:
 
 
 class Supervisor:
+    """The local engine's side of the job controller (runtime/lifecycle.JobController, which
+    decides the attempts): one runtime Agent per simulated node, driven in this process, and
+    around them the run's watchdog, cgroup, environment and the strays' end."""
+
     def __init__(
         self,
         plan: Plan,
@@ -94,29 +95,27 @@ class Supervisor:
         self.store = store
         self.view = view  # attached: the terminal view, a thread of its own
         self.run_dir = Path(plan.run_dir)
-        self.cancel_signal: int | None = None
-        self.force_kill = False
-        self.attempt = 0
         self.agents: list[Agent] = []  # one per simulated node, this attempt's
-        self._warned = False  # the timeout warning was sent in this attempt
-        self._warned_stop = False  # a rank died of the checkpoint signal after the warning
-        self._ckpt_sig = int(signal.Signals[plan.checkpoint_signal])
-        self.first_failure: dict | None = None
         self.watchdog: Watchdog | None = None
         # A process of its own (not a caller's, whose other children are not the run's):
         # it adopts the ranks' orphans and ends them with the attempt.
         self.subreaper = own_process and become_subreaper()
         self.cgroup: str | None = None
         self._adopted: set[int] = set()  # told to the watchdog
-        self.policy_retries: dict[str, int] = {}
-        self.hang: dict | None = None  # this attempt's hang (runtime/hang.py), if any
-        self._hang_stop_at: float | None = None  # on_hang retry: teardown after the grace
         self.port = plan.master_port
         # MLFLOW_RUN_ID, WANDB_RUN_ID...: the same for every attempt (docs/tracking.md)
         self.tracking_env = tracking.rank_env(tracking.load(plan.run_dir))
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self.records = IndexRecords(store, plan.run_id, self.run_dir, self._say,
+                                    self.hooks.hang_lines)  # fmt: skip
+        self.job = JobController(settings(plan), self, self.records)
+
+    @property
+    def cancel_signal(self) -> int | None:
+        return self.job.cancel_signal
+
+    @property
+    def attempt(self) -> int:
+        return self.job.attempt
 
     # -- signals ---------------------------------------------------------------------------
     def install_signals(self) -> None:
@@ -125,12 +124,10 @@ class Supervisor:
         for sig in (signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, self._on_forward)
         signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        signal.set_wakeup_fd(self.job.wake_w, warn_on_full_buffer=False)
 
     def _on_cancel(self, signum: int, _frame: object) -> None:
-        if self.cancel_signal is not None:
-            self.force_kill = True  # a second Ctrl+C: no more grace
-        self.cancel_signal = signum
+        self.job.cancel(signum)
 
     def _on_forward(self, signum: int, _frame: object) -> None:
         self.signal_ranks(signum)
@@ -154,20 +151,7 @@ class Supervisor:
         reserve = self.run_dir / RESERVE
         reserve_space(reserve)
         try:
-            if not self.prepare_environment():
-                self.finish(FAILED)
-                return FAILED
-            attempt = 0
-            while True:
-                state = self.run_attempt(attempt)
-                if self._should_retry(state, attempt):
-                    self._say(f"attempt {attempt + 1} {state}; retrying as attempt {attempt + 2}")
-                    self.store.update_run(rid, state=RETRYING)
-                    append_event(self.run_dir, "retrying", attempt=attempt + 1)
-                    attempt += 1
-                    continue
-                break
-            self.finish(state)
+            state = self.job.run()
         except BaseException:
             self.abort()  # the watchdog is told `done` below: nothing of the run may outlive it
             raise
@@ -209,10 +193,10 @@ class Supervisor:
         exclude = {os.getpid(), self.watchdog.pid if self.watchdog else -1}
         contain.end_run(self.plan.run_id, str(self.run_dir), exclude, keep=True)
 
-    def prepare_environment(self) -> bool:
-        """Build or reuse the run's environment; False (and a recorded failure) if it fails."""
+    def prepare(self) -> dict[str, Any] | None:
+        """Nodes: build or reuse the run's environment; the cause when that fails."""
         if not self.plan.environment:
-            return True
+            return None
         from trebuchet.envs.build import BuildError, ensure
         from trebuchet.envs.recipe import Recipe
 
@@ -224,84 +208,73 @@ class Supervisor:
             with open(log_path, "a") as log:
                 info = ensure(recipe, log)
         except (BuildError, OSError) as exc:
-            self.first_failure = {"label": "environment", "rank": None, "node": None,
-                                  "local_rank": None, "exit_code": 1, "signal": None,
-                                  "ended_at": time.time(), "attempt": 0, "log": str(log_path),
-                                  "message": str(exc)}  # fmt: skip
+            cause = {"label": "environment", "rank": None, "node": None, "local_rank": None,
+                     "exit_code": 1, "signal": None, "ended_at": time.time(), "attempt": 0,
+                     "log": str(log_path), "message": str(exc)}  # fmt: skip
             self.store.set_attempt(
                 self.plan.run_id, 0, state=FAILED, started_at=t0, ended_at=time.time(),
                 reason="environment build failed",
             )  # fmt: skip
             append_event(self.run_dir, "environment_failed", error=str(exc))
             self._say(f"environment build failed: {exc}")
-            return False
+            return cause
         append_event(
             self.run_dir, "environment_ready", reused=info.get("reused"),
             seconds=time.time() - t0, stamp=recipe.stamp, prefix=recipe.prefix,
         )  # fmt: skip
         verb = "reused" if info.get("reused") else "built"
         self._say(f"environment {recipe.name} {verb} in {time.time() - t0:.2f}s")
-        return True
+        return None
 
-    def _should_retry(self, state: str, attempt: int) -> bool:
-        """Retries (and log policies) decide; a cancel is never retried."""
-        if state not in (FAILED, TIMEOUT) or self.cancel_signal is not None:
-            return False
-        adir = self.run_dir / f"attempt-{attempt}"
-        logs = [adir / p.log for p in self.plan.procs]
-        logs += [adir / name for _, name in self.plan.streams if adir / name not in logs]
-        if self.first_failure and self.first_failure.get("log"):
-            logs.insert(0, Path(self.first_failure["log"]))
-        hung = self.plan.on_hang if self.hang is not None else None
-        return retry_after(self.store, self.run_dir, self.plan.run_id, attempt, state,
-                           self.plan.retries, self.plan.log_policies, logs, self.policy_retries,
-                           hung, self._say)  # fmt: skip
-
-    def finish(self, state: str) -> None:
-        codes = [p.exit_code for p in self.procs]
-        exit_code = next((c for c in codes if c), 0)
-        if self.first_failure:
-            exit_code = self.first_failure["exit_code"]
-        self.store.update_run(
-            self.plan.run_id, state=state, ended_at=time.time(), exit_code=exit_code,
-            first_failure=self.first_failure,
-        )  # fmt: skip
-        append_event(self.run_dir, "run_ended", state=state)
-
-    def run_attempt(self, attempt: int) -> str:
-        rid = self.plan.run_id
+    # -- Nodes (runtime/lifecycle.py): this engine's side of each attempt -------------------
+    def attempt_facts(self, attempt: int) -> dict[str, Any]:
         contain.enter_early(self.cgroup)  # (begun in run() already, unless it built an env)
-        self.attempt = attempt
-        adir = self.run_dir / f"attempt-{attempt}"
-        adir.mkdir(mode=0o700, exist_ok=True)
-        now = time.time()
-        self.store.set_attempt(rid, attempt, state=RUNNING, started_at=now)
-        self.store.update_run(rid, attempt=attempt, state=RUNNING)
         port = self.plan.master_port
         if attempt and self.plan.port_auto:  # the old port may linger in TIME_WAIT
             port = free_port(self.plan.master_addr)
-        append_event(self.run_dir, "attempt_started", attempt=attempt, master_port=port)
-        self.first_failure = None
-        self.hang = None
-        self._hang_stop_at = None
         self.port = port
         self.agents = []
-        if not self._run_hooks("pre", adir, attempt):
-            self.store.set_attempt(rid, attempt, state=FAILED, ended_at=time.time(), reason="pre")
-            return CANCELLED if self.cancel_signal is not None else FAILED
-        self.agents = self._agents(self.plan.procs, adir, attempt, port)
+        return {"master_port": port}
+
+    def pre_post(self, when: str, attempt: int) -> bool:
+        return self._run_hooks(when, self.run_dir / f"attempt-{attempt}", attempt)
+
+    def start(self, attempt: int) -> None:
+        adir = self.run_dir / f"attempt-{attempt}"
+        self.agents = self._agents(self.plan.procs, adir, attempt, self.port)
         self._start(self.agents)
-        self.store.set_procs(rid, attempt, [self._proc_row(p) for p in self.procs])
+        self.store.set_procs(self.plan.run_id, attempt, [self._proc_row(p) for p in self.procs])
         if self.view:
             for label, name in self.plan.streams:
                 self.view.add(label, adir / name)
-        reason = self._watch(attempt, now)
+
+    def poll(self) -> bool:
+        return any([agent.poll() for agent in self.agents])
+
+    def checkpoint(self, signum: int) -> int:
+        return self.signal_ranks(signum)
+
+    def stop(self) -> None:
+        """SIGTERM every live process group; each agent SIGKILLs what is left after the
+        grace period."""
+        for agent in self.agents:
+            agent.teardown()
+
+    def kill(self) -> None:
+        for agent in self.agents:
+            agent.kill()
+
+    def tick(self) -> None:
+        if self.subreaper:
+            self._announce_adopted()
+
+    def after(self, attempt: int, reason: str | None) -> None:
         self._kill_strays(attempt)
-        if not self._run_hooks("post", adir, attempt) and reason is None:
-            reason = "post"
-        ended = time.time()
+
+    def ending(self, attempt: int, reason: str | None) -> Ending:
+        adir = self.run_dir / f"attempt-{attempt}"
         rows = [self._proc_row(p) for p in self.procs] + self._rank_rows(adir, reason is not None)
-        self.store.set_procs(rid, attempt, rows)
+        self.store.set_procs(self.plan.run_id, attempt, rows)
         states: dict[str | None, str] = {
             "cancel": CANCELLED, "timeout": TIMEOUT, "failure": FAILED, "post": FAILED,
             "hang": FAILED,
@@ -309,10 +282,23 @@ class Supervisor:
         state = states.get(reason, SUCCEEDED)
         if reason is None and any(p.returncode != 0 for p in self.procs):
             state = FAILED
-        self.store.set_attempt(rid, attempt, state=state, ended_at=ended, reason=reason)
-        append_event(self.run_dir, "attempt_ended", attempt=attempt, state=state)
-        return state
+        return Ending(state, reason)
 
+    def logs(self, attempt: int, cause: dict[str, Any] | None) -> list[str]:
+        adir = self.run_dir / f"attempt-{attempt}"
+        logs = [adir / p.log for p in self.plan.procs]
+        logs += [adir / name for _, name in self.plan.streams if adir / name not in logs]
+        if cause and cause.get("log"):
+            logs.insert(0, Path(cause["log"]))
+        return [str(path) for path in logs]
+
+    def exit_code(self) -> int:
+        return next((c for c in (p.exit_code for p in self.procs) if c), 0)
+
+    def requeue(self) -> None:
+        raise AssertionError("the local engine has no time limit of its own")
+
+    # -- the processes ---------------------------------------------------------------------
     def _agents(self, plans: list[ProcPlan], adir: Path, attempt: int, port: int,
                 record: bool = True) -> list[Agent]:  # fmt: skip
         """One node agent per simulated node, driven by this supervisor's loop."""
@@ -348,7 +334,7 @@ class Supervisor:
                 procs[0].cwd or ".",
                 self.plan.grace_period,
                 on_failure=self._on_failure,
-                stopped_elsewhere=self._stopped_by_warning,
+                stopped_elsewhere=lambda p: self.job.stopped_by_warning(p.returncode),
                 on_start=(lambda p: watch(cast(int, p.pid))) if watch else None,  # started
                 cgroup=self.cgroup,
             )  # fmt: skip
@@ -375,81 +361,16 @@ class Supervisor:
             agent.on_failure = lambda p: self._on_failure(p, stop=False)
         self._start(agents)
         while any([agent.poll() for agent in agents]):
-            if self.cancel_signal is not None:
+            if self.job.cancel_signal is not None:
                 for agent in agents:
                     agent.kill(stopped=True)
-            select.select([self._wake_r], [], [], 0.1)
-            self._drain_wakeups()
+            select.select([self.job.wake_r], [], [], 0.1)
+            self.job.drain()
         ok = all(p.returncode == 0 for agent in agents for p in agent.procs)
         append_event(self.run_dir, f"{when}_hooks", attempt=attempt, ok=ok)
         if not ok:
             self._say(f"{when} command failed on a node; see attempt-{attempt}/{when}-node-*.log")
         return ok
-
-    def _drain_wakeups(self) -> None:
-        try:
-            while os.read(self._wake_r, 512):
-                pass
-        except BlockingIOError:
-            pass
-
-    def _watch(self, attempt: int, started: float) -> str | None:
-        """Wait for every process; returns why the attempt was stopped early, if it was."""
-        reason: str | None = "failure" if self.first_failure else None
-        timeout_at = started + self.plan.timeout if self.plan.timeout else None
-        warn_at = timeout_at - (self.plan.warning_seconds or 0) if timeout_at else None
-        heartbeat_at = time.time() + HEARTBEAT_S
-        self._warned = self._warned_stop = False
-        watch = None
-        if self.plan.hang_timeout:
-            expected = hang.expected_names(self.plan.launcher, self.plan.nodes,
-                                           self.plan.procs_per_node)  # fmt: skip
-            watch = hang.HangWatch(str(self.run_dir / f"attempt-{attempt}"),
-                                   self.plan.hang_timeout, self.plan.on_hang, expected,
-                                   started)  # fmt: skip
-        while True:
-            alive = any([agent.poll() for agent in self.agents])
-            if reason is None and watch is not None and alive:
-                found = watch.step()
-                if found is not None and self._on_hang(attempt, found):
-                    reason = "hang"
-            if reason is None and self.first_failure:
-                reason = "failure"
-            if reason is None and self._warned_stop:
-                # A rank did not handle the timeout warning: part of the timeout, not a bug.
-                reason = "timeout"
-                self._teardown(attempt)
-            now = time.time()
-            if reason is None and self.cancel_signal is not None:
-                reason = "cancel"
-                self._teardown(attempt)
-            if warn_at is not None and reason is None and now >= warn_at:
-                warn_at = None
-                self._warned = True
-                sent = self.signal_ranks(self._ckpt_sig)
-                append_event(self.run_dir, "timeout_warning", attempt=attempt,
-                             signal=self.plan.checkpoint_signal, delivered=sent)  # fmt: skip
-                if not sent:
-                    self._say(f"timeout near: no rank handles {self.plan.checkpoint_signal}, "
-                              "so none was sent; the ranks run on to the timeout")  # fmt: skip
-            if reason is None and timeout_at and now > timeout_at:
-                reason = "timeout"
-                self._teardown(attempt)
-            if self._hang_stop_at is not None and now >= self._hang_stop_at:
-                self._hang_stop_at = None
-                self._teardown(attempt)
-            if self.force_kill:
-                for agent in self.agents:
-                    agent.kill()
-            if self.subreaper:
-                self._announce_adopted()
-            if now >= heartbeat_at:
-                heartbeat_at = now + HEARTBEAT_S
-                self.store.update_run(self.plan.run_id, last_seen=now)
-            if not alive:
-                return reason
-            select.select([self._wake_r], [], [], 0.2)
-            self._drain_wakeups()
 
     def _announce_adopted(self) -> None:
         """Tell the watchdog about orphans adopted as subreaper: if the supervisor dies they
@@ -464,50 +385,10 @@ class Supervisor:
         if new:
             append_event(self.run_dir, "adopted", attempt=self.attempt, pids=new)
 
-    def _on_hang(self, attempt: int, info: dict) -> bool:
-        """A hang, its stacks in: record and say it, then act (on_hang); True when the
-        attempt is stopped for it."""
-        self.hang = info
-        action = self.plan.on_hang
-        append_event(self.run_dir, "hang", attempt=attempt, action=action,
-                     last_progress=info["last_progress"], detected_at=info["detected_at"],
-                     stacks=len(info["stacks"]))  # fmt: skip
-        adir = self.run_dir / f"attempt-{attempt}"
-        lines = self.hooks.hang_lines(adir) if self.hooks.hang_lines else [hang.describe(info)]
-        for line in lines:
-            self._say(line)
-        if action == "warn":
-            self.hang = None  # the attempt goes on; hang.json and the event keep it
-            return False
-        self.store.set_attempt(self.plan.run_id, attempt, reason="hang")
-        if action == "retry":  # the checkpoint signal first; a rank it ends was stopped
-            self._warned = True
-            if self.signal_ranks(self._ckpt_sig):
-                # the handlers get the grace period to write their checkpoint before the
-                # teardown's SIGTERM (which would end a rank before its handler ran)
-                self._hang_stop_at = time.time() + self.plan.grace_period
-                return True
-        self._teardown(attempt)
-        return True
-
-    def _stopped_by_warning(self, p: Proc) -> bool:
-        """After the timeout warning, a rank that dies of the checkpoint signal was stopped."""
-        if self._warned and p.returncode == -self._ckpt_sig:
-            self._warned_stop = True
-            return True
-        return False
-
     def _say(self, text: str) -> None:
         """A launcher message on the attached terminal (detached runs have events.jsonl)."""
         if self.view:
             self.view.say(text)
-
-    def _teardown(self, attempt: int) -> None:
-        """SIGTERM every live process group; each agent SIGKILLs what is left after the
-        grace period."""
-        for agent in self.agents:
-            agent.teardown()
-        append_event(self.run_dir, "teardown", attempt=attempt)
 
     def _kill_strays(self, attempt: int, keep: bool = True) -> None:
         """Anything of this run still alive (a daemon a rank left behind) is killed now:
@@ -528,9 +409,9 @@ class Supervisor:
             append_event(self.run_dir, "strays_killed", attempt=attempt, pids=strays)
 
     def _on_failure(self, p: Proc, stop: bool = True) -> None:
-        """The first process of the attempt to fail (on any node) is the root cause: record
-        it and stop every node."""
-        if self.first_failure is not None:
+        """The first process of the attempt to fail (on any node) is the root cause: the
+        controller records it and stops every node."""
+        if self.job.failed:
             return
         adir = self.run_dir / f"attempt-{self.attempt}"
         cause = {**p.outcome(), "log": str(adir / f"{p.name}.log")}
@@ -538,10 +419,7 @@ class Supervisor:
             # An agent failed because a worker did: that worker is the cause.
             node = p.node if self.plan.launcher == "torchrun" else None
             cause = first_failure(rank_records(adir, node)) or cause
-        self.first_failure = {**cause, "attempt": self.attempt}
-        self.store.update_run(self.plan.run_id, first_failure=self.first_failure)
-        if stop:
-            self._teardown(self.attempt)
+        self.job.failure(cause, stop)
 
     def _rank_rows(self, adir: Path, stopped: bool) -> list[dict]:
         """The workers' own records under an agent launcher (none for the native one)."""
@@ -565,6 +443,18 @@ class Supervisor:
         out = p.outcome()
         keys = ("label", "rank", "node", "local_rank", "pid", "exit_code", "signal", "ended_at")
         return {**{k: out[k] for k in keys}, "stopped_by_launcher": int(p.stopped)}
+
+
+def settings(plan: Plan) -> Settings:
+    """What the job controller reads of a local plan."""
+    expected = (hang.expected_names(plan.launcher, plan.nodes, plan.procs_per_node)
+                if plan.hang_timeout else [])  # fmt: skip
+    return Settings(
+        retries=plan.retries, log_policies=plan.log_policies, on_hang=plan.on_hang or "fail",
+        hang_timeout=plan.hang_timeout, timeout=plan.timeout, warning=plan.warning_seconds,
+        checkpoint_signal=int(signal.Signals[plan.checkpoint_signal]),
+        grace=plan.grace_period, expected=expected, run_dir=plan.run_dir,
+    )  # fmt: skip
 
 
 def disk_full(exc: BaseException, run_dir: Path) -> str | None:

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from . import contract, hang, policies, procs, tracking
+from . import contract, hang, lifecycle, procs, tracking
 from .agent import Agent
 from .records import append_event, first_failure, now, read_json, write_json, write_text
 from .task import PYTHON_GUARD
@@ -56,6 +56,12 @@ def time_left(job_id: str) -> int:
 
 
 class Controller:
+    """Slurm's side of the job controller (runtime/lifecycle.JobController, which decides
+    the attempts, the timeout and the hang watch): its Nodes (each attempt one srun step of
+    node agents, or the job's only task in this process) and its Records (attempt.json,
+    result.json, batch.log); and what only Slurm has: the job's own time limit (the warning
+    and the requeue), Slurm ending the job (SIGTERM), a requeued job's restart."""
+
     def __init__(self, job: dict[str, Any], job_path: str, runtime: str) -> None:
         self.job = job
         self.job_path = job_path
@@ -69,32 +75,35 @@ class Controller:
         self.step: subprocess.Popen[bytes] | None = None
         self.inline: Agent | None = None  # the job's only task, run here (job["inline"])
         self.signaller: subprocess.Popen[bytes] | None = None  # delivers the warning
+        self.rc = 0  # the attempt's step (or inline agent) exit status
         self.step_rc: int | None = None
         self.warned = self.requeued = self.terminating = False
         self.requeue_at: float | None = None
         self.state, self.reason = "", ""
-        self.watch: hang.HangWatch | None = None  # while the ranks' step runs
-        self.hung: dict[str, Any] | None = None  # this attempt was stopped for a hang
-        self.hang_stop_at: float | None = None  # on_hang retry: the teardown, after the grace
-        # the spec's timeout (monotonic times, armed while the ranks run), as locally
-        self.warn_at: float | None = None
-        self.timeout_at: float | None = None
-        self.timeout_warned = self.timed_out = False  # in this attempt
         self._signals: list[int] = []
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self.lc = lifecycle.JobController(settings(job, self.run_dir), self, self,
+                                          granted=self.granted())  # fmt: skip
 
     # -- records -------------------------------------------------------------------------
-    def max_attempts(self) -> int:
-        """retries + 1, plus the attempts the log policies granted so far (kept in a file,
-        so that a requeued job keeps the count)."""
+    def granted(self) -> dict[str, int]:
+        """The retries each log policy granted so far, kept in `policy-retries` (one name a
+        line) so that a requeued job keeps the count."""
         try:
             with open(os.path.join(self.run_dir, "policy-retries")) as fh:
-                granted = len(fh.read().splitlines())
+                used = fh.read().splitlines()
         except OSError:
-            granted = 0
-        return int(self.job["max_attempts"]) + granted
+            used = []
+        return {name: used.count(name) for name in set(used)}
+
+    def attempts_allowed(self) -> int:
+        """retries + 1 and the attempts the log policies granted so far."""
+        return lifecycle.max_attempts(int(self.job["max_attempts"]) - 1, self.lc.granted)
+
+    def max_attempts(self, count: int, granted: dict[str, int]) -> None:
+        """Records: the log policies' grants, kept in `policy-retries` (one name a line) so
+        that a requeued job keeps the count."""
+        text = "".join(f"{name}\n" * n for name, n in sorted(granted.items()))
+        write_text(os.path.join(self.run_dir, "policy-retries"), text)
 
     def attempt_json(self, state: str, reason: str, ended: float | None, source: str) -> None:
         master = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
@@ -112,7 +121,7 @@ class Controller:
                 "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
                 "master": master,
                 "srun_exit": self.step_rc,
-                "max_attempts": self.max_attempts(),
+                "max_attempts": self.attempts_allowed(),
             },
         )
 
@@ -139,12 +148,188 @@ class Controller:
         self.result("FAILED", why, "batch")
         return 2
 
+    # -- Records (runtime/lifecycle.py): the job controller's records on Slurm -----------
+    def say(self, text: str) -> None:
+        log(text)
+
+    def event(self, kind: str, **fields: Any) -> None:
+        append_event(self.run_dir, kind, **fields)
+
+    def attempt_started(self, attempt: int, started_at: float, **facts: Any) -> None:
+        self.attempt = attempt
+        self.adir = os.path.join(self.run_dir, f"attempt-{attempt}")
+        os.makedirs(self.adir, mode=0o700, exist_ok=True)
+        os.environ["TREB_ATTEMPT"] = str(attempt)
+        self.t0, self.step_rc = started_at, None
+        self.attempt_json("RUNNING", "", None, "batch")
+        log(
+            f"attempt {attempt + 1} of {self.attempts_allowed()}: {self.job['nodes']} node(s) "
+            f"{os.environ.get('SLURM_JOB_NODELIST', '')}, master "
+            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        )
+
+    def attempt_stopped(self, attempt: int, state: str, reason: str) -> None:
+        self.state, self.reason = state, reason
+        if not self.terminating:
+            self.attempt_json(state, reason, now(), "batch")
+
+    def attempt_ended(self, attempt: int, state: str, reason: str | None) -> None:
+        self.state, self.reason = state, reason or ""
+        self.attempt_json(state, self.reason, now(), "batch")
+
+    def first_failure(self, cause: dict[str, Any]) -> None:
+        """The agents' records say it; `treb` reads them (slurm_state.py)."""
+
+    def hang(self, attempt: int, info: dict[str, Any], action: str) -> None:
+        log(f"{hang.describe(info)}; on_hang: {action}")
+
+    def log_policy(self, attempt: int, name: str, action: str, line: str) -> None:
+        log(f"log policy {name} ({action}) matched: {line}")
+        append_event(self.run_dir, "log_policy", attempt=attempt, policy=name, action=action,
+                     line=line)  # fmt: skip
+        self.reason = f"{name}: {action}"
+        self.attempt_json(self.state, self.reason, now(), "batch")
+
+    def retrying(self, attempt: int) -> None:
+        """Said in batch.log by the controller; the next attempt.json follows."""
+
+    def run_ended(
+        self, state: str, reason: str | None, cause: dict[str, Any] | None, exit_code: int
+    ) -> None:
+        if self.terminating:  # on_term wrote result.json when Slurm began ending the job
+            return
+        self.state = state
+        self.result(state, self.reason, "batch")
+        run = self.job["run_id"]
+        log(f"run {run}: {state}" + (f" ({self.reason})" if self.reason else ""))
+
+    def heartbeat(self) -> None:
+        """`treb` follows the job through squeue and these files: nothing to beat."""
+
+    # -- Nodes (runtime/lifecycle.py): each attempt's srun step -------------------------
+    def prepare(self) -> dict[str, Any] | None:
+        return None  # resume() and setup() ran before the controller (run)
+
+    def attempt_facts(self, attempt: int) -> dict[str, Any]:
+        return {}
+
+    def pre_post(self, when: str, attempt: int) -> bool:
+        """The spec's pre/post command once per node (an srun step)."""
+        if not self.job.get(when) or self.terminating:
+            return True
+        self.step = self.srun(self.job["srun_hook"], "hook", when)
+        try:
+            while self.step.poll() is None:
+                self._tick()
+                select.select([self.lc.wake_r], [], [], 0.2)
+                self.lc.drain()
+            self._handle_signals()
+            rc = self.step.returncode
+        finally:
+            self.step = None
+        if rc != 0:
+            log(f"{when} command failed on a node (exit {rc}): see {self.adir}/{when}-node-*.log")
+        return rc == 0
+
+    def start(self, attempt: int) -> None:
+        if self.job.get("inline"):
+            from .task import slurm_agent
+
+            # The job's only task (one node, one task, no srun needs: slurm_script's
+            # `inline`) run by an agent in this process: no second interpreter, no srun
+            # step; the same records. Signals stay the controller's.
+            self.inline = slurm_agent(self.job, inline=True)
+            self.inline.start_all()
+        else:
+            self.step = self.srun(self.job["srun"], "task")
+
+    def poll(self) -> bool:
+        self._tick()
+        if self.inline is not None:
+            alive = self.inline.poll()
+            self.rc = self.inline.exit_code()
+        elif self.step is not None:
+            alive = self.step.poll() is None
+            self.rc = self.step.returncode or 0
+        else:
+            alive = False
+        if not alive:
+            self._handle_signals()
+        return alive
+
+    def checkpoint(self, signum: int) -> int:
+        """The checkpoint signal to the ranks that handle it: for the timeout's warning or
+        on_hang retry. A step's count is not known here (its own step delivers it): 1."""
+        if self.terminating:
+            return 0
+        if self.lc.hang is not None:  # the agents count no rank it ends as a failure
+            write_text(os.path.join(self.adir, "teardown"), "hang\n")
+            why = "hang: on_hang retry"
+        else:
+            why = f"timeout in {float(self.job.get('warning') or 0):g}s"
+        return self.send_checkpoint(why)
+
+    def stop(self) -> None:
+        """The teardown marker (the agents count no rank failure), then a SIGTERM to the
+        agents, which stop their ranks with the grace period."""
+        if self.terminating:
+            return
+        label = "hang" if self.lc.hang is not None else "timeout"
+        if self.adir:
+            write_text(os.path.join(self.adir, "teardown"), label + "\n")
+        if label == "timeout":
+            log(f"timeout ({float(self.job['timeout']):g}s): stopping the ranks "
+                f"(grace {self.job['grace']}s)")  # fmt: skip
+        self.stop_ranks(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.stop_ranks(signal.SIGKILL)
+
+    def tick(self) -> None:
+        """Signals and the requeue timer are looked at in poll (each loop step)."""
+
+    def after(self, attempt: int, reason: str | None) -> None:
+        """Whether Slurm is ending the job (its SIGTERM may come after the ranks died)."""
+        self.step = self.inline = None
+        self.requeue_at = None
+        if not self.terminating and self.rc != 0 and reason not in ("hang", "timeout"):
+            self.ended_by_slurm()
+
+    def ending(self, attempt: int, reason: str | None) -> lifecycle.Ending:
+        if self.terminating:
+            return lifecycle.Ending(self.state or "CANCELLED", self.reason, engine_ended=True)
+        rc = self.rc
+        self.step_rc = rc if rc >= 0 else 128 - rc
+        if reason == "hang":
+            state, why = "FAILED", "hang"
+        elif reason == "timeout" or (rc != 0 and self.lc.warned and self.died_of_warning()):
+            state, why = "TIMEOUT", "timeout"  # the spec's timeout, as locally
+        elif rc == 0:
+            state, why = "SUCCEEDED", ""
+        elif self.warned:
+            state, why = "TIMEOUT", f"time limit: ranks stopped after {self.sig}"
+        else:
+            state, why = "FAILED", self.failure_reason()
+        if reason == "post" and state == "SUCCEEDED":
+            state, why = "FAILED", "post"
+        self.state, self.reason = state, why
+        return lifecycle.Ending(state, why, limit_near=self.warned)
+
+    def logs(self, attempt: int, cause: dict[str, Any] | None) -> list[str]:
+        names = sorted(os.listdir(self.adir))
+        logs = [os.path.join(self.adir, n) for n in names if re.fullmatch(r"rank-\d+\.log", n)]
+        logs += [os.path.join(self.adir, n) for n in names if re.fullmatch(r"node-\d+\.log", n)]
+        return logs
+
+    def exit_code(self) -> int:
+        return self.step_rc or 0
+
     # -- signals -------------------------------------------------------------------------
     def install_signals(self) -> None:
         for sig in (signal.SIGTERM, getattr(signal, self.sig)):
             signal.signal(sig, lambda signum, _f: self._signals.append(signum))
         signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        signal.set_wakeup_fd(self.lc.wake_w, warn_on_full_buffer=False)
 
     def _handle_signals(self) -> None:
         while self._signals:
@@ -153,30 +338,44 @@ class Controller:
             else:
                 self.on_warning()
 
+    def _tick(self) -> None:
+        """While the attempt's processes run: signals, the warning's step, the requeue
+        timer (the job controller sleeps and watches the rest)."""
+        self._handle_signals()
+        if self.signaller is not None and self.signaller.poll() is not None:
+            if self.signaller.returncode != 0:
+                log(f"the {self.sig} step failed (srun exit {self.signaller.returncode})")
+            self.signaller = None
+        due = self.requeue_at is not None and time.monotonic() >= self.requeue_at
+        if due and not self.terminating:
+            self.requeue_at = None
+            self.requeue()
+
     def on_warning(self) -> None:
-        """Slurm's --signal=B:SIG@warning: ask every rank to checkpoint, and requeue before
-        the limit when another attempt is allowed."""
+        """Slurm's --signal=B:SIG@warning (with slurm.time): ask every rank to checkpoint,
+        and requeue before the limit when another attempt is allowed."""
         if self.warned:
             return
         self.warned = True
         self.send_checkpoint("time limit near")
         running = self.step is not None or self.inline is not None
-        if self.attempt + 1 < self.max_attempts() and running:
+        if self.attempt + 1 < self.attempts_allowed() and running:
             margin = int(self.job["requeue_margin"])
             left = time_left(self.job_id)
             left = left - margin if left > margin + 1 else 1
             log(f"requeueing when the ranks stop, at the latest in {left}s")
             self.requeue_at = time.monotonic() + left
 
-    def send_checkpoint(self, why: str) -> None:
+    def send_checkpoint(self, why: str) -> int:
         """The checkpoint signal to the ranks that handle it: the inline agent picks them
         itself; for an srun step, one more step (one task per node) does. Not `scancel
         --signal`: Slurm would signal every process of the step, and kill those without a
-        handler."""
+        handler. How many got it (1 for a step: its own step delivers it)."""
         if self.inline is not None:
             sent = len(self.inline.signal_all(getattr(signal, self.sig)))
             log(f"{why}: {self.sig} to the {sent} process(es) that handle it")
-        elif self.step is not None:
+            return sent
+        if self.step is not None:
             log(f"{why}: {self.sig} to the ranks that handle it (checkpoint now)")
             n = int(self.job["nodes"])
             argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1"]
@@ -184,6 +383,8 @@ class Controller:
             argv += [self.runtime, "signal", self.sig, self.job_path]
             with contextlib.suppress(OSError):
                 self.signaller = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+                return 1  # its own step delivers it: the count is not known here
+        return 0
 
     def on_term(self) -> None:
         """Cancelled, time limit, preemption, requeue: record why, at once (Slurm's SIGKILL
@@ -191,6 +392,7 @@ class Controller:
         if self.requeued or self.terminating:
             return
         self.terminating = True
+        self.lc.cancel(signal.SIGTERM)  # the controller stops; the records are written here
         state, reason = "CANCELLED", ""
         if os.path.exists(os.path.join(self.run_dir, "cancel-requested")):
             reason = "cancelled (treb cancel)"
@@ -240,13 +442,14 @@ class Controller:
         log(f"the ranks stopped as Slurm ends the job ({state or 'squeue killed'}): waiting")
         end = time.monotonic() + ENDING_WAIT_S
         while not self.terminating and time.monotonic() < end:
-            select.select([self._wake_r], [], [], 1.0)
-            self._drain()
+            select.select([self.lc.wake_r], [], [], 1.0)
+            self.lc.drain()
             self._handle_signals()
         return self.terminating
 
     def requeue(self) -> None:
-        """A new allocation (and time limit) for the next attempt, same job id."""
+        """Nodes: a new allocation (and time limit) for the next attempt, same job id;
+        returns only when Slurm refused it."""
         self.requeued = True
         self.attempt_json(
             "TIMEOUT",
@@ -265,128 +468,16 @@ class Controller:
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            select.select([self._wake_r], [], [], min(1.0, end - time.monotonic()))
-            self._drain()
+            select.select([self.lc.wake_r], [], [], min(1.0, end - time.monotonic()))
+            self.lc.drain()
             self._signals.clear()
 
-    def _drain(self) -> None:
-        try:
-            while os.read(self._wake_r, 512):
-                pass
-        except BlockingIOError:
-            pass
-
     # -- steps ---------------------------------------------------------------------------
-    def run_step(self, srun_args: list[str], *words: str) -> int:
-        """One srun step of node agents; signals are handled while it runs."""
-        argv = [
-            "srun",
-            *srun_args,
-            "sh",
-            "-c",
-            PYTHON_GUARD,
-            "treb-agent",
-            self.runtime,
-            *words,
-            self.job_path,
-        ]
-        self.step = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-        try:
-            while self.step.poll() is None:
-                self._tick()
-            self._handle_signals()
-            return self.step.returncode
-        finally:
-            self.step = None
-
-    def _tick(self) -> None:
-        """One wait while the attempt's processes run: signals, the requeue timer, then
-        sleep until a signal or 0.2 s."""
-        self._handle_signals()
-        if self.signaller is not None and self.signaller.poll() is not None:
-            if self.signaller.returncode != 0:
-                log(f"the {self.sig} step failed (srun exit {self.signaller.returncode})")
-            self.signaller = None
-        due = self.requeue_at is not None and time.monotonic() >= self.requeue_at
-        if due and not self.terminating:
-            self.requeue_at = None
-            self.requeue()
-        if self.watch is not None and self.hung is None and not self.terminating:
-            found = self.watch.step()
-            if found is not None:
-                self.on_hang(found)
-        if self.hang_stop_at is not None and time.monotonic() >= self.hang_stop_at:
-            self.hang_stop_at = None
-            self.stop_ranks(signal.SIGTERM)
-        self._attempt_clock()
-        select.select([self._wake_r], [], [], self._wait())
-        self._drain()
-
-    def arm_timeout(self, started: float) -> None:
-        """The spec's timeout for this attempt, counted from its start (monotonic `started`,
-        before `pre`) as the local supervisor counts it; the checkpoint signal `warning`
-        seconds before it."""
-        self.timeout_warned = self.timed_out = False
-        limit = self.job.get("timeout")
-        if not limit:
-            self.warn_at = self.timeout_at = None
-            return
-        self.timeout_at = started + float(limit)
-        self.warn_at = self.timeout_at - float(self.job.get("warning") or 0)
-
-    def _attempt_clock(self) -> None:
-        """While the ranks run: the checkpoint signal at `warning` before the timeout, then
-        at the timeout the teardown marker (the agents count no rank failure) and a SIGTERM
-        to the agents, which stop their ranks with the grace period."""
-        if self.timeout_at is None or self.terminating or self.hung is not None:
-            return
-        at = time.monotonic()
-        if self.warn_at is not None and at >= self.warn_at:
-            self.warn_at = None
-            self.timeout_warned = True
-            self.send_checkpoint(f"timeout in {float(self.job.get('warning') or 0):g}s")
-        if not self.timed_out and at >= self.timeout_at:
-            self.timed_out = True
-            log(
-                f"timeout ({float(self.job['timeout']):g}s): stopping the ranks "
-                f"(grace {self.job['grace']}s)"
-            )
-            write_text(os.path.join(self.adir, "teardown"), "timeout\n")
-            self.stop_ranks(signal.SIGTERM)
-
-    def _wait(self) -> float:
-        """How long _tick sleeps: 0.2 s, less when the timeout (or its warning) is due
-        sooner, so that it is kept to the tenth of a second."""
-        if self.timeout_at is None or self.timed_out or self.terminating or self.hung is not None:
-            return 0.2
-        due = self.timeout_at if self.warn_at is None else self.warn_at
-        return max(0.0, min(0.2, due - time.monotonic()))
-
-    def timeout_reason(self) -> str:
-        """The attempt's reason when the spec's timeout stopped it: 'timeout', as the local
-        supervisor records it (the limit itself is in the spec and batch.log)."""
-        return "timeout"
-
-    def on_hang(self, info: dict[str, Any]) -> None:
-        """No rank progressed for hang_timeout (runtime/hang.py), the stacks are in: say
-        it, then on_hang: warn goes on; fail and retry stop the ranks, the teardown marker
-        telling every agent that it is no failure. retry sends the checkpoint signal first
-        and gives the handlers the grace period before the SIGTERM (as the local
-        supervisor does): a SIGTERM at once could end a rank before its handler ran."""
-        action = self.job.get("on_hang") or "fail"
-        log(f"{hang.describe(info)}; on_hang: {action}")
-        append_event(self.run_dir, "hang", attempt=self.attempt, action=action,
-                     last_progress=info["last_progress"], detected_at=info["detected_at"],
-                     stacks=len(info["stacks"]))  # fmt: skip
-        if action == "warn":
-            return
-        self.hung = info
-        write_text(os.path.join(self.adir, "teardown"), "hang\n")
-        if action == "retry":
-            self.stop_ranks(getattr(signal, self.sig))
-            self.hang_stop_at = time.monotonic() + float(self.job["grace"])
-            return
-        self.stop_ranks(signal.SIGTERM)
+    def srun(self, srun_args: list[str], *words: str) -> subprocess.Popen[bytes]:
+        """One srun step of node agents."""
+        argv = ["srun", *srun_args, "sh", "-c", PYTHON_GUARD, "treb-agent", self.runtime,
+                *words, self.job_path]  # fmt: skip
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL)
 
     def stop_ranks(self, sig: int) -> None:
         """`sig` to the attempt's agents (SIGTERM: their teardown, with the grace period)."""
@@ -428,84 +519,6 @@ class Controller:
             with contextlib.suppress(OSError):
                 self.step.send_signal(sig)
 
-    def run_inline(self) -> int:
-        """The job's only task (one node, one task, no srun needs: see slurm_script's
-        `inline`) run by an agent in this process: no second interpreter, no srun step;
-        the same records. Signals stay the controller's."""
-        from .task import slurm_agent
-
-        agent = slurm_agent(self.job, inline=True)
-        self.inline = agent
-        try:
-            agent.start_all()
-            while agent.poll():
-                self._tick()
-            self._handle_signals()
-            return agent.exit_code()
-        finally:
-            self.inline = None
-
-    def hooks(self, when: str) -> bool:
-        """The spec's pre/post command once per node."""
-        if not self.job.get(when):
-            return True
-        rc = self.run_step(self.job["srun_hook"], "hook", when)
-        if rc != 0:
-            log(f"{when} command failed on a node (exit {rc}): see {self.adir}/{when}-node-*.log")
-        return rc == 0
-
-    def run_attempt(self) -> None:
-        self.adir = os.path.join(self.run_dir, f"attempt-{self.attempt}")
-        os.makedirs(self.adir, mode=0o700, exist_ok=True)
-        os.environ["TREB_ATTEMPT"] = str(self.attempt)
-        self.t0, self.step_rc, started = now(), None, time.monotonic()
-        self.timeout_warned = self.timed_out = False
-        self.attempt_json("RUNNING", "", None, "batch")
-        log(
-            f"attempt {self.attempt + 1} of {self.max_attempts()}: {self.job['nodes']} node(s) "
-            f"{os.environ.get('SLURM_JOB_NODELIST', '')}, master "
-            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-        )
-        if not self.hooks("pre"):
-            self.state, self.reason = "FAILED", "pre"
-        else:
-            self.hung = None
-            if self.job.get("hang_timeout"):
-                job = self.job
-                names = hang.expected_names(job["launcher"], int(job["nodes"]), int(job["ppn"]))
-                action = job.get("on_hang") or "fail"
-                limit = float(job["hang_timeout"])
-                self.watch = hang.HangWatch(self.adir, limit, action, names, self.t0)
-            self.arm_timeout(started)
-            try:
-                if self.job.get("inline"):
-                    rc = self.run_inline()
-                else:
-                    rc = self.run_step(self.job["srun"], "task")
-            finally:
-                self.watch = None
-                self.hang_stop_at = self.warn_at = self.timeout_at = None
-            self.requeue_at = None
-            stopped_here = self.hung is not None or self.timed_out
-            if self.terminating or (rc != 0 and not stopped_here and self.ended_by_slurm()):
-                return
-            self.step_rc = rc if rc >= 0 else 128 - rc
-            if self.hung is not None:
-                self.state, self.reason = "FAILED", "hang"
-            elif self.timed_out or (rc != 0 and self.timeout_warned and self.died_of_warning()):
-                self.state, self.reason = "TIMEOUT", self.timeout_reason()
-            elif rc == 0:
-                self.state, self.reason = "SUCCEEDED", ""
-            elif self.warned:
-                self.state = "TIMEOUT"
-                self.reason = f"time limit: ranks stopped after {self.sig}"
-            else:
-                self.state, self.reason = "FAILED", self.failure_reason()
-            if not self.hooks("post") and self.state == "SUCCEEDED":
-                self.state, self.reason = "FAILED", "post"
-        if not self.terminating:
-            self.attempt_json(self.state, self.reason, now(), "batch")
-
     def first_failed(self) -> dict[str, Any] | None:
         """The attempt's first process that failed on its own, from its records."""
         records = []
@@ -537,34 +550,6 @@ class Controller:
         )
         return f"{who} on {first.get('host', '?')} {how}"
 
-    def apply_policy(self) -> str:
-        """After a failed attempt: the log policies' verdict (runtime/policies.decide). The
-        retries they granted are kept in `policy-retries`, one name a line, so that a
-        requeued job keeps the count."""
-        names = sorted(os.listdir(self.adir))
-        logs = [os.path.join(self.adir, n) for n in names if re.fullmatch(r"rank-\d+\.log", n)]
-        logs += [os.path.join(self.adir, n) for n in names if re.fullmatch(r"node-\d+\.log", n)]
-        path = os.path.join(self.run_dir, "policy-retries")
-        try:
-            with open(path) as fh:
-                used = fh.read().splitlines()
-        except OSError:
-            used = []
-        granted = {name: used.count(name) for name in set(used)}
-        verdict, policy, line = policies.decide(self.job["policies"], logs, granted)
-        if policy is None:
-            return verdict
-        name, action = policy["name"], policy["action"]
-        log(f"log policy {name} ({action}) matched: {line}")
-        append_event(
-            self.run_dir, "log_policy", attempt=self.attempt, policy=name, action=action, line=line
-        )
-        self.reason = f"{name}: {action}"
-        if verdict == policies.RETRY:
-            with open(path, "a") as fh:
-                fh.write(name + "\n")
-        return verdict
-
     # -- the job -------------------------------------------------------------------------
     def resume(self) -> int | None:
         """Which attempt this start of the job runs; an exit code when none is left."""
@@ -591,7 +576,7 @@ class Controller:
                 os.unlink(os.path.join(self.run_dir, name))
         log(f"job {self.job_id} restarted (restart {os.environ.get('SLURM_RESTART_COUNT', 0)})")
         tracking.mark(self.run_dir, "RUNNING", "requeued")  # the same MLflow run goes on
-        if self.attempt >= self.max_attempts():
+        if self.attempt >= self.attempts_allowed():
             self.result(
                 "FAILED",
                 f"requeued after attempt {self.attempt}, but no attempt "
@@ -601,7 +586,7 @@ class Controller:
             return 1
         return None
 
-    def prepare(self) -> int | None:
+    def setup(self) -> int | None:
         """The job's environment: workdir, secrets, the rendezvous address; an exit code
         when the job cannot start."""
         job = self.job
@@ -654,50 +639,23 @@ class Controller:
         self.install_signals()
         code = self.resume()
         if code is None:
-            code = self.prepare()
+            code = self.setup()
         if code is not None:
             return code
-        while True:
-            self.run_attempt()
-            if self.terminating:
-                break
-            if self.state == "TIMEOUT":
-                if self.attempt + 1 >= self.max_attempts():
-                    break
-                if self.warned:  # the job's own limit is near: a new allocation
-                    self.requeue()
-                    break
-                log(f"attempt {self.attempt + 1} ended: {self.reason}: retrying")
-                self.attempt += 1
-                continue
-            if self.state != "FAILED":
-                break
-            verdict = policies.NO_MATCH
-            if self.hung is not None:  # on_hang decides; retry counts against `retries`
-                if self.job.get("on_hang") == "retry" and self.attempt + 1 < self.max_attempts():
-                    log(f"attempt {self.attempt} hung: retrying")
-                    self.attempt += 1
-                    continue
-                break
-            if not self.warned and self.reason not in ("pre", "post"):
-                verdict = self.apply_policy()
-                if verdict != policies.NO_MATCH:
-                    self.attempt_json("FAILED", self.reason, now(), "batch")
-            if verdict == policies.RETRY or (
-                verdict != policies.FINAL
-                and not self.warned
-                and self.attempt + 1 < self.max_attempts()
-            ):
-                log(f"attempt {self.attempt + 1} failed ({self.reason}): retrying")
-                self.attempt += 1
-                continue
-            break
+        state = self.lc.run(first=self.attempt)
         if self.terminating:
-            while self.step is not None and self.step.poll() is None:
-                time.sleep(0.2)
             return 143
-        self.result(self.state, self.reason, "batch")
-        log(
-            f"run {self.job['run_id']}: {self.state}" + (f" ({self.reason})" if self.reason else "")
-        )
-        return 0 if self.state == "SUCCEEDED" else 1
+        return 0 if state == "SUCCEEDED" else 1
+
+
+def settings(job: dict[str, Any], run_dir: str) -> lifecycle.Settings:
+    """What the job controller reads of job.json."""
+    hung = job.get("hang_timeout")
+    names = hang.expected_names(job["launcher"], int(job["nodes"]), int(job["ppn"])) if hung else []
+    return lifecycle.Settings(
+        retries=int(job["max_attempts"]) - 1, log_policies=job["policies"],
+        on_hang=job.get("on_hang") or "fail", hang_timeout=float(hung) if hung else None,
+        timeout=job.get("timeout"), warning=job.get("warning"),
+        checkpoint_signal=int(getattr(signal, job["checkpoint_signal"])),
+        grace=float(job["grace"]), expected=names, run_dir=run_dir,
+    )  # fmt: skip

@@ -35,6 +35,7 @@ from typing import Any
 
 from . import contract, hang, metrics, secrets
 from .agent import Agent, Proc
+from .lifecycle import AttemptClock
 from .logcopy import LogCopy
 from .records import write_json
 from .task import none_proc, self_argv, torchrun_proc
@@ -131,10 +132,7 @@ class Limit:
         self.sig_name = job.get("checkpoint_signal") or "SIGUSR2"
         self.sig = int(getattr(signal, self.sig_name))
         self.timeout: float | None = job.get("timeout")
-        warning = job.get("warning")
-        now = time.monotonic()
-        self.end = now + float(self.timeout) if self.timeout else None
-        self.warn_at = self.end - float(warning) if self.end and warning else None
+        self.clock = AttemptClock(time.monotonic(), self.timeout, job.get("warning"))
         self.agent: Agent | None = None
         self.notes: list[str] = []  # said by the log copy thread, never from here
         self.warned = self.fired = self._warned_stop = False
@@ -142,9 +140,9 @@ class Limit:
     def tick(self) -> None:
         assert self.agent is not None
         now = time.monotonic()
-        if self.warn_at is not None and now >= self.warn_at and not self.fired:
-            self.warn_at, self.warned = None, True
-            left = max(0.0, (self.end or now) - now)
+        if not self.fired and self.clock.warn_due(now):
+            self.warned = True
+            left = max(0.0, (self.clock.timeout_at or now) - now)
             sent = self.agent.signal_all(self.sig)
             self.notes.append(
                 f"{self.label}: timeout in {left:.0f}s: {self.sig_name} to the "
@@ -155,7 +153,7 @@ class Limit:
             )
         if self.fired:
             return
-        if self._warned_stop or (self.end is not None and now >= self.end):
+        if self._warned_stop or self.clock.expired(now):
             self.fired = True
             assert self.timeout is not None  # end and the warning come from the timeout
             self.notes.append(

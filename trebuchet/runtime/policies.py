@@ -168,31 +168,3 @@ def decide(
         return EXHAUSTED, policy, line
     granted[name] = granted.get(name, 0) + 1
     return RETRY, policy, line
-
-
-def should_retry(
-    state: str,
-    attempt: int,
-    retries: int,
-    policies: list[dict[str, Any]],
-    logs: Iterable[str | PathLike[str]],
-    granted: dict[str, int],
-    on_hang: str | None = None,
-) -> tuple[bool, str, dict[str, Any] | None, str]:
-    """Whether attempt `attempt` (from 0), which ended `state` (FAILED or TIMEOUT, not
-    cancelled), is retried by a supervisor that runs the whole job in one process (local,
-    ssh): (retry, verdict, policy, line). The spec's `retries` count the attempts that no
-    retry policy granted; a hung attempt (`on_hang`: its action) is retried only by
-    on_hang: retry, a timed-out one only by `retries`, a failed one as the log policies
-    say (decide), then by `retries`."""
-    normal_used = attempt - sum(granted.values())
-    if on_hang is not None:
-        return on_hang == "retry" and normal_used < retries, NO_MATCH, None, ""
-    if state != "FAILED":
-        return normal_used < retries, NO_MATCH, None, ""
-    verdict, policy, line = decide(policies, logs, granted)
-    if verdict == FINAL:
-        return False, verdict, policy, line
-    if verdict == RETRY:
-        return True, verdict, policy, line
-    return normal_used < retries, verdict, policy, line
