@@ -10,11 +10,12 @@ milliseconds; the same outcomes on the real engines are in the integration tests
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
-from trebuchet.runtime import lifecycle, policies
+from trebuchet.runtime import lifecycle, policies, states
 from trebuchet.runtime.lifecycle import END, REQUEUE, RETRY, AttemptClock, next_step
 
 PORT = {"name": "port_in_use", "pattern": "Address already in use", "action": "retry",
@@ -96,13 +97,28 @@ def test_a_hung_attempt_follows_on_hang(on_hang: str, attempt: int, want: str,
     assert next_step("FAILED", attempt, 1, [PORT], logs, {}, on_hang=on_hang).action == want
 
 
-def test_run_states_only_move_forward() -> None:
-    assert lifecycle.allowed("PENDING", "RUNNING") and lifecycle.allowed("RUNNING", "RETRYING")
-    assert lifecycle.allowed("RETRYING", "RUNNING") and lifecycle.allowed("RUNNING", "FAILED")
-    assert lifecycle.allowed("FAILED", "FAILED")
-    assert not lifecycle.allowed("SUCCEEDED", "RUNNING")
-    assert not lifecycle.allowed("FAILED", "SUCCEEDED")
-    assert not lifecycle.allowed("RUNNING", "PENDING")
+def test_an_end_is_final_and_the_index_keeps_it(tmp_path: Path) -> None:
+    """Active states move among themselves (an engine may queue a running job again) and
+    to an end; an end never moves. The run index refuses such a write, whoever asks."""
+    from trebuchet.store.db import RunRecord, Store
+
+    assert states.allowed("PENDING", "RUNNING") and states.allowed("RUNNING", "RETRYING")
+    assert states.allowed("RETRYING", "RUNNING") and states.allowed("RUNNING", "PENDING")
+    assert states.allowed("RUNNING", "FAILED") and states.allowed("FAILED", "FAILED")
+    for end in states.TERMINAL:
+        assert not any(states.allowed(end, s) for s in states.ACTIVE + states.TERMINAL
+                       if s != end)  # fmt: skip
+    store = Store(tmp_path / "runs.db")
+    rec = RunRecord(id="r0000001", name="x", backend="local", launcher="native",
+                    state="PENDING", nodes=1, procs_per_node=1, run_dir=str(tmp_path),
+                    created_at=time.time())  # fmt: skip
+    store.insert_run(rec)
+    assert store.update_run(rec.id, state="RUNNING")
+    assert store.update_run(rec.id, state="SUCCEEDED", exit_code=0)
+    assert not store.update_run(rec.id, state="RUNNING", exit_code=9)  # refused, whole
+    got = store.get(rec.id)
+    assert got is not None and (got.state, got.exit_code) == ("SUCCEEDED", 0)
+    store.close()
 
 
 def test_the_clock_warns_once_then_expires_once() -> None:

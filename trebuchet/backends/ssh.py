@@ -56,7 +56,7 @@ from trebuchet.errors import UserError
 from trebuchet.runtime.hang import expected_names
 from trebuchet.runtime.lifecycle import Ending, JobController, Settings
 from trebuchet.runtime.procs import hostname
-from trebuchet.runtime.records import first_failure
+from trebuchet.runtime.records import cause, first_failure
 from trebuchet.runtime.task import NO_PYTHON
 
 if TYPE_CHECKING:
@@ -581,8 +581,7 @@ class SshRun:
         self.say(why)
         self.store.set_attempt(self.rid, 0, state="FAILED", started_at=t0, ended_at=time.time(),
                                reason=why)  # fmt: skip
-        return {"label": "ssh", "rank": None, "node": None, "local_rank": None, "exit_code": 255,
-                "signal": None, "ended_at": time.time(), "attempt": 0, "message": why}  # fmt: skip
+        return cause("ssh", 255, 0, message=why)
 
     def attempt_facts(self, attempt: int) -> dict[str, Any]:
         return {"master": f"{self.info['master_addr']}:{self.info['master_port']}"}
@@ -673,10 +672,10 @@ class SshRun:
         adir = self.run_dir / f"attempt-{attempt}"
         shape = (self.info["launcher"], len(self.nodes), int(self.info["ppn"]))
         hung = reason == "failure" and merge_hang(adir, expected_names(*shape))
-        state, cause = self.outcome(self.nodes, self.first, reason, adir, attempt, hung)
-        if cause is not None:
-            self.job.first_failure = cause
-        if hung and cause is None and state == "FAILED":
+        state, found = self.outcome(self.nodes, self.first, reason, adir, attempt, hung)
+        if found is not None:
+            self.job.first_failure = found
+        if hung and found is None and state == "FAILED":
             return Ending(state, "hang", hung=True)
         return Ending(state, reason)
 
@@ -820,39 +819,20 @@ class SshRun:
             return "SUCCEEDED", None
         if first.lost:
             what = f"the ssh connection to {first.host} was lost (ssh exit {first.returncode})"
-            return "FAILED", {
-                "label": f"node {first.index}",
-                "rank": None,
-                "node": first.index,
-                "local_rank": None,
-                "exit_code": 255,
-                "signal": None,
-                "host": first.host,
-                "ended_at": time.time(),
-                "attempt": attempt,
-                "log": str(adir / f"ssh-{first.index}.log"),
-                "message": what,
-            }
+            log = str(adir / f"ssh-{first.index}.log")
+            return "FAILED", cause(f"node {first.index}", 255, attempt, first.index,
+                                   host=first.host, log=log, message=what)  # fmt: skip
         mine = [r for r in records if (r.get("node") or 0) == first.index]
-        cause = first_failure(mine) or first_failure(records)
-        if first.returncode == 124 and cause is None:
+        found = first_failure(mine) or first_failure(records)
+        if first.returncode == 124 and found is None:
             return "TIMEOUT", None
-        if cause is None and hung:  # no rank failed: the hang watch stopped them
+        if found is None and hung:  # no rank failed: the hang watch stopped them
             return "FAILED", None
-        if cause is None:
-            cause = {
-                "label": f"node {first.index}",
-                "rank": None,
-                "node": first.index,
-                "local_rank": None,
-                "exit_code": first.returncode,
-                "signal": None,
-                "host": first.host,
-                "ended_at": time.time(),
-                "log": str(adir / f"ssh-{first.index}.log"),
-            }
-        name = f"rank-{cause['rank']}" if cause.get("rank") is not None else f"node-{first.index}"
-        return "FAILED", {**cause, "attempt": attempt, "log": str(adir / f"{name}.log")}
+        if found is None:
+            found = cause(f"node {first.index}", first.returncode or 1, attempt, first.index,
+                          host=first.host)  # fmt: skip
+        name = f"rank-{found['rank']}" if found.get("rank") is not None else f"node-{first.index}"
+        return "FAILED", {**found, "attempt": attempt, "log": str(adir / f"{name}.log")}
 
 
 BACKEND = SshBackend()

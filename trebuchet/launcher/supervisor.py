@@ -26,7 +26,7 @@ from trebuchet.launcher.plan import Plan, ProcPlan, free_port
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
 from trebuchet.launcher.submitted import Submitted
 from trebuchet.launcher.watchdog import Watchdog
-from trebuchet.runtime import contain, hang, secrets, tracking
+from trebuchet.runtime import contain, hang, records, secrets, tracking
 from trebuchet.runtime.agent import Agent, Proc
 from trebuchet.runtime.lifecycle import Ending, JobController, Settings
 from trebuchet.runtime.procs import (
@@ -208,9 +208,7 @@ class Supervisor:
             with open(log_path, "a") as log:
                 info = ensure(recipe, log)
         except (BuildError, OSError) as exc:
-            cause = {"label": "environment", "rank": None, "node": None, "local_rank": None,
-                     "exit_code": 1, "signal": None, "ended_at": time.time(), "attempt": 0,
-                     "log": str(log_path), "message": str(exc)}  # fmt: skip
+            cause = records.cause("environment", 1, 0, log=str(log_path), message=str(exc))
             self.store.set_attempt(
                 self.plan.run_id, 0, state=FAILED, started_at=t0, ended_at=time.time(),
                 reason="environment build failed",
@@ -478,9 +476,7 @@ def record_abort(store: Store, run_id: str, attempt: int, why: str | None) -> No
         if why is None:
             store.update_run(run_id, only_if_active=True, state=LOST, ended_at=now)
             return
-        cause = {"label": "disk", "rank": None, "node": None, "local_rank": None,
-                 "exit_code": 1, "signal": None, "ended_at": now, "attempt": attempt,
-                 "message": why}  # fmt: skip
+        cause = records.cause("disk", 1, attempt, message=why)
         store.set_attempt(run_id, attempt, state=FAILED, ended_at=now, reason=why)
         store.update_run(run_id, only_if_active=True, state=FAILED, ended_at=now, exit_code=1,
                          first_failure=cause)  # fmt: skip

@@ -14,7 +14,7 @@ import select
 import time
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Protocol
 
-from . import policies
+from . import policies, states
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -23,22 +23,6 @@ if TYPE_CHECKING:
 RETRY = "retry"  # another attempt, here and now
 REQUEUE = "requeue"  # another attempt in a new allocation (the engine's own limit is near)
 END = "end"  # the run ends with this attempt's state
-
-# The attempt states a next attempt may follow; any other (SUCCEEDED, CANCELLED, LOST) ends
-# the run. Runs and attempts move only forward: PENDING -> RUNNING -> (RETRYING -> RUNNING)*
-# -> one of TERMINAL.
-RETRIABLE = ("FAILED", "TIMEOUT")
-TERMINAL = ("SUCCEEDED", "FAILED", "TIMEOUT", "CANCELLED", "LOST")
-TRANSITIONS = {
-    "PENDING": ("RUNNING", "CANCELLED", "FAILED", "LOST"),
-    "RUNNING": ("RETRYING", *TERMINAL),
-    "RETRYING": ("RUNNING", *TERMINAL),
-}
-
-
-def allowed(old: str, new: str) -> bool:
-    """Whether a run may move from state `old` to `new` (staying is always allowed)."""
-    return old == new or new in TRANSITIONS.get(old, ())
 
 
 class Decision(NamedTuple):
@@ -73,7 +57,7 @@ def next_step(
     - a failed one as the first matching log policy says (no_retry ends it, retry grants
       an attempt up to its max_retries), then by `retries`; with the engine's limit near,
       none (no policy is consulted)."""
-    if cancelled or state not in RETRIABLE:
+    if cancelled or state not in states.RETRIABLE:
         return Decision(END, policies.NO_MATCH, None, "")
     normal_left = attempt - sum(granted.values()) < retries
     if on_hang is not None:

@@ -101,6 +101,17 @@ def exit_fields(returncode: int) -> dict[str, Any]:
     return {"exit_code": 128 - returncode, "signal": name}
 
 
+def cause(
+    label: str, exit_code: int, attempt: int, node: int | None = None, **fields: Any
+) -> dict[str, Any]:
+    """A run's first failure that no process record says (an environment build, a full
+    disk, an ssh connection, a node agent without a rank's record): the fields of a rank's
+    record, rank and signal None, then `fields` (message, log, host)."""
+    return {"label": label, "rank": None, "node": node, "local_rank": None,
+            "exit_code": exit_code, "signal": None, "ended_at": now(), "attempt": attempt,
+            **fields}  # fmt: skip
+
+
 def first_failure(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The earliest non-zero outcome that was not a cascade (a process stopped by its
     launcher, the teardown or the engine); a rank's record before a node agent's."""

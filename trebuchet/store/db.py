@@ -416,14 +416,19 @@ class Store:
         self.conn.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", data)
 
     def update_run(self, run_id: str, only_if_active: bool = False, **values: Any) -> bool:
-        """Set columns of one run; with only_if_active, a finished run is left alone."""
+        """Set columns of one run; with only_if_active, a finished run is left alone; a
+        new state only as runtime/states.py allows (a finished run keeps its
+        end). False when nothing was written."""
         for key in JSON_COLUMNS:
             if values.get(key) is not None:
                 values[key] = json.dumps(values[key])
         sets = ", ".join(f"{k} = :{k}" for k in values)
         sql = f"UPDATE runs SET {sets} WHERE id = :_id"
+        active = ", ".join(f"'{s}'" for s in sorted(ACTIVE))
         if only_if_active:
-            sql += " AND state IN ('PENDING', 'RUNNING', 'RETRYING')"
+            sql += f" AND state IN ({active})"
+        elif "state" in values:  # only the moves runtime/states.py allows: an end is final
+            sql += f" AND (state = :state OR state IN ({active}))"
         cur = self.conn.execute(sql, {**values, "_id": run_id})
         if cur.rowcount > 0 and values.get("state") == "LOST":
             # Whatever found it LOST, its unfinished attempt was lost with it (not RUNNING).

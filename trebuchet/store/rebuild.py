@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trebuchet.runtime.records import first_failure
+from trebuchet.runtime.records import cause, first_failure
 from trebuchet.store.db import SCHEMA, RunRecord, Store, header_problem
 from trebuchet.store.paths import RUN_ID_RE
 from trebuchet.store.states import ACTIVE, FAILED, LOST, PENDING, RUNNING, SUCCEEDED, TERMINAL
@@ -119,10 +119,8 @@ def recover(run_dir: Path, sweeps: dict[str, tuple[str, dict]]) -> Recovered:
         elif kind == "environment_failed":
             out.attempts[0] = {"state": FAILED, "ended_at": when,
                                "reason": "environment build failed"}  # fmt: skip
-            env_failure = {"label": "environment", "rank": None, "node": None,
-                           "local_rank": None, "exit_code": 1, "signal": None, "ended_at": when,
-                           "attempt": 0, "log": str(run_dir / "environment.log"),
-                           "message": ev.get("error")}  # fmt: skip
+            env_failure = {**cause("environment", 1, 0, log=str(run_dir / "environment.log"),
+                                   message=ev.get("error")), "ended_at": when}  # fmt: skip
         elif kind in ("run_ended", "lost", "failed", "sbatch_failed"):
             state = ev.get("state") or (LOST if kind == "lost" else FAILED)
             rec.state, rec.ended_at = str(state), when

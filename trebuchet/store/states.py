@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from trebuchet.runtime import states
 from trebuchet.runtime.records import first_failure  # noqa: F401 (one definition, shared)
 
 PENDING = "PENDING"
@@ -15,8 +16,9 @@ TIMEOUT = "TIMEOUT"
 CANCELLED = "CANCELLED"
 LOST = "LOST"
 
-ACTIVE = frozenset({PENDING, RUNNING, RETRYING})
-TERMINAL = frozenset({SUCCEEDED, FAILED, TIMEOUT, CANCELLED, LOST})
+# which are active and which final, and the moves between them: runtime/states.py
+ACTIVE = frozenset(states.ACTIVE)
+TERMINAL = frozenset(states.TERMINAL)
 
 
 # `treb run` exit codes by final state (contract: 0 ok, 1 failed or timeout, 130 interrupted).
