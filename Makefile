@@ -61,11 +61,13 @@ bench: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/train_speed.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/launcher_cpu.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/ui_runs_page.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/controller_latency.py
 
 # Slurm figures on the test cluster (started and taken down around it).
 bench-slurm: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/with-slurm-cluster $(PY) bench/slurm_submit.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/with-slurm-cluster $(PY) bench/slurm_scale.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/with-slurm-cluster $(PY) bench/controller_latency.py --on slurm --nodes 2
 
 # `treb run --on ssh` against a hand-written ssh loop, on the ssh test hosts.
 bench-ssh: $(STAMP)
