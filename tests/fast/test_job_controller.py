@@ -141,8 +141,7 @@ class FakeEngine:
     def retrying(self, attempt: int) -> None:
         self.records.append(("retrying", attempt))
 
-    def run_ended(self, state: str, reason: str | None, cause: dict[str, Any] | None,
-                  exit_code: int) -> None:  # fmt: skip
+    def run_ended(self, state: str, cause: dict[str, Any] | None, exit_code: int) -> None:
         self.records.append(("run_ended", state, exit_code))
 
     def heartbeat(self) -> None:
@@ -155,7 +154,7 @@ def run(tmp_path: Path, scripts: list[Script], retries: int = 0, timeout: float 
     engine = FakeEngine(tmp_path, scripts)
     settings = Settings(retries=retries, log_policies=policies or [], on_hang=on_hang,
                         hang_timeout=None, timeout=timeout, warning=warning,
-                        checkpoint_signal=USR2, grace=0.01, expected=[],
+                        checkpoint_signal=USR2, grace=0.01, shape=("native", 1, 1),
                         run_dir=str(tmp_path))  # fmt: skip
     job = JobController(settings, engine, engine)
     engine.job = job
@@ -235,7 +234,9 @@ def test_a_warning_no_rank_handles_is_said(tmp_path: Path) -> None:
 
 def test_a_rank_that_dies_of_the_warning_ends_the_attempt_as_a_timeout(tmp_path: Path) -> None:
     engine = FakeEngine(tmp_path, [Script(runs=30)])
-    settings = Settings(0, [], "fail", None, 10.0, 9.95, USR2, 0.01, [], str(tmp_path))
+    settings = Settings(
+        0, [], "fail", None, 10.0, 9.95, USR2, 0.01, ("native", 1, 1), str(tmp_path)
+    )
     job = JobController(settings, engine, engine)
     orig = engine.checkpoint
 

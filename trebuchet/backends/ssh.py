@@ -670,8 +670,7 @@ class SshRun:
 
     def ending(self, attempt: int, reason: str | None) -> Ending:
         adir = self.run_dir / f"attempt-{attempt}"
-        shape = (self.info["launcher"], len(self.nodes), int(self.info["ppn"]))
-        hung = reason == "failure" and merge_hang(adir, expected_names(*shape))
+        hung = reason == "failure" and merge_hang(adir, expected_names(*self.job.settings.shape))
         state, found = self.outcome(self.nodes, self.first, reason, adir, attempt, hung)
         if found is not None:
             self.job.first_failure = found
@@ -844,7 +843,8 @@ def settings(info: dict[str, Any], run_dir: Path) -> Settings:
     return Settings(
         retries=info["retries"], log_policies=info.get("log_policies", []),
         on_hang=info.get("on_hang") or "fail", hang_timeout=None, timeout=None, warning=None,
-        checkpoint_signal=int(signal.SIGUSR2), grace=float(info["grace_period"]), expected=[],
+        checkpoint_signal=int(signal.SIGUSR2), grace=float(info["grace_period"]),
+        shape=(info["launcher"], len(info["hosts"]), int(info["ppn"])),
         run_dir=str(run_dir),
     )  # fmt: skip
 

@@ -74,9 +74,7 @@ class IndexRecords:
         self.store.update_run(self.run_id, state=RETRYING)
         self.event("retrying", attempt=attempt)
 
-    def run_ended(
-        self, state: str, reason: str | None, cause: dict[str, Any] | None, exit_code: int
-    ) -> None:
+    def run_ended(self, state: str, cause: dict[str, Any] | None, exit_code: int) -> None:
         self.store.update_run(self.run_id, state=state, ended_at=time.time(),
                               exit_code=exit_code, first_failure=cause)  # fmt: skip
         self.event("run_ended", state=state)

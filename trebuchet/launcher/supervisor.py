@@ -26,7 +26,7 @@ from trebuchet.launcher.plan import Plan, ProcPlan, free_port
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
 from trebuchet.launcher.submitted import Submitted
 from trebuchet.launcher.watchdog import Watchdog
-from trebuchet.runtime import contain, hang, records, secrets, tracking
+from trebuchet.runtime import contain, records, secrets, tracking
 from trebuchet.runtime.agent import Agent, Proc
 from trebuchet.runtime.lifecycle import Ending, JobController, Settings
 from trebuchet.runtime.procs import (
@@ -445,13 +445,12 @@ class Supervisor:
 
 def settings(plan: Plan) -> Settings:
     """What the job controller reads of a local plan."""
-    expected = (hang.expected_names(plan.launcher, plan.nodes, plan.procs_per_node)
-                if plan.hang_timeout else [])  # fmt: skip
     return Settings(
         retries=plan.retries, log_policies=plan.log_policies, on_hang=plan.on_hang or "fail",
         hang_timeout=plan.hang_timeout, timeout=plan.timeout, warning=plan.warning_seconds,
         checkpoint_signal=int(signal.Signals[plan.checkpoint_signal]),
-        grace=plan.grace_period, expected=expected, run_dir=plan.run_dir,
+        grace=plan.grace_period, shape=(plan.launcher, plan.nodes, plan.procs_per_node),
+        run_dir=plan.run_dir,
     )  # fmt: skip
 
 

@@ -193,9 +193,7 @@ class Controller:
     def retrying(self, attempt: int) -> None:
         """Said in batch.log by the controller; the next attempt.json follows."""
 
-    def run_ended(
-        self, state: str, reason: str | None, cause: dict[str, Any] | None, exit_code: int
-    ) -> None:
+    def run_ended(self, state: str, cause: dict[str, Any] | None, exit_code: int) -> None:
         if self.terminating:  # on_term wrote result.json when Slurm began ending the job
             return
         self.state = state
@@ -651,11 +649,11 @@ class Controller:
 def settings(job: dict[str, Any], run_dir: str) -> lifecycle.Settings:
     """What the job controller reads of job.json."""
     hung = job.get("hang_timeout")
-    names = hang.expected_names(job["launcher"], int(job["nodes"]), int(job["ppn"])) if hung else []
     return lifecycle.Settings(
         retries=int(job["max_attempts"]) - 1, log_policies=job["policies"],
         on_hang=job.get("on_hang") or "fail", hang_timeout=float(hung) if hung else None,
         timeout=job.get("timeout"), warning=job.get("warning"),
         checkpoint_signal=int(getattr(signal, job["checkpoint_signal"])),
-        grace=float(job["grace"]), expected=names, run_dir=run_dir,
+        grace=float(job["grace"]), shape=(job["launcher"], int(job["nodes"]), int(job["ppn"])),
+        run_dir=run_dir,
     )  # fmt: skip

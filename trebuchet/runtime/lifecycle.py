@@ -129,7 +129,7 @@ class Settings(NamedTuple):
     warning: float | None
     checkpoint_signal: int
     grace: float
-    expected: list[str]  # the stack files of a whole attempt (hang.expected_names)
+    shape: tuple[str, int, int]  # launcher, nodes, ranks per node: the hang watch's names
     run_dir: str
 
 
@@ -204,9 +204,7 @@ class Records(Protocol):
     def log_policy(self, attempt: int, name: str, action: str, line: str) -> None: ...
     def max_attempts(self, count: int, granted: dict[str, int]) -> None: ...
     def retrying(self, attempt: int) -> None: ...
-    def run_ended(
-        self, state: str, reason: str | None, cause: dict[str, Any] | None, exit_code: int
-    ) -> None: ...
+    def run_ended(self, state: str, cause: dict[str, Any] | None, exit_code: int) -> None: ...
     def heartbeat(self) -> None: ...
 
 
@@ -277,13 +275,12 @@ class JobController:
     def run(self, first: int = 0) -> str:
         """Every attempt from `first` (a requeued job's restart), then the run's end; the
         final state."""
-        state, reason = "FAILED", None
+        state = "FAILED"
         cause = self.nodes.prepare()
         if cause is None:
             attempt = first
             while True:
                 state = self.run_attempt(attempt)
-                reason = self.ending.reason
                 action = self.next_action(state, attempt)
                 if action == REQUEUE:
                     self.nodes.requeue()  # returns only when the engine refused it
@@ -296,7 +293,7 @@ class JobController:
                 attempt += 1
             cause = self.first_failure
         code = cause["exit_code"] if cause else self.nodes.exit_code()
-        self.records.run_ended(state, reason, cause, code)
+        self.records.run_ended(state, cause, code)
         return state
 
     def next_action(self, state: str, attempt: int) -> str:
@@ -347,9 +344,10 @@ class JobController:
         clock = AttemptClock(time.monotonic() - (time.time() - started), s.timeout, s.warning)
         watch = None
         if s.hang_timeout:
-            from .hang import HangWatch
+            from .hang import HangWatch, expected_names
 
-            watch = HangWatch(self.attempt_dir(attempt), s.hang_timeout, s.on_hang, s.expected,
+            names = expected_names(*s.shape)
+            watch = HangWatch(self.attempt_dir(attempt), s.hang_timeout, s.on_hang, names,
                               started)  # fmt: skip
         beat = time.monotonic() + HEARTBEAT_S
         while True:
