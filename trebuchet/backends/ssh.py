@@ -56,7 +56,7 @@ from trebuchet.errors import UserError
 from trebuchet.runtime.hang import expected_names
 from trebuchet.runtime.lifecycle import Ending, JobController, Settings
 from trebuchet.runtime.procs import hostname
-from trebuchet.runtime.records import cause, first_failure
+from trebuchet.runtime.records import attempt_logs, cause, first_failure
 from trebuchet.runtime.task import NO_PYTHON
 
 if TYPE_CHECKING:
@@ -680,12 +680,7 @@ class SshRun:
 
     def logs(self, attempt: int, cause: dict[str, Any] | None) -> list[str]:
         """The attempt's logs as fetched from the hosts, the failing rank's first."""
-        adir = self.run_dir / f"attempt-{attempt}"
-        logs = sorted(adir.glob("rank-*.log")) + sorted(adir.glob("node-*.log"))
-        first = Path(cause["log"]) if cause and cause.get("log") else None
-        if first in logs:
-            logs.insert(0, logs.pop(logs.index(first)))
-        return [str(path) for path in logs]
+        return attempt_logs(str(self.run_dir / f"attempt-{attempt}"), (cause or {}).get("log"))
 
     def exit_code(self) -> int:
         return 0

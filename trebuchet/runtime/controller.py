@@ -25,7 +25,15 @@ from typing import Any
 
 from . import contract, hang, lifecycle, procs, tracking
 from .agent import Agent
-from .records import append_event, first_failure, now, read_json, write_json, write_text
+from .records import (
+    append_event,
+    attempt_logs,
+    first_failure,
+    now,
+    read_json,
+    write_json,
+    write_text,
+)
 from .task import PYTHON_GUARD
 
 REQUEUE_WAIT_S = 600  # after `scontrol requeue`, Slurm ends this step well before this
@@ -314,10 +322,7 @@ class Controller:
         return lifecycle.Ending(state, why, limit_near=self.warned)
 
     def logs(self, attempt: int, cause: dict[str, Any] | None) -> list[str]:
-        names = sorted(os.listdir(self.adir))
-        logs = [os.path.join(self.adir, n) for n in names if re.fullmatch(r"rank-\d+\.log", n)]
-        logs += [os.path.join(self.adir, n) for n in names if re.fullmatch(r"node-\d+\.log", n)]
-        return logs
+        return attempt_logs(self.adir)  # the agents' records name the cause, not the index
 
     def exit_code(self) -> int:
         return self.step_rc or 0

@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import signal
 import time
 from typing import Any
@@ -99,6 +100,17 @@ def exit_fields(returncode: int) -> dict[str, Any]:
     except ValueError:
         name = f"SIG{-returncode}"
     return {"exit_code": 128 - returncode, "signal": name}
+
+
+def attempt_logs(adir: str, first: str | None = None) -> list[str]:
+    """What the log policies read after a failed attempt: its rank logs, then its node
+    agents' logs, the failing process's (`first`) ahead of them when it is one of them."""
+    names = sorted(os.listdir(adir))
+    logs = [os.path.join(adir, name) for pattern in (r"rank-\d+\.log", r"node-\d+\.log")
+            for name in names if re.fullmatch(pattern, name)]  # fmt: skip
+    if first in logs:
+        logs.insert(0, logs.pop(logs.index(first)))
+    return logs
 
 
 def cause(
