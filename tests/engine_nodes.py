@@ -26,9 +26,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trebuchet.backends.kubernetes import AGENT_DIR, RUN_DIR, KubernetesBackend
-from trebuchet.backends.kubernetes_code import CODE_DIR
-from trebuchet.backends.skypilot import SkyPilotBackend
+from trebuchet.backends.kubernetes.code import CODE_DIR
+from trebuchet.backends.kubernetes.engine import AGENT_DIR, RUN_DIR, KubernetesBackend
+from trebuchet.backends.skypilot.engine import SkyPilotBackend
 from trebuchet.spec.load import LoadedSpec, load_spec
 
 BIN = str(Path(sys.executable).parent)  # `python` for the ranks: this interpreter's

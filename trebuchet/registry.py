@@ -24,6 +24,7 @@ from typing import Any
 from trebuchet.plain import record
 
 ENTRY_POINT_GROUP = "trebuchet.engines"
+DEFAULT = "local"  # the engine of a run that names none (`--on`'s default)
 
 
 @record(frozen=True)
@@ -36,22 +37,24 @@ class Registration:
 
 
 BUILTIN = (
-    Registration("local", "trebuchet.backends.local:BACKEND", False),  # simulated nodes, here
+    Registration(  # simulated nodes, here
+        "local", "trebuchet.backends.local.engine:BACKEND", False
+    ),
     Registration(  # an sbatch script; submits, follows, cancels
-        "slurm", "trebuchet.backends.slurm:BACKEND", "trebuchet.backends.slurm_options:Slurm"
+        "slurm", "trebuchet.backends.slurm.engine:BACKEND", "trebuchet.backends.slurm.options:Slurm"
     ),
     Registration(  # a task YAML handed to SkyPilot
         "skypilot",
-        "trebuchet.backends.skypilot:BACKEND",
-        "trebuchet.backends.skypilot_options:SkyPilot",
+        "trebuchet.backends.skypilot.engine:BACKEND",
+        "trebuchet.backends.skypilot.options:SkyPilot",
     ),
     Registration(  # one node agent per host over ssh, supervised here
-        "ssh", "trebuchet.backends.ssh:BACKEND", "trebuchet.backends.ssh_options:Ssh"
+        "ssh", "trebuchet.backends.ssh.engine:BACKEND", "trebuchet.backends.ssh.options:Ssh"
     ),
     Registration(  # an indexed Job and a headless Service
         "kubernetes",
-        "trebuchet.backends.kubernetes:BACKEND",
-        "trebuchet.backends.kubernetes_options:Kubernetes",
+        "trebuchet.backends.kubernetes.engine:BACKEND",
+        "trebuchet.backends.kubernetes.options:Kubernetes",
     ),
 )
 

@@ -54,11 +54,13 @@ def test_ps_refreshing_active_runs_imports_no_pydantic(tmp_path) -> None:
         del os.environ["TREB_HOME"]
     body = (
         "from trebuchet.cli.main import main\nmain(['ps'])\n"
-        "assert 'trebuchet.backends.local' in sys.modules, 'local runs were not refreshed'\n"
-        "assert 'trebuchet.backends.kubernetes' not in sys.modules"
+        "assert 'trebuchet.backends.local.engine' in sys.modules, 'local runs were not refreshed'\n"
+        "assert 'trebuchet.backends.kubernetes.engine' not in sys.modules"
     )
     assert heavy_modules(body, env) == []
 
 
 def test_run_path_never_imports_torch() -> None:
-    assert "torch" not in heavy_modules("import trebuchet.cli.run_cmd, trebuchet.backends.local")
+    assert "torch" not in heavy_modules(
+        "import trebuchet.cli.run_cmd, trebuchet.backends.local.engine"
+    )

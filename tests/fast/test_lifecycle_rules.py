@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from trebuchet.runtime import lifecycle, policies, states
+from trebuchet.runtime import contracts as states
+from trebuchet.runtime import lifecycle, policies
 from trebuchet.runtime.lifecycle import END, REQUEUE, RETRY, AttemptClock, next_step
 
 PORT = {"name": "port_in_use", "pattern": "Address already in use", "action": "retry",
@@ -113,9 +114,9 @@ def test_an_end_is_final_and_the_index_keeps_it(tmp_path: Path) -> None:
                     state="PENDING", nodes=1, procs_per_node=1, run_dir=str(tmp_path),
                     created_at=time.time())  # fmt: skip
     store.insert_run(rec)
-    assert store.update_run(rec.id, state="RUNNING")
-    assert store.update_run(rec.id, state="SUCCEEDED", exit_code=0)
-    assert not store.update_run(rec.id, state="RUNNING", exit_code=9)  # refused, whole
+    assert store.write_state(rec.id, state="RUNNING")
+    assert store.write_state(rec.id, state="SUCCEEDED", exit_code=0)
+    assert not store.write_state(rec.id, state="RUNNING", exit_code=9)  # refused, whole
     got = store.get(rec.id)
     assert got is not None and (got.state, got.exit_code) == ("SUCCEEDED", 0)
     store.close()

@@ -16,6 +16,7 @@ import pytest
 from trebuchet.cli.main import main
 from trebuchet.runtime import metrics as rm
 from trebuchet.runtime import progress
+from trebuchet.store import lifecycle
 from trebuchet.store import metrics as sm
 from trebuchet.store.db import RunRecord, Store
 
@@ -221,7 +222,7 @@ def test_treb_metrics_table_json_csv(
     treb_home.mkdir()
     store = Store()
     rec = make_run(store, tmp_path / "run", rid="abcd1234")
-    store.update_run(rec.id, state="SUCCEEDED", ended_at=time.time())
+    lifecycle.ended(store, rec.id, "SUCCEEDED")
     jsonl(
         tmp_path / "run" / "attempt-0" / "metrics" / "rank-0.jsonl",
         [(i, {"loss": 1.0 / i, "lr": 0.001}) for i in range(1, 51)],

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import REPO, write_spec
 from trebuchet.backends import get_backend
-from trebuchet.backends import slurm_checks as partition_mod
+from trebuchet.backends.slurm import checks as partition_mod
 from trebuchet.cli.main import main
 from trebuchet.errors import SpecError
 from trebuchet.preflight import CHECKS, enforce, preflight

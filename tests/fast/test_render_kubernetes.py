@@ -337,7 +337,7 @@ def test_config_map_is_deleted_when_the_job_is_refused(tmp_path, capsys, treb_ho
 
 
 def test_refresh_follows_jobs_with_one_list_call_per_namespace(treb_home, monkeypatch) -> None:
-    from trebuchet.backends.kubernetes import KubernetesBackend
+    from trebuchet.backends.kubernetes.engine import KubernetesBackend
     from trebuchet.store.db import RunRecord, Store
 
     store = Store()
@@ -370,7 +370,7 @@ def test_refresh_follows_jobs_with_one_list_call_per_namespace(treb_home, monkey
 
 
 def test_refresh_without_the_client_concludes_nothing(treb_home, monkeypatch) -> None:
-    from trebuchet.backends.kubernetes import KubernetesBackend
+    from trebuchet.backends.kubernetes.engine import KubernetesBackend
     from trebuchet.store.db import RunRecord, Store
 
     monkeypatch.setitem(sys.modules, "kubernetes", None)

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import in_ci
-from trebuchet.backends import skypilot_state as sst
-from trebuchet.backends.skypilot import SkyPilotBackend
+from trebuchet.backends.skypilot import state as sst
+from trebuchet.backends.skypilot.engine import SkyPilotBackend
 from trebuchet.store.db import RunRecord, Store
 
 Managed = enum.Enum("ManagedJobStatus", "PENDING RUNNING RECOVERING SUCCEEDED FAILED_SETUP")

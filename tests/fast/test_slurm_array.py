@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from trebuchet.backends.slurm_state import base_ids
+from trebuchet.backends.slurm.state import base_ids
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 SPEC = """\

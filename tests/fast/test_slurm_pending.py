@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.fast.test_slurm_state import add_run, calls, fake_slurm  # noqa: F401 (fixture)
-from trebuchet.backends.slurm import SlurmBackend
-from trebuchet.backends.slurm_reasons import explain
+from trebuchet.backends.slurm.engine import SlurmBackend
+from trebuchet.backends.slurm.reasons import explain
 from trebuchet.store.db import Store
 
 SCONTROL = """#!/bin/bash

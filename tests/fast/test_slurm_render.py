@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import needs_program
-from trebuchet.backends.slurm_checks import slurm_seconds
-from trebuchet.backends.slurm_script import env_value, warning_seconds
+from trebuchet.backends.slurm.checks import slurm_seconds
+from trebuchet.backends.slurm.script import env_value, warning_seconds
 from trebuchet.cli.main import main
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"

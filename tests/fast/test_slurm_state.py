@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from trebuchet.backends import slurm_state as st
-from trebuchet.backends.slurm import SlurmBackend
+from trebuchet.backends.slurm import state as st
+from trebuchet.backends.slurm.engine import SlurmBackend
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.states import first_failure
 
@@ -227,7 +227,7 @@ def test_ps_with_slurm_runs_stays_light(treb_home: Path, fake_slurm: Path) -> No
 def test_cancel_before_sbatch_needs_no_slurm(treb_home: Path, fake_slurm: Path) -> None:
     store = Store()
     add_run(store, treb_home, "nojob", "")
-    store.update_run("nojob", backend_id=None, state="PENDING")
+    store.update_run("nojob", backend_id=None)
     SlurmBackend().cancel(store, store.get("nojob"))
     assert store.get("nojob").state == "CANCELLED" and calls(fake_slurm) == []
 

@@ -202,7 +202,7 @@ def test_an_engine_registered_here_is_never_served_from_the_cache(spec_dir: Path
         "import sys\nfrom pydantic import BaseModel\nfrom trebuchet import backends\n"
         "from trebuchet.spec.load import load_spec\n"
         "class Opts(BaseModel):\n    zone: str = 'a'\n"
-        "backends.register('mine', 'trebuchet.backends.local:BACKEND', Opts)\n"
+        "backends.register('mine', 'trebuchet.backends.local.engine:BACKEND', Opts)\n"
         "s = load_spec(sys.argv[1]).spec\nprint(type(s).__name__, s.mine.zone)\n"
     )
     out = subprocess.run([sys.executable, "-c", code, str(spec_dir / "job.yaml")],

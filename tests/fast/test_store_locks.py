@@ -21,7 +21,7 @@ def test_a_second_store_in_one_process_keeps_seeing_other_writers(treb_home: Pat
     assert second.get("aaaa1111").state == "RUNNING"
     writer = (
         "from trebuchet.store.db import Store\n"
-        "s = Store(); s.update_run('aaaa1111', state='SUCCEEDED'); s.close()\n"
+        "s = Store(); s.write_state('aaaa1111', state='SUCCEEDED'); s.close()\n"
     )
     for _ in range(2):  # the writer's close is the one that checkpointed and deleted the WAL
         subprocess.run([sys.executable, "-c", writer], check=True, timeout=60)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, needs, needs_program, status_json, write_spec
-from trebuchet.backends.local import SUPERVISOR
+from trebuchet.backends.local.engine import SUPERVISOR
 
 pytestmark = pytest.mark.integration
 

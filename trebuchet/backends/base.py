@@ -140,3 +140,16 @@ class Backend(ABC):
     def perf_fields(self, row: dict[str, Any]) -> dict[str, str]:
         """The perf.csv columns this engine fills for one of its result rows."""
         return {"deployment_type": self.name}
+
+    def explain_ending(self, run: dict[str, Any]) -> dict[str, Any] | None:
+        """`treb diagnose` of one of this engine's runs that ended with no process's failure
+        record: LOST (no outcome was recorded), or FAILED before any rank started (the engine
+        refused the submission). `run` is the run's record as plain data (run_dir, state,
+        reason, backend_id, attempt, host, ...). None (the default): diagnose says what it
+        says of any engine (LOST: the run's supervisor vanished; FAILED: what the logs
+        show). Else a dict: `category` (one of diagnose's, docs/diagnose.md), `summary` (one
+        line), `evidence` (lines), and optionally `fix` (this run's remedy, in place of the
+        category's) or `resources` (what the scheduler has now, in words: put in the
+        category's remedy in place of its hint how to find that out). Plain data: engines
+        do not import diagnose/."""
+        return None

@@ -2,7 +2,7 @@
 
 Why one module: the runtime reads the same values wherever it runs (the command as argv,
 launcher, shape, grace period, checkpoint signal, the spec's env and secret names), so they
-are computed once here. Slurm's job file (slurm_script.py) adds what its job controller
+are computed once here. Slurm's job file (slurm/script.py) adds what its job controller
 needs (run directory, srun flags, attempts, log policies); `node_job` adds what the node
 verb needs on engines that start one process per node themselves (SkyPilot, Kubernetes):
 the timeout and its warning, the env values that use a secret, profiling. Those engines
@@ -21,6 +21,7 @@ from trebuchet.envs.build import run_prefix
 from trebuchet.envs.recipe import Recipe
 from trebuchet.errors import UserError
 from trebuchet.launcher.plan import command_argv, profiled
+from trebuchet.runtime.contracts import JobFile
 from trebuchet.runtime.task import NO_PYTHON
 
 SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -40,15 +41,9 @@ def grace_seconds(spec: Any) -> int:
     return max(1, int(-(-getattr(spec, "grace_period", 5.0) // 1)))
 
 
-def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> dict[str, Any]:
+def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> JobFile:
     """The values of every engine's job file (hang_timeout, on_hang, metrics only when set)."""
-    hang = getattr(spec, "hang_timeout", None)
-    hangs = {"hang_timeout": hang, "on_hang": spec.on_hang} if hang else {}
-    wanted = getattr(spec, "metrics", None)  # only when not the defaults (runtime/metrics.py)
-    if wanted is not None and wanted.model_fields_set:
-        hangs["metrics"] = wanted.model_dump()
-    return {
-        **hangs,
+    job: JobFile = {
         "run_id": run_id,
         "launcher": spec.launcher,
         "nodes": spec.nodes,
@@ -59,6 +54,13 @@ def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> dict[str, An
         "secrets": sorted(spec.secrets),
         "spec_env": sorted(spec.env),
     }
+    hang = getattr(spec, "hang_timeout", None)
+    if hang:
+        job["hang_timeout"], job["on_hang"] = hang, spec.on_hang
+    wanted = getattr(spec, "metrics", None)  # only when not the defaults (runtime/metrics.py)
+    if wanted is not None and wanted.model_fields_set:
+        job["metrics"] = wanted.model_dump()
+    return job
 
 
 def engine_options(spec: Any, engine: str) -> Any:
@@ -73,29 +75,26 @@ def uses_secret(value: str, secrets: list[str]) -> bool:
     return any(m.group(1) in secrets for m in SECRET_REF.finditer(value))
 
 
-def node_job(spec: Any, run_id: str, checkpoint_dir: str | None = None) -> dict[str, Any]:
+def node_job(spec: Any, run_id: str, checkpoint_dir: str | None = None) -> JobFile:
     """What the runtime's `node` verb reads: the common values, the timeout and when to
     send the checkpoint signal before it, the env values whose ${SECRET} the node expands
     (the engine gives the node the secrets, never the manifest), profiling, and where
     checkpoints go when the engine mounts storage for them (else the node-local run
     directory's `checkpoints/`)."""
     secrets = list(spec.secrets)
-    extra = {"checkpoint_dir": checkpoint_dir} if checkpoint_dir else {}
-    return {
-        **common(spec, run_id),
-        **extra,
-        "timeout": spec.timeout,
-        "warning": spec.warning_seconds,
-        "secret_env": {k: v for k, v in spec.env.items() if uses_secret(v, secrets)},
-        "profile": spec.profile,
-        "profile_ranks": spec.profile_ranks,
-    }
+    job = common(spec, run_id)
+    if checkpoint_dir:
+        job["checkpoint_dir"] = checkpoint_dir
+    job["timeout"], job["warning"] = spec.timeout, spec.warning_seconds
+    job["secret_env"] = {k: v for k, v in spec.env.items() if uses_secret(v, secrets)}
+    job["profile"], job["profile_ranks"] = spec.profile, spec.profile_ranks
+    return job
 
 
-def job_text(job: dict[str, Any]) -> str:
+def job_text(job: JobFile) -> str:
     """job.json as every engine ships it: JSON, one key per line (what `treb render`
     shows, short enough to review beside the script)."""
-    lines = [f"  {json.dumps(key)}: {json.dumps(job[key])}" for key in sorted(job)]
+    lines = [f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in sorted(job.items())]
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
@@ -120,7 +119,7 @@ def start_lines(runtime: str, job: str) -> list[str]:
     return [NO_PYTHON, f"exec python3 -S {runtime} node {job}"]
 
 
-def write_job_files(run_dir: Path, job: dict[str, Any]) -> tuple[Path, Path]:
+def write_job_files(run_dir: Path, job: JobFile) -> tuple[Path, Path]:
     """The runtime archive and job.json in the run directory, where the engine's upload
     (file_mounts, a ConfigMap) takes them from."""
     from trebuchet.launcher.runtime_file import ship

@@ -20,7 +20,8 @@ CAUSE, TIMEOUT, CASCADE = 2, 1, 0
 # Where a rank's whole output is; engine.fit_remedy puts the run's id and the rank in (or,
 # for logs from elsewhere, the file to read).
 LOGS_HINT = "`treb logs RUN --rank R` has its whole output"
-# What the partitions have; the engine puts in what sinfo said when it can.
+# How to see what the partitions have; the engine (Backend.explain_ending: `resources`) puts
+# in what its scheduler has when it can.
 SINFO_HINT = "`sinfo -o '%P %D %c %m %G %f'` lists each partition's nodes, CPUs, memory, GPUs"
 
 # The categories, in the order of docs/diagnose.md, with their one-line remedies.
@@ -89,13 +90,6 @@ TIME_LIMIT_SILENT = (
     "and more time would not help. The last lines shown say where it stopped; to see where it "
     "waits, dump its stacks while it hangs (py-spy dump --pid PID, or "
     "faulthandler.dump_traceback_later in the program); raise timeout: only if it was slow."
-)
-SLURM_JOB_LOST = (
-    "Find out what became of the job: `sacct -j JOB` where accounting is on, the slurmctld log "
-    "(a controller restarted without its saved state forgets its jobs, and scancel, node "
-    "failures or a purge can too), and batch.log in the run directory (absent or empty: the "
-    "job never started, or TREB_HOME is not on a filesystem the nodes share). Then resubmit; "
-    "retries: with checkpoints rides such losses out."
 )
 CATEGORIES = tuple(REMEDIES)
 TITLES: dict[str, str] = {

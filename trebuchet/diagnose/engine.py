@@ -187,49 +187,36 @@ def _time_limit_diag(run: dict[str, Any]) -> Diagnosis:
     return Diagnosis("time_limit", summary, evidence=evidence, fix=catalog.TIME_LIMIT_SILENT)
 
 
-def _refusal_diag(run: dict[str, Any]) -> Diagnosis:
-    """sbatch refused the job: what it asked for, and what the partitions have."""
-    reason = str(run.get("reason"))  # "sbatch refused the job[ array]: sbatch: error: ..."
-    what, _, said = reason.partition(": ")
-    why = said.rsplit("Batch job submission failed: ", 1)[-1].rsplit("error: ", 1)[-1]
-    refusal = run.get("refusal") or {}
-    evidence = [reason]
-    if refusal.get("asked"):
-        evidence.append("the job asked for: " + " ".join(refusal["asked"]))
-    fix = None
-    parts = refusal.get("partitions")
-    if parts:
-        here = "partitions here, as sinfo says: " + "; ".join(parts)
-        fix = catalog.REMEDIES["scheduler_refusal"].replace(catalog.SINFO_HINT, here)
-    return Diagnosis("scheduler_refusal", f"{what}: {why}", evidence=evidence, fix=fix)
+def _engine_diag(run: dict[str, Any]) -> Diagnosis | None:
+    """What the run's engine says of a run that ended with no process's failure record
+    (Backend.explain_ending: a submission it refused, a job it lost); None: it says nothing,
+    or it is not installed here."""
+    from trebuchet.backends import get_backend
+    from trebuchet.errors import UserError
+
+    if not run.get("backend"):
+        return None
+    try:
+        said = get_backend(str(run["backend"])).explain_ending(run)
+    except UserError:
+        return None
+    if not said:
+        return None
+    category = said["category"]
+    fix = said.get("fix")
+    if fix is None and said.get("resources"):  # what the scheduler has, for how to look
+        fix = catalog.REMEDIES.get(category, "").replace(catalog.SINFO_HINT, said["resources"])
+    return Diagnosis(category, said["summary"], evidence=list(said.get("evidence") or []),
+                     fix=fix)  # fmt: skip
 
 
 def _lost_diag(run: dict[str, Any]) -> Diagnosis:
-    """No outcome was recorded: the supervisor vanished (local), or the job left Slurm's
-    queue without one (the attempt's reason says what to check)."""
-    if run.get("backend") != "slurm":
-        host = run.get("host") or "its host"
-        text = (f"the run's supervisor (pid {run.get('supervisor_pid') or '?'} on {host}) "
-                "vanished without recording an outcome")  # fmt: skip
-        return Diagnosis("node_failure", text + ": the host went down or the launcher was "
-                         "killed", evidence=[text])  # fmt: skip
-    job = run.get("backend_id")
-    reason = run.get("reason") or ""
-    evidence = [f"attempt {int(run.get('attempt') or 0) + 1}: {reason}"] if reason else []
-    if not job:
-        return Diagnosis("node_failure", "the run never reached sbatch (treb run was stopped "
-                         "before submitting it): no Slurm job ran", evidence=evidence)  # fmt: skip
-    batch = run.get("batch_log")
-    if batch is None:
-        evidence.append("batch.log: absent (the job never started, or wrote elsewhere)")
-    else:
-        evidence += [f"batch.log: {ln}" for ln in batch[-3:]] or ["batch.log: empty"]
-    summary = (
-        f"Slurm job {job} left the queue without an outcome record: Slurm no longer knows "
-        "it (squeue, sacct) and the job wrote no result into the run directory"
-    )
-    fix = catalog.SLURM_JOB_LOST.replace("JOB", str(job))
-    return Diagnosis("node_failure", summary, evidence=evidence, fix=fix)
+    """No outcome was recorded and the engine says nothing more: the supervisor vanished."""
+    host = run.get("host") or "its host"
+    text = (f"the run's supervisor (pid {run.get('supervisor_pid') or '?'} on {host}) "
+            "vanished without recording an outcome")  # fmt: skip
+    return Diagnosis("node_failure", text + ": the host went down or the launcher was "
+                     "killed", evidence=[text])  # fmt: skip
 
 
 def _state_diag(case: Case) -> Diagnosis | None:
@@ -248,10 +235,11 @@ def _state_diag(case: Case) -> Diagnosis | None:
     if ff.get("label") == "disk":  # the supervisor stopped the run: it could not write
         text = str(ff.get("message") or "no space left on device")
         return Diagnosis("disk_full", f"the run was stopped{at}: {text}", evidence=[text])
-    if state == "LOST" and not run.get("first_failure"):
+    if state in ("LOST", "FAILED") and not run.get("first_failure"):
+        said = _engine_diag(run)
+        if said or state == "FAILED":
+            return said
         return _lost_diag(run)
-    if state == "FAILED" and str(run.get("reason") or "").startswith("sbatch refused"):
-        return _refusal_diag(run)
     return None
 
 

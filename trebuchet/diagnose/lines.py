@@ -18,7 +18,7 @@ PREFIXES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^\[rank(\d+)\]:\s?"), "rank"),
     (re.compile(r"^\[rank[= ](\d+)\]:?\s?", re.I), "rank"),  # Determined's [rank=3], [rank 3]
     (re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:\s?"), "rank"),
-    (re.compile(r"^\[[A-Za-z_][A-Za-z_-]*?(\d+)\]:\s?"), "local"),  # torchrun --tee [default0]:
+    (re.compile(r"^\[[A-Za-z_][A-Za-z_-]*?(\d+)\]:\s?"), "local_rank"),  # torchrun's [default0]:
 )
 RANK_ANY = re.compile(r"\[rank(\d+)\]:\s?")  # after a progress bar or a viewer's line number
 SRUN_LABEL = re.compile(r"^\s*(\d+): ")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trebuchet import registry
 from trebuchet.diagnose import scan as scanner
 from trebuchet.diagnose.classify import Finding
 from trebuchet.diagnose.lines import LogLine, parse
@@ -420,24 +421,31 @@ def last_output(adir: Path) -> tuple[float, str, str] | None:
     return found
 
 
-def _event_reason(run_dir: Path) -> str | None:
-    """Why a run ended before any rank started (sbatch refused it, its environment build
-    failed), from events.jsonl: for a run directory read without the store."""
-    reason = None
+def _event_reason(run_dir: Path) -> tuple[str | None, str | None]:
+    """(why, engine) of a run that ended before any rank started (its engine refused it,
+    its environment build failed), from events.jsonl: for a run directory read without the
+    store."""
+    from trebuchet.store.files import refused_submission
+
+    reason = engine = None
     try:
         lines = (run_dir / "events.jsonl").read_text().splitlines()
     except OSError:
-        return None
+        return None, None
     for line in lines:
         try:
             ev = json.loads(line)
         except ValueError:
             continue
-        if ev.get("event") == "sbatch_failed":
-            reason = ev.get("reason")
+        if not isinstance(ev, dict):
+            continue
+        if ev.get("event") == "submitted":
+            engine = ev.get("backend")
         elif ev.get("event") == "environment_failed":
             reason = f"environment build failed: {ev.get('error')}"
-    return reason
+        elif refused_submission(ev) is not None:
+            reason = refused_submission(ev)
+    return reason, engine
 
 
 def _environment_unit(log: Path, message: str, ended_at: float | None) -> Unit:
@@ -445,23 +453,6 @@ def _environment_unit(log: Path, message: str, ended_at: float | None) -> Unit:
     lines.append(parse(f"treb: environment build failed: {message}", len(lines)))
     return Unit(rank=None, label="environment", exit_code=1, log=str(log), lines=lines,
                 last_lines=last, ended_at=ended_at, order=0)  # fmt: skip
-
-
-def _refusal(run_dir: Path) -> dict[str, Any]:
-    """What a job sbatch refused asked for (its #SBATCH lines) and what the partitions have
-    (sinfo, now: the user fixes the spec against what exists when they read this)."""
-    import os
-
-    from trebuchet.backends.slurm_checks import partitions
-
-    try:
-        script = (run_dir / "submit.sbatch").read_text().splitlines()
-    except OSError:
-        script = []
-    asked = [ln.split(None, 1)[1] for ln in script if ln.startswith("#SBATCH ")]
-    plumbing = ("--output", "--open-mode", "--job-name", "--no-requeue", "--requeue", "--signal")
-    asked = [a for a in asked if not a.startswith(plumbing)]
-    return {"asked": asked, "partitions": partitions(os.environ)}
 
 
 def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> Case:
@@ -496,9 +487,6 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
         msg = ff.get("message") or "environment build failed"
         case.units = [_environment_unit(Path(ff["log"]), msg, ff.get("ended_at"))]
         case.first_failure = 0
-        return case
-    if not ff and reason.startswith("sbatch refused"):
-        case.run["refusal"] = _refusal(run_dir)
         return case
     if not ff and reason.startswith("environment build failed") and env_log.is_file():
         msg = reason.removeprefix("environment build failed").lstrip(": ") or "see its log"
@@ -564,7 +552,7 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
                 case.first_failure = i
                 u.order = 0
                 break
-    case.multi_host = False if not _remote(run.get("backend") or "local") else None
+    case.multi_host = False if not _remote(run.get("backend") or registry.DEFAULT) else None
     if run.get("state") == "TIMEOUT":
         starts = [o["started_at"] for o in outcomes.values() if o.get("started_at")]
         ends = [o["ended_at"] for o in outcomes.values() if o.get("ended_at")]
@@ -573,9 +561,6 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
         case.run["attempt_ended_at"] = run.get("attempt_ended_at") or (
             max(ends) if ends else run.get("ended_at"))  # fmt: skip
         case.run["last_output"] = last_output(adir)
-    if run.get("state") == "LOST" and run.get("backend") == "slurm":
-        batch = run_dir / "batch.log"
-        case.run["batch_log"] = scanner.scan(batch).last_lines if batch.is_file() else None
     return case
 
 
@@ -604,12 +589,13 @@ def run_dir_case(path: Path) -> Case:
             continue
         if first is None or (o.get("ended_at") or 0) < (first.get("ended_at") or 0):
             first = {**o, "attempt": attempt}
-    reason = None if first else _event_reason(path)
+    reason, engine = (None, None) if first else _event_reason(path)
     run = {
         "id": path.name, "run_dir": str(path), "attempt": attempt, "first_failure": first,
         "launcher": plan.get("launcher", "native"), "procs_per_node": plan.get("procs_per_node"),
         "state": "FAILED" if first or reason else None, "name": plan.get("run_id", path.name),
         "reason": reason,
+        "backend": engine if reason else None,  # the engine's word on a run it refused
     }  # fmt: skip
     case = run_case(run)
     case.in_store = False  # read from a path: its logs are files, not `treb logs` of a run

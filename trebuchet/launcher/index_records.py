@@ -10,9 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trebuchet.runtime.contracts import FirstFailure, Hang
+from trebuchet.store import lifecycle
 from trebuchet.store.db import Store
 from trebuchet.store.files import append_event
-from trebuchet.store.states import RETRYING, RUNNING
+from trebuchet.store.states import RUNNING
 
 Say = Callable[[str], None]
 
@@ -33,8 +35,7 @@ class IndexRecords:
     def attempt_started(self, attempt: int, started_at: float, **facts: Any) -> None:
         (self.run_dir / f"attempt-{attempt}").mkdir(mode=0o700, exist_ok=True)
         self.store.set_attempt(self.run_id, attempt, state=RUNNING, started_at=started_at)
-        self.store.update_run(self.run_id, attempt=attempt, state=RUNNING)
-        self.event("attempt_started", attempt=attempt, **facts)
+        self.state("attempt_started", attempt=attempt, **facts)
 
     def attempt_stopped(self, attempt: int, state: str, reason: str) -> None:
         """An attempt that ended before its ranks started (a failed `pre`)."""
@@ -46,10 +47,10 @@ class IndexRecords:
                                reason=reason)  # fmt: skip
         self.event("attempt_ended", attempt=attempt, state=state)
 
-    def first_failure(self, cause: dict[str, Any]) -> None:
+    def first_failure(self, cause: FirstFailure) -> None:
         self.store.update_run(self.run_id, first_failure=cause)
 
-    def hang(self, attempt: int, info: dict[str, Any], action: str) -> None:
+    def hang(self, attempt: int, info: Hang, action: str) -> None:
         adir = self.run_dir / f"attempt-{attempt}"
         if self.hang_lines is not None:
             lines = self.hang_lines(adir)
@@ -71,13 +72,14 @@ class IndexRecords:
         self.store.update_run(self.run_id, max_attempts=count)
 
     def retrying(self, attempt: int) -> None:
-        self.store.update_run(self.run_id, state=RETRYING)
-        self.event("retrying", attempt=attempt)
+        self.state("retrying", attempt=attempt)
 
-    def run_ended(self, state: str, cause: dict[str, Any] | None, exit_code: int) -> None:
-        self.store.update_run(self.run_id, state=state, ended_at=time.time(),
-                              exit_code=exit_code, first_failure=cause)  # fmt: skip
-        self.event("run_ended", state=state)
+    def run_ended(self, state: str, cause: FirstFailure | None, exit_code: int) -> None:
+        self.state("run_ended", {"exit_code": exit_code, "first_failure": cause}, state=state)
+
+    def state(self, kind: str, index: dict[str, Any] | None = None, **fields: Any) -> None:
+        """An event that moves the run's state: the index follows it (store/lifecycle.py)."""
+        lifecycle.record(self.store, self.run_id, kind, index, False, **fields)
 
     def heartbeat(self) -> None:
         self.store.update_run(self.run_id, last_seen=time.time())

@@ -20,6 +20,7 @@ from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
 from trebuchet.plain import field, record
 from trebuchet.runtime.contract import node_vars, omp_threads, rank_vars
+from trebuchet.runtime.contracts import LogPolicy
 
 HOROVOD_TIMEOUT_S = 120
 
@@ -77,7 +78,7 @@ class Plan:
     warning_seconds: float | None = None
     hang_timeout: float | None = None  # runtime/hang.py; None: off
     on_hang: str = "fail"
-    log_policies: list[dict[str, Any]] = field(default_factory=list)
+    log_policies: list[LogPolicy] = field(default_factory=list)
     hooks: list[dict[str, Any]] = field(default_factory=list)  # pre/post commands per node
     environment: dict[str, Any] | None = None  # an envs.recipe.Recipe as JSON
     path_prepend: list[str] = field(default_factory=list)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-DEFAULT_POLICIES: list[dict[str, Any]] = [
+from trebuchet.runtime.contracts import LogPolicy
+
+DEFAULT_POLICIES: list[LogPolicy] = [
     {"name": "gpu-oom", "action": "no_retry",
      "pattern": r"CUDA out of memory|torch\.(cuda\.)?OutOfMemoryError|HIP out of memory"
                 r"|CUBLAS_STATUS_ALLOC_FAILED"},
@@ -26,7 +28,7 @@ DEFAULT_POLICIES: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
-def policies_for(spec: Any) -> list[dict[str, Any]]:
+def policies_for(spec: Any) -> list[LogPolicy]:
     """The spec's policies as plain dicts, then the defaults (unless turned off)."""
     own = [p.model_dump() for p in spec.log_policies]
     for i, p in enumerate(own):

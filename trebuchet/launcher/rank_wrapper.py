@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import cast
+
+from trebuchet.runtime.contracts import Outcome
 
 # Launchers with agents: trebuchet supervises the agent, each worker records itself.
 AGENT_LAUNCHERS = ("torchrun", "mpirun", "horovod")
 
 
-def rank_records(attempt_dir: Path, node: int | None = None) -> list[dict[str, Any]]:
+def rank_records(attempt_dir: Path, node: int | None = None) -> list[Outcome]:
     """The wrappers' records of one attempt (of one node when given), by rank."""
-    out = []
+    out: list[Outcome] = []
     for path in attempt_dir.glob("rank-*.json"):
         try:
             rec = json.loads(path.read_text())
@@ -27,5 +29,5 @@ def rank_records(attempt_dir: Path, node: int | None = None) -> list[dict[str, A
             continue
         if isinstance(rec, dict) and (node is None or rec.get("node") == node):
             rec["log"] = str(attempt_dir / f"rank-{rec.get('rank')}.log")
-            out.append(rec)
+            out.append(cast("Outcome", rec))
     return sorted(out, key=lambda r: r.get("rank") or 0)

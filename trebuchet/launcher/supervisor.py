@@ -28,6 +28,7 @@ from trebuchet.launcher.submitted import Submitted
 from trebuchet.launcher.watchdog import Watchdog
 from trebuchet.runtime import contain, records, secrets, tracking
 from trebuchet.runtime.agent import Agent, Proc
+from trebuchet.runtime.contracts import FirstFailure
 from trebuchet.runtime.lifecycle import Ending, JobController, Settings
 from trebuchet.runtime.procs import (
     alive,
@@ -39,13 +40,13 @@ from trebuchet.runtime.procs import (
     start_time,
 )
 from trebuchet.runtime.records import sync
+from trebuchet.store import lifecycle
 from trebuchet.store.db import Store
 from trebuchet.store.files import append_event, read_json
 from trebuchet.store.lifecycle import run_started
 from trebuchet.store.states import (
     CANCELLED,
     FAILED,
-    LOST,
     SUCCEEDED,
     TIMEOUT,
     first_failure,
@@ -146,7 +147,7 @@ class Supervisor:
         rid = self.plan.run_id
         self.watchdog, self.cgroup, how = self._begun or begin(self.plan)
         self._begun = None
-        run_started(self.store, rid, self.run_dir, cgroup=self.cgroup)
+        run_started(self.store, rid, cgroup=self.cgroup)
         contain.record(str(self.run_dir), self.cgroup, how)
         reserve = self.run_dir / RESERVE
         reserve_space(reserve)
@@ -193,7 +194,7 @@ class Supervisor:
         exclude = {os.getpid(), self.watchdog.pid if self.watchdog else -1}
         contain.end_run(self.plan.run_id, str(self.run_dir), exclude, keep=True)
 
-    def prepare(self) -> dict[str, Any] | None:
+    def prepare(self) -> FirstFailure | None:
         """Nodes: build or reuse the run's environment; the cause when that fails."""
         if not self.plan.environment:
             return None
@@ -241,7 +242,7 @@ class Supervisor:
         adir = self.run_dir / f"attempt-{attempt}"
         self.agents = self._agents(self.plan.procs, adir, attempt, self.port)
         self._start(self.agents)
-        self.store.set_procs(self.plan.run_id, attempt, [self._proc_row(p) for p in self.procs])
+        self.store.set_procs(self.plan.run_id, attempt, [p.outcome() for p in self.procs])
         if self.view:
             for label, name in self.plan.streams:
                 self.view.add(label, adir / name)
@@ -271,8 +272,10 @@ class Supervisor:
 
     def ending(self, attempt: int, reason: str | None) -> Ending:
         adir = self.run_dir / f"attempt-{attempt}"
-        rows = [self._proc_row(p) for p in self.procs] + self._rank_rows(adir, reason is not None)
-        self.store.set_procs(self.plan.run_id, attempt, rows)
+        # the workers' own records too under an agent launcher (none for the native one)
+        workers = rank_records(adir) if self.plan.launcher in AGENT_LAUNCHERS else []
+        records = [p.outcome() for p in self.procs] + workers
+        self.store.set_procs(self.plan.run_id, attempt, records, reason is not None)
         states: dict[str | None, str] = {
             "cancel": CANCELLED, "timeout": TIMEOUT, "failure": FAILED, "post": FAILED,
             "hang": FAILED,
@@ -282,7 +285,7 @@ class Supervisor:
             state = FAILED
         return Ending(state, reason)
 
-    def logs(self, attempt: int, cause: dict[str, Any] | None) -> list[str]:
+    def logs(self, attempt: int, cause: FirstFailure | None) -> list[str]:
         adir = self.run_dir / f"attempt-{attempt}"
         logs = [adir / p.log for p in self.plan.procs]
         logs += [adir / name for _, name in self.plan.streams if adir / name not in logs]
@@ -412,35 +415,12 @@ class Supervisor:
         if self.job.failed:
             return
         adir = self.run_dir / f"attempt-{self.attempt}"
-        cause = {**p.outcome(), "log": str(adir / f"{p.name}.log")}
+        cause: FirstFailure = {**p.outcome(), "log": str(adir / f"{p.name}.log")}
         if p.rank is None and self.plan.launcher in AGENT_LAUNCHERS:
             # An agent failed because a worker did: that worker is the cause.
             node = p.node if self.plan.launcher == "torchrun" else None
             cause = first_failure(rank_records(adir, node)) or cause
         self.job.failure(cause, stop)
-
-    def _rank_rows(self, adir: Path, stopped: bool) -> list[dict]:
-        """The workers' own records under an agent launcher (none for the native one)."""
-        if self.plan.launcher not in AGENT_LAUNCHERS:
-            return []
-        rows = []
-        for r in rank_records(adir):
-            ended = r.get("state") == "ENDED"  # else killed before it could say (SIGKILL)
-            was_stopped = bool(r.get("stopped_by_launcher")) or (stopped and not ended)
-            rows.append({
-                "label": r["label"], "rank": r.get("rank"), "node": r.get("node", 0),
-                "local_rank": r.get("local_rank"), "pid": r.get("pid"),
-                "exit_code": r.get("exit_code") if ended else None,
-                "signal": r.get("signal") if ended else None,
-                "ended_at": r.get("ended_at"),
-                "stopped_by_launcher": int(was_stopped),
-            })  # fmt: skip
-        return rows
-
-    def _proc_row(self, p: Proc) -> dict:
-        out = p.outcome()
-        keys = ("label", "rank", "node", "local_rank", "pid", "exit_code", "signal", "ended_at")
-        return {**{k: out[k] for k in keys}, "stopped_by_launcher": int(p.stopped)}
 
 
 def settings(plan: Plan) -> Settings:
@@ -473,12 +453,11 @@ def record_abort(store: Store, run_id: str, attempt: int, why: str | None) -> No
     now = time.time()
     try:
         if why is None:
-            store.update_run(run_id, only_if_active=True, state=LOST, ended_at=now)
+            lifecycle.ended(store, run_id, "LOST", "the supervisor failed", "lost", when=now)
             return
         cause = records.cause("disk", 1, attempt, message=why)
-        store.set_attempt(run_id, attempt, state=FAILED, ended_at=now, reason=why)
-        store.update_run(run_id, only_if_active=True, state=FAILED, ended_at=now, exit_code=1,
-                         first_failure=cause)  # fmt: skip
+        lifecycle.ended(store, run_id, FAILED, why, attempt=attempt, when=now, exit_code=1,
+                        first_failure=cause)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - the disk may refuse this too
         print(f"treb: run {run_id}: could not record the outcome: {exc}", file=sys.stderr)
 
@@ -556,9 +535,6 @@ def _supervise(argv: list[str], plan: Plan, store: Store, run_dir: Path, unsynce
         else:  # not a bug: say what is full, and record it as the cause when there is room
             print(f"treb: run {plan.run_id} stopped: {why}", file=sys.stderr, flush=True)
         record_abort(store, plan.run_id, sup.attempt, why)
-        if why:
-            with contextlib.suppress(OSError):
-                append_event(run_dir, "run_ended", state=FAILED, reason=why)
         return 1
     finally:
         if view:

@@ -112,14 +112,12 @@ def main(run_id: str, run_dir: str) -> int:
         signal_pid(pid, signal.SIGKILL)
     end_run(run_id, run_dir, {os.getpid()})
     import time
-    from pathlib import Path
 
     from trebuchet.store.db import Store
-    from trebuchet.store.files import append_event
-    from trebuchet.store.states import LOST
+    from trebuchet.store.lifecycle import record
 
-    if Store().update_run(run_id, only_if_active=True, state=LOST, ended_at=time.time()):
-        append_event(Path(run_dir), "lost", reason="supervisor died; watchdog ended its processes")
+    why = "supervisor died; watchdog ended its processes"
+    record(Store(), run_id, "lost", time=time.time(), reason=why)
     return 0
 
 

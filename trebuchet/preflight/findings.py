@@ -7,7 +7,7 @@ from trebuchet.plain import asdict, record
 ERROR = "error"
 WARNING = "warning"
 
-# Every id a shared check or a built-in engine's checks (backends/slurm_checks.py) can
+# Every id a shared check or a built-in engine's checks (backends/slurm/checks.py) can
 # report, with what it catches (docs/preflight.md has the long form); an engine from
 # elsewhere declares its own ids (Backend.check_ids).
 CHECKS: dict[str, str] = {

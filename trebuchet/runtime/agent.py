@@ -19,12 +19,15 @@ import select
 import signal
 import subprocess
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import contain, metrics, procs
 from .progress import Progress
 from .records import exit_fields, now, sync, write_json
 from .stacks import Stacks, faulthandler_path
+
+if TYPE_CHECKING:
+    from .contracts import Outcome
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 CHECKPOINT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -81,22 +84,19 @@ class Proc:
 
     @property
     def exit_code(self) -> int | None:
-        return None if self.returncode is None else exit_fields(self.returncode)["exit_code"]
+        return None if self.returncode is None else exit_fields(self.returncode)[0]
 
-    def outcome(self) -> dict[str, Any]:
+    def outcome(self) -> Outcome:
         """What its record and the run store say about it."""
-        fields = (
-            {"exit_code": None, "signal": None}
-            if self.returncode is None
-            else exit_fields(self.returncode)
-        )
+        code, sig = (None, None) if self.returncode is None else exit_fields(self.returncode)
         return {
             "label": self.label,
             "rank": self.rank,
             "node": self.node,
             "local_rank": self.local_rank,
             "pid": self.pid,
-            **fields,
+            "exit_code": code,
+            "signal": sig,
             "started_at": self.started_at,
             "ended_at": self.ended_at,
             "stopped_by_launcher": self.stopped,

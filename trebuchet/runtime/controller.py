@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import contract, hang, lifecycle, procs, tracking
 from .agent import Agent
@@ -35,6 +35,9 @@ from .records import (
     write_text,
 )
 from .task import PYTHON_GUARD
+
+if TYPE_CHECKING:
+    from .contracts import AttemptRecord, FirstFailure, Hang, JobFile, Outcome, Result
 
 REQUEUE_WAIT_S = 600  # after `scontrol requeue`, Slurm ends this step well before this
 ENDING_WAIT_S = 120  # Slurm's SIGTERM (then its SIGKILL, after KillWait) comes well before this
@@ -70,7 +73,7 @@ class Controller:
     result.json, batch.log); and what only Slurm has: the job's own time limit (the warning
     and the requeue), Slurm ending the job (SIGTERM), a requeued job's restart."""
 
-    def __init__(self, job: dict[str, Any], job_path: str, runtime: str) -> None:
+    def __init__(self, job: JobFile, job_path: str, runtime: str) -> None:
         self.job = job
         self.job_path = job_path
         self.runtime = runtime  # this .pyz: what the srun steps start on every node
@@ -115,37 +118,20 @@ class Controller:
 
     def attempt_json(self, state: str, reason: str, ended: float | None, source: str) -> None:
         master = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
-        write_json(
-            os.path.join(self.adir, "attempt.json"),
-            {
-                "attempt": self.attempt,
-                "state": state,
-                "reason": reason,
-                "started_at": self.t0,
-                "ended_at": ended,
-                "source": source,
-                "job_id": self.job_id,
-                "restart_count": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
-                "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
-                "master": master,
-                "srun_exit": self.step_rc,
-                "max_attempts": self.attempts_allowed(),
-            },
-        )
+        record: AttemptRecord = {
+            "attempt": self.attempt, "state": state, "reason": reason, "started_at": self.t0,
+            "ended_at": ended, "source": source, "job_id": self.job_id,
+            "restart_count": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+            "nodes": os.environ.get("SLURM_JOB_NODELIST", ""), "master": master,
+            "srun_exit": self.step_rc, "max_attempts": self.attempts_allowed(),
+        }  # fmt: skip
+        write_json(os.path.join(self.adir, "attempt.json"), record)
 
     def result(self, state: str, reason: str, source: str) -> None:
-        write_json(
-            os.path.join(self.run_dir, "result.json"),
-            {
-                "state": state,
-                "reason": reason,
-                "source": source,
-                "attempt": self.attempt,
-                "exit_code": self.step_rc,
-                "ended_at": now(),
-                "job_id": self.job_id,
-            },
-        )
+        end: Result = {"state": state, "reason": reason, "source": source,
+                       "attempt": self.attempt, "exit_code": self.step_rc, "ended_at": now(),
+                       "job_id": self.job_id}  # fmt: skip
+        write_json(os.path.join(self.run_dir, "result.json"), end)
         # The MLflow run's status now, also when nobody follows the job (bounded: a
         # server that does not answer costs 2 x END_TIMEOUT_S, an event, nothing else).
         tracking.mark(self.run_dir, state, reason)
@@ -185,10 +171,10 @@ class Controller:
         self.state, self.reason = state, reason or ""
         self.attempt_json(state, self.reason, now(), "batch")
 
-    def first_failure(self, cause: dict[str, Any]) -> None:
+    def first_failure(self, cause: FirstFailure) -> None:
         """The agents' records say it; `treb` reads them (slurm_state.py)."""
 
-    def hang(self, attempt: int, info: dict[str, Any], action: str) -> None:
+    def hang(self, attempt: int, info: Hang, action: str) -> None:
         log(f"{hang.describe(info)}; on_hang: {action}")
 
     def log_policy(self, attempt: int, name: str, action: str, line: str) -> None:
@@ -201,7 +187,7 @@ class Controller:
     def retrying(self, attempt: int) -> None:
         """Said in batch.log by the controller; the next attempt.json follows."""
 
-    def run_ended(self, state: str, cause: dict[str, Any] | None, exit_code: int) -> None:
+    def run_ended(self, state: str, cause: FirstFailure | None, exit_code: int) -> None:
         if self.terminating:  # on_term wrote result.json when Slurm began ending the job
             return
         self.state = state
@@ -213,7 +199,7 @@ class Controller:
         """`treb` follows the job through squeue and these files: nothing to beat."""
 
     # -- Nodes (runtime/lifecycle.py): each attempt's srun step -------------------------
-    def prepare(self) -> dict[str, Any] | None:
+    def prepare(self) -> FirstFailure | None:
         return None  # resume() and setup() ran before the controller (run)
 
     def attempt_facts(self, attempt: int) -> dict[str, Any]:
@@ -284,7 +270,7 @@ class Controller:
         if self.adir:
             write_text(os.path.join(self.adir, "teardown"), label + "\n")
         if label == "timeout":
-            log(f"timeout ({float(self.job['timeout']):g}s): stopping the ranks "
+            log(f"timeout ({self.job.get('timeout') or 0:g}s): stopping the ranks "
                 f"(grace {self.job['grace']}s)")  # fmt: skip
         self.stop_ranks(signal.SIGTERM)
 
@@ -321,7 +307,7 @@ class Controller:
         self.state, self.reason = state, why
         return lifecycle.Ending(state, why, limit_near=self.warned)
 
-    def logs(self, attempt: int, cause: dict[str, Any] | None) -> list[str]:
+    def logs(self, attempt: int, cause: FirstFailure | None) -> list[str]:
         return attempt_logs(self.adir)  # the agents' records name the cause, not the index
 
     def exit_code(self) -> int:
@@ -522,13 +508,13 @@ class Controller:
             with contextlib.suppress(OSError):
                 self.step.send_signal(sig)
 
-    def first_failed(self) -> dict[str, Any] | None:
+    def first_failed(self) -> FirstFailure | None:
         """The attempt's first process that failed on its own, from its records."""
-        records = []
+        records: list[Outcome] = []
         for name in sorted(os.listdir(self.adir)):
             rec = read_json(os.path.join(self.adir, name)) if name.endswith(".json") else None
             if isinstance(rec, dict) and name != "attempt.json":
-                records.append(rec)
+                records.append(cast("Outcome", rec))
         first = first_failure(records)
         return first if isinstance(first, dict) else None
 
@@ -651,7 +637,7 @@ class Controller:
         return 0 if state == "SUCCEEDED" else 1
 
 
-def settings(job: dict[str, Any], run_dir: str) -> lifecycle.Settings:
+def settings(job: JobFile, run_dir: str) -> lifecycle.Settings:
     """What the job controller reads of job.json."""
     hung = job.get("hang_timeout")
     return lifecycle.Settings(

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import stacks
 from .progress import HEARTBEAT_SUFFIX, progress_dir
 from .records import write_json
+
+if TYPE_CHECKING:
+    from .contracts import Hang
 
 CHECK_S = 1.0
 STACKS_WAIT_S = 45.0  # py-spy --native on a large process takes seconds; never longer
@@ -60,11 +63,11 @@ class HangWatch:
         self.started = time.time() if started is None else started
         self.next_check = 0.0
         self.rid: str | None = None
-        self.info: dict[str, Any] = {}
+        self.info: Hang = {}
         self.stacks_deadline = 0.0
         self.warned_at: float | None = None  # warn: watching again after progress
 
-    def step(self) -> dict[str, Any] | None:
+    def step(self) -> Hang | None:
         """None, or once per hang the hang's record (written to hang.json) when its stacks
         are in (or the wait for them is over)."""
         mono = time.monotonic()
@@ -93,9 +96,9 @@ class HangWatch:
         self.stacks_deadline = mono + STACKS_WAIT_S
         return None
 
-    def _decided(self, got: dict[str, str]) -> dict[str, Any]:
-        info = {**self.info, "stacks_at": time.time(), "stacks": sorted(got),
-                "missing_stacks": [n for n in self.expected if n not in got]}  # fmt: skip
+    def _decided(self, got: dict[str, str]) -> Hang:
+        info: Hang = {**self.info, "stacks_at": time.time(), "stacks": sorted(got),
+                      "missing_stacks": [n for n in self.expected if n not in got]}  # fmt: skip
         write_json(os.path.join(self.adir, "hang.json"), info)
         self.rid = None
         self.warned_at = info["detected_at"]
@@ -109,7 +112,7 @@ def expected_names(launcher: str, nodes: int, ppn: int) -> list[str]:
     return [f"rank-{r}" for r in range(nodes * ppn)]
 
 
-def describe(info: dict[str, Any]) -> str:
+def describe(info: Hang) -> str:
     """One line for a log: 'no rank made progress for 21s (hang_timeout 20s); stacks of
     4/4 ranks in attempt-0/stacks'."""
     silent = info["detected_at"] - info["last_progress"]

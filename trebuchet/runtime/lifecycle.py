@@ -14,10 +14,12 @@ import select
 import time
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Protocol
 
-from . import policies, states
+from . import contracts, policies
 
 if TYPE_CHECKING:
     from os import PathLike
+
+    from .contracts import FirstFailure, Hang, LogPolicy
 
 # What follows an attempt
 RETRY = "retry"  # another attempt, here and now
@@ -30,7 +32,7 @@ class Decision(NamedTuple):
 
     action: str  # RETRY, REQUEUE or END
     verdict: str  # policies.NO_MATCH, RETRY, FINAL or EXHAUSTED
-    policy: dict[str, Any] | None
+    policy: LogPolicy | None
     line: str
 
 
@@ -38,7 +40,7 @@ def next_step(
     state: str,
     attempt: int,
     retries: int,
-    log_policies: list[dict[str, Any]],
+    log_policies: list[LogPolicy],
     logs: Iterable[str | PathLike[str]],
     granted: dict[str, int],
     *,
@@ -57,7 +59,7 @@ def next_step(
     - a failed one as the first matching log policy says (no_retry ends it, retry grants
       an attempt up to its max_retries), then by `retries`; with the engine's limit near,
       none (no policy is consulted)."""
-    if cancelled or state not in states.RETRIABLE:
+    if cancelled or state not in contracts.RETRIABLE:
         return Decision(END, policies.NO_MATCH, None, "")
     normal_left = attempt - sum(granted.values()) < retries
     if on_hang is not None:
@@ -122,7 +124,7 @@ class Settings(NamedTuple):
     """What the controller reads of the spec (plain values: the runtime has no models)."""
 
     retries: int
-    log_policies: list[dict[str, Any]]
+    log_policies: list[LogPolicy]
     on_hang: str
     hang_timeout: float | None  # None: no hang watch here (or the nodes watch themselves)
     timeout: float | None  # None: no timeout here (or the nodes hold it themselves)
@@ -146,7 +148,7 @@ class Ending(NamedTuple):
 class Nodes(Protocol):
     """An engine's side of an attempt: its node agents (in this process, over ssh, ...)."""
 
-    def prepare(self) -> dict[str, Any] | None:
+    def prepare(self) -> FirstFailure | None:
         """Before the first attempt (an environment, connections, copies); the cause of a
         failure that ends the run, or None."""
 
@@ -181,7 +183,7 @@ class Nodes(Protocol):
         """The attempt's state and reason from its records (`reason`: why the controller
         stopped it, if it did)."""
 
-    def logs(self, attempt: int, cause: dict[str, Any] | None) -> list[str]:
+    def logs(self, attempt: int, cause: FirstFailure | None) -> list[str]:
         """The logs the log policies read after a failed attempt, the failing one's first."""
 
     def exit_code(self) -> int:
@@ -199,12 +201,12 @@ class Records(Protocol):
     def attempt_started(self, attempt: int, started_at: float, **facts: Any) -> None: ...
     def attempt_stopped(self, attempt: int, state: str, reason: str) -> None: ...
     def attempt_ended(self, attempt: int, state: str, reason: str | None) -> None: ...
-    def first_failure(self, cause: dict[str, Any]) -> None: ...
-    def hang(self, attempt: int, info: dict[str, Any], action: str) -> None: ...
+    def first_failure(self, cause: FirstFailure) -> None: ...
+    def hang(self, attempt: int, info: Hang, action: str) -> None: ...
     def log_policy(self, attempt: int, name: str, action: str, line: str) -> None: ...
     def max_attempts(self, count: int, granted: dict[str, int]) -> None: ...
     def retrying(self, attempt: int) -> None: ...
-    def run_ended(self, state: str, cause: dict[str, Any] | None, exit_code: int) -> None: ...
+    def run_ended(self, state: str, cause: FirstFailure | None, exit_code: int) -> None: ...
     def heartbeat(self) -> None: ...
 
 
@@ -227,9 +229,9 @@ class JobController:
         self.attempt = 0
         self.cancel_signal: int | None = None  # the signal that cancelled the run
         self.force_kill = False  # a second cancel: no more grace
-        self.first_failure: dict[str, Any] | None = None  # this attempt's root cause
+        self.first_failure: FirstFailure | None = None  # this attempt's root cause
         self.failed = False  # a process failed on its own (its cause may come later)
-        self.hang: dict[str, Any] | None = None  # this attempt's hang, when it stops it
+        self.hang: Hang | None = None  # this attempt's hang, when it stops it
         self.hang_stop_at: float | None = None  # on_hang retry: the teardown, after grace
         self.warned = False  # the timeout's warning was sent in this attempt
         self.warned_stop = False  # a rank died of the checkpoint signal after it
@@ -246,7 +248,7 @@ class JobController:
             self.force_kill = True
         self.cancel_signal = signum
 
-    def failure(self, cause: dict[str, Any] | None, stop: bool = True) -> None:
+    def failure(self, cause: FirstFailure | None, stop: bool = True) -> None:
         """The attempt's first process to fail on its own (any node): the root cause (its
         record may come later: None). The engine's nodes stop their own; the controller
         stops the others (`stop=False`: a pre/post command, every node's runs to its end)."""
@@ -292,7 +294,9 @@ class JobController:
                 self.records.retrying(attempt + 1)
                 attempt += 1
             cause = self.first_failure
-        code = cause["exit_code"] if cause else self.nodes.exit_code()
+        code = cause.get("exit_code") if cause else None
+        if code is None:
+            code = self.nodes.exit_code()
         self.records.run_ended(state, cause, code)
         return state
 
@@ -332,7 +336,7 @@ class JobController:
             reason = "post"
         end = self.ending = self.nodes.ending(attempt, reason)
         if end.hung:
-            self.hang = {"attempt": attempt}  # the nodes' own hang watch stopped it
+            self.hang = {}  # the nodes' own hang watch stopped it (their hang.json says it)
         if not end.engine_ended:
             self.records.attempt_ended(attempt, end.state, end.reason)
         return end.state
@@ -390,7 +394,7 @@ class JobController:
             select.select([self.wake_r], [], [], 0.2 if reason else clock.wait(0.2))
             self.drain()
 
-    def on_hang(self, attempt: int, info: dict[str, Any]) -> bool:
+    def on_hang(self, attempt: int, info: Hang) -> bool:
         """A hang, its stacks in (runtime/hang.py): recorded and said, then on_hang: warn
         goes on; fail stops the attempt; retry sends the checkpoint signal first and gives
         the handlers the grace period before the teardown. True when it stops the attempt."""

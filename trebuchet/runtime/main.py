@@ -16,13 +16,16 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .contracts import JobFile
 
 
-def _job(path: str) -> dict[str, Any]:
+def _job(path: str) -> JobFile:
     try:
         with open(path) as fh:
-            job: dict[str, Any] = json.load(fh)  # the job file: a JSON object
+            job: JobFile = json.load(fh)  # the job file: a JSON object
             return job
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"treb: cannot read the job file {path}: {exc}\n")

@@ -31,7 +31,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import contract, hang, metrics, secrets
 from .agent import Agent, Proc
@@ -39,6 +39,9 @@ from .lifecycle import AttemptClock
 from .logcopy import LogCopy
 from .records import write_json
 from .task import none_proc, self_argv, torchrun_proc
+
+if TYPE_CHECKING:
+    from .contracts import Hang, JobFile
 
 PLACEMENT = ("NODE_RANK", "NUM_NODES", "MASTER_ADDR", "MASTER_PORT", "TREB_RUN_ID", "TREB_RUN_DIR")
 TIMEOUT_EXIT = 124
@@ -63,7 +66,7 @@ def missing_placement(environ: dict[str, str]) -> str | None:
     return None
 
 
-def node_env(job: dict[str, Any], run_dir: str, node: int, nnodes: int) -> dict[str, str]:
+def node_env(job: JobFile, run_dir: str, node: int, nnodes: int) -> dict[str, str]:
     """What every process of this node gets: the engine's environment, the node's contract
     variables, trebuchet's own (unless the spec's env sets them), the env values that use a
     secret, expanded here."""
@@ -79,8 +82,9 @@ def node_env(job: dict[str, Any], run_dir: str, node: int, nnodes: int) -> dict[
     }
     if job.get("profile") == "torch":
         ours["TREB_TORCH_PROFILE_DIR"] = os.path.join(run_dir, "profile", "torch")
-    if job.get("profile_ranks") is not None:
-        ours["TREB_PROFILE_RANKS"] = " ".join(str(r) for r in job["profile_ranks"])
+    ranks = job.get("profile_ranks")
+    if ranks is not None:
+        ours["TREB_PROFILE_RANKS"] = " ".join(str(r) for r in ranks)
     for name, value in ours.items():
         if name not in spec_env:
             env[name] = value
@@ -96,7 +100,7 @@ def node_env(job: dict[str, Any], run_dir: str, node: int, nnodes: int) -> dict[
 
 
 def node_procs(
-    job: dict[str, Any], env: dict[str, str], adir: str, node: int, nnodes: int
+    job: JobFile, env: dict[str, str], adir: str, node: int, nnodes: int
 ) -> tuple[list[Proc], list[tuple[str, str]]]:
     """This node's processes, and the logs to copy to stdout (label, path)."""
     launcher, ppn, cmd = job["launcher"], int(job["ppn"]), list(job["command"])
@@ -127,7 +131,7 @@ class Limit:
     grace period). A rank that dies of the checkpoint signal after the warning was stopped
     by it: that ends the node's ranks as the timeout would, and is no failure."""
 
-    def __init__(self, job: dict[str, Any], label: str) -> None:
+    def __init__(self, job: JobFile, label: str) -> None:
         self.label = label
         self.sig_name = job.get("checkpoint_signal") or "SIGUSR2"
         self.sig = int(getattr(signal, self.sig_name))
@@ -203,7 +207,7 @@ def session_stdin() -> str | None:
     return None
 
 
-def node(job: dict[str, Any]) -> int:
+def node(job: JobFile) -> int:
     """Run this node's processes to their end (the verb's docstring, above)."""
     why = session_stdin() or missing_placement(dict(os.environ))
     if why:
@@ -247,7 +251,7 @@ def node(job: dict[str, Any]) -> int:
     )
     limit.agent = agent
     watch = node_hang_watch(job, adir, n)
-    hung: list[dict[str, Any]] = []
+    hung: list[Hang] = []
     stop_at: list[float] = []  # on_hang retry: the teardown, after the grace period
 
     def tick() -> None:
@@ -282,7 +286,7 @@ def node(job: dict[str, Any]) -> int:
     return rc
 
 
-def node_hang_watch(job: dict[str, Any], adir: str, node: int) -> hang.HangWatch | None:
+def node_hang_watch(job: JobFile, adir: str, node: int) -> hang.HangWatch | None:
     """This node's hang watch: the run directory is the node's own on these engines, so
     the node decides for its ranks (hung when none of them progressed: docs/hangs.md)."""
     if not job.get("hang_timeout"):

@@ -24,6 +24,8 @@ from . import procs
 if TYPE_CHECKING:
     from os import PathLike
 
+    from .contracts import LogPolicy
+
 SCAN_BYTES = 4 << 20  # the end of each log holds the error; a huge log is not read whole
 MATCH_TIMEOUT_S = 10.0
 MAX_PATTERN = 1000  # characters
@@ -112,10 +114,10 @@ def _search(patterns: list[str], paths: list[str]) -> tuple[int, str] | None:
 
 
 def match(
-    policies: list[dict[str, Any]],
+    policies: list[LogPolicy],
     logs: Iterable[str | PathLike[str]],
     timeout: float = MATCH_TIMEOUT_S,
-) -> tuple[dict[str, Any], str] | None:
+) -> tuple[LogPolicy, str] | None:
     """The first policy (in order) whose pattern occurs in any log, with the matching line;
     searched in a child interpreter that is killed after `timeout` (then: no match)."""
     paths = [str(p) for p in logs]
@@ -149,8 +151,8 @@ RETRY, FINAL, EXHAUSTED, NO_MATCH = "retry", "final", "exhausted", "no match"
 
 
 def decide(
-    policies: list[dict[str, Any]], logs: Iterable[str | PathLike[str]], granted: dict[str, int]
-) -> tuple[str, dict[str, Any] | None, str]:
+    policies: list[LogPolicy], logs: Iterable[str | PathLike[str]], granted: dict[str, int]
+) -> tuple[str, LogPolicy | None, str]:
     """After a failed attempt, what the log policies say: (verdict, policy, line).
 
     RETRY: a retry policy matched and grants one more attempt (counted in `granted`, which

@@ -10,7 +10,10 @@ import os
 import re
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .contracts import FirstFailure, Outcome
 
 
 def now() -> float:
@@ -90,16 +93,16 @@ def append_event(run_dir: str, event: str, **fields: Any) -> None:
         os.close(fd)
 
 
-def exit_fields(returncode: int) -> dict[str, Any]:
+def exit_fields(returncode: int) -> tuple[int, str | None]:
     """A Popen returncode as a record says it: exit code (128 + n for signal n, as a shell
     reports it) and the signal's name."""
     if returncode >= 0:
-        return {"exit_code": returncode, "signal": None}
+        return returncode, None
     try:
         name = signal.Signals(-returncode).name
     except ValueError:
         name = f"SIG{-returncode}"
-    return {"exit_code": 128 - returncode, "signal": name}
+    return 128 - returncode, name
 
 
 def attempt_logs(adir: str, first: str | None = None) -> list[str]:
@@ -114,17 +117,30 @@ def attempt_logs(adir: str, first: str | None = None) -> list[str]:
 
 
 def cause(
-    label: str, exit_code: int, attempt: int, node: int | None = None, **fields: Any
-) -> dict[str, Any]:
+    label: str,
+    exit_code: int,
+    attempt: int,
+    node: int | None = None,
+    message: str | None = None,
+    log: str | None = None,
+    host: str | None = None,
+) -> FirstFailure:
     """A run's first failure that no process record says (an environment build, a full
     disk, an ssh connection, a node agent without a rank's record): the fields of a rank's
-    record, rank and signal None, then `fields` (message, log, host)."""
-    return {"label": label, "rank": None, "node": node, "local_rank": None,
-            "exit_code": exit_code, "signal": None, "ended_at": now(), "attempt": attempt,
-            **fields}  # fmt: skip
+    record, rank and signal None, then what is known of message, log and host."""
+    ff: FirstFailure = {"label": label, "rank": None, "node": node, "local_rank": None,
+                        "exit_code": exit_code, "signal": None, "ended_at": now(),
+                        "attempt": attempt}  # fmt: skip
+    if message is not None:
+        ff["message"] = message
+    if log is not None:
+        ff["log"] = log
+    if host is not None:
+        ff["host"] = host
+    return ff
 
 
-def first_failure(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+def first_failure(records: list[Outcome]) -> FirstFailure | None:
     """The earliest non-zero outcome that was not a cascade (a process stopped by its
     launcher, the teardown or the engine); a rank's record before a node agent's."""
     failed = [

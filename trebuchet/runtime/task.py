@@ -14,11 +14,14 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import contract, procs
 from .agent import STOP_EXIT_CODES, Agent, Proc
 from .records import read_json, write_text
+
+if TYPE_CHECKING:
+    from .contracts import JobFile
 
 NO_PYTHON = (  # a clear line, and exit 127, where a node (or its image) lacks python3
     'command -v python3 >/dev/null 2>&1 || { echo "treb: no python3 (>= 3.8) on '
@@ -51,7 +54,7 @@ def _slurm_extra(attempt: int) -> dict[str, Any]:
     }
 
 
-def _attempt_dir(job: dict[str, Any]) -> tuple[int, str]:
+def _attempt_dir(job: JobFile) -> tuple[int, str]:
     attempt = _int_env("TREB_ATTEMPT")
     return attempt, os.path.join(job["run_dir"], f"attempt-{attempt}")
 
@@ -99,14 +102,14 @@ def slurm_teardown(adir: str, label: str) -> None:
         )
 
 
-def slurm_task(job: dict[str, Any]) -> int:
+def slurm_task(job: JobFile) -> int:
     """One task of the ranks' srun step."""
     agent = slurm_agent(job)
     agent.install_signals()
     return agent.run()
 
 
-def slurm_agent(job: dict[str, Any], inline: bool = False) -> Agent:
+def slurm_agent(job: JobFile, inline: bool = False) -> Agent:
     """The agent of one Slurm task. `inline`: the job's only task, run by the controller in
     the batch step itself (no srun step, see controller.py): nothing else to stop on a
     failure, and the controller handles the signals."""
@@ -180,9 +183,7 @@ def none_proc(env: dict[str, str], node: int, ppn: int, cmd: list[str]) -> Proc:
     return Proc(f"node-{node}", str(node), cmd, env, node=node)
 
 
-def _mpirun_argv(
-    job: dict[str, Any], env: dict[str, str], worker: list[str], cmd: list[str]
-) -> list[str]:
+def _mpirun_argv(job: JobFile, env: dict[str, str], worker: list[str], cmd: list[str]) -> list[str]:
     """mpirun from the one task on the first node; OpenMPI starts its daemons on the others
     through Slurm (a step of this job) and every rank runs `worker --mpi` around itself."""
     ppn, nodes = int(job["ppn"]), _int_env("SLURM_JOB_NUM_NODES", 1)
@@ -239,7 +240,7 @@ def _mpirun_argv(
     ]
 
 
-def slurm_hook(job: dict[str, Any], when: str) -> int:
+def slurm_hook(job: JobFile, when: str) -> int:
     """The spec's pre/post command on this node (one task per node)."""
     attempt, adir = _attempt_dir(job)
     node, nnodes = _int_env("SLURM_NODEID"), _int_env("SLURM_NNODES", 1)
@@ -248,7 +249,7 @@ def slurm_hook(job: dict[str, Any], when: str) -> int:
     proc = Proc(
         f"{when}-node-{node}",
         f"{when}:{node}",
-        ["bash", "-c", job[when]],
+        ["bash", "-c", job["pre" if when == "pre" else "post"]],
         env,
         node=node,
         record=False,
@@ -326,7 +327,7 @@ def worker(args: list[str]) -> int:
     return agent.run()
 
 
-def deliver(job: dict[str, Any], sig_name: str) -> int:
+def deliver(job: JobFile, sig_name: str) -> int:
     """The `signal` verb, one task per node of the job (the controller's step at the time
     limit warning): the checkpoint signal to this node's running commands of this attempt
     (their records give the pids), each to the processes that handle it, by the rule of

@@ -1,6 +1,6 @@
 """Sweeps as users write them: `-o env.LR=1e-3,3e-4 -o env.BS=32,64` or a `sweep:` block
 make the cross product, one run a point, grouped under one sweep id. How the points run
-is each engine's (the local driver: backends/local_sweep.py; Slurm: one job array).
+is each engine's (the local driver: backends/local/sweep.py; Slurm: one job array).
 """
 
 from __future__ import annotations

@@ -28,8 +28,9 @@ from typing import Any
 
 from trebuchet.errors import StateError, UserError
 from trebuchet.plain import field, fields, record
+from trebuchet.runtime.contracts import FirstFailure, Outcome
 from trebuchet.store.paths import RUN_ID_RE, db_path, home_path
-from trebuchet.store.states import ACTIVE, TERMINAL
+from trebuchet.store.states import ACTIVE
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -99,6 +100,8 @@ ADDED_COLUMNS = {
 }  # fmt: skip
 # Columns that hold JSON (decoded in RunRecord).
 JSON_COLUMNS = ("first_failure", "waiting")
+# A run's state and when it began and ended: written only by store/lifecycle.record
+STATE_COLUMNS = ("state", "started_at", "ended_at")
 
 
 @record
@@ -119,7 +122,7 @@ class RunRecord:
     started_at: float | None = None
     ended_at: float | None = None
     exit_code: int | None = None
-    first_failure: dict[str, Any] | None = None
+    first_failure: FirstFailure | None = None
     spec_path: str | None = None
     host: str | None = None
     supervisor_pid: int | None = None
@@ -207,6 +210,18 @@ def _record(row: sqlite3.Row) -> RunRecord:
 
 SQLITE_MAGIC = b"SQLite format 3\0"
 QUICK_CHECK_MAX = 1 << 20  # quick_check reads the whole file: ~2 ms per MiB (bench/store_open.py)
+
+
+def proc_row(rec: Outcome, attempt_ended: bool = False) -> dict[str, Any]:
+    """A process's record as a row of the procs table. Once its attempt has ended, a record
+    that still says RUNNING is of a process killed before it could write its end (SIGKILL
+    after the grace period, Slurm's KillWait): stopped, its exit code unknown."""
+    killed = attempt_ended and rec.get("state") == "RUNNING"
+    return {"label": rec.get("label"), "rank": rec.get("rank"), "node": rec.get("node") or 0,
+            "local_rank": rec.get("local_rank"), "pid": rec.get("pid"),
+            "exit_code": None if killed else rec.get("exit_code"),
+            "signal": None if killed else rec.get("signal"), "ended_at": rec.get("ended_at"),
+            "stopped_by_launcher": int(bool(rec.get("stopped_by_launcher")) or killed)}  # fmt: skip
 
 
 class StoreDamaged(StateError):
@@ -416,9 +431,17 @@ class Store:
         self.conn.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", data)
 
     def update_run(self, run_id: str, only_if_active: bool = False, **values: Any) -> bool:
-        """Set columns of one run; with only_if_active, a finished run is left alone; a
-        new state only as runtime/states.py allows (a finished run keeps its
-        end). False when nothing was written."""
+        """Set columns of one run, but not its state (store/lifecycle.record writes that,
+        from an event); with only_if_active, a finished run is left alone. False when
+        nothing was written."""
+        owned = sorted(set(values) & set(STATE_COLUMNS))
+        if owned:
+            raise ValueError(f"update_run: {owned} belong to store/lifecycle.record (an event)")
+        return self.write_state(run_id, only_if_active, **values)
+
+    def write_state(self, run_id: str, only_if_active: bool = False, **values: Any) -> bool:
+        """update_run for store/lifecycle.py alone: a new state only as runtime/contracts.py
+        allows (a finished run keeps its end)."""
         for key in JSON_COLUMNS:
             if values.get(key) is not None:
                 values[key] = json.dumps(values[key])
@@ -427,7 +450,7 @@ class Store:
         active = ", ".join(f"'{s}'" for s in sorted(ACTIVE))
         if only_if_active:
             sql += f" AND state IN ({active})"
-        elif "state" in values:  # only the moves runtime/states.py allows: an end is final
+        elif "state" in values:  # only the moves runtime/contracts.py allows: an end is final
             sql += f" AND (state = :state OR state IN ({active}))"
         cur = self.conn.execute(sql, {**values, "_id": run_id})
         if cur.rowcount > 0 and values.get("state") == "LOST":
@@ -534,16 +557,6 @@ class Store:
         ).fetchall()
         return [tuple(r) for r in rows]
 
-    def follow_state(self, run_id: str, state: str, reason: str | None = None) -> None:
-        """A state an engine reported for a run it runs alone (one attempt, as far as
-        trebuchet sees): an end also closes attempt 0 with its reason."""
-        if state not in TERMINAL:
-            self.update_run(run_id, only_if_active=True, state=state)
-            return
-        now = time.time()
-        self.set_attempt(run_id, 0, state=state, ended_at=now, reason=reason)
-        self.update_run(run_id, only_if_active=True, state=state, ended_at=now)
-
     # -- attempts and processes ------------------------------------------------------------
     def set_attempt(self, run_id: str, attempt: int, **values: Any) -> None:
         """Create or update one attempt's row (a new row needs a state)."""
@@ -570,10 +583,15 @@ class Store:
         ).fetchall()
         return [dict(r) for r in rows]
 
-    def set_procs(self, run_id: str, attempt: int, procs: Iterable[dict[str, Any]]) -> None:
+    def set_procs(
+        self, run_id: str, attempt: int, records: Iterable[Outcome], attempt_ended: bool = False
+    ) -> None:
+        """The processes of an attempt, from their records (proc_row)."""
         with self.transaction() as c:
-            for p in procs:
-                cols = {"run_id": run_id, "attempt": attempt, **p}
+            for rec in records:
+                if not isinstance(rec.get("label"), str):
+                    continue
+                cols = {"run_id": run_id, "attempt": attempt, **proc_row(rec, attempt_ended)}
                 names = ", ".join(cols)
                 marks = ", ".join(f":{k}" for k in cols)
                 c.execute(f"INSERT OR REPLACE INTO procs ({names}) VALUES ({marks})", cols)

@@ -49,3 +49,14 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
     except FileNotFoundError:
         return []
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def refused_submission(event: dict[str, Any]) -> str | None:
+    """The reason of an event saying the engine refused the run's submission (so the run
+    ended FAILED before anything ran): `<name>_failed` with a `reason`, the engine's own name
+    (its submitting command's); `environment_failed` and `tracking_failed` carry an `error`
+    instead. None for any other event."""
+    kind = str(event.get("event") or "")
+    if kind.endswith("_failed") and event.get("reason") is not None:
+        return str(event["reason"])
+    return None

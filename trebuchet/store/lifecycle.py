@@ -1,29 +1,123 @@
-"""A run's start, in the index and in its own events at once: a rebuilt index
-(store/rebuild.py) then knows the supervisor as the live one did (pid, start time, host),
-so a reused pid is never taken for it. Every engine that supervises here calls this."""
+"""The one writer of a run's state: every change of it is an event in the run's own
+events.jsonl first, then the index follows that event, by the same rule a rebuilt index
+(store/rebuild.py) replays it with. So the index never knows a state its run directory
+does not, and no code but this module writes the state columns (Store.update_run refuses
+them; tests/fast/test_state_writer.py keeps it so).
+
+The events and the run and attempt states are runtime/contracts.py's; `columns` says which
+run columns an event sets, `record` writes one.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from trebuchet.runtime import contracts
 from trebuchet.runtime.procs import hostname, start_time
 from trebuchet.store.db import Store
-from trebuchet.store.files import append_event
-from trebuchet.store.states import RUNNING
+from trebuchet.store.files import append_event, refused_submission
+from trebuchet.store.states import FAILED, LOST, RETRYING, RUNNING, TERMINAL
 
 
-def run_started(store: Store, run_id: str, run_dir: Path, **facts: Any) -> None:
-    """RUNNING, supervised by this process; `facts` go into the event too (the cgroup)."""
+def columns(ev: dict[str, Any]) -> dict[str, Any]:
+    """The run columns an event sets (live and in a rebuild); {} for an event that leaves
+    the state alone. `state` moves only as contracts.allowed says (the caller checks)."""
+    kind, when = ev.get("event"), ev.get("time")
+    out: dict[str, Any] = {}
+    if kind == "run_started":
+        out = {"state": RUNNING, "started_at": when, "supervisor_pid": ev.get("pid"),
+               "supervisor_start": ev.get("start"), "host": ev.get("host")}  # fmt: skip
+    elif kind == "attempt_started":
+        out = {"state": RUNNING, "attempt": ev.get("attempt")}
+    elif kind == "retrying":
+        out = {"state": RETRYING}
+    elif kind in ("run_ended", "lost", "failed", "state", "environment_failed") or (
+        refused_submission(ev) is not None
+    ):
+        state = ev.get("state") or {"lost": LOST, "state": None}.get(str(kind), FAILED)
+        out = {"state": str(state)} if state else {}
+        if state in TERMINAL:
+            out["ended_at"] = when
+    return {k: v for k, v in out.items() if v is not None or k == "ended_at"}
+
+
+def record(
+    store: Store,
+    run_id: str,
+    event: str,
+    index: dict[str, Any] | None = None,
+    only_if_active: bool = True,
+    reason: str | None = None,
+    **fields: Any,
+) -> bool:
+    """A run's state changes: `event` with `fields` goes into its events.jsonl, then the
+    index takes the columns it sets (and `index`: other columns of the same change, such
+    as the exit code) when the move is allowed. With only_if_active a finished run is left
+    alone and nothing is written. True when the index changed."""
+    when = fields.pop("time", None) or time.time()
+    if reason:
+        fields["reason"] = reason
+    ev = {"time": when, "event": event, **fields}
+    cols = {**columns(ev), **(index or {})}
+    state = cols.get("state")
+    if state is None:
+        raise ValueError(f"event {event!r} sets no state: write it with store.files.append_event")
+    rec = store.get(run_id)
+    if rec is None:
+        return False
+    if event == "state" and rec.state == state:  # an engine says again what it said: no event
+        rest = {k: v for k, v in cols.items() if k != "state" and getattr(rec, k, None) != v}
+        return bool(rest) and store.write_state(run_id, only_if_active, **rest)
+    if not contracts.allowed(rec.state, state) or (only_if_active and not rec.active):
+        return False
+    try:
+        kept = append_event(Path(rec.run_dir), event, **{**fields, "time": when})
+        why = "" if kept else "the run directory is gone"
+    except OSError as exc:  # a full disk: the index still learns it; say what a rebuild lacks
+        why = str(exc)
+    if why:
+        print(f"treb: run {run_id}: event {event} not in events.jsonl: {why}", file=sys.stderr)
+    return store.write_state(run_id, only_if_active=only_if_active, **cols)
+
+
+def ended(
+    store: Store,
+    run_id: str,
+    state: str,
+    reason: str | None = None,
+    event: str = "run_ended",
+    attempt: int | None = None,
+    when: float | None = None,
+    **index: Any,
+) -> bool:
+    """The run ended as a verb or its engine says (cancelled, refused, lost, followed to
+    its end): `state` with its reason, and attempt `attempt` closed with them when given
+    (a rank's own end is in its records). True when the index changed."""
+    when = when or time.time()
+    done = record(store, run_id, event, index, reason=reason, time=when, state=state)
+    if done and attempt is not None:
+        store.set_attempt(run_id, attempt, state=state, ended_at=when, reason=reason)
+    return done
+
+
+def follow(store: Store, run_id: str, state: str, reason: str | None = None) -> None:
+    """A state an engine reported for a run it runs alone (one attempt, as far as
+    trebuchet sees): an end also closes attempt 0 with its reason."""
+    if state in TERMINAL:
+        ended(store, run_id, state, reason, event="state", attempt=0)
+    else:
+        record(store, run_id, "state", reason=reason, state=state)
+
+
+def run_started(store: Store, run_id: str, **facts: Any) -> None:
+    """RUNNING, supervised by this process (pid, start time and host: a rebuilt index then
+    knows the supervisor as the live one did, so a reused pid is never taken for it);
+    `facts` go into the event too (the cgroup). Every engine that supervises here calls it."""
     me = os.getpid()
     now = time.time()
-    who: dict[str, Any] = {
-        "supervisor_pid": me,
-        "supervisor_start": start_time(me),
-        "host": hostname(),
-    }
-    store.update_run(run_id, state=RUNNING, started_at=now, last_seen=now, **who)
-    append_event(run_dir, "run_started", pid=me, start=who["supervisor_start"],
-                 host=who["host"], **facts)  # fmt: skip
+    record(store, run_id, "run_started", {"last_seen": now}, False, time=now, pid=me,
+           start=start_time(me), host=hostname(), **facts)  # fmt: skip

@@ -2,9 +2,15 @@
 
 A run directory keeps the resolved spec (name, launcher, shape, retries), events.jsonl
 (backend, submission, supervisor, attempts, end state, engine job ids), each process's
-outcome record (attempt-<n>/*.json), the snapshot's git facts and, on Slurm, the job's
-attempt.json / result.json; sweeps/<id>.json gives a sweep point's id and parameters.
-That is all the index holds, so a damaged index loses nothing that is not recomputed.
+outcome record (attempt-<n>/*.json), the snapshot's git facts and, where a controller runs
+in the job (Slurm), the job's attempt.json / result.json; sweeps/<id>.json gives a sweep
+point's id and parameters. That is all the index holds, so a damaged index loses nothing
+that is not recomputed.
+
+Nothing here knows an engine: an engine's submission event carries the run's `backend_id`
+(whatever its event is called). Run directories written before that field existed named
+the id `job_id` (Slurm's, right; SkyPilot's, the bare job number, as rebuilt then); a
+Kubernetes run's of that time (`namespace`/`job`) is not recovered.
 """
 
 from __future__ import annotations
@@ -15,12 +21,15 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from trebuchet import registry
+from trebuchet.runtime.contracts import FirstFailure, Outcome, allowed
 from trebuchet.runtime.records import cause, first_failure
-from trebuchet.store.db import SCHEMA, RunRecord, Store, header_problem
+from trebuchet.store.db import SCHEMA, RunRecord, Store, header_problem, proc_row
+from trebuchet.store.lifecycle import columns
 from trebuchet.store.paths import RUN_ID_RE
-from trebuchet.store.states import ACTIVE, FAILED, LOST, PENDING, RUNNING, SUCCEEDED, TERMINAL
+from trebuchet.store.states import ACTIVE, FAILED, PENDING, RUNNING, SUCCEEDED, TERMINAL
 
 
 @dataclass
@@ -30,9 +39,6 @@ class Recovered:
     record: RunRecord
     attempts: dict[int, dict[str, Any]] = field(default_factory=dict)
     procs: list[dict[str, Any]] = field(default_factory=list)
-
-
-PROC_KEYS = ("label", "rank", "node", "local_rank", "pid", "exit_code", "signal", "ended_at")
 
 
 def _json(path: Path) -> Any:
@@ -88,7 +94,7 @@ def recover(run_dir: Path, sweeps: dict[str, tuple[str, dict]]) -> Recovered:
     ppn = _int(spec.get("procs_per_node"), 0)
     gpus = _int(spec.get("gpus_per_node"), 0)
     rec = RunRecord(
-        id=rid, name=str(spec.get("name") or rid), backend="local",
+        id=rid, name=str(spec.get("name") or rid), backend=registry.DEFAULT,
         launcher=str(spec.get("launcher") or "native"), state=PENDING,
         nodes=_int(spec.get("nodes"), 1), procs_per_node=ppn or gpus or 1,
         run_dir=str(run_dir), created_at=run_dir.stat().st_mtime,
@@ -96,20 +102,19 @@ def recover(run_dir: Path, sweeps: dict[str, tuple[str, dict]]) -> Recovered:
         spec_path=source if source and source.startswith("/") else None,
     )  # fmt: skip
     out = Recovered(rec)
-    env_failure = None
+    env_failure: FirstFailure | None = None
     for ev in events:
         kind, when = ev.get("event"), ev.get("time")
+        cols = columns(ev)  # the run's state, as the live index took it (store/lifecycle.py)
+        if "state" in cols and allowed(rec.state, cols["state"]):
+            for key, value in cols.items():
+                setattr(rec, key, max(rec.attempt, _int(value, 0)) if key == "attempt" else value)
         if kind == "submitted":
             rec.backend = str(ev.get("backend") or rec.backend)
             rec.created_at = when or rec.created_at
-        elif kind == "run_started":
-            rec.state, rec.started_at = RUNNING, when
-            rec.supervisor_pid = ev.get("pid")
-            rec.supervisor_start, rec.host = ev.get("start"), ev.get("host")
         elif kind == "attempt_started":
             n = _int(ev.get("attempt"), 0)
             out.attempts[n] = {"state": RUNNING, "started_at": when}
-            rec.attempt = max(rec.attempt, n)
         elif kind == "attempt_ended":
             n = _int(ev.get("attempt"), 0)
             out.attempts.setdefault(n, {}).update(state=ev.get("state"), ended_at=when)
@@ -119,23 +124,20 @@ def recover(run_dir: Path, sweeps: dict[str, tuple[str, dict]]) -> Recovered:
         elif kind == "environment_failed":
             out.attempts[0] = {"state": FAILED, "ended_at": when,
                                "reason": "environment build failed"}  # fmt: skip
-            env_failure = {**cause("environment", 1, 0, log=str(run_dir / "environment.log"),
-                                   message=ev.get("error")), "ended_at": when}  # fmt: skip
-        elif kind in ("run_ended", "lost", "failed", "sbatch_failed"):
-            state = ev.get("state") or (LOST if kind == "lost" else FAILED)
-            rec.state, rec.ended_at = str(state), when
-        elif kind == "sbatch":
-            rec.backend_id = ev.get("job_id")
-        elif kind == "kubernetes":
-            rec.backend_id = f"{ev.get('namespace')}/{ev.get('job')}"
-        elif kind == "skypilot":
-            rec.backend_id = str(ev.get("job_id")) if ev.get("job_id") is not None else None
+            env_failure = cause("environment", 1, 0, log=str(run_dir / "environment.log"),
+                                message=ev.get("error"))  # fmt: skip
+            env_failure["ended_at"] = when
+        if "backend_id" in ev:  # the engine's submission: its id for the run's job
+            rec.backend_id = None if ev["backend_id"] is None else str(ev["backend_id"])
+        elif ev.get("job_id") is not None:  # written before backend_id (see the docstring)
+            rec.backend_id = str(ev["job_id"])
     _engine_files(run_dir, out)
     _proc_records(run_dir, out)
     ff = first_failure(_records(run_dir / f"attempt-{rec.attempt}"))
     if ff:
         ff.pop("state", None)
-        ff.update(attempt=rec.attempt, log=str(run_dir / f"attempt-{rec.attempt}" / _log_name(ff)))
+        ff["attempt"] = rec.attempt
+        ff["log"] = str(run_dir / f"attempt-{rec.attempt}" / _log_name(ff))
     rec.first_failure = ff or env_failure
     rec.last_seen = rec.ended_at or rec.started_at
     if rec.first_failure:
@@ -155,14 +157,14 @@ def recover(run_dir: Path, sweeps: dict[str, tuple[str, dict]]) -> Recovered:
     return out
 
 
-def _log_name(rec: dict[str, Any]) -> str:
+def _log_name(rec: Outcome) -> str:
     if rec.get("rank") is not None:
         return f"rank-{rec['rank']}.log"
     return f"{rec.get('label') or 'node-' + str(rec.get('node'))}.log".replace(":", "-")
 
 
 def _engine_files(run_dir: Path, out: Recovered) -> None:
-    """What a Slurm job's controller wrote: each attempt's state and the run's result."""
+    """What a controller in the job wrote (Slurm's): each attempt's state and the result."""
     for adir in run_dir.glob("attempt-*"):
         att = _json(adir / "attempt.json")
         n = adir.name.split("-", 1)[1]
@@ -178,13 +180,13 @@ def _engine_files(run_dir: Path, out: Recovered) -> None:
         out.record.ended_at = result.get("ended_at") or out.record.ended_at
 
 
-def _records(adir: Path) -> list[dict[str, Any]]:
+def _records(adir: Path) -> list[Outcome]:
     """The outcome records of one attempt (each process's; not the attempt's own)."""
-    out = []
+    out: list[Outcome] = []
     for path in sorted(adir.glob("*.json")):
         data = _json(path)
         if isinstance(data, dict) and "label" in data and "node" in data:
-            out.append(data)
+            out.append(cast("Outcome", data))
     return out
 
 
@@ -193,11 +195,7 @@ def _proc_records(run_dir: Path, out: Recovered) -> None:
         n = adir.name.split("-", 1)[1]
         if not n.isdigit():
             continue
-        for data in _records(adir):
-            row = {k: data.get(k) for k in PROC_KEYS}
-            row["attempt"] = int(n)
-            row["stopped_by_launcher"] = int(bool(data.get("stopped_by_launcher")))
-            out.procs.append(row)
+        out.procs += [{**proc_row(data), "attempt": int(n)} for data in _records(adir)]
 
 
 def _sweeps(home: Path) -> dict[str, tuple[str, dict]]:

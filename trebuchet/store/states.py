@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from trebuchet.runtime import states
+from trebuchet.runtime import contracts
+from trebuchet.runtime.contracts import FirstFailure
 from trebuchet.runtime.records import first_failure  # noqa: F401 (one definition, shared)
 
 PENDING = "PENDING"
@@ -16,16 +17,16 @@ TIMEOUT = "TIMEOUT"
 CANCELLED = "CANCELLED"
 LOST = "LOST"
 
-# which are active and which final, and the moves between them: runtime/states.py
-ACTIVE = frozenset(states.ACTIVE)
-TERMINAL = frozenset(states.TERMINAL)
+# which are active and which final, and the moves between them: runtime/contracts.py
+ACTIVE = frozenset(contracts.ACTIVE)
+TERMINAL = frozenset(contracts.TERMINAL)
 
 
 # `treb run` exit codes by final state (contract: 0 ok, 1 failed or timeout, 130 interrupted).
 EXIT_CODES = {SUCCEEDED: 0, FAILED: 1, TIMEOUT: 1, LOST: 1, CANCELLED: 130}
 
 
-def describe_failure(ff: dict | None) -> str:
+def describe_failure(ff: FirstFailure | None) -> str:
     """'rank 1 (node 0, local 1) exited with code 3' and the like."""
     if not ff:
         return "-"

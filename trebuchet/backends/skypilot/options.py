@@ -1,4 +1,4 @@
-"""The spec's `skypilot:` block: what only the SkyPilot engine reads (backends/skypilot.py)."""
+"""The spec's `skypilot:` block: what only the SkyPilot engine reads (engine.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The Slurm engine: render an sbatch script, submit it, follow it, cancel it.
 
-Why it is shaped this way: the job itself writes every outcome (slurm_runtime.py) into the
+Why it is shaped this way: the job itself writes every outcome (runtime/controller.py) into the
 run directory on the shared filesystem, so following a run costs one squeue call per poll
 for all of the user's active runs (never one per run, never sacct unless Slurm keeps no
 other trace) plus reading small files; `treb logs -f` reads the rank logs directly.
@@ -17,13 +17,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trebuchet.backends import slurm_state as st
 from trebuchet.backends.base import Backend, SpecPoint, SubmissionPoint, Submitted, SweepSubmitted
-from trebuchet.backends.slurm_script import CONTROL, problems, render_all, write_job
+from trebuchet.backends.slurm import state as st
+from trebuchet.backends.slurm.script import CONTROL, problems, render_all, write_job
 from trebuchet.envs.build import BuildError, ensure, missing_tool
 from trebuchet.envs.recipe import Recipe, recipe_for
 from trebuchet.errors import SpecError, TrebError, UserError
 from trebuchet.runtime.procs import hostname
+from trebuchet.store import lifecycle
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event, write_atomic
 from trebuchet.store.paths import runs_dir
@@ -144,18 +145,18 @@ class SlurmBackend(Backend):
         return render_all(loaded.spec, loaded.workdir, "RUN_ID", placeholder, self.recipe(loaded))
 
     def preflight(self, ctx: Context) -> list[Finding]:
-        from trebuchet.backends.slurm_checks import CHECKS
+        from trebuchet.backends.slurm.checks import CHECKS
 
         return [f for check in CHECKS for f in check(ctx)]
 
     def time_limit(self, loaded: LoadedSpec) -> tuple[float | None, tuple[str, ...]] | None:
-        from trebuchet.backends.slurm_checks import time_limit
+        from trebuchet.backends.slurm.checks import time_limit
 
         return time_limit(loaded.spec)
 
-    # -- sweeps: one job array (slurm_array.py) -----------------------------------------------
+    # -- sweeps: one job array (array.py) ---------------------------------------------------
     def check_sweep(self, points: list[SpecPoint]) -> None:
-        from trebuchet.backends.slurm_array import check_shape
+        from trebuchet.backends.slurm.array import check_shape
 
         check_shape(points)
 
@@ -169,7 +170,7 @@ class SlurmBackend(Backend):
     def submit_sweep(
         self, sweep_id: str, points: list[SubmissionPoint], attach: bool
     ) -> SweepSubmitted:
-        from trebuchet.backends.slurm_array import submit_sweep
+        from trebuchet.backends.slurm.array import submit_sweep
 
         return submit_sweep(self, sweep_id, points, attach)
 
@@ -182,7 +183,7 @@ class SlurmBackend(Backend):
         path = write_job(spec, workdir, sub.record.id, sub.run_dir, recipe)
         job_id = self._sbatch(sub, path)
         sub.store.update_run(sub.record.id, backend_id=job_id, host=hostname())
-        append_event(sub.run_dir, "sbatch", job_id=job_id)
+        append_event(sub.run_dir, "sbatch", job_id=job_id, backend_id=job_id)
         print(f"treb: Slurm job {job_id}; script {path}", file=sys.stderr)
         if not attach:
             return Submitted(sub.record.id)
@@ -202,9 +203,8 @@ class SlurmBackend(Backend):
                 info = ensure(recipe, log)
         except (BuildError, OSError) as exc:
             why = f"environment build failed: {exc}"
+            lifecycle.record(sub.store, sub.record.id, "environment_failed", error=str(exc))
             sub.store.set_attempt(sub.record.id, 0, state=FAILED, ended_at=time.time(), reason=why)
-            sub.store.update_run(sub.record.id, state=FAILED, ended_at=time.time())
-            append_event(sub.run_dir, "environment_failed", error=str(exc))
             raise TrebError(why) from None
         append_event(sub.run_dir, "environment_ready", reused=info.get("reused"),
                      stamp=recipe.stamp, prefix=recipe.prefix)  # fmt: skip
@@ -213,9 +213,7 @@ class SlurmBackend(Backend):
         job_id, why = call_sbatch(path, sub.loaded.workdir, "the job")
         if job_id:
             return job_id
-        sub.store.set_attempt(sub.record.id, 0, state=FAILED, ended_at=time.time(), reason=why)
-        sub.store.update_run(sub.record.id, state=FAILED, ended_at=time.time())
-        append_event(sub.run_dir, "sbatch_failed", reason=why)
+        lifecycle.ended(sub.store, sub.record.id, FAILED, why, "sbatch_failed", attempt=0)
         raise UserError(why)
 
     # -- following ---------------------------------------------------------------------------
@@ -252,8 +250,7 @@ class SlurmBackend(Backend):
         now = time.time()
         if not rec.backend_id:
             if now - rec.created_at > ORPHAN_PENDING_S:
-                store.set_attempt(rec.id, 0, state=LOST, reason="never reached sbatch")
-                store.update_run(rec.id, only_if_active=True, state=LOST, ended_at=now)
+                lifecycle.ended(store, rec.id, LOST, "never reached sbatch", "lost", attempt=0)
             return True
         files = st.read_job_files(Path(rec.run_dir))
         self._store_attempts(store, rec, files)
@@ -262,13 +259,13 @@ class SlurmBackend(Backend):
         info = queue.get(rec.backend_id)
         live = st.live_state(info, files) if info else None
         if live:
-            values: dict[str, Any] = {"state": live, "attempt": files.last_attempt or 0}
+            values: dict[str, Any] = {"attempt": files.last_attempt or 0}
             waiting = self._waiting(rec, info) if info and info.state in st.PENDING_STATES else None
             if waiting != rec.waiting:
                 values["waiting"] = waiting
             if rec.started_at is None and files.attempts:
                 values["started_at"] = files.attempts[min(files.attempts)].get("started_at")
-            store.update_run(rec.id, only_if_active=True, **values)
+            lifecycle.record(store, rec.id, "state", values, state=live, job=rec.backend_id)
             return True
         if info is None and files.result is None:
             return False
@@ -281,7 +278,7 @@ class SlurmBackend(Backend):
     def _waiting(self, rec: RunRecord, info: st.QueueInfo) -> dict[str, Any] | None:
         """Why the job is pending, in plain words; the partition's facts are asked for
         only when a new reason needs them (a run keeps its explanation while it holds)."""
-        from trebuchet.backends import slurm_reasons as why
+        from trebuchet.backends.slurm import reasons as why
 
         if rec.waiting and rec.waiting.get("reason") == info.reason.strip():
             return rec.waiting
@@ -302,9 +299,7 @@ class SlurmBackend(Backend):
                 ended_at=att.get("ended_at"), reason=att.get("reason") or None,
             )  # fmt: skip
             ended = att.get("state") not in (None, "RUNNING") or files.result is not None
-            rows = st.proc_rows(files.records.get(n, []), attempt_ended=ended)
-            if rows:
-                store.set_procs(rec.id, n, rows)
+            store.set_procs(rec.id, n, files.records.get(n, []), attempt_ended=ended)
 
     def _finish(
         self, store: Store, rec: RunRecord, files: st.JobFiles, queue: dict[str, st.QueueInfo]
@@ -336,12 +331,10 @@ class SlurmBackend(Backend):
         if att.get("state") in (None, "RUNNING") or state == LOST:
             store.set_attempt(rec.id, n, state=state, ended_at=now, reason=reason)
         started = files.attempts[min(files.attempts)].get("started_at") if files.attempts else None
-        if store.update_run(
-            rec.id, only_if_active=True, state=state, attempt=n, exit_code=exit_code,
-            first_failure=ff, ended_at=result.get("ended_at") or now,
-            started_at=rec.started_at or started, waiting=None,
-        ):  # fmt: skip
-            append_event(Path(rec.run_dir), "run_ended", state=state, reason=reason)
+        index = {"attempt": n, "exit_code": exit_code, "first_failure": ff,
+                 "started_at": rec.started_at or started, "waiting": None}  # fmt: skip
+        lifecycle.record(store, rec.id, "run_ended", index, reason=reason,
+                         time=result.get("ended_at") or now, state=state)  # fmt: skip
 
     def _attach(self, store: Store, rec: RunRecord) -> str:
         """Stream the logs until the job ends; Ctrl+C (or SIGTERM) cancels the job."""
@@ -400,8 +393,7 @@ class SlurmBackend(Backend):
                 if cancelled_at is not None and (presses > 1 or now - cancelled_at > 60):
                     if presses > 1:
                         self._scancel(rec, "KILL")
-                    store.update_run(rec.id, only_if_active=True, state=CANCELLED,
-                                     ended_at=time.time())  # fmt: skip
+                    lifecycle.ended(store, rec.id, CANCELLED, "treb cancel (Ctrl+C)")
                     break
                 time.sleep(0.1)
         finally:
@@ -427,13 +419,13 @@ class SlurmBackend(Backend):
 
     def cancel(self, store: Store, run: RunRecord) -> None:
         if run.sweep_id and "_" in (run.backend_id or ""):  # a task of a sweep's job array
-            from trebuchet.backends.slurm_array import cancel_point
+            from trebuchet.backends.slurm.array import cancel_point
 
             cancel_point(store, run)
         else:
             self._scancel(run)
         if not run.backend_id:  # never reached sbatch: nothing runs anywhere
-            store.update_run(run.id, only_if_active=True, state=CANCELLED, ended_at=time.time())
+            lifecycle.ended(store, run.id, CANCELLED, "treb cancel before sbatch")
             return
         deadline = time.time() + float(os.environ.get("TREB_SLURM_CANCEL_WAIT_S", "60"))
         while time.time() < deadline:
@@ -442,13 +434,20 @@ class SlurmBackend(Backend):
             if rec is None or rec.state in TERMINAL:
                 return
             time.sleep(0.5)
-        store.update_run(run.id, only_if_active=True, state=CANCELLED, ended_at=time.time())
+        lifecycle.ended(store, run.id, CANCELLED, "treb cancel: Slurm did not say in time")
 
     def cancel_sweep(self, store: Store, runs: list[RunRecord]) -> None:
         """`treb cancel SWEEP`: one scancel for a sweep's job array, then wait for all."""
-        from trebuchet.backends.slurm_array import cancel_sweep
+        from trebuchet.backends.slurm.array import cancel_sweep
 
         cancel_sweep(self, store, runs)
+
+    # -- diagnosis ---------------------------------------------------------------------------
+    def explain_ending(self, run: dict[str, Any]) -> dict[str, Any] | None:
+        """A job sbatch refused, or one that left the queue without an outcome."""
+        from trebuchet.backends.slurm.diagnosis import explain
+
+        return explain(run)
 
 
 def streams(rec: RunRecord) -> list[tuple[str, str]]:

@@ -102,7 +102,7 @@ def resolve(name: str) -> tuple[str | None, list[str]]:
 
 
 def words(item: str) -> list[str]:
-    """The argv words sbatch gets from one item as slurm_script renders it: the text before
+    """The argv words sbatch gets from one item as script.py renders it: the text before
     the first `=` splits on whitespace, the value after it stays one word (it is quoted)."""
     flag, eq, value = item.partition("=")
     out = flag.split() or [""]

@@ -16,7 +16,6 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from trebuchet.backends import slurm_argv
 from trebuchet.backends.job_file import (
     SECRET_REF,
     common,
@@ -24,10 +23,12 @@ from trebuchet.backends.job_file import (
     job_text,
     write_job_files,
 )
-from trebuchet.backends.slurm_checks import slurm_seconds
+from trebuchet.backends.slurm import argv as slurm_argv
+from trebuchet.backends.slurm.checks import slurm_seconds
 from trebuchet.envs.recipe import Recipe
 from trebuchet.launcher.policies import policies_for
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
+from trebuchet.runtime.contracts import JobFile
 from trebuchet.spec.duration import MAX_SECONDS, slurm_time
 from trebuchet.store.files import write_atomic
 
@@ -267,15 +268,15 @@ def _environment_lines(spec: Any, run_dir: Path, recipe: Recipe | None) -> list[
 
 
 def job_file(spec: Any, workdir: Path, run_id: str, run_dir: Path,
-             recipe: Recipe | None = None) -> dict[str, Any]:  # fmt: skip
+             recipe: Recipe | None = None) -> JobFile:  # fmt: skip
     """What the job controller and the node agents read (`<run dir>/job.json`): the values
     of every engine's job file (job_file.py), and Slurm's own."""
     secrets = sorted(spec.secrets)
-    # the per-attempt timeout and its warning (seconds), enforced by the controller
-    timeout = {"timeout": spec.timeout, "warning": spec.warning_seconds} if spec.timeout else {}
-    return {
-        **common(spec, run_id, recipe),
-        **timeout,
+    job = common(spec, run_id, recipe)
+    if spec.timeout:  # the per-attempt timeout and its warning, enforced by the controller
+        job["timeout"], job["warning"] = spec.timeout, spec.warning_seconds
+    slurm: JobFile = {
+        **job,
         "run_dir": str(run_dir), "workdir": str(workdir),
         "max_attempts": spec.retries + 1,
         "requeue_margin": REQUEUE_MARGIN_S,
@@ -288,6 +289,7 @@ def job_file(spec: Any, workdir: Path, run_id: str, run_dir: Path,
         "mpi_env": sorted({*spec.env, *secrets}) if spec.launcher == "mpirun" else [],
         "inline": inline(spec),
     }  # fmt: skip
+    return slurm
 
 
 def inline(spec: Any) -> bool:

@@ -1,6 +1,6 @@
 """SkyPilot runs after hand-over: their states from SkyPilot's own API, polled in batches.
 
-Why a module of its own: as slurm_state.py for Slurm, the mapping from the engine's job
+Why a module of its own: as slurm/state.py for Slurm, the mapping from the engine's job
 statuses to trebuchet's is what `treb ps`/`status` rely on, and it is tested on its own
 (with a stand-in `sky` module: no SkyPilot API server or cloud can run here).
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trebuchet.store import lifecycle
 from trebuchet.store.states import (
     CANCELLED,
     FAILED,
@@ -86,7 +87,7 @@ def _follow_managed(sky: Any, store: Any, managed: dict[int, Any]) -> None:
         row = seen.get(job)
         status = _name(_field(row, "status")) if row is not None else None
         reason = _field(row, "failure_reason") if row is not None else None
-        store.follow_state(rec.id, *_state(MANAGED_STATES, status, reason))
+        lifecycle.follow(store, rec.id, *_state(MANAGED_STATES, status, reason))
 
 
 def _follow_cluster(sky: Any, store: Any, cluster: str, jobs: dict[int, Any]) -> None:
@@ -97,7 +98,7 @@ def _follow_cluster(sky: Any, store: Any, cluster: str, jobs: dict[int, Any]) ->
         if "not exist" in str(exc) or "not up" in str(exc).lower():
             for rec in jobs.values():
                 why = f"cluster {cluster} is gone before its job's end was seen (it is torn down "
-                store.follow_state(rec.id, LOST, why + "after the job: down=True)")
+                lifecycle.follow(store, rec.id, LOST, why + "after the job: down=True)")
         return
     for job, rec in jobs.items():
-        store.follow_state(rec.id, *_state(CLUSTER_STATES, _name((got or {}).get(job)), None))
+        lifecycle.follow(store, rec.id, *_state(CLUSTER_STATES, _name((got or {}).get(job)), None))

@@ -4,7 +4,7 @@ ConfigMap that carries trebuchet's node agent and the run's code.
 Pod i of Job J is reachable as J-i.J (the Service is named after the Job and is the
 pods' subdomain), so MASTER_ADDR is the index-0 pod's name and NODE_RANK is the pod's
 completion index. The ConfigMap (mounted at /treb) holds the runtime archive, job.json and
-the code snapshot (kubernetes_code.py; or the image holds the code, `kubernetes.code_dir`).
+the code snapshot (code.py; or the image holds the code, `kubernetes.code_dir`).
 The pod command places the node, unpacks the code into /treb-code, builds the spec's
 environment there (node_setup.py) and starts the node agent, which runs the node's ranks
 as on every engine (trebuchet/runtime/node.py). Retries are the Job's, per index
@@ -35,11 +35,12 @@ from trebuchet.backends.job_file import (
     start_lines,
     uses_secret,
 )
-from trebuchet.backends.kubernetes_code import ARCHIVE, CODE_DIR, CONFIGMAP_MAX, code_archive
+from trebuchet.backends.kubernetes.code import ARCHIVE, CODE_DIR, CONFIGMAP_MAX, code_archive
 from trebuchet.backends.node_setup import check_files, setup_lines
 from trebuchet.errors import UserError
 from trebuchet.launcher.runtime_file import archive
 from trebuchet.runtime.contract import DEFAULT_MASTER_PORT
+from trebuchet.store import lifecycle
 from trebuchet.store.states import (
     FAILED,
     LOST,
@@ -51,7 +52,7 @@ from trebuchet.store.states import (
 )
 
 if TYPE_CHECKING:
-    from trebuchet.backends.kubernetes_options import Kubernetes
+    from trebuchet.backends.kubernetes.options import Kubernetes
     from trebuchet.preflight.context import Context
     from trebuchet.preflight.findings import Finding
     from trebuchet.spec.load import LoadedSpec
@@ -148,7 +149,7 @@ class KubernetesBackend(Backend):
         ckpt = f"{CHECKPOINTS}/{run_id}" if kube.checkpoint_volume else None
         job_json = job_text(node_job(spec, run_id, ckpt))
         binary = {runtime: packed}
-        if not kube.code_dir:  # the code travels in the ConfigMap (kubernetes_code.py)
+        if not kube.code_dir:  # the code travels in the ConfigMap (code.py)
             room = CONFIGMAP_MAX - len(base64.b64encode(data)) - len(job_json) - 4096
             tarball, count = code_archive(loaded.workdir, snapshot, room)
             binary[ARCHIVE] = (
@@ -336,8 +337,10 @@ class KubernetesBackend(Backend):
                     core.delete_namespaced_config_map(name, ns)
             _fail(sub, f"Kubernetes refused the manifests: {exc}")
             raise UserError(f"--on kubernetes: could not apply the manifests: {exc}") from None
-        sub.store.update_run(sub.record.id, backend_id=f"{ns}/{name}", state="RUNNING")
-        append_event(sub.run_dir, "kubernetes", job=name, namespace=ns)
+        backend_id = f"{ns}/{name}"
+        sub.store.update_run(sub.record.id, backend_id=backend_id)
+        append_event(sub.run_dir, "kubernetes", job=name, namespace=ns, backend_id=backend_id)
+        lifecycle.record(sub.store, sub.record.id, "state", state="RUNNING")
         if not attach:
             return Submitted(sub.record.id)
         batch = client.BatchV1Api(api)
@@ -346,7 +349,7 @@ class KubernetesBackend(Backend):
             if state in TERMINAL:
                 break
             time.sleep(5)
-        sub.store.follow_state(sub.record.id, state, reason)
+        lifecycle.follow(sub.store, sub.record.id, state, reason)
         return Submitted(sub.record.id, state)
 
     def refresh(self, store: Any, runs: list[Any]) -> None:
@@ -378,7 +381,7 @@ class KubernetesBackend(Backend):
                     state, reason = LOST, "its Job is gone (deleted outside trebuchet?)"
                 else:
                     state, reason = job_state(job.status)
-                store.follow_state(rec.id, state, reason)
+                lifecycle.follow(store, rec.id, state, reason)
 
     def _pods(self, run: Any) -> tuple[Any, str, list[Any]] | None:
         """(CoreV1Api, namespace, the Job's pods by index then attempt), or None when the
@@ -433,7 +436,6 @@ class KubernetesBackend(Backend):
         return rows
 
     def cancel(self, store: Any, run: Any) -> None:
-        import time
 
         try:
             from kubernetes import client, config
@@ -450,7 +452,7 @@ class KubernetesBackend(Backend):
         core = client.CoreV1Api()
         core.delete_namespaced_service(name, ns)
         core.delete_namespaced_config_map(name, ns)
-        store.update_run(run.id, only_if_active=True, state="CANCELLED", ended_at=time.time())
+        lifecycle.ended(store, run.id, "CANCELLED", "treb cancel")
 
 
 def _annotation(pod: Any, key: str) -> int:
@@ -492,12 +494,7 @@ def job_state(status: Any) -> tuple[str, str | None]:
 
 
 def _fail(sub: Any, why: str) -> None:
-    import time
-
-    from trebuchet.store.files import append_event
-
-    sub.store.update_run(sub.record.id, only_if_active=True, state="FAILED", ended_at=time.time())
-    append_event(sub.run_dir, "failed", reason=why)
+    lifecycle.ended(sub.store, sub.record.id, "FAILED", why, "failed")
 
 
 BACKEND = KubernetesBackend()

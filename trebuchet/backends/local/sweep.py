@@ -1,6 +1,6 @@
 """The local engine's sweeps: at most `sweep_parallel` runs at once (default 1), driven in
 the `treb run` process when attached, else in the background (`python -m
-trebuchet.backends.local_sweep SWEEP_FILE`). It imports no pydantic: every run's plan was
+trebuchet.backends.local.sweep SWEEP_FILE`). It imports no pydantic: every run's plan was
 written at submission.
 """
 
@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trebuchet.spec.sweep import point_text
+from trebuchet.store import lifecycle
 from trebuchet.store.paths import sweep_file
 
 if TYPE_CHECKING:
     from trebuchet.backends.base import SubmissionPoint, SweepSubmitted
-    from trebuchet.backends.local import LocalBackend
+    from trebuchet.backends.local.engine import LocalBackend
 
 
 def submit_local(
@@ -46,7 +47,7 @@ def submit_local(
         print(f"treb:   {run['index']}  {run['id']}  {point_text(run['params'])}", file=sys.stderr)
     if not attach:
         subprocess.Popen(
-            [sys.executable, "-m", "trebuchet.backends.local_sweep", str(path)],
+            [sys.executable, "-m", "trebuchet.backends.local.sweep", str(path)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, close_fds=True,
         )  # fmt: skip
@@ -58,7 +59,7 @@ def submit_local(
 def drive(sweep: dict[str, Any], follow: bool) -> tuple[int, int]:
     """Start the sweep's runs, at most `parallel` at once; returns (runs that did not
     succeed, the signal that cancelled the sweep or 0)."""
-    from trebuchet.backends.local import start_supervisor
+    from trebuchet.backends.local.engine import start_supervisor
     from trebuchet.store.db import Store
     from trebuchet.store.states import CANCELLED, TERMINAL
 
@@ -88,9 +89,7 @@ def drive(sweep: dict[str, Any], follow: bool) -> tuple[int, int]:
                     view.add(f"{run['index']}|{label}", Path(run["run_dir"]) / "attempt-0" / name)
         if cancelled["sig"]:
             for run in pending:
-                store.update_run(
-                    run["id"], only_if_active=True, state=CANCELLED, ended_at=time.time()
-                )
+                lifecycle.ended(store, run["id"], CANCELLED, "the sweep was cancelled")
             pending = []
             for run in running:
                 rec = store.get(run["id"])

@@ -1,7 +1,7 @@
 """SSH: machines without a scheduler. One node agent per host, started with the system `ssh`.
 
 The run is supervised here, on the submitting machine (attached: `treb run` itself;
-detached: a background process, `python -m trebuchet.backends.ssh RUN_DIR`), as locally.
+detached: a background process, `python -m trebuchet.backends.ssh.engine RUN_DIR`), as locally.
 Per run: one connection per host, opened in parallel and shared by every later command
 (OpenSSH's ControlMaster, sockets in a private folder, ControlPersist short), so a 16-host
 launch costs one round of handshakes, not 16 in a row. The run's files reach the hosts
@@ -42,7 +42,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from trebuchet.backends.base import Backend, Submitted
 from trebuchet.backends.job_file import (
@@ -53,14 +53,16 @@ from trebuchet.backends.job_file import (
     uses_secret,
 )
 from trebuchet.errors import UserError
+from trebuchet.runtime.contracts import FirstFailure, Outcome
 from trebuchet.runtime.hang import expected_names
 from trebuchet.runtime.lifecycle import Ending, JobController, Settings
 from trebuchet.runtime.procs import hostname
 from trebuchet.runtime.records import attempt_logs, cause, first_failure
 from trebuchet.runtime.task import NO_PYTHON
+from trebuchet.store import lifecycle
 
 if TYPE_CHECKING:
-    from trebuchet.backends.ssh_options import Ssh
+    from trebuchet.backends.ssh.options import Ssh
     from trebuchet.launcher.submit import Submission
     from trebuchet.spec.load import LoadedSpec
     from trebuchet.store.db import RunRecord, Store
@@ -306,13 +308,13 @@ class SshBackend(Backend):
 
     def refresh(self, store: Store, runs: list[RunRecord]) -> None:
         """As locally: a run whose supervisor vanished without an outcome is LOST."""
-        from trebuchet.backends.local import BACKEND as LOCAL
+        from trebuchet.backends.local.engine import BACKEND as LOCAL
 
         LOCAL.refresh(store, runs)
 
     def cancel(self, store: Store, run: RunRecord) -> None:
         """As locally: SIGTERM to the supervisor, which closes every host's session."""
-        from trebuchet.backends.local import BACKEND as LOCAL
+        from trebuchet.backends.local.engine import BACKEND as LOCAL
 
         LOCAL.cancel(store, run)
 
@@ -351,7 +353,7 @@ def _start_detached(store: Store, run_id: str, run_dir: Path) -> None:
     log = os.open(run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "trebuchet.backends.ssh", str(run_dir)],
+            [sys.executable, "-m", "trebuchet.backends.ssh.engine", str(run_dir)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -555,7 +557,7 @@ class SshRun:
     def run(self) -> str:
         from trebuchet.store.lifecycle import run_started
 
-        run_started(self.store, self.rid, self.run_dir)
+        run_started(self.store, self.rid)
         self.control = tempfile.mkdtemp(prefix="treb-ssh-")
         try:
             return self.job.run()
@@ -563,7 +565,7 @@ class SshRun:
             self.disconnect()
 
     # -- Nodes (runtime/lifecycle.py): this engine's side of each attempt -----------------
-    def prepare(self) -> dict[str, Any] | None:
+    def prepare(self) -> FirstFailure | None:
         """Connections to every host, then the run's files where they are not shared."""
         from trebuchet.store.files import write_json
 
@@ -678,7 +680,7 @@ class SshRun:
             return Ending(state, "hang", hung=True)
         return Ending(state, reason)
 
-    def logs(self, attempt: int, cause: dict[str, Any] | None) -> list[str]:
+    def logs(self, attempt: int, cause: FirstFailure | None) -> list[str]:
         """The attempt's logs as fetched from the hosts, the failing rank's first."""
         return attempt_logs(str(self.run_dir / f"attempt-{attempt}"), (cause or {}).get("log"))
 
@@ -776,37 +778,17 @@ class SshRun:
         adir: Path,
         attempt: int,
         hung: bool = False,
-    ) -> tuple[str, dict | None]:
+    ) -> tuple[str, FirstFailure | None]:
         """The attempt's state and root cause from the records the agents wrote."""
         from trebuchet.store.files import read_json
 
-        records = []
+        records: list[Outcome] = []
         for path in sorted(adir.glob("*.json")):
             rec = read_json(path)
             if isinstance(rec, dict) and "label" in rec:
                 rec.setdefault("host", self.info["hosts"][int(rec.get("node") or 0)])
-                records.append(rec)
-        rows = [
-            {
-                k: r.get(k)
-                for k in (
-                    "label",
-                    "rank",
-                    "node",
-                    "local_rank",
-                    "pid",
-                    "exit_code",
-                    "signal",
-                    "ended_at",
-                )
-            }
-            | {
-                "node": r.get("node") or 0,
-                "stopped_by_launcher": int(bool(r.get("stopped_by_launcher"))),
-            }
-            for r in records
-        ]
-        self.store.set_procs(self.rid, attempt, rows)
+                records.append(cast("Outcome", rec))
+        self.store.set_procs(self.rid, attempt, records)
         if reason == "cancel":
             return "CANCELLED", None
         if first is None:
@@ -857,7 +839,7 @@ def main(argv: list[str]) -> int:
         import traceback
 
         traceback.print_exc()
-        store.update_run(run.rid, only_if_active=True, state="LOST", ended_at=time.time())
+        lifecycle.ended(store, run.rid, "LOST", "the ssh supervisor failed", "lost")
         return 1
     return 0 if state == "SUCCEEDED" else 1
 

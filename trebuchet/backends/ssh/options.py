@@ -1,4 +1,4 @@
-"""The spec's `ssh:` block: what only the SSH engine reads (backends/ssh.py)."""
+"""The spec's `ssh:` block: what only the SSH engine reads (engine.py)."""
 
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ def node_local_treb_home(ctx: Context) -> list[Finding]:
 
 def _args_partition(sbatch_args: list[str]) -> str | None:
     """A partition given as a raw sbatch option (-p X, --partition=X, -pX, --part X)."""
-    from trebuchet.backends.slurm_argv import parse
+    from trebuchet.backends.slurm.argv import parse
 
     found = [o.value for o in parse(sbatch_args)[0] if o.name == "partition"]
     return found[-1] if found else None

@@ -1,5 +1,4 @@
-"""The spec's `kubernetes:` block: what only the Kubernetes engine reads
-(backends/kubernetes.py)."""
+"""The spec's `kubernetes:` block: what only the Kubernetes engine reads (engine.py)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Rendering needs nothing installed. Submitting uses SkyPilot's Python API (`pip i
 'trebuchet[skypilot]'`): a managed job (`sky.jobs.launch`) when the spec asks for spot
 instances or retries, so SkyPilot recovers it, otherwise a cluster launch (`sky.launch`)
 that is torn down when the job ends. `treb ps`/`status` follow the job through SkyPilot's API
-(skypilot_state.py); `treb logs` reads its log through the same API and splits the node
+(state.py); `treb logs` reads its log through the same API and splits the node
 agents' labelled lines into per-rank logs (node_logs.py). SkyPilot reports one status per
 job, no per-node outcome.
 """
@@ -37,9 +37,11 @@ from trebuchet.errors import UserError
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
 from trebuchet.preflight.findings import WARNING
 from trebuchet.runtime.contract import DEFAULT_MASTER_PORT
+from trebuchet.runtime.contracts import JobFile
+from trebuchet.store import lifecycle
 
 if TYPE_CHECKING:
-    from trebuchet.backends.skypilot_options import SkyPilot
+    from trebuchet.backends.skypilot.options import SkyPilot
     from trebuchet.preflight.context import Context
     from trebuchet.preflight.findings import Finding
     from trebuchet.spec.load import LoadedSpec
@@ -255,28 +257,25 @@ class SkyPilotBackend(Backend):
         if isinstance(job_id, list):
             job_id = job_id[0] if job_id else None
         backend_id = f"{'jobs' if managed else 'cluster:treb-' + sub.record.id}:{job_id}"
-        sub.store.update_run(sub.record.id, backend_id=backend_id, state="RUNNING")
-        append_event(sub.run_dir, "skypilot", managed=managed, job_id=job_id)
+        sub.store.update_run(sub.record.id, backend_id=backend_id)
+        append_event(sub.run_dir, "skypilot", managed=managed, job_id=job_id,
+                     backend_id=backend_id)  # fmt: skip
+        lifecycle.record(sub.store, sub.record.id, "state", state="RUNNING")
         if not attach:
             return Submitted(sub.record.id)
         if managed:
             rc = sky.jobs.tail_logs(job_id=job_id, follow=True)
         else:
             rc = sky.tail_logs(f"treb-{sub.record.id}", job_id, follow=True)
-        import time
-
         state = "SUCCEEDED" if rc == 0 else "FAILED"
-        sub.store.update_run(
-            sub.record.id,
-            state=state,
-            ended_at=time.time(),
-            exit_code=rc if isinstance(rc, int) else None,
-        )
+        code = rc if isinstance(rc, int) else None
+        lifecycle.ended(sub.store, sub.record.id, state, f"the job's logs ended ({rc})",
+                        exit_code=code)  # fmt: skip
         return Submitted(sub.record.id, state, rc if isinstance(rc, int) else None)
 
     def refresh(self, store: Any, runs: list[Any]) -> None:
-        """Active runs' states from SkyPilot (skypilot_state.py)."""
-        from trebuchet.backends.skypilot_state import refresh_runs
+        """Active runs' states from SkyPilot (state.py)."""
+        from trebuchet.backends.skypilot.state import refresh_runs
 
         refresh_runs(self.name, store, runs)
 
@@ -321,9 +320,7 @@ class SkyPilotBackend(Backend):
             sky.get(sky.jobs.cancel(job_ids=[int(job)]))
         else:
             sky.get(sky.cancel(kind.removeprefix("cluster:"), job_ids=[int(job)]))
-        import time
-
-        store.update_run(run.id, only_if_active=True, state="CANCELLED", ended_at=time.time())
+        lifecycle.ended(store, run.id, "CANCELLED", "treb cancel")
 
 
 def _count(acc: str | None) -> int:
@@ -348,19 +345,14 @@ def bucket_mount(sk: Any) -> dict[str, Any]:
     return mount
 
 
-def job_of(spec: Any, run_id: str) -> dict[str, Any]:
+def job_of(spec: Any, run_id: str) -> JobFile:
     """job.json: checkpoints in the bucket's folder for this run when there is one."""
     ckpt = f"{CHECKPOINTS}/{run_id}" if spec.skypilot.checkpoint_bucket else None
     return node_job(spec, run_id, ckpt)
 
 
 def _fail(sub: Any, why: str) -> None:
-    import time
-
-    from trebuchet.store.files import append_event
-
-    sub.store.update_run(sub.record.id, only_if_active=True, state="FAILED", ended_at=time.time())
-    append_event(sub.run_dir, "failed", reason=why)
+    lifecycle.ended(sub.store, sub.record.id, "FAILED", why, "failed")
 
 
 BACKEND = SkyPilotBackend()

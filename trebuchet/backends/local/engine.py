@@ -22,8 +22,9 @@ from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS
 from trebuchet.launcher.runtime_file import ship
 from trebuchet.runtime.contain import end_run
 from trebuchet.runtime.procs import alive, hostname, start_time
+from trebuchet.store import lifecycle
 from trebuchet.store.db import RunRecord, Store
-from trebuchet.store.files import append_event, read_json, write_json
+from trebuchet.store.files import read_json, write_json
 from trebuchet.store.paths import runs_dir
 from trebuchet.store.states import CANCELLED, LOST, PENDING, TERMINAL
 
@@ -175,7 +176,7 @@ class LocalBackend(Backend):
         self, sweep_id: str, points: list[SubmissionPoint], attach: bool
     ) -> SweepSubmitted:
         """At most sweep_parallel runs at once (default 1), by the driver in sweep.py."""
-        from trebuchet.backends.local_sweep import submit_local
+        from trebuchet.backends.local.sweep import submit_local
 
         return submit_local(self, sweep_id, points, attach)
 
@@ -196,16 +197,15 @@ class LocalBackend(Backend):
                 continue
             last = fresh.last_seen or fresh.started_at or fresh.created_at
             reason = "supervisor gone" + end_leftovers(rec)
-            if store.update_run(rec.id, only_if_active=True, state=LOST, ended_at=last):
+            if lifecycle.ended(store, rec.id, LOST, reason, "lost", when=last):
                 store.set_attempt(rec.id, fresh.attempt, reason=reason)
-                append_event(Path(rec.run_dir), "lost", reason=reason)
                 rec.state = LOST
 
     def cancel_sweep(self, store: Store, runs: list[RunRecord]) -> None:
         """Points not started yet are cancelled first, so the driver starts no more."""
         for r in runs:
             if r.state == PENDING and not r.supervisor_pid:
-                store.update_run(r.id, only_if_active=True, state=CANCELLED, ended_at=time.time())
+                lifecycle.ended(store, r.id, CANCELLED, "cancelled before it started")
         super().cancel_sweep(store, runs)
 
     def cancel(self, store: Store, run: RunRecord) -> None:
@@ -225,7 +225,7 @@ class LocalBackend(Backend):
             else:
                 raise UserError(f"run {run.id} did not stop within the grace period")
         end_leftovers(run)  # what a supervisor that is gone left running
-        store.update_run(run.id, only_if_active=True, state=CANCELLED, ended_at=time.time())
+        lifecycle.ended(store, run.id, CANCELLED, "treb cancel")
 
 
 def end_leftovers(run: RunRecord) -> str:

@@ -13,8 +13,9 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from trebuchet.runtime.contracts import Outcome
 from trebuchet.store.states import (
     CANCELLED,
     FAILED,
@@ -51,7 +52,7 @@ class QueueInfo:
     """One job as squeue (or sacct) sees it."""
 
     state: str
-    reason: str = ""  # squeue's %r: why a pending job waits (slurm_reasons.py)
+    reason: str = ""  # squeue's %r: why a pending job waits (reasons.py)
     nodes: str = ""
     partition: str = ""
     time_limit: str = ""
@@ -62,7 +63,7 @@ class JobFiles:
     """Everything the job wrote into the run directory so far."""
 
     attempts: dict[int, dict[str, Any]] = field(default_factory=dict)
-    records: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    records: dict[int, list[Outcome]] = field(default_factory=dict)
     result: dict[str, Any] | None = None
 
     @property
@@ -88,12 +89,12 @@ def read_job_files(run_dir: Path) -> JobFiles:
         att = _read(adir / "attempt.json")
         if att is not None:
             files.attempts[n] = att
-        recs = []
+        recs: list[Outcome] = []
         for path in adir.glob("*.json"):
             if RECORD_RE.match(path.name):
                 rec = _read(path)
                 if rec is not None:
-                    recs.append(rec)
+                    recs.append(cast("Outcome", rec))
         files.records[n] = recs
     return files
 
@@ -160,30 +161,6 @@ def live_state(info: QueueInfo, files: JobFiles) -> str | None:
     if info.state in RUNNING_STATES:
         return RUNNING
     return None
-
-
-def proc_rows(records: list[dict[str, Any]], attempt_ended: bool = False) -> list[dict[str, Any]]:
-    """Rows of the store's procs table for one attempt. Once the attempt has ended, a
-    process whose record still says RUNNING was killed before it could write its end
-    (Slurm's SIGKILL after KillWait, or mpirun's): it was stopped, its exit code unknown."""
-    return [
-        {
-            "label": r["label"],
-            "rank": r.get("rank"),
-            "node": r.get("node", 0),
-            "local_rank": r.get("local_rank"),
-            "pid": r.get("pid"),
-            "exit_code": r.get("exit_code"),
-            "signal": r.get("signal"),
-            "ended_at": r.get("ended_at"),
-            "stopped_by_launcher": int(
-                bool(r.get("stopped_by_launcher"))
-                or (attempt_ended and r.get("state") == "RUNNING")
-            ),
-        }  # fmt: skip
-        for r in records
-        if isinstance(r.get("label"), str)
-    ]
 
 
 # A job that Slurm requeues (preemption, `scontrol requeue`) can show an ended state such as

@@ -1,4 +1,4 @@
-"""The spec's `slurm:` block: what only the Slurm engine reads (backends/slurm.py).
+"""The spec's `slurm:` block: what only the Slurm engine reads (engine.py).
 
 A module of its own so that loading a spec does not import the engine, and `treb ps`
 (which refreshes Slurm runs through the engine) does not import pydantic.

@@ -18,16 +18,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trebuchet.backends.slurm_script import _directive, q, sbatch_lines, write_job
+from trebuchet.backends.slurm.script import _directive, q, sbatch_lines, write_job
 from trebuchet.errors import TrebError, UserError
 from trebuchet.runtime.procs import hostname
 from trebuchet.spec.sweep import point_text
+from trebuchet.store import lifecycle
 from trebuchet.store.files import append_event, write_atomic
 from trebuchet.store.states import CANCELLED, FAILED, SUCCEEDED, TERMINAL
 
 if TYPE_CHECKING:
     from trebuchet.backends.base import SubmissionPoint, SweepSubmitted
-    from trebuchet.backends.slurm import SlurmBackend
+    from trebuchet.backends.slurm.engine import SlurmBackend
     from trebuchet.launcher.submit import Submission
     from trebuchet.spec.load import LoadedSpec
 
@@ -130,7 +131,8 @@ def submit(
     for i, sub in enumerate(subs):
         task = f"{job_id}_{i}"
         sub.store.update_run(sub.record.id, backend_id=task, host=host)
-        append_event(sub.run_dir, "sbatch", job_id=task, array=str(path), sweep_id=sweep_id)
+        append_event(sub.run_dir, "sbatch", job_id=task, array=str(path), sweep_id=sweep_id,
+                     backend_id=task)  # fmt: skip
     print(f"treb: Slurm job array {job_id} (tasks {job_id}_0..{job_id}_{len(subs) - 1}); "
           f"script {path}", file=sys.stderr)  # fmt: skip
     return job_id
@@ -167,7 +169,7 @@ def submit_sweep(
 
 
 def _sbatch(subs: list[Submission], path: Path) -> str:
-    from trebuchet.backends.slurm import call_sbatch
+    from trebuchet.backends.slurm.engine import call_sbatch
 
     job_id, why = call_sbatch(path, subs[0].loaded.workdir, "the job array")
     if job_id:
@@ -177,11 +179,8 @@ def _sbatch(subs: list[Submission], path: Path) -> str:
 
 
 def _fail(subs: list[Submission], why: str) -> None:
-    now = time.time()
     for sub in subs:
-        sub.store.set_attempt(sub.record.id, 0, state=FAILED, ended_at=now, reason=why)
-        sub.store.update_run(sub.record.id, state=FAILED, ended_at=now)
-        append_event(sub.run_dir, "sbatch_failed", reason=why)
+        lifecycle.ended(sub.store, sub.record.id, FAILED, why, "sbatch_failed", attempt=0)
 
 
 def follow(backend: Any, store: Any, job_id: str, runs: list[dict[str, Any]]) -> tuple[int, int]:
@@ -189,7 +188,7 @@ def follow(backend: Any, store: Any, job_id: str, runs: list[dict[str, Any]]) ->
 
     One refresh (one squeue call) per poll for all points; Ctrl+C cancels the whole array
     (one scancel), a second Ctrl+C kills it."""
-    from trebuchet.backends.slurm import POLL_S, streams
+    from trebuchet.backends.slurm.engine import POLL_S, streams
     from trebuchet.view.live import View
 
     view = View()
@@ -241,8 +240,7 @@ def follow(backend: Any, store: Any, job_id: str, runs: list[dict[str, Any]]) ->
                     cancel_array(job_id, [], "KILL")
                 for run in runs:
                     if run["id"] not in done:
-                        store.update_run(run["id"], only_if_active=True, state=CANCELLED,
-                                         ended_at=time.time())  # fmt: skip
+                        lifecycle.ended(store, run["id"], CANCELLED, "treb cancel")
                         failed += 1
                 break
             time.sleep(0.1)
@@ -324,4 +322,4 @@ def cancel_sweep(backend: Any, store: Any, runs: list[Any]) -> None:
         if left:
             time.sleep(0.5)
     for r in active:
-        store.update_run(r.id, only_if_active=True, state=CANCELLED, ended_at=time.time())
+        lifecycle.ended(store, r.id, CANCELLED, "treb cancel")
