@@ -4,7 +4,7 @@
    rank passing a token to the next one over the network (tests/integration/scripts/ring.py,
    stdlib only). Attached wall time of `treb run` (submission to its return), and from the
    run's record the span from its creation to its end.
-2. A 200-point sweep as one job array: `treb run job.yaml -o env.X=1,...,200 --on slurm`,
+2. A 200-point sweep as one job array: `treb run job.yaml --on slurm` of a `sweep:` block,
    1 node x 1 rank, command `true`. Attached wall time of the whole sweep, and from the
    records the span from the first point's creation to the last point's end.
 
@@ -89,14 +89,15 @@ def ring(work: Path, codes: Contenders, treb: list[str], partition: str, repeats
 
 def sweep(work: Path, codes: Contenders, treb: list[str], partition: str, repeats: int) -> None:
     spec = work / "spec" / "point.yaml"
-    spec.write_text(f"name: point\ncommand: 'true'\nslurm:\n  partition: {partition}\n")
-    values = ",".join(str(i) for i in range(1, 201))
+    values = ", ".join(str(i) for i in range(1, 201))  # a sweep: block, as every version reads
+    spec.write_text(f"name: point\ncommand: 'true'\nslurm:\n  partition: {partition}\n"
+                    f"sweep:\n  env.X: [{values}]\n")  # fmt: skip
     got: dict[str, tuple[list[float], list[float]]] = {c: ([], []) for c in codes}
     for i in range(repeats):
         for n, (label, env) in enumerate(codes.items()):
             home = work / f"home-sweep-{i}-{n}"  # one store per sweep: its runs are its points
             senv = {**env, "TREB_HOME": str(home)}
-            argv = [*treb, "run", str(spec), "-o", f"env.X={values}", "--on", "slurm"]
+            argv = [*treb, "run", str(spec), "--on", "slurm"]
             got[label][0].append(timed(argv, senv, work))
             recs = runs(treb, senv)
             ok = sum(r["state"] == "SUCCEEDED" for r in recs)

@@ -68,17 +68,20 @@ def _load(source: Source, overrides: Sequence[str], cached: bool = True) -> Load
 
 
 def _expand(
-    source: Source, on: str, overrides: Sequence[str], sweeps: bool = True
+    source: Source, on: str, overrides: Sequence[str], sweeps: bool = True, multirun: bool = False
 ) -> tuple[LoadedSpec, Backend, list[SpecPoint] | None]:
     """(the spec, its engine, every sweep point's spec or None when it is one run).
 
-    A comma in an override's value, or a `sweep:` block, makes a sweep (sweeps=False:
-    launch(), where a comma is part of the value and a `sweep:` block is refused)."""
+    A `sweep:` block makes a sweep; so does a comma in an override's value, but only when
+    the sweep was asked for (`multirun`: `treb run --sweep`, Hydra's --multirun): otherwise
+    `-o env.NCCL_IB_HCA=mlx5_0,mlx5_1` is that one value, never a silent two-run sweep.
+    sweeps=False: launch(), where a `sweep:` block is refused."""
     from trebuchet.backends import get_backend
     from trebuchet.spec import sweep
 
     overrides = list(overrides)
-    fixed, axes = sweep.points(overrides, None) if sweeps else (overrides, [{}])
+    multirun = multirun and sweeps
+    fixed, axes = sweep.points(overrides, None) if multirun else (sweep.literal(overrides), [{}])
     base = _load(source, fixed)
     if base.spec.sweep and not sweeps:
         raise UserError(
@@ -96,7 +99,7 @@ def _expand(
     # Every point's spec, validated before anything is recorded or rendered: a bad value
     # fails the whole sweep.
     points = []
-    for point in sweep.points(overrides, base.spec.sweep)[1]:
+    for point in sweep.points(overrides if multirun else [], base.spec.sweep)[1]:
         point_overrides = [*fixed, *(f"{k}={v}" for k, v in point.items()), "sweep=null"]
         points.append((point, _load(source, point_overrides, cached=False)))
     engine.check_sweep(points)
@@ -110,13 +113,15 @@ def check(
     *,
     preflight: bool = True,
     sweeps: bool = True,
+    multirun: bool = False,
     warn: Warn | None = None,
     resume_from: str | None = None,
 ) -> Checked:
     """Load the spec, run the preflight checks (`preflight=False`: --no-check) and the
     engine's own: every refusal raises here (UserError, SpecError: exit 2). `resume_from`:
-    a run whose checkpoints each new run starts with (launcher/resume.py)."""
-    base, engine, points = _expand(source, on, overrides, sweeps)
+    a run whose checkpoints each new run starts with (launcher/resume.py). `multirun`
+    (--sweep): a comma in an -o value separates sweep values."""
+    base, engine, points = _expand(source, on, overrides, sweeps, multirun)
     checked = Checked(on, engine, points or [({}, base)], points is not None, warn=warn)
     if resume_from is not None:
         from trebuchet.launcher import resume
@@ -193,14 +198,15 @@ def launch(
     attach: bool = False,
     preflight: bool = True,
     sweeps: bool = True,
+    multirun: bool = False,
     warn: Warn | None = None,
     announce: Callable[[Submission], None] | None = None,
     handover: Hooks | None = None,
     resume_from: str | None = None,
 ) -> Started:
     """check() then start(): `treb run` and trebuchet.launch()."""
-    checked = check(source, on, overrides, preflight=preflight, sweeps=sweeps, warn=warn,
-                    resume_from=resume_from)  # fmt: skip
+    checked = check(source, on, overrides, preflight=preflight, sweeps=sweeps,
+                    multirun=multirun, warn=warn, resume_from=resume_from)  # fmt: skip
     return start(checked, attach, announce, handover)
 
 
@@ -211,21 +217,25 @@ def refresh(store: Store, runs: list[RunRecord]) -> None:
     import os
 
     from trebuchet.backends import refresh as refresh_engines
+    from trebuchet.store.paths import home_path
 
     active = [r for r in runs if r.active]
     refresh_engines(store, active)
     tracked = [r for r in active if os.path.exists(os.path.join(r.run_dir, "tracking.json"))]
-    if tracked:
+    # TREB_HOME/tracking-pending: runs whose tracker did not take everything yet (retried)
+    if tracked or os.path.isdir(os.path.join(home_path(), "tracking-pending")):
         from trebuchet.tracking import close_ended
 
         close_ended(store, tracked)
 
 
-def render(source: Source, on: str = "local", overrides: Sequence[str] = ()) -> str:
+def render(
+    source: Source, on: str = "local", overrides: Sequence[str] = (), multirun: bool = False
+) -> str:
     """`treb render`: what would be submitted (a sweep: every point, as `treb run` would
     start them); the preflight checks and the checks for tools needed only to run do not
     apply."""
-    base, engine, points = _expand(source, on, overrides)
+    base, engine, points = _expand(source, on, overrides, multirun=multirun)
     return engine.render(base) if points is None else engine.render_sweep(points)
 
 

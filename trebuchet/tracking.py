@@ -11,13 +11,18 @@ Who logs what:
 - the Slurm job controller (runtime/tracking.py `mark`): the final status as soon as the
   job ends, also when nobody follows it, and RUNNING again after a requeue.
 
-Nothing here fails or holds up a run: every request has a short timeout, a tracker that
-fails is a warning and a `tracking_failed` event, and a server that did not answer is not
-asked again by this process. It imports neither mlflow nor wandb, nor pydantic.
+Nothing here fails or holds up a run: a run's requests have a deadline all together (5 s
+at submission, 3 s at the end; a server that trickles its answer is left behind at it), a
+tracker that fails is a warning and a `tracking_failed` event, and a server that did not
+answer is not asked again by this process. What did not get through is kept in the run's
+`tracking-pending.json` (runtime/tracking.py) and sent by the next `treb` that refreshes
+runs (`retry_pending`), the status first. It imports neither mlflow nor wandb, nor
+pydantic.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -39,6 +44,8 @@ if TYPE_CHECKING:
 Warn = Callable[[str], None]
 CLOSED = "tracking-closed"  # claimed by the one process that logs a run's end
 MAX_METRIC_POINTS = 1_000_000  # per run, sent to MLflow at its end
+RETRY_BUDGET_S = 3.0  # one command's ends and retries, all runs together
+PENDING_DIR = "tracking-pending"  # TREB_HOME/tracking-pending/<run id>: runs with items left
 _down: dict[str, str] = {}  # tracking URI -> why it failed in this process: not asked again
 
 
@@ -107,8 +114,9 @@ def open_sweep(sweep_id: str, loaded: LoadedSpec, points: int, warn: Warn | None
         return None
     try:
         exp = client.experiment_id(experiment)
-        tags = [("treb.sweep_id", sweep_id), ("treb.points", str(points)),
-                *_common_tags(loaded)]  # fmt: skip
+        hide = hider(loaded.spec.secrets)
+        tags = [(k, hide(v)) for k, v in [("treb.sweep_id", sweep_id),
+                ("treb.points", str(points)), *_common_tags(loaded)]]  # fmt: skip
         info = client.create_run(exp, f"{loaded.spec.name}-{sweep_id}", tags)
     except MlflowError as exc:
         if uri not in _down and warn:
@@ -134,7 +142,15 @@ def open_run(
                          "entity": wandb.entity, "group": sweep_id}  # fmt: skip
     target = mlflow_target(loaded, os.environ)
     if target is not None:
-        ml = _open_mlflow(sub, target, params or {}, sweep_id, parent, warn)
+        try:
+            ml = _open_mlflow(sub, target, params or {}, sweep_id, parent, warn)
+        except KeyboardInterrupt:  # Ctrl+C while the server is asked: the run never starts
+            from trebuchet.store import lifecycle
+
+            with contextlib.suppress(Exception):
+                lifecycle.ended(sub.store, rec.id, CANCELLED, "interrupted (Ctrl+C) before it "
+                                "started, while its MLflow run was being created")  # fmt: skip
+            raise
         if ml:
             info["mlflow"] = ml
     if info:
@@ -167,22 +183,68 @@ def _open_mlflow(
                   ("treb.retries", str(spec.retries)),
                   ("treb.commit", rec.git_commit or "")]  # fmt: skip
     run_params += sorted(params.items())  # a sweep point's own values: the user's names
-    info = None
+    hide = hider(spec.secrets)  # a secret's value in any of them is sent as its name
+    tags = [(k, hide(v)) for k, v in tags]
+    run_params = [(k, hide(v)) for k, v in run_params]
     try:
         exp = parent["experiment_id"] if parent else client.experiment_id(experiment)
         info = client.create_run(exp, spec.name, tags)
+    except MlflowError as exc:
+        _fail(uri, exc, sub.run_dir, warn)
+        return None
+    # The run exists: the ranks log into it whatever happens next. What does not get
+    # through within the budget is kept for the next `treb` (retry_pending).
+    rest: dict[str, Any] = {"params": [list(p) for p in run_params], "artifacts": ["spec.yaml"]}
+    try:
         client.log_batch(info["run_id"], params=run_params)
-        spec_text = (sub.run_dir / "spec.yaml").read_bytes()
+        del rest["params"]
+        spec_text = hide((sub.run_dir / "spec.yaml").read_text(errors="replace")).encode()
         client.upload(info["artifact_uri"], "spec.yaml", spec_text)
+        del rest["artifacts"]
     except (MlflowError, OSError) as exc:
         err = exc if isinstance(exc, MlflowError) else MlflowError(str(exc))
         _fail(uri, err, sub.run_dir, warn)
-        if info is None:
-            return None  # else the run exists: the ranks still log into it
+        try:
+            rt.defer(str(sub.run_dir), rest, str(err))
+            _remember(rec.id)
+        except OSError:
+            pass
     append_event(sub.run_dir, "mlflow_run", run_id=info["run_id"], experiment_id=exp, uri=uri)
     return {"uri": uri, "experiment_id": exp, "run_id": info["run_id"],
             "artifact_uri": info.get("artifact_uri", ""),
             "parent_run_id": parent["run_id"] if parent else None}  # fmt: skip
+
+
+# Credentials trebuchet knows by name (spec/model.py TRACKER_SECRETS; not imported: pydantic).
+CREDENTIALS = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD", "WANDB_API_KEY")
+
+
+def hider(secrets: Any, environ: Mapping[str, str] = os.environ) -> Callable[[str], str]:
+    """text -> text with the value of each secret (the spec's `secrets`, the tracker
+    credentials; as this process's environment has them, 4 characters or more) replaced
+    by `${NAME}`: what trebuchet sends a tracker (tags, params, spec.yaml, the diagnosis
+    with its log lines) never carries a secret's value, whatever the program printed."""
+    names = {*CREDENTIALS, *(str(n) for n in secrets or ())}
+    found = [(environ[n], n) for n in names if len(environ.get(n) or "") >= 4]
+    found += [(json.dumps(v)[1:-1], n) for v, n in found]  # as a JSON string holds it
+    values = sorted(set(found), key=lambda pair: -len(pair[0]))
+
+    def hide(text: str) -> str:
+        text = str(text)
+        for value, name in values:
+            text = text.replace(value, "${" + name + "}")
+        return text
+
+    return hide
+
+
+def _run_hider(run_dir: Path) -> Callable[[str], str]:
+    """hider() of a run: its secrets' names from its spec.json."""
+    try:
+        spec = json.loads((run_dir / "spec.json").read_text())
+    except (OSError, ValueError):
+        spec = {}
+    return hider(spec.get("secrets") if isinstance(spec, dict) else None)
 
 
 def _common_tags(loaded: LoadedSpec) -> list[tuple[str, str]]:
@@ -198,21 +260,35 @@ def _common_tags(loaded: LoadedSpec) -> list[tuple[str, str]]:
 
 
 # -- the end of a run -------------------------------------------------------------------------
-def claim(path: Path) -> bool:
-    """True for the one process that creates `path` (O_EXCL): it logs the end, once."""
+def claim(path: Path, owner: str = "") -> bool:
+    """True for the one process that creates `path` (O_EXCL): it logs the end, once. With
+    `owner`, the file says who claimed it, and that owner's later tries claim it again."""
     try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
+        if owner:
+            try:
+                return path.read_text() == owner
+            except OSError:
+                return False
         return False
     except OSError:
         return False
+    try:
+        if owner:
+            os.write(fd, owner.encode())
+    finally:
+        os.close(fd)
     return True
 
 
-def close(store: Store, run_id: str) -> None:
-    """Log the end of a run that has ended: metrics, diagnosis, final status; then the
-    sweep's parent when this was its last point. Once per run (the `tracking-closed`
-    claim); never raises."""
+def close(store: Store, run_id: str, budget: float = rt.END_TIMEOUT_S) -> None:
+    """Log the end of a run that has ended, within `budget` seconds for all its requests:
+    the final status first, then the end tags, metrics, diagnosis, and the sweep's parent
+    when this was its last point. Once per run (the `tracking-closed` claim); what does not
+    get through (all of it when no time is left, or the server failed in this process)
+    stays in the run's pending file and the next `treb` that sees the run sends it
+    (`retry_pending`). Never raises."""
     rec = store.get(run_id)
     if rec is None or rec.state not in TERMINAL:
         return
@@ -221,35 +297,191 @@ def close(store: Store, run_id: str) -> None:
     ml = (info or {}).get("mlflow")
     if not ml or not claim(run_dir / CLOSED):
         return
-    client = Mlflow(ml["uri"], timeout=rt.END_TIMEOUT_S)
-    try:
-        points, note = _metrics(store, rec)
-        if note:
-            append_event(run_dir, "mlflow_metrics", note=note)
-        tags = [("treb.attempts", str(rec.attempt + 1))]
-        if rec.exit_code is not None:
-            tags.append(("treb.exit_code", str(rec.exit_code)))
-        if rec.state != SUCCEEDED:
-            tags += _diagnosis(store, rec, client, ml["artifact_uri"])
-        client.log_batch(ml["run_id"], tags=tags, metrics=points)
-    except MlflowError as exc:
-        rt.failed(str(run_dir), "mlflow", str(exc))
-        if exc.unreachable:  # one timeout is enough
-            return
-    except Exception as exc:  # noqa: BLE001 - a tracker never breaks the caller
-        rt.failed(str(run_dir), "mlflow", f"{type(exc).__name__}: {exc}")
-    if not rt.mark(str(run_dir), rec.state, _reason(store, rec)):
-        return
+    status = rt.status_item(rec.state, _reason(store, rec))
+    if rec.ended_at:
+        status["end_ms"] = int(rec.ended_at * 1000)
+    tags = [["treb.attempts", str(rec.attempt + 1)]]
+    if rec.exit_code is not None:
+        tags.append(["treb.exit_code", str(rec.exit_code)])
+    items: dict[str, Any] = {"status": status, "tags": tags, "metrics": {"sent": 0}}
+    if rec.state != SUCCEEDED:
+        items["diagnosis"] = True
     if rec.sweep_id and ml.get("parent_run_id"):
-        _close_sweep(store, rec.sweep_id)
+        items["sweep"] = rec.sweep_id
+    try:  # kept first: a process killed while it sends leaves them for the next `treb`
+        rt.defer(str(run_dir), items)
+    except OSError as exc:
+        rt.failed(str(run_dir), "mlflow", f"pending file: {exc}")
+        return
+    if budget <= 0 or ml["uri"] in _down:
+        _remember(rec.id)
+        return
+    if not flush(store, rec, Mlflow(ml["uri"], timeout=min(budget, rt.END_TIMEOUT_S))):
+        _down[ml["uri"]] = str(rt.pending(str(run_dir)).get("error") or "did not answer")
 
 
 def close_ended(store: Store, runs: list[RunRecord]) -> None:
-    """After a refresh: the tracked runs among `runs` (active before it) that have ended."""
+    """After a refresh: the tracked runs among `runs` (active before it) that have ended;
+    then what earlier tries left pending, on any run (`retry_pending`). All of it within
+    RETRY_BUDGET_S: `treb ps` over many runs that ended does not wait for each; what is
+    left over is kept for the next command."""
+    deadline = time.monotonic() + RETRY_BUDGET_S
     for rec in runs:
         run_dir = Path(rec.run_dir)
         if (run_dir / rt.FILE).exists() and not (run_dir / CLOSED).exists():
-            close(store, rec.id)
+            close(store, rec.id, deadline - time.monotonic())
+    retry_pending(store, deadline - time.monotonic())
+
+
+# -- what did not get through: sent again by the next `treb` ------------------------------------
+
+
+def _marker(run_id: str) -> Path:
+    from trebuchet.store.paths import home_path
+
+    return home_path() / PENDING_DIR / run_id
+
+
+def _remember(run_id: str) -> None:
+    path = _marker(run_id)
+    try:
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        path.touch(mode=0o600)
+    except OSError:
+        pass
+
+
+def _forget(run_id: str) -> None:
+    path = _marker(run_id)
+    try:
+        path.unlink()
+        path.parent.rmdir()  # the last one: `treb ps` then finds no folder to look into
+    except OSError:
+        pass
+
+
+def _retry_later(run_dir: Path, error: str) -> None:
+    """A try failed: the next one not before a delay that doubles (at most a minute)."""
+
+    def note(kept: dict[str, Any]) -> None:
+        tries = int(kept.get("tries") or 0) + 1
+        kept.update(tries=tries, error=error, next_try=time.time() + min(60, 2 ** (tries - 1)))
+
+    with contextlib.suppress(OSError):
+        rt.update(str(run_dir), note)
+
+
+def retry_pending(store: Store, budget: float = RETRY_BUDGET_S) -> None:
+    """Send what earlier tries left, run by run, within `budget` seconds for them all; a
+    server that fails is not asked again by this process. Never raises."""
+    from trebuchet.store.paths import RUN_ID_RE, home_path
+
+    folder = home_path() / PENDING_DIR
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return
+    deadline = time.monotonic() + budget
+    for run_id in names:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            rec = store.get(run_id) if RUN_ID_RE.match(run_id) else None
+        except Exception:  # noqa: BLE001 - a tracker never breaks the caller
+            return
+        run_dir = Path(rec.run_dir) if rec else None
+        items = rt.pending(str(run_dir)) if run_dir else {}
+        ml = ((rt.load(str(run_dir)) or {}).get("mlflow") if run_dir else None) or {}
+        if rec is None or not items or not ml:
+            _forget(run_id)
+            continue
+        if float(items.get("next_try") or 0) > time.time() or ml["uri"] in _down:
+            continue
+        if not flush(store, rec, Mlflow(ml["uri"], timeout=min(rt.END_TIMEOUT_S, left))):
+            _down[ml["uri"]] = str(rt.pending(str(run_dir)).get("error") or "did not answer")
+
+
+def flush(store: Store, rec: RunRecord, client: Mlflow) -> bool:
+    """Send the run's pending items in order (the status first), each dropped from the
+    pending file once the server took it; True when nothing is left. Within the client's
+    budget; never raises."""
+    run_dir = Path(rec.run_dir)
+    ml = ((rt.load(str(run_dir)) or {}).get("mlflow")) or {}
+    items = rt.pending(str(run_dir))
+    for key in rt.ORDER:
+        if key not in items or not ml:
+            continue
+        value = items[key]
+        try:
+            _send(store, rec, client, ml, key, value)
+        except MlflowError as exc:
+            rt.failed(str(run_dir), "mlflow", str(exc))
+            if not exc.lasting:  # not answered, or not now: again later
+                _retry_later(run_dir, str(exc))
+                _remember(rec.id)
+                return False
+        except Exception as exc:  # noqa: BLE001 - a file gone, a bug: an event, not a retry loop
+            rt.failed(str(run_dir), "mlflow", f"{key}: {type(exc).__name__}: {exc}")
+        with contextlib.suppress(OSError):
+            rt.settle(str(run_dir), key, value)
+        if key == "status":
+            rt.sent(str(run_dir), value)
+    if rt.pending(str(run_dir)):  # kept meanwhile by another process (a Slurm controller)
+        _remember(rec.id)
+        return True
+    _forget(rec.id)
+    return True
+
+
+def _send(store: Store, rec: RunRecord, client: Mlflow, ml: dict, key: str, value: Any) -> None:
+    run_id = ml["run_id"]
+    run_dir = Path(rec.run_dir)
+    hide = _run_hider(run_dir)
+    if key == "status":
+        rt.send_status(client, run_id, {**value, "reason": hide(value.get("reason") or "")})
+    elif key == "tags":
+        client.log_batch(run_id, tags=[(k, hide(v)) for k, v in value])
+    elif key == "params":
+        client.log_batch(run_id, params=[(k, hide(v)) for k, v in value])
+    elif key == "artifacts":
+        for name in value:
+            text = hide((run_dir / name).read_text(errors="replace"))
+            client.upload(ml["artifact_uri"], name, text.encode())
+    elif key == "metrics":
+        _send_metrics(store, rec, client, run_id, int(value.get("sent") or 0))
+    elif key == "diagnosis":
+        if not isinstance(value, dict):  # computed once, by the first try: then kept as sent
+            value = _diagnosis(store, rec, hide)
+            with contextlib.suppress(OSError):
+                rt.update(str(run_dir), lambda kept: kept.update(diagnosis=value)
+                          if "diagnosis" in kept else None)  # fmt: skip
+        client.upload(ml["artifact_uri"], "diagnosis.txt", value["txt"].encode())
+        client.upload(ml["artifact_uri"], "diagnosis.json", value["json"].encode())
+        if value.get("cause"):
+            client.log_batch(run_id, tags=[("treb.cause", value["cause"])])
+    elif key == "sweep":
+        _close_sweep(store, str(value), rec.id, client)
+
+
+def _send_metrics(store: Store, rec: RunRecord, client: Mlflow, run_id: str, done: int) -> None:
+    """The metrics from point `done` on; the pending file follows each log-batch call."""
+    points, note = _metrics(store, rec)
+    run_dir = str(rec.run_dir)
+    if note and not done:
+        append_event(Path(run_dir), "mlflow_metrics", note=note)
+    count = [done]
+
+    def advance(n: int) -> None:
+        count[0] += n
+
+        def note_sent(kept: dict[str, Any]) -> None:
+            if "metrics" in kept:
+                kept["metrics"] = {"sent": max(count[0], int(kept["metrics"].get("sent") or 0))}
+
+        rt.update(run_dir, note_sent)
+
+    client.log_batch(run_id, metrics=points[done:], sent=advance)
 
 
 def _reason(store: Store, rec: RunRecord) -> str:
@@ -260,7 +492,9 @@ def _reason(store: Store, rec: RunRecord) -> str:
 def _metrics(store: Store, rec: RunRecord) -> tuple[list[dict[str, Any]], str]:
     """The run's metrics (store/metrics.py: read from the rank logs by the agents, ingested
     here first so that the last points count) as MLflow metrics, each series of the
-    lowest rank that has it; a note when none can be sent."""
+    lowest rank that has it; a note when none can be sent. The same list on every try (a
+    point without a time gets the run's end), so a retry resumes where the last one
+    stopped."""
     fetch = getattr(store, "metrics", None)
     if fetch is None:
         return [], "this trebuchet has no metrics store: only the program's own logging"
@@ -271,45 +505,50 @@ def _metrics(store: Store, rec: RunRecord) -> tuple[list[dict[str, Any]], str]:
     else:
         ingest(store, rec)
     out: list[dict[str, Any]] = []
+    fallback = rec.ended_at or rec.created_at
     for name, points in sorted(fetch(rec.id).items()):
         for step, value, at in points:
             if value is None:
                 continue
-            ms = int(float(at or rec.ended_at or time.time()) * 1000)
-            out.append(metric(str(name), float(value), int(step or 0), ms))
+            value = float(value)
+            if value != value or value in (float("inf"), float("-inf")):
+                continue  # JSON has no NaN or infinity; MLflow's REST API refuses them
+            ms = int(float(at or fallback) * 1000)
+            out.append(metric(str(name), value, int(step or 0), ms))
             if len(out) >= MAX_METRIC_POINTS:
                 return out, f"only the first {MAX_METRIC_POINTS} points were sent"
     return out, ""
 
 
-def _diagnosis(store: Store, rec: RunRecord, client: Mlflow, artifact_uri: str) -> list:
-    """diagnosis.txt and .json as artifacts; the cause as a tag."""
+def _diagnosis(store: Store, rec: RunRecord, hide: Callable[[str], str]) -> dict[str, str]:
+    """diagnosis.txt and .json (artifacts) and the cause (a tag), secrets' values hidden:
+    they quote the ranks' logs."""
     from trebuchet.diagnose import report
 
     d = report.diagnose_record(store, rec)
-    client.upload(artifact_uri, "diagnosis.txt", report.text(d).encode())
-    client.upload(artifact_uri, "diagnosis.json",
-                  json.dumps(d.to_json(), indent=2, default=str).encode())  # fmt: skip
-    return [("treb.cause", report.cause_line(d))] if d.category else []
+    return {"txt": hide(report.text(d)),
+            "json": hide(json.dumps(d.to_json(), indent=2, default=str)),
+            "cause": hide(report.cause_line(d)) if d.category else ""}  # fmt: skip
 
 
-def _close_sweep(store: Store, sweep_id: str) -> None:
+def _close_sweep(store: Store, sweep_id: str, point: str, client: Mlflow) -> None:
+    """The sweep's parent, once all its points ended: by the point that claims it (again
+    on that point's retries); raises MlflowError when the server did not take it."""
     from trebuchet.store.paths import sweep_file
 
     runs = store.sweep_runs(sweep_id)
     if not runs or any(r.state not in TERMINAL for r in runs):
-        return
+        return  # the last point to end does it
     folder = sweep_file(sweep_id).parent
-    parent = json.loads((folder / f"{sweep_id}.tracking.json").read_text())
-    if not claim(folder / f"{sweep_id}.{CLOSED}"):
+    try:
+        parent = json.loads((folder / f"{sweep_id}.tracking.json").read_text())
+    except (OSError, ValueError):
+        return
+    if not claim(folder / f"{sweep_id}.{CLOSED}", owner=point):
         return
     states = [r.state for r in runs]
     status = ("FINISHED" if all(s == SUCCEEDED for s in states)
               else "KILLED" if CANCELLED in states else "FAILED")  # fmt: skip
-    client = Mlflow(parent["uri"], timeout=rt.END_TIMEOUT_S)
     failed = sum(s != SUCCEEDED for s in states)
-    try:
-        client.log_batch(parent["run_id"], tags=[("treb.failed_points", str(failed))])
-        client.terminate(parent["run_id"], status)
-    except MlflowError:
-        pass  # each point's events.jsonl already says when the server is down
+    client.terminate(parent["run_id"], status)
+    client.log_batch(parent["run_id"], tags=[("treb.failed_points", str(failed))])

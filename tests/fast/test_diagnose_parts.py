@@ -17,9 +17,9 @@ from trebuchet.diagnose.lines import parse
 def test_categories_are_the_issues_names() -> None:
     assert catalog.CATEGORIES == (
         "python_exception", "killed", "gpu_oom", "collective_timeout", "hang", "port_in_use",
-        "network_unreachable", "missing_module", "missing_file", "disk_full",
-        "environment_build", "launch_env_missing", "segfault", "time_limit", "node_failure",
-        "scheduler_refusal", "cancelled", "unknown",
+        "network_unreachable", "missing_module", "bad_command", "missing_file", "disk_full",
+        "environment_build", "setup_failed", "launch_env_missing", "segfault", "aborted", "time_limit",
+        "node_failure", "scheduler_refusal", "cancelled", "unknown",
     )  # fmt: skip
     assert all(catalog.REMEDIES[c] and "\n" not in catalog.REMEDIES[c] for c in catalog.CATEGORIES)
     assert {r.category for r in catalog.RULES} <= set(catalog.CATEGORIES) | {"cascade"}

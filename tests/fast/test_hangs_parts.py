@@ -247,6 +247,82 @@ def test_grouping_names_the_rank_apart_and_native_frames(tmp_path: Path) -> None
     assert dhang.for_run({"run_dir": str(tmp_path), "attempt": 0, "state": "RUNNING"}) is None
 
 
+def _hang_dir(tmp_path: Path, files: dict[int, str], ages: dict[int, float]) -> Path:
+    """An attempt's hang: stack files (rank -> text), progress ages (rank -> seconds)."""
+    adir = tmp_path / "attempt-0"
+    (adir / "stacks").mkdir(parents=True)
+    (adir / "progress").mkdir()
+    now = time.time()
+    for r, text in files.items():
+        (adir / "stacks" / f"rank-{r}.txt").write_text(text)
+    for r, age in ages.items():
+        (adir / "progress" / f"rank-{r}").write_text("x\n")
+        os.utime(adir / "progress" / f"rank-{r}", (now - age, now - age))
+    (adir / "hang.json").write_text(json.dumps({
+        "detected_at": now, "last_progress": now - 12.0, "hang_timeout": 10.0,
+        "action": "fail", "expected": [f"rank-{r}" for r in sorted(ages)],
+        "stacks": [f"rank-{r}" for r in sorted(files)], "attempt_dir": str(adir)}))  # fmt: skip
+    return adir
+
+
+NO_SPY = """\
+# request 1.0-1 method none pid 12
+# host tn2
+# tried: py-spy not found (install py-spy on the nodes)
+# tried: faulthandler: not registered (call trebuchet.dist.enable_stacks() in the program)
+# no stacks: py-spy was not usable and faulthandler not registered
+"""
+
+
+def test_a_node_without_py_spy_is_said_once_and_the_silent_rank_still_named(
+    tmp_path: Path,
+) -> None:
+    """Before: "all 4 ranks wait in no stacks". Now the node that could not dump says why,
+    once, and the progress times name the rank that went silent first."""
+    ages = {0: 12.0, 1: 12.0, 2: 13.0, 3: 41.0}
+    adir = _hang_dir(tmp_path / "all", dict.fromkeys(range(4), NO_SPY), ages)
+    h = dhang.read(adir)
+    assert h.line == ("hang: no stacks on tn2: py-spy not found there; rank 3 went silent "
+                      "first, 41s before the hang was seen (the others 13s or less)")  # fmt: skip
+    assert h.odd is not None and h.odd.name == "rank-3"
+    found = dhang.for_run({"run_dir": str(adir.parent), "attempt": 0, "state": "FAILED"})
+    assert found is not None and found["rank"] == 3
+    spied = PYSPY_NATIVE.replace("pid 10\n", "pid 10\n# host tn1\n")
+    half = _hang_dir(tmp_path / "half", {0: spied, 1: spied, 2: NO_SPY, 3: NO_SPY}, ages)
+    assert dhang.read(half).line == (
+        "hang: 2 of 4 ranks wait in _engine_run_backward (train.py:88) "
+        "[native: c10d::Reducer::wait_for_pending_grads]; no stacks on tn2 (ranks 2, 3): "
+        "py-spy not found there; rank 3 went silent first, 41s before the hang was seen "
+        "(the others 13s or less)"
+    )
+    even = _hang_dir(tmp_path / "even", dict.fromkeys(range(2), NO_SPY), {0: 12.0, 1: 13.0})
+    assert dhang.read(even).line == "hang: no stacks on tn2: py-spy not found there"
+
+
+def test_a_stack_file_names_its_node(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TREB_PY_SPY", "")
+    adir = tmp_path / "attempt-0"
+    adir.mkdir()
+    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(120)"])
+    try:
+        _hang_with_stacks(adir, proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    [rs] = dhang.read(adir).ranks
+    assert (rs.host, rs.why) == (os.uname().nodename, "py-spy not found there")
+
+
+def test_py_spy_comes_with_a_plain_install() -> None:
+    """`pip install trebuchet` brings py-spy (manylinux wheels, a single binary), so a
+    hang has stacks without an extra; this venv, installed as `make` does, has it."""
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(d.replace(" ", "").startswith("py-spy>=0.4,<0.5") for d in deps), deps
+    assert stacks.find_py_spy() is not None
+
+
 SPEC = "command: python train.py\nnodes: 2\n"
 
 

@@ -205,7 +205,7 @@ CASES = [
     (
         "sweep-override-millions",
         "command: x\n",
-        "render",
+        "render --sweep",
         [f"env.V{i}=" + ",".join(str(j) for j in range(30)) for i in range(5)],
         None,
         ["sweep:", "24300000 points"],
@@ -588,6 +588,31 @@ def test_runtime_policy_match_is_bounded_in_time(tmp_path: Path) -> None:
     assert match([{"pattern": "(a+)+$"}, {"pattern": "CUDA"}], [log], timeout=1) is None
     found = match([{"pattern": "nope"}, {"pattern": "CUDA out"}], [log])
     assert found == ({"pattern": "CUDA out"}, "CUDA out of memory")
+
+
+def test_the_controllers_matcher_serves_a_run_and_is_replaced_after_a_timeout(
+    tmp_path: Path,
+) -> None:
+    """The job controller's matcher (started while an attempt runs, so that a retry does
+    not wait for an interpreter) answers search after search in one child; a search that
+    times out kills it, and the next one starts another; closing it leaves no process."""
+    from trebuchet.runtime.policies import Matcher, match
+
+    log = tmp_path / "rank-0.log"
+    log.write_text("a" * 64 + "b\nOSError: Address already in use\n")
+    port = [{"pattern": "Address already in use"}]
+    matcher = Matcher()
+    matcher.start()
+    pid = matcher.pid
+    assert match(port, [log], matcher=matcher) == (port[0], "OSError: Address already in use")
+    assert match([{"pattern": "nope"}], [log], matcher=matcher) is None
+    assert matcher.pid == pid  # the same child both times
+    assert match([{"pattern": "(a+)+$"}], [log], timeout=1, matcher=matcher) is None
+    assert matcher.pid is None  # killed
+    assert match(port, [log], matcher=matcher) is not None and matcher.pid not in (None, pid)
+    child = matcher.proc
+    matcher.close()
+    assert child is not None and child.returncode is not None and matcher.pid is None
 
 
 def test_battery_is_large_enough() -> None:

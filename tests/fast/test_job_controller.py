@@ -273,3 +273,39 @@ def test_near_the_engines_own_limit_a_timeout_is_requeued(tmp_path: Path) -> Non
     state, e = run(tmp_path, [Script(runs=30, limit_near=True)], retries=1, timeout=0.05,
                    warning=0.01)  # fmt: skip
     assert state == "TIMEOUT" and "requeue" in e.calls and "start:1" not in e.calls
+
+
+def test_a_jump_of_the_wall_clock_does_not_end_the_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wall clock jumps 2 h forward while `pre` runs (NTP, a VM resumed): the attempt's
+    timeout counts on the monotonic clock, so a 0.05 s attempt under a 5 s timeout succeeds
+    (it ended TIMEOUT at once when the timeout started from the wall clock's start)."""
+    engine_pre = FakeEngine.pre_post
+    real = time.time
+
+    def pre_post(self: FakeEngine, when: str, attempt: int) -> bool:
+        monkeypatch.setattr(time, "time", lambda: real() + 7200)
+        return engine_pre(self, when, attempt)
+
+    monkeypatch.setattr(FakeEngine, "pre_post", pre_post)
+    state, e = run(tmp_path, [Script(runs=0.05)], timeout=5.0, warning=1.0)
+    assert state == "SUCCEEDED" and "checkpoint:SIGUSR2" not in e.calls
+
+
+def test_ranks_that_ended_while_the_controller_was_stopped_are_not_a_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller's process is stopped (SIGSTOP, a laptop's suspend) past the timeout
+    while the ranks end well: when it runs again, their end is what counts, not its clock
+    (it recorded TIMEOUT)."""
+    real_poll = FakeEngine.poll
+
+    def poll(self: FakeEngine) -> bool:
+        if real_poll(self):
+            time.sleep(0.3)  # stopped here, past the timeout; the ranks end meanwhile
+        return real_poll(self)
+
+    monkeypatch.setattr(FakeEngine, "poll", poll)
+    state, e = run(tmp_path, [Script(runs=0.05)], timeout=0.2)
+    assert state == "SUCCEEDED" and "stop" not in e.calls

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -260,3 +261,113 @@ def test_spec_metrics_block_errors(treb, tmp_path: Path) -> None:
     spec.write_text("command: echo hi\nmetrics: {ranks: most}\n")
     res = treb("render", str(spec), "--on", "local")
     assert res.returncode == 2 and "metrics.ranks" in res.stderr
+
+
+HOSTILE = [  # (line, values kept, values dropped as not finite)
+    (b'{"loss": 1' + b"0" * 400 + b"}", {}, 1),  # an int no float holds: OverflowError
+    (b'{"a": ' + b"[" * 1100 + b"]" * 1100 + b"}", {}, 0),  # 2 KB, 1,100 deep: RecursionError
+    (b"[" * 1100 + b"]" * 1100, {}, 0),
+    (b"{'a': " + b"(" * 1100 + b")" * 1100 + b", 'loss': 1.0}", {}, 0),  # a deep literal
+    (b"{'loss': 1" + b"0" * 5000 + b"}", {}, 0),  # past the int's digit limit
+    (b"performance: 1e999 samples_per_second", {}, 1),
+    (b"performance: 1" + b"0" * 400 + b" tokens", {}, 1),
+    (b'{"loss": NaN, "acc": Infinity, "lr": -Infinity, "ok": 2}', {"ok": 2.0}, 3),
+    (b'{"step": 1e999, "loss": 0.5}', {"loss": 0.5}, 0),  # the step: none, not inf
+    (b'{"step": NaN, "loss": 0.5}', {"loss": 0.5}, 0),
+    (b'{"a": {"b": ' * 20 + b"1" + b"}" * 40, {}, 0),  # nested but shallow: decoded, no number
+    (b'{"s": "' + b"[" * 100 + b'", "loss": 3}', {}, 0),  # brackets in a string count too
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("line, values, dropped", HOSTILE)
+def test_parse_is_total_on_hostile_lines(line: bytes, values: dict, dropped: int) -> None:
+    """Whatever a rank prints, a line yields finite points or nothing: never an exception
+    (the reader runs in the node agent; an OverflowError there made the run LOST)."""
+    step, got, n = rm.read(line, rm.Config(prefix="m:"))
+    assert (got, n) == (values, dropped)
+    assert step is None or math.isfinite(step)
+    assert rm.parse(line) == (step, got)
+
+
+def test_parse_non_finite_from_patterns_and_pairs_is_dropped() -> None:
+    c = rm.Config(prefix="m:", patterns=[r"epoch (?P<step>\S+) loss (?P<loss>\S+)"])
+    assert rm.read(b"epoch 1e999 loss 1e999", c) == (None, {}, 1)
+    assert rm.read(b"x m: step=1e999 loss=1e999 acc=0.5", c) == (None, {"acc": 0.5}, 1)
+
+
+def test_writer_caps_names_and_carries_what_it_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.jsonl"
+    w = rm.Writer(str(path))
+    w.add(1.0, {f"m{i}": 1.0 for i in range(rm.MAX_NAMES - 1)}, 1.0)
+    w.add(2.0, {"m0": 2.0, "new1": 1.0, "new2": 1.0, "new3": 1.0}, 2.0, nonfinite=2)
+    w.add(3.0, {"late": 1.0}, 3.0)  # past the cap, nothing else: not written
+    w.add(4.0, {}, 4.0, nonfinite=1)
+    w.close()  # what is left to say goes out in a last line
+    got = points(path)
+    assert len({k for p in got for k in p["m"]}) == rm.MAX_NAMES
+    assert got[1]["m"] == {"m0": 2.0, "new1": 1.0} and got[1]["x"] == {"nonfinite": 2, "names": 2}
+    assert got[-1]["m"] == {} and got[-1]["x"] == {"nonfinite": 1, "names": 1}
+
+
+def test_ingest_never_stores_non_finite_and_caps_names_once(
+    treb_home: Path, tmp_path: Path
+) -> None:
+    """An older runtime's file (Infinity, NaN as json.dumps writes them) and more names
+    than a run keeps: finite points only, the rest counted, one `metrics_capped` event."""
+    treb_home.mkdir()
+    store = Store()
+    rec = make_run(store, tmp_path / "run")
+    metrics = tmp_path / "run" / "attempt-0" / "metrics"
+    metrics.mkdir(parents=True)
+    (metrics / "rank-0.jsonl").write_text(
+        '{"t": 1, "s": 1, "m": {"loss": Infinity, "acc": NaN, "lr": 0.1}}\n'
+        '{"t": 2, "s": Infinity, "m": {"loss": 1.0}}\n'
+        '{"t": 3, "s": 3, "m": {"loss": 0.5}, "x": {"nonfinite": 4, "names": 7}}\n'
+    )
+    names = {f"r0_{i}": float(i) for i in range(200)}
+    jsonl(metrics / "rank-1.jsonl", [(1, names)])
+    assert sm.ingest(store, rec) == 2 + 200
+    jsonl(metrics / "rank-2.jsonl", [(1, {f"r2_{i}": 1.0 for i in range(100)} | {"lr": 0.2})])
+    sm.ingest(store, rec)
+    got = store.metrics(rec.id)
+    assert got["loss"] == [(3, 0.5, 3.0)] and "acc" not in got
+    assert len(sm.latest(store, rec.id)) == rm.MAX_NAMES
+    kept_r2 = sm.MAX_NAMES - 2 - 200  # loss and lr, then rank 1's 200 names
+    assert sm.dropped(store, rec.id) == {"nonfinite": 2 + 1 + 4, "names": 7 + 100 - kept_r2}
+    jsonl(metrics / "rank-2.jsonl", [(2, {"r2_99": 1.0})])
+    sm.ingest(store, rec)  # capped again: counted, not said again
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").open()]
+    assert [e["max_names"] for e in events if e["event"] == "metrics_capped"] == [256]
+    values = store.conn.execute("SELECT value, last_value FROM metrics, metric_series").fetchall()
+    assert all(math.isfinite(v) for row in values for v in row)
+
+
+def test_a_stored_infinity_never_crashes_a_verb(
+    treb_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An index written before values were checked holds inf: `treb metrics` (table,
+    --json, --csv), `treb results` (with --metric) and the summary read it without a
+    traceback, showing no value for it."""
+    from trebuchet.cli.report import metrics_lines
+    from trebuchet.results import collect
+
+    treb_home.mkdir()
+    store = Store()
+    rec = make_run(store, tmp_path / "run", rid="inf01234")
+    lifecycle.ended(store, rec.id, "SUCCEEDED")
+    jsonl(tmp_path / "run" / "attempt-0" / "metrics" / "rank-0.jsonl",
+          [(1, {"loss": 2.0, "perf": 3.0}), (2, {"loss": 1.0, "perf": 4.0})])  # fmt: skip
+    sm.ingest(store, rec)
+    with store.transaction() as c:  # as the old ingest stored `performance: 1e999`
+        c.execute("UPDATE metrics SET value = 9e999 WHERE name = 'loss' AND step = 1")
+        c.execute("UPDATE metric_series SET last_value = 9e999 WHERE name = 'perf'")
+        c.execute("DROP TABLE metric_dropped")  # and had no such table
+    collect.collect(store, store.get(rec.id))
+    with store.transaction() as c:
+        c.execute("UPDATE results SET performance = 9e999, status = 'SUCCESS'")
+    for argv in (["metrics", "inf0"], ["metrics", "inf0", "--json"], ["metrics", "inf0", "--csv"],
+                 ["results", "inf0", "-m", "loss", "-m", "perf"], ["results", "--json"]):  # fmt: skip
+        assert main(argv) == 0, argv
+        out = capsys.readouterr().out
+        assert "inf" not in out.lower().replace("inf0", ""), (argv, out)
+    assert metrics_lines(store, store.get(rec.id)) == ["metrics: loss 1 (`treb metrics inf01234`)"]

@@ -80,13 +80,19 @@ def test_render_matches_golden_and_schema(launcher, tmp_path, capsys, monkeypatc
     assert job["spec"]["backoffLimitPerIndex"] == 1 and job["spec"]["maxFailedIndexes"] == 0
     assert "backoffLimit" not in job["spec"]
     pod = job["spec"]["template"]["spec"]
-    assert pod["subdomain"] == service["metadata"]["name"] == "k8s-job-v2"
-    assert pod["volumes"][0] == {"name": "treb", "configMap": {"name": "k8s-job-v2"}}
+    # the objects of one run: the workload's name and the run id (RUN_ID in a render)
+    assert pod["subdomain"] == service["metadata"]["name"] == "k8s-job-v2-run-id"
+    assert job["metadata"]["name"] == configmap["metadata"]["name"] == "k8s-job-v2-run-id"
+    assert pod["volumes"][0] == {"name": "treb", "configMap": {"name": "k8s-job-v2-run-id"}}
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
     (c,) = pod["containers"]
-    assert c["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": "4"}, "requests": {"cpu": "4"}}
     env = {e["name"]: e for e in c["env"]}
+    # the Secret is the workload's, one for all its runs
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "k8s-job-v2", "key": "HF_TOKEN"}
-    assert env["MASTER_ADDR"]["value"] == "k8s-job-v2-0.k8s-job-v2"
+    assert env["MASTER_ADDR"]["value"] == "k8s-job-v2-run-id-0.k8s-job-v2-run-id"
+    assert "kubectl create secret generic k8s-job-v2 --from-literal=HF_TOKEN" in out
     assert env["LITERAL"]["value"] == "$$(not a reference)"  # $$ is Kubernetes' escape
     assert env["TREB_ATTEMPT"]["valueFrom"] == {"fieldRef": {"fieldPath": FAILURE_COUNT}}
     assert "FROM_SECRET" not in env  # expanded by the node agent (job.json's secret_env)
@@ -122,13 +128,20 @@ def test_image_from_environment_and_no_gpus(tmp_path, capsys) -> None:
     docs = [d for d in yaml.safe_load_all(out) if d]
     validate(docs)
     c = docs[2]["spec"]["template"]["spec"]["containers"][0]
-    assert c["image"] == "i" and "resources" not in c
+    assert c["image"] == "i" and c["resources"] == {"requests": {"cpu": "1"}}  # one rank
 
 
 @pytest.mark.parametrize(
     "spec,why",
     [
-        ("command: x\n", "a pod needs an image"),
+        (
+            "command: x\nkubernetes: {namespace: ns}\n",
+            "job.yaml:2: kubernetes.image: a pod needs an image",
+        ),
+        (
+            "command: x\nkubernetes: {image: i}\nlauncher: horovod\n",
+            "job.yaml:3: launcher: horovod is not rendered for Kubernetes",
+        ),
         (
             "command: x\nkubernetes: {image: i}\nenvironment: {image: i, mounts: ['/a:/a']}\n",
             "job.yaml:3: environment.mounts: a pod cannot bind-mount host paths",
@@ -142,7 +155,10 @@ def test_image_from_environment_and_no_gpus(tmp_path, capsys) -> None:
             "job.yaml:2: kubernetes.checkpoint_volume",
         ),
         ("command: x\nkubernetes: {image: i, code_dir: app}\n", "job.yaml:2: kubernetes.code_dir"),
-        ("command: x\nkubernetes: {image: i}\ngpus_per_node: -1\n", "gpus_per_node: -1"),
+        (
+            "command: x\nkubernetes: {image: i}\ngpus_per_node: -1\n",
+            "job.yaml:3: gpus_per_node: -1",
+        ),
     ],
 )
 def test_refused_with_exit_2(spec, why, tmp_path, capsys) -> None:
@@ -166,9 +182,10 @@ def test_code_archive_environment_and_checkpoint_volume(tmp_path, capsys) -> Non
                             "kubernetes: {image: 'python:3.12', checkpoint_volume: ckpt}\n")  # fmt: skip
     assert code == 0, err
     head = [line for line in out.splitlines() if line.startswith("#")][:4]
-    assert head[1].endswith("the code snapshot the pod unpacks into /treb-code "
+    assert head[1].startswith("# The Job, Service and ConfigMap are named after the run")
+    assert head[2].endswith("the code snapshot the pod unpacks into /treb-code "
                             "(archives elided here).")  # fmt: skip
-    assert head[2] == "# GPUs as nvidia.com/gpu." and "Secret" not in out
+    assert head[3] == "# GPUs as nvidia.com/gpu." and "Secret" not in out
     docs = [d for d in yaml.safe_load_all(out) if d]
     validate(docs)
     configmap, pod = docs[0], _pod(docs)
@@ -226,15 +243,68 @@ def _job(name: str, active: int = 0, conditions: list | None = None) -> _Obj:
     return _Obj(metadata=_Obj(name=name), status=_Obj(active=active, conditions=conds))
 
 
+class ApiException(Exception):
+    """The shape of kubernetes.client.exceptions.ApiException: `status`, `reason`."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"({status})\nReason: {reason}\n")
+        self.status, self.reason = status, reason
+
+
+class Cluster:
+    """What the stand-in API server holds: objects by (kind, namespace, name), refused
+    with 409 when the name is taken (as the real API answers), 404 when missing; deleting
+    a Job deletes what its ownerReferences name (the real garbage collector's work)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.uids = 0
+
+    def create(self, kind: str, ns: str, body: dict) -> dict:
+        key = (kind, ns, body["metadata"]["name"])
+        if key in self.objects:
+            raise ApiException(409, f'Conflict: {kind} "{key[2]}" already exists')
+        self.uids += 1
+        stored = json.loads(json.dumps(body))
+        stored["metadata"]["uid"] = f"uid-{self.uids}"
+        self.objects[key] = stored
+        return stored
+
+    def delete(self, kind: str, ns: str, name: str) -> None:
+        gone = self.objects.pop((kind, ns, name), None)
+        if gone is None:
+            raise ApiException(404, f'{kind} "{name}" not found')
+        uid = gone["metadata"]["uid"]
+        for key, obj in list(self.objects.items()):
+            if any(o["uid"] == uid for o in obj["metadata"].get("ownerReferences", [])):
+                del self.objects[key]
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(name for k, _ns, name in self.objects if k == kind)
+
+
 def _stand_in_client(monkeypatch, jobs: dict[str, list], calls: list,
-                     refuse: str | None = None, pods: list | None = None) -> None:  # fmt: skip
+                     refuse: str | None = None, pods: list | None = None,
+                     cluster: Cluster | None = None) -> Cluster:  # fmt: skip
     """A stand-in for the official client (no Kubernetes cluster can run here): the real
-    client's names and shapes, jobs per namespace from the test; each call that changes
-    the cluster is recorded in `calls`; `refuse`: create_from_yaml raises this."""
+    client's names and shapes; `jobs` per namespace from the test, and each Job created
+    (active) added to them; each call that changes the cluster is recorded in `calls`;
+    `refuse`: creating the Job is forbidden with this. Names are unique per kind and
+    namespace, as in the real API (Cluster)."""
+    cluster = cluster or Cluster()
 
     class BatchV1Api:
         def __init__(self, api: object = None) -> None:
             pass
+
+        def create_namespaced_job(self, ns: str, body: dict) -> _Obj:
+            calls.append(("create_job", ns, body))
+            if refuse:
+                raise ApiException(403, refuse)
+            stored = cluster.create("Job", ns, body)
+            jobs.setdefault(ns, []).append(_job(stored["metadata"]["name"], active=1))
+            return _Obj(metadata=_Obj(name=stored["metadata"]["name"],
+                                      uid=stored["metadata"]["uid"]))  # fmt: skip
 
         def list_namespaced_job(self, ns: str, label_selector: str = "") -> _Obj:
             calls.append((ns, label_selector))
@@ -242,6 +312,8 @@ def _stand_in_client(monkeypatch, jobs: dict[str, list], calls: list,
 
         def delete_namespaced_job(self, name: str, ns: str, body: object = None) -> None:
             calls.append(("delete_job", ns, name, body.propagation_policy))
+            cluster.delete("Job", ns, name)
+            jobs[ns] = [j for j in jobs.get(ns, []) if j.metadata.name != name]
 
     class CoreV1Api:
         def __init__(self, api: object = None) -> None:
@@ -249,12 +321,27 @@ def _stand_in_client(monkeypatch, jobs: dict[str, list], calls: list,
 
         def create_namespaced_config_map(self, ns: str, body: dict) -> None:
             calls.append(("create_config_map", ns, body))
+            cluster.create("ConfigMap", ns, body)
+
+        def create_namespaced_service(self, ns: str, body: dict) -> None:
+            calls.append(("create_service", ns, body))
+            cluster.create("Service", ns, body)
+
+        def patch_namespaced_config_map(self, name: str, ns: str, body: dict) -> None:
+            calls.append(("patch_config_map", ns, name))
+            cluster.objects[("ConfigMap", ns, name)]["metadata"].update(body["metadata"])
+
+        def patch_namespaced_service(self, name: str, ns: str, body: dict) -> None:
+            calls.append(("patch_service", ns, name))
+            cluster.objects[("Service", ns, name)]["metadata"].update(body["metadata"])
 
         def delete_namespaced_config_map(self, name: str, ns: str) -> None:
             calls.append(("delete_config_map", ns, name))
+            cluster.delete("ConfigMap", ns, name)
 
         def delete_namespaced_service(self, name: str, ns: str) -> None:
             calls.append(("delete_service", ns, name))
+            cluster.delete("Service", ns, name)
 
         def list_namespaced_pod(self, ns: str, label_selector: str = "") -> _Obj:
             calls.append(("list_pods", ns, label_selector))
@@ -265,9 +352,10 @@ def _stand_in_client(monkeypatch, jobs: dict[str, list], calls: list,
             return {p.metadata.name: log for p, log in pods or []}[name]
 
     def create_from_yaml(api: object, yaml_objects: list, namespace: str) -> None:
-        if refuse:
-            raise RuntimeError(refuse)
-        calls.append(("create_from_yaml", namespace, yaml_objects))
+        for doc in yaml_objects:  # the real utils' generic create, by kind
+            make = {"Service": CoreV1Api().create_namespaced_service,
+                    "Job": BatchV1Api().create_namespaced_job}[doc["kind"]]  # fmt: skip
+            make(namespace, doc)
 
     client = types.ModuleType("kubernetes.client")
     client.BatchV1Api, client.CoreV1Api, client.ApiClient = BatchV1Api, CoreV1Api, object
@@ -281,24 +369,30 @@ def _stand_in_client(monkeypatch, jobs: dict[str, list], calls: list,
     for name, mod in [("kubernetes", pkg), ("kubernetes.client", client),
                       ("kubernetes.config", config), ("kubernetes.utils", utils)]:  # fmt: skip
         monkeypatch.setitem(sys.modules, name, mod)
+    return cluster
+
+
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
 def test_run_creates_the_config_map_before_the_job_and_cancel_deletes_it(
     tmp_path, capsys, treb_home, monkeypatch
 ) -> None:
     """`treb run --on kubernetes`: the ConfigMap (the runtime archive whole, job.json with
-    the run id) first, then the Service and the Job; all valid for Kubernetes 1.30.
+    the run id) first, then the Service and the Job, all named after the run; the
+    ConfigMap and Service then belong to the Job; all valid for Kubernetes 1.30.
     `treb cancel` deletes the Job, the Service and the ConfigMap."""
     calls: list = []
-    _stand_in_client(monkeypatch, {}, calls)
+    cluster = _stand_in_client(monkeypatch, {}, calls)
     spec = tmp_path / "job.yaml"
     spec.write_text("name: k\ncommand: python t.py\nnodes: 2\nkubernetes: {image: i}\n")
     (tmp_path / "t.py").write_text("print(1)\n")
     assert main(["run", str(spec), "--on", "kubernetes", "--detach"]) == 0, capsys.readouterr()
-    (_, ns, configmap), (what, ns2, rest) = calls
-    assert (ns, what, ns2) == ("default", "create_from_yaml", "default")
-    assert [d["kind"] for d in rest] == ["Service", "Job"]
-    validate([configmap, *rest])
+    assert [c[0] for c in calls] == ["create_config_map", "create_service", "create_job",
+                                     "patch_config_map", "patch_service"]  # fmt: skip
+    configmap, service, job_doc = (calls[i][2] for i in range(3))
+    assert {c[1] for c in calls} == {"default"}
+    validate([configmap, service, job_doc])
     name, data = archive()
     assert base64.b64decode(configmap["binaryData"][name]) == data
     # the code archive holds the run's snapshot (job.yaml and t.py here)
@@ -309,31 +403,89 @@ def test_run_creates_the_config_map_before_the_job_and_cancel_deletes_it(
         assert tar.extractfile("t.py").read() == b"print(1)\n"
     job = json.loads(configmap["data"]["job.json"])
     run_id = job["run_id"]
+    k8s = f"k-{run_id}"  # the workload's name and the run's id
+    assert {d["metadata"]["name"] for d in (configmap, service, job_doc)} == {k8s}
+    job_uid = cluster.objects[("Job", "default", k8s)]["metadata"]["uid"]
+    for kind in ("ConfigMap", "Service"):
+        owners = cluster.objects[(kind, "default", k8s)]["metadata"]["ownerReferences"]
+        assert owners == [{"apiVersion": "batch/v1", "kind": "Job", "name": k8s, "uid": job_uid}]
     env = {
         e["name"]: e.get("value")
-        for e in rest[1]["spec"]["template"]["spec"]["containers"][0]["env"]
+        for e in job_doc["spec"]["template"]["spec"]["containers"][0]["env"]
     }
     assert env["TREB_RUN_ID"] == run_id and job["nodes"] == 2
+    assert env["MASTER_ADDR"] == f"{k8s}-0.{k8s}"
     manifests = treb_home / "runs" / run_id / "manifests.yaml"
     assert base64.b64encode(data).decode() in manifests.read_text()  # what was created
     calls.clear()
     assert main(["cancel", run_id]) == 0
     assert calls == [
-        ("delete_job", "default", "k", "Foreground"),
-        ("delete_service", "default", "k"),
-        ("delete_config_map", "default", "k"),
+        ("delete_job", "default", k8s, "Foreground"),
+        ("delete_service", "default", k8s),  # gone with the Job already: a 404 is fine
+        ("delete_config_map", "default", k8s),
     ]
+    assert cluster.objects == {}
+
+
+def test_two_runs_of_one_spec_do_not_collide(tmp_path, capsys, treb_home, monkeypatch) -> None:
+    """The API refuses a name in use (409): each run's objects are named after the run
+    (DNS-1035 labels of at most 50 characters, even for a long spec name); a run's
+    Service and ConfigMap go once its Job has ended, the Job stays (its pods' logs)."""
+    calls: list = []
+    jobs: dict[str, list] = {}
+    cluster = _stand_in_client(monkeypatch, jobs, calls)
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: 9_very.long-experiment-name-that-goes-on-and-on-and-on-forever\n"
+                    "command: python t.py\nkubernetes: {image: i}\n")  # fmt: skip
+    for _ in range(2):
+        assert main(["run", str(spec), "--on", "kubernetes", "--detach"]) == 0, (
+            capsys.readouterr().err)  # fmt: skip
+    names = cluster.names("Job")
+    assert len(names) == 2 and names == cluster.names("Service") == cluster.names("ConfigMap")
+    for name in names:
+        assert DNS_1035.match(name) and len(name) <= 50, name
+        assert name.startswith("treb-9-very-long-experiment")
+    ids = {r.split()[0] for r in capsys.readouterr().out.split("\n") if r.strip()}
+    assert {n.rsplit("-", 1)[1] for n in names} == ids
+    # the first run's Job completes: the next refresh ends the run and cleans up after it
+    first = next(j for j in jobs["default"] if j.metadata.name == names[0])
+    first.status = _Obj(active=0, conditions=[_Obj(type="Complete", status="True",
+                                                   reason=None, message=None)])  # fmt: skip
+    assert main(["ps"]) == 0
+    assert cluster.names("Job") == names
+    assert cluster.names("Service") == cluster.names("ConfigMap") == [names[1]]
+
+
+def test_a_name_in_use_is_refused_and_nothing_is_left(tmp_path, capsys, treb_home,
+                                                      monkeypatch) -> None:  # fmt: skip
+    """The stand-in answers 409 as the real API does: the run fails with the reason and
+    deletes what it created before the refusal."""
+    calls: list = []
+    cluster = _stand_in_client(monkeypatch, {}, calls)
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: k\ncommand: python t.py\nkubernetes: {image: i}\n")
+    from trebuchet.backends.kubernetes.engine import run_name
+
+    taken = run_name("k", "0badc0de")
+    cluster.create("Service", "default", {"metadata": {"name": taken}})
+    monkeypatch.setattr("trebuchet.launcher.submit.new_run_id", lambda: "0badc0de")
+    code = main(["run", str(spec), "--on", "kubernetes", "--detach"])
+    err = capsys.readouterr().err
+    assert code == 2 and "(409)" in err and "already exists" in err
+    assert cluster.names("ConfigMap") == [] and cluster.names("Job") == []
 
 
 def test_config_map_is_deleted_when_the_job_is_refused(tmp_path, capsys, treb_home,
                                                        monkeypatch) -> None:  # fmt: skip
     calls: list = []
-    _stand_in_client(monkeypatch, {}, calls, refuse="jobs.batch is forbidden")
+    cluster = _stand_in_client(monkeypatch, {}, calls, refuse="jobs.batch is forbidden")
     spec = tmp_path / "job.yaml"
     spec.write_text("name: k\ncommand: python t.py\nkubernetes: {image: i}\n")
     assert main(["run", str(spec), "--on", "kubernetes", "--detach"]) == 2
     assert "jobs.batch is forbidden" in capsys.readouterr().err
-    assert [c[0] for c in calls] == ["create_config_map", "delete_config_map"]
+    assert [c[0] for c in calls] == ["create_config_map", "create_service", "create_job",
+                                     "delete_config_map", "delete_service"]  # fmt: skip
+    assert cluster.objects == {}
 
 
 def test_refresh_follows_jobs_with_one_list_call_per_namespace(treb_home, monkeypatch) -> None:
@@ -359,10 +511,14 @@ def test_refresh_follows_jobs_with_one_list_call_per_namespace(treb_home, monkey
         "ml": [_job("d", conditions=[("Failed", "DeadlineExceeded", "past its deadline")])],
     }, calls)  # fmt: skip
     KubernetesBackend().refresh(store, store.list(active_only=True))
-    assert sorted(calls) == [
+    assert sorted(c for c in calls if len(c) == 2) == [
         ("default", "trebuchet.dev/workload"),
         ("ml", "trebuchet.dev/workload"),
     ]
+    # the ended runs' Services and ConfigMaps are deleted (here: already gone, a 404)
+    deleted = sorted(c[1:] for c in calls if c[0] in ("delete_service", "delete_config_map"))
+    assert deleted == sorted([(ns, j) for ns, j in (("default", "b"), ("default", "c"),
+                                                    ("ml", "d")) for _ in (1, 2)])  # fmt: skip
     states = {r.id: r.state for r in store.list()}
     assert states == {"a": "RUNNING", "b": "SUCCEEDED", "c": "FAILED", "d": "TIMEOUT", "e": "LOST"}
     assert store.attempts("c")[0]["reason"].startswith("BackoffLimitExceeded: Job has reached")
@@ -415,7 +571,7 @@ def test_logs_and_node_outcomes_come_from_the_pods(tmp_path, capsys, treb_home,
         (_pod_obj("k-1-def", 1, 0, "Failed", 1, "Error"), POD1_ATTEMPT0),
         (_pod_obj("k-1-ghi", 1, 1, "Running"), POD1_ATTEMPT1),
     ]
-    _stand_in_client(monkeypatch, {"default": [_job("k", active=2)]}, calls, pods=pods)
+    _stand_in_client(monkeypatch, {}, calls, pods=pods)  # the Job: active once created
     spec = tmp_path / "job.yaml"
     spec.write_text("name: k\ncommand: python t.py\nnodes: 2\nprocs_per_node: 2\nretries: 1\n"
                     "kubernetes: {image: i}\n")  # fmt: skip
@@ -426,8 +582,8 @@ def test_logs_and_node_outcomes_come_from_the_pods(tmp_path, capsys, treb_home,
     assert main(["logs", "--node", "0"]) == 0
     out = capsys.readouterr().out
     assert "[0:0] step 1" in out and "[0:1] step 1" in out and "performance: 12.5" in out
-    assert ("list_pods", "default", "job-name=k") in calls
     run_dir = next((treb_home / "runs").iterdir())
+    assert ("list_pods", "default", f"job-name=k-{run_dir.name}") in calls
     assert (run_dir / "attempt-1" / "rank-3.log").read_text() == "resumed\ndone\n"
     assert "treb: rank 3 (1:1) failed" in (run_dir / "attempt-0" / "agent-node-1.log").read_text()
     # a second sync appends nothing twice

@@ -148,10 +148,24 @@ def test_submitted_task_ships_the_runtime_and_job_file(tmp_path: Path, treb_home
 @pytest.mark.parametrize(
     "spec,why",
     [
-        ("command: x\ngpus_per_node: 8\n", "skypilot.accelerators: SkyPilot needs the GPU type"),
-        ("command: x\ngpus_per_node: 8\nskypilot: {accelerators: 'A100:4'}\n", "asks for 4 GPUs"),
-        ("command: x\nlauncher: mpirun\n", "launcher: mpirun is not rendered"),
-        ("command: x\nenvironment: {image: img, mounts: ['/a:/a']}\n", "environment.mounts"),
+        (
+            "command: x\ngpus_per_node: 8\n",
+            "job.yaml:2: gpus_per_node: SkyPilot needs the GPU type, e.g. skypilot.accelerators",
+        ),
+        (
+            "command: x\nskypilot: {accelerators: 'A100:4'}\ngpus_per_node: 8\n",
+            "job.yaml:2: skypilot.accelerators: A100:4 asks for 4 GPUs",
+        ),
+        (
+            "command: x\nskypilot: {accelerators: 'A 100'}\n",
+            "job.yaml:2: skypilot.accelerators: 'A 100' is not NAME or NAME:COUNT",
+        ),
+        ("command: x\nlauncher: mpirun\n", "job.yaml:2: launcher: mpirun is not rendered"),
+        ("command: x\ngpus_per_node: -1\n", "job.yaml:2: gpus_per_node: -1 (all visible)"),
+        (
+            "command: x\nenvironment: {image: img, mounts: ['/a:/a']}\n",
+            "job.yaml:2: environment.mounts: SkyPilot cannot bind-mount",
+        ),
         (
             "command: x\nskypilot: {checkpoint_bucket: 's3://b', checkpoint_store: gcs}\n",
             "job.yaml:2: skypilot.checkpoint_store: only for a bucket given by name",

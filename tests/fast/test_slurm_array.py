@@ -55,7 +55,7 @@ def _sweep(tmp_path: Path, spec: str, *extra: str) -> subprocess.CompletedProces
     work.mkdir(exist_ok=True)
     (work / "job.yaml").write_text(spec)
     return _treb("run", str(work / "job.yaml"), "--on", "slurm", "--detach", "--no-check",
-                 *extra, cwd=work)  # fmt: skip
+                 "--sweep", *extra, cwd=work)  # fmt: skip
 
 
 def test_a_sweep_is_one_array_job(fake_slurm: Path, tmp_path: Path, treb_home: Path) -> None:

@@ -194,6 +194,33 @@ def test_time_covers_every_attempt_of_the_per_attempt_timeout(tmp_path: Path,
         assert (_split(out)[1]["timeout"], _split(out)[1]["warning"]) == (4, 0.4)
 
 
+@pytest.mark.parametrize(
+    "written,rendered,warn",
+    [("30m", "00:30:00", 60), ("1h30m", "01:30:00", 60), ("1.5h", "01:30:00", 60),
+     ("2d", "2-00:00:00", 60), ("90s", "00:02:00", 12), ("04:00:00", "04:00:00", 60),
+     ("30", "30", 60), ("unlimited", "unlimited", None)],
+)  # fmt: skip
+def test_slurm_time_takes_the_durations_timeout_takes(
+    written: str, rendered: str, warn: int | None, tmp_path: Path, treb_home: Path
+) -> None:
+    """Issue 25: `slurm.time: 30m` was refused while `timeout: 30m` was accepted. A duration
+    with units becomes Slurm's D-HH:MM:SS (whole minutes, as Slurm counts: the checkpoint
+    signal's lead is 10 % of what Slurm enforces); Slurm's own forms go as written."""
+    rc, out, err = _render(tmp_path, f"command: sleep 60\nslurm:\n  time: '{written}'\n")
+    assert rc == 0, err
+    assert f"#SBATCH --time={rendered}\n" in out, out
+    assert (f"#SBATCH --signal=B:USR2@{warn}\n" in out) if warn else "--signal" not in out
+
+
+@pytest.mark.parametrize("written,why", [("0m", "is not a duration"), ("30x", "is not a duration"),
+                                         ("400d", "is more than 366 days")])  # fmt: skip
+def test_slurm_time_refusals_name_the_line(written: str, why: str, tmp_path: Path,
+                                           treb_home: Path) -> None:  # fmt: skip
+    rc, _, err = _render(tmp_path, f"command: x\nslurm:\n  time: '{written}'\n")
+    assert rc == 2 and "Traceback" not in err
+    assert f"job.yaml:3: slurm.time: '{written}' {why}" in err, err
+
+
 def test_mpirun_is_one_task_on_the_first_node(tmp_path: Path, treb_home: Path) -> None:
     _, out, _ = _render(tmp_path, SPECS["mpirun"])
     # one Slurm task per node in the allocation (its CPUs for all the node's ranks), and
@@ -256,7 +283,7 @@ def test_a_tool_missing_here_warns_in_a_render_and_refuses_a_run(tmp_path: Path,
         ("slurm: {sbatch_args: ['--export=NONE']}", "--export must keep ALL"),
         ('slurm: {sbatch_args: ["--comment=a\\n#SBATCH --x"]}', "one line"),
         ("slurm: {account: 'a\"b'}", "without double quotes"),
-        ("slurm: {time: 'soon'}", "is not a Slurm time"),
+        ("slurm: {time: 'soon'}", "is not a duration (30m, 2h, 1h30m) or a Slurm time"),
         ('slurm: {setup: ["a\\nb"]}', "one shell line per item"),
     ],
 )

@@ -323,3 +323,28 @@ def test_real_cli_process_prints_no_traceback(tmp_path: Path, treb_home: Path) -
         res.stderr.strip()
         == f"treb: {spec}:2: nodes: must be an integer between 1 and 100000, got 'two'"
     )
+
+
+@pytest.mark.parametrize("verb", ["run", "check", "render"])
+def test_a_script_given_as_the_spec(verb: str, tmp_path: Path, treb_home: Path, capsys) -> None:
+    """Issue 25: `treb run train.py` answered "invalid YAML"; it says what the file is and
+    the smallest spec that runs it, and that spec is valid."""
+    script = tmp_path / "train.py"
+    script.write_text("import os\n\ndef main():\n    print(os.environ['RANK'])\n\nmain()\n")
+    assert main([verb, str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "YAML" not in err.splitlines()[0].replace("a YAML spec", "")
+    assert f"treb: {script} is a Python script, not a spec" in err, err
+    spec_text = "".join(ln[4:] + "\n" for ln in err.splitlines() if ln.startswith("    "))
+    assert spec_text == "name: train\ncommand: python train.py\nnodes: 1\nprocs_per_node: 1\n"
+    assert f"then: treb run {tmp_path / 'train.yaml'}" in err
+    (tmp_path / "train.yaml").write_text(spec_text)
+    assert main(["render", str(tmp_path / "train.yaml")]) == 0
+
+
+def test_a_shell_script_given_as_the_spec(tmp_path: Path, treb_home: Path, capsys) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/bash\necho hi\n")
+    assert main(["run", str(script)]) == 2
+    assert "is a shell script, not a spec" in capsys.readouterr().err
+    assert not (treb_home / "runs").exists() or not any((treb_home / "runs").iterdir())

@@ -130,3 +130,35 @@ def test_static_files_are_package_data() -> None:
         assert (static / name).is_file(), name
     assert "v1.6.32" in (static / "uPlot.iife.min.js").read_text()[:100]
     assert "starlette" not in " ".join(conf["project"]["dependencies"])
+
+
+def test_chart_data_has_no_infinity_or_nan() -> None:
+    """JSON.parse (the page's) refuses Infinity and NaN: they travel as null."""
+    pytest.importorskip("starlette")
+    from trebuchet.ui.html import data
+    from trebuchet.ui.pages import _number, series
+
+    block = data("d", series({"loss": [(1, float("inf"), 0.0), (2, float("nan"), 0.0),
+                                        (3, 0.5, 0.0)]}))  # fmt: skip
+    text = block.split(">", 1)[1].rsplit("<", 1)[0]
+
+    def refuse(word: str):
+        raise ValueError(f"{word} is not JSON")
+
+    assert json.loads(text, parse_constant=refuse) == {"loss": {"x": [1, 2, 3],
+                                                                "y": [None, None, 0.5]}}  # fmt: skip
+    assert [_number(v) for v in ("inf", "nan", "-inf", "1e999", "2", 3, "x")] == [
+        None, None, None, None, 2.0, 3.0, None]  # fmt: skip
+
+
+def test_login_cookie_parts() -> None:
+    """The cookie holds an HMAC of the token, never the token; a Cookie header is read
+    pair by pair (another app's JSON value spoils nothing); any text compares."""
+    pytest.importorskip("starlette")
+    from trebuchet.ui.security import cookie_value, cookies, csrf_token, same
+
+    token = "t0ken-value"
+    assert cookie_value(token) not in (token, csrf_token(token)) and len(cookie_value(token)) == 64
+    header = b'prefs={"theme": "dark", "x": [1, 2]}; treb_ui_8765=abc; other="q;"'
+    assert ("treb_ui_8765", "abc") in cookies(header)
+    assert not same(token, "\u00e9") and not same(token, "") and same(token, token)

@@ -116,7 +116,37 @@ def test_missing_module(treb, tmp_path: Path) -> None:
 def test_command_not_found(treb, tmp_path: Path) -> None:
     run(treb, tmp_path, "command: [no-such-trainer-xyz, --lr, '0.1']\n")
     root = diagnose(treb)["root_cause"]
-    assert root["category"] == "missing_module" and "no-such-trainer-xyz" in root["summary"]
+    assert root["category"] == "bad_command" and "no-such-trainer-xyz" in root["summary"]
+
+
+@pytest.mark.parametrize(
+    "command,summary",
+    [
+        ("no-such-trainer-xyz --lr 0.1", "no-such-trainer-xyz: command not found"),  # bash, 127
+        ("sh -c 'no-such-trainer-xyz'", "no-such-trainer-xyz"),  # dash's "not found", 127
+        ("'echo )'", "syntax error near unexpected token"),  # bash exits 2
+        ("./train.sh", "Permission denied"),  # not executable: 126
+    ],
+)
+def test_a_command_that_cannot_start_is_bad_command(treb, tmp_path: Path, command: str,
+                                                    summary: str) -> None:  # fmt: skip
+    """Issue 25: exit 127 and bash syntax errors read `cause: unknown` (or a missing module)."""
+    (tmp_path / "train.sh").write_text("echo hi\n")  # mode 644
+    res = run(treb, tmp_path, f"command: {command}\n")
+    assert res.returncode == 1, res.stderr
+    assert "cause: bad_command" in res.stderr, res.stderr
+    root = diagnose(treb)["root_cause"]
+    assert root["category"] == "bad_command" and summary in root["summary"], root
+    assert "`treb render SPEC` shows the line bash gets" in root["remedy"]
+
+
+def test_sigabrt_is_an_abort_not_a_segfault(treb, tmp_path: Path) -> None:
+    res = run(treb, tmp_path, f"command: [{PY}, -c, 'import os; os.abort()']\n")
+    assert res.returncode == 1
+    assert "cause: aborted" in res.stderr, res.stderr
+    root = diagnose(treb)["root_cause"]
+    assert root["category"] == "aborted" and "SIGABRT" in root["summary"], root
+    assert "uncaught C++ exception" in root["remedy"]
 
 
 def test_script_not_started_by_a_launcher(treb, tmp_path: Path) -> None:

@@ -229,6 +229,26 @@ def test_timeout_stops_the_attempt(treb, tmp_path: Path) -> None:
     assert st["state"] == "TIMEOUT" and st["attempts"][0]["reason"] == "timeout"
 
 
+def test_a_supervisor_stopped_past_the_timeout_keeps_a_good_end(treb, tmp_path: Path) -> None:
+    """SIGSTOP of the supervisor (a suspended laptop, a debugger) past the run's timeout
+    while the rank ends well: on SIGCONT its records say how the attempt ended, not the
+    clock (it recorded TIMEOUT)."""
+    spec = write_spec(tmp_path, "command: 'sleep 1; echo done'\ntimeout: 3s\n")
+    res = treb("run", str(spec), "--detach")
+    assert res.returncode == 0, res.stderr
+    run_id = res.stdout.strip()
+    _wait_for(lambda: status_json(treb, run_id).get("supervisor_pid"), what="the supervisor")
+    sup = status_json(treb, run_id)["supervisor_pid"]
+    os.kill(sup, signal.SIGSTOP)
+    try:
+        time.sleep(4.5)  # the rank ends after 1 s; the timeout passes at 3 s
+    finally:
+        os.kill(sup, signal.SIGCONT)
+    _wait_for(lambda: status_json(treb, run_id)["state"] != "RUNNING", what="the run's end")
+    st = status_json(treb, run_id)
+    assert (st["state"], st["attempts"][0]["state"]) == ("SUCCEEDED", "SUCCEEDED"), st
+
+
 def test_follow_logs_of_a_detached_run_until_it_ends(treb, tmp_path: Path) -> None:
     cmd = 'for i in 1 2 3; do echo "step $i of rank $RANK"; sleep 0.3; done'
     spec = write_spec(tmp_path, f"command: '{cmd}'\nprocs_per_node: 2\n")

@@ -45,7 +45,7 @@ def _ps(treb) -> list[dict]:
 def test_four_point_sweep_is_one_array_job(streb, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "name: swept\ncommand: 'sleep 2; echo lr=$LR bs=$BS rank=$RANK'"
                                 "\nprocs_per_node: 2\nsweep_parallel: 2\n")  # fmt: skip
-    res = streb("run", str(spec), "--on", "slurm", "-o", "env.LR=1,2", "-o", "env.BS=3,4",
+    res = streb("run", str(spec), "--on", "slurm", "--sweep", "-o", "env.LR=1,2", "-o", "env.BS=3,4",
                 timeout=300)  # fmt: skip
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "4 of 4 runs succeeded" in res.stderr and "Slurm job array" in res.stderr
@@ -77,7 +77,7 @@ def test_four_point_sweep_is_one_array_job(streb, tmp_path: Path) -> None:
 
 def test_cancel_a_sweep_cancels_the_array(streb, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "name: long\ncommand: 'echo up; sleep 600'\nsweep_parallel: 2\n")
-    res = streb("run", str(spec), "--on", "slurm", "-o", "env.A=1,2,3,4", "--detach")
+    res = streb("run", str(spec), "--on", "slurm", "--sweep", "-o", "env.A=1,2,3,4", "--detach")
     assert res.returncode == 0, res.stderr
     sweep_id = res.stdout.strip()
     deadline = time.monotonic() + 90
@@ -110,7 +110,7 @@ def test_ctrl_c_on_an_attached_sweep_cancels_the_array(streb, tmp_path: Path) ->
         tmp_path, "name: attached\ncommand: 'echo up; sleep 600'\nsweep_parallel: 2\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trebuchet", "run", str(spec), "--on", "slurm", "-o", "env.A=1,2,3"],
+        [sys.executable, "-m", "trebuchet", "run", str(spec), "--on", "slurm", "--sweep", "-o", "env.A=1,2,3"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
     )  # fmt: skip
     try:
@@ -144,7 +144,9 @@ def test_sweep_in_a_venv(streb, treb_home: Path, tmp_path: Path) -> None:
         tmp_path,
         "name: envsweep\ncommand: python probe.py\nenvironment:\n  requirements: [six==1.16.0]\n",
     )
-    res = streb("run", str(spec), "--on", "slurm", "--no-check", "-o", "env.X=1,2", timeout=600)
+    res = streb(
+        "run", str(spec), "--on", "slurm", "--no-check", "--sweep", "-o", "env.X=1,2", timeout=600
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     prefix = treb_home / "envs" / "envsweep"
     assert f"[0|0:0] x 1 {prefix}" in res.stdout and f"[1|0:0] x 2 {prefix}" in res.stdout

@@ -92,3 +92,21 @@ def test_size_limit_and_running_in_place(treb, treb_home: Path, tmp_path: Path) 
     assert res.returncode == 0 and res.stdout.strip().endswith(str(tmp_path))
     res = treb("run", str(spec), "-o", "snapshot_max_size=10MB")
     assert res.returncode == 0 and res.stdout.strip().endswith("/code")
+
+
+def test_a_virtualenv_in_the_workdir_is_left_out_and_said_once(treb, tmp_path: Path) -> None:
+    """Issue 25: a workdir holding a virtualenv made the snapshot refuse the run (its
+    site-packages over snapshot_max_size). A folder with pyvenv.cfg is left out, said once
+    on the terminal and kept in snapshot.json; the run runs."""
+    venv = tmp_path / ".venv"
+    (venv / "lib" / "site-packages").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "lib" / "site-packages" / "big.so").write_bytes(b"\0" * (3 << 20))
+    (tmp_path / "train.py").write_text("import os; print(sorted(os.listdir('.')))\n")
+    spec = write_spec(tmp_path, "command: python train.py\nsnapshot_max_size: 1MB\n")
+    res = treb("run", str(spec))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[0:0] ['job.yaml', 'train.py']"
+    assert res.stderr.count("leaves out the virtualenv .venv/ (a folder with pyvenv.cfg)") == 1
+    run_dir = Path(status_json(treb)["run_dir"])
+    assert json.loads((run_dir / "snapshot.json").read_text())["venvs"] == [".venv"]

@@ -291,7 +291,7 @@ def test_connection_drop_stops_both_hosts(
     # node 1's session: the supervisor's ssh child that talks to ts2
     out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(sup)], capture_output=True,
                          text=True).stdout  # fmt: skip
-    pids = [int(line.split()[0]) for line in out.splitlines() if " ts2 sh -c " in line]
+    pids = [int(line.split()[0]) for line in out.splitlines() if " ts2 bash -c " in line]
     assert len(pids) == 1, out
     os.kill(pids[0], signal.SIGKILL)
     wait_for(lambda: status_json(treb, rid)["state"] == "FAILED", 60, "the run to fail")

@@ -16,7 +16,7 @@ CMD = "command: 'echo lr=$LR bs=$BS rank=$RANK'\nprocs_per_node: 2\n"
 
 def test_override_sweep_runs_the_cross_product(treb, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, CMD)
-    res = treb("run", str(spec), "-o", "env.LR=0.1,0.01", "-o", "env.BS=32,64")
+    res = treb("run", str(spec), "--sweep", "-o", "env.LR=0.1,0.01", "-o", "env.BS=32,64")
     assert res.returncode == 0, res.stderr
     assert "sweep s" in res.stderr and "4 of 4 runs succeeded" in res.stderr
     assert "env.LR=0.1 env.BS=32" in res.stderr and "{'" not in res.stderr  # no Python dicts
@@ -54,16 +54,24 @@ def test_sweep_block_and_parallel_limit(treb, tmp_path: Path) -> None:
 
 def test_escaped_comma_is_not_a_sweep(treb, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "command: 'echo $X'\n")
-    res = treb("run", str(spec), "-o", "env.X=a\\,b")
+    res = treb("run", str(spec), "--sweep", "-o", "env.X=a\\,b")
     assert res.returncode == 0 and res.stdout.strip() == "[0:0] a,b"
     assert json.loads(treb("ps", "--json").stdout)[0]["sweep_id"] is None
+
+
+def test_a_comma_without_sweep_is_part_of_the_value(treb, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "command: 'echo \"$NCCL_IB_HCA\"'\n")
+    res = treb("run", str(spec), "-o", "env.NCCL_IB_HCA=mlx5_0,mlx5_1")
+    assert res.returncode == 0 and res.stdout.strip() == "[0:0] mlx5_0,mlx5_1", res.stderr
+    runs = json.loads(treb("ps", "--json").stdout)
+    assert len(runs) == 1 and runs[0]["sweep_id"] is None
 
 
 def test_a_bad_point_fails_the_whole_sweep_before_anything_runs(
     treb, treb_home: Path, tmp_path: Path
 ) -> None:
     spec = write_spec(tmp_path, CMD)
-    res = treb("run", str(spec), "-o", "nodes=1,two")
+    res = treb("run", str(spec), "--sweep", "-o", "nodes=1,two")
     assert (
         res.returncode == 2
         and "-o nodes=two: nodes: must be an integer between 1 and 100000" in res.stderr
@@ -73,7 +81,7 @@ def test_a_bad_point_fails_the_whole_sweep_before_anything_runs(
 
 def test_detached_sweep_can_be_cancelled(treb, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "command: 'sleep 30'\n")
-    res = treb("run", str(spec), "-o", "env.A=1,2,3", "--detach")
+    res = treb("run", str(spec), "-m", "-o", "env.A=1,2,3", "--detach")
     assert res.returncode == 0, res.stderr
     sweep_id = res.stdout.strip()
     deadline = time.monotonic() + 30
@@ -97,7 +105,7 @@ def test_detached_sweep_can_be_cancelled(treb, tmp_path: Path) -> None:
 
 def test_results_of_a_sweep_side_by_side(treb, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "command: 'echo performance: $((LR * 10)) samples_per_second'\n")
-    res = treb("run", str(spec), "-o", "env.LR=1,2,3")
+    res = treb("run", str(spec), "--multirun", "-o", "env.LR=1,2,3")
     assert res.returncode == 0, res.stderr
     sweep_id = json.loads(treb("ps", "--json").stdout)[0]["sweep_id"]
     rows = json.loads(treb("results", sweep_id, "--json").stdout)

@@ -19,6 +19,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -33,6 +34,7 @@ from tests.integration.slurm_support import (  # noqa: F401 (fixtures)
     slurm_conf,
     streb,
 )
+from tests.slow_http import SlowProxy, wait_until
 
 pytestmark = pytest.mark.integration
 BRIDGE = "10.77.0.1"  # tests/slurm_cluster/cluster.sh's bridge (trebbr0)
@@ -378,6 +380,174 @@ tracking:
     assert [r["info"]["run_id"] for r in found["runs"]] == [rid]
 
 
+# -- a slow server: the run's own life never waits on it ----------------------------------------
+@pytest.fixture
+def proxy(mlflow_server: str) -> Iterator[SlowProxy]:
+    """tests/slow_http.py's proxy in front of the real server: slow or trickling on demand."""
+    p = SlowProxy(mlflow_server)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def pending_of(run_dir: str) -> dict | None:
+    path = Path(run_dir) / "tracking-pending.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def retry_until_sent(treb, run_dir: str, timeout: float = 90) -> None:
+    """`treb ps` (what any `treb` that refreshes runs does) until nothing is pending."""
+    deadline = time.monotonic() + timeout
+    while (left := pending_of(run_dir)) is not None:
+        assert time.monotonic() < deadline, left
+        time.sleep(max(0.0, min(2.0, float(left.get("next_try") or 0) - time.time())))
+        assert treb("ps").returncode == 0
+    assert not (Path(os.environ["TREB_HOME"]) / "tracking-pending").exists()
+
+
+def test_an_end_that_did_not_get_through_is_sent_by_the_next_treb(
+    treb, tmp_path, mlflow_server, proxy
+) -> None:
+    """The server stops answering (it trickles) as the run ends: the supervisor gives up
+    within its budget, keeps the end in the pending file, and the next `treb ps` after the
+    server is back sends it: the MLflow run does not stay RUNNING."""
+    work = tmp_path / "w"
+    spec = write_spec(work, f"""
+name: tracked-late
+command: |
+  echo '{{"step": 1, "loss": 0.5}}'; touch {work}/started
+  while [ ! -e {work}/go ]; do sleep 0.1; done
+tracking:
+  mlflow: {{uri: "{proxy.uri}", experiment: treb-late}}
+""")  # fmt: skip
+    assert treb("run", str(spec), "--detach").returncode == 0
+    run_dir = next((Path(os.environ["TREB_HOME"]) / "runs").iterdir())
+    wait_until(lambda: (work / "started").exists(), 60, "the run to start")
+    proxy.mode, proxy.trickle_s = "trickle", 0.5
+    (work / "go").touch()
+    wait_until(lambda: any(e["event"] == "tracking_failed" for e in events(str(run_dir))), 60,
+               "the supervisor's end to fail")  # fmt: skip
+    assert tracked(mlflow_server, str(run_dir))["status"] == "RUNNING"
+    kept = pending_of(str(run_dir))
+    assert kept is not None and kept["status"]["state"] == "SUCCEEDED"
+    assert "did not answer within 3 s" in kept["error"]
+    # still trickling: `treb ps` tries (after the pause) within its own budget, no longer
+    time.sleep(max(0.0, kept["next_try"] - time.time()))
+    t0 = time.monotonic()
+    assert treb("ps").returncode == 0
+    assert time.monotonic() - t0 < 9
+    assert tracked(mlflow_server, str(run_dir))["status"] == "RUNNING"
+    proxy.mode = "pass"
+    asked = len(proxy.requests)
+    retry_until_sent(treb, str(run_dir))
+    assert proxy.paths()[asked].endswith("runs/update")  # the status first
+    run = tracked(mlflow_server, str(run_dir))
+    assert run["status"] == "FINISHED" and run["tags"]["treb.state"] == "SUCCEEDED"
+    assert run["metrics"]["loss"] == 0.5 and run["tags"]["treb.attempts"] == "1"
+    assert "spec.yaml" in run["artifacts"] and run["params"]["treb.backend"] == "local"
+
+
+def test_a_slow_server_costs_a_run_bounded_time(treb, tmp_path, mlflow_server, proxy) -> None:
+    """A server that answers every request in 2 s: `treb run` of a 3 s run pays at most the
+    submission's 5 s and the end's 3 s (it took a minute), `treb ps` at most its 3 s; what
+    did not get through arrives later, all of it."""
+    api(mlflow_server, "experiments/create", {"name": "treb-slow"})  # 2 requests, not 3
+    proxy.mode, proxy.delay_s = "delay", 2.0
+    spec = write_spec(tmp_path / "w", f"""
+name: tracked-slow
+command: |
+  seq 2500 | sed 's/.*/{{"step": &, "x": &}}/'
+  sleep 3; echo "ValueError: bad batch" >&2; exit 3
+tracking:
+  mlflow: {{uri: "{proxy.uri}", experiment: treb-slow}}
+""")  # fmt: skip
+    t0 = time.monotonic()
+    res = treb("run", str(spec))
+    took = time.monotonic() - t0
+    assert took < 3 + 5 + 3 + 6, took  # the run, submission, end; starting Python twice
+    assert res.returncode == 1, res.stderr
+    assert "warning: mlflow:" in res.stderr
+    st = status_json(treb)
+    assert st["state"] == "FAILED"
+    t0 = time.monotonic()
+    assert treb("ps").returncode == 0
+    assert time.monotonic() - t0 < 9
+    proxy.mode = "pass"
+    retry_until_sent(treb, st["run_dir"])
+    run = tracked(mlflow_server, st["run_dir"])
+    assert run["status"] == "FAILED" and run["tags"]["treb.state"] == "FAILED"
+    assert run["tags"]["treb.exit_code"] == "3" and "ValueError" in run["tags"]["treb.cause"]
+    assert {"spec.yaml", "diagnosis.txt", "diagnosis.json"} <= run["artifacts"]
+    assert run["params"]["treb.launcher"] == "native"
+    rid = run["tags"]["treb.mlflow_run"]
+    hist = api(mlflow_server, "metrics/get-history", run_id=rid, metric_key="x")["metrics"]
+    assert sorted(m["step"] for m in hist) == list(range(1, 2501))  # each point once
+
+
+def test_a_trickling_server_at_submission(treb, tmp_path, proxy) -> None:
+    """A server that trickles its answer: `treb run` starts the run after the submission's
+    5 s (it waited as long as the server trickled), and Ctrl+C is not held up: the run,
+    recorded but not started, is CANCELLED."""
+    proxy.mode, proxy.trickle_s = "trickle", 1.0
+    spec = write_spec(tmp_path / "w", f"""
+name: trickled
+command: echo ok
+tracking:
+  mlflow: {{uri: "{proxy.uri}"}}
+""")  # fmt: skip
+    t0 = time.monotonic()
+    res = treb("run", str(spec), timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert time.monotonic() - t0 < 5 + 5, "the submission's budget, and starting Python"
+    assert "did not answer within 5 s" in res.stderr and "the run goes on" in res.stderr
+    assert status_json(treb)["state"] == "SUCCEEDED"
+    asked = proxy.connections
+    proc = subprocess.Popen([sys.executable, "-m", "trebuchet", "run", str(spec)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_until(lambda: proxy.connections > asked, 30, "the submission to ask the server")
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=3)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    runs = json.loads(treb("ps", "--all", "--json").stdout)
+    assert sorted(r["state"] for r in runs) == ["CANCELLED", "SUCCEEDED"]
+
+
+def test_secret_values_never_reach_mlflow(treb, tmp_path, mlflow_server) -> None:
+    """A secret (its value from the environment) used in env values, and printed by the
+    failing rank (so the diagnosis quotes it): no param, tag or artifact of the MLflow run
+    holds its value; the diagnosis names it instead."""
+    secret = "tr4ck-s3cret-never-sent"
+    spec = write_spec(tmp_path / "w", f"""
+name: tracked-secret
+command: 'echo "RuntimeError: the hub refused token $HF_TOKEN" >&2; exit 3'
+secrets: [TRACK_SECRET]
+env: {{HF_TOKEN: "${{TRACK_SECRET}}", SUFFIXED: "x-${{TRACK_SECRET}}-y"}}
+tracking:
+  mlflow: {{uri: "{mlflow_server}", experiment: treb-secret}}
+""")  # fmt: skip
+    res = treb("run", str(spec), "-o", "env.MODE=fast", env={"TRACK_SECRET": secret})
+    assert res.returncode == 1, res.stderr
+    st = status_json(treb)
+    run = tracked(mlflow_server, st["run_dir"])
+    assert run["status"] == "FAILED" and run["params"]["treb.backend"] == "local"
+    for kind in ("params", "tags"):
+        for key, value in run[kind].items():
+            assert secret not in value, (kind, key)
+    assert {"spec.yaml", "diagnosis.txt", "diagnosis.json"} <= run["artifacts"]
+    for name in run["artifacts"]:
+        assert secret not in artifact(mlflow_server, run, name), name
+    assert "TRACK_SECRET" in artifact(mlflow_server, run, "spec.yaml")
+    assert "refused token ${TRACK_SECRET}" in artifact(mlflow_server, run, "diagnosis.txt")
+    assert "${TRACK_SECRET}" in run["tags"]["treb.cause"]
+
+
 # -- no server ------------------------------------------------------------------------------
 def test_unreachable_server_does_not_fail_the_run(treb, tmp_path) -> None:
     port = _free_port("127.0.0.1")  # nothing listens there
@@ -425,7 +595,7 @@ name: wbs
 command: 'echo "group=$WANDB_RUN_GROUP id=$WANDB_RUN_ID"'
 tracking: {wandb: {}}
 """)  # fmt: skip
-    res = treb("run", str(spec), "-o", "env.X=1,2", "-o", "sweep_parallel=2")
+    res = treb("run", str(spec), "--sweep", "-o", "env.X=1,2", "-o", "sweep_parallel=2")
     assert res.returncode == 0, res.stderr
     runs = json.loads(treb("ps", "--all", "--json").stdout)
     assert len(runs) == 2 and len({r["sweep_id"] for r in runs}) == 1

@@ -140,7 +140,7 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     try:
         res = env.treb("run", env.spec("fails", FAILS))
         assert res.returncode == 1, res.stderr
-        res = env.treb("run", "-d", env.spec("sweepy", SWEEP), "-o", "env.LR=1,2,3")
+        res = env.treb("run", "-d", "--sweep", env.spec("sweepy", SWEEP), "-o", "env.LR=1,2,3")
         assert res.returncode == 0, res.stderr
         env.sweep_id = res.stdout.split()[0]
         res = env.treb("run", "-d", env.spec("long", LONG))
@@ -343,3 +343,170 @@ def test_sweep_and_results_pages(ui: Env) -> None:
     assert sorted(c[0].text for c in cells) == sorted(r["id"] for r in sweep["runs"])
     assert d.find_elements("css selector", "#trend-charts canvas")
     ui.shot("results")
+
+
+# -- issue 25: what the dashboard showed wrong ---------------------------------------------------
+def wait_ended(ui: Env, run_id: str, timeout: float = 120) -> None:
+    """Until the run has ended, read from the store only: no `treb` command looks at it
+    (one would ingest its metrics)."""
+    from trebuchet.store.db import Store
+    from trebuchet.store.states import TERMINAL
+
+    def ended() -> bool:
+        store = Store(ui.home / "runs.db")
+        try:
+            rec = store.get(run_id)
+            return rec is not None and rec.state in TERMINAL
+        finally:
+            store.close()
+
+    wait_for(f"run {run_id} to end", ended, timeout)
+
+
+TOKENS = """\
+name: tokens
+command: [python, -c, "for i in range(21): print('{\\"step\\": %d, \\"tokens\\": %d}' % (i, 16050 + i * 167.5))"]
+"""
+
+
+def left_edge_ink(d, name: str) -> int:
+    """Painted pixels in the leftmost 3 columns of a chart's canvas: a y label cut by the
+    canvas edge ("16,050" drawn as "6,050") paints there."""
+    return d.execute_script("""
+        var c = document.querySelector('.chart[data-name="' + arguments[0] + '"] canvas');
+        var px = c.getContext('2d').getImageData(0, 0, 3, c.height).data, ink = 0;
+        for (var i = 3; i < px.length; i += 4) { if (px[i] > 0) { ink++; } }
+        return ink;""", name)  # fmt: skip
+
+
+def test_metrics_show_without_a_command_and_axis_labels_fit(ui: Env) -> None:
+    """A detached run that ended without any `treb` command looking at it: its page
+    ingests its metrics (it said "no metrics recorded"); the y axis is as wide as its
+    labels (16,050-19,400 were cut to 6,050-9,400)."""
+    res = ui.treb("run", "-d", ui.spec("tokens", TOKENS))
+    assert res.returncode == 0, res.stderr
+    run_id = res.stdout.split()[0]
+    wait_ended(ui, run_id)
+    d = ui.get(f"/runs/{run_id}")
+    assert not d.find_elements("id", "no-metrics")
+    wait_for("the chart", lambda: d.find_elements(
+        "css selector", '.chart[data-name="tokens"] canvas'))  # fmt: skip
+    assert left_edge_ink(d, "tokens") == 0
+    points = store_metric_names(ui.home, run_id)
+    assert points == ["tokens"]
+
+
+def test_failed_run_log_opens_the_failing_rank_and_never_says_following(ui: Env) -> None:
+    """FAILS: rank 1 exits 3. The viewer opens rank 1's log; the ended run's log is read
+    to its end, never "following"."""
+    from selenium.webdriver.support.ui import Select
+
+    d = ui.get(f"/runs/{ui.fails_id}")
+    states = [d.find_element("id", "log-status").get_attribute("data-state")]
+    chosen = Select(d.find_element("id", "log-pick")).first_selected_option
+    assert chosen.get_attribute("value") == "0/rank-1.log"
+    end = time.monotonic() + 15
+    while states[-1] != "ended" and time.monotonic() < end:
+        time.sleep(0.05)
+        states.append(d.find_element("id", "log-status").get_attribute("data-state"))
+    assert states[-1] == "ended" and "following" not in states, states
+    assert "boom" in d.find_element("id", "log").text
+
+
+HUNG = """\
+name: hung
+command: ["python", "-c", "import os, time\\nprint('start', flush=True)\\nif os.environ['RANK'] == '1':\\n    for i in range(8):\\n        print('step', i, flush=True); time.sleep(0.5)\\ntime.sleep(300)\\n"]
+procs_per_node: 2
+hang_timeout: 3s
+"""
+
+
+def test_hung_run_page_shows_the_stuck_rank_and_the_stacks(ui: Env) -> None:
+    """Rank 0 goes silent first, rank 1 3 s later: the hang stops the run. Its page says
+    which rank is stuck, marks it in the timeline, shows every rank's stack and opens the
+    stuck rank's log."""
+    from selenium.webdriver.support.ui import Select
+
+    res = ui.treb("run", ui.spec("hung", HUNG))
+    assert res.returncode == 1, res.stderr
+    st = ui.json("status")
+    assert [a["reason"] for a in st["attempts"]] == ["hang"]
+    d = ui.get(f"/runs/{st['id']}")
+    who = d.find_element("id", "hang-rank")
+    assert who.get_attribute("data-rank") == "0" and "rank 0" in who.text
+    stacks = d.find_element("id", "stacks").text
+    assert "== ranks 0, 1 " in stacks and "(<string>:6)" in stacks  # grouped as `treb stacks`
+    stuck = d.find_elements("css selector", ".tl-row.stuck")
+    assert [r.get_attribute("data-label") for r in stuck] == ["0:0"]
+    chosen = Select(d.find_element("id", "log-pick")).first_selected_option
+    assert chosen.get_attribute("value") == "0/rank-0.log"
+
+
+GONE = """\
+name: gone
+command: 'echo "performance: 7.5 samples_per_second"'
+"""
+
+
+def test_removed_run_leaves_the_results_page(ui: Env) -> None:
+    res = ui.treb("run", ui.spec("gone", GONE))
+    assert res.returncode == 0, res.stderr
+    run_id = ui.json("status")["id"]
+    d = ui.get("/results?workload=gone")
+    assert run_id in d.find_element("css selector", "table.results").text
+    assert ui.treb("rm", run_id).returncode == 0
+    d = ui.get("/results?workload=gone")
+    assert not d.find_elements("css selector", "table.results") or run_id not in (
+        d.find_element("css selector", "table.results").text)  # fmt: skip
+    assert "gone (" not in d.find_element("css selector", ".workloads").text
+
+
+INFINITE = """\
+name: infinite
+command: 'echo "performance: 5 samples_per_second"'
+sweep: {env.LR: ["1", "inf", "nan", "2"]}
+"""
+
+
+def test_sweep_page_with_non_finite_parameters_still_draws(ui: Env) -> None:
+    """`inf` and `nan` as a swept value: no Infinity/NaN in the page's JSON (which broke
+    every chart of the page); the finite points are drawn."""
+    res = ui.treb("run", ui.spec("infinite", INFINITE))
+    assert res.returncode == 0, res.stderr
+    sweep = next(r["sweep_id"] for r in ui.json("ps", "--all") if r["name"] == "infinite")
+    d = ui.get(f"/sweeps/{sweep}")
+    wait_for("the sweep chart", lambda: d.find_elements("css selector", "#sweep-chart canvas"))
+    data = json.loads(d.execute_script(
+        "return document.getElementById('sweep-data').textContent"))  # fmt: skip
+    assert data["x"] == [1.0, 2.0]
+
+
+def test_login_cookie_is_derived_scoped_and_tolerant(ui: Env) -> None:
+    """The cookie is an HMAC of the token (never the token, which every server on
+    127.0.0.1 would be sent), named after the port, HttpOnly, SameSite=Strict, Path=/;
+    another app's JSON cookie does not lock the browser out; `?token=é` is a 403."""
+    port = ui.base.rsplit(":", 1)[1]
+    code, headers, _ = _http(f"{ui.base}/?token={ui.token}")
+    assert code == 303
+    set_cookie = headers["set-cookie"]
+    name, _, value = set_cookie.split(";")[0].partition("=")
+    assert name == f"treb_ui_{port}" and value and ui.token not in set_cookie
+    attrs = {a.strip() for a in set_cookie.split(";")[1:]}
+    assert {"Path=/", "HttpOnly", "SameSite=Strict"} <= attrs
+    ours = f"{name}={value}"
+    others = 'prefs={"theme": "dark", "ids": [1, 2]}; jupyter="2|1:0|10:x"'
+    for cookie in (ours, f"{others}; {ours}", f"{ours}; {others}"):
+        code, _, _ = _http(ui.base + "/", cookie=cookie)
+        assert code == 200, cookie
+    for cookie in (f"{name}={ui.token}", others, f"{name}=é".encode().decode("latin-1")):
+        code, _, _ = _http(ui.base + "/", cookie=cookie)
+        assert code == 403, cookie
+    for bad in ("%C3%A9", "%FF", "é"):
+        code, _, body = _http(f"{ui.base}/?token={bad}" if bad != "é" else
+                              f"{ui.base}/?token=%C3%A9&x=1")  # fmt: skip
+        assert code == 403 and "token" in body, bad
+    # in the browser: a JSON cookie of another app on 127.0.0.1 beside ours
+    d = ui.get("/static/style.css")
+    d.add_cookie({"name": "prefs", "value": '{"theme":"dark"}', "path": "/"})
+    assert ui.get("/").find_elements("id", "runs")
+    d.delete_cookie("prefs")

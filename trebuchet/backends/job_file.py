@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trebuchet.envs.build import run_prefix
 from trebuchet.envs.recipe import Recipe
@@ -23,6 +23,9 @@ from trebuchet.errors import UserError
 from trebuchet.launcher.plan import command_argv, profiled
 from trebuchet.runtime.contracts import JobFile
 from trebuchet.runtime.task import NO_PYTHON
+
+if TYPE_CHECKING:
+    from trebuchet.spec.load import LoadedSpec
 
 SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -98,17 +101,24 @@ def job_text(job: JobFile) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
-def check_node_engine(spec: Any, source: str, engine: str) -> None:
-    """What the node verb does not run on an engine that starts one process per node."""
+def check_node_engine(spec: Any, loaded: LoadedSpec | str, engine: str) -> None:
+    """What the node verb does not run on an engine that starts one process per node.
+    `loaded`: the spec, whose refusals name the field's line (a bare source: the file)."""
+
+    def refuse(field: str, why: str) -> UserError:
+        if isinstance(loaded, str):
+            return UserError(f"{loaded}: {field}: {why}")
+        return loaded.refusal(field, why)
+
     if spec.launcher in ("mpirun", "horovod"):
-        raise UserError(
-            f"{source}: launcher: {spec.launcher} is not rendered for {engine}; "
-            "use native, torchrun or none"
+        raise refuse(
+            "launcher",
+            f"{spec.launcher} is not rendered for {engine}; use native, torchrun or none",
         )
     if spec.gpus_per_node == -1:
-        raise UserError(
-            f"{source}: gpus_per_node: -1 (all visible) has no {engine} "
-            "equivalent: give the number of GPUs per node"
+        raise refuse(
+            "gpus_per_node",
+            f"-1 (all visible) has no {engine} equivalent: give the number of GPUs per node",
         )
 
 

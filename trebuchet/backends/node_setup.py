@@ -14,8 +14,6 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trebuchet.errors import UserError
-
 if TYPE_CHECKING:
     from trebuchet.spec.load import LoadedSpec
 
@@ -57,9 +55,9 @@ def check_files(loaded: LoadedSpec, engine: str, ships: str) -> None:
     ships, e.g. "workdir")."""
     for field, path in env_files(loaded):
         if not inside(path, loaded.workdir):
-            raise UserError(
-                f"{loaded.where(*field)}: {'.'.join(field)}: {path} is outside workdir "
-                f"{loaded.workdir}: {engine} only ships {ships}"
+            raise loaded.refusal(
+                ".".join(field),
+                f"{path} is outside workdir {loaded.workdir}: {engine} only ships {ships}",
             )
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from trebuchet.backends import get_backend
 from trebuchet.errors import UserError
 from trebuchet.runner import refresh
+from trebuchet.runtime.regular import open_regular
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.view.follow import Follower
 
@@ -67,7 +68,12 @@ def main(args: argparse.Namespace) -> int:
         return 0
     out = sys.stdout.buffer
     if len(files) == 1 and not args.follow and args.tail is None:
-        with open(files[0][1], "rb") as fh:
+        try:
+            fh = open_regular(files[0][1])  # a FIFO or device is never read (regular.py)
+        except OSError as exc:
+            why = exc.strerror or exc
+            raise UserError(f"run {rec.id}: cannot read {files[0][1]}: {why}") from None
+        with fh:
             while chunk := fh.read(1 << 20):
                 out.write(chunk)
         return 0

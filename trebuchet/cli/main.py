@@ -61,11 +61,28 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a field, e.g. -o nodes=2 -o env.LR=0.1 (repeatable)",
+        help="override a field, e.g. -o nodes=2 -o env.LR=0.1 (repeatable); the value is "
+        "taken as typed, commas included, unless --sweep",
     )
     p.add_argument(
         "--on", default="local", metavar="BACKEND", help="engine: {engines} (default: local)"
     )
+
+
+SWEEP_HELP = (
+    "sweeps: `--sweep -o env.LR=1e-3,3e-4 -o env.BS=32,64` starts one run per combination "
+    "(4 runs, one sweep id; Hydra's --multirun); a `sweep:` block in the spec sweeps without "
+    "--sweep. Without --sweep a comma is part of the value (-o env.NCCL_IB_HCA=mlx5_0,mlx5_1 "
+    "is one run); with it, write \\, for a literal comma."
+)
+
+
+def _add_sweep_flag(p: argparse.ArgumentParser) -> None:
+    """--sweep (-m, --multirun): a comma in an -o value separates sweep values."""
+    p.add_argument(
+        "--sweep", "-m", "--multirun", dest="sweep", action="store_true",
+        help="a comma in an -o value separates sweep values: one run per combination",
+    )  # fmt: skip
 
 
 def _count(text: str) -> int:
@@ -115,13 +132,16 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     p = add("run")
     _add_spec_args(p)
+    _add_sweep_flag(p)
     _add_run_flags(p)
+    p.epilog = SWEEP_HELP
     p = add("rerun")
     p.add_argument("run", metavar="RUN", help="run id, unique prefix or name")
     p.add_argument(
         "-o", "--override", action="append", default=[], metavar="KEY=VALUE",
         help="change a field on top of the earlier run's (repeatable)",
     )  # fmt: skip
+    _add_sweep_flag(p)
     p.add_argument("--on", metavar="BACKEND", help="engine: {engines} (default: the earlier run's)")
     _add_run_flags(p)
     p.add_argument(
@@ -191,6 +211,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--dry-run", "-n", action="store_true", help="list what would go, remove none")
     p = add("render")
     _add_spec_args(p)
+    _add_sweep_flag(p)
+    p.epilog = SWEEP_HELP
     add("schema")
     p = add("import")
     p.add_argument("kind", choices=["sbatch", "air", "madengine", "nemo"], metavar="KIND",

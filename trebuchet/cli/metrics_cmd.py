@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
 from typing import Any
 
@@ -36,6 +37,7 @@ def main(args: argparse.Namespace) -> int:
     metrics.ingest(store, rec)
     data = store.metrics(rec.id, names, args.rank)
     last = metrics.latest(store, rec.id, args.rank)
+    dropped = metrics.dropped(store, rec.id)
     if names:
         missing = [n for n in names if n not in data]
         if missing:
@@ -45,11 +47,13 @@ def main(args: argparse.Namespace) -> int:
             if not data:
                 return 1
     if args.json:
-        print(json.dumps(as_json(rec, data, last), indent=2))
+        print(json.dumps({**as_json(rec, data, last), "dropped": dropped}, indent=2))
         return 0
     if args.csv:
         write_csv(rec, data)
         return 0
+    for line in metrics.dropped_lines(dropped):  # said once, before what was kept
+        print(f"treb: run {rec.id}: {line}", file=sys.stderr)
     if not data:
         print(f"run {rec.id} ({rec.name}, {rec.state}): no metrics yet (docs/metrics.md)")
         return 0
@@ -85,6 +89,8 @@ def write_csv(rec: RunRecord, data: dict[str, list]) -> None:
 
 def number(v: float) -> str:
     """A value as short as it stays exact enough to read: 0.1234, 1.2e-05, 1200."""
+    if not math.isfinite(v):  # never stored now; an older index may hold one
+        return str(v)
     if v == int(v) and abs(v) < 1e15:
         return str(int(v))
     return f"{v:.6g}"
@@ -92,6 +98,7 @@ def number(v: float) -> str:
 
 def sparkline(values: list[float], width: int = WIDTH) -> str:
     """The values in at most `width` characters (each the mean of its slice)."""
+    values = [v for v in values if math.isfinite(v)]
     if not values:
         return ""
     if len(values) > width:

@@ -9,5 +9,5 @@ from trebuchet import runner
 
 
 def main(args: argparse.Namespace) -> int:
-    sys.stdout.write(runner.render(args.spec, args.on, args.override))
+    sys.stdout.write(runner.render(args.spec, args.on, args.override, multirun=args.sweep))
     return 0

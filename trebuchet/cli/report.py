@@ -47,8 +47,10 @@ def diagnosis_json(store: Store | None, rec: RunRecord) -> dict[str, Any] | None
 
 
 def tail_text(path: Path, lines: int = TAIL_LINES) -> list[str]:
+    from trebuchet.runtime.regular import open_regular
+
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:  # a rank's FIFO never freezes the summary
             fh.seek(0, 2)
             size = fh.tell()
             fh.seek(max(0, size - 64 * 1024))
@@ -90,17 +92,18 @@ def metrics_lines(store: Store, rec: RunRecord) -> list[str]:
     """Ingests the run's metrics and names their last values ('metrics: loss 0.11 ...')."""
     try:
         from trebuchet.cli.metrics_cmd import number
-        from trebuchet.store.metrics import ingest, latest
+        from trebuchet.store.metrics import dropped, dropped_lines, ingest, latest
 
         ingest(store, rec)
         last = latest(store, rec.id)
+        notes = [f"metrics: {line}" for line in dropped_lines(dropped(store, rec.id))]
     except Exception as exc:  # noqa: BLE001 - the run's own outcome must still be reported
         return [f"metrics not recorded: {exc!r}"]
     if not last:
-        return []
+        return notes
     shown = ", ".join(f"{k} {number(v['value'])}" for k, v in list(last.items())[:6])
     more = f" and {len(last) - 6} more" if len(last) > 6 else ""
-    return [f"metrics: {shown}{more} (`treb metrics {rec.id}`)"]
+    return [f"metrics: {shown}{more} (`treb metrics {rec.id}`)", *notes]
 
 
 def results_lines(store: Store, rec: RunRecord) -> list[str]:

@@ -30,7 +30,7 @@ def main(args: argparse.Namespace) -> int:
     overrides = list(args.override) + ([f"name={args.name}"] if args.name else [])
     started = runner.launch(
         args.spec, args.on, overrides, attach=not args.detach, preflight=not args.no_check,
-        warn=warn, announce=None if args.detach else announce, handover=HOOKS,
+        multirun=args.sweep, warn=warn, announce=None if args.detach else announce, handover=HOOKS,
         resume_from=args.resume_from,
     )  # fmt: skip
     result = started.result

@@ -49,8 +49,9 @@ def main(args: argparse.Namespace) -> int:
             break
         time.sleep(0.2)
     ranks = read_stacks(adir, sorted(got))
-    texts = {r.name: Path(got[r.name]).read_text(errors="replace") for r in ranks}
-    print(f"run {rec.id} ({rec.name}), attempt {rec.attempt}: stacks of {len(ranks)} of "
+    texts = {r.name: _text(got[r.name]) for r in ranks}
+    # attempts from 1, as `treb status` and `treb logs --attempt` count them (dirs: from 0)
+    print(f"run {rec.id} ({rec.name}), attempt {rec.attempt + 1}: stacks of {len(ranks)} of "
           f"{len(expected)} ranks, in {adir / 'stacks'}\n")  # fmt: skip
     print(grouped_text(ranks, texts))
     missing = [n for n in expected if n not in got]
@@ -59,3 +60,13 @@ def main(args: argparse.Namespace) -> int:
               "attempt started them? is the node agent alive?)", file=sys.stderr)  # fmt: skip
         return 1
     return 0
+
+
+def _text(path: str) -> str:
+    """A stack file's text ('' when it is gone or not a regular file: runtime/regular.py)."""
+    from trebuchet.runtime.regular import read_text
+
+    try:
+        return read_text(path)
+    except OSError:
+        return ""

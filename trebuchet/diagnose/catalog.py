@@ -47,6 +47,11 @@ REMEDIES: dict[str, str] = {
     "MASTER_ADDR resolves to that interface's address on every node.",
     "missing_module": "The environment the ranks ran in lacks a package or program: install it "
     "there (environment: requirements) or fix PATH/PYTHONPATH so every node sees the same one.",
+    "bad_command": "The command could not start: a program name that is mistyped or not "
+    "installed where the ranks run (`which NAME` there; install it, fix PATH or give its full "
+    "path), a script that is not executable (chmod +x, or run it as `bash x.sh` / `python "
+    "x.py`), or a line bash cannot parse (check the quoting of command:, which YAML reads "
+    "before bash does; `treb render SPEC` shows the line bash gets).",
     "missing_file": "A file the command opens is not where it runs: when the cause says the "
     "code snapshot left it out, follow what it says (un-ignore it, remove it from "
     ".trebignore, or set snapshot: false); otherwise fix the path (relative to the workdir).",
@@ -58,12 +63,23 @@ REMEDIES: dict[str, str] = {
     "version that does not exist for this Python) or point the installer at the index that has "
     "it (UV_INDEX_URL, PIP_INDEX_URL, PIP_FIND_LINKS); otherwise fix the step environment.log "
     "shows failing. `treb build SPEC` retries the build alone.",
+    "setup_failed": "A line of the node's setup (ssh.setup) failed, so no rank started there: "
+    "the cause names the line and shows its last output (attempt-<n>/setup-node-<i>.log holds "
+    "all of it). Setup runs in bash with errexit and pipefail, item after item: fix the line, or "
+    "the host it expects (the venv to activate, the module to load; `ssh HOST bash -lc "
+    "'<line>'` tries it), or end a command that may fail with `|| true`; `treb check` parses "
+    "the lines first.",
     "launch_env_missing": "The script expects a launcher's variables (RANK, WORLD_SIZE, ...): "
     "run it with launcher: native or torchrun, or call trebuchet.dist.init_env() so srun, "
     "mpirun and SkyPilot variables fill them.",
     "segfault": "A native crash: check that torch, CUDA/ROCm, NCCL and the driver match and "
     "that wheels were built for this CPU; rerun with PYTHONFAULTHANDLER=1 (or under gdb) "
     "for the native stack.",
+    "aborted": "The process aborted itself (SIGABRT): the lines just before the abort say why, "
+    "usually an uncaught C++ exception (`terminate called after throwing ... what(): ...`), a "
+    "failed assertion, or a library giving up (NCCL's watchdog aborts a rank whose collective "
+    "timed out: look for a timeout on the other ranks); fix what that message names, and rerun "
+    "with PYTHONFAULTHANDLER=1 for the Python stack at the abort.",
     "time_limit": "The attempt reached its time limit: raise timeout: (or slurm.time), or save "
     "checkpoints on the warning signal (checkpoint_signal) and set retries: to resume.",
     "node_failure": "A node (or the process supervising the run) went away: resubmit; exclude "
@@ -101,11 +117,14 @@ TITLES: dict[str, str] = {
     "port_in_use": "port already in use",
     "network_unreachable": "peers unreachable / wrong network interface",
     "missing_module": "missing module or wrong environment",
+    "bad_command": "command not found, not executable, or not valid shell",
     "missing_file": "file not found (not in the code snapshot, or a wrong path)",
     "disk_full": "no space left on device (or quota exceeded)",
     "environment_build": "environment build failed",
+    "setup_failed": "a node's setup failed before its ranks started",
     "launch_env_missing": "script not started by a launcher",
-    "segfault": "native crash (segmentation fault, illegal instruction, abort)",
+    "segfault": "native crash (segmentation fault, illegal instruction, bus error)",
+    "aborted": "aborted (SIGABRT: an uncaught C++ exception, a failed assertion)",
     "time_limit": "time limit reached",
     "node_failure": "node failure",
     "scheduler_refusal": "the scheduler refused the job",
@@ -137,7 +156,7 @@ SIGNAL_CATEGORY = {
     "SIGILL": "segfault",
     "SIGBUS": "segfault",
     "SIGFPE": "segfault",
-    "SIGABRT": "segfault",
+    "SIGABRT": "aborted",
     "SIGKILL": "killed",
 }
 STOP_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
@@ -194,8 +213,14 @@ RULES: tuple[Rule, ...] = (
           r"expected, but not set|KeyError: '(?:RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE"
           r"|MASTER_ADDR|MASTER_PORT)'|must be launched with (?:torchrun|a launcher)"),
     _rule("missing_module", CAUSE, r"ModuleNotFoundError: No module named|ImportError: "
-          r"|cannot open shared object file|undefined symbol: |: command not found"
-          r"|treb: cannot start |GLIBC_[\d.]+' not found"),
+          r"|cannot open shared object file|undefined symbol: |GLIBC_[\d.]+' not found"),
+    # bash, dash (`sh: 1: x: not found`), zsh; a list command's exec (treb: cannot start);
+    # a missing interpreter (`/usr/bin/env: 'python3': No such file`); a shell syntax error
+    _rule("bad_command", CAUSE, r": command not found|command not found: |^\S*sh: \d+: .*: not "
+          r"found$|treb: cannot start |^(?:/usr)?/bin/env: .+: No such file or directory"
+          r"|^\S*sh: (?:line \d+: )?\S+: Permission denied$|syntax error near unexpected token"
+          r"|syntax error: unexpected end of file|unexpected EOF while looking for matching"
+          r"|^\S*sh: (?:-c: )?(?:line )?\d+: Syntax error: "),
     _rule("disk_full", CAUSE, r"No space left on device|Disk quota exceeded|\bENOSPC\b"
           r"|database or disk is full"),
     _rule("missing_file", CAUSE, r"can't open file .*No such file|FileNotFoundError: "
@@ -217,7 +242,7 @@ RULES: tuple[Rule, ...] = (
     _rule("segfault", CAUSE, r"Segmentation fault|SIGSEGV|Illegal instruction|SIGILL|SIGBUS"
           r"|Bus error|Floating point exception|Signal (?:11|4|7|8) \(|Fatal Python error: "
           r"(?:Segmentation|Bus|Illegal|Floating)"),
-    _rule("segfault", TIMEOUT, r"terminate called after throwing|Fatal Python error: Aborted"
+    _rule("aborted", TIMEOUT, r"terminate called after throwing|Fatal Python error: Aborted"
           r"|SIGABRT|Signal 6 \(|Aborted \(core dumped\)"),
     _rule("scheduler_refusal", CAUSE, r"Batch job submission failed|Unable to allocate "
           r"resources|sbatch refused the job|Memory specification can not be satisfied"

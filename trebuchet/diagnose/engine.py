@@ -263,6 +263,15 @@ def _env_diag(u: Unit) -> Diagnosis:
     return Diagnosis("environment_build", message, None, None, evidence, log=u.log)
 
 
+def _setup_diag(u: Unit, message: str) -> Diagnosis:
+    """A node's setup failed before any rank started: the line and its last output (the
+    engine's message), the error-looking lines of setup's log (else its last) as evidence."""
+    evidence = [ln.raw for ln in (u.finding.errors if u.finding else [])][-4:]
+    summary = (message or "the node's setup failed") + " (no rank started)"
+    return Diagnosis("setup_failed", summary, None, u.node, evidence or _last_lines(u, 4),
+                     log=u.log)  # fmt: skip
+
+
 def _hang_diag(case: Case) -> Diagnosis | None:
     """An attempt stopped for a hang (diagnose/hang.py): where each rank was stuck."""
     from trebuchet.diagnose.hang import for_run
@@ -433,6 +442,11 @@ def _decide(case: Case) -> Diagnosis:
         d = _env_diag(first)
         _finish(d, case, first)
         return d
+    if first is not None and first.label == "setup":
+        d = _setup_diag(first, str(((case.run or {}).get("first_failure") or {}).get("message")
+                                   or ""))  # fmt: skip
+        _finish(d, case, first)
+        return d
 
     # 2. the first failure explains itself
     if first and fbest and fbest.strength == CAUSE:
@@ -502,7 +516,7 @@ def _decide(case: Case) -> Diagnosis:
         return d
     if u.exit_code in (126, 127):
         text = f"{_who(u)}: {catalog.exit_meaning(u.exit_code)}"
-        d = Diagnosis("missing_module", text, u.rank, u.node, [text] + _last_lines(u), log=u.log)
+        d = Diagnosis("bad_command", text, u.rank, u.node, [text] + _last_lines(u), log=u.log)
         _finish(d, case, u)
         return d
     errors = [ln.raw for ln in (u.finding.errors if u.finding else [])][-5:] or _last_lines(u, 5)

@@ -10,7 +10,13 @@ one line, the biggest group first:
     hang: 3 of 4 ranks wait in all_reduce (train.py:14); rank 3 is in time.sleep
     (train.py:12), silent for 21s
 
-Stdlib only (the local supervisor imports it to print a hang as it happens).
+A rank without a stack (py-spy missing on its node, faulthandler not registered) is no
+group: the line says which node could not dump and why, once ("no stacks on tn2: py-spy
+not found there"), and names the rank that went silent first from the progress times,
+which is the one that stopped the others when they wait for it in a collective.
+
+Stdlib and the runtime only (the local supervisor imports it to print a hang as it
+happens); files a rank can reach are read as regular files only (runtime/regular.py).
 """
 
 from __future__ import annotations
@@ -23,6 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trebuchet.runtime.regular import open_regular, read_text
+
+HOST = re.compile(r"^# host (\S+)", re.M)
+TRIED = re.compile(r"^# tried: (.*)$", re.M)
+SILENT_GAP_S = 2.0  # a rank silent this much longer than every other went silent first
 PY_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]*?):(?P<line>\d+)\)\s*$")
 NATIVE_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<lib>[^():]+)\)\s*$")
 FH_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
@@ -71,6 +82,8 @@ class RankStack:
     where: str = ""
     native: str = ""
     silent: float | None = None
+    host: str = ""  # the node whose agent dumped it (older files: unknown)
+    why: str = ""  # why there is no stack (method none)
 
     @property
     def label(self) -> str:
@@ -115,9 +128,10 @@ def parse(text: str) -> tuple[str, list[Frame]]:
 def _source_call(frame: Frame) -> str | None:
     """The call on a user frame's line (`time.sleep` of `time.sleep(3600)`)."""
     try:
-        with open(frame.file, errors="replace") as fh:
-            for i, text in enumerate(fh, 1):
+        with open_regular(frame.file) as fh:
+            for i, raw in enumerate(fh, 1):
                 if i == frame.line:
+                    text = raw.decode(errors="replace")
                     for name in CALL.findall(text.strip()):
                         if name not in NOT_CALLS:
                             return name
@@ -153,14 +167,27 @@ def read_stacks(adir: Path, names: list[str] | None = None) -> list[RankStack]:
         if names is not None and path.stem not in names:
             continue
         try:
-            text = path.read_text(errors="replace")
+            text = read_text(path)
         except OSError:
             continue
         method, frames = parse(text)
-        rs = RankStack(path.stem, method, frames)
+        host = HOST.search(text)
+        rs = RankStack(path.stem, method, frames, host=host.group(1) if host else "")
+        rs.why = why_none(text) if method == "none" else ""
         analyse(rs)
         out.append(rs)
     return sorted(out, key=_order)
+
+
+def why_none(text: str) -> str:
+    """Why a stack file has no stack, in a few words, from its `# tried:` lines."""
+    tried = TRIED.findall(text)
+    if any(t.startswith("py-spy not found") for t in tried):
+        return "py-spy not found there"
+    spy = [t for t in tried if not t.startswith("faulthandler")]
+    if spy:
+        return spy[-1][:120]
+    return "py-spy and faulthandler were not usable there"
 
 
 def _order(rs: RankStack) -> tuple[int, int]:
@@ -181,8 +208,52 @@ def _human(seconds: float) -> str:
     return human(max(0.0, seconds))
 
 
-def summary(ranks: list[RankStack], total: int, missing: list[str]) -> str:
-    """The one line: the biggest group waits; the others, with how long they were silent."""
+def summary(
+    ranks: list[RankStack],
+    total: int,
+    missing: list[str],
+    silence: dict[str, float] | None = None,
+) -> str:
+    """The one line: the biggest group waits; the others, with how long they were silent;
+    the nodes that gave no stacks, and then the rank that went silent first."""
+    parts, apart = _grouped([r for r in ranks if r.method != "none"], total)
+    bare = [r for r in ranks if r.method == "none"]
+    parts += _no_stacks(bare, every=len(bare) == total)
+    if missing:
+        parts.append(f"no stacks from {', '.join(missing[:8])}")
+    first = first_silent(silence or {})
+    if first is not None and first[0] not in apart:  # not already named with its silence
+        name, gone, others = first
+        parts.append(f"{name.replace('-', ' ')} went silent first, {_human(gone)} before the "
+                     f"hang was seen (the others {_human(others)} or less)")  # fmt: skip
+    return "hang: " + "; ".join(parts)
+
+
+def _no_stacks(bare: list[RankStack], every: bool) -> list[str]:
+    """'no stacks on tn2: py-spy not found there', once per node and reason."""
+    by: dict[tuple[str, str], list[RankStack]] = {}
+    for r in bare:
+        by.setdefault((r.host, r.why), []).append(r)
+    out = []
+    for (host, why), members in by.items():
+        who = "" if every and len(by) == 1 else f" ({_names(members)})"
+        out.append(f"no stacks on {host}{who}: {why}" if host else
+                   f"no stacks from {_names(members)}: {why}")  # fmt: skip
+    return out
+
+
+def first_silent(silence: dict[str, float]) -> tuple[str, float, float] | None:
+    """(name, silent for, the others at most) of the rank silent SILENT_GAP_S longer than
+    every other one, from the progress times; None when none stands out."""
+    if len(silence) < 2:
+        return None
+    (name, top), (_, second) = sorted(silence.items(), key=lambda kv: (-kv[1], kv[0]))[:2]
+    return (name, top, second) if top - second >= SILENT_GAP_S else None
+
+
+def _grouped(ranks: list[RankStack], total: int) -> tuple[list[str], set[str]]:
+    """The groups of ranks with stacks, biggest first (at most four), and the names of the
+    ranks said apart from the first group, with their silence."""
     groups: dict[tuple[str, str], list[RankStack]] = {}
     for r in ranks:
         groups.setdefault((r.what, r.where), []).append(r)
@@ -205,9 +276,8 @@ def summary(ranks: list[RankStack], total: int, missing: list[str]) -> str:
             parts.append(f"{_names(members)} {verb} in {what}{at}{native}{quiet}")
     if len(ordered) > 4:
         parts.append(f"{len(ordered) - 4} more group(s)")
-    if missing:
-        parts.append(f"no stacks from {', '.join(missing[:8])}")
-    return "hang: " + "; ".join(parts)
+    apart = {m.name for _, members in ordered[1:4] for m in members}
+    return parts, apart
 
 
 @dataclass
@@ -223,24 +293,19 @@ def read(adir: Path) -> Hang | None:
     """The attempt's hang (hang.json and its stacks), or None when it had none."""
     adir = Path(adir)
     try:
-        info = json.loads((adir / "hang.json").read_text())
+        info = json.loads(read_text(adir / "hang.json"))
     except (OSError, ValueError):
         return None
-    expected = list(info.get("expected") or [])
+    expected = [str(n) for n in info.get("expected") or []]
     ranks = read_stacks(adir, info.get("stacks") or None)
     detected = float(info.get("detected_at") or time.time())
     started = float(info.get("last_progress") or detected)
+    silence = {n: _silent(adir, n, detected, started) for n in expected}
     for r in ranks:
-        try:
-            last = min((adir / "progress" / r.name).stat().st_mtime, detected)
-        except OSError:
-            last = None
-        r.silent = detected - last if last is not None else None
-        if r.silent is None:
-            r.silent = detected - min(started, detected)
+        r.silent = silence.get(r.name, _silent(adir, r.name, detected, started))
     got = {r.name for r in ranks}
     missing = [n.replace("-", " ") for n in expected if n not in got]
-    line = summary(ranks, len(expected) or len(ranks), missing)
+    line = summary(ranks, len(expected) or len(ranks), missing, silence)
     groups: dict[tuple[str, str], list[RankStack]] = {}
     for r in ranks:
         groups.setdefault((r.what, r.where), []).append(r)
@@ -248,7 +313,20 @@ def read(adir: Path) -> Hang | None:
     singles = [g[0] for g in groups.values() if len(g) == 1]
     if len(groups) > 1 and len(singles) == 1:
         odd = singles[0]
+    first = first_silent(silence)
+    if odd is None and first is not None:  # no stacks tell: the progress times do
+        odd = next((r for r in ranks if r.name == first[0]), RankStack(first[0]))
     return Hang(info, ranks, line, odd, str(adir / "stacks"))
+
+
+def _silent(adir: Path, name: str, detected: float, started: float) -> float:
+    """How long `name` had made no progress when the hang was seen (its progress file's
+    mtime; without one, since the attempt's last progress)."""
+    try:
+        last = min((adir / "progress" / name).stat().st_mtime, detected)
+    except OSError:
+        last = min(started, detected)
+    return detected - last
 
 
 def hang_lines(adir: Path) -> list[str]:
@@ -307,7 +385,7 @@ def warned_lines(run_dir: str, attempt: int) -> list[str]:
     """The hang an attempt that goes on reported (on_hang: warn), for `treb status`."""
     adir = Path(run_dir) / f"attempt-{attempt}"
     try:
-        action = json.loads((adir / "hang.json").read_text()).get("action")
+        action = json.loads(read_text(adir / "hang.json")).get("action")
     except (OSError, ValueError, AttributeError):
         return []
     return [f"warning: {line}" for line in hang_lines(adir)] if action == "warn" else []

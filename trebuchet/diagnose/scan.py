@@ -18,6 +18,7 @@ from pathlib import Path
 
 from trebuchet.diagnose import catalog
 from trebuchet.diagnose.lines import parse
+from trebuchet.runtime.regular import open_regular
 
 CHUNK = 64 << 10
 QUIET = 16 << 10  # this much output without an error before the first one: episode found
@@ -29,7 +30,8 @@ KEYWORDS = (
     b"in use", b"root cause", b"watchdog", b"oom", b"abort", b"illegal", b"terminat",
     b"no module", b"core dump", b"fatal", b"fail", b"due to", b"no route", b"not found",
     b"cannot", b"eaddrinuse", b"ncclunique", b"crash on", b"peer", b"broken pipe", b"ifname",
-    b"no such file", b"can't open", b"no space left", b"quota exceeded",
+    b"no such file", b"can't open", b"no space left", b"quota exceeded", b"permission denied",
+    b"unexpected eof",
 )  # fmt: skip
 # A header and how many following lines belong to it (frames, report fields).
 BLOCKS = ((b"traceback (most recent call last)", 120), (b"root cause (first observed", 60),
@@ -97,7 +99,7 @@ def _first_error(data: bytes, starts: set[int]) -> int | None:
 def scan(path: Path, chunk: int = CHUNK, max_bytes: int = MAX_BYTES) -> Scan:
     """Read `path` backwards until the error episode's start; keep its candidate lines."""
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - a missing log is an empty scan, not an error
+        fh = open_regular(path)  # a missing log (or a FIFO) is an empty scan, not an error
     except OSError:
         return Scan(Path(path), 0, 0)
     with fh:

@@ -22,6 +22,7 @@ from trebuchet import registry
 from trebuchet.diagnose import scan as scanner
 from trebuchet.diagnose.classify import Finding
 from trebuchet.diagnose.lines import LogLine, parse
+from trebuchet.runtime.regular import read_text
 
 # srun: "srun: error: tn2: task 3: Exited with exit code 1", "srun: error: tn1: tasks 0-1: Killed"
 SRUN_TASK = re.compile(
@@ -200,7 +201,7 @@ def torchrun_report(lines: list[LogLine]) -> list[dict[str, Any]]:
 def error_file_lines(path: str) -> list[LogLine]:
     """The exception a torchrun worker wrote with @record: its message and call stack."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(read_text(path))
     except (OSError, ValueError):
         return []
     msg = data.get("message", data)
@@ -374,7 +375,7 @@ OUTCOME = re.compile(r"^(rank|node)-(\d+)\.json$")
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_text(path))
     except (OSError, ValueError):
         return None
 
@@ -396,7 +397,7 @@ def _gpus(run_dir: Path, plan: dict[str, Any]) -> int | None:
     if ngpus is not None and str(ngpus).isdigit():
         return int(ngpus)
     try:
-        text = (run_dir / "spec.yaml").read_text()
+        text = read_text(run_dir / "spec.yaml")
     except OSError:
         return None
     m = re.search(r"^gpus_per_node: (-?\d+)\s*$", text, re.M)
@@ -429,7 +430,7 @@ def _event_reason(run_dir: Path) -> tuple[str | None, str | None]:
 
     reason = engine = None
     try:
-        lines = (run_dir / "events.jsonl").read_text().splitlines()
+        lines = read_text(run_dir / "events.jsonl").splitlines()
     except OSError:
         return None, None
     for line in lines:
@@ -453,6 +454,16 @@ def _environment_unit(log: Path, message: str, ended_at: float | None) -> Unit:
     lines.append(parse(f"treb: environment build failed: {message}", len(lines)))
     return Unit(rank=None, label="environment", exit_code=1, log=str(log), lines=lines,
                 last_lines=last, ended_at=ended_at, order=0)  # fmt: skip
+
+
+def _setup_unit(ff: dict[str, Any]) -> Unit:
+    """A node whose setup failed before any rank started (the engine's first failure,
+    label "setup": its message names the line; its log is the setup's output)."""
+    lines, last = _scan_lines(Path(ff["log"])) if ff.get("log") else ([], [])
+    node = ff.get("host") or (None if ff.get("node") is None else str(ff["node"]))
+    return Unit(rank=None, node=node, label="setup", exit_code=ff.get("exit_code") or 1,
+                log=ff.get("log"), lines=lines, last_lines=last, ended_at=ff.get("ended_at"),
+                order=0)  # fmt: skip
 
 
 def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> Case:
@@ -486,6 +497,10 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
     if ff and ff.get("label") == "environment":
         msg = ff.get("message") or "environment build failed"
         case.units = [_environment_unit(Path(ff["log"]), msg, ff.get("ended_at"))]
+        case.first_failure = 0
+        return case
+    if ff and ff.get("label") == "setup":
+        case.units = [_setup_unit(ff)]
         case.first_failure = 0
         return case
     if not ff and reason.startswith("environment build failed") and env_log.is_file():

@@ -4,7 +4,9 @@ In a git repository the snapshot holds the files git would show: tracked ones as
 in the working tree (uncommitted edits included, recorded as dirty) and untracked ones
 that .gitignore does not ignore (`git ls-files --others --exclude-standard`: a new script
 runs without a `git add` first). Elsewhere it holds every file that .gitignore does not
-exclude. `.trebignore` (gitignore syntax) excludes more in both cases.
+exclude. `.trebignore` (gitignore syntax) excludes more in both cases. A folder holding `pyvenv.cfg`
+is a virtualenv and is left out, said once (its hundreds of MB of site-packages made the
+snapshot refuse the run, and a copied venv does not work: its scripts name their path).
 
 Only regular files and symlinks are copied: a FIFO, socket or device is skipped with a
 warning (opening a FIFO would hang). A file that vanishes during the copy is skipped
@@ -39,6 +41,7 @@ class Snapshot:
     git_dirty: bool | None = None
     untracked: list[str] = field(default_factory=list)  # included, not in git yet
     skipped: dict[str, str] = field(default_factory=dict)  # path -> why it was left out
+    venvs: list[str] = field(default_factory=list)  # virtualenv folders left out
 
 
 def in_git_tree(path: Path) -> bool:
@@ -123,18 +126,50 @@ def list_files(workdir: Path) -> tuple[list[str], Snapshot]:
             rel_root = Path(root).relative_to(workdir)
             dirs[:] = [d for d in dirs if d != ".git" and str(rel_root / d) != home and not (
                 gitignore and gitignore.match_file(f"{rel_root / d}/"))]  # fmt: skip
+            venvs = [d for d in dirs if os.path.isfile(os.path.join(root, d, "pyvenv.cfg"))]
+            info.venvs += [str(rel_root / d) for d in venvs]  # not walked: never listed
+            dirs[:] = [d for d in dirs if d not in venvs]
             for n in names:
                 rel = str(rel_root / n) if str(rel_root) != "." else n
                 if not (gitignore and gitignore.match_file(rel)):
                     files.append(rel)
     if home:  # never snapshot trebuchet's own state (it holds this very run)
         files = [f for f in files if not (f == home or f.startswith(home + "/"))]
+    info.venvs = sorted({*info.venvs, *venv_folders(workdir, files)})
+    if info.venvs:
+        files = [f for f in files if not _under(f, info.venvs)]
     trebignore = _ignore_spec(workdir / ".trebignore")
     if trebignore:
         files = [f for f in files if not trebignore.match_file(f)]
     info.untracked = sorted(f for f in info.untracked if f in set(files))
     info.git_dirty = info.git_dirty or (bool(info.untracked) if tracked is not None else None)
     return sorted(set(files)), info
+
+
+def venv_folders(workdir: Path, files: list[str]) -> list[str]:
+    """The outermost folders among `files`' parents that hold a pyvenv.cfg: virtualenvs."""
+    parents = sorted({str(p) for f in files for p in Path(f).parents if str(p) != "."},
+                     key=lambda d: (d.count("/"), d))  # fmt: skip
+    found: list[str] = []
+    for d in parents:
+        if not _under(d, found) and os.path.isfile(workdir / d / "pyvenv.cfg"):
+            found.append(d)
+    return sorted(found)
+
+
+def venv_note(venvs: list[str]) -> str:
+    """The one line a run says about the virtualenvs its snapshot left out."""
+    shown = ", ".join(f"{d}/" for d in venvs[:5]) + (f" and {len(venvs) - 5} more"
+                                                     if len(venvs) > 5 else "")  # fmt: skip
+    return (
+        f"the code snapshot leaves out the virtualenv{'s' if len(venvs) > 1 else ''} {shown} "
+        "(a folder with pyvenv.cfg): the ranks use the python they start with (PATH, an "
+        "absolute path, or environment:); snapshot: false runs in the workdir itself"
+    )
+
+
+def _under(path: str, folders: list[str]) -> bool:
+    return any(path == d or path.startswith(d + "/") for d in folders)
 
 
 def _size(n: float) -> str:
@@ -274,6 +309,11 @@ def why_missing(run_dir: Path, lines: list[str]) -> str | None:
         why = (snap.get("skipped") or {}).get(rel)
         if why:
             return f"{rel} was left out of the code snapshot: {why}"
+        venv = next((d for d in snap.get("venvs") or [] if _under(rel, [d])), None)
+        if venv:
+            return (f"{rel} is in the virtualenv {venv}/, which the code snapshot leaves out: "
+                    f"name its python by absolute path ({source / venv}/bin/python), use "
+                    "environment:, or set snapshot: false")  # fmt: skip
         if not os.path.lexists(source / name):
             return f"{rel} is not in the code snapshot, and not in the workdir {source} either"
         return f"{rel} is in the workdir but not in the code snapshot: {_left_out(source, rel)}"
@@ -317,5 +357,6 @@ def reuse(run: Path, dest: Path) -> tuple[Snapshot, str]:
         path=str(dest), files=facts.get("files", 0), bytes=facts.get("bytes", 0),
         git_commit=facts.get("git_commit"), git_dirty=facts.get("git_dirty"),
         untracked=facts.get("untracked") or [], skipped=facts.get("skipped") or {},
+        venvs=facts.get("venvs") or [],
     )  # fmt: skip
     return info, str(facts.get("source") or run / "code")

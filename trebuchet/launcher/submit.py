@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from trebuchet.errors import UserError
-from trebuchet.launcher.snapshot import earlier_run, reuse, take
+from trebuchet.launcher.snapshot import earlier_run, reuse, take, venv_note
 from trebuchet.plain import asdict, field, record
 from trebuchet.runtime.records import sync
 from trebuchet.spec import resolved
@@ -101,6 +101,8 @@ def _record(
             snap = take(loaded.workdir, path / "code", parse_size(spec.snapshot_max_size))
         write_json(path / "snapshot.json", {**asdict(snap), "source": source}, durable=False)
         git_commit, git_dirty = snap.git_commit, snap.git_dirty
+        if snap.venvs and not earlier:
+            warnings.append(venv_note(snap.venvs))
         if snap.skipped:
             shown = ", ".join(f"{f} ({why})" for f, why in list(snap.skipped.items())[:5])
             more = len(snap.skipped) - 5

@@ -394,17 +394,20 @@ class Supervisor:
     def _kill_strays(self, attempt: int, keep: bool = True) -> None:
         """Anything of this run still alive (a daemon a rank left behind) is killed now:
         the run's cgroup, what carries its TREB_RUN_ID, the orphans adopted as subreaper.
-        `keep` keeps the cgroup for the next attempt."""
-        me, dog = os.getpid(), self.watchdog.pid if self.watchdog else -1
+        `keep` keeps the cgroup for the next attempt. The supervisor's own helpers stay:
+        the watchdog, the log policies' matcher."""
+        me = os.getpid()
+        matcher = self.job.matcher.pid if self.job.matcher is not None else None
+        ours = {me, self.watchdog.pid if self.watchdog else -1, matcher or -1}
         adopted = []
-        if self.subreaper:  # every child but the watchdog: the ranks were reaped by now
-            adopted = [p for p in children(me) if p != dog and alive(p, None)]
-        found = contain.end_run(self.plan.run_id, str(self.run_dir), {me, dog}, keep=keep)
+        if self.subreaper:  # every child but ours: the ranks were reaped by now
+            adopted = [p for p in children(me) if p not in ours and alive(p, None)]
+        found = contain.end_run(self.plan.run_id, str(self.run_dir), ours, keep=keep)
         tree = [q for p in adopted for q in [p, *descendants(p)]]
         for pid in tree:
             signal_pid(pid, signal.SIGKILL)
         if self.subreaper:
-            reap([p for p in children(me) if p != dog], timeout=1.0)
+            reap([p for p in children(me) if p not in ours], timeout=1.0)
         strays = sorted({*found["cgroup"], *found["scan"], *tree})
         if strays:
             append_event(self.run_dir, "strays_killed", attempt=attempt, pids=strays)

@@ -30,6 +30,8 @@ CHECKS: dict[str, str] = {
     "checkpoints-node-local": "a recovered SkyPilot/Kubernetes job would lose node-local "
     "checkpoints",
     "gpus-unused": "skypilot.accelerators gives more GPUs per node than the ranks use",
+    "ssh-hosts-unused": "ssh hosts listed beyond `nodes`, which the run does not use",
+    "ssh-setup-syntax": "ssh.setup lines bash cannot parse",
     "unknown-check-id": "an ignore_checks entry that names no check",
 }  # fmt: skip
 

@@ -5,7 +5,8 @@ default results.csv) found in the run directory (TREB_RUN_DIR) or the directory 
 ran in, written during this run; else each rank's first `performance:` line, combined as
 the spec says (`results.ranks`: rank0, the default, sum for a throughput across ranks, or
 mean); else the HuggingFace Trainer's train_samples_per_second. A row's status is SUCCESS
-only when the run succeeded and a number was found.
+only when the run succeeded and a number was found, CANCELLED or LOST when the run ended so
+(neither succeeded nor failed), else FAILURE (table.status).
 
 The facts of the run come from the store and the run directory: workload, backend,
 launcher, shape, environment (its kind or image; `current` without one), the git commit
@@ -185,16 +186,14 @@ def compute(store: Any, rec: Any) -> list[dict[str, Any]]:
         "created_at": rec.created_at,
         "args": shlex.join(command) if isinstance(command, list) else command,
     }  # fmt: skip
-    ok = rec.state == "SUCCEEDED"
     rows: list[dict[str, Any]] = []
     path = _csv_path(file, run_dir, cwd, rec.started_at)
     if path is not None:
         try:
             for r in parse.results_csv(path):
-                status = "SUCCESS" if ok and r.value is not None else "FAILURE"
                 rows.append({**base, "model": f"{rec.name}_{r.model}", "performance": r.value,
                              "metric": r.metric, "source": str(path), "extra": r.extra,
-                             "status": status})  # fmt: skip
+                             "status": table.status(rec.state, r.value)})  # fmt: skip
         except (OSError, ValueError) as exc:  # a malformed CSV: say so in the row
             base["extra"] = {"results_error": str(exc)}
     if rows:
@@ -209,7 +208,7 @@ def compute(store: Any, rec: Any) -> list[dict[str, Any]]:
             found = (found[0], found[1], found[2] + ", train_samples_per_second")
     value, metric, source = found if found else (None, None, None)
     return [{**base, "model": rec.name, "performance": value, "metric": metric, "source": source,
-             "status": "SUCCESS" if ok and value is not None else "FAILURE"}]  # fmt: skip
+             "status": table.status(rec.state, value)}]  # fmt: skip
 
 
 def collect(store: Any, rec: Any, force: bool = False) -> list[dict[str, Any]]:

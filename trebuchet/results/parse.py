@@ -5,17 +5,21 @@ sign, decimals and an exponent, and may be followed by a "/unit" or a comma befo
 metric (`performance: 1.2e3 samples_per_second`, `performance: 95.2/s, tokens_per_sec`).
 The HuggingFace Trainer's `'train_samples_per_second': 4.23` counts only when a log has no
 `performance:` line. A log is streamed in chunks and only lines that hold the marker are
-matched, so a multi-gigabyte log costs one read and no decoding.
+matched, so a multi-gigabyte log costs one read and no decoding. A value that is not a
+finite number (`performance: 1e999`) is no value: it would poison every comparison.
 """
 
 from __future__ import annotations
 
 import csv
+import io
+import math
 import re
 from pathlib import Path
 
 from trebuchet.plain import field, record
 from trebuchet.runtime.metrics import NUMBER, PERF  # one reading, also the agents'
+from trebuchet.runtime.regular import open_regular
 
 HF = re.compile(rb"train_samples_per_second['\"]?\s*[:=]\s*(?P<value>" + NUMBER + rb")")
 CHUNK = 4 << 20
@@ -40,7 +44,7 @@ class CsvRow:
 def _first(path: Path, rx: re.Pattern[bytes], marker: bytes) -> re.Match[bytes] | None:
     """The first match of rx in the file, reading it in chunks of whole lines."""
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - a missing log reports nothing
+        fh = open_regular(path)  # a missing log (or a rank's FIFO) reports nothing
     except OSError:
         return None
     carry = b""
@@ -73,7 +77,7 @@ def _line(m: re.Match[bytes]) -> str:
 def performance(path: Path) -> Value | None:
     """The first `performance: <number> <metric>` of a log."""
     m = _first(path, PERF, b"performance:")
-    if not m:
+    if not m or not math.isfinite(float(m["value"])):
         return None
     return Value(float(m["value"]), m["metric"].decode(errors="replace"), _line(m))
 
@@ -81,14 +85,15 @@ def performance(path: Path) -> Value | None:
 def hf_samples_per_second(path: Path) -> Value | None:
     """The HuggingFace Trainer's train_samples_per_second, as samples_per_second."""
     m = _first(path, HF, b"train_samples_per_second")
-    if not m:
+    if not m or not math.isfinite(float(m["value"])):
         return None
     return Value(float(m["value"]), "samples_per_second", _line(m))
 
 
 def results_csv(path: Path) -> list[CsvRow]:
     """Rows of a results CSV: columns model, performance, metric; other columns kept."""
-    with open(path, newline="", encoding="utf-8-sig", errors="replace") as fh:
+    raw = open_regular(path)  # the rank writes it: a FIFO there never blocks `treb results`
+    with io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="") as fh:
         reader = csv.DictReader(fh)
         fields = {(f or "").strip().lower(): f for f in reader.fieldnames or []}
         missing = [c for c in REQUIRED if c not in fields]
@@ -98,9 +103,14 @@ def results_csv(path: Path) -> list[CsvRow]:
         for row in reader:
             get = {k: (row.get(v) or "").strip() for k, v in fields.items()}
             try:
-                value: float | None = float(get["performance"])
+                value: float | None = finite(float(get["performance"]))
             except ValueError:
                 value = None
             extra = {fields[k]: v for k, v in get.items() if k not in REQUIRED}
             out.append(CsvRow(get["model"], value, get["metric"], extra))
         return out
+
+
+def finite(v: float | None) -> float | None:
+    """v when it is a finite number, else None (inf, NaN: no value)."""
+    return v if isinstance(v, (int, float)) and math.isfinite(v) else None

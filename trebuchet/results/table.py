@@ -4,13 +4,15 @@ The table is the index: `treb results` lists and compares many runs with one que
 run's rows are computed once (when the attached `treb run` ends, or the first time a verb
 looks at a finished run) instead of re-reading its logs every time. results.json keeps the
 same rows next to the logs, so a run directory copied elsewhere still carries them.
-A run always gets at least one row (status FAILURE and no value when nothing was found),
-which is also how the table remembers that a run was already collected.
+A run always gets at least one row (status FAILURE, or the run's CANCELLED or LOST, and no
+value when nothing was found), which is also how the table remembers that a run was already
+collected.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from typing import Any
 
@@ -54,6 +56,19 @@ COLUMNS = [
 ]  # fmt: skip
 
 
+# Ends that are not failures, shown as such in the status column (madengine's SUCCESS and
+# FAILURE say neither of a run that was cancelled or lost).
+OWN_STATUS = ("CANCELLED", "LOST")
+
+
+def status(run_state: str | None, value: float | None) -> str:
+    """A row's status: SUCCESS (the run succeeded and reported a number), CANCELLED or LOST
+    (the run's own end), else FAILURE."""
+    if run_state in OWN_STATUS:
+        return str(run_state)
+    return "SUCCESS" if run_state == "SUCCEEDED" and value is not None else "FAILURE"
+
+
 def ensure(conn: sqlite3.Connection) -> None:
     if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'results'").fetchone():
         conn.executescript(SCHEMA)
@@ -61,12 +76,19 @@ def ensure(conn: sqlite3.Connection) -> None:
 
 def load(conn: sqlite3.Connection, run_id: str) -> list[dict[str, Any]]:
     rows = conn.execute("SELECT * FROM results WHERE run_id = ? ORDER BY seq", (run_id,))
-    out = []
-    for r in rows.fetchall():
-        d = dict(zip(COLUMNS, tuple(r), strict=False)) if not hasattr(r, "keys") else dict(r)
-        d["extra"] = json.loads(d.get("extra") or "{}")
-        out.append(d)
-    return out
+    return [_row(r) for r in rows.fetchall()]
+
+
+def _row(r: Any) -> dict[str, Any]:
+    """A stored row as a dict; a performance an older index kept as inf is no value."""
+    d = dict(zip(COLUMNS, tuple(r), strict=False)) if not hasattr(r, "keys") else dict(r)
+    d["extra"] = json.loads(d.get("extra") or "{}")
+    v = d.get("performance")
+    if isinstance(v, float) and not math.isfinite(v):
+        d["performance"] = None
+    if d.get("run_state") in OWN_STATUS:  # stored before these ends had their own status
+        d["status"] = d["run_state"]
+    return d
 
 
 def save(store: Any, run_id: str, rows: list[dict[str, Any]]) -> None:
@@ -97,9 +119,4 @@ def of_workload(conn: sqlite3.Connection, workload: str, limit: int = 1000) -> l
         "SELECT * FROM (SELECT * FROM results WHERE workload = ? ORDER BY created_at DESC, "
         "seq LIMIT ?) ORDER BY created_at, seq", (workload, int(limit)),
     ).fetchall()  # fmt: skip
-    out = []
-    for r in rows:
-        d = dict(zip(COLUMNS, tuple(r), strict=False)) if not hasattr(r, "keys") else dict(r)
-        d["extra"] = json.loads(d.get("extra") or "{}")
-        out.append(d)
-    return out
+    return [_row(r) for r in rows]

@@ -47,6 +47,7 @@ def next_step(
     on_hang: str | None = None,
     cancelled: bool = False,
     limit_near: bool = False,
+    matcher: policies.Matcher | None = None,
 ) -> Decision:
     """After attempt `attempt` (from 0) ended `state`, the one rule:
 
@@ -70,7 +71,7 @@ def next_step(
         return Decision(again if normal_left else END, policies.NO_MATCH, None, "")
     if limit_near:  # the ranks failed as the allocation ends: no policy, no retry here
         return Decision(END, policies.NO_MATCH, None, "")
-    verdict, policy, line = policies.decide(log_policies, logs, granted)
+    verdict, policy, line = policies.decide(log_policies, logs, granted, matcher)
     if verdict == policies.RETRY or (verdict != policies.FINAL and normal_left):
         return Decision(RETRY, verdict, policy, line)
     return Decision(END, verdict, policy, line)
@@ -237,6 +238,8 @@ class JobController:
         self.warned_stop = False  # a rank died of the checkpoint signal after it
         self.granted = dict(granted or {})  # retries the log policies granted, by name
         self.ending = Ending("FAILED", None)  # the last attempt's
+        # the log policies' search, started while an attempt runs (off a retry's path)
+        self.matcher = policies.Matcher() if settings.log_policies else None
         self.wake_r, self.wake_w = os.pipe()  # signal handlers' wake-up (set_wakeup_fd)
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
@@ -277,6 +280,13 @@ class JobController:
     def run(self, first: int = 0) -> str:
         """Every attempt from `first` (a requeued job's restart), then the run's end; the
         final state."""
+        try:
+            return self._run(first)
+        finally:
+            if self.matcher is not None:
+                self.matcher.close()
+
+    def _run(self, first: int) -> str:
         state = "FAILED"
         cause = self.nodes.prepare()
         if cause is None:
@@ -309,7 +319,7 @@ class JobController:
             self.nodes.logs(attempt, cause) if state == "FAILED" else [], self.granted,
             on_hang=self.settings.on_hang if self.hang is not None else None,
             cancelled=self.cancel_signal is not None or self.ending.engine_ended,
-            limit_near=self.ending.limit_near,
+            limit_near=self.ending.limit_near, matcher=self.matcher,
         )  # fmt: skip
         if decision.policy is not None:
             name, action = decision.policy["name"], decision.policy["action"]
@@ -323,14 +333,14 @@ class JobController:
         self.attempt = attempt
         self.first_failure, self.failed, self.hang, self.hang_stop_at = None, False, None, None
         self.warned = self.warned_stop = False
-        started = time.time()
+        started, clock_start = time.time(), time.monotonic()  # the record's; the timeout's
         self.records.attempt_started(attempt, started, **self.nodes.attempt_facts(attempt))
         self.ending = Ending("FAILED", "pre")
         if not self.nodes.pre_post("pre", attempt):
             self.records.attempt_stopped(attempt, "FAILED", "pre")
             return "CANCELLED" if self.cancel_signal is not None else "FAILED"
         self.nodes.start(attempt)
-        reason = self.watch(attempt, started)
+        reason = self.watch(attempt, started, clock_start)
         self.nodes.after(attempt, reason)
         if not self.nodes.pre_post("post", attempt) and reason is None:
             reason = "post"
@@ -341,11 +351,13 @@ class JobController:
             self.records.attempt_ended(attempt, end.state, end.reason)
         return end.state
 
-    def watch(self, attempt: int, started: float) -> str | None:
-        """Wait for every process of the attempt; why the controller stopped it, if it did."""
+    def watch(self, attempt: int, started: float, clock_start: float) -> str | None:
+        """Wait for every process of the attempt; why the controller stopped it, if it did.
+        The timeout counts on the monotonic clock from the attempt's start (`clock_start`):
+        a jump of the wall clock neither ends nor stretches it."""
         s = self.settings
         reason: str | None = "failure" if self.failed else None
-        clock = AttemptClock(time.monotonic() - (time.time() - started), s.timeout, s.warning)
+        clock = AttemptClock(clock_start, s.timeout, s.warning)
         watch = None
         if s.hang_timeout:
             from .hang import HangWatch, expected_names
@@ -354,9 +366,16 @@ class JobController:
             watch = HangWatch(self.attempt_dir(attempt), s.hang_timeout, s.on_hang, names,
                               started)  # fmt: skip
         beat = time.monotonic() + HEARTBEAT_S
+        if self.matcher is not None:
+            self.matcher.start()  # starts beside the ranks: ready when a retry asks
         while True:
             alive = self.nodes.poll()
-            if reason is None and watch is not None and alive:
+            if not alive:  # all ended: their records say how (a clock read now, e.g. after
+                self.nodes.tick()  # this process was stopped, would call them a timeout)
+                if reason is None and (self.failed or self.cancel_signal is not None):
+                    reason = "failure" if self.failed else "cancel"
+                return reason
+            if reason is None and watch is not None:
                 found = watch.step()
                 if found is not None and self.on_hang(attempt, found):
                     reason = "hang"
@@ -389,8 +408,6 @@ class JobController:
             if time.monotonic() >= beat:
                 beat = time.monotonic() + HEARTBEAT_S
                 self.records.heartbeat()
-            if not alive:
-                return reason
             select.select([self.wake_r], [], [], 0.2 if reason else clock.wait(0.2))
             self.drain()
 

@@ -17,6 +17,7 @@ import threading
 import time
 
 from .lines import Splitter
+from .regular import open_fd
 
 CHUNK = 1 << 16  # bytes read from one file at a time
 MAX_LINE = 1 << 16  # a longer line is copied in pieces of this size
@@ -43,9 +44,9 @@ class _Stream:
         """What the file gained since the last call, as prefixed whole lines."""
         if self.fd < 0:
             try:
-                self.fd = os.open(self.path, os.O_RDONLY)
+                self.fd = open_fd(self.path)  # a rank's FIFO never blocks the copy
             except OSError:
-                return b""  # not created yet
+                return b""  # not created yet (or not a regular file)
             os.lseek(self.fd, self.start, os.SEEK_SET)
         try:
             data = os.read(self.fd, CHUNK)

@@ -18,9 +18,16 @@ The step is the value of `step` (or global_step, iteration, iter) when the line 
 one, else the last step an earlier line of the rank gave, else a per-name count (the
 HuggingFace Trainer's dicts have none). Numbers only: booleans, NaN strings and text are skipped.
 
-Bounded: a line is at most what the reader hands over (`progress.LINE_CAP`); a
-file past `SOFT_MAX` bytes keeps one point a name every `THIN_S` seconds, and stops at
-`HARD_MAX`.
+Total: whatever a rank prints, a line yields points or nothing, never an exception (the
+reader runs inside the agent, whose death would end the run). A `{...}` nested deeper
+than `DEPTH_MAX` is not decoded (json and ast recurse), and a number that is no finite
+float (`1e999`, a 400-digit integer, NaN, Infinity) is dropped and counted: the point
+line carries `"x": {"nonfinite": n}`, and the store says how many (store/metrics.py).
+
+Bounded: a line is at most what the reader hands over (`progress.LINE_CAP`); a process
+writes at most `MAX_NAMES` distinct names (the values of later ones are counted in
+`"x": {"names": n}`, not written); a file past `SOFT_MAX` bytes keeps one point a name
+every `THIN_S` seconds, and stops at `HARD_MAX`.
 """
 
 from __future__ import annotations
@@ -39,9 +46,12 @@ PERF = re.compile(
 )
 _PAIR = re.compile(rb"(?P<key>[A-Za-z_][\w./-]*)\s*[=:]\s*(?P<value>" + NUMBER + rb")(?![\w.])")
 _ANSI = re.compile(rb"\^\[\[[0-9;]*[A-Za-z]")  # colours, as lines.inert shows ESC
+_NOT_BRACKET = re.compile(rb"[^\[\]{}()]+")
 STEP_KEYS = ("step", "global_step", "iteration", "iter")
 LITERAL_MAX = 16 << 10
+DEPTH_MAX = 32  # nesting of a `{...}` decoded at most (json and ast recurse per level)
 NAME_MAX = 100
+MAX_NAMES = 256  # distinct metric names a process writes, and a run keeps (docs/metrics.md)
 METRICS_DIR = "metrics"
 SOFT_MAX = 64 << 20
 HARD_MAX = 256 << 20
@@ -83,10 +93,30 @@ class Config:
 
 
 def _number(v: Any) -> float | None:
+    """A JSON or literal number as a float: inf when it does not fit (dropped later)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    f = float(v)
-    return f if math.isfinite(f) else None
+    try:
+        return float(v)
+    except OverflowError:  # an int of hundreds of digits
+        return math.inf if v > 0 else -math.inf
+
+
+def _finite(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
+
+
+def _too_deep(part: bytes) -> bool:
+    """Whether a `{...}` may nest deeper than DEPTH_MAX: brackets in strings count too
+    (a metrics line has none to speak of), so one linear pass decides."""
+    if part.count(b"{") + part.count(b"[") + part.count(b"(") <= DEPTH_MAX:
+        return False
+    depth = 0
+    for c in _NOT_BRACKET.sub(b"", part):
+        depth += 1 if c in b"[{(" else -1
+        if depth > DEPTH_MAX:
+            return True
+    return False
 
 
 def _from_mapping(d: Any) -> tuple[float | None, Values]:
@@ -116,6 +146,19 @@ def _dict_part(line: bytes) -> bytes | None:
 
 def parse(line: bytes, config: Config | None = None) -> tuple[float | None, Values]:
     """(step or None, {name: value}) of one log line; ({} when it holds no metric)."""
+    step, values, _ = read(line, config)
+    return step, values
+
+
+def read(line: bytes, config: Config | None = None) -> tuple[float | None, Values, int]:
+    """parse(), and how many values it dropped as not finite; never raises."""
+    step, raw = _parse(line, config)
+    values = {k: v for k, v in raw.items() if math.isfinite(v)}
+    return _finite(step), values, len(raw) - len(values)
+
+
+def _parse(line: bytes, config: Config | None) -> tuple[float | None, Values]:
+    """The first reading that yields values, not finite ones included."""
     if b"^[" in line:
         line = _ANSI.sub(b"", line)
     line = line.strip()
@@ -124,7 +167,7 @@ def parse(line: bytes, config: Config | None = None) -> tuple[float | None, Valu
         if m:
             return None, {m["metric"].decode(errors="replace")[:NAME_MAX]: float(m["value"])}
     part = _dict_part(line)
-    if part is not None and len(part) <= LITERAL_MAX:
+    if part is not None and len(part) <= LITERAL_MAX and not _too_deep(part):
         step, values = _decoded(part)
         if values:
             return step, values
@@ -146,14 +189,14 @@ def _decoded(part: bytes) -> tuple[float | None, Values]:
     text = part.decode(errors="replace")
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError, MemoryError):
         if "'" not in text:
             return None, {}
         try:  # the HuggingFace Trainer's repr of a dict: literals only, bounded above
             import ast  # here: only a dict printed as a repr pays for it
 
             data = ast.literal_eval(text)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return None, {}
     return _from_mapping(data)
 
@@ -164,9 +207,9 @@ def _groups(m: re.Match[bytes]) -> tuple[float | None, Values]:
     for k, v in m.groupdict().items():
         try:
             f = float(v) if v is not None else None
-        except ValueError:
+        except (ValueError, TypeError):
             continue
-        if f is None or not math.isfinite(f):
+        if f is None:
             continue
         if k == "step":
             step = f
@@ -181,8 +224,6 @@ def _pairs(text: bytes) -> tuple[float | None, Values]:
     for m in _PAIR.finditer(text):
         key = m["key"].decode()[:NAME_MAX]
         f = float(m["value"])
-        if not math.isfinite(f):
-            continue
         if key in STEP_KEYS and step is None:
             step = f
         else:
@@ -207,8 +248,18 @@ class Writer:
         self.counts: dict[str, int] = {}  # points per name: the step of a stepless line
         self.last: dict[str, float] = {}  # per name, wall time of the last point (thinning)
         self.step: float | None = None  # the last step a line gave
+        self.nonfinite = 0  # values dropped (not finite) since the last line written
+        self.over_names = 0  # values of names past MAX_NAMES since the last line written
 
-    def add(self, step: float | None, values: Values, wall: float) -> None:
+    def add(self, step: float | None, values: Values, wall: float, nonfinite: int = 0) -> None:
+        self.nonfinite += nonfinite
+        new = [k for k in values if k not in self.counts]
+        if len(self.counts) + len(new) > MAX_NAMES:  # past the cap: counted, not written
+            over = new[MAX_NAMES - len(self.counts) :]
+            self.over_names += len(over)
+            values = {k: v for k, v in values.items() if k not in over}
+        if not values:
+            return
         if self.size >= HARD_MAX:
             return
         if self.size >= SOFT_MAX:
@@ -225,7 +276,13 @@ class Writer:
             self.counts[k] = self.counts.get(k, 0) + 1
             self.last[k] = wall
         s = int(step) if float(step).is_integer() else step
-        data = (json.dumps({"t": round(wall, 3), "s": s, "m": values}) + "\n").encode()
+        self._write({"t": round(wall, 3), "s": s, "m": values})
+
+    def _write(self, point: dict[str, Any]) -> None:
+        """One line; the values dropped since the last one ride along (`x`)."""
+        if self.nonfinite or self.over_names:
+            point["x"] = {"nonfinite": self.nonfinite, "names": self.over_names}
+        data = (json.dumps(point) + "\n").encode()
         try:
             if self.fd < 0:
                 self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -233,8 +290,11 @@ class Writer:
         except OSError:
             return
         self.size += len(data)
+        self.nonfinite = self.over_names = 0
 
     def close(self) -> None:
+        if (self.nonfinite or self.over_names) and self.size < HARD_MAX:
+            self._write({"t": round(time.time(), 3), "s": self.step or 0, "m": {}})
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -256,9 +316,12 @@ class Metrics:
             self.writers[name] = writer
         if writer is None:
             return
-        step, values = parse(line, self.config)
-        if values:
-            writer.add(step, values, time.time())
+        try:
+            step, values, dropped = read(line, self.config)
+        except Exception:  # noqa: BLE001 - read() is total; a line never stops the agent
+            return
+        if values or dropped:
+            writer.add(step, values, time.time(), dropped)
 
     def close(self) -> None:
         """Close the files (a later line opens its file again)."""

@@ -2,7 +2,11 @@
 controller on Slurm talk to a tracking server without importing mlflow (hundreds of MB
 and seconds of imports, and absent on the nodes).
 
-Every request has a short timeout; callers turn any MlflowError into a warning and an
+A client has a deadline for all its requests together (`budget`, from its creation), not
+only a timeout per request: a socket timeout does not bound a server that trickles its
+answer a byte at a time, nor a name lookup. Each request runs in a daemon thread that the
+caller waits for until the deadline, and no longer (Ctrl+C interrupts that wait); a
+request left behind is abandoned. Callers turn any MlflowError into a warning and an
 event, never into a failed run. Credentials come from the environment only
 (MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and _PASSWORD, as mlflow reads them)
 and are never written anywhere.
@@ -14,9 +18,9 @@ import contextlib
 import json
 import os
 import time
-from typing import Any, Mapping, Sequence, Tuple
+from typing import Any, Callable, Mapping, Sequence, Tuple
 
-TIMEOUT_S = 5.0
+TIMEOUT_S = 5.0  # a client's default budget: all its requests together
 # runs/log-batch limits of the server (MLflow's REST API documentation)
 MAX_METRICS, MAX_PARAMS, MAX_TAGS, MAX_ITEMS = 1000, 100, 100, 1000
 MAX_PARAM_VALUE, MAX_TAG_VALUE = 6000, 8000
@@ -27,11 +31,19 @@ Pairs = Sequence[Tuple[str, str]]
 
 
 class MlflowError(Exception):
-    """The server could not be reached (`unreachable`), or refused a request."""
+    """The server could not be reached (`unreachable`), or refused a request (`status`:
+    its HTTP status)."""
 
-    def __init__(self, text: str, unreachable: bool = False) -> None:
+    def __init__(self, text: str, unreachable: bool = False, status: int | None = None) -> None:
         super().__init__(text)
         self.unreachable = unreachable
+        self.status = status
+
+    @property
+    def lasting(self) -> bool:
+        """The server refused the request itself (4xx but 429): sending it again would
+        get the same answer."""
+        return self.status is not None and 400 <= self.status < 500 and self.status != 429
 
 
 def usable_uri(uri: str) -> bool:
@@ -47,10 +59,15 @@ def now_ms() -> int:
 
 class Mlflow:
     def __init__(
-        self, uri: str, environ: Mapping[str, str] = os.environ, timeout: float = TIMEOUT_S
-    ) -> None:
+        self, uri: str, environ: Mapping[str, str] = os.environ, timeout: float = TIMEOUT_S,
+        budget: float | None = None,
+    ) -> None:  # fmt: skip
+        """`budget`: seconds for all of this client's requests together (default: `timeout`),
+        counted from now; `timeout`: at most that per request."""
         self.uri = uri.rstrip("/")
         self.timeout = timeout
+        self.budget = timeout if budget is None else budget
+        self.deadline = time.monotonic() + self.budget
         self.headers = {"Content-Type": "application/json"}
         token = environ.get("MLFLOW_TRACKING_TOKEN")
         user, password = (
@@ -67,9 +84,49 @@ class Mlflow:
         self.insecure = environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true"
 
     # -- transport -----------------------------------------------------------------------
+    def left(self) -> float:
+        """Seconds left of the client's budget."""
+        return self.deadline - time.monotonic()
+
     def request(
         self, method: str, path: str, body: dict[str, Any] | None = None,
         data: bytes | None = None, headers: dict[str, str] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """One request, done by the deadline or abandoned (MlflowError, unreachable)."""
+        import threading  # here: `treb run` without a tracker never pays for it
+
+        left = self.left()
+        if left <= 0:
+            raise MlflowError(
+                f"{self.uri} did not answer within {self.budget:g} s (all requests together)",
+                True,
+            )
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                box["answer"] = self._request(method, path, body, data, headers, left)
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                box["error"] = exc
+
+        worker = threading.Thread(target=work, name="treb-mlflow", daemon=True)
+        worker.start()
+        worker.join(left)  # Ctrl+C interrupts this wait in the main thread
+        if worker.is_alive():  # a server that trickles, a name lookup that hangs: left behind
+            self.deadline = time.monotonic()  # and nothing more is asked by this client
+            raise MlflowError(
+                f"{self.uri} did not answer within {self.budget:g} s ({method} {path} "
+                "was still going)",
+                True,
+            )
+        if "error" in box:
+            raise box["error"]
+        answer: dict[str, Any] = box["answer"]
+        return answer
+
+    def _request(
+        self, method: str, path: str, body: dict[str, Any] | None, data: bytes | None,
+        headers: dict[str, str] | None, left: float,
     ) -> dict[str, Any]:  # fmt: skip
         import urllib.error  # here: `treb run` without a tracker never pays for them
         import urllib.request
@@ -86,13 +143,15 @@ class Mlflow:
         for k, v in {**self.headers, **(headers or {})}.items():
             req.add_header(k, v)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=context) as r:
+            timeout = max(0.05, min(self.timeout, left))
+            with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
                 text = r.read().decode() or "{}"
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:300]
             with contextlib.suppress(ValueError):
                 detail = json.loads(detail).get("message", detail)
-            raise MlflowError(f"{method} {path}: HTTP {exc.code}: {detail}") from None
+            text = f"{method} {path}: HTTP {exc.code}: {detail}"
+            raise MlflowError(text, False, exc.code) from None
         except (OSError, ValueError) as exc:  # URLError, timeouts, refused connections
             reason = getattr(exc, "reason", exc)
             raise MlflowError(f"{self.uri} did not answer ({reason})", True) from None
@@ -145,9 +204,10 @@ class Mlflow:
 
     def log_batch(
         self, run_id: str, params: Pairs = (), tags: Pairs = (),
-        metrics: Sequence[dict[str, Any]] = (),
+        metrics: Sequence[dict[str, Any]] = (), sent: Callable[[int], None] | None = None,
     ) -> None:  # fmt: skip
-        """In as many log-batch calls as the server's limits need."""
+        """In as many log-batch calls as the server's limits need; `sent(n)` after each call
+        that carried n metrics (the caller keeps how far it got)."""
         ps = [{"key": k, "value": _cut(v, MAX_PARAM_VALUE)} for k, v in params]
         ts = [{"key": k, "value": _cut(v, MAX_TAG_VALUE)} for k, v in tags]
         ms = list(metrics)
@@ -158,6 +218,8 @@ class Mlflow:
             m, ms = ms[:room], ms[room:]
             self.api("POST", "runs/log-batch", {"run_id": run_id, "params": p, "tags": t,
                                                 "metrics": m})  # fmt: skip
+            if sent is not None and m:
+                sent(len(m))
 
     def terminate(self, run_id: str, status: str, end_ms: int | None = None) -> None:
         self.api("POST", "runs/update", {"run_id": run_id, "status": status,

@@ -17,6 +17,14 @@ line is a JSON object of the secrets' values (never on a command line, where `ps
 them), and its end (the ssh connection dropped, the submitting `treb` died, or the engine
 closed it to cancel) stops the node as SIGTERM does: nothing outlives its session.
 
+Over ssh the node is a host of the user's, where nothing else ends what the ranks leave
+behind (local runs have their cgroup, Slurm its step, a pod its container): when the
+node's processes ended, what still carries the run's TREB_RUN_ID and this NODE_RANK (a
+daemon that left its rank's process group, `setsid cmd &`) is killed, each attempt. The
+session's script says how long the attempt ran before the agent started
+(TREB_ATTEMPT_ELAPSED: the engine's `pre`; TREB_SESSION_UPTIME: when the session began,
+before ssh.setup), so that the timeout counts from the attempt's start, as the engine's.
+
 Exit code: the first failure's; 124 when the timeout stopped the node (as coreutils
 `timeout`, which it replaces, said); 2 when the engine's lines left a variable unset or a
 secret is missing.
@@ -33,7 +41,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from . import contract, hang, metrics, secrets
+from . import contract, hang, metrics, procs, secrets
 from .agent import Agent, Proc
 from .lifecycle import AttemptClock
 from .logcopy import LogCopy
@@ -131,12 +139,13 @@ class Limit:
     grace period). A rank that dies of the checkpoint signal after the warning was stopped
     by it: that ends the node's ranks as the timeout would, and is no failure."""
 
-    def __init__(self, job: JobFile, label: str) -> None:
+    def __init__(self, job: JobFile, label: str, elapsed: float = 0.0) -> None:
         self.label = label
         self.sig_name = job.get("checkpoint_signal") or "SIGUSR2"
         self.sig = int(getattr(signal, self.sig_name))
         self.timeout: float | None = job.get("timeout")
-        self.clock = AttemptClock(time.monotonic(), self.timeout, job.get("warning"))
+        # `elapsed`: the attempt's time before this agent (the engine's pre, ssh.setup)
+        self.clock = AttemptClock(time.monotonic() - elapsed, self.timeout, job.get("warning"))
         self.agent: Agent | None = None
         self.notes: list[str] = []  # said by the log copy thread, never from here
         self.warned = self.fired = self._warned_stop = False
@@ -177,6 +186,32 @@ class Limit:
         return False
 
 
+def elapsed_before() -> float:
+    """The attempt's seconds before this agent started, as the ssh session's script says
+    (TREB_ATTEMPT_ELAPSED before the session, then the host's uptime since it began:
+    ssh.setup); 0 elsewhere. Taken out of the environment: the ranks do not need them."""
+    before = os.environ.pop("TREB_ATTEMPT_ELAPSED", "")
+    began = os.environ.pop("TREB_SESSION_UPTIME", "")
+    total = 0.0
+    with contextlib.suppress(ValueError):
+        total += max(0.0, float(before))
+    if began:
+        with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/uptime") as fh:
+            total += max(0.0, float(fh.read().split()[0]) - float(began))
+    return total
+
+
+def end_strays(run_id: str, node: int) -> list[int]:
+    """SIGKILL to what this node's processes left behind: every process that carries the
+    run's TREB_RUN_ID and this NODE_RANK (procs.processes_of_run), but this agent and its
+    ancestors (the session that started it). Returns their pids."""
+    me = os.getpid()
+    found = procs.processes_of_run(run_id, {me, *procs.ancestors(me)}, node=node)
+    for pid in found:
+        procs.signal_pid(pid, signal.SIGKILL)
+    return found
+
+
 def session_stdin() -> str | None:
     """TREB_NODE_STDIN=1 (the ssh engine): read the secrets' line, then watch stdin in a
     thread that sends this process SIGTERM at its end. Why not wait for SIGHUP: without a
@@ -209,6 +244,8 @@ def session_stdin() -> str | None:
 
 def node(job: JobFile) -> int:
     """Run this node's processes to their end (the verb's docstring, above)."""
+    over_ssh = os.environ.get("TREB_NODE_STDIN") == "1"
+    elapsed = elapsed_before()
     why = session_stdin() or missing_placement(dict(os.environ))
     if why:
         say(f"node: {why}")
@@ -229,7 +266,7 @@ def node(job: JobFile) -> int:
     with contextlib.suppress(OSError):  # the spec's own folder: the ranks will say why
         os.makedirs(env["TREB_CHECKPOINT_DIR"], exist_ok=True)
     procs, streams = node_procs(job, env, adir, n, nnodes)
-    limit = Limit(job, f"node {n}")
+    limit = Limit(job, f"node {n}", elapsed)
     notes = limit.notes
 
     def on_failure(p: Proc) -> None:
@@ -277,6 +314,11 @@ def node(job: JobFile) -> int:
     agent.install_signals()
     copy = LogCopy(streams, notes=notes).start()
     rc = agent.run(tick)
+    if over_ssh:  # the host's own: nothing else would end them
+        left = end_strays(os.environ["TREB_RUN_ID"], n)
+        if left:
+            notes.append(f"node {n}: {len(left)} process(es) the ranks left behind were "
+                         f"killed (pids {', '.join(map(str, left[:10]))})")  # fmt: skip
     if not copy.finish():
         say(f"the copy of the ranks' logs here was cut short; they are whole in {adir}")
     if limit.timed_out and agent.first_failure is None:

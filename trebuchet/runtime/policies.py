@@ -13,13 +13,16 @@ can hold up supervision. Stdlib only, Python >= 3.8: no re2 where the runtime ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import select
 import subprocess
 import sys
 from typing import TYPE_CHECKING, Any, Iterable
 
 from . import procs
+from .regular import open_regular
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -90,7 +93,7 @@ def _bodies(name: str, av: Any) -> list[Any]:
 
 def _tail(path: str) -> str:
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:  # a rank's FIFO never holds the supervisor
             fh.seek(0, 2)
             size = fh.tell()
             fh.seek(max(0, size - SCAN_BYTES))
@@ -113,45 +116,106 @@ def _search(patterns: list[str], paths: list[str]) -> tuple[int, str] | None:
     return None
 
 
+class Matcher:
+    """The child interpreter that searches the logs, one JSON request and answer a line.
+    The job controller starts it while an attempt runs (`start`), so that a retry does not
+    wait for a fresh interpreter (~40 ms); one that does not answer in time is killed and
+    the next search starts another. It ends with its stdin: when the controller does."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen(
+                procs.python_s(__name__, "_serve"), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+
+    def search(self, request: str, timeout: float) -> Any:
+        """The child's answer to `request`; TimeoutError or OSError when it gives none."""
+        self.start()
+        proc = self.proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(request.encode() + b"\n")
+            proc.stdin.flush()
+            if not select.select([proc.stdout], [], [], timeout)[0]:
+                raise TimeoutError(f"no answer within {timeout:g} s")
+            line = proc.stdout.readline()  # one write of one short line: whole
+            if not line:
+                raise OSError("the matcher ended")
+            return json.loads(line)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+            self.proc.wait()
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+            self.proc = None
+
+
 def match(
     policies: list[LogPolicy],
     logs: Iterable[str | PathLike[str]],
     timeout: float = MATCH_TIMEOUT_S,
+    matcher: Matcher | None = None,
 ) -> tuple[LogPolicy, str] | None:
     """The first policy (in order) whose pattern occurs in any log, with the matching line;
-    searched in a child interpreter that is killed after `timeout` (then: no match)."""
+    searched by `matcher` (a new one when None), killed after `timeout` (then: no match)."""
     paths = [str(p) for p in logs]
     if not policies or not paths:
         return None
     request = json.dumps({"patterns": [p["pattern"] for p in policies], "paths": paths})
+    own = matcher is None
+    child = Matcher() if matcher is None else matcher
     try:
-        res = subprocess.run(
-            procs.python_s(__name__, "_serve"), input=request.encode(),
-            capture_output=True, timeout=timeout,
-        )  # fmt: skip
-        found = json.loads(res.stdout.decode() or "null") if res.returncode == 0 else None
-    except subprocess.TimeoutExpired:
+        found = child.search(request, timeout)
+    except TimeoutError:
         sys.stderr.write(f"treb: log policies: no answer within {timeout:g} s; none applied\n")
         return None
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"treb: log policies could not be matched: {exc}\n")
         return None
+    finally:
+        if own:
+            child.close()
     if not found:
         return None
     return policies[found[0]], found[1]
 
 
 def _serve() -> None:
-    """The child's side of match(): a JSON request on stdin, the answer on stdout."""
-    request = json.loads(sys.stdin.read())
-    sys.stdout.write(json.dumps(_search(request["patterns"], request["paths"])))
+    """The child's side of Matcher.search: a JSON request a line on stdin, each answered
+    with one line on stdout, until stdin ends."""
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            found = _search(request["patterns"], request["paths"])
+        except Exception:  # noqa: BLE001 - a bad request gets no match, the child lives on
+            found = None
+        sys.stdout.write(json.dumps(found) + "\n")
+        sys.stdout.flush()
 
 
 RETRY, FINAL, EXHAUSTED, NO_MATCH = "retry", "final", "exhausted", "no match"
 
 
 def decide(
-    policies: list[LogPolicy], logs: Iterable[str | PathLike[str]], granted: dict[str, int]
+    policies: list[LogPolicy],
+    logs: Iterable[str | PathLike[str]],
+    granted: dict[str, int],
+    matcher: Matcher | None = None,
 ) -> tuple[str, LogPolicy | None, str]:
     """After a failed attempt, what the log policies say: (verdict, policy, line).
 
@@ -159,7 +223,7 @@ def decide(
     the caller keeps: in memory locally, in a file on Slurm where a requeue restarts the
     job); FINAL: a no_retry policy matched; EXHAUSTED: a retry policy matched but has
     granted all it may (then the spec's retries decide, as for NO_MATCH)."""
-    found = match(policies, logs)
+    found = match(policies, logs, matcher=matcher)
     if not found:
         return NO_MATCH, None, ""
     policy, line = found

@@ -181,10 +181,16 @@ def _pids() -> list[int]:
     return [int(n) for n in os.listdir("/proc") if n.isdigit()]
 
 
-def processes_of_run(run_id: str, exclude: set[int] | None = None) -> list[int]:
+def processes_of_run(
+    run_id: str, exclude: set[int] | None = None, node: int | None = None
+) -> list[int]:
     """Every live process whose environment carries TREB_RUN_ID=run_id: the ranks and
-    whatever they started, even daemons that left the rank's process group or session."""
-    needle = f"TREB_RUN_ID={run_id}\0".encode()
+    whatever they started, even daemons that left the rank's process group or session.
+    `node`: only those that also carry NODE_RANK=node (one node's, where two nodes of a
+    run may share a machine, or its PID space)."""
+    needles = [f"TREB_RUN_ID={run_id}\0".encode()]
+    if node is not None:
+        needles.append(f"NODE_RANK={node}\0".encode())
     found = []
     for pid in _pids():
         if exclude and pid in exclude:
@@ -194,9 +200,22 @@ def processes_of_run(run_id: str, exclude: set[int] | None = None) -> list[int]:
                 env = b"\0" + fh.read()
         except OSError:
             continue
-        if b"\0" + needle in env or env.endswith(b"\0" + needle[:-1]):
+        if all(b"\0" + n in env or env.endswith(b"\0" + n[:-1]) for n in needles):
             found.append(pid)
     return [p for p in found if not _is_zombie(p)]
+
+
+def ancestors(pid: int) -> list[int]:
+    """The parent of `pid`, its parent, ... up to init (from /proc/<pid>/stat)."""
+    out: list[int] = []
+    while pid > 1 and len(out) < 4096:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                pid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        out.append(pid)
+    return out
 
 
 def in_run(pid: int, run_id: str) -> bool:

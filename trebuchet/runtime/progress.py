@@ -22,6 +22,7 @@ import time
 from typing import Callable
 
 from .lines import Splitter
+from .regular import open_fd
 
 STEP_S = 1.0
 CHUNK = 256 << 10  # bytes read per file and step at most (~0.7 ms of splitting)
@@ -89,13 +90,11 @@ class Progress:
 
     def _read(self, t: Tracked, wall: float) -> None:
         try:
-            fd = os.open(t.log, os.O_RDONLY | os.O_NONBLOCK)
+            fd = open_fd(t.log)  # a regular file only: never a FIFO (regular.py)
         except OSError:
             return
         try:
             st = os.fstat(fd)
-            if st.st_mode & 61440 != 32768:  # a regular file only: no FIFO
-                return
             if st.st_size < t.offset:  # truncated: start again
                 t.offset = 0
                 t.splitter.reset()

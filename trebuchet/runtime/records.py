@@ -12,6 +12,8 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
+from .regular import read_text
+
 if TYPE_CHECKING:
     from .contracts import FirstFailure, Outcome
 
@@ -76,8 +78,7 @@ def write_json(path: str, data: Any, durable: bool = True) -> None:
 def read_json(path: str) -> Any:
     """The JSON in `path`; None when it is absent or unreadable."""
     try:
-        with open(path) as fh:
-            return json.load(fh)
+        return json.loads(read_text(path))  # regular files only: a rank's FIFO never blocks
     except (OSError, ValueError):
         return None
 

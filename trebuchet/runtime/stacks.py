@@ -4,7 +4,9 @@ The protocol works wherever every node's agent sees the run directory (local, Sl
 whoever wants stacks writes `attempt-<n>/stacks/request` (a request id); every agent looks
 at it each step and, for a new id, dumps the stacks of its own ranks into
 `attempt-<n>/stacks/<name>.txt` (rank-3.txt), each file whole once renamed, its first line
-`# request <id> ...` and the method used. The asker waits for the files (bounded).
+`# request <id> ...` and the method used, then `# host <node>` and `# tried: ...` lines
+(so a diagnosis can say "no stacks on tn2: py-spy not found there"). The asker waits for
+the files (bounded).
 
 How: `py-spy dump --pid P --native` (py-spy on PATH, beside sys.executable, or
 `$TREB_PY_SPY`; native frames tell where a rank waits inside C++: DDP's reducer, a NCCL
@@ -24,8 +26,9 @@ import subprocess
 import sys
 import time
 
-from .procs import handles
+from .procs import handles, hostname
 from .records import write_text
+from .regular import open_regular, read_text
 
 STACKS_DIR = "stacks"
 REQUEST = "request"
@@ -77,8 +80,8 @@ def answered(adir: str, rid: str) -> dict[str, str]:
             continue
         path = os.path.join(folder, fname)
         try:
-            with open(path, errors="replace") as fh:
-                head = fh.readline()
+            with open_regular(path) as fh:
+                head = fh.readline(4096).decode(errors="replace")
         except OSError:
             continue
         got = head[len("# request ") :].split(" ", 1)[0] if head.startswith("# request ") else ""
@@ -188,7 +191,7 @@ class Dump:
         return False
 
     def _finish(self, method: str, text: str) -> bool:
-        header = [f"# request {self.rid} method {method} pid {self.pid}"]
+        header = [f"# request {self.rid} method {method} pid {self.pid}", f"# host {hostname()}"]
         header += [f"# tried: {t}" for t in self.tried]
         if method == "none":
             header.append("# no stacks: py-spy was not usable and faulthandler not registered")
@@ -207,8 +210,7 @@ class Dump:
 
 def _read(path: str) -> str:
     try:
-        with open(path, "rb") as fh:
-            return fh.read(4 << 20).decode(errors="replace")
+        return read_text(path, 4 << 20)
     except OSError:
         return ""
 

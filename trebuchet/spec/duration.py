@@ -29,6 +29,15 @@ def parse_duration(value: object) -> float:
     return seconds
 
 
+def unit_seconds(text: str) -> float | None:
+    """Seconds of a duration written with units ("90s", "30m", "1h30m", "1.5h", "1d"); None
+    for any other form (Slurm's slurm.time reads "04:00:00" and a bare number its own way)."""
+    t = text.strip().lower()
+    if not t or _PARTS.sub("", t):
+        return None
+    return float(sum(float(n) * _UNIT[u] for n, u in _PARTS.findall(t)))
+
+
 def _parse_text(text: str) -> float:
     if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text):
         return float(text)

@@ -44,12 +44,43 @@ class LoadedSpec:
         """`file:line` of a field, for errors found after validation (by a backend)."""
         return self.located.where(path) if self.located else self.source
 
+    def refusal(self, field: str, why: str) -> UserError:
+        """An engine's refusal of a field (`skypilot.accelerators`), said as validation says
+        its errors: `file:line: field: why`, the line of the field or the `-o` that set it.
+        The engines' one way to refuse a field, so none loses the line (exit 2)."""
+        return UserError(f"{self.where(*field.split('.'))}: {field}: {why}")
+
 
 def default_name(path: Path | None) -> str:
     """A valid run name from the file's stem ("My Job.yaml" -> "my-job")."""
     stem = path.stem if path else "job"
     name = re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-._")
     return (name or "job")[:63]
+
+
+# Files `treb run` is handed instead of a spec: what they are, and the program that runs them.
+SCRIPTS = {".py": ("a Python script", "python"), ".sh": ("a shell script", "bash"),
+           ".bash": ("a shell script", "bash")}  # fmt: skip
+
+
+def not_a_spec(p: Path) -> str | None:
+    """The message for a script given where a spec belongs (`treb run train.py` read it as
+    YAML and answered "invalid YAML"): what it is and the smallest spec that runs it."""
+    kind = SCRIPTS.get(p.suffix.lower())
+    if kind is None or not os.path.isfile(p):
+        return None
+    import shlex
+
+    what, program = kind
+    spec = p.with_suffix(".yaml")
+    lines = [f"name: {default_name(p)}", f"command: {program} {shlex.quote(p.name)}",
+             "nodes: 1", "procs_per_node: 1"]  # fmt: skip
+    body = "\n".join(f"    {line}" for line in lines)
+    return (
+        f"{p} is {what}, not a spec: treb runs a YAML spec that says how to start it. "
+        f"The smallest one, saved as {spec} next to it:\n{body}\n"
+        f"  then: treb run {shlex.quote(str(spec))} (docs/spec.md lists every field)"
+    )
 
 
 def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
@@ -111,6 +142,9 @@ def load_spec(
     if data is None and text is None:
         if p is None:
             raise UserError("no spec given")
+        script = not_a_spec(p)
+        if script:
+            raise UserError(script)
         text = read_spec(p)
         if cached and cache.usable():
             key = cache.entry_key(p.resolve(), text, list(overrides))

@@ -1,5 +1,6 @@
-"""Sweeps as users write them: `-o env.LR=1e-3,3e-4 -o env.BS=32,64` or a `sweep:` block
-make the cross product, one run a point, grouped under one sweep id. How the points run
+"""Sweeps as users write them: `--sweep -o env.LR=1e-3,3e-4 -o env.BS=32,64` or a `sweep:`
+block make the cross product, one run a point, grouped under one sweep id. Without
+--sweep (Hydra's --multirun) a comma in an -o value is part of the value. How the points run
 is each engine's (the local driver: backends/local/sweep.py; Slurm: one job array).
 """
 
@@ -34,6 +35,12 @@ def split_values(value: str) -> list[str]:
     if not v or v[0] in "[{'\"":
         return [value]
     return [part.replace("\\,", ",") for part in _SPLIT.split(value)]
+
+
+def literal(overrides: list[str]) -> list[str]:
+    """Overrides without --sweep: a comma is part of the value; `\\,` still reads as a comma
+    (the escape a sweep needs means the same without one)."""
+    return [text.replace("\\,", ",") for text in overrides]
 
 
 def points(

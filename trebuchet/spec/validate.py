@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from trebuchet.errors import SpecError
+from trebuchet.spec.command import empty_expansion
 from trebuchet.spec.expand import expand_tree
 from trebuchet.spec.frozen import key as model_key
 from trebuchet.spec.load import default_name
@@ -35,7 +36,8 @@ def validate(located: Located, p: Path | None, environ: Mapping[str, str]) -> Sp
         else frozenset()
     )
     model = spec_model()
-    raw, errors = expand_tree(raw, environ, secret_names, _skip(model))
+    skip = _skip(model)
+    raw, errors = expand_tree(raw, environ, secret_names, skip)
     errors += list(_bad_text(raw, ()))
     problems = [f"{located.where(p_)}: {_dotted(p_)}: {msg}" for p_, msg in errors]
     raw.setdefault("name", default_name(p))
@@ -43,9 +45,24 @@ def validate(located: Located, p: Path | None, environ: Mapping[str, str]) -> Sp
         spec = model.model_validate(raw)
     except ValidationError as exc:
         problems += _problems(exc, located, raw, model)
+    else:
+        env = raw.get("env") if isinstance(raw.get("env"), dict) else None
+        shell = [_at(raw, p_) for p_ in skip if p_ != ("command",)]
+        why = empty_expansion(spec.command, env, environ, [str(t) for t in shell if t])
+        if why:
+            problems.append(f"{located.where(('command',))}: command: {why}")
     if problems:
         raise SpecError(sorted(problems, key=_line_key))
     return spec
+
+
+def _at(data: Any, path: tuple) -> Any:
+    """The value at a key path of plain data, None when absent."""
+    for part in path:
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
 
 
 def cache_entry(loaded: LoadedSpec) -> dict[str, Any] | None:

@@ -468,7 +468,11 @@ class Store:
         return _record(row) if row else None
 
     def resolve(self, ref: str | None) -> RunRecord:
-        """A run by id or unique id prefix (or name); None means the latest run."""
+        """A run by id, name (its latest run) or unique id prefix; None means the latest run.
+
+        An exact id wins, then a name, then a unique id prefix; a name that is also the
+        prefix of another run's id is refused as ambiguous (`treb rm 19` must never remove
+        run 19dd4b21 when the user meant the run named "19")."""
         if ref is not None and not ref.strip():  # '' must never mean "the latest"
             raise UserError("an empty RUN names no run: give a run id, a prefix of one or a name")
         if ref is None:
@@ -478,28 +482,46 @@ class Store:
             if not row:
                 raise UserError("no runs yet (start one with `treb run SPEC`)")
             return _record(row)
-        rows = self.conn.execute(
-            "SELECT * FROM runs WHERE id LIKE ? ESCAPE '\\' ORDER BY created_at DESC LIMIT 2",
-            (ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",),
-        ).fetchall()
-        if len(rows) == 1:
-            return _record(rows[0])
-        if len(rows) > 1:
+        exact = self.get(ref)
+        if exact is not None:
+            return exact
+        named, prefixed = self._candidates(ref)
+        others = [r for r in prefixed if named is None or r.id != named.id]
+        if named is not None and others:
+            listed = "; ".join(
+                [f"run {named.id} is named {ref!r}",
+                 *(f"run {r.id} ({r.name}) has an id starting with {ref!r}" for r in others)]
+            )  # fmt: skip
+            raise UserError(
+                f"{ref!r} is ambiguous: {listed}; give the full run id"
+                f" ({' or '.join([named.id, *(r.id for r in others)])})"
+            )
+        if named is not None:
+            return named
+        if len(prefixed) == 1:
+            return prefixed[0]
+        if len(prefixed) > 1:
             raise UserError(f"run id prefix {ref!r} is ambiguous; give more characters")
+        raise UserError(f"no run matches {ref!r} (see `treb ps --all`)")
+
+    def _candidates(self, ref: str) -> tuple[RunRecord | None, builtins.list[RunRecord]]:
+        """(the latest run named `ref`, up to 3 runs whose id starts with `ref`)."""
         row = self.conn.execute(
             "SELECT * FROM runs WHERE name = ? ORDER BY created_at DESC LIMIT 1", (ref,)
         ).fetchone()
-        if row:
-            return _record(row)
-        raise UserError(f"no run matches {ref!r} (see `treb ps --all`)")
+        rows = self.conn.execute(
+            "SELECT * FROM runs WHERE id LIKE ? ESCAPE '\\' ORDER BY created_at DESC LIMIT 3",
+            (ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",),
+        ).fetchall()
+        return (_record(row) if row else None), [_record(r) for r in rows]
 
     def matches_run(self, ref: str) -> bool:
-        """Whether `ref` names a run (id prefix or name): runs win over sweep ids."""
-        try:
-            self.resolve(ref)
+        """Whether `ref` names a run (id, id prefix or name; ambiguously too, which resolve
+        then refuses): runs win over sweep ids."""
+        if self.get(ref) is not None:
             return True
-        except UserError:
-            return False
+        named, prefixed = self._candidates(ref)
+        return named is not None or bool(prefixed)
 
     def sweep_runs(self, ref: str) -> list[RunRecord]:
         """The runs of the sweep whose id starts with `ref` (empty: no such sweep)."""

@@ -11,18 +11,28 @@ Bounded: each series (run, name, rank) keeps at most `MAX_POINTS` rows, spread e
 over its history: the n-th point of a series is kept when n is a multiple of the series'
 stride, and the stride doubles (dropping every other kept row) whenever the rows would
 pass the cap. The last point of each series is kept apart (`metric_series`), so the last
-value is always exact. 10 million values of one series leave 4096 rows.
+value is always exact. 10 million values of one series leave 4096 rows. A run keeps at
+most `MAX_NAMES` distinct names (runtime/metrics.py): the values of later names are
+counted, not stored, and the first time the cap is hit the run's events.jsonl says so
+(`metrics_capped`). A value that is not a finite number is never stored (SQLite keeps
+NaN as NULL, and `inf` broke every reader): counted too. `dropped()` has both counts,
+for `treb metrics` and the run's summary; the readers skip what an older index stored.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 from trebuchet.plain import record
+from trebuchet.runtime.metrics import MAX_NAMES
+from trebuchet.runtime.regular import open_regular
 from trebuchet.store.db import RunRecord, Store
+from trebuchet.store.files import append_event
 
 MAX_POINTS = 4096
 CHUNK = 4 << 20  # bytes of one file read per transaction (the write lock is held briefly)
@@ -55,14 +65,23 @@ CREATE TABLE IF NOT EXISTS metric_files (
     offset INTEGER NOT NULL,
     PRIMARY KEY (run_id, path)
 );
+CREATE TABLE IF NOT EXISTS metric_dropped (
+    run_id TEXT NOT NULL,
+    what TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (run_id, what)
+);
 """
+NONFINITE = "nonfinite"  # values that were not finite numbers
+NAMES = "names"  # values of names past MAX_NAMES
 
 Point = tuple[float, float, float]  # (step, value, time)
 
 
 def ensure(store: Store) -> None:
-    """Create the metrics tables (once per store; cheap when they exist)."""
-    if has_tables(store):
+    """Create the metrics tables (once per store; cheap when they exist; an index made
+    before metric_dropped existed gets it)."""
+    if _has(store, "metric_dropped"):
         return
     with store.transaction() as c:
         for statement in SCHEMA.split(";"):
@@ -71,9 +90,12 @@ def ensure(store: Store) -> None:
 
 
 def has_tables(store: Store) -> bool:
-    return bool(
-        store.conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'metric_series'").fetchone()
-    )
+    return _has(store, "metric_series")
+
+
+def _has(store: Store, table: str) -> bool:
+    sql = "SELECT 1 FROM sqlite_master WHERE name = ?"
+    return bool(store.conn.execute(sql, (table,)).fetchone())
 
 
 def files(run_dir: str) -> list[tuple[str, int]]:
@@ -126,22 +148,23 @@ def ingest(store: Store, rec: RunRecord) -> int:
         if size <= offsets.get(rel, 0):
             continue
         while True:
-            n = _ingest_chunk(store, rec.id, rel, path, rank)
+            n = _ingest_chunk(store, rec, rel, path, rank)
             if n < 0:
                 break
             total += n
     return total
 
 
-def _ingest_chunk(store: Store, run_id: str, rel: str, path: str, rank: int) -> int:
+def _ingest_chunk(store: Store, rec: RunRecord, rel: str, path: str, rank: int) -> int:
     """One bounded read of a file, in one transaction; -1 when nothing was left."""
+    run_id = rec.id
     with store.transaction() as c:
         row = c.execute(
             "SELECT offset FROM metric_files WHERE run_id = ? AND path = ?", (run_id, rel)
         ).fetchone()
         offset = row[0] if row else 0
         try:
-            with open(path, "rb") as fh:
+            with open_regular(path) as fh:
                 fh.seek(offset)
                 data = fh.read(CHUNK)
         except OSError:
@@ -152,9 +175,11 @@ def _ingest_chunk(store: Store, run_id: str, rel: str, path: str, rank: int) -> 
                 return -1  # a line being written: next time
             cut = len(data)  # an overlong line: skipped
         points: dict[str, list[Point]] = {}
+        dropped = {NONFINITE: 0, NAMES: 0}
         for line in data[:cut].splitlines():
-            _decode(line, points)
-        n = _add(c, run_id, rank, points)
+            _decode(line, points, dropped)
+        n = _add(c, run_id, rank, _capped(c, run_id, points, dropped))
+        _count(c, rec, dropped)
         c.execute(
             "INSERT INTO metric_files (run_id, path, offset) VALUES (?, ?, ?) "
             "ON CONFLICT (run_id, path) DO UPDATE SET offset = excluded.offset",
@@ -163,17 +188,73 @@ def _ingest_chunk(store: Store, run_id: str, rel: str, path: str, rank: int) -> 
         return n
 
 
-def _decode(line: bytes, points: dict[str, list[Point]]) -> None:
+def _finite(v: Any) -> float | None:
+    """A number of a metrics file as a finite float, else None (bool, text, inf, NaN)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _decode(line: bytes, points: dict[str, list[Point]], dropped: dict[str, int]) -> None:
     try:
         rec = json.loads(line)
-        t, s, values = float(rec["t"]), float(rec["s"]), rec["m"]
-    except (ValueError, KeyError, TypeError):
+        t, s, values = _finite(rec["t"]), _finite(rec["s"]), rec["m"]
+        extra = rec.get("x") or {}
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return
+    if isinstance(extra, dict):  # what the agent dropped (runtime/metrics.py)
+        for what in (NONFINITE, NAMES):
+            n = extra.get(what)
+            if isinstance(n, int) and not isinstance(n, bool) and 0 < n < 1 << 53:
+                dropped[what] += n
     if not isinstance(values, dict):
         return
     for name, v in values.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            points.setdefault(str(name), []).append((s, float(v), t))
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        f = _finite(v)
+        if f is None or t is None or s is None:
+            dropped[NONFINITE] += 1
+            continue
+        points.setdefault(str(name), []).append((s, f, t))
+
+
+def _capped(
+    c: sqlite3.Connection, run_id: str, points: dict[str, list[Point]], dropped: dict[str, int]
+) -> dict[str, list[Point]]:
+    """The points of names the run keeps: those it has, and new ones up to MAX_NAMES."""
+    known = {r[0] for r in c.execute(
+        "SELECT DISTINCT name FROM metric_series WHERE run_id = ?", (run_id,))}  # fmt: skip
+    kept: dict[str, list[Point]] = {}
+    for name, pts in points.items():
+        if name in known or len(known) < MAX_NAMES:
+            known.add(name)
+            kept[name] = pts
+        else:
+            dropped[NAMES] += len(pts)
+    return kept
+
+
+def _count(c: sqlite3.Connection, rec: RunRecord, dropped: dict[str, int]) -> None:
+    """Add to the run's dropped counts; the first values past the name cap make an event."""
+    for what, n in dropped.items():
+        if not n:
+            continue
+        row = c.execute(
+            "SELECT count FROM metric_dropped WHERE run_id = ? AND what = ?", (rec.id, what)
+        ).fetchone()
+        c.execute(
+            "INSERT INTO metric_dropped (run_id, what, count) VALUES (?, ?, ?) "
+            "ON CONFLICT (run_id, what) DO UPDATE SET count = count + excluded.count",
+            (rec.id, what, n),
+        )
+        if what == NAMES and row is None:  # once: the transaction decides who is first
+            note = f"more than {MAX_NAMES} metric names: the later ones are not kept"
+            append_event(Path(rec.run_dir), "metrics_capped", max_names=MAX_NAMES, note=note)
 
 
 def _add(c: sqlite3.Connection, run_id: str, rank: int, points: dict[str, list[Point]]) -> int:
@@ -220,6 +301,29 @@ def _add(c: sqlite3.Connection, run_id: str, rank: int, points: dict[str, list[P
     return total
 
 
+def dropped(store: Store, run_id: str) -> dict[str, int]:
+    """{"nonfinite": n, "names": n} of a run: values not stored, and why (0: none)."""
+    out = {NONFINITE: 0, NAMES: 0}
+    if _has(store, "metric_dropped"):
+        for what, n in store.conn.execute(
+            "SELECT what, count FROM metric_dropped WHERE run_id = ?", (run_id,)
+        ):
+            out[what] = int(n)
+    return out
+
+
+def dropped_lines(counts: dict[str, int]) -> list[str]:
+    """What `treb metrics` and a run's summary say of the values that were not kept."""
+    out = []
+    if counts.get(NAMES):
+        out.append(f"{counts[NAMES]:,} value(s) of metric names past the first {MAX_NAMES} "
+                   "were not kept (a run keeps that many names: docs/metrics.md)")  # fmt: skip
+    if counts.get(NONFINITE):
+        out.append(f"{counts[NONFINITE]:,} value(s) that were not finite numbers (inf, NaN) "
+                   "were dropped")  # fmt: skip
+    return out
+
+
 def series(
     store: Store, run_id: str, names: list[str] | None = None, rank: int | None = None
 ) -> dict[str, list[Point]]:
@@ -250,8 +354,14 @@ def series(
         pts = [(s, v, t) for s, v, t, _ in rows]
         if not rows or rows[-1][3] != seen - 1:
             pts.append(last)
-        out[name] = pts
+        pts = [p for p in pts if _point(p)]  # what an older index stored: inf
+        if pts:
+            out[name] = pts
     return out
+
+
+def _point(p: tuple[Any, ...]) -> bool:
+    return all(_finite(x) is not None for x in p)
 
 
 def latest(store: Store, run_id: str, rank: int | None = None) -> dict[str, dict[str, Any]]:
@@ -266,6 +376,7 @@ def latest(store: Store, run_id: str, rank: int | None = None) -> dict[str, dict
     out = {
         name: {"step": s, "value": v, "time": t, "rank": r, "points": seen}
         for name, r, s, v, t, seen in rows
+        if _point((s, v, t))
     }
     return dict(sorted(out.items()))
 
@@ -274,6 +385,7 @@ def remove(store: Store, run_id: str) -> None:
     """Forget a run's metrics (the run was removed)."""
     if not has_tables(store):
         return
+    ensure(store)  # an older index: metric_dropped too
     with store.transaction() as c:
-        for table in ("metrics", "metric_series", "metric_files"):
+        for table in ("metrics", "metric_series", "metric_files", "metric_dropped"):
             c.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))

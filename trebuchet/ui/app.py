@@ -120,7 +120,7 @@ def create_app(token: str, cookie: str = "treb_ui") -> TokenGate:
             finally:
                 store.close()
 
-        return StreamingResponse(follow(path, active, request.is_disconnected),
+        return StreamingResponse(follow(path, active, request.is_disconnected, rec.active),
                                  media_type="text/event-stream")  # fmt: skip
 
     async def _form(request: Request) -> dict[str, str] | Response:

@@ -5,6 +5,7 @@ travels as JSON in <script type="application/json">, escaped so it cannot close 
 from __future__ import annotations
 
 import json
+import math
 import time
 from html import escape
 from typing import Any
@@ -34,8 +35,21 @@ def when(ts: float | None) -> str:
     return "-" if not ts else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
+def finite(value: Any) -> Any:
+    """`value` with every float that JSON has no word for (inf, -inf, nan) as None: the
+    page's JSON.parse refuses `Infinity` and `NaN` (a rank may print `loss: inf`)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
 def data(element_id: str, value: Any) -> str:
-    text = json.dumps(value).replace("<", "\\u003c").replace(">", "\\u003e")
+    text = json.dumps(finite(value), allow_nan=False)
+    text = text.replace("<", "\\u003c").replace(">", "\\u003e")
     text = text.replace("&", "\\u0026")
     return f'<script type="application/json" id="{e(element_id)}">{text}</script>'
 

@@ -1,7 +1,8 @@
 """A rank's log as server-sent events: the last lines, then what is written, until the run
 ends. Reads are bounded (CHUNK per read; a backlog over SKIP_OVER is skipped with a note),
 lines are made inert (runtime/lines.py) and sent as text: the page shows them with
-textContent, never as HTML."""
+textContent, never as HTML. A log replaced by a FIFO or a device is not read
+(runtime/regular.py): it would hold the server."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from trebuchet.runtime.lines import Splitter, inert
+from trebuchet.runtime.regular import open_regular
 
 CHUNK = 64 * 1024
 START_BACK = 64 * 1024  # the first view: about the last 64 KiB of the file
@@ -35,20 +37,21 @@ def _event(kind: str, text: str) -> bytes:
 
 
 async def follow(
-    path: Path, active: Callable[[], bool], disconnected: Callable[[], Awaitable[bool]]
-) -> AsyncIterator[bytes]:
+    path: Path, active: Callable[[], bool], disconnected: Callable[[], Awaitable[bool]],
+    running: bool = True,
+) -> AsyncIterator[bytes]:  # fmt: skip
     """Events for one log file: `line` (JSON string) per line, `note` for gaps, `end` once
-    the run has ended and the file is read to its end."""
+    the run has ended and the file is read to its end (`running` False: the run had ended
+    when the page asked, so the end comes as soon as the file is read)."""
     split = Splitter()
     offset: int | None = None
     checked_at = 0.0
-    running = True
     loop = asyncio.get_running_loop()
     while True:
         if await disconnected():
             return
         try:
-            with open(path, "rb") as fh:
+            with open_regular(path) as fh:  # a FIFO or a device in its place is not read
                 size = fh.seek(0, 2)
                 if offset is None:
                     offset = max(0, size - START_BACK)
@@ -63,7 +66,7 @@ async def follow(
                     split.reset()
                 fh.seek(offset)
                 data = fh.read(CHUNK)
-        except FileNotFoundError:
+        except OSError:  # not there (yet), or not a regular file
             data = b""
         if data:
             assert offset is not None  # set when the file was read

@@ -8,6 +8,7 @@ through html.e(); the charts' numbers travel as JSON (html.data) for static/app.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -133,9 +134,12 @@ def runs_page(store: Store, q: dict[str, str]) -> str:
 
 
 # -- one run ---------------------------------------------------------------------------------
-def _timeline(rec: RunRecord, attempts: list[dict], procs: list[dict]) -> str:
+def _timeline(
+    rec: RunRecord, attempts: list[dict], procs: list[dict], stuck: tuple[int, int] | None = None
+) -> str:
     """Each attempt as rows of bars, one per rank: from the attempt's start to the rank's
-    end (or now), coloured by how it ended; the first failure is marked."""
+    end (or now), coloured by how it ended; the first failure is marked, and a hang's
+    stuck rank (`stuck`: attempt, rank)."""
     now = time.time()
     ff = rec.first_failure or {}
     parts = []
@@ -159,19 +163,21 @@ def _timeline(rec: RunRecord, attempts: list[dict], procs: list[dict]) -> str:
             else:
                 kind = "bad"
             first = ff.get("attempt") == n and ff.get("label") == p["label"]
+            hung = stuck is not None and stuck == (n, p.get("rank"))
             outcome = (f"signal {p['signal']}" if p.get("signal")
                        else "running" if p.get("exit_code") is None
                        else f"exit {p['exit_code']}")  # fmt: skip
             if p.get("stopped_by_launcher"):
                 outcome += ", stopped by the launcher"
             rank = "-" if p.get("rank") is None else p["rank"]
+            marks = " first" * first + " stuck" * hung
+            note = " ← first failure" * first + " ← stuck (hang)" * hung
             rows.append(
-                f'<div class="tl-row{" first" if first else ""}" data-label="{e(p["label"])}">'
+                f'<div class="tl-row{marks}" data-label="{e(p["label"])}">'
                 f'<span class="tl-label">{e(p["label"])} (rank {e(rank)}, node {e(p["node"])})'
                 f'</span><span class="tl-track"><span class="tl-bar {kind}" '
                 f'style="width:{width:.1f}%" title="{e(outcome)}"></span></span>'
-                f'<span class="tl-out">{e(outcome)}{" ← first failure" if first else ""}'
-                "</span></div>"
+                f'<span class="tl-out">{e(outcome)}{note}</span></div>'
             )
         parts.append(
             f'<div class="attempt" data-attempt="{n}"><h3>attempt {n + 1}: {state(a["state"])}'
@@ -209,9 +215,10 @@ def _results(store: Store, rec: RunRecord) -> str:
 
 
 def _spec_text(run_dir: Path) -> str:
-    try:
-        with open(run_dir / "spec.yaml", encoding="utf-8", errors="replace") as fh:
-            text = fh.read(SPEC_MAX + 1)
+    from trebuchet.runtime.regular import read_text
+
+    try:  # a regular file only: a rank may have put a FIFO in its place
+        text = read_text(run_dir / "spec.yaml", SPEC_MAX + 1)
     except OSError:
         return "(spec.yaml is gone)"
     return text[:SPEC_MAX] + ("\n[treb: cut at 256 KiB]" if len(text) > SPEC_MAX else "")
@@ -220,6 +227,84 @@ def _spec_text(run_dir: Path) -> str:
 def series(points: dict[str, list[tuple[float, float, float]]]) -> dict[str, dict[str, list]]:
     """Store.metrics' series as the charts take them: {name: {x: steps, y: values}}."""
     return {n: {"x": [p[0] for p in pts], "y": [p[1] for p in pts]} for n, pts in points.items()}
+
+
+def ingest(store: Store, rec: RunRecord) -> None:
+    """The run's new metric points into the store (what `treb metrics` does first), so a
+    page shows a run's metrics whether or not a command looked at it since it ended."""
+    try:
+        from trebuchet.store.metrics import ingest as store_ingest
+
+        store_ingest(store, rec)
+    except Exception:  # noqa: BLE001 - the page shows what the store has
+        pass
+
+
+STACKS_MAX = 256 * 1024
+
+
+def _hang(rec: RunRecord, attempts: list[dict]) -> tuple[str, tuple[int, int] | None]:
+    """The last hang of the run (hang.json of an attempt: the rule fired, stacks were
+    dumped) as HTML: what `treb status` says of it, the stuck rank and every rank's
+    stack, grouped as `treb stacks` groups them; and (attempt, rank) of the stuck rank."""
+    from trebuchet.diagnose.hang import grouped_text, hang_lines, read
+    from trebuchet.runtime.regular import read_text
+
+    numbers = sorted({a["attempt"] for a in attempts} | {rec.attempt}, reverse=True)
+    for n in numbers:
+        adir = Path(rec.run_dir) / f"attempt-{n}"
+        try:
+            h = read(adir)
+        except Exception:  # noqa: BLE001 - a damaged record: no hang shown
+            h = None
+        if h is None:
+            continue
+        texts = {}
+        for r in h.ranks:
+            try:
+                texts[r.name] = read_text(Path(h.stacks_dir) / f"{r.name}.txt")
+            except OSError:
+                texts[r.name] = ""
+        stacks = grouped_text(h.ranks, texts)
+        if len(stacks) > STACKS_MAX:
+            stacks = stacks[:STACKS_MAX] + "\n[treb: cut at 256 KiB]"
+        lines = "".join(f"<p class='hang-line'>{e(x)}</p>" for x in hang_lines(adir))
+        stuck = None
+        who = ""
+        if h.odd is not None:
+            kind, _, num = h.odd.name.partition("-")
+            why = (f"in {h.odd.what} ({h.odd.where or '?'})" if h.odd.frames
+                   else "no stack: " + (h.odd.why or "none was dumped"))  # fmt: skip
+            silent = f", silent for {h.odd.silent:.1f}s" if h.odd.silent is not None else ""
+            who = (f"<p id='hang-rank' class='bad' data-rank='{e(num)}'>stuck: {e(h.odd.label)} "
+                   f"(attempt {n + 1}), {e(why)}{e(silent)}</p>")  # fmt: skip
+            if kind == "rank" and num.isdigit():
+                stuck = (n, int(num))
+        shown = e(stacks) or "no stacks were dumped"
+        html_ = (f"<h2>Hang</h2><div id='hang' data-attempt='{n}'>{lines}{who}"
+                 f"<pre id='stacks'>{shown}</pre></div>")  # fmt: skip
+        return html_, stuck
+    return "", None
+
+
+def _log_choice(
+    rec: RunRecord, choices: list[tuple[int, str]], shown: int, stuck: tuple[int, int] | None
+) -> tuple[int, str] | None:
+    """The log the viewer opens: the first failing rank's, else a hang's stuck rank's,
+    else the first of the latest attempt."""
+    ff: dict[str, Any] = dict(rec.first_failure or {})
+    wanted = []
+    attempt, rank, node = ff.get("attempt"), ff.get("rank"), ff.get("node")
+    if attempt is not None and rank is not None:
+        wanted.append((int(attempt), f"rank-{int(rank)}.log"))
+    if attempt is not None and node is not None:
+        wanted.append((int(attempt), f"node-{int(node)}.log"))
+    if stuck is not None:
+        wanted.append((stuck[0], f"rank-{stuck[1]}.log"))
+    for choice in wanted:
+        if choice in choices:
+            return choice
+    return next((c for c in choices if c[0] == shown), None)
 
 
 def run_page(store: Store, rec: RunRecord, csrf: str) -> str:
@@ -267,21 +352,24 @@ def run_page(store: Store, rec: RunRecord, csrf: str) -> str:
         what = e(describe_failure(rec.first_failure))
         failure = f"<p id='first-failure' class='bad'>first failure: {what}</p>"
     diagnosis = "".join(f"<p class='diag'>{e(line)}</p>" for line in diagnosis_lines(store, rec))
+    hang, stuck = _hang(rec, attempts)
     shown = attempts[-1]["attempt"] if attempts else rec.attempt
     choices = [(a["attempt"], name) for a in (attempts or [{"attempt": shown}])
                for name in log_files(run_dir, a["attempt"])]  # fmt: skip
-    default = next((c for c in choices if c[0] == shown), None)
+    default = _log_choice(rec, choices, shown, stuck)
     opts = "".join(
         f'<option value="{e(f"{n}/{name}")}"{" selected" if (n, name) == default else ""}>'
         f"attempt {n + 1}: {e(name[:-4])}</option>"
         for n, name in choices
     )
     logs = (
-        f'<div id="logs" data-run="{e(rec.id)}"><select id="log-pick">{opts}</select> '
+        f'<div id="logs" data-run="{e(rec.id)}" data-active="{int(rec.active)}">'
+        f'<select id="log-pick">{opts}</select> '
         '<span id="log-status" class="muted"></span><pre id="log"></pre></div>'
         if choices
         else "<p class='muted' id='logs'>no logs yet</p>"
     )
+    ingest(store, rec)
     metrics = store.metrics(rec.id)
     charts = (
         data("metrics-data", series(metrics)) + '<div id="metric-charts"></div>'
@@ -291,8 +379,8 @@ def run_page(store: Store, rec: RunRecord, csrf: str) -> str:
     return (
         f"<h1>Run <span id='run-id'>{e(rec.id)}</span> <span class='name'>{e(rec.name)}</span></h1>"
         f"<div class='actions'>{''.join(actions)}</div><dl class='facts'>{dl}</dl>"
-        f"{failure}{diagnosis}"
-        f"<h2>Attempts</h2><div id='timeline'>{_timeline(rec, attempts, procs)}</div>"
+        f"{failure}{diagnosis}{hang}"
+        f"<h2>Attempts</h2><div id='timeline'>{_timeline(rec, attempts, procs, stuck)}</div>"
         f"<h2>Logs</h2>{logs}<h2>Metrics</h2>{charts}"
         f"<h2>Results</h2>{_results(store, rec)}"
         f"<h2>Resolved spec</h2><pre id='spec'>{e(_spec_text(run_dir))}</pre>"
@@ -309,14 +397,14 @@ def sweeps_page(store: Store) -> str:
 
 
 def _number(v: Any) -> float | None:
+    """A parameter's value as a number to plot; None for text, inf and nan."""
     if isinstance(v, bool):
         return float(v)
-    if isinstance(v, int | float):
-        return float(v)
     try:
-        return float(str(v))
-    except ValueError:
+        out = float(v) if isinstance(v, int | float) else float(str(v))
+    except (ValueError, OverflowError):
         return None
+    return out if math.isfinite(out) else None
 
 
 def sweep_page(store: Store, runs: list[RunRecord], q: dict[str, str]) -> str:
@@ -328,6 +416,7 @@ def sweep_page(store: Store, runs: list[RunRecord], q: dict[str, str]) -> str:
     keys = sorted({k for p in params.values() for k in p})
     last: dict[str, dict[str, float]] = {}
     for r in runs:
+        ingest(store, r)
         last[r.id] = {n: pts[-1][1] for n, pts in store.metrics(r.id).items() if pts}
     names = ["performance", *sorted({n for m in last.values() for n in m})]
     asked = q.get("metric")
@@ -363,11 +452,16 @@ def results_page(store: Store, q: dict[str, str]) -> str:
     from trebuchet.results import table as results_table
     from trebuchet.results.perfcsv import number, relative_changes
 
-    loads = results_table.workloads(store.conn)
+    # rows of runs that were removed (`treb rm`) stay in the results table: not shown
+    results_table.ensure(store.conn)
+    loads: list[tuple[str, int, float]] = [tuple(r) for r in store.conn.execute(
+        "SELECT workload, COUNT(*), MAX(results.created_at) FROM results JOIN runs "
+        "ON runs.id = results.run_id GROUP BY workload ORDER BY MAX(results.created_at) DESC"
+    ).fetchall()]  # fmt: skip
     if not loads:
         return ("<h1>Results</h1><p class='muted'>no results yet: they are collected when a "
                 "run ends (or by `treb results`)</p>")  # fmt: skip
-    asked = q.get("workload")
+    asked = q.get("workload") or ""
     chosen = asked if asked in {w for w, _, _ in loads} else loads[0][0]
     links = " ".join(
         f'<a class="{"chosen" if w == chosen else ""}" href="{url("/results", workload=w)}">'
@@ -375,6 +469,11 @@ def results_page(store: Store, q: dict[str, str]) -> str:
         for w, n, _ in loads
     )
     rows = results_table.of_workload(store.conn, chosen)
+    ids = sorted({r["run_id"] for r in rows})
+    known = {row[0] for i in range(0, len(ids), 500) for row in store.conn.execute(
+        f"SELECT id FROM runs WHERE id IN ({','.join('?' * len(ids[i:i + 500]))})",
+        ids[i : i + 500])}  # fmt: skip
+    rows = [r for r in rows if r["run_id"] in known]
     changes = relative_changes(rows)
     by_metric: dict[str, dict[str, list]] = {}
     for r in rows:

@@ -1,11 +1,17 @@
 """The dashboard's door: a random token (printed at start, as Jupyter does) on every
 request, a CSRF token on every state-changing POST, and headers that keep pages inert.
 
-The token arrives once in the URL (`/?token=...`); the answer sets it as an HttpOnly,
-SameSite=Strict cookie and redirects to the same URL without it, so it does not linger in
-the address bar or the history. Every later request must carry the cookie; anything else
-is refused with 403, static files included. The CSRF token is derived from the token
-(HMAC), so forms carry a value a cross-site page cannot know or read.
+The token arrives once in the URL (`/?token=...`); the answer sets a cookie and redirects
+to the same URL without it, so the token does not linger in the address bar or the
+history. The cookie holds a value derived from the token (an HMAC), never the token: a
+browser sends cookies for 127.0.0.1 to every server there, whatever its port, and the
+token would give its reader the CSRF token too. The cookie is named after the port
+(`treb_ui_<port>`), HttpOnly, SameSite=Strict, Path=/. Cookies that are not ours are
+ignored, whatever they hold (a JSON value set by another local app included). Every
+later request must carry the cookie; anything else is refused with 403, static files
+included; a token that is no token (not ASCII, say) is refused the same way. The CSRF
+token is derived from the token (HMAC), so forms carry a value a cross-site page cannot
+know or read.
 """
 
 from __future__ import annotations
@@ -13,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from http.cookies import SimpleCookie
 from urllib.parse import parse_qsl, urlencode
 
 # script-src 'self': no inline script runs (chart data travels as application/json);
@@ -44,7 +49,29 @@ def csrf_token(token: str) -> str:
 
 
 def csrf_ok(token: str, given: str | None) -> bool:
-    return bool(given) and hmac.compare_digest(csrf_token(token), str(given))
+    return bool(given) and same(csrf_token(token), str(given))
+
+
+def cookie_value(token: str) -> str:
+    """What the login cookie holds: derived from the token, which it does not reveal."""
+    return hmac.new(token.encode(), b"treb-ui cookie", hashlib.sha256).hexdigest()
+
+
+def same(expected: str, given: str) -> bool:
+    """A constant-time comparison that takes any text (compare_digest refuses a str that is
+    not ASCII: `?token=é` was a 500)."""
+    return hmac.compare_digest(expected.encode(), given.encode("utf-8", "surrogateescape"))
+
+
+def cookies(header: bytes) -> list[tuple[str, str]]:
+    """The (name, value) pairs of a Cookie header, read leniently one by one: a value that
+    http.cookies cannot parse (JSON, say) in another app's cookie spoils nothing."""
+    out = []
+    for part in header.decode("latin-1").split(";"):
+        name, eq, value = part.strip().partition("=")
+        if eq and name:
+            out.append((name.strip(), value.strip().strip('"')))
+    return out
 
 
 class TokenGate:
@@ -54,18 +81,14 @@ class TokenGate:
         self.app = app
         self.token = token
         self.cookie = cookie
+        self.value = cookie_value(token)
 
     def _cookie_ok(self, headers: list[tuple[bytes, bytes]]) -> bool:
         for name, value in headers:
             if name == b"cookie":
-                jar = SimpleCookie()
-                try:
-                    jar.load(value.decode("latin-1"))
-                except Exception:  # noqa: BLE001 - a malformed cookie is no token
-                    continue
-                got = jar.get(self.cookie)
-                if got is not None and hmac.compare_digest(got.value, self.token):
-                    return True
+                for key, got in cookies(value):
+                    if key == self.cookie and same(self.value, got):
+                        return True
         return False
 
     async def __call__(self, scope, receive, send) -> None:
@@ -74,11 +97,11 @@ class TokenGate:
             return
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         given = next((v for k, v in query if k == "token"), None)
-        if given is not None and hmac.compare_digest(given, self.token):
+        if given is not None and same(self.token, given):
             if scope["method"] == "GET":  # set the cookie, drop the token from the URL
                 rest = urlencode([(k, v) for k, v in query if k != "token"])
                 where = scope.get("root_path", "") + scope["path"] + (f"?{rest}" if rest else "")
-                cookie = f"{self.cookie}={self.token}; Path=/; HttpOnly; SameSite=Strict"
+                cookie = f"{self.cookie}={self.value}; Path=/; HttpOnly; SameSite=Strict"
                 await _plain(send, 303, b"", [(b"location", where.encode()),
                                                 (b"set-cookie", cookie.encode())])  # fmt: skip
                 return

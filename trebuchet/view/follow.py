@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from trebuchet.runtime.lines import Splitter
+from trebuchet.runtime.regular import open_regular
 
 STALE_PARTIAL_S = 1.0
 READ = 1 << 20
@@ -47,7 +48,7 @@ class _Tail:
     def size(self) -> int:
         try:
             return os.stat(self.path).st_size
-        except FileNotFoundError:
+        except OSError:
             return -1
 
 
@@ -111,7 +112,11 @@ class Follower:
             t.offset = start
             t.resync = True
         read = 0
-        with open(t.path, "rb") as fh:
+        try:
+            fh = open_regular(t.path)  # a rank's FIFO never freezes the view
+        except OSError:  # removed since, or not a regular file (regular.py)
+            return 0
+        with fh:
             if t.resync and t.offset:  # landed right after a line end: nothing to drop
                 fh.seek(t.offset - 1)
                 t.resync = fh.read(1) not in (b"\n", b"\r")
@@ -168,11 +173,15 @@ def _offset_of_last_lines(path: Path, n: int) -> int:
     """Byte offset where the last `n` lines of `path` begin."""
     try:
         size = path.stat().st_size
-    except FileNotFoundError:
+    except OSError:
         return 0
     if n <= 0:
         return size
-    with open(path, "rb") as fh:
+    try:
+        fh = open_regular(path)
+    except OSError:
+        return size
+    with fh:
         pos = size
         found = 0
         chunk = 1 << 16

@@ -1,15 +1,20 @@
 """Kubernetes: the spec as an indexed Job (one pod per node), a headless Service and a
 ConfigMap that carries trebuchet's node agent and the run's code.
 
-Pod i of Job J is reachable as J-i.J (the Service is named after the Job and is the
-pods' subdomain), so MASTER_ADDR is the index-0 pod's name and NODE_RANK is the pod's
+The three are named after the workload and the run (`<workload>-<run id>`, run_name): a
+second run of a spec must not collide with the first, which the API refuses (409). The
+ConfigMap and Service belong to the Job (ownerReferences) and are deleted when its end
+is seen. Pod i of Job J is reachable as J-i.J (the Service is named after the Job and is
+the pods' subdomain), so MASTER_ADDR is the index-0 pod's name and NODE_RANK is the pod's
 completion index. The ConfigMap (mounted at /treb) holds the runtime archive, job.json and
 the code snapshot (code.py; or the image holds the code, `kubernetes.code_dir`).
 The pod command places the node, unpacks the code into /treb-code, builds the spec's
 environment there (node_setup.py) and starts the node agent, which runs the node's ranks
 as on every engine (trebuchet/runtime/node.py). Retries are the Job's, per index
 (backoffLimitPerIndex); TREB_ATTEMPT is the index's failure count, from the pod's
-annotation. GPUs are requested as nvidia.com/gpu, or amd.com/gpu with gpu_vendor: amd.
+annotation. GPUs are requested as nvidia.com/gpu, or amd.com/gpu with gpu_vendor: amd;
+CPUs and memory as the `kubernetes:` block says (one CPU per rank by default); /dev/shm
+is a memory-backed emptyDir (a container's own is 64 MiB).
 Secrets come from a Kubernetes Secret named after the workload, one key per secret name;
 trebuchet never writes their values into a manifest. `kubernetes.checkpoint_volume` mounts
 a PersistentVolumeClaim at /treb-checkpoints, where TREB_CHECKPOINT_DIR then points.
@@ -71,12 +76,31 @@ def gpu_resource(spec: Any) -> str:
 
 
 LABEL = "trebuchet.dev/workload"
+NAME_MAX = 50  # `<job>-<index>`, a pod's host name, must stay a DNS label (63)
+RENDER_RUN_ID = "RUN_ID"  # `treb render`: the run id is not known yet
 
 
 def k8s_name(name: str) -> str:
     """A DNS-1123 label short enough for `<job>-<index>` pod host names."""
     out = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
-    return (out or "job")[:50].rstrip("-")
+    return (out or "job")[:NAME_MAX].rstrip("-")
+
+
+def run_name(spec_name: str, run_id: str) -> str:
+    """The Job, Service and ConfigMap of one run: the workload's name and the run's id, so
+    that a second run of a spec does not collide with the first (the API refuses a name in
+    use: 409). A DNS-1035 label (a Service name: a letter first), at most NAME_MAX
+    characters; a run id too long to keep whole is shortened to a hash of it."""
+    rid = k8s_name(run_id)
+    if len(rid) > 16:
+        import hashlib
+
+        rid = hashlib.sha256(run_id.encode()).hexdigest()[:12]
+    base = k8s_name(spec_name)
+    if not base[0].isalpha():
+        base = "treb-" + base
+    base = base[: NAME_MAX - len(rid) - 1].rstrip("-")
+    return f"{base}-{rid}"
 
 
 class KubernetesBackend(Backend):
@@ -107,27 +131,28 @@ class KubernetesBackend(Backend):
             ) from None
 
     def check_render(self, loaded: LoadedSpec) -> None:
-        spec, src = loaded.spec, loaded.source
-        check_node_engine(spec, src, "Kubernetes")
+        spec = loaded.spec
+        check_node_engine(spec, loaded, "Kubernetes")
         kube: Kubernetes = engine_options(spec, "kubernetes")
         if not (kube.image or (spec.environment and spec.environment.image)):
-            raise UserError(
-                f"{src}: kubernetes.image: a pod needs an image (set "
-                "kubernetes.image or environment.image)"
+            raise loaded.refusal(
+                "kubernetes.image",
+                "a pod needs an image (set kubernetes.image or environment.image)",
             )
         env = spec.environment
         if env and env.mounts:
-            raise UserError(
-                f"{loaded.where('environment', 'mounts')}: environment.mounts: a pod cannot "
-                "bind-mount host paths; use kubernetes.checkpoint_volume for checkpoints, "
-                "other volumes with your own manifests"
+            raise loaded.refusal(
+                "environment.mounts",
+                "a pod cannot bind-mount host paths; "
+                "use kubernetes.checkpoint_volume for checkpoints, other "
+                "volumes with your own manifests",
             )
         check_files(loaded, "Kubernetes", "the workdir (the code archive, or code_dir)")
 
     def manifests(
         self,
         loaded: LoadedSpec,
-        run_id: str = "RUN_ID",
+        run_id: str = RENDER_RUN_ID,
         whole: bool = True,
         snapshot: Path | None = None,
     ) -> list[dict[str, Any]]:
@@ -135,12 +160,13 @@ class KubernetesBackend(Backend):
         The code shipped is `snapshot` (the run's copy) when given, else the workdir's."""
         self.check_render(loaded)
         spec = loaded.spec
-        name = k8s_name(spec.name)
+        workload = k8s_name(spec.name)  # the Secret's name: one for every run of the spec
+        name = run_name(spec.name, run_id)  # the Job's, Service's and ConfigMap's: this run's
         kube: Kubernetes = engine_options(spec, "kubernetes")
         ns = kube.namespace
         image = kube.image or spec.environment.image  # type: ignore[union-attr]
         port = spec.fixed_port or DEFAULT_MASTER_PORT
-        labels = {LABEL: name, "trebuchet.dev/run-id": k8s_name(run_id)}
+        labels = {LABEL: workload, "trebuchet.dev/run-id": k8s_name(run_id)}
         meta: dict[str, Any] = {"name": name, "labels": labels}
         if ns:
             meta["namespace"] = ns
@@ -176,7 +202,7 @@ class KubernetesBackend(Backend):
             },
         }
         env: list[dict[str, Any]] = [
-            {"name": s, "valueFrom": {"secretKeyRef": {"name": name, "key": s}}}
+            {"name": s, "valueFrom": {"secretKeyRef": {"name": workload, "key": s}}}
             for s in spec.secrets
         ]
         for key, value in spec.env.items():
@@ -217,10 +243,13 @@ class KubernetesBackend(Backend):
         mounts = [
             {"name": "treb", "mountPath": AGENT_DIR, "readOnly": True},
             {"name": "treb-run", "mountPath": RUN_DIR},
+            # a container's /dev/shm is 64 MiB: NCCL and DataLoader workers need more
+            {"name": "dshm", "mountPath": "/dev/shm"},
         ]
         volumes: list[dict[str, Any]] = [
             {"name": "treb", "configMap": {"name": name}},
             {"name": "treb-run", "emptyDir": {}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         ]
         if not kube.code_dir:
             mounts.append({"name": "treb-code", "mountPath": CODE_DIR})
@@ -239,9 +268,7 @@ class KubernetesBackend(Backend):
         }
         if kube.code_dir:
             container["workingDir"] = kube.code_dir
-        if spec.gpus_per_node > 0:
-            gpus = str(spec.gpus_per_node)
-            container["resources"] = {"limits": {gpu_resource(spec): gpus}}
+        container["resources"] = resources(spec, kube)
         if spec.hang_timeout:  # py-spy reads the ranks' stacks with ptrace (docs/hangs.md)
             container["securityContext"] = {"capabilities": {"add": ["SYS_PTRACE"]}}
         job_spec: dict[str, Any] = {
@@ -281,7 +308,10 @@ class KubernetesBackend(Backend):
         from trebuchet.importers.common import _Dumper
 
         spec = loaded.spec
-        name = k8s_name(spec.name)
+        workload = k8s_name(spec.name)
+        whole = docs is not None
+        docs = docs or self.manifests(loaded, whole=False)
+        name = docs[0]["metadata"]["name"]
         kube: Kubernetes = engine_options(spec, "kubernetes")
         code_dir = kube.code_dir
         code = (
@@ -291,17 +321,20 @@ class KubernetesBackend(Backend):
         )
         head = (
             f"# Kubernetes manifests for {spec.name} ({loaded.source}).\n"
-            f"# The ConfigMap {name!r} carries trebuchet's node agent (the runtime archive), "
-            f"{code}{'' if docs else ' (archives elided here)'}.\n"
+            f"# The Job, Service and ConfigMap are named after the run ({name!r}"
+            f"{'' if whole else ': the run id comes with `treb run`'}); the Service and "
+            "ConfigMap go with the Job.\n"
+            f"# The ConfigMap carries trebuchet's node agent (the runtime archive), "
+            f"{code}{'' if whole else ' (archives elided here)'}.\n"
             f"# GPUs as {gpu_resource(spec)}.\n"
         )
         if spec.secrets:
             keys = " ".join(f'--from-literal={s}="${s}"' for s in spec.secrets)
             head += (
-                f"# Secrets come from the Secret {name!r}, one key per name; create it "
-                f"first:\n#   kubectl create secret generic {name} {keys}\n"
+                f"# Secrets come from the Secret {workload!r} (one for every run of the spec), "
+                f"one key per name; create it first:\n"
+                f"#   kubectl create secret generic {workload} {keys}\n"
             )
-        docs = docs or self.manifests(loaded, whole=False)
         text = [yaml.dump(m, Dumper=_Dumper, sort_keys=False, width=1000) for m in docs]
         return head + "---\n" + "---\n".join(text)
 
@@ -309,7 +342,7 @@ class KubernetesBackend(Backend):
         import time
 
         try:
-            from kubernetes import client, config, utils
+            from kubernetes import client, config
         except ImportError:
             _fail(sub, "the kubernetes package is not installed")
             raise UserError(
@@ -320,36 +353,41 @@ class KubernetesBackend(Backend):
         snapshot = sub.run_dir / "code" if sub.loaded.spec.snapshot else None
         docs = self.manifests(sub.loaded, sub.record.id, snapshot=snapshot)
         write_atomic(sub.run_dir / "manifests.yaml", self.render(sub.loaded, docs))
-        configmap, *rest = docs
-        name = configmap["metadata"]["name"]
+        configmap, service, job = docs
+        name = job["metadata"]["name"]
         ns = sub.loaded.spec.kubernetes.namespace or "default"
-        made = False
+        made: list[str] = []
         try:
             config.load_kube_config()
             api = client.ApiClient()
             core = client.CoreV1Api(api)
+            batch = client.BatchV1Api(api)
             core.create_namespaced_config_map(ns, configmap)  # before the pods that mount it
-            made = True
-            utils.create_from_yaml(api, yaml_objects=rest, namespace=ns)
-        except Exception as exc:  # config, auth, API errors: the run records why
-            if made:  # nothing is left behind for a Job that was not created
+            made.append("config_map")
+            core.create_namespaced_service(ns, service)  # before the pods look up their peers
+            made.append("service")
+            created = batch.create_namespaced_job(ns, job)
+        except Exception as exc:  # config, auth, API errors (409: the name is taken): recorded
+            for kind in made:  # nothing is left behind for a Job that was not created
                 with contextlib.suppress(Exception):
-                    core.delete_namespaced_config_map(name, ns)
-            _fail(sub, f"Kubernetes refused the manifests: {exc}")
-            raise UserError(f"--on kubernetes: could not apply the manifests: {exc}") from None
+                    getattr(core, f"delete_namespaced_{kind}")(name, ns)
+            why = " ".join(str(exc).split())[:500]
+            _fail(sub, f"Kubernetes refused the manifests: {why}")
+            raise UserError(f"--on kubernetes: could not apply the manifests: {why}") from None
+        _owned_by(core, ns, name, created)
         backend_id = f"{ns}/{name}"
         sub.store.update_run(sub.record.id, backend_id=backend_id)
         append_event(sub.run_dir, "kubernetes", job=name, namespace=ns, backend_id=backend_id)
         lifecycle.record(sub.store, sub.record.id, "state", state="RUNNING")
         if not attach:
             return Submitted(sub.record.id)
-        batch = client.BatchV1Api(api)
         while True:  # the Job's own conditions say how it ended
             state, reason = job_state(batch.read_namespaced_job_status(name, ns).status)
             if state in TERMINAL:
                 break
             time.sleep(5)
         lifecycle.follow(sub.store, sub.record.id, state, reason)
+        _clean_up(core, ns, name)
         return Submitted(sub.record.id, state)
 
     def refresh(self, store: Any, runs: list[Any]) -> None:
@@ -375,13 +413,16 @@ class KubernetesBackend(Backend):
                 continue
             found = {j.metadata.name: j for j in jobs}
             for rec in recs:
-                job = found.get(rec.backend_id.partition("/")[2])
+                name = rec.backend_id.partition("/")[2]
+                job = found.get(name)
                 reason: str | None
                 if job is None:
                     state, reason = LOST, "its Job is gone (deleted outside trebuchet?)"
                 else:
                     state, reason = job_state(job.status)
                 lifecycle.follow(store, rec.id, state, reason)
+                if job is not None and state in TERMINAL:  # once: the run is no longer active
+                    _clean_up(client.CoreV1Api(), ns, name)
 
     def _pods(self, run: Any) -> tuple[Any, str, list[Any]] | None:
         """(CoreV1Api, namespace, the Job's pods by index then attempt), or None when the
@@ -448,11 +489,51 @@ class KubernetesBackend(Backend):
             raise UserError(f"run {run.id} has no Kubernetes Job recorded")
         config.load_kube_config()
         body = client.V1DeleteOptions(propagation_policy="Foreground")
-        client.BatchV1Api().delete_namespaced_job(name, ns, body=body)
-        core = client.CoreV1Api()
-        core.delete_namespaced_service(name, ns)
-        core.delete_namespaced_config_map(name, ns)
+        try:
+            client.BatchV1Api().delete_namespaced_job(name, ns, body=body)
+        except Exception as exc:  # gone already (404) is what a cancel wants
+            if getattr(exc, "status", None) != 404:
+                why = " ".join(str(exc).split())[:500]
+                raise UserError(f"run {run.id}: Kubernetes kept Job {name}: {why}") from None
+        _clean_up(client.CoreV1Api(), ns, name)  # also when the Job's owner links were not set
         lifecycle.ended(store, run.id, "CANCELLED", "treb cancel")
+
+
+def resources(spec: Any, kube: Kubernetes) -> dict[str, Any]:
+    """The container's requests and limits: GPUs (a limit, which is also the request), the
+    CPUs it asks for (kubernetes.cpu; else one per rank of the pod) and its memory
+    (kubernetes.memory, when given: a request, not a limit)."""
+    out: dict[str, dict[str, str]] = {}
+    if spec.gpus_per_node > 0:
+        out["limits"] = {gpu_resource(spec): str(spec.gpus_per_node)}
+    requests = {"cpu": str(kube.cpu or spec.ranks_per_node)}
+    if kube.memory:
+        requests["memory"] = kube.memory
+    out["requests"] = requests
+    return out
+
+
+def _owned_by(core: Any, ns: str, name: str, job: Any) -> None:
+    """The ConfigMap and Service belong to the Job (ownerReferences): deleting the Job (a
+    cancel, kubectl, the Job's TTL) deletes them too. Best effort: the end and a cancel
+    also delete them (_clean_up)."""
+    meta = job.get("metadata") if isinstance(job, dict) else getattr(job, "metadata", None)
+    uid = meta.get("uid") if isinstance(meta, dict) else getattr(meta, "uid", None)
+    if not uid:
+        return
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid}
+    patch = {"metadata": {"ownerReferences": [owner]}}
+    for kind in ("config_map", "service"):
+        with contextlib.suppress(Exception):
+            getattr(core, f"patch_namespaced_{kind}")(name, ns, patch)
+
+
+def _clean_up(core: Any, ns: str, name: str) -> None:
+    """The run's Service and ConfigMap, once its Job has ended or is deleted (the Job stays
+    until then: its pods' logs are `treb logs`'); gone already is fine."""
+    for kind in ("service", "config_map"):
+        with contextlib.suppress(Exception):
+            getattr(core, f"delete_namespaced_{kind}")(name, ns)
 
 
 def _annotation(pod: Any, key: str) -> int:

@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # `treb ps` refreshes local runs: it must not import pydantic
     from trebuchet.launcher.submit import Submission
     from trebuchet.spec.load import LoadedSpec
 
+# A PENDING run without a supervisor this long after its creation is lost, unless it is a
+# sweep point whose driver is alive (queued for its turn); TREB_ORPHAN_PENDING_S for tests.
 ORPHAN_PENDING_S = 60.0
 # The supervisor process's module: a front door, where its Hooks are wired.
 SUPERVISOR = "trebuchet.cli.supervise"
@@ -65,7 +67,7 @@ class LocalBackend(Backend):
                 spec.gpus_per_node, gpus.existing_mask(vendor, os.environ), detected, spec.nodes
             )
         except gpus.GpuError as exc:
-            raise UserError(f"{loaded.where('gpus_per_node')}: gpus_per_node: {exc}") from None
+            raise loaded.refusal("gpus_per_node", str(exc)) from None
         place = Placement(vendor, node_gpus, recipe_for(spec, loaded.base, vendor))
         self._placements[key] = place
         return place
@@ -82,26 +84,26 @@ class LocalBackend(Backend):
                 if launcher_exe == "mpirun"
                 else "horovod"
             )
-            where = loaded.where("launcher")
-            raise UserError(f"{where}: launcher: {launcher_exe} is not on PATH; install {how}")
+            raise loaded.refusal("launcher", f"{launcher_exe} is not on PATH; install {how}")
         recipe = self.placement(loaded).recipe
-        where = loaded.where("environment")
         if recipe and recipe.kind == "image":
             problem = engine_problem()
             if problem:
-                raise UserError(f"{where}: environment.image: {problem}")
+                raise loaded.refusal("environment.image", problem)
         elif recipe and (missing := missing_tool(recipe)):
             field, why = missing
-            raise UserError(f"{loaded.where(*field)}: {'.'.join(field)}: {why}")
+            raise loaded.refusal(".".join(field), why)
         if spec.profile == "nsys" and recipe is None and not shutil.which("nsys"):
-            raise UserError(
-                f"{loaded.where('profile')}: profile: nsys is not on PATH (install NVIDIA Nsight "
-                "Systems, or use profile: torch or none)"
+            raise loaded.refusal(
+                "profile",
+                "nsys is not on PATH (install NVIDIA Nsight "
+                "Systems, or use profile: torch or none)",
             )
         if spec.launcher == "torchrun" and recipe is None and not shutil.which("torchrun"):
-            raise UserError(
-                f"{loaded.where('launcher')}: launcher: torchrun is not on PATH "
-                "(install torch in this environment, or use launcher: native)"
+            raise loaded.refusal(
+                "launcher",
+                "torchrun is not on PATH (install torch in this "
+                "environment, or use launcher: native)",
             )
 
     def render(self, loaded: LoadedSpec) -> str:
@@ -184,11 +186,14 @@ class LocalBackend(Backend):
         """Active runs whose supervisor vanished without an outcome become LOST."""
         me = hostname()
         now = time.time()
+        drivers: dict[str, bool] = {}  # sweep id -> its driver is alive (asked once)
         for rec in runs:
             if not rec.active or (rec.host and rec.host != me):
                 continue
             if rec.supervisor_pid is None:
-                if now - rec.created_at < ORPHAN_PENDING_S:
+                if now - rec.created_at < orphan_pending_s():
+                    continue
+                if rec.sweep_id and _queued(rec.sweep_id, drivers):
                     continue
             elif alive(rec.supervisor_pid, rec.supervisor_start):
                 continue
@@ -226,6 +231,22 @@ class LocalBackend(Backend):
                 raise UserError(f"run {run.id} did not stop within the grace period")
         end_leftovers(run)  # what a supervisor that is gone left running
         lifecycle.ended(store, run.id, CANCELLED, "treb cancel")
+
+
+def orphan_pending_s() -> float:
+    try:
+        return float(os.environ.get("TREB_ORPHAN_PENDING_S", ORPHAN_PENDING_S))
+    except ValueError:
+        return ORPHAN_PENDING_S
+
+
+def _queued(sweep_id: str, drivers: dict[str, bool]) -> bool:
+    """A sweep point waiting for its turn: its sweep's driver is alive."""
+    if sweep_id not in drivers:
+        from trebuchet.backends.local.sweep import driver_alive
+
+        drivers[sweep_id] = driver_alive(sweep_id)
+    return drivers[sweep_id]
 
 
 def end_leftovers(run: RunRecord) -> str:

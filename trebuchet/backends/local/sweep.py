@@ -2,6 +2,10 @@
 the `treb run` process when attached, else in the background (`python -m
 trebuchet.backends.local.sweep SWEEP_FILE`). It imports no pydantic: every run's plan was
 written at submission.
+
+A point waiting for its turn has no supervisor yet; the driver says it is alive in
+`sweeps/<id>.driver.json` (pid and start time), so that a refresh takes the point for
+queued, not lost, for as long as the driver lives (`driver_alive`).
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trebuchet.runtime.procs import alive, start_time
 from trebuchet.spec.sweep import point_text
 from trebuchet.store import lifecycle
+from trebuchet.store.files import read_json, write_json
 from trebuchet.store.paths import sweep_file
 
 if TYPE_CHECKING:
@@ -32,7 +38,6 @@ def submit_local(
     import subprocess
 
     from trebuchet.backends.base import SweepSubmitted
-    from trebuchet.store.files import write_json
 
     parallel = points[0][1].loaded.spec.sweep_parallel or 1
     runs: list[dict[str, Any]] = []
@@ -64,6 +69,7 @@ def drive(sweep: dict[str, Any], follow: bool) -> tuple[int, int]:
     from trebuchet.store.states import CANCELLED, TERMINAL
 
     store = Store()
+    _say_alive(str(sweep["id"]))
     pending = list(sweep["runs"])
     running: list[dict[str, Any]] = []
     failed = 0
@@ -108,6 +114,28 @@ def drive(sweep: dict[str, Any], follow: bool) -> tuple[int, int]:
     if view:
         view.close()
     return failed, cancelled["sig"]
+
+
+def _driver_file(sweep_id: str) -> Path:
+    return sweep_file(sweep_id).with_name(f"{sweep_id}.driver.json")
+
+
+def _say_alive(sweep_id: str) -> None:
+    """This process drives the sweep (read by driver_alive)."""
+    pid = os.getpid()
+    write_json(_driver_file(sweep_id), {"pid": pid, "start": start_time(pid)}, durable=False)
+
+
+def driver_alive(sweep_id: str) -> bool:
+    """Whether the sweep's driver still runs (pid and start time: a reused pid is not it)."""
+    try:
+        data = read_json(_driver_file(sweep_id))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict) or not isinstance(data.get("pid"), int):
+        return False
+    start = data.get("start")
+    return alive(data["pid"], start if isinstance(start, str) else None)
 
 
 def _kill(pid: int) -> None:

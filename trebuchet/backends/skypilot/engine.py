@@ -104,40 +104,40 @@ class SkyPilotBackend(Backend):
             ) from None
 
     def check_render(self, loaded: LoadedSpec) -> None:
-        spec, src = loaded.spec, loaded.source
-        check_node_engine(spec, src, "SkyPilot")
+        spec = loaded.spec
+        check_node_engine(spec, loaded, "SkyPilot")
         env = spec.environment
         if env and env.mounts:
-            raise UserError(
-                f"{src}: environment.mounts: SkyPilot cannot bind-mount host "
-                "paths into the image; use SkyPilot file_mounts or a bucket"
+            raise loaded.refusal(
+                "environment.mounts",
+                "SkyPilot cannot bind-mount host "
+                "paths into the image; use SkyPilot file_mounts or a bucket",
             )
         sk: SkyPilot = engine_options(spec, "skypilot")
-        if spec.gpus_per_node > 0 and not sk.accelerators:
-            raise UserError(
-                f"{src}: skypilot.accelerators: SkyPilot needs the GPU type, e.g. "
-                f"skypilot.accelerators: H100:{spec.gpus_per_node}"
-            )
         acc = sk.accelerators
+        if spec.gpus_per_node > 0 and not acc:
+            raise loaded.refusal(
+                "skypilot.accelerators" if sk.model_fields_set else "gpus_per_node",
+                "SkyPilot needs the GPU type, e.g. skypilot.accelerators: "
+                f"H100:{spec.gpus_per_node}",
+            )  # fmt: skip
         m = re.fullmatch(r"([^:,\s]+)(?::(\d+))?", acc or "")
         if acc and not m:
-            raise UserError(f"{src}: skypilot.accelerators: {acc!r} is not NAME or NAME:COUNT")
+            raise loaded.refusal("skypilot.accelerators", f"{acc!r} is not NAME or NAME:COUNT")
         if m and m.group(2) and spec.gpus_per_node and int(m.group(2)) != spec.gpus_per_node:
-            raise UserError(
-                f"{src}: skypilot.accelerators {acc} asks for {m.group(2)} GPUs per "
-                f"node but gpus_per_node is {spec.gpus_per_node}"
+            raise loaded.refusal(
+                "skypilot.accelerators",
+                f"{acc} asks for {m.group(2)} GPUs "
+                f"per node but gpus_per_node is {spec.gpus_per_node}",
             )
         check_files(loaded, "SkyPilot", "workdir (it uploads nothing else)")
         if sk.checkpoint_store and sk.checkpoint_bucket and "://" in sk.checkpoint_bucket:
-            raise UserError(
-                f"{loaded.where('skypilot', 'checkpoint_store')}: skypilot.checkpoint_store: "
-                "only for a bucket given by name; the URL of checkpoint_bucket names its store"
+            raise loaded.refusal(
+                "skypilot.checkpoint_store",
+                "only for a bucket given by name; the URL of checkpoint_bucket names its store",
             )
         if sk.checkpoint_store and not sk.checkpoint_bucket:
-            raise UserError(
-                f"{loaded.where('skypilot', 'checkpoint_store')}: skypilot.checkpoint_store: "
-                "needs skypilot.checkpoint_bucket"
-            )
+            raise loaded.refusal("skypilot.checkpoint_store", "needs skypilot.checkpoint_bucket")
 
     def task(
         self, loaded: LoadedSpec, run_id: str = "RUN_ID", run_dir: Path | None = None

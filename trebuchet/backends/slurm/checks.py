@@ -20,15 +20,24 @@ from typing import Any
 from trebuchet.preflight.context import Context
 from trebuchet.preflight.findings import ERROR, WARNING, Finding
 from trebuchet.preflight.storage import LOCAL_ROOTS, under
+from trebuchet.spec.duration import slurm_time, unit_seconds
 
 SINFO_TIMEOUT_S = 5.0
 GRES_GPU = re.compile(r"^gpu(?::[^:(]+)?:(\d+)")
+TIME_ALLOWED = ("a duration (30m, 2h, 1h30m) or a Slurm time (04:00:00, 1-00:00:00, UNLIMITED; "
+                "a bare number is minutes)")  # fmt: skip
 SLURM_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 
 
 def slurm_seconds(text: str) -> float | None:
-    """Seconds in a Slurm --time value, read as Slurm does (a bare number is minutes);
-    None when unlimited; ValueError when it is not a Slurm time."""
+    """Seconds in slurm.time: a duration with units as `timeout` takes them ("30m", "2h",
+    "1h30m"), or a Slurm --time value read as Slurm does (a bare number is minutes); None
+    when unlimited; ValueError when it is neither (or a duration of zero)."""
+    seconds = unit_seconds(text)
+    if seconds is not None:
+        if seconds <= 0:
+            raise ValueError(text)
+        return seconds
     t = text.strip().upper()
     if t in ("UNLIMITED", "INFINITE"):
         return None
@@ -44,6 +53,13 @@ def slurm_seconds(text: str) -> float | None:
     if b is not None:  # M:S
         return float(a * 60 + b)
     return a * 60.0  # M
+
+
+def time_arg(text: str) -> str:
+    """slurm.time as sbatch's --time: a duration with units in Slurm's D-HH:MM:SS (rounded
+    up to whole minutes, as Slurm counts), a Slurm form as written."""
+    seconds = unit_seconds(text)
+    return slurm_time(seconds) if seconds else text.strip()
 
 
 def time_limit(spec: Any) -> tuple[float | None, tuple[str, ...]] | None:

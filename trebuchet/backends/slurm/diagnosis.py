@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from trebuchet.runtime.regular import open_regular
+
 # The start of the reason call_sbatch (engine.py) records for a refused job or job array.
 REFUSED = "sbatch refused"
 # #SBATCH lines every job has: not what the user asked for.
@@ -85,7 +87,7 @@ def _last_lines(path: Path, n: int = 5, tail: int = 4096) -> list[str] | None:
     """The file's last `n` non-blank lines, from its last `tail` bytes (a partial first line
     dropped); None when it is not a file."""
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             size = fh.seek(0, os.SEEK_END)
             fh.seek(max(0, size - tail))
             data = fh.read()

@@ -95,16 +95,19 @@ class SlurmBackend(Backend):
         spec = loaded.spec
         env = spec.environment
         if spec.launcher == "horovod":
-            raise UserError(
-                f"{loaded.where('launcher')}: launcher: horovod is not supported by the slurm "
-                "backend; use mpirun (horovodrun is mpirun underneath: each rank gets the "
-                "contract's variables and Horovod's) or native"
+            raise loaded.refusal(
+                "launcher",
+                "horovod is not supported by the slurm backend; "
+                "use mpirun (horovodrun is mpirun underneath: each rank gets "
+                "the contract's variables and Horovod's) or native",
             )
         if spec.launcher == "mpirun" and env is not None and env.image:
-            raise UserError(
-                f"{loaded.where('launcher')}: launcher: mpirun with a container image is not "
-                "supported by the slurm backend (OpenMPI's daemons on the other nodes would "
-                "run outside it); use native (srun starts every rank in the container)"
+            raise loaded.refusal(
+                "launcher",
+                "mpirun with a container image is not supported "
+                "by the slurm backend (OpenMPI's daemons on the other nodes "
+                "would run outside it); use native (srun starts every rank "
+                "in the container)",
             )
         found = [f"{loaded.where(*path)}: {'.'.join(path)}: {why}" for path, why in problems(spec)]
         if found:

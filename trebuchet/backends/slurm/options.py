@@ -16,7 +16,8 @@ class Slurm(Block):
     partition: str | None = allowed("a string", "#SBATCH --partition", default=None)
     qos: str | None = allowed("a string", "#SBATCH --qos", default=None)
     time: str | None = allowed(
-        "a Slurm time such as 04:00:00",
+        "a duration such as 30m, 2h or 1h30m, or a Slurm time such as 04:00:00, 1-00:00:00 "
+        "or UNLIMITED (a bare number is minutes, as in sbatch)",
         "#SBATCH --time, the whole job (default: timeout x attempts)",
         default=None,
     )

@@ -24,7 +24,7 @@ from trebuchet.backends.job_file import (
     write_job_files,
 )
 from trebuchet.backends.slurm import argv as slurm_argv
-from trebuchet.backends.slurm.checks import slurm_seconds
+from trebuchet.backends.slurm.checks import TIME_ALLOWED, slurm_seconds, time_arg
 from trebuchet.envs.recipe import Recipe
 from trebuchet.launcher.policies import policies_for
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
@@ -64,8 +64,9 @@ def q(value: object) -> str:
 def time_limit(spec: Any) -> tuple[str | None, float | None]:
     """The --time value and its seconds: slurm.time when set (the whole job's limit, the
     user's), else enough for every attempt the spec's per-attempt timeout allows."""
-    if spec.slurm.time:
-        return spec.slurm.time, slurm_seconds(spec.slurm.time)
+    if spec.slurm.time:  # "90s" is 00:02:00: Slurm counts whole minutes
+        arg = time_arg(spec.slurm.time)
+        return arg, slurm_seconds(arg)
     if spec.timeout:
         seconds = job_seconds(spec)
         return slurm_time(seconds), float(seconds)
@@ -122,7 +123,7 @@ def problems(spec: Any) -> list[tuple[tuple[str, ...], str]]:
         try:
             seconds = slurm_seconds(sl.time)
         except ValueError:
-            out.append((("slurm", "time"), f"{sl.time!r} is not a Slurm time (D-HH:MM:SS)"))
+            out.append((("slurm", "time"), f"{sl.time!r} is not {TIME_ALLOWED}"))
         else:
             if seconds is not None and seconds > MAX_SECONDS:
                 out.append((("slurm", "time"), f"{sl.time!r} is more than "

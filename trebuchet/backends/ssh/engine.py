@@ -8,13 +8,18 @@ launch costs one round of handshakes, not 16 in a row. The run's files reach the
 unless they are already there: the run directory is detected on a shared filesystem (or
 `ssh.shared_dir` says so), else the code snapshot, the runtime archive and job.json are
 copied to `<ssh.remote_dir>/<run id>/` on each host (rsync where both ends have it, else
-tar over the connection). Per attempt: `ssh HOST sh -c SCRIPT` on every host, SCRIPT
+tar over the connection). Per attempt: `ssh HOST bash -c SCRIPT` on every host, SCRIPT
 placing the node (NODE_RANK by host order, MASTER_ADDR node 0's address as ssh's config
-resolves it) and exec'ing the runtime's `node` verb (runtime/node.py: ranks, records, first
-failure within the node, timeout). Every value in SCRIPT is shlex-quoted; secrets travel
-on the session's stdin, never on a command line. The session's stdin is also the agent's
-lifeline: its end (cancel closes it; the connection drops; this process dies) makes the
-agent stop its ranks, so nothing outlives the session on any host.
+resolves it), running `ssh.setup` (errexit and pipefail, its output in
+attempt-<n>/setup-node-<i>.log: a failing line fails the node before any rank starts, named
+with its output) and exec'ing the runtime's `node` verb (runtime/node.py: ranks, records,
+first failure within the node, timeout, and what the ranks left behind). Every value in
+SCRIPT is shlex-quoted; secrets travel on the session's stdin, never on a command line.
+The session's stdin is also the agent's lifeline: its end (cancel closes it; the
+connection drops; this process dies) makes the agent stop its ranks, so nothing outlives
+the session on any host. Until the agent runs (connection, setup), the session's first
+line named its process group on the host: a cancel or the attempt's timeout ends it there
+(`kill -- -PGID` over the shared connection), and connecting is bounded by ConnectTimeout.
 
 Logs: with a shared run directory the ranks write into it directly. Otherwise the agent's
 labelled copy of the logs on its stdout is split back into `attempt-<n>/rank-<r>.log` here
@@ -31,6 +36,7 @@ import io
 import json
 import os
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -64,13 +70,23 @@ from trebuchet.store import lifecycle
 if TYPE_CHECKING:
     from trebuchet.backends.ssh.options import Ssh
     from trebuchet.launcher.submit import Submission
+    from trebuchet.preflight.context import Context
+    from trebuchet.preflight.findings import Finding
     from trebuchet.spec.load import LoadedSpec
     from trebuchet.store.db import RunRecord, Store
     from trebuchet.view.live import View
 
-CONNECT_TIMEOUT_S = 20
+CONNECT_TIMEOUT_S = 20  # ssh's ConnectTimeout unless ssh.options gives one
+LOGIN_S = 5  # beyond ConnectTimeout, for the login itself: a host that stalls after its banner
 PERSIST_S = 15  # a master outlives its last session this long (a killed supervisor's too)
 LOST = "connection lost"
+# What a session's script says on its stdout before the node agent (or a pre/post command)
+# takes it over; nothing else writes there until then (setup's output goes to its log):
+SESSION = "treb-session"  # the first line: the session's process group on the host
+SETUP_DONE = "treb-setup-done"  # setup is over: the agent (or the command) starts now
+SETUP_FAILED = "treb-setup-failed"  # ssh.setup ended the shell: its item (from 1), exit code
+SETUP_OUTPUT = "treb-setup-output"  # then the last lines of setup's output, one each
+SETUP_TAIL = 20
 _HOST = re.compile(r"[A-Za-z0-9_.@:\[\]%-]+")  # no option (leading -), space or shell syntax
 _LABEL = re.compile(rb"\[(\d+)(?::(\d+))?\] ")
 
@@ -133,10 +149,67 @@ def ssh_argv(sp: Any, control_dir: str | None) -> list[str]:
     return argv
 
 
-def node_script(info: dict[str, Any], node: int, attempt: int, hook: str | None = None) -> str:
-    """What `sh -c` runs on host `node`: every value quoted, the user's setup lines as
-    written, then the node agent in place of the shell (`hook`: the spec's pre or post
-    command instead, under bash as locally)."""
+def connect_timeout(argv: list[str]) -> float:
+    """The ConnectTimeout ssh applies: the first `-o ConnectTimeout=N` of its command line
+    (ssh.options come before trebuchet's default), which wins over any config file."""
+    for i, word in enumerate(argv[:-1]):
+        key, _, value = argv[i + 1].partition("=")
+        if word == "-o" and key.strip().lower() == "connecttimeout":
+            with contextlib.suppress(ValueError):
+                return max(1.0, float(value))
+    return float(CONNECT_TIMEOUT_S)
+
+
+def setup_body(setup: list[str]) -> list[str]:
+    """The items of ssh.setup as written, each after the line that numbers it (from 1): a
+    failure names the item."""
+    body: list[str] = []
+    for i, item in enumerate(setup, 1):
+        body += [f"_treb_line={i}", item]
+    return body
+
+
+def setup_lines(setup: list[str], log: str | None) -> list[str]:
+    """ssh.setup in the session's own shell (so `source .../activate` holds for what
+    follows), under errexit and pipefail, stdin from /dev/null (the secrets' line is the
+    agent's), its output into `log` (a shell word; None: the session's own output). A line
+    that fails ends the shell there: the EXIT trap says which item (SETUP_FAILED) and, on
+    the session's stdout (fd 9), the last lines of its output (SETUP_OUTPUT), and the node
+    ends with the line's exit code (1 for a setup that exits 0) before any rank starts."""
+    if not setup:
+        return []
+    tail = (
+        f"tail -n {SETUP_TAIL} {log} 2>/dev/null | while IFS= read -r _treb_l; do "
+        f"printf '{SETUP_OUTPUT} %s\\n' \"$_treb_l\"; done >&9; "
+        if log
+        else ""
+    )
+    return [
+        "exec 9>&1",
+        "_treb_line=0",
+        "_treb_setup_end() { _treb_rc=$?; trap - EXIT; set +e +o pipefail; "
+        f'echo {SETUP_FAILED} "$_treb_line" "$_treb_rc" >&9; {tail}'
+        '[ "$_treb_rc" != 0 ] || _treb_rc=1; exit "$_treb_rc"; }',
+        "trap _treb_setup_end EXIT",
+        "set -e -o pipefail",
+        "{",
+        *setup_body(setup),
+        "}" + (f" >{log} 2>&1" if log else "") + " </dev/null",
+        "set +e +o pipefail",
+        "trap - EXIT",
+        "exec 9>&-",
+    ]
+
+
+def node_script(
+    info: dict[str, Any], node: int, attempt: int, hook: str | None = None, elapsed: float = 0.0
+) -> str:
+    """What `bash -c` runs on host `node`: every value quoted; the session's process group
+    first (a stop before the agent runs ends it there); the user's setup lines as written,
+    under errexit and pipefail (setup_lines); then the node agent in place of the shell
+    (`hook`: the spec's pre or post command instead, under bash as locally). `elapsed`: the
+    attempt's seconds before this session (its `pre`), for the agent's timeout, which counts
+    from the attempt's start as the supervisor's does (setup included)."""
     q = shlex.quote
     env = {
         **info["env"],
@@ -147,21 +220,28 @@ def node_script(info: dict[str, Any], node: int, attempt: int, hook: str | None 
         "TREB_RUN_ID": info["run_id"],
         "TREB_RUN_DIR": info["remote_run_dir"],
         "TREB_ATTEMPT": str(attempt),
-        **({} if hook else {"TREB_NODE_STDIN": "1"}),
+        **({} if hook else {"TREB_NODE_STDIN": "1", "TREB_ATTEMPT_ELAPSED": f"{elapsed:.3f}"}),
         # ranks started by bash would source ~/.bashrc again (bash does so when it sees
         # SSH_CLIENT at level 1), undoing ssh.setup's PATH: the login shell did it once
         "SHLVL": "1",
     }
     del env["TREB_RUN_DIR"]  # from the run folder itself: a relative remote_dir is $HOME's
+    adir = f'"$TREB_RUN_DIR"/attempt-{attempt}'
+    log = None if hook else f"{adir}/setup-node-{node}.log"
     lines = [
+        f"read -r _ _ _ _ _treb_pg _ < /proc/$$/stat && echo {SESSION} \"$_treb_pg\"",
+        'read -r _treb_up _ < /proc/uptime || _treb_up=""',
         f"cd {q(info['remote_run_dir'])} || exit 2",
         'TREB_RUN_DIR="$PWD"',
+        *([] if hook or not info["setup"] else [f"mkdir -p -m 700 {adir} || exit 2"]),
         f"cd {q(info['remote_workdir'])} || exit 2",
-        *info["setup"],
+        *setup_lines(info["setup"], log),
         *[f"export {k}={q(v)}" for k, v in env.items()],
         "export TREB_RUN_DIR",
-        *([f"exec bash -c {q(hook)}"] if hook else [
+        *([f"echo {SETUP_DONE}", f"exec bash -c {q(hook)}"] if hook else [
+            'export TREB_SESSION_UPTIME="$_treb_up"',
             NO_PYTHON,
+            f"echo {SETUP_DONE}",
             f'exec python3 -S "$TREB_RUN_DIR"/{q(info["runtime"])} node "$TREB_RUN_DIR"/job.json',
         ]),
     ]  # fmt: skip
@@ -169,14 +249,34 @@ def node_script(info: dict[str, Any], node: int, attempt: int, hook: str | None 
 
 
 def remote_command(script: str) -> str:
-    """The one word ssh hands to the remote login shell (bash, zsh, dash alike)."""
-    return "sh -c " + shlex.quote(script)
+    """The one word ssh hands to the remote login shell (bash, zsh, dash alike): bash runs
+    the script, as it runs the ranks' command strings and pre/post."""
+    return "bash -c " + shlex.quote(script)
+
+
+def master_address(info: dict[str, Any]) -> str:
+    """MASTER_ADDR: ssh.master_addr, else node 0's HostName as `ssh -G` resolves it (no
+    connection is made), else its name."""
+    if info["master_addr"]:
+        return str(info["master_addr"])
+    host = info["hosts"][0]
+    try:
+        out = subprocess.run([*info["ssh"], "-G", "--", host], capture_output=True, text=True,
+                             timeout=30).stdout  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    name = re.search(r"^hostname (\S+)$", out, re.M)
+    return name.group(1) if name else host.rpartition("@")[2]
 
 
 class SshBackend(Backend):
     name = "ssh"
 
     def _hosts(self, loaded: LoadedSpec) -> list[Host]:
+        return self._all_hosts(loaded)[: loaded.spec.nodes]
+
+    def _all_hosts(self, loaded: LoadedSpec) -> list[Host]:
+        """Every host the spec names, checked (the first `nodes` are used)."""
         spec = loaded.spec
         found = hosts(loaded)
         if not found:
@@ -194,12 +294,12 @@ class SshBackend(Backend):
                 f"{loaded.where('nodes')}: nodes: {spec.nodes}, but ssh names only "
                 f"{len(found)} host(s)"
             )
-        return found[: spec.nodes]
+        return found
 
     def check(self, loaded: LoadedSpec) -> None:
         spec = loaded.spec
         self._hosts(loaded)
-        check_node_engine(spec, loaded.source, "ssh")
+        check_node_engine(spec, loaded, "ssh")
         if spec.environment is not None and not spec.environment.bare_nodes_only:
             raise UserError(
                 f"{loaded.where('environment')}: environment: the ssh engine does not build "
@@ -228,9 +328,6 @@ class SshBackend(Backend):
         sp: Ssh = engine_options(spec, "ssh")
         names = [h.name for h in self._hosts(loaded)]
         env = {k: v for k, v in spec.env.items() if not uses_secret(v, spec.secrets)}
-        # A port per run (from its id, as Slurm's from the job id): two runs sharing a host
-        # rarely collide. The spec's MASTER_PORT wins.
-        port = spec.fixed_port or (15000 + int(run_id, 16) % 10000 if _hex(run_id) else 29500)
         return {
             "run_id": run_id,
             "run_dir": str(run_dir),
@@ -241,9 +338,11 @@ class SshBackend(Backend):
             "workdir": str(loaded.workdir),
             "runtime": runtime,
             "master_addr": sp.master_addr or "",
-            "master_port": port,
+            "master_port": master_port(spec, run_id),
             "env": env,
             "setup": list(sp.setup),
+            "setup_where": setup_where(loaded, len(sp.setup)),
+            "timeout": float(spec.timeout) if spec.timeout else None,
             "secrets": sorted(spec.secrets),
             "retries": spec.retries,
             "on_hang": spec.on_hang,
@@ -262,20 +361,69 @@ class SshBackend(Backend):
         run_dir = runs_dir() / "RUN_ID"
         info = self.info(loaded, "RUN_ID", run_dir, file_name())
         _place(info, shared=info["shared"] not in (None, "none"))
+        info["master_addr"] = master_address(info)  # as the run resolves it
+        pinned = loaded.spec.fixed_port is not None
+        if not pinned:
+            info["master_port"] = "RUN_PORT"
         ssh = " ".join(shlex.quote(a) for a in info["ssh"])
         files = "shared: nothing copied" if info["remote_root"] is None else "copied to each host"
+        port = (
+            "MASTER_PORT: pinned by the spec"
+            if pinned
+            else "RUN_PORT: MASTER_PORT, 15000 + (the run id, hex) % 10000, known at "
+            "submission (master_port or env.MASTER_PORT pins it)"
+        )
         out = [
             f"# ssh engine: {len(info['hosts'])} host(s), one node agent each; secrets are "
             "named only: their values go on the session's stdin",
             f"# the run's files: {files} (detected at run time unless ssh.shared_dir says)",
-        ]
+            f"# RUN_ID: the run's id, made at submission; {port}; MASTER_ADDR: "
+            + ("ssh.master_addr" if engine_options(loaded.spec, "ssh").master_addr else
+               f"node 0's HostName as `ssh -G {info['hosts'][0]}` resolves it"),
+            "# TREB_ATTEMPT_ELAPSED: the attempt's seconds before the session (its `pre`): "
+            "the agent's timeout counts from the attempt's start",
+        ]  # fmt: skip
         for i, host in enumerate(info["hosts"]):
-            out.append(f"# ---- node {i}: {ssh} -- {host} sh -c SCRIPT, SCRIPT:")
+            out.append(f"# ---- node {i}: {ssh} -- {host} bash -c SCRIPT, SCRIPT:")
             out.append(node_script(info, i, 0).rstrip("\n"))
         job = job_text(node_job(loaded.spec, "RUN_ID"))
         out.append(f"# ---- {info['remote_run_dir']}/job.json (read by the node agent)")
         out += [f"# {line}" for line in job.splitlines()]
         return "\n".join(out) + "\n"
+
+    def preflight(self, ctx: Context) -> list[Finding]:
+        """`treb check --on ssh`: hosts listed beyond `nodes` (unused: said, as a
+        warning), and ssh.setup lines bash cannot parse (an error naming the item's line)."""
+        from trebuchet.preflight.findings import ERROR, WARNING, Finding
+
+        out: list[Finding] = []
+        try:
+            found = self._all_hosts(ctx.loaded)
+        except UserError:
+            found = []  # the engine's check refuses them (backend-refuses)
+        nodes = ctx.spec.nodes
+        if len(found) > nodes:
+            unused = [h.name for h in found[nodes:]]
+            out.append(Finding(
+                "ssh-hosts-unused", WARNING,
+                f"{len(found)} hosts are listed but nodes is {nodes}: only the first {nodes} "
+                f"run the job; {', '.join(unused)} "
+                f"{'goes' if len(unused) == 1 else 'go'} unused (they are no spares: a host "
+                "that fails is not replaced)",
+                f"set `nodes: {len(found)}` to use them all, or remove the hosts not meant "
+                "for this run", found[nodes].where,
+            ))  # fmt: skip
+        sp: Ssh = engine_options(ctx.spec, "ssh")
+        bad = setup_syntax(list(sp.setup))
+        if bad is not None:
+            i, why = bad
+            out.append(ctx.finding(
+                "ssh-setup-syntax", ERROR,
+                f"ssh.setup: bash cannot parse item {i + 1} ({sp.setup[i]!r}): {why}",
+                "fix the shell syntax: bash runs ssh.setup on each host before the node agent, "
+                "item after item in one shell, under errexit and pipefail", "ssh", "setup", i,
+            ))  # fmt: skip
+        return out
 
     def submit(self, sub: Submission, attach: bool) -> Submitted:
         from trebuchet.backends.job_file import write_job_files
@@ -333,8 +481,48 @@ def merge_hang(adir: Path, expected: list[str]) -> bool:
     return True
 
 
+def setup_where(loaded: LoadedSpec, count: int) -> list[str]:
+    """Each ssh.setup item's file:line (or the -o that set it), to name a failing one."""
+    where: Any = loaded.where  # the key path holds the item's index, an int
+    return [where("ssh", "setup", i) for i in range(count)]
+
+
 def _hex(text: str) -> bool:
     return bool(re.fullmatch(r"[0-9a-f]+", text))
+
+
+def master_port(spec: Any, run_id: str) -> int:
+    """A port per run (from its id, as Slurm's from the job id): two runs sharing a host
+    rarely collide. The spec's MASTER_PORT (master_port, env.MASTER_PORT) wins."""
+    if spec.fixed_port:
+        return int(spec.fixed_port)
+    return 15000 + int(run_id, 16) % 10000 if _hex(run_id) else 29500
+
+
+def setup_syntax(setup: list[str]) -> tuple[int, str] | None:
+    """Where bash cannot parse ssh.setup as the node's script holds it (setup_body, in its
+    `{ }`), with `bash -n` here (bash on the hosts parses the same way): (item index,
+    bash's message), or None (also when bash is not here)."""
+    bash = shutil.which("bash")
+    if not bash or not setup:
+        return None
+    body = setup_body(setup)
+    try:
+        res = subprocess.run([bash, "-n", "-c", "\n".join(["{", *body, "}"])], text=True,
+                             capture_output=True, timeout=10, stdin=subprocess.DEVNULL)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if res.returncode == 0:
+        return None
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    at = re.search(r"line (\d+)", lines[0]) if lines else None
+    item = len(setup) - 1  # an unclosed construct: bash reports the end
+    if at:
+        row = int(at.group(1)) - 2  # into body (line 1 is the `{`)
+        starts = [i for i, b in enumerate(body) if b.startswith("_treb_line=")]
+        item = max([k for k, start in enumerate(starts) if start <= row] or [0])
+    words = [re.sub(r"^\S*bash: (?:-c: )?(?:line \d+: )?", "", ln) for ln in lines]
+    return item, "; ".join(dict.fromkeys(w for w in words if w)) or f"exit {res.returncode}"
 
 
 def _place(info: dict[str, Any], shared: bool) -> None:
@@ -373,13 +561,20 @@ def _start_detached(store: Store, run_id: str, run_dir: Path) -> None:
 
 
 class Node:
-    """One host's session of one attempt: the ssh process and its output."""
+    """One host's session of one attempt (the node agent's, or a pre/post command's): the
+    ssh process, what its script said before the agent took over, its output."""
 
-    def __init__(self, index: int, host: str, proc: subprocess.Popen, log: IO[bytes]) -> None:
-        self.index, self.host, self.proc, self.log = index, host, proc, log
+    def __init__(self, index: int, host: str, proc: subprocess.Popen, log: IO[bytes],
+                 hook: bool = False) -> None:  # fmt: skip
+        self.index, self.host, self.proc, self.log, self.hook = index, host, proc, log, hook
         self.returncode: int | None = None
         self.closed = False
         self.reader: threading.Thread | None = None
+        self.pgid: int | None = None  # the session's process group on its host
+        self.setup_done = False  # the agent (or the pre/post command) took the session over
+        self.setup_failed: tuple[int, int] | None = None  # (ssh.setup item from 1, exit code)
+        self.setup_output: list[str] = []  # the last lines setup printed, when it failed
+        self.signalled: set[str] = set()  # the remote stops sent (TERM, KILL)
 
     def close_session(self) -> None:
         """Close stdin: the remote agent stops its ranks (grace, then SIGKILL) and ends."""
@@ -390,7 +585,24 @@ class Node:
 
     @property
     def lost(self) -> bool:
-        return self.returncode is not None and (self.returncode == 255 or self.returncode < 0)
+        return self.setup_failed is None and self.returncode is not None and (
+            self.returncode == 255 or self.returncode < 0)  # fmt: skip
+
+    def marker(self, line: bytes) -> bool:
+        """A line of the session's script (before the agent): taken in; False otherwise."""
+        word, _, rest = line.decode(errors="replace").rstrip("\r\n").partition(" ")
+        if word == SESSION and rest.isdigit():
+            self.pgid = int(rest)
+        elif word == SETUP_DONE:
+            self.setup_done = True
+        elif word == SETUP_FAILED:
+            item, _, code = rest.partition(" ")
+            self.setup_failed = (int(item), int(code)) if (item + code).isdigit() else (0, 1)
+        elif word == SETUP_OUTPUT:
+            self.setup_output = [*self.setup_output[-SETUP_TAIL + 1 :], rest]
+        else:
+            return False
+        return True
 
 
 class SshRun:
@@ -411,6 +623,10 @@ class SshRun:
         self.first: Node | None = None  # the first node to end badly: the root cause's
         self.kill_at: float | None = None  # sessions that did not end by then are cut
         self.cancel_said = False
+        self.stopping = False  # the attempt is being stopped: nodes that end now are no cause
+        self.clock_start = time.monotonic()  # the attempt's start, as the controller's clock
+        self.idle = False  # nothing started (the time ran out in `pre`): alive until stopped
+        self.remote_stops: list[subprocess.Popen] = []
         self.records = IndexRecords(store, self.rid, run_dir, self.say)
         self.job = JobController(settings(self.info, run_dir), self, self.records)
 
@@ -435,6 +651,16 @@ class SshRun:
         if self.view:
             self.view.say(text)
 
+    def nap(self, seconds: float) -> None:
+        """Sleep up to `seconds`, woken by a signal (a cancel, a child's end)."""
+        with contextlib.suppress(InterruptedError, OSError, ValueError):
+            select.select([self.job.wake_r], [], [], max(0.0, seconds))
+        self.job.drain()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.job.cancel_signal is not None
+
     # -- ssh -----------------------------------------------------------------------------
     def opts(self, master: bool = False) -> list[str]:
         """ssh and its options, through this run's shared connections."""
@@ -452,7 +678,8 @@ class SshRun:
         return [*self.opts(), "--", host, *words]
 
     def each(self, argvs: list[list[str]], inputs: list[bytes] | None = None) -> list[tuple]:
-        """Run one command per host at once; (returncode, stdout, stderr) each."""
+        """Run one command per host at once; (returncode, stdout, stderr) each. A cancel
+        kills them (their results say so: the caller looks at the cancel)."""
         procs = [
             subprocess.Popen(
                 a,
@@ -462,16 +689,34 @@ class SshRun:
             )
             for a in argvs
         ]
-        out = []
-        for i, p in enumerate(procs):
+        out: list[tuple] = [(-1, b"", "")] * len(procs)
+
+        def talk(i: int, p: subprocess.Popen) -> None:
             so, se = p.communicate(inputs[i] if inputs else None)
-            out.append((p.returncode, so, se.decode(errors="replace").strip()))
+            out[i] = (p.returncode, so, se.decode(errors="replace").strip())
+
+        talkers = [threading.Thread(target=talk, args=(i, p), daemon=True)
+                   for i, p in enumerate(procs)]  # fmt: skip
+        for t in talkers:
+            t.start()
+        while any(t.is_alive() for t in talkers):
+            if self.cancelled:
+                for p in procs:
+                    with contextlib.suppress(OSError):
+                        p.kill()
+            self.nap(0.2)
+            for t in talkers:
+                t.join(0.0)
         return out
 
     def connect(self) -> str | None:
-        """One master connection per host, all at once; why not, or None."""
+        """One master connection per host, all at once, each within ConnectTimeout and
+        LOGIN_S for the login (a host that answers and then stalls is cut); why not, or
+        None (also when cancelled: the caller looks)."""
         hosts = self.info["hosts"]
+        limit = connect_timeout(self.info["ssh"]) + LOGIN_S
         logs = [open(self.run_dir / f"ssh-connect-{i}.log", "wb") for i in range(len(hosts))]  # noqa: SIM115
+        stalled: set[int] = set()
         try:
             procs = [
                 subprocess.Popen(
@@ -482,20 +727,31 @@ class SshRun:
                 )
                 for h, log in zip(hosts, logs, strict=True)
             ]
-            codes = [p.wait() for p in procs]
+            deadline = time.monotonic() + limit
+            while any(p.poll() is None for p in procs):
+                if self.cancelled or time.monotonic() >= deadline:
+                    break
+                self.nap(min(0.2, deadline - time.monotonic()))
+            for i, p in enumerate(procs):
+                if p.poll() is None:
+                    stalled.add(i)
+                    p.kill()
+                    p.wait()
         finally:
             for log in logs:
                 log.close()
-        for i, (h, rc) in enumerate(zip(hosts, codes, strict=True)):
-            if rc != 0:
-                text = (self.run_dir / f"ssh-connect-{i}.log").read_text(errors="replace").strip()
-                return f"cannot connect to {h} (ssh exit {rc}): {text or 'no message'}"
-        if not self.info["master_addr"]:
-            out = subprocess.run(
-                [*self.info["ssh"], "-G", "--", hosts[0]], capture_output=True, text=True
-            ).stdout
-            name = re.search(r"^hostname (\S+)$", out, re.M)
-            self.info["master_addr"] = name.group(1) if name else hosts[0].rpartition("@")[2]
+        if self.cancelled:
+            return None
+        for i, (h, p) in enumerate(zip(hosts, procs, strict=True)):
+            text = (self.run_dir / f"ssh-connect-{i}.log").read_text(errors="replace").strip()
+            if i in stalled:
+                return (f"cannot connect to {h}: no ssh login within {limit:g}s (ConnectTimeout "
+                        f"{limit - LOGIN_S:g}s and {LOGIN_S}s to log in): the host answered "
+                        "but did not complete the ssh handshake"
+                        + (f"; ssh said: {text}" if text else ""))  # fmt: skip
+            if p.returncode != 0:
+                return f"cannot connect to {h} (ssh exit {p.returncode}): {text or 'no message'}"
+        self.info["master_addr"] = master_address(self.info)
         return None
 
     def shared(self) -> bool:
@@ -526,6 +782,8 @@ class SshRun:
             argv = ["rsync", "-a", "--relative", "-e", rsh, "--rsync-path", mk, *srcs]
             results = self.each([[*argv, f"{h}:{remote}/"] for h in info["hosts"]])
             how = "rsync"
+        if self.cancelled:
+            return None
         if results is not None and any(r[0] != 0 for r in results):
             err = next(r[2] for r in results if r[0] != 0).splitlines()
             self.say(f"rsync failed ({err[-1] if err else 'no message'}): copying with tar")
@@ -541,6 +799,8 @@ class SshRun:
                 [self.ssh(h, cmd) for h in info["hosts"]], [data] * len(info["hosts"])
             )
             how = "tar"
+        if self.cancelled:
+            return None
         for h, (rc, _, err) in zip(info["hosts"], results, strict=True):
             if rc != 0:
                 return f"copying the run's files to {h}:{remote} failed (exit {rc}): {err}"
@@ -550,7 +810,17 @@ class SshRun:
     def disconnect(self) -> None:
         if not self.control:
             return
-        self.each([[*self.opts(), "-O", "exit", "--", h] for h in self.info["hosts"]])
+        for p in self.remote_stops:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(5)
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.remote_stops = []
+        argvs = [[*self.opts(), "-O", "exit", "--", h] for h in self.info["hosts"]]
+        for a in argvs:  # not each(): it would stop at a cancel, which is over by now
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run(a, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
         shutil.rmtree(self.control, ignore_errors=True)
 
     # -- the run -------------------------------------------------------------------------
@@ -566,18 +836,24 @@ class SshRun:
 
     # -- Nodes (runtime/lifecycle.py): this engine's side of each attempt -----------------
     def prepare(self) -> FirstFailure | None:
-        """Connections to every host, then the run's files where they are not shared."""
+        """Connections to every host, then the run's files where they are not shared. A
+        cancel meanwhile stops there: the first attempt then starts nothing and ends
+        CANCELLED."""
         from trebuchet.store.files import write_json
 
         t0 = time.time()
         why = self.connect()
-        if why is None:
+        if why is None and not self.cancelled:
             shared = self.shared()
-            _place(self.info, shared)
-            write_json(self.run_dir / "ssh.json", self.info)  # where the files are
-            why = None if shared else self.copy()
-            if shared:
-                self.say("run directory shared with every host: nothing copied")
+            if not self.cancelled:
+                _place(self.info, shared)
+                write_json(self.run_dir / "ssh.json", self.info)  # where the files are
+                why = None if shared else self.copy()
+                if shared:
+                    self.say("run directory shared with every host: nothing copied")
+        if self.cancelled:
+            self.say("cancelled while connecting to the hosts: nothing was started")
+            return None
         if why is None:
             return None
         self.say(why)
@@ -586,33 +862,88 @@ class SshRun:
         return cause("ssh", 255, 0, message=why)
 
     def attempt_facts(self, attempt: int) -> dict[str, Any]:
+        # asked as the attempt starts: the controller's clock starts here too (the sessions'
+        # timeout, the agents' elapsed time count from it)
+        self.clock_start = time.monotonic()
+        self.idle = False
         return {"master": f"{self.info['master_addr']}:{self.info['master_port']}"}
+
+    def deadline(self) -> float | None:
+        """When this attempt's `timeout` ends it (monotonic), or None."""
+        timeout = self.info.get("timeout")
+        return self.clock_start + float(timeout) if timeout else None
 
     def pre_post(self, when: str, attempt: int) -> bool:
         """The spec's pre/post command on every host at once, each node's to its end (as
         locally), placed as the node agent is; its output in attempt-<n>/<when>-node-<i>.log.
-        False when one failed."""
+        False when one failed. A cancel ends them (on the hosts too); so does the attempt's
+        timeout during `pre`, which then starts nothing and ends TIMEOUT (the controller's
+        clock)."""
         command = self.info.get(when)
-        if not command or self.job.cancel_signal is not None:
+        if not command or self.cancelled:
             return True
         adir = self.run_dir / f"attempt-{attempt}"
-        hosts = self.info["hosts"]
-        argvs = [self.ssh(h, remote_command(node_script(self.info, i, attempt, command)))
-                 for i, h in enumerate(hosts)]  # fmt: skip
-        results = self.each(argvs)
-        for i, (_, out, err) in enumerate(results):
-            (adir / f"{when}-node-{i}.log").write_bytes(out + err.encode())
-        ok = all(rc == 0 for rc, _, _ in results)
-        self.records.event(f"{when}_hooks", attempt=attempt, ok=ok)
-        if not ok:
+        sessions = []
+        for i, host in enumerate(self.info["hosts"]):
+            log = open(adir / f"{when}-node-{i}.log", "ab")  # noqa: SIM115 - closed below
+            script = node_script(self.info, i, attempt, command)
+            sessions.append(self.open_session(i, host, script, log, adir, None))
+        why = self.wait_sessions(sessions, self.deadline() if when == "pre" else None)
+        for n in sessions:
+            if n.reader:
+                n.reader.join(10)
+            n.log.close()
+        ok = why is None and all(n.returncode == 0 for n in sessions)
+        self.records.event(f"{when}_hooks", attempt=attempt, ok=ok,
+                           **({"stopped": why} if why else {}))  # fmt: skip
+        for n in sessions:
+            if n.setup_failed and why is None:
+                self.say(f"node {n.index} ({n.host}): before `{when}`: {self.setup_text(n)}")
+        if why == "timeout":
+            self.say(f"the attempt's timeout came during `{when}`: its ranks do not start")
+            self.idle = True
+            return True
+        if not ok and why is None:
             self.say(f"{when} command failed on a node; see attempt-{attempt}/{when}-node-*.log")
-        return ok
+        return ok or why is not None
+
+    def wait_sessions(self, sessions: list[Node], deadline: float | None) -> str | None:
+        """Until every session ended; why they were stopped: "cancel", "timeout" or None."""
+        why: str | None = None
+        kill_at: float | None = None
+        while True:
+            for n in sessions:
+                if n.returncode is None and n.proc.poll() is not None:
+                    n.returncode = n.proc.returncode
+            if all(n.returncode is not None for n in sessions):
+                return why
+            now = time.monotonic()
+            if why is None and self.cancelled:
+                why = "cancel"
+            if why is None and deadline is not None and now >= deadline:
+                why = "timeout"
+            if why is not None:
+                self.stop_remote(sessions, "TERM")
+                if kill_at is None:
+                    kill_at = now + self.info["grace_period"] + 15
+                if self.job.force_kill or now > kill_at:
+                    self.cut(sessions)
+            self.nap(0.2 if why or deadline is None else min(0.2, deadline - now))
 
     def start(self, attempt: int) -> None:
         adir = self.run_dir / f"attempt-{attempt}"
-        self.first, self.kill_at, self.cancel_said = None, None, False
-        self.nodes = [self.start_node(i, h, attempt, adir)
-                      for i, h in enumerate(self.info["hosts"])]  # fmt: skip
+        self.first, self.kill_at, self.cancel_said, self.stopping = None, None, False, False
+        if self.cancelled or self.idle:  # cancelled before, or the time ran out in `pre`:
+            self.nodes = []  # nothing starts; the controller ends the attempt
+            return
+        elapsed = time.monotonic() - self.clock_start
+        secrets = {n: os.environ.get(n, "") for n in self.info["secrets"]}
+        line = json.dumps(secrets).encode() + b"\n"
+        self.nodes = []
+        for i, host in enumerate(self.info["hosts"]):
+            log = open(adir / f"ssh-{i}.log", "ab")  # noqa: SIM115 - closed by after()
+            script = node_script(self.info, i, attempt, elapsed=elapsed)
+            self.nodes.append(self.open_session(i, host, script, log, adir, line))
         if self.view:
             ppn = int(self.info["ppn"])
             for i in range(len(self.nodes)):
@@ -621,40 +952,77 @@ class SshRun:
 
     def poll(self) -> bool:
         """A node that ends badly first names the root cause's node; the controller then
-        stops the others."""
+        stops the others. Nothing started (the time ran out in `pre`): running until the
+        controller stops the attempt."""
         for n in self.nodes:
             if n.returncode is None and n.proc.poll() is not None:
+                if n.reader:  # its last lines (a setup's failure) are in once it is done
+                    n.reader.join(5)
                 n.returncode = n.proc.returncode
-                if n.returncode != 0 and self.first is None and self.job.cancel_signal is None:
+                if n.returncode != 0 and self.first is None and not self.stopping \
+                        and not self.cancelled:  # fmt: skip
                     self.first = n
-                    what = LOST if n.lost else f"node agent exited {n.returncode}"
-                    self.say(f"node {n.index} ({n.host}): {what}: stopping the others")
+                    if n.setup_failed is not None:
+                        self.say(f"node {n.index} ({n.host}): {self.setup_text(n)}")
+                        for out in n.setup_output:
+                            self.say(f"  {n.host}: {out}")
+                        self.say("stopping the others")
+                    else:
+                        what = LOST if n.lost else f"node agent exited {n.returncode}"
+                        self.say(f"node {n.index} ({n.host}): {what}: stopping the others")
                     self.job.failure(None)  # its record comes with the attempt's folder
-        return any(n.returncode is None for n in self.nodes)
+        return any(n.returncode is None for n in self.nodes) or (self.idle and not self.stopping)
 
     def checkpoint(self, signum: int) -> int:
-        return 0  # the node agents hold the timeout and its warning themselves
+        return 0  # the node agents hold the timeout's warning themselves
 
     def stop(self) -> None:
         """Close every session: each agent stops its ranks (grace, SIGKILL) and ends; a
-        session still open after the grace period and 15 s is cut."""
-        if self.job.cancel_signal is not None and not self.cancel_said:
+        session still in setup is ended on its host (SIGTERM to its process group); one
+        still open after the grace period and 15 s is cut."""
+        self.stopping = True
+        if self.cancelled and not self.cancel_said:
             self.cancel_said = True
             self.say("cancelling: closing every host's session")
         for n in self.nodes:
             n.close_session()
+        self.stop_remote(self.nodes, "TERM")
         if self.kill_at is None:
-            self.kill_at = time.time() + self.info["grace_period"] + 15
+            self.kill_at = time.monotonic() + self.info["grace_period"] + 15
 
-    def kill(self) -> None:
-        for n in self.nodes:  # the session did not end: cut it (the agent sees EOF)
+    def stop_remote(self, sessions: list[Node], sig: str) -> None:
+        """`sig` to the process group of each session no agent took over yet (setup, a
+        pre/post command), on its host, over the shared connection; once per session and
+        signal (a session that has not said its group yet gets it when it does: tick)."""
+        for n in sessions:
+            if n.returncode is not None or n.pgid is None or sig in n.signalled:
+                continue
+            if n.setup_done and not n.hook:
+                continue  # the agent: its closed stdin stops it, with the grace period
+            n.signalled.add(sig)
+            cmd = remote_command(f"kill -{sig} -- -{n.pgid} 2>/dev/null; true")
+            self.remote_stops.append(subprocess.Popen(
+                self.ssh(n.host, cmd), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL))  # fmt: skip
+
+    def cut(self, sessions: list[Node]) -> None:
+        """The sessions did not end: SIGKILL on the hosts (what no agent runs yet), and the
+        ssh clients here are killed (an agent then sees its stdin end)."""
+        self.stop_remote(sessions, "KILL")
+        for n in sessions:
             if n.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(n.proc.pid, signal.SIGKILL)
 
+    def kill(self) -> None:
+        self.cut(self.nodes)
+
     def tick(self) -> None:
-        if self.kill_at is not None and time.time() > self.kill_at:
+        if self.stopping:  # a session that said its group after the stop
+            self.stop_remote(self.nodes, "TERM")
+        if self.kill_at is not None and time.monotonic() > self.kill_at:
             self.kill()
+        self.remote_stops = [p for p in self.remote_stops if p.poll() is None]
         while self.notes:
             self.say(self.notes.pop(0))
 
@@ -690,38 +1058,65 @@ class SshRun:
     def requeue(self) -> None:
         raise AssertionError("ssh hosts have no time limit of their own")
 
-    def start_node(self, i: int, host: str, attempt: int, adir: Path) -> Node:
-        log = open(adir / f"ssh-{i}.log", "ab")  # noqa: SIM115 - closed by attempt()
-        script = node_script(self.info, i, attempt)
+    def open_session(self, i: int, host: str, script: str, log: IO[bytes], adir: Path,
+                     stdin_line: bytes | None) -> Node:  # fmt: skip
+        """`bash -c script` on `host`, its stderr into `log`; `stdin_line` (the agent's
+        secrets) first on its stdin, which stays open as the agent's lifeline. None: a
+        pre/post command, all of whose output goes to `log`."""
         proc = subprocess.Popen(
             self.ssh(host, remote_command(script)),
-            stdin=subprocess.PIPE,
+            stdin=subprocess.PIPE if stdin_line is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=log,
             start_new_session=True,
         )
-        node = Node(i, host, proc, log)
-        secrets = {n: os.environ.get(n, "") for n in self.info["secrets"]}
-        assert proc.stdin is not None
-        try:
-            proc.stdin.write(json.dumps(secrets).encode() + b"\n")
-            proc.stdin.flush()
-        except OSError:
-            pass  # the session is already gone: its exit code says so
+        node = Node(i, host, proc, log, hook=stdin_line is None)
+        if stdin_line is not None:
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(stdin_line)
+                proc.stdin.flush()
+            except OSError:
+                pass  # the session is already gone: its exit code says so
         node.reader = threading.Thread(target=self.read, args=(node, adir), daemon=True)
         node.reader.start()
         return node
 
+    def setup_text(self, n: Node) -> str:
+        """'ssh.setup failed at job.yaml:9 (`source /x/activate`), exit code 1'."""
+        assert n.setup_failed is not None
+        item, code = n.setup_failed
+        setup, where = self.info["setup"], self.info.get("setup_where") or []
+        if not 1 <= item <= len(setup):
+            return f"ssh.setup could not start (exit code {code})"
+        text = setup[item - 1].strip().splitlines() or [""]
+        shown = text[0] + (" ..." if len(text) > 1 else "")
+        at = where[item - 1] if item <= len(where) else f"item {item}"
+        if code == 0:  # `exit 0`: no rank would have run
+            return f"ssh.setup ended the shell at {at} (`{shown}`) before the node agent started"
+        return f"ssh.setup failed at {at} (`{shown}`), exit code {code}"
+
     def read(self, node: Node, adir: Path) -> None:
-        """The agent's stdout: `[n:l] line` goes to rank n*ppn+l's log (unless the ranks
-        write the shared run directory themselves), `[n] line` to node-n.log, the rest
-        (the agent's own `treb: ...` lines) to ssh-<node>.log and the terminal."""
+        """The session's stdout. Until setup is done: the script's own lines (Node.marker).
+        Then a pre/post command's output goes to its log; the agent's `[n:l] line` to rank
+        n*ppn+l's log (unless the ranks write the shared run directory themselves), `[n]
+        line` to node-n.log, the rest (the agent's own `treb: ...` lines) to
+        ssh-<node>.log and the terminal."""
         copy = self.info["remote_root"] is not None
         ppn = int(self.info["ppn"])
         files: dict[str, IO[bytes]] = {}
         assert node.proc.stdout is not None
         try:
             for line in node.proc.stdout:
+                if not node.setup_done and node.marker(line):
+                    if node.setup_failed is not None and line.startswith(SETUP_FAILED.encode()):
+                        node.log.write(f"treb: {self.setup_text(node)}\n".encode())
+                        node.log.flush()
+                    continue
+                if node.hook:
+                    node.log.write(line)
+                    node.log.flush()
+                    continue
                 m = _LABEL.match(line)
                 if not m:
                     node.log.write(line)
@@ -791,8 +1186,12 @@ class SshRun:
         self.store.set_procs(self.rid, attempt, records)
         if reason == "cancel":
             return "CANCELLED", None
+        if reason == "timeout":  # the controller's clock (setup, `pre`, a late agent)
+            return "TIMEOUT", None
         if first is None:
-            return "SUCCEEDED", None
+            return ("FAILED" if reason == "post" else "SUCCEEDED"), None
+        if first.setup_failed is not None:
+            return "FAILED", self.setup_cause(first, adir, attempt)
         if first.lost:
             what = f"the ssh connection to {first.host} was lost (ssh exit {first.returncode})"
             log = str(adir / f"ssh-{first.index}.log")
@@ -810,17 +1209,33 @@ class SshRun:
         name = f"rank-{found['rank']}" if found.get("rank") is not None else f"node-{first.index}"
         return "FAILED", {**found, "attempt": attempt, "log": str(adir / f"{name}.log")}
 
+    def setup_cause(self, n: Node, adir: Path, attempt: int) -> FirstFailure:
+        """A node whose ssh.setup failed: the item, its exit code and its last output line,
+        with setup's log (fetched from the host; else the lines its session sent)."""
+        assert n.setup_failed is not None
+        log = adir / f"setup-node-{n.index}.log"
+        if not log.is_file() and n.setup_output:
+            log.write_text("".join(f"{line}\n" for line in n.setup_output))
+        last = next((ln.strip() for ln in reversed(n.setup_output) if ln.strip()), "")
+        what = f"{self.setup_text(n)} on {n.host} (node {n.index})" + (f": {last}" if last else "")
+        code = n.setup_failed[1] or n.returncode or 1
+        return cause("setup", code, attempt, n.index, host=n.host,
+                     log=str(log if log.is_file() else adir / f"ssh-{n.index}.log"),
+                     message=what)  # fmt: skip
+
 
 BACKEND = SshBackend()
 
 
 def settings(info: dict[str, Any], run_dir: Path) -> Settings:
-    """What the job controller reads of ssh.json: the node agents hold the timeout and
-    watch their own ranks for hangs, so the controller does neither."""
+    """What the job controller reads of ssh.json: the node agents watch their own ranks
+    for hangs and send the timeout's warning; the controller holds the timeout itself, from
+    the attempt's start (`pre`, the sessions' setup, the agents: a slow setup counts, and a
+    session still in setup is ended on its host)."""
     return Settings(
         retries=info["retries"], log_policies=info.get("log_policies", []),
-        on_hang=info.get("on_hang") or "fail", hang_timeout=None, timeout=None, warning=None,
-        checkpoint_signal=int(signal.SIGUSR2), grace=float(info["grace_period"]),
+        on_hang=info.get("on_hang") or "fail", hang_timeout=None, timeout=info.get("timeout"),
+        warning=None, checkpoint_signal=int(signal.SIGUSR2), grace=float(info["grace_period"]),
         shape=(info["launcher"], len(info["hosts"]), int(info["ppn"])),
         run_dir=str(run_dir),
     )  # fmt: skip

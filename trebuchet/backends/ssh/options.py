@@ -9,7 +9,8 @@ class Ssh(Block):
     """SSH-specific settings (machines without a scheduler)"""
 
     hosts: list[str] = allowed(
-        "a list of host names", "the hosts, node 0 first ([user@]host[:port])",
+        "a list of host names",
+        "the hosts, node 0 first ([user@]host); the first `nodes` are used",
         default_factory=list,
     )  # fmt: skip
     hostfile: str | None = allowed(
@@ -41,7 +42,9 @@ class Ssh(Block):
     )
     setup: list[str] = allowed(
         "a list of shell lines",
-        "lines run on each host before the node agent (e.g. activate an environment)",
+        "lines bash runs on each host before the node agent, in one shell with errexit and "
+        "pipefail (e.g. `source venv/bin/activate`): a failing line fails the node before "
+        "any rank starts",
         default_factory=list,
         expand=False,
     )

@@ -7,6 +7,20 @@
     return el ? JSON.parse(el.textContent) : null;
   }
   function width(el) { return Math.max(320, Math.min(900, el.clientWidth || 640)); }
+  // An axis as wide as its longest label (uPlot's default is a fixed 50 px, which cut
+  // 16,050 to "6,050"): measured with the axis's own font, plus its ticks and gap.
+  function axisSize(self, values, axisIdx, cycleNum) {
+    var axis = self.axes[axisIdx];
+    if (cycleNum > 1 && axis._size) { return axis._size; }
+    var longest = 0;
+    var font = axis.font && axis.font[0];
+    if (font) { self.ctx.font = font; }
+    (values || []).forEach(function (v) {
+      if (v != null) { longest = Math.max(longest, self.ctx.measureText(String(v)).width); }
+    });
+    var ticks = (axis.ticks && axis.ticks.show !== false) ? (axis.ticks.size || 10) : 0;
+    return Math.ceil(longest / (window.devicePixelRatio || 1) + ticks + (axis.gap || 5) + 8);
+  }
 
   function lineChart(parent, title, xs, ys, opts) {
     var box = document.createElement("div");
@@ -20,7 +34,7 @@
     new uPlot({
       title: title, width: width(parent), height: 240,
       scales: {x: {time: !!(opts && opts.time)}},
-      axes: [{label: opts && opts.xlabel || "step"}, {}],
+      axes: [{label: opts && opts.xlabel || "step"}, {size: axisSize}],
       series: [{label: opts && opts.xlabel || "step"}, series]
     }, [xs, ys], box);
   }
@@ -60,11 +74,12 @@
       while (pre.childNodes.length > MAX_LINES) { pre.removeChild(pre.firstChild); }
       pre.scrollTop = pre.scrollHeight;
     };
+    var live = logs.getAttribute("data-active") === "1";  // an ended run's log is read, not followed
     var open = function () {
       if (source) { source.close(); }
       pre.textContent = "";
-      status.textContent = "following";
-      status.setAttribute("data-state", "following");
+      status.textContent = live ? "following" : "reading the log of the ended run";
+      status.setAttribute("data-state", live ? "following" : "reading");
       var url = "/runs/" + encodeURIComponent(logs.getAttribute("data-run")) +
                 "/logs?log=" + encodeURIComponent(pick.value);
       source = new EventSource(url);
