@@ -212,6 +212,10 @@ class Records(Protocol):
 
 
 HEARTBEAT_S = 5.0
+# The log policies' matcher starts once the attempt has run this long (its interpreter
+# would compete with the ranks' start for the CPU), or at the first failure (it then
+# starts during the teardown, which takes longer on Slurm).
+MATCHER_AFTER_S = 1.0
 
 
 class JobController:
@@ -366,8 +370,6 @@ class JobController:
             watch = HangWatch(self.attempt_dir(attempt), s.hang_timeout, s.on_hang, names,
                               started)  # fmt: skip
         beat = time.monotonic() + HEARTBEAT_S
-        if self.matcher is not None:
-            self.matcher.start()  # starts beside the ranks: ready when a retry asks
         while True:
             alive = self.nodes.poll()
             if not alive:  # all ended: their records say how (a clock read now, e.g. after
@@ -408,6 +410,9 @@ class JobController:
             if time.monotonic() >= beat:
                 beat = time.monotonic() + HEARTBEAT_S
                 self.records.heartbeat()
+            ran = time.monotonic() - clock_start
+            if self.matcher is not None and (self.failed or ran >= MATCHER_AFTER_S):
+                self.matcher.start()  # ready when a retry asks; never in the launch's burst
             select.select([self.wake_r], [], [], 0.2 if reason else clock.wait(0.2))
             self.drain()
 

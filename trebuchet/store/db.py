@@ -608,12 +608,14 @@ class Store:
     def set_procs(
         self, run_id: str, attempt: int, records: Iterable[Outcome], attempt_ended: bool = False
     ) -> None:
-        """The processes of an attempt, from their records (proc_row)."""
+        """The processes of an attempt, from their records (proc_row); no transaction when
+        there are none (a refresh asks for every attempt of every active run)."""
+        rows = [proc_row(r, attempt_ended) for r in records if isinstance(r.get("label"), str)]
+        if not rows:
+            return
         with self.transaction() as c:
-            for rec in records:
-                if not isinstance(rec.get("label"), str):
-                    continue
-                cols = {"run_id": run_id, "attempt": attempt, **proc_row(rec, attempt_ended)}
+            for row in rows:
+                cols = {"run_id": run_id, "attempt": attempt, **row}
                 names = ", ".join(cols)
                 marks = ", ".join(f":{k}" for k in cols)
                 c.execute(f"INSERT OR REPLACE INTO procs ({names}) VALUES ({marks})", cols)

@@ -18,7 +18,7 @@ from typing import Any
 
 from trebuchet.runtime import contracts
 from trebuchet.runtime.procs import hostname, start_time
-from trebuchet.store.db import Store
+from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event, refused_submission
 from trebuchet.store.states import FAILED, LOST, RETRYING, RUNNING, TERMINAL
 
@@ -52,12 +52,15 @@ def record(
     index: dict[str, Any] | None = None,
     only_if_active: bool = True,
     reason: str | None = None,
+    known: RunRecord | None = None,
     **fields: Any,
 ) -> bool:
     """A run's state changes: `event` with `fields` goes into its events.jsonl, then the
     index takes the columns it sets (and `index`: other columns of the same change, such
     as the exit code) when the move is allowed. With only_if_active a finished run is left
-    alone and nothing is written. True when the index changed."""
+    alone and nothing is written. `known`: the run as the caller just read it (a refresh
+    of many runs saves a read each; the index's own guard still refuses a move a newer
+    state forbids, and a rebuild refuses it the same way). True when the index changed."""
     when = fields.pop("time", None) or time.time()
     if reason:
         fields["reason"] = reason
@@ -66,7 +69,7 @@ def record(
     state = cols.get("state")
     if state is None:
         raise ValueError(f"event {event!r} sets no state: write it with store.files.append_event")
-    rec = store.get(run_id)
+    rec = known if known is not None else store.get(run_id)
     if rec is None:
         return False
     if event == "state" and rec.state == state:  # an engine says again what it said: no event

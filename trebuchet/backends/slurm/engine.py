@@ -268,7 +268,8 @@ class SlurmBackend(Backend):
                 values["waiting"] = waiting
             if rec.started_at is None and files.attempts:
                 values["started_at"] = files.attempts[min(files.attempts)].get("started_at")
-            lifecycle.record(store, rec.id, "state", values, state=live, job=rec.backend_id)
+            lifecycle.record(store, rec.id, "state", values, state=live, known=rec,
+                             job=rec.backend_id)  # fmt: skip
             return True
         if info is None and files.result is None:
             return False
@@ -336,7 +337,7 @@ class SlurmBackend(Backend):
         started = files.attempts[min(files.attempts)].get("started_at") if files.attempts else None
         index = {"attempt": n, "exit_code": exit_code, "first_failure": ff,
                  "started_at": rec.started_at or started, "waiting": None}  # fmt: skip
-        lifecycle.record(store, rec.id, "run_ended", index, reason=reason,
+        lifecycle.record(store, rec.id, "run_ended", index, reason=reason, known=rec,
                          time=result.get("ended_at") or now, state=state)  # fmt: skip
 
     def _attach(self, store: Store, rec: RunRecord) -> str:
