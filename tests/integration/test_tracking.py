@@ -506,10 +506,17 @@ tracking:
     proc = subprocess.Popen([sys.executable, "-m", "trebuchet", "run", str(spec)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        wait_until(lambda: proxy.connections > asked, 30, "the submission to ask the server")
+
+        def asking() -> bool:  # the new run is recorded and its submission asks the server
+            runs = json.loads(treb("ps", "--all", "--json").stdout)
+            return proxy.connections > asked and any(r["state"] == "PENDING" for r in runs)
+
+        wait_until(asking, 30, "the submission to ask the server")
         time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=3)
+        # a hang guard only (no timing assertion: CI machines are shared): a Ctrl+C that was
+        # held up would let the run start after the budget and end SUCCEEDED with exit 0
+        _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
