@@ -503,8 +503,11 @@ tracking:
     assert "did not answer within 5 s" in res.stderr and "the run goes on" in res.stderr
     assert status_json(treb)["state"] == "SUCCEEDED"
     asked = proxy.connections
+    # Ctrl+C from a terminal: SIGINT at its default (a CI job started in the background
+    # hands its children SIGINT ignored, and Python then raises no KeyboardInterrupt)
     proc = subprocess.Popen([sys.executable, "-m", "trebuchet", "run", str(spec)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     try:
 
         def asking() -> bool:  # the new run is recorded and its submission asks the server
