@@ -26,6 +26,16 @@ $(MLFLOW_VENV)/.installed-3.17.2: $(STAMP)
 	$(VENV)/bin/uv pip install -q --python $(MLFLOW_VENV)/bin/python '$(MLFLOW)'
 	touch $@
 
+# Lightning itself, for its SLURM auto-requeue on the test cluster
+# (tests/integration/test_torchelastic.py): in the project's venv, torch pinned so that pip
+# keeps the CPU torch there (Lightning alone would ask for a CUDA one).
+LIGHTNING := lightning==2.6.6
+LIGHTNING_STAMP := $(VENV)/.installed-lightning-2.6.6
+
+$(LIGHTNING_STAMP): $(STAMP)
+	$(PY) -m pip install -q '$(LIGHTNING)' torch==2.13.0
+	touch $@
+
 $(STAMP): pyproject.toml examples/digits-ddp/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -36,7 +46,7 @@ $(STAMP): pyproject.toml examples/digits-ddp/requirements.txt
 # The Slurm test cluster and the two ssh test hosts are started for the suite and always
 # taken down after it (scripts/with-slurm-cluster, scripts/with-ssh-hosts); in CI a service
 # that cannot start fails the run.
-test: $(STAMP) $(SKY_VENV)/.installed-0.14.1 $(MLFLOW_VENV)/.installed-3.17.2
+test: $(STAMP) $(SKY_VENV)/.installed-0.14.1 $(MLFLOW_VENV)/.installed-3.17.2 $(LIGHTNING_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
@@ -60,6 +70,7 @@ bench: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/env_build.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/train_speed.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/launcher_cpu.py
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/agent_watch_cost.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/ui_runs_page.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/controller_latency.py
 

@@ -116,13 +116,17 @@ def check(
     multirun: bool = False,
     warn: Warn | None = None,
     resume_from: str | None = None,
+    after: Sequence[str] = (),
 ) -> Checked:
     """Load the spec, run the preflight checks (`preflight=False`: --no-check) and the
     engine's own: every refusal raises here (UserError, SpecError: exit 2). `resume_from`:
     a run whose checkpoints each new run starts with (launcher/resume.py). `multirun`
-    (--sweep): a comma in an -o value separates sweep values."""
+    (--sweep): a comma in an -o value separates sweep values. `after`: --after's runs
+    (store/after.py), which the run waits for."""
     base, engine, points = _expand(source, on, overrides, sweeps, multirun)
     checked = Checked(on, engine, points or [({}, base)], points is not None, warn=warn)
+    if after:
+        _depend(checked, after)
     if resume_from is not None:
         from trebuchet.launcher import resume
         from trebuchet.store.db import Store
@@ -157,8 +161,12 @@ def start(
     if not checked.sweep:
         # Handed over, the run's files are synced by whoever runs it (the local supervisor
         # does it while its cgroup move waits); not taken over, they are synced below.
+        waits = checked.points[0][1].after
+        attach = attach and not waits  # a run that waits is detached: it outlives this one
         takeover = attach and handover is not None
         sub = prepare(checked.points[0][1], checked.on, store, checked.resume, not takeover)
+        if waits:
+            checked.add_warning(_record_after(sub, waits))
         for text in sub.warnings:
             checked.add_warning(f"warning: {text}")
         tracking.open_run(sub, checked.add_warning)
@@ -203,10 +211,12 @@ def launch(
     announce: Callable[[Submission], None] | None = None,
     handover: Hooks | None = None,
     resume_from: str | None = None,
+    after: Sequence[str] = (),
 ) -> Started:
     """check() then start(): `treb run` and trebuchet.launch()."""
     checked = check(source, on, overrides, preflight=preflight, sweeps=sweeps,
-                    multirun=multirun, warn=warn, resume_from=resume_from)  # fmt: skip
+                    multirun=multirun, warn=warn, resume_from=resume_from,
+                    after=after)  # fmt: skip
     return start(checked, attach, announce, handover)
 
 
@@ -230,13 +240,42 @@ def refresh(store: Store, runs: list[RunRecord]) -> None:
 
 
 def render(
-    source: Source, on: str = "local", overrides: Sequence[str] = (), multirun: bool = False
+    source: Source,
+    on: str = "local",
+    overrides: Sequence[str] = (),
+    multirun: bool = False,
+    after: Sequence[str] = (),
 ) -> str:
     """`treb render`: what would be submitted (a sweep: every point, as `treb run` would
     start them); the preflight checks and the checks for tools needed only to run do not
     apply."""
     base, engine, points = _expand(source, on, overrides, multirun=multirun)
+    if after:
+        _depend(Checked(on, engine, points or [({}, base)], points is not None), after)
     return engine.render(base) if points is None else engine.render_sweep(points)
+
+
+def _depend(checked: Checked, refs: Sequence[str]) -> None:
+    """--after: the runs waited for, resolved now (an unknown one is refused, exit 2) and
+    handed to the engine with the spec (LoadedSpec.after), whose check may refuse them."""
+    from trebuchet.store import after
+    from trebuchet.store.db import Store
+
+    if checked.sweep:
+        raise UserError("--after applies to one run, not to a sweep")
+    checked.points[0][1].after = after.parse(Store(), list(refs))
+
+
+def _record_after(sub: Submission, deps: list[dict[str, Any]]) -> str:
+    """The run, recorded PENDING, keeps what it waits for: after.json, the index's
+    `waiting` (treb ps / status) and an event. Returns it in words, for the caller."""
+    from trebuchet.store import after
+    from trebuchet.store.files import append_event
+
+    after.write(sub.run_dir, deps)
+    sub.store.update_run(sub.record.id, waiting=after.waiting(deps))
+    append_event(sub.run_dir, "after", runs=deps)
+    return f"run {sub.record.id} waits for {after.phrase(deps)}"
 
 
 def exit_code(result: Submitted | SweepSubmitted) -> int:

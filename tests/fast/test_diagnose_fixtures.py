@@ -67,7 +67,9 @@ def test_cli_json_shape_on_a_fixture(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "trebuchet", "diagnose", str(log), "--json"],
                          capture_output=True, text=True, check=True)  # fmt: skip
     data = json.loads(res.stdout)
-    assert set(data["root_cause"]) == {"rank", "node", "category", "summary", "remedy", "evidence"}
+    assert set(data["root_cause"]) == {"rank", "node", "category", "summary", "remedy", "evidence",
+                                       "error"}  # fmt: skip
+    assert data["root_cause"]["error"] is None  # no error file beside foreign logs
     assert data["root_cause"]["rank"] == 3
     assert any(r["rank"] == 3 and r["role"] == "root_cause" for r in data["ranks"])
     assert re.search(r"CUDA out of memory", data["root_cause"]["evidence"][0])

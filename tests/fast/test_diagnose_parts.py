@@ -16,8 +16,10 @@ from trebuchet.diagnose.lines import parse
 
 def test_categories_are_the_issues_names() -> None:
     assert catalog.CATEGORIES == (
-        "python_exception", "killed", "gpu_oom", "collective_timeout", "hang", "port_in_use",
-        "network_unreachable", "missing_module", "bad_command", "missing_file", "disk_full",
+        "python_exception", "killed", "gpu_oom", "collective_timeout", "hang", "idle_gpu",
+        "port_in_use",
+        "network_unreachable", "missing_module", "bad_command", "launcher_missing",
+        "missing_file", "disk_full",
         "environment_build", "setup_failed", "launch_env_missing", "segfault", "aborted", "time_limit",
         "node_failure", "scheduler_refusal", "cancelled", "unknown",
     )  # fmt: skip

@@ -144,17 +144,18 @@ def test_failed_run_names_root_cause_rank_and_node(treb_home: Path, fake_slurm: 
     assert store.attempts("fail")[0]["reason"] == "srun exited with code 3"
 
 
-def test_completing_job_stays_running_until_slurm_is_done(treb_home, fake_slurm) -> None:
+def test_completing_job_ends_when_its_controller_decided(treb_home, fake_slurm) -> None:
+    """The job controller's result (source batch) ends the run while Slurm still winds the
+    job down (a lost node keeps it COMPLETING until SlurmdTimeout); without one, the run
+    stays RUNNING until Slurm is done."""
     store = Store()
+    add_run(store, treb_home, "open", "79")
     run_dir = add_run(store, treb_home, "comp", "80")
     write(run_dir / "result.json", {"state": "SUCCEEDED", "source": "batch"})
-    (fake_slurm / "squeue.out").write_text("80|COMPLETING|None|tn1\n")
-    SlurmBackend().refresh(store, store.list(active_only=True))
-    assert store.get("comp").state == "RUNNING"
-    (fake_slurm / "squeue.out").write_text("80|COMPLETED|None|tn1\n")
-    time.sleep(1.1)  # past the per-process squeue reuse window
+    (fake_slurm / "squeue.out").write_text("79|COMPLETING|None|tn1\n80|COMPLETING|None|tn1\n")
     SlurmBackend().refresh(store, store.list(active_only=True))
     assert store.get("comp").state == "SUCCEEDED"
+    assert store.get("open").state == "RUNNING"
 
 
 def test_requeued_job_is_retrying(treb_home: Path, fake_slurm: Path) -> None:
@@ -199,6 +200,20 @@ def test_parse_squeue_and_states() -> None:
     assert st.live_state(jobs["6"], files) == "PENDING"
     assert st.live_state(st.QueueInfo("COMPLETING"), files) == "RUNNING"
     assert st.live_state(jobs["7_1"], files) is None
+    # the job controller decided (its result.json) while Slurm still winds the job down
+    decided = st.JobFiles(result={"state": "FAILED", "source": "batch"})
+    assert st.live_state(st.QueueInfo("COMPLETING"), decided) is None
+    guessed = st.JobFiles(result={"state": "CANCELLED", "source": "signal"})
+    assert st.live_state(st.QueueInfo("COMPLETING"), guessed) == "RUNNING"
+
+
+def test_a_lost_node_is_the_root_cause_before_its_peers_failures() -> None:
+    from trebuchet.runtime.records import first_failure
+
+    peer = {"label": "rank 0", "rank": 0, "node": 0, "exit_code": 1, "ended_at": 5.0}
+    lost = {"label": "node_lost", "rank": None, "node": 1, "exit_code": 1, "ended_at": 9.0,
+            "message": "node_lost: tn2 (no heartbeat for 10s, last seen 12:00:00)"}  # fmt: skip
+    assert first_failure([peer, lost]) == lost
 
 
 def test_first_failure_prefers_ranks_over_node_agents() -> None:

@@ -325,10 +325,11 @@ def test_real_cli_process_prints_no_traceback(tmp_path: Path, treb_home: Path) -
     )
 
 
-@pytest.mark.parametrize("verb", ["run", "check", "render"])
+@pytest.mark.parametrize("verb", ["check", "render"])
 def test_a_script_given_as_the_spec(verb: str, tmp_path: Path, treb_home: Path, capsys) -> None:
-    """Issue 25: `treb run train.py` answered "invalid YAML"; it says what the file is and
-    the smallest spec that runs it, and that spec is valid."""
+    """Issue 25: `treb check train.py` answered "invalid YAML"; it says what the file is and
+    the smallest spec that runs it, and that spec is valid. (`treb run train.py` runs it
+    without a spec, as torchrun would: issue 28, tests/integration/test_specless.py.)"""
     script = tmp_path / "train.py"
     script.write_text("import os\n\ndef main():\n    print(os.environ['RANK'])\n\nmain()\n")
     assert main([verb, str(script)]) == 2
@@ -338,6 +339,7 @@ def test_a_script_given_as_the_spec(verb: str, tmp_path: Path, treb_home: Path, 
     spec_text = "".join(ln[4:] + "\n" for ln in err.splitlines() if ln.startswith("    "))
     assert spec_text == "name: train\ncommand: python train.py\nnodes: 1\nprocs_per_node: 1\n"
     assert f"then: treb run {tmp_path / 'train.yaml'}" in err
+    assert "or run it without a spec, from its folder: treb run -n 2 train.py" in err
     (tmp_path / "train.yaml").write_text(spec_text)
     assert main(["render", str(tmp_path / "train.yaml")]) == 0
 
@@ -346,5 +348,6 @@ def test_a_shell_script_given_as_the_spec(tmp_path: Path, treb_home: Path, capsy
     script = tmp_path / "run.sh"
     script.write_text("#!/bin/bash\necho hi\n")
     assert main(["run", str(script)]) == 2
-    assert "is a shell script, not a spec" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "is a shell script, not a spec" in err and "treb run -n 2 -- bash run.sh" in err
     assert not (treb_home / "runs").exists() or not any((treb_home / "runs").iterdir())

@@ -27,6 +27,7 @@ exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"
   "launcher": "native",
   "master_port": null,
   "max_attempts": 1,
+  "metrics": {"ranks": [0], "prefix": null, "patterns": [], "progress": null, "gpus": 4},
   "mpi_env": [],
   "nodes": 2,
   "policies": [{"name": "gpu-oom", "action": "no_retry", "pattern": "CUDA out of memory|torch\\.(cuda\\.)?OutOfMemoryError|HIP out of memory|CUBLAS_STATUS_ALLOC_FAILED"}, {"name": "missing-module", "action": "no_retry", "pattern": "ModuleNotFoundError: No module named|ImportError: cannot import name"}, {"name": "syntax-error", "action": "no_retry", "pattern": "^\\s*(SyntaxError|IndentationError): "}, {"name": "ecc-error", "action": "retry", "max_retries": 2, "pattern": "uncorrectable ECC error|ECC error encountered"}, {"name": "port-in-use", "action": "retry", "max_retries": 2, "pattern": "EADDRINUSE|Address already in use"}],

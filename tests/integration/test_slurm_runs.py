@@ -426,9 +426,11 @@ def test_ranks_that_die_as_slurm_requeues_are_no_failed_attempt(streb, tmp_path:
     controller sees its own SIGTERM. Here the rank asks for the requeue and exits at once:
     the attempt is the requeued one, not a failure retried inside the job being ended (which
     a restart would then find with no attempt left)."""
+    # The real scontrol, not the one trebuchet puts first on the ranks' PATH (which hands a
+    # rank's requeue to the controller: test_torchelastic.py): Slurm itself requeues here.
     spec = write_spec(tmp_path, "name: self-requeued\ncommand: 'if [ \"$TREB_ATTEMPT\" = 0 ]; "
-                                "then scontrol requeue $SLURM_JOB_ID; exit 3; fi; echo done'\n"
-                                "retries: 1\n")  # fmt: skip
+                                "then PATH=\"${PATH#\"$TREB_RUN_DIR/bin:\"}\" scontrol requeue "
+                                "$SLURM_JOB_ID; exit 3; fi; echo done'\nretries: 1\n")  # fmt: skip
     rid = streb("run", str(spec), "--on", "slurm", "--detach").stdout.strip()
     st = wait_for(streb, rid, {"RETRYING", "SUCCEEDED", "FAILED", "LOST"}, timeout=60)
     assert st["state"] == "RETRYING", st

@@ -510,3 +510,42 @@ def test_login_cookie_is_derived_scoped_and_tolerant(ui: Env) -> None:
     d.add_cookie({"name": "prefs", "value": '{"theme":"dark"}', "path": "/"})
     assert ui.get("/").find_elements("id", "runs")
     d.delete_cookie("prefs")
+
+
+def test_progress_eta_and_gpus_on_the_pages(ui: Env, tmp_path: Path) -> None:
+    """Issue 27: a tqdm job's progress and ETA on the runs page and the run page, as `treb
+    status --json` has them, and its GPUs' latest samples (a STAND-IN nvidia-smi, first on
+    PATH: no GPU exists here; tests/integration/test_progress.py)."""
+    needs("tqdm")
+    from tests.integration.test_progress import TQDM_JOB, stand_in
+
+    (ui.specs / "job.py").write_text(TQDM_JOB)
+    spec = ui.spec("bar", "name: bar\ncommand: python job.py 400 0.1\nprocs_per_node: 2\n"
+                   "gpus_per_node: 2\n")  # fmt: skip
+    env = {**ui.env, **stand_in(tmp_path, 37)}
+    env["PATH"] = env["PATH"].replace(os.pathsep + os.environ["PATH"], os.pathsep + ui.env["PATH"])
+    res = subprocess.run([sys.executable, "-m", "trebuchet", "run", "-d", spec],
+                         capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    run = res.stdout.split()[0]
+    try:
+        wait_for("progress", lambda: (p := ui.json("status", run)["progress"]) and p["rate"]
+                 and p["fraction"] > 0.05)  # fmt: skip
+        d = ui.get(f"/runs/{run}")
+        span = d.find_element("css selector", "#fact-progress .run-progress")
+        assert span.get_attribute("data-total") == "400"
+        assert 0 < float(span.get_attribute("data-fraction")) < 1
+        assert re.fullmatch(r"\d+% \d+/400, ETA \S+", span.text), span.text
+        assert d.find_element("css selector", "#fact-progress progress")
+        st = ui.json("status", run)
+        rows = d.find_elements("css selector", "#gpus tr.gpu")
+        shown = [(r.get_attribute("data-node"), r.get_attribute("data-index"),
+                  r.get_attribute("data-util")) for r in rows]  # fmt: skip
+        assert shown == [(str(g["node"]), str(g["index"]), str(g["util"])) for g in st["gpus"]]
+        assert shown == [("0", "0", "37.0"), ("0", "1", "37.0")]
+        ui.shot("run-progress")
+        d = ui.get("/")
+        cell = d.find_element("css selector", f"tr[data-run='{run}'] td.progress")
+        assert re.fullmatch(r"\d+% \d+/400, ETA \S+", cell.text), cell.text
+    finally:
+        ui.treb("cancel", run)

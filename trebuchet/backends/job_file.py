@@ -57,12 +57,16 @@ def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> JobFile:
         "secrets": sorted(spec.secrets),
         "spec_env": sorted(spec.env),
     }
+    lost = getattr(spec, "node_timeout", None)
+    if lost is not None and lost != 10.0:  # the runtime's default (agent_link.NODE_TIMEOUT_S)
+        job["node_timeout"] = lost
     hang = getattr(spec, "hang_timeout", None)
     if hang:
         job["hang_timeout"], job["on_hang"] = hang, spec.on_hang
-    wanted = getattr(spec, "metrics", None)  # only when not the defaults (runtime/metrics.py)
-    if wanted is not None and wanted.model_fields_set:
-        job["metrics"] = wanted.model_dump()
+    from trebuchet.spec import readers
+
+    if readers.needed(spec):  # only when not the defaults (runtime/metrics.py, gpu.py)
+        job["metrics"] = readers.reader_config(spec)
     return job
 
 
@@ -91,6 +95,7 @@ def node_job(spec: Any, run_id: str, checkpoint_dir: str | None = None) -> JobFi
     job["timeout"], job["warning"] = spec.timeout, spec.warning_seconds
     job["secret_env"] = {k: v for k, v in spec.env.items() if uses_secret(v, secrets)}
     job["profile"], job["profile_ranks"] = spec.profile, spec.profile_ranks
+    job["max_attempts"] = spec.retries + 1  # TORCHELASTIC_MAX_RESTARTS of native ranks
     return job
 
 

@@ -11,8 +11,8 @@ import argparse
 from dataclasses import dataclass, field
 
 IDS = "treb ps -q --all --no-refresh 2>/dev/null"
-RUN_METAVARS = {"RUN", "RUN | LOG", "RUN | SWEEP"}
-FILE_METAVARS = {"SPEC", "FILE", "RUN | LOG"}
+RUN_METAVARS = {"RUN", "RUN | LOG", "RUN | SWEEP", "SPEC | RUN"}
+FILE_METAVARS = {"SPEC", "FILE", "RUN | LOG", "SPEC | RUN", "SPEC | SCRIPT.py ARG... | -- COMMAND"}
 
 
 @dataclass

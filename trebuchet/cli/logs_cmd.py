@@ -6,6 +6,7 @@ import argparse
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from trebuchet.backends import get_backend
@@ -13,7 +14,7 @@ from trebuchet.errors import UserError
 from trebuchet.runner import refresh
 from trebuchet.runtime.regular import open_regular
 from trebuchet.store.db import RunRecord, Store
-from trebuchet.view.follow import Follower
+from trebuchet.view.follow import Follower, Out
 
 LOG_RE = re.compile(r"^(rank|node)-(\d+)\.log$")
 SYNC_S = 5.0  # -f: how often an engine's API is asked for the logs its nodes keep
@@ -67,6 +68,8 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 0
     out = sys.stdout.buffer
+    if getattr(args, "dedup", False) and len(files) > 1:
+        return _dedup(store, rec, files, out, args)
     if len(files) == 1 and not args.follow and args.tail is None:
         try:
             fh = open_regular(files[0][1])  # a FIFO or device is never read (regular.py)
@@ -88,6 +91,36 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dedup(
+    store: Store,
+    rec: RunRecord,
+    files: list[tuple[str, Path]],
+    out: Out,
+    args: argparse.Namespace,
+) -> int:
+    """--dedup (view/dedup.py): what is written, merged by position; -f: then the new
+    lines, grouped over a window of the time they were read."""
+    from trebuchet.view import dedup
+    from trebuchet.view.follow import _offset_of_last_lines
+
+    def start(path: Path) -> int:
+        return 0 if args.tail is None else _offset_of_last_lines(path, args.tail)
+
+    ends = dedup.written(out, [(path, start(path)) for _, path in files], final=not args.follow)
+    if not args.follow:
+        return 0
+    keys = [dedup.key_of(path) for _, path in files]
+    grouped = dedup.Dedup(out, keys)
+    follower = Follower(out, sink=lambda key, lines: grouped.add(key, lines, time.monotonic()))
+    for (_, path), end in zip(files, ends, strict=True):
+        follower.add(dedup.key_of(path), path)
+        follower.tails[path].offset = end  # from where the written part ended
+    _follow(store, rec, follower, args, lambda: grouped.flush(time.monotonic()), dedup.key_of)
+    follower.close()
+    grouped.flush(time.monotonic(), final=True)
+    return 0
+
+
 def _empty(path: Path) -> bool:
     try:
         return path.stat().st_size == 0
@@ -105,13 +138,24 @@ def sync(store: Store, rec: RunRecord) -> None:
     engine.sync_logs(store, rec)
 
 
-def _follow(store: Store, rec: RunRecord, follower: Follower, args: argparse.Namespace) -> None:
-    """Print new lines until the run ends; picks up new files and new attempts."""
+def _follow(
+    store: Store,
+    rec: RunRecord,
+    follower: Follower,
+    args: argparse.Namespace,
+    after_pump: Callable[[], None] | None = None,
+    label_of: Callable[[Path], str] | None = None,
+) -> None:
+    """Print new lines until the run ends; picks up new files and new attempts.
+    `after_pump`: each time after the follower printed (--dedup's due groups);
+    `label_of`: the label of a log found later (default: node:local)."""
     attempt = rec.attempt if args.attempt is None else args.attempt
     next_check = 0.0
     next_sync = time.monotonic() + SYNC_S
     while True:
         follower.pump()
+        if after_pump is not None:
+            after_pump()
         now = time.monotonic()
         if now >= next_check:
             next_check = now + 0.5
@@ -124,7 +168,7 @@ def _follow(store: Store, rec: RunRecord, follower: Follower, args: argparse.Nam
             if args.attempt is None and fresh.attempt != attempt:
                 attempt = fresh.attempt
             for label, path in log_files(fresh, attempt, args.rank, args.node):
-                follower.add(label, path)
+                follower.add(label_of(path) if label_of else label, path)
             if not fresh.active:
                 follower.pump()
                 return

@@ -53,8 +53,15 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def _add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", metavar="SPEC", help="workload spec (YAML)")
+def _add_spec_args(p: argparse.ArgumentParser, optional: bool = False, run: bool = False) -> None:
+    if optional:  # `treb run`: a command instead (cli/specless.py)
+        p.add_argument("spec", nargs="?", metavar="SPEC | SCRIPT.py ARG... | -- COMMAND",
+                       help="workload spec (YAML), or a command to run without one")  # fmt: skip
+    elif run:  # `treb render`: also a run's recorded spec
+        p.add_argument("spec", metavar="SPEC | RUN",
+                       help="workload spec (YAML), or a run: its recorded spec")  # fmt: skip
+    else:
+        p.add_argument("spec", metavar="SPEC", help="workload spec (YAML)")
     p.add_argument(
         "-o",
         "--override",
@@ -109,6 +116,15 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         "--resume-from", metavar="RUN",
         help="start with a copy of that earlier run's checkpoints in TREB_CHECKPOINT_DIR",
     )  # fmt: skip
+    _add_after_flag(p)
+
+
+def _add_after_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--after", action="append", default=[], metavar="RUN[:ok|:any]",
+        help="wait for these runs (repeat it, or a comma list): start once each succeeded "
+        "(:ok, the default) or ended (:any), else end CANCELLED; returns at once (detached)",
+    )  # fmt: skip
 
 
 class _Skipped:
@@ -131,9 +147,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         return sub.add_parser(verb, help=VERBS[verb]) if only in (None, verb) else _Skipped()
 
     p = add("run")
-    _add_spec_args(p)
+    _add_spec_args(p, optional=True)
     _add_sweep_flag(p)
     _add_run_flags(p)
+    if only in (None, "run"):
+        from trebuchet.cli import specless
+
+        specless.add_flags(p)
     p.epilog = SWEEP_HELP
     p = add("rerun")
     p.add_argument("run", metavar="RUN", help="run id, unique prefix or name")
@@ -191,6 +211,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
     p.add_argument("--tail", type=_count, metavar="N", help="only the last N lines of each log")
+    p.add_argument(
+        "--dedup",
+        action="store_true",
+        help="a line several ranks print at about the same time, once with its ranks ([0-7])",
+    )
     p = add("cancel")
     p.add_argument(
         "run", metavar="RUN | SWEEP",
@@ -210,8 +235,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--dry-run", "-n", action="store_true", help="list what would go, remove none")
     p = add("render")
-    _add_spec_args(p)
+    _add_spec_args(p, run=True)
     _add_sweep_flag(p)
+    _add_after_flag(p)
     p.epilog = SWEEP_HELP
     add("schema")
     p = add("import")
@@ -293,7 +319,14 @@ def state_error(exc: BaseException):  # -> TrebError | None
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     parser = build_parser(words[0] if words and words[0] in VERBS else None)
-    args = parser.parse_args(argv)
+    if words[:1] == ["run"]:  # a command instead of a spec: cli/specless.py
+        from trebuchet.cli import specless
+
+        head, command = specless.split(specless.verb_parser(parser, "run"), list(words))
+        args = parser.parse_args(head)
+        args.command, args.typed = command, list(words)
+    else:
+        args = parser.parse_args(argv)
     if args.version:
         from importlib.metadata import version
 

@@ -43,8 +43,12 @@ def main(args: argparse.Namespace) -> int:
     if args.quiet:
         print("\n".join(r.id for r in runs))
         return 0
+    from trebuchet.cli.progress import eta_text, progress_of, progress_text
+
+    progress = {r.id: progress_of(r) for r in runs if r.active}  # the agents' records
     if args.json:
-        print(json.dumps([r.to_json() for r in runs], indent=2))
+        print(json.dumps([{**r.to_json(), "progress": progress.get(r.id)} for r in runs],
+                         indent=2))  # fmt: skip
         return 0
     if not runs:
         filtered = bool(where.states) or any(
@@ -63,6 +67,10 @@ def main(args: argparse.Namespace) -> int:
         for r in runs
     ]  # fmt: skip
     headers = ["ID", "NAME", "BACKEND", "STATE", "SHAPE", "ATTEMPT", "AGE", "DURATION"]
+    if any(progress.values()):  # a run that prints its progress (runtime/eta.py)
+        headers += ["PROGRESS", "ETA"]
+        for row, r in zip(rows, runs, strict=True):
+            row += [progress_text(progress.get(r.id)), eta_text(progress.get(r.id))]
     if any(r.sweep_id for r in runs):  # the sweep and the point's parameters
         from trebuchet.spec.sweep import point_text
 

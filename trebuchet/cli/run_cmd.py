@@ -27,11 +27,24 @@ def announce(sub: Submission) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    overrides = list(args.override) + ([f"name={args.name}"] if args.name else [])
+    from trebuchet.cli import specless
+
+    overrides = specless.flag_overrides(args) + list(args.override)
+    overrides += [f"name={args.name}"] if args.name else []
+    source: runner.Source = args.spec
+    if getattr(args, "command", None) is not None:  # treb run [-n P] -- COMMAND (specless.py)
+        source = specless.build(args)
+        if args.print_spec:
+            return specless.print_spec(args, source, overrides)
+    elif getattr(args, "print_spec", False):
+        raise specless.usage("--print-spec prints the spec a command makes; a spec file is "
+                             "one already (as it ran: the run directory's spec.yaml)")  # fmt: skip
+    elif getattr(args, "no_python", False):
+        raise specless.usage("--no-python applies to a command, not to a spec")
     started = runner.launch(
-        args.spec, args.on, overrides, attach=not args.detach, preflight=not args.no_check,
+        source, args.on, overrides, attach=not args.detach, preflight=not args.no_check,
         multirun=args.sweep, warn=warn, announce=None if args.detach else announce, handover=HOOKS,
-        resume_from=args.resume_from,
+        resume_from=args.resume_from, after=getattr(args, "after", None) or (),
     )  # fmt: skip
     result = started.result
     if isinstance(result, SweepSubmitted):
@@ -43,8 +56,12 @@ def main(args: argparse.Namespace) -> int:
         return runner.exit_code(result)
     sub = started.subs[0]
     rec = sub.record
-    if args.detach:
+    if args.detach or sub.loaded.after:  # --after: detached, as it may wait long
         print(rec.id)
+        if result.state is not None:  # decided at once: a run it waits for failed already
+            print(f"treb: run {rec.id} ({rec.name}) {result.state}: not started",
+                  file=sys.stderr)  # fmt: skip
+            return 1
         print(f"treb: run {rec.id} ({rec.name}) started in the background; "
               f"follow it with `treb logs -f {rec.id}`", file=sys.stderr)  # fmt: skip
         return 0

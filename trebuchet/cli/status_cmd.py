@@ -9,6 +9,7 @@ from typing import Any
 
 from trebuchet.backends import get_backend
 from trebuchet.cli.common import STATE_STYLE, clock, console, state_cell
+from trebuchet.cli.progress import gpu_use, progress_lines, progress_of
 from trebuchet.cli.report import diagnosis_json, diagnosis_lines
 from trebuchet.errors import UserError
 from trebuchet.runner import refresh
@@ -46,6 +47,8 @@ def main(args: argparse.Namespace) -> int:
         if nodes is not None:
             out["nodes"] = nodes
         out["diagnosis"] = diagnosis_json(store, rec)
+        out["progress"] = progress_of(rec)  # {step, total, fraction, rate, eta_s} or None
+        out["gpus"] = gpu_use(rec)
         print(json.dumps(out, indent=2))
         return 0
     from rich.table import Table
@@ -60,10 +63,14 @@ def main(args: argparse.Namespace) -> int:
     con.print(f"  created {clock(rec.created_at)}, ran {human(rec.duration)}")
     if rec.spec_path:
         con.print(f"  spec    {rec.spec_path}")
+    else:  # a command (treb run -- CMD) or fields (launch() with a dict)
+        con.print(f"  spec    none given; as it ran: {rec.run_dir}/spec.yaml")
     con.print(f"  run dir {rec.run_dir}")
     if rec.git_commit:
         dirty = " with uncommitted changes" if rec.git_dirty else ""
         con.print(f"  code    git {rec.git_commit[:12]}{dirty}")
+    for line in progress_lines(rec):
+        con.print(f"  {line}", markup=False, highlight=False)
     if rec.active and rec.waiting:
         colour = "yellow" if rec.waiting.get("starts") else "red"
         con.print(f"  {describe_waiting(rec.waiting)}", style=colour, markup=False)

@@ -16,7 +16,7 @@ from trebuchet.launcher.hooks import Hooks
 if TYPE_CHECKING:
     from trebuchet.launcher.plan import Plan
     from trebuchet.launcher.submitted import Submitted
-    from trebuchet.store.db import Store
+    from trebuchet.store.db import RunRecord, Store
 
 
 def _hang_lines(adir: Path) -> list[str]:
@@ -37,7 +37,14 @@ def _end(store: Store, result: Submitted, run_dir: Path, profile: str) -> int:
     return attached_end(store, result, run_dir, profile)
 
 
-HOOKS = Hooks(hang_lines=_hang_lines, close_trackers=_close_trackers, end=_end)
+def _refresh(store: Store, runs: list[RunRecord]) -> None:
+    from trebuchet.runner import refresh
+
+    refresh(store, runs)
+
+
+HOOKS = Hooks(hang_lines=_hang_lines, close_trackers=_close_trackers, end=_end,
+              refresh=_refresh)  # fmt: skip
 
 
 def main(argv: list[str], plan: Plan | None = None, unsynced: list[str] | None = None) -> int:

@@ -29,6 +29,8 @@ class RunView:
     rec: RunRecord
     metrics: list[tuple[str, float, float, float | None]] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)  # one line per node
+    progress: dict[str, Any] | None = None  # cli/progress.py: step, total, fraction, eta_s
+    gpus: str = ""  # the latest sample of each GPU (cli/progress.py)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -55,7 +57,10 @@ def snapshot(store: Store, include_recent: bool = False) -> list[RunView]:
         rec = store.get(rec.id) or rec
         if not rec.active:
             ingest(store, rec)
-        out.append(RunView(rec, latest_metrics(store, rec), node_lines(store, rec)))
+        from trebuchet.cli.progress import gpu_text, gpu_use, progress_of
+
+        out.append(RunView(rec, latest_metrics(store, rec), node_lines(store, rec),
+                           progress_of(rec), gpu_text(gpu_use(rec))))  # fmt: skip
     return out
 
 
@@ -63,7 +68,7 @@ def latest_metrics(store: Store, rec: RunRecord) -> list[tuple[str, float, float
     """(name, value, step, steps a second or None) of the run's most recent metrics."""
     from trebuchet.store.metrics import latest
 
-    last = latest(store, rec.id)
+    last = {n: p for n, p in latest(store, rec.id).items() if not n.startswith("gpu.")}
     names = sorted(last, key=lambda n: -(last[n]["time"] or 0))[:SHOWN_METRICS]
     out = []
     for name in sorted(names):
@@ -107,6 +112,14 @@ def node_lines(store: Store, rec: RunRecord) -> list[str]:
     return [f"node {n}: " + ", ".join(parts) for n, parts in sorted(by_node.items())]
 
 
+def progress_cell(p: dict[str, Any] | None) -> str:
+    """`45% 450/1000, ETA 12s` (cli/progress.py's texts)."""
+    from trebuchet.cli.progress import eta_text, progress_text
+
+    text = progress_text(p)
+    return text if eta_text(p) == "-" else f"{text}, ETA {eta_text(p)}"
+
+
 def short_age(seconds: float) -> str:
     s = max(0, int(seconds))
     if s < 120:
@@ -135,8 +148,12 @@ def plain(views: list[RunView]) -> list[str]:
             f"{r.id}  {r.name}  {r.backend}  {r.state}  attempt {r.attempt + 1}/{r.max_attempts}"
             f"  {r.nodes}x{r.procs_per_node}  age {short_age(time.time() - r.created_at)}"
         )
+        if v.progress and v.progress.get("step") is not None:
+            out.append(f"  progress: {progress_cell(v.progress)}")
         if v.metrics:
             out.append("  metrics: " + ", ".join(metric_text(m) for m in v.metrics))
+        if v.gpus:
+            out.append(f"  gpus: {v.gpus}")
         out += [f"  {line}" for line in v.nodes]
     return out
 
@@ -151,18 +168,21 @@ def table(views: list[RunView], interval: float) -> Any:
         title_justify="left",
         expand=True,
     )
-    for col in ("RUN", "NAME", "STATE", "ATTEMPT", "SHAPE", "AGE", "METRICS / RANKS"):
+    for col in ("RUN", "NAME", "STATE", "ATTEMPT", "SHAPE", "AGE", "PROGRESS / ETA",
+                "METRICS / RANKS"):  # fmt: skip
         t.add_column(col, overflow="fold", ratio=3 if col.startswith("METRICS") else None)
     for v in views:
         r = v.rec
         style = STATE_STYLE.get(r.state, "")
-        detail = "\n".join([", ".join(metric_text(m) for m in v.metrics) or "-", *v.nodes])
+        detail = "\n".join([", ".join(metric_text(m) for m in v.metrics) or "-", *v.nodes,
+                            *([f"gpus: {v.gpus}"] if v.gpus else [])])  # fmt: skip
         t.add_row(
             r.id, r.name, f"[{style}]{r.state}[/]", f"{r.attempt + 1}/{r.max_attempts}",
-            f"{r.nodes}x{r.procs_per_node}", short_age(time.time() - r.created_at), detail,
+            f"{r.nodes}x{r.procs_per_node}", short_age(time.time() - r.created_at),
+            progress_cell(v.progress), detail,
         )  # fmt: skip
     if not views:
-        t.add_row("-", "no active runs", "", "", "", "", "")
+        t.add_row("-", "no active runs", "", "", "", "", "", "")
     return t
 
 

@@ -40,6 +40,11 @@ REMEDIES: dict[str, str] = {
     "hang": "No rank made progress for hang_timeout: look at the rank(s) apart from the "
     "others at the frame shown (a data loader, a lock, a rank that skipped the collective); "
     "each rank's stack is in attempt-<n>/stacks/, `treb stacks RUN` takes fresh ones.",
+    "idle_gpu": "No GPU of the run was busy for idle_gpu_timeout (idle_gpu_action: fail): the "
+    "ranks never reached the GPU (data loading, a CPU-only code path, a device mask that hides "
+    "the GPUs) or waited on something else; `treb logs RUN` shows where they were, and "
+    "`treb metrics RUN gpu.util` the samples. Raise idle_gpu_timeout when a long CPU phase is "
+    "expected.",
     "port_in_use": "Another process holds the port: drop master_port from the spec (each "
     "attempt then gets a free one) or pick a port nobody uses (`ss -ltnp` shows the holder).",
     "network_unreachable": "The ranks cannot reach each other: set GLOO_SOCKET_IFNAME / "
@@ -52,6 +57,15 @@ REMEDIES: dict[str, str] = {
     "path), a script that is not executable (chmod +x, or run it as `bash x.sh` / `python "
     "x.py`), or a line bash cannot parse (check the quoting of command:, which YAML reads "
     "before bash does; `treb render SPEC` shows the line bash gets).",
+    "launcher_missing": "The node's launcher program is not on the PATH its agent searched "
+    "(the cause names the host, the node and that PATH). Over ssh that is the login shell's "
+    "PATH, without what ~/.bashrc adds for interactive shells: add an ssh.setup line that "
+    "activates the environment that has it (`source /path/to/venv/bin/activate`, `module "
+    "load ...`) or install it on every host. On Slurm and locally it is the submitting "
+    "shell's: activate that environment before `treb run`, set env.PATH, or build one with "
+    "an environment: block whose requirements have it (torchrun: torch; horovodrun: horovod; "
+    "mpirun: OpenMPI). Or use launcher: native, which needs no launcher program; `ssh HOST "
+    "command -v torchrun` shows what a host finds.",
     "missing_file": "A file the command opens is not where it runs: when the cause says the "
     "code snapshot left it out, follow what it says (un-ignore it, remove it from "
     ".trebignore, or set snapshot: false); otherwise fix the path (relative to the workdir).",
@@ -114,10 +128,12 @@ TITLES: dict[str, str] = {
     "gpu_oom": "GPU out of memory (CUDA/HIP)",
     "collective_timeout": "collective or rendezvous timeout",
     "hang": "hang (no progress for hang_timeout)",
+    "idle_gpu": "idle GPUs (none busy for idle_gpu_timeout)",
     "port_in_use": "port already in use",
     "network_unreachable": "peers unreachable / wrong network interface",
     "missing_module": "missing module or wrong environment",
     "bad_command": "command not found, not executable, or not valid shell",
+    "launcher_missing": "launcher program (torchrun, mpirun, horovodrun) not found on a node",
     "missing_file": "file not found (not in the code snapshot, or a wrong path)",
     "disk_full": "no space left on device (or quota exceeded)",
     "environment_build": "environment build failed",
@@ -214,6 +230,11 @@ RULES: tuple[Rule, ...] = (
           r"|MASTER_ADDR|MASTER_PORT)'|must be launched with (?:torchrun|a launcher)"),
     _rule("missing_module", CAUSE, r"ModuleNotFoundError: No module named|ImportError: "
           r"|cannot open shared object file|undefined symbol: |GLIBC_[\d.]+' not found"),
+    # the node agent's own line (runtime/unstarted.py), a shell's for a launcher by name
+    _rule("launcher_missing", CAUSE, r"^treb: (?:torchrun|mpirun|horovodrun) not found on "
+          r"\S+ \(node \d+\)|\b(?:torchrun|mpirun"
+          r"|horovodrun): (?:command )?not found$|command not found: (?:torchrun|mpirun"
+          r"|horovodrun)$"),
     # bash, dash (`sh: 1: x: not found`), zsh; a list command's exec (treb: cannot start);
     # a missing interpreter (`/usr/bin/env: 'python3': No such file`); a shell syntax error
     _rule("bad_command", CAUSE, r": command not found|command not found: |^\S*sh: \d+: .*: not "

@@ -31,6 +31,7 @@ from typing import Any
 from trebuchet.diagnose import catalog
 from trebuchet.diagnose.catalog import CASCADE, CAUSE, TIMEOUT
 from trebuchet.diagnose.classify import Finding, Hit, classify
+from trebuchet.diagnose.errorfile import RankError
 from trebuchet.diagnose.sources import Case, Unit
 
 NO_TS = float("inf")
@@ -56,6 +57,7 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)
     run: dict[str, Any] | None = None
     fix: str | None = None  # the catalog's remedy fitted to this run (fit_remedy)
+    error: RankError | None = None  # the root cause's own error file (torch's @record)
 
     @property
     def remedy(self) -> str:
@@ -67,6 +69,7 @@ class Diagnosis:
         return {
             "rank": self.rank, "node": self.node, "category": self.category,
             "summary": self.summary, "remedy": self.remedy, "evidence": self.evidence,
+            "error": self.error.to_json() if self.error else None,
         }  # fmt: skip
 
     def ranks_json(self) -> list[dict[str, Any]]:
@@ -133,6 +136,10 @@ def _finish(d: Diagnosis, case: Case, root: Unit | None, missing: set[int] | Non
         d.roles[id(u)] = role
     d.units = case.units
     d.source = case.source
+    if root is not None and root.error is not None and d.error is None:
+        d.error = root.error
+        if d.category == "unknown":  # the log did not say why; the rank's error file does
+            d.summary = f"{_who(root)} raised {d.error.message}"
     d.notes += case.notes
     d.run = case.run
 
@@ -225,6 +232,12 @@ def _state_diag(case: Case) -> Diagnosis | None:
     when = run.get("ended_at")
     at = f" at {_clock(when)}" if when else ""
     attempt = int(run.get("attempt") or 0) + 1  # shown from 1, as `treb status` lists them
+    if state == "CANCELLED" and str(run.get("reason") or "").startswith("dependency "):
+        why = str(run["reason"])  # --after: a run it waited for did not end as asked
+        return Diagnosis("cancelled", f"cancelled{at} before it started: {why}", evidence=[why],
+                         fix="Nothing of this run failed: see why its dependency ended so "
+                         "(`treb status`); resubmit it with --after RUN:any to start it "
+                         "whatever that run's end")  # fmt: skip
     if state == "CANCELLED":
         why = f"attempt {attempt}: {run.get('reason') or 'cancel'}"
         return Diagnosis("cancelled", f"the run was cancelled{at} (treb cancel, Ctrl+C or a "
@@ -278,6 +291,26 @@ def _hang_diag(case: Case) -> Diagnosis | None:
 
     found = for_run(case.run or {})
     return Diagnosis("hang", **found) if found else None
+
+
+def _idle_gpu_diag(case: Case) -> Diagnosis | None:
+    """An attempt the job controller stopped for idle GPUs (runtime/gpu.py's idle_gpu
+    event, action fail): what the rule saw."""
+    run = case.run or {}
+    if not run.get("run_dir") or run.get("state") in ("SUCCEEDED", "RUNNING", "PENDING"):
+        return None
+    from trebuchet.store.files import read_events
+
+    attempt = int(run.get("attempt") or 0)
+    found = [e for e in read_events(Path(run["run_dir"])) if e.get("event") == "idle_gpu"
+             and e.get("action") == "fail" and e.get("attempt") == attempt]  # fmt: skip
+    if not found:
+        return None
+    e = found[-1]
+    summary = (f"no GPU was busy for {float(e.get('idle_s') or 0):.0f}s: the run's "
+               f"{e.get('gpus')} GPU(s) on {e.get('nodes')} node(s) sat idle "
+               "(idle_gpu_action: fail)")  # fmt: skip
+    return Diagnosis("idle_gpu", summary, None, None, [])
 
 
 def _timeout_diag(case: Case, timed: list[tuple[Unit | None, Hit]]) -> tuple[Diagnosis, set[int]]:
@@ -412,7 +445,7 @@ def _decide(case: Case) -> Diagnosis:
         d = Diagnosis(None, f"run {state.lower()}: nothing to diagnose" if state else "")
         _finish(d, case, None)
         return d
-    said = _state_diag(case) or _hang_diag(case)
+    said = _state_diag(case) or _hang_diag(case) or _idle_gpu_diag(case)
     if said:
         rank = said.rank
         _finish(said, case, next((u for u in case.units if rank is not None and u.rank == rank),

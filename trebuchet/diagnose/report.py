@@ -23,6 +23,8 @@ def diagnose_run(run: dict[str, Any], procs: list[dict[str, Any]] | None = None)
     if code:
         d.summary, d.evidence = code.text(d.summary), code.lines(d.evidence)
         d.frame = code.text(d.frame) if d.frame else d.frame
+        if d.error:
+            d.error.frames = code.lines(d.error.frames)
         if code.changed:
             d.notes.append(f"{', '.join(code.changed)} changed in {code.source} since the run: "
                            f"the paths above name the copy that ran, in {code.code}")  # fmt: skip
@@ -61,7 +63,16 @@ def two_lines(d: Diagnosis) -> list[str]:
     """The cause and the remedy, for the end of `treb run` and for `treb status`."""
     if d.category is None:
         return []
-    return [f"cause: {cause_line(d)}", f"fix:   {d.remedy}"]
+    return [f"cause: {cause_line(d)}", f"fix:   {d.remedy}", *error_lines(d)]
+
+
+def error_lines(d: Diagnosis, label: str = "error: ", indent: str = "       ") -> list[str]:
+    """The root cause's own error file (torch's @record): the exception as raised, and the
+    traceback's last frames."""
+    if d.error is None:
+        return []
+    lines = [f"{label}{d.error.message} (its error file {d.error.file})"]
+    return lines + [f"{indent}at {frame}" for frame in d.error.frames]
 
 
 def text(d: Diagnosis) -> str:
@@ -80,6 +91,7 @@ def text(d: Diagnosis) -> str:
     out.append(f"fix:      {d.remedy}")
     if d.frame:
         out.append(f"user code: {d.frame}")
+    out += error_lines(d, "raised:   ", "          ")
     if d.evidence:
         out.append("evidence" + (f" ({d.log})" if d.log else "") + ":")
         out += [f"    {line[:300]}" for line in d.evidence[:EVIDENCE_MAX]]

@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet import registry
+from trebuchet.diagnose import errorfile
 from trebuchet.diagnose import scan as scanner
 from trebuchet.diagnose.classify import Finding
+from trebuchet.diagnose.errorfile import RankError
 from trebuchet.diagnose.lines import LogLine, parse
 from trebuchet.runtime.regular import read_text
 
@@ -75,6 +77,7 @@ class Unit:
     order: int | None = None  # when a launcher observed its failure (0 first)
     label: str | None = None
     finding: Finding | None = None
+    error: RankError | None = None  # its @record error file (errorfile.py)
 
     @property
     def failed(self) -> bool:
@@ -370,7 +373,7 @@ def log_dir(root: Path) -> Case:
 
 
 # -- trebuchet runs --------------------------------------------------------------------------
-OUTCOME = re.compile(r"^(rank|node)-(\d+)\.json$")
+OUTCOME = re.compile(r"^(rank|node|lost)-(\d+)\.json$")  # lost: a node lost
 
 
 def _read_json(path: Path) -> Any:
@@ -556,7 +559,11 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
                 stopped_by_launcher=bool(o.get("stopped_by_launcher")), log=str(log),
                 lines=lines, last_lines=last, label=o.get("label"),
             ))  # fmt: skip
+    units += _unstarted(adir, outcomes, ppn, launcher)
     units.sort(key=lambda u: (u.rank is None, u.rank or 0))
+    for u in units:  # the exception a rank recorded itself (torch's @record)
+        if u.rank is not None:
+            u.error = errorfile.for_rank(adir, u.rank)
     case.units = units
     if ff:
         for i, u in enumerate(units):
@@ -577,6 +584,35 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
             max(ends) if ends else run.get("ended_at"))  # fmt: skip
         case.run["last_output"] = last_output(adir)
     return case
+
+
+def _unstarted(
+    adir: Path, outcomes: dict[str, dict[str, Any]], ppn: int, launcher: str
+) -> list[Unit]:
+    """A node whose launcher (torchrun, mpirun, horovodrun) failed before any of its ranks
+    started (not found on the node: runtime/unstarted.py): the launcher's own log is the
+    evidence, as a unit of its own (rank None)."""
+    if launcher not in ("torchrun", "mpirun", "horovod"):
+        return []
+    out = []
+    for name, o in outcomes.items():
+        if not name.startswith("node-") or not (o.get("exit_code") or o.get("signal")):
+            continue
+        node = int(o.get("node", name.split("-")[1]))
+        if launcher == "torchrun":  # its workers' logs
+            mine = range(node * ppn, (node + 1) * ppn)
+            started = any((adir / f"rank-{r}.log").exists() for r in mine)
+        else:  # one mpirun starts every rank
+            started = any(n.startswith("rank-") for n in outcomes)
+        if started:
+            continue
+        log = adir / f"{name}.log"
+        lines, last = _scan_lines(log)
+        out.append(Unit(rank=None, node=str(node), exit_code=o.get("exit_code"),
+                        signal=o.get("signal"), ended_at=o.get("ended_at"),
+                        stopped_by_launcher=bool(o.get("stopped_by_launcher")), log=str(log),
+                        lines=lines, last_lines=last, label=f"node {node}"))  # fmt: skip
+    return out
 
 
 def _remote(engine: str) -> bool:

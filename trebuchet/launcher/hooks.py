@@ -11,7 +11,7 @@ from trebuchet.plain import record
 
 if TYPE_CHECKING:
     from trebuchet.launcher.submitted import Submitted
-    from trebuchet.store.db import Store
+    from trebuchet.store.db import RunRecord, Store
 
 
 @record(frozen=True)
@@ -22,3 +22,5 @@ class Hooks:
     hang_lines: Callable[[Path], list[str]] | None = None  # a hang, said on the terminal
     close_trackers: Callable[[Store, str], None] | None = None  # the trackers' end
     end: Callable[[Store, Submitted, Path, str], int] | None = None  # attached: summary, code
+    # --after: the engines' word on runs waited for that others supervise (runner.refresh)
+    refresh: Callable[[Store, list[RunRecord]], None] | None = None

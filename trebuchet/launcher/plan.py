@@ -19,7 +19,7 @@ from trebuchet.launcher.policies import policies_for
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
 from trebuchet.plain import field, record
-from trebuchet.runtime.contract import node_vars, omp_threads, rank_vars
+from trebuchet.runtime.contract import elastic_vars, node_vars, omp_threads, rank_vars
 from trebuchet.runtime.contracts import LogPolicy
 
 HOROVOD_TIMEOUT_S = 120
@@ -194,7 +194,8 @@ def local_plan(
         if spec.launcher == "native":
             for local in range(ppn):
                 rank = node * ppn + local
-                env = {**rank_vars(rank, local, node, nodes, ppn), **node_env}
+                env = {**rank_vars(rank, local, node, nodes, ppn),
+                       **elastic_vars(run_id, spec.retries), **node_env}  # fmt: skip
                 label = f"{node}:{local}"
                 argv = wrap(cmd, env, node, f"r{rank}")
                 procs.append(
@@ -205,7 +206,7 @@ def local_plan(
             argv = [
                 "torchrun", "--nnodes", str(nodes), "--node_rank", str(node),
                 "--nproc_per_node", str(ppn), "--master_addr", addr, "--master_port", str(port),
-                "--no-python", *worker, "--", *cmd,
+                "--rdzv-id", run_id, "--no-python", *worker, "--", *cmd,
             ]  # fmt: skip
             argv = wrap(argv, node_env, node, f"n{node}")
             procs.append(

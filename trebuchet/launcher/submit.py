@@ -122,7 +122,9 @@ def _record(
             ) from None
     write_atomic(path / "spec.yaml", resolved.text(loaded), durable=False)  # as it will run
     write_json(path / "spec.json", resolved.data(loaded), durable=False)  # results/collect.py
-    write_json(path / "metrics.json", spec.metrics.model_dump(), durable=False)  # runtime/metrics
+    from trebuchet.spec.readers import reader_config
+
+    write_json(path / "metrics.json", reader_config(spec), durable=False)  # runtime/metrics, gpu
     # fsynced together: the first one's journal commit carries the others (records.sync)
     written = [str(path / n) for n in ("snapshot.json", "spec.yaml", "spec.json", "metrics.json")]
     if durable:

@@ -278,7 +278,7 @@ class Supervisor:
         self.store.set_procs(self.plan.run_id, attempt, records, reason is not None)
         states: dict[str | None, str] = {
             "cancel": CANCELLED, "timeout": TIMEOUT, "failure": FAILED, "post": FAILED,
-            "hang": FAILED,
+            "hang": FAILED, "idle_gpu": FAILED,
         }  # fmt: skip
         state = states.get(reason, SUCCEEDED)
         if reason is None and any(p.returncode != 0 for p in self.procs):
@@ -395,10 +395,11 @@ class Supervisor:
         """Anything of this run still alive (a daemon a rank left behind) is killed now:
         the run's cgroup, what carries its TREB_RUN_ID, the orphans adopted as subreaper.
         `keep` keeps the cgroup for the next attempt. The supervisor's own helpers stay:
-        the watchdog, the log policies' matcher."""
+        the watchdog, the log policies' matcher, the webhooks' log watch."""
         me = os.getpid()
         matcher = self.job.matcher.pid if self.job.matcher is not None else None
         ours = {me, self.watchdog.pid if self.watchdog else -1, matcher or -1}
+        ours |= set(self.job.notifier.pids()) if self.job.notifier is not None else set()
         adopted = []
         if self.subreaper:  # every child but ours: the ranks were reaped by now
             adopted = [p for p in children(me) if p not in ours and alive(p, None)]
@@ -496,6 +497,11 @@ def main(
     plan = plan or Plan.from_json(read_json(run_dir / "plan.json"))
     store = Store()
     try:
+        if (run_dir / "after.json").exists():  # --after: wait first (launcher/waiting.py)
+            from trebuchet.launcher import waiting
+
+            if not waiting.wait(store, plan.run_id, run_dir, (hooks or Hooks()).refresh):
+                return 0  # a dependency cannot end as asked (recorded), or cancelled
         return _supervise(argv, plan, store, run_dir, unsynced or [], hooks or Hooks())
     finally:
         store.close()  # the last connection checkpoints the index: the outcome is durable

@@ -33,6 +33,8 @@ CHECKS: dict[str, str] = {
     "ssh-hosts-unused": "ssh hosts listed beyond `nodes`, which the run does not use",
     "ssh-setup-syntax": "ssh.setup lines bash cannot parse",
     "unknown-check-id": "an ignore_checks entry that names no check",
+    "trainer-requeues-itself": "a trainer that requeues its Slurm job (Lightning, submitit) "
+    "with a checkpoint signal it does not handle, or no retries left for its requeue",
 }  # fmt: skip
 
 

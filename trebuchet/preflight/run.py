@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from trebuchet.preflight import launchers, parallelism, storage, timelimit
+from trebuchet.preflight import launchers, parallelism, requeue, storage, timelimit
 from trebuchet.preflight.context import Context
 from trebuchet.preflight.findings import CHECKS, WARNING, Finding, count
 
@@ -24,6 +24,7 @@ ALL_CHECKS: tuple[Check, ...] = (
     parallelism.parallel_sizes,
     launchers.nested_launchers,
     launchers.torchrun_nnodes,
+    requeue.self_requeue,
 )
 
 

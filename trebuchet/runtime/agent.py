@@ -21,7 +21,7 @@ import subprocess
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import contain, metrics, procs
+from . import contain, contract, eta, gpu, metrics, procs, unstarted
 from .progress import Progress
 from .records import exit_fields, now, sync, write_json
 from .stacks import Stacks, faulthandler_path
@@ -138,8 +138,12 @@ class Agent:
         self._stop = False
         self._forward: list[int] = []
         self._wake_r = -1
-        self.metrics = metrics.hook(attempt_dir)  # fed by the one reader's lines
-        self.progress = Progress(attempt_dir, on_line=self.metrics)  # the agent's log reader
+        conf = metrics.read_config(attempt_dir) or {}  # the run's metrics.json
+        self.metrics = metrics.hook(attempt_dir, conf)  # fed by the one reader's lines
+        self.eta = eta.hook(attempt_dir, conf)  # the first rank's progress, from them too
+        self.gpus = gpu.sampler(attempt_dir, conf, procs_)  # the node's GPUs, if asked for
+        on_line = eta.chain(self.eta, self.metrics)
+        self.progress = Progress(attempt_dir, on_line=on_line)  # the agent's log reader
         self.stacks = Stacks(attempt_dir)
 
     # -- signals (a standalone agent; in the local supervisor, the supervisor has them) ---
@@ -201,6 +205,11 @@ class Agent:
         if p.tracked:  # the contract's per-rank paths (trebuchet.dist.heartbeat/enable_stacks)
             p.env["TREB_HEARTBEAT"] = self.progress.track(p.name)
             p.env["TREB_STACKS_FILE"] = faulthandler_path(self.adir, p.name)
+            elastic = contract.attempt_elastic_vars(p.env, self.adir, p.name)
+            if elastic:  # torch's @record opens the file, in a folder that must exist
+                folder = os.path.dirname(elastic["TORCHELASTIC_ERROR_FILE"])
+                os.makedirs(folder, mode=0o700, exist_ok=True)
+                p.env.update(elastic)
         argv = self._plain_start(p, ignored)
         try:
             if argv is not None and not procs.find_program(p.argv[0], p.env.get("PATH"), self.cwd):
@@ -216,8 +225,8 @@ class Agent:
                 preexec_fn=None if argv else self._preexec(p),
                 close_fds=True,
             )
-        except OSError as exc:
-            os.write(fd, f"treb: cannot start {p.argv[0]!r}: {exc.strerror}\n".encode())
+        except OSError as exc:  # a missing launcher is named, with PATH (unstarted.py)
+            os.write(fd, unstarted.line(p.argv[0], exc, p.env.get("PATH"), p.node).encode())
             p.returncode, p.ended_at = 127, now()
         finally:
             os.close(fd)
@@ -308,6 +317,9 @@ class Agent:
             self.kill()
         alive = any(p.alive for p in self.procs)
         self.progress.step(force=not alive)  # all ended: their last lines now
+        self.eta.flush()  # the reading of that step, if it changed
+        if self.gpus is not None:
+            self.gpus.step() if alive else self.gpus.close()  # never waits for the query
         live = {p.name: p.pid for p in self.procs if p.tracked and p.alive and p.pid}
         self.stacks.step(live)
         if not alive:

@@ -15,7 +15,14 @@ import os
 import re
 import subprocess
 
-__all__ = ["expand_hostlist", "init_env", "slurm_master_port", "rank_vars", "node_vars"]
+__all__ = [
+    "expand_hostlist",
+    "init_env",
+    "slurm_master_port",
+    "rank_vars",
+    "node_vars",
+    "elastic_vars",
+]
 
 DEFAULT_MASTER_PORT = 29500  # torch's own default, for engines that do not give us a job id
 # Names trebuchet itself sets in a rank (the spec's env may not set them, except MASTER_*).
@@ -44,6 +51,52 @@ def rank_vars(rank: int, local_rank: int, node: int, nodes: int, ppn: int) -> di
         "ROLE_RANK": str(rank),
         "ROLE_WORLD_SIZE": str(world),
         **node_vars(node, nodes),
+    }
+
+
+# torchrun's own variables for its workers (torch/distributed/elastic/agent/server/
+# local_elastic_agent.py, _start_workers), which launcher native gives its ranks too, so
+# that torch.distributed.is_torchelastic_launched() and the trainers that test it (Lightning's
+# TorchElasticEnvironment) behave as under torchrun, and torch's @record writes its error
+# file where the diagnosis reads it. Not TORCHELASTIC_USE_AGENT_STORE: it tells a rank that
+# a torchrun agent hosts its store, and init_process_group would wait for that agent.
+ELASTIC_ROLE = "default"  # torchrun's --role default
+ERRORS_DIR = "errors"  # attempt-<n>/errors/: beside, never among, the outcome records
+
+
+def elastic_vars(run_id: str | None, max_restarts: int) -> dict[str, str]:
+    """What torchrun tells its workers about the whole run: the run id (its --rdzv-id), the
+    retry budget (treb's `retries`: treb restarts, not torchrun) and the role.
+
+    run_id None: no TORCHELASTIC_RUN_ID, for ranks that srun starts (Slurm, native): srun is
+    their launcher, and with that variable set Lightning would take torchrun for it
+    (TorchElasticEnvironment before SLURMEnvironment) and drop its SLURM auto-requeue."""
+    out = {"TORCHELASTIC_MAX_RESTARTS": str(max(0, max_restarts)), "ROLE_NAME": ELASTIC_ROLE}
+    if run_id:
+        out["TORCHELASTIC_RUN_ID"] = run_id
+    return out
+
+
+def error_file(attempt_dir: str, name: str) -> str:
+    """Where a rank's structured error goes (torch's @record): `errors/rank-<r>.json` of
+    its attempt (the agent creates the folder; torch only opens the file)."""
+    return os.path.join(attempt_dir, ERRORS_DIR, name + ".json")
+
+
+def attempt_elastic_vars(env: dict[str, str], attempt_dir: str, name: str) -> dict[str, str]:
+    """The per-attempt part, set by the agent as it starts a rank whose environment carries
+    TORCHELASTIC_MAX_RESTARTS (a native rank: elastic_vars; a torchrun worker): its error
+    file, the attempt as the restart count (torchrun's own count stays: treb never lets
+    torchrun restart, so it is 0), TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless set. {} for any
+    other process."""
+    if "TORCHELASTIC_MAX_RESTARTS" not in env:
+        return {}
+    return {
+        "TORCHELASTIC_ERROR_FILE": error_file(attempt_dir, name),
+        "TORCHELASTIC_RESTART_COUNT": env.get("TORCHELASTIC_RESTART_COUNT")
+        or env.get("TREB_ATTEMPT")
+        or "0",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING") or "1",
     }
 
 

@@ -27,6 +27,10 @@ TRANSITIONS = {state: tuple(s for s in ACTIVE + TERMINAL if s != state) for stat
 ATTEMPT_ENDS = ("FAILED", "TIMEOUT", "SUCCEEDED", "CANCELLED", "LOST")
 
 
+# The run's events a `notify:` webhook may ask for (runtime/notify.py), besides `log:`.
+NOTIFY_EVENTS = ("started", "succeeded", "failed", "hung", "cancelled", "timeout")
+
+
 def allowed(old: str, new: str) -> bool:
     """Whether a run may move from state `old` to `new` (staying is always allowed)."""
     return old == new or new in TRANSITIONS.get(old, ())
@@ -61,6 +65,7 @@ class JobFile(_JobCommon, total=False):
 
     hang_timeout: float
     on_hang: str
+    node_timeout: float  # a node whose agents stay silent this long is lost
     metrics: dict[str, Any]
     timeout: float | None  # one attempt, seconds
     warning: float | None  # the checkpoint signal this long before the timeout

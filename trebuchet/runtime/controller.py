@@ -23,11 +23,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from . import contract, hang, lifecycle, procs, tracking
+from . import agent_link, contract, hang, lifecycle, procs, selfrequeue, tracking
 from .agent import Agent
 from .records import (
     append_event,
     attempt_logs,
+    cause,
     first_failure,
     now,
     read_json,
@@ -84,12 +85,23 @@ class Controller:
         self.adir = ""
         self.t0: float | None = None
         self.step: subprocess.Popen[bytes] | None = None
+        # steps whose agents all said they ended (agent_link) while srun still reports the
+        # step's end: the next attempt does not wait for it; reaped at the job's end
+        self.finishing: list[subprocess.Popen[bytes]] = []
+        self.link: agent_link.Hub | None = None
+        self.node_timeout = float(job.get("node_timeout") or agent_link.NODE_TIMEOUT_S)
+        self.lost: str | None = None  # this attempt's lost node, as said (node_lost: ...)
+        self.lost_kill_at: float | None = None  # then srun is ended at this time
+        self.lost_hosts: list[str] = []
+        self.scancels: list[subprocess.Popen[bytes]] = []  # signals on their way (signal_steps)
+        self.hosts: list[str] = []  # the allocation's nodes, in order
         self.inline: Agent | None = None  # the job's only task, run here (job["inline"])
         self.signaller: subprocess.Popen[bytes] | None = None  # delivers the warning
         self.rc = 0  # the attempt's step (or inline agent) exit status
         self.step_rc: int | None = None
         self.warned = self.requeued = self.terminating = False
         self.requeue_at: float | None = None
+        self.scontrol = "scontrol"  # the real one: the ranks' PATH has selfrequeue's first
         self.state, self.reason = "", ""
         self._signals: list[int] = []
         self.lc = lifecycle.JobController(settings(job, self.run_dir), self, self,
@@ -155,6 +167,7 @@ class Controller:
         os.makedirs(self.adir, mode=0o700, exist_ok=True)
         os.environ["TREB_ATTEMPT"] = str(attempt)
         self.t0, self.step_rc = started_at, None
+        self.lost = self.lost_kill_at = None
         self.attempt_json("RUNNING", "", None, "batch")
         log(
             f"attempt {attempt + 1} of {self.attempts_allowed()}: {self.job['nodes']} node(s) "
@@ -233,7 +246,12 @@ class Controller:
             self.inline = slurm_agent(self.job, inline=True)
             self.inline.start_all()
         else:
-            self.step = self.srun(self.job["srun"], "task")
+            if self.link is not None:
+                self.link.expect(attempt, step_tasks(self.job["srun"]))
+            self.finishing = [p for p in self.finishing if p.poll() is None]
+            # the previous step still holds its CPUs while srun reports its end
+            overlap = ["--overlap"] if self.finishing else []
+            self.step = self.srun([*self.job["srun"], *overlap], "task")
 
     def poll(self) -> bool:
         self._tick()
@@ -243,6 +261,10 @@ class Controller:
         elif self.step is not None:
             alive = self.step.poll() is None
             self.rc = self.step.returncode or 0
+            code = self.link.ended() if alive and self.link is not None else None
+            if code is not None:  # every agent's records are in: srun's report is late
+                self.finishing.append(self.step)
+                alive, self.rc = False, code
         else:
             alive = False
         if not alive:
@@ -267,6 +289,8 @@ class Controller:
         if self.terminating:
             return
         label = "hang" if self.lc.hang is not None else "timeout"
+        label = "idle_gpu" if self.lc.idle_stop else label
+        label = "node_lost" if self.lost else label
         if self.adir:
             write_text(os.path.join(self.adir, "teardown"), label + "\n")
         if label == "timeout":
@@ -284,7 +308,9 @@ class Controller:
         """Whether Slurm is ending the job (its SIGTERM may come after the ranks died)."""
         self.step = self.inline = None
         self.requeue_at = None
-        if not self.terminating and self.rc != 0 and reason not in ("hang", "timeout"):
+        if not self.terminating:
+            self.job_requeue()  # a rank asked, then ended: the requeue, not a failure
+        if not self.terminating and self.rc != 0 and reason not in ("hang", "timeout", "idle_gpu"):
             self.ended_by_slurm()
 
     def ending(self, attempt: int, reason: str | None) -> lifecycle.Ending:
@@ -292,8 +318,11 @@ class Controller:
             return lifecycle.Ending(self.state or "CANCELLED", self.reason, engine_ended=True)
         rc = self.rc
         self.step_rc = rc if rc >= 0 else 128 - rc
-        if reason == "hang":
-            state, why = "FAILED", "hang"
+        if self.lost:  # no spare node to go on with: the run ends with this cause
+            self.state, self.reason = "FAILED", self.lost
+            return lifecycle.Ending("FAILED", self.lost, final=True)
+        if reason in ("hang", "idle_gpu"):
+            state, why = "FAILED", reason
         elif reason == "timeout" or (rc != 0 and self.lc.warned and self.died_of_warning()):
             state, why = "TIMEOUT", "timeout"  # the spec's timeout, as locally
         elif rc == 0:
@@ -335,10 +364,53 @@ class Controller:
             if self.signaller.returncode != 0:
                 log(f"the {self.sig} step failed (srun exit {self.signaller.returncode})")
             self.signaller = None
+        self.scancels = [p for p in self.scancels if p.poll() is None]
+        self.watch_nodes()
+        if not self.requeued and not self.terminating:
+            self.job_requeue()
         due = self.requeue_at is not None and time.monotonic() >= self.requeue_at
         if due and not self.terminating:
             self.requeue_at = None
             self.requeue()
+
+    def watch_nodes(self) -> None:
+        """A node whose agents fell silent for node_timeout (agent_link) ends the attempt
+        with that cause. srun would wait for the lost node's tasks until Slurm gives up on
+        the node (SlurmdTimeout): it is ended once the other agents ended (at the latest
+        after their grace period)."""
+        if self.link is None or self.step is None or self.terminating:
+            return
+        if self.lost is None:
+            gone = self.link.lost(self.node_timeout)
+            if gone:
+                self.lost_hosts = [lost.host for lost in gone]
+                self.on_node_lost(gone[0])
+        elif self.lost_kill_at is not None:
+            settled = self.link.settled(self.lost_hosts)
+            if not settled and time.monotonic() < self.lost_kill_at:
+                return
+            self.lost_kill_at = None
+            why = "the other nodes' agents ended" if settled else "the grace period is over"
+            log(f"{why}; srun still waits for the lost node's tasks: ending it")
+            with contextlib.suppress(OSError):
+                self.step.kill()
+
+    def on_node_lost(self, lost: agent_link.Lost) -> None:
+        """The cause on record (lost-<node>.json, which `treb` reads as the attempt's first
+        failure; an event), then the attempt's teardown on the other nodes."""
+        seen = time.strftime("%H:%M:%S", time.localtime(lost.last_seen))
+        self.lost = (f"node_lost: {lost.host} (no heartbeat for {self.node_timeout:g}s, "
+                     f"last seen {seen})")  # fmt: skip
+        log(self.lost)
+        node = self.hosts.index(lost.host) if lost.host in self.hosts else len(self.hosts)
+        record = cause("node_lost", 1, self.attempt, node=node, message=self.lost,
+                       host=lost.host)  # fmt: skip
+        record["ended_at"], record["state"] = lost.last_seen, "ENDED"
+        write_json(os.path.join(self.adir, f"lost-{node}.json"), record)
+        append_event(self.run_dir, "node_lost", attempt=self.attempt, host=lost.host,
+                     last_seen=lost.last_seen, node_timeout=self.node_timeout)  # fmt: skip
+        self.lost_kill_at = time.monotonic() + float(self.job["grace"]) + 2.0
+        self.lc.failure(None)
 
     def on_warning(self) -> None:
         """Slurm's --signal=B:SIG@warning (with slurm.time): ask every rank to checkpoint,
@@ -436,18 +508,39 @@ class Controller:
             self._handle_signals()
         return self.terminating
 
-    def requeue(self) -> None:
+    def job_requeue(self) -> None:
+        """A rank asked Slurm to requeue the job (`scontrol requeue`: Lightning's SLURM
+        auto-requeue, submitit; selfrequeue.py hands it here): requeue it as this
+        controller's own requeue when an attempt is left, else say why not (the job goes on,
+        to its time limit)."""
+        who = selfrequeue.asked(self.run_dir)
+        if who is None:
+            return
+        allowed = self.attempts_allowed()
+        append_event(self.run_dir, "job_requeue", attempt=self.attempt, who=who,
+                     granted=self.attempt + 1 < allowed)  # fmt: skip
+        if self.attempt + 1 >= allowed:
+            log(f"{who} asked to requeue the job (scontrol requeue), but no attempt is left "
+                f"(retries: {allowed - 1}): not requeued; raise `retries` to let it")  # fmt: skip
+            return
+        log(f"{who} asked to requeue the job (scontrol requeue): trebuchet requeues it")
+        limit = f"time limit: {self.sig} sent, " if self.warned else ""
+        self.requeue(f"{limit}requeued at the job's request ({who}: scontrol requeue)",
+                     "TIMEOUT" if self.warned else "FAILED")  # fmt: skip
+
+    def requeue(self, why: str | None = None, state: str = "TIMEOUT") -> None:
         """Nodes: a new allocation (and time limit) for the next attempt, same job id;
-        returns only when Slurm refused it."""
+        returns only when Slurm refused it. `why`: the attempt's reason (default: the
+        time limit's requeue)."""
         self.requeued = True
         self.attempt_json(
-            "TIMEOUT",
-            f"time limit: {self.sig} sent, job requeued for attempt {self.attempt + 2}",
+            state,
+            why or f"time limit: {self.sig} sent, job requeued for attempt {self.attempt + 2}",
             now(),
             "batch",
         )
         log(f"requeueing job {self.job_id} for attempt {self.attempt + 2}")
-        if subprocess.run(["scontrol", "requeue", self.job_id]).returncode == 0:
+        if subprocess.run([self.scontrol, "requeue", self.job_id]).returncode == 0:
             self._sleep(REQUEUE_WAIT_S)  # Slurm ends this step; the next start goes on
             sys.exit(0)
         self.requeued = False
@@ -501,9 +594,10 @@ class Controller:
             out = []
         steps = [s for s in out if re.fullmatch(r"\d+\.\d+", s)]
         name = signal.Signals(sig).name[3:]
-        for step in steps:
-            subprocess.run(["scancel", f"--signal={name}", step], stderr=subprocess.DEVNULL,
-                           timeout=60)  # fmt: skip
+        for step in steps:  # not waited for: slurmctld answers only once every node did
+            # (MessageTimeout, 10 s, for a node that is gone); reaped in _tick
+            self.scancels.append(subprocess.Popen(["scancel", f"--signal={name}", step],
+                                                  stderr=subprocess.DEVNULL))  # fmt: skip
         if not steps and self.step is not None:  # srun forwards it to every task
             with contextlib.suppress(OSError):
                 self.step.send_signal(sig)
@@ -604,6 +698,7 @@ class Controller:
             )
         except (OSError, subprocess.SubprocessError):
             return self.die("scontrol show hostnames failed")
+        self.hosts = hosts
         # The first node is the master; the port comes from the job id (the contract's
         # formula), so two jobs sharing a node do not collide. The spec's env wins.
         ours = {
@@ -622,7 +717,18 @@ class Controller:
         for name, value in ours.items():
             if name not in job["spec_env"]:
                 os.environ[name] = value
+        self.scontrol = selfrequeue.install(self.run_dir)  # a rank's requeue comes here
         return None
+
+    def open_link(self) -> None:
+        """The agents' line to this process (agent_link), through the steps' environment;
+        without it (no socket here) the attempts end when srun says so."""
+        try:
+            self.link = agent_link.Hub(self.lc.wake_w)
+        except OSError as exc:
+            log(f"no agent link ({exc}): each attempt waits for its srun step's end")
+            return
+        os.environ[agent_link.ENV] = self.link.address(os.uname().nodename)
 
     def run(self) -> int:
         self.install_signals()
@@ -631,10 +737,24 @@ class Controller:
             code = self.setup()
         if code is not None:
             return code
+        if not self.job.get("inline"):
+            self.open_link()
         state = self.lc.run(first=self.attempt)
+        for step in [*self.finishing, *self.scancels]:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                step.wait(timeout=30)
         if self.terminating:
             return 143
         return 0 if state == "SUCCEEDED" else 1
+
+
+def step_tasks(srun_args: list[str]) -> int:
+    """The tasks of an srun step (its --ntasks); 0 when not said (no early end then)."""
+    for arg in srun_args:
+        if arg.startswith("--ntasks="):
+            with contextlib.suppress(ValueError):
+                return int(arg.split("=", 1)[1])
+    return 0
 
 
 def settings(job: JobFile, run_dir: str) -> lifecycle.Settings:

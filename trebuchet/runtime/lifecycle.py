@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from os import PathLike
 
     from .contracts import FirstFailure, Hang, LogPolicy
+    from .notify import Notifier
 
 # What follows an attempt
 RETRY = "retry"  # another attempt, here and now
@@ -144,6 +145,7 @@ class Ending(NamedTuple):
     hung: bool = False  # the nodes' own hang watch stopped it (engines whose nodes watch)
     limit_near: bool = False  # the engine's own time limit is near (Slurm's warning)
     engine_ended: bool = False  # the engine is ending the job: no record, no next attempt
+    final: bool = False  # no next attempt can help (a lost node and no spare): the run ends
 
 
 class Nodes(Protocol):
@@ -237,6 +239,7 @@ class JobController:
         self.first_failure: FirstFailure | None = None  # this attempt's root cause
         self.failed = False  # a process failed on its own (its cause may come later)
         self.hang: Hang | None = None  # this attempt's hang, when it stops it
+        self.idle_stop = False  # idle_gpu_action fail stopped this attempt (runtime/gpu.py)
         self.hang_stop_at: float | None = None  # on_hang retry: the teardown, after grace
         self.warned = False  # the timeout's warning was sent in this attempt
         self.warned_stop = False  # a rank died of the checkpoint signal after it
@@ -244,6 +247,7 @@ class JobController:
         self.ending = Ending("FAILED", None)  # the last attempt's
         # the log policies' search, started while an attempt runs (off a retry's path)
         self.matcher = policies.Matcher() if settings.log_policies else None
+        self.notifier = notifier(settings.run_dir)  # the spec's webhooks, or None
         self.wake_r, self.wake_w = os.pipe()  # signal handlers' wake-up (set_wakeup_fd)
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
@@ -289,6 +293,8 @@ class JobController:
         finally:
             if self.matcher is not None:
                 self.matcher.close()
+            if self.notifier is not None:  # the run's end waited for it; else (an error) not
+                self.notifier.close(wait=0.0)
 
     def _run(self, first: int) -> str:
         state = "FAILED"
@@ -312,6 +318,12 @@ class JobController:
         if code is None:
             code = self.nodes.exit_code()
         self.records.run_ended(state, cause, code)
+        if self.notifier is not None:  # the webhooks, once the state is recorded; bounded
+            from .notify import cause_text
+
+            why = cause_text(cause) or (self.ending.reason or "")
+            self.notifier.event(state.lower(), state, why, exit_code=code)
+            self.notifier.close()
         return state
 
     def next_action(self, state: str, attempt: int) -> str:
@@ -322,7 +334,8 @@ class JobController:
             state, attempt, self.settings.retries, self.settings.log_policies,
             self.nodes.logs(attempt, cause) if state == "FAILED" else [], self.granted,
             on_hang=self.settings.on_hang if self.hang is not None else None,
-            cancelled=self.cancel_signal is not None or self.ending.engine_ended,
+            cancelled=(self.cancel_signal is not None or self.ending.engine_ended
+                       or self.ending.final or self.idle_stop),
             limit_near=self.ending.limit_near, matcher=self.matcher,
         )  # fmt: skip
         if decision.policy is not None:
@@ -336,21 +349,30 @@ class JobController:
     def run_attempt(self, attempt: int) -> str:
         self.attempt = attempt
         self.first_failure, self.failed, self.hang, self.hang_stop_at = None, False, None, None
+        self.idle_stop = False
         self.warned = self.warned_stop = False
         started, clock_start = time.time(), time.monotonic()  # the record's; the timeout's
         self.records.attempt_started(attempt, started, **self.nodes.attempt_facts(attempt))
+        if self.notifier is not None:
+            if attempt == 0:
+                self.notifier.event("started", "RUNNING", attempt=0)
+            self.notifier.attempt(attempt, self.attempt_dir(attempt))
         self.ending = Ending("FAILED", "pre")
         if not self.nodes.pre_post("pre", attempt):
             self.records.attempt_stopped(attempt, "FAILED", "pre")
             return "CANCELLED" if self.cancel_signal is not None else "FAILED"
         self.nodes.start(attempt)
         reason = self.watch(attempt, started, clock_start)
+        if self.notifier is not None:
+            self.notifier.end_attempt()
         self.nodes.after(attempt, reason)
         if not self.nodes.pre_post("post", attempt) and reason is None:
             reason = "post"
         end = self.ending = self.nodes.ending(attempt, reason)
         if end.hung:
             self.hang = {}  # the nodes' own hang watch stopped it (their hang.json says it)
+            if self.notifier is not None:  # known here only now (ssh: the hosts watch)
+                self.notifier.event("hung", "RUNNING", end.reason or "hang", attempt=attempt)
         if not end.engine_ended:
             self.records.attempt_ended(attempt, end.state, end.reason)
         return end.state
@@ -363,6 +385,9 @@ class JobController:
         reason: str | None = "failure" if self.failed else None
         clock = AttemptClock(clock_start, s.timeout, s.warning)
         watch = None
+        from .gpu import idle_watch  # idle GPUs: None unless the spec asks
+
+        idle = idle_watch(s.run_dir, self.attempt_dir(attempt), started)
         if s.hang_timeout:
             from .hang import HangWatch, expected_names
 
@@ -377,6 +402,9 @@ class JobController:
                 if reason is None and (self.failed or self.cancel_signal is not None):
                     reason = "failure" if self.failed else "cancel"
                 return reason
+            if reason is None and idle is not None and idle.step(self.records, attempt):
+                reason, self.idle_stop = "idle_gpu", True
+                self.stop()
             if reason is None and watch is not None:
                 found = watch.step()
                 if found is not None and self.on_hang(attempt, found):
@@ -425,6 +453,11 @@ class JobController:
                            last_progress=info["last_progress"], detected_at=info["detected_at"],
                            stacks=len(info["stacks"]))  # fmt: skip
         self.records.hang(attempt, info, action)
+        if self.notifier is not None:
+            from .hang import describe
+
+            self.notifier.event("hung", "RUNNING", describe(info), attempt=attempt,
+                                action=action)  # fmt: skip
         if action == "warn":
             return False
         self.hang = info
@@ -445,6 +478,19 @@ class JobController:
                 pass
         except BlockingIOError:
             pass
+
+
+def notifier(run_dir: str) -> Notifier | None:
+    """The notifier of the spec's `notify:` webhooks (its spec.json, written at submission
+    on every engine); None without any, and then runtime/notify.py is not even imported."""
+    from .records import read_json
+
+    spec = read_json(os.path.join(run_dir, "spec.json"))
+    if not isinstance(spec, dict) or not spec.get("notify"):
+        return None
+    from .notify import Notifier
+
+    return Notifier(os.path.abspath(run_dir), spec)
 
 
 def signal_name(signum: int) -> str:

@@ -340,14 +340,23 @@ class Metrics:
 CONFIG_FILE = "metrics.json"  # in the run directory, written at submission
 
 
-def hook(adir: str) -> Metrics | None:
-    """The agent's on_line for an attempt directory: the run's `metrics.json` (absent or
-    unreadable: the defaults, rank 0); None when the spec turned metrics off."""
+def read_config(adir: str) -> dict[str, Any] | None:
+    """The run's `metrics.json` beside an attempt directory (also what the agent's other
+    readers take: progress.py's ETA, gpu.py); None when absent or unreadable."""
     try:
         with open(os.path.join(os.path.dirname(adir.rstrip("/")), CONFIG_FILE)) as fh:
             data = json.load(fh)
     except (OSError, ValueError):
-        data = None
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def hook(adir: str, data: dict[str, Any] | None = None) -> Metrics | None:
+    """The agent's on_line for an attempt directory: the run's `metrics.json` (`data`,
+    else read here; absent or unreadable: the defaults, rank 0); None when the spec turned
+    metrics off."""
+    if data is None:
+        data = read_config(adir)
     try:
         config = Config.from_json(data if isinstance(data, dict) else None)
     except (TypeError, ValueError, re.error):

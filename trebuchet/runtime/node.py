@@ -123,6 +123,7 @@ def node_procs(
         for rank, local in ranks:
             renv = dict(env)
             renv.update(contract.rank_vars(rank, local, node, nnodes, ppn))
+            renv.update(contract.elastic_vars(job["run_id"], int(job.get("max_attempts", 1)) - 1))
             procs.append(Proc(f"rank-{rank}", f"{node}:{local}", cmd, renv, rank, node, local))
         return procs, rank_streams
     if launcher == "torchrun":

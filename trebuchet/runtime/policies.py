@@ -120,7 +120,10 @@ class Matcher:
     """The child interpreter that searches the logs, one JSON request and answer a line.
     The job controller starts it while an attempt runs (`start`), so that a retry does not
     wait for a fresh interpreter (~40 ms); one that does not answer in time is killed and
-    the next search starts another. It ends with its stdin: when the controller does."""
+    the next search starts another. It ends with its stdin: when the controller does.
+    SERVE: the child's function (notify.py's log watch serves its own requests)."""
+
+    SERVE = (__name__, "_serve")
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
@@ -132,7 +135,7 @@ class Matcher:
     def start(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             self.proc = subprocess.Popen(
-                procs.python_s(__name__, "_serve"), stdin=subprocess.PIPE,
+                procs.python_s(*self.SERVE), stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             )  # fmt: skip
 

@@ -143,11 +143,19 @@ def cause(
 
 def first_failure(records: list[Outcome]) -> FirstFailure | None:
     """The earliest non-zero outcome that was not a cascade (a process stopped by its
-    launcher, the teardown or the engine); a rank's record before a node agent's."""
+    launcher, the teardown or the engine); a rank's record before a node agent's; a lost
+    node before all (its peers' ranks fail because it is gone)."""
     failed = [
         r for r in records
         if r.get("exit_code") not in (None, 0) and not r.get("stopped_by_launcher")
     ]  # fmt: skip
     if not failed:
         return None
-    return min(failed, key=lambda r: (r.get("rank") is None, r.get("ended_at") or 0.0))
+    return min(
+        failed,
+        key=lambda r: (
+            r.get("label") != "node_lost",
+            r.get("rank") is None,
+            r.get("ended_at") or 0.0,
+        ),
+    )

@@ -16,9 +16,10 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import contract, procs
+from . import agent_link, contract, procs
 from .agent import STOP_EXIT_CODES, Agent, Proc
-from .records import read_json, write_text
+from .records import read_json, write_bytes, write_text
+from .regular import open_regular
 
 if TYPE_CHECKING:
     from .contracts import JobFile
@@ -103,10 +104,17 @@ def slurm_teardown(adir: str, label: str) -> None:
 
 
 def slurm_task(job: JobFile) -> int:
-    """One task of the ranks' srun step."""
+    """One task of the ranks' srun step, on the line to its controller (agent_link: its
+    heartbeat while it runs, its end once its records are written)."""
+    task = os.environ.get("SLURM_PROCID", "?")
+    host = os.environ.get("SLURMD_NODENAME") or os.uname().nodename  # Slurm's name for it
+    link = agent_link.open_link(_int_env("TREB_ATTEMPT"), task, host)
     agent = slurm_agent(job)
     agent.install_signals()
-    return agent.run()
+    code = agent.run()
+    if link is not None:
+        link.ended(code)
+    return code
 
 
 def slurm_agent(job: JobFile, inline: bool = False) -> Agent:
@@ -126,6 +134,8 @@ def slurm_agent(job: JobFile, inline: bool = False) -> Agent:
     if launcher == "native":
         rank, local = _int_env("SLURM_PROCID"), _int_env("SLURM_LOCALID")
         env.update(contract.rank_vars(rank, local, node, nnodes, ppn))
+        # srun is the launcher here: no TORCHELASTIC_RUN_ID (contract.elastic_vars)
+        env.update(contract.elastic_vars(None, int(job.get("max_attempts", 1)) - 1))
         proc = Proc(f"rank-{rank}", f"{node}:{local}", cmd, env, rank, node, local)
     elif launcher == "torchrun":
         proc = torchrun_proc(env, node, nnodes, ppn, worker, cmd)
@@ -169,6 +179,7 @@ def torchrun_proc(
         env["MASTER_ADDR"],
         "--master_port",
         env["MASTER_PORT"],
+        *(["--rdzv-id", env["TREB_RUN_ID"]] if env.get("TREB_RUN_ID") else []),
         "--no-python",
         *worker,
         "--",
@@ -324,7 +335,21 @@ def worker(args: list[str]) -> int:
         stopped_elsewhere=elsewhere,
     )
     agent.install_signals()
-    return agent.run()
+    theirs = env.get("TORCHELASTIC_ERROR_FILE")  # torchrun's path: the agent sets ours
+    code = agent.run()
+    hand_error_file(contract.error_file(adir, proc.name), theirs)
+    return code
+
+
+def hand_error_file(ours: str, theirs: str | None) -> None:
+    """A torchrun worker's @record error file, written where treb reads it, copied to the
+    path torchrun gave the worker, so that torchrun's own failure report quotes it too."""
+    if not theirs or theirs == ours:
+        return
+    with contextlib.suppress(OSError):
+        with open_regular(ours) as src:  # a FIFO the rank left there never blocks
+            data = src.read(1 << 20)
+        write_bytes(theirs, data, durable=False)
 
 
 def deliver(job: JobFile, sig_name: str) -> int:

@@ -74,9 +74,11 @@ def expand_tree(
             errors += errs
         return items, errors
     if isinstance(data, str) and "${" in data:
-        # Secrets may be referenced from env values only, where they resolve at launch.
+        # Secrets may be referenced from env values only, where they resolve at launch,
+        # and as a webhook's URL, resolved when it is sent (runtime/notify.py).
+        defer = path[:1] == ("env",) or (path[:1] == ("notify",) and path[-1:] == ("url",))
         try:
-            return expand_text(data, environ, secrets, defer=path[:1] == ("env",)), errors
+            return expand_text(data, environ, secrets, defer=defer), errors
         except ExpandError as exc:
             return data, [(path, str(exc))]
     return data, errors

@@ -35,6 +35,9 @@ class LoadedSpec:
     located: Located | None = None
     # The resolved spec as YAML with a placeholder for the workdir (resolved.py).
     resolved: str | None = None
+    # `--after`: the runs it waits for (store/after.py), set by the runner; an engine's
+    # check refuses what it cannot wait for, its render and submit say how it waits.
+    after: list[dict[str, Any]] | None = None
 
     @property
     def source(self) -> str:
@@ -76,10 +79,12 @@ def not_a_spec(p: Path) -> str | None:
     lines = [f"name: {default_name(p)}", f"command: {program} {shlex.quote(p.name)}",
              "nodes: 1", "procs_per_node: 1"]  # fmt: skip
     body = "\n".join(f"    {line}" for line in lines)
+    now = shlex.join([p.name] if program == "python" else ["--", program, p.name])
     return (
         f"{p} is {what}, not a spec: treb runs a YAML spec that says how to start it. "
         f"The smallest one, saved as {spec} next to it:\n{body}\n"
-        f"  then: treb run {shlex.quote(str(spec))} (docs/spec.md lists every field)"
+        f"  then: treb run {shlex.quote(str(spec))} (docs/spec.md lists every field)\n"
+        f"  or run it without a spec, from its folder: treb run -n 2 {now}"
     )
 
 

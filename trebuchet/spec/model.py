@@ -22,6 +22,7 @@ from trebuchet.runtime.contract import NODE_NAMES, RANK_NAMES
 from trebuchet.spec.duration import ALLOWED as DURATION_ALLOWED
 from trebuchet.spec.duration import parse_duration, parse_size
 from trebuchet.spec.facts import EnvironmentFacts, SpecFacts
+from trebuchet.spec.notify import MAX_HOOKS, Webhook
 from trebuchet.spec.sweep import MAX_SWEEP_POINTS
 
 NAME_RE = r"^[a-z0-9][a-z0-9._-]*$"
@@ -202,6 +203,28 @@ class MetricsSpec(Block):
                 raise ValueError(f"{p!r} has no named group, e.g. (?P<loss>[0-9.]+)")
         return v
 
+    progress: str | None = allowed(
+        "a regular expression with the named groups step and (optional) total",
+        "the first rank's progress: a matching line gives step and total "
+        "(tqdm bars, `step N/M` and the HuggingFace Trainer are read without it)",
+        default=None, max_length=1000,
+    )  # fmt: skip
+
+    @field_validator("progress")
+    @classmethod
+    def _progress(cls, v: str | None) -> str | None:
+        import re
+
+        if v is None:
+            return v
+        try:
+            rx = re.compile(v.encode())
+        except re.error as exc:
+            raise ValueError(f"{v!r} is not a valid regular expression: {exc}") from None
+        if "step" not in rx.groupindex:
+            raise ValueError(f"{v!r} has no group named step, e.g. (?P<step>\\d+)/(?P<total>\\d+)")
+        return v
+
 
 class MlflowTracking(Block):
     """An MLflow tracking server (docs/tracking.md)."""
@@ -353,11 +376,28 @@ class Spec(Block, SpecFacts):
         "(off by default; docs/hangs.md)",
         default=None,
     )
+    node_timeout: Duration = allowed(
+        DURATION_ALLOWED,
+        "a node is lost when its agents stay silent this long (their heartbeat: every 2 s); "
+        "the attempt then ends with node_lost and the node's name (Slurm; docs/recovery.md)",
+        default=10.0,
+    )
     on_hang: Literal["fail", "retry", "warn"] = allowed(
         "one of fail, retry, warn",
         "on a hang, after the stacks of every rank: fail the run (reason hang), retry it "
         "(checkpoint signal, then teardown; counts against retries), or warn and go on",
         default="fail",
+    )
+    idle_gpu_timeout: Duration | None = allowed(
+        DURATION_ALLOWED,
+        "the GPUs are idle when none was busy (> 5% utilisation) for this long; needs "
+        "gpus_per_node (off by default; docs/metrics.md)",
+        default=None,
+    )
+    idle_gpu_action: Literal["warn", "fail"] = allowed(
+        "one of warn, fail",
+        "on idle GPUs: say so and go on, or fail the run (reason idle_gpu)",
+        default="warn",
     )
     checkpoint_signal: str = allowed(
         "one of " + ", ".join(CHECKPOINT_SIGNALS),
@@ -412,6 +452,11 @@ class Spec(Block, SpecFacts):
         "a list of preflight finding ids", "silence these `treb check` findings",
         default_factory=list,
     )  # fmt: skip
+    notify: list[Webhook] = allowed(
+        "a list of {url, on, secret} mappings",
+        "webhooks told of the run's start, end, hang and log patterns (docs/notify.md)",
+        default_factory=list, max_length=MAX_HOOKS,
+    )  # fmt: skip
 
     @field_validator("command", mode="before")
     @classmethod
@@ -443,10 +488,18 @@ class Spec(Block, SpecFacts):
                 raise ValueError(f"more than {MAX_SWEEP_POINTS} points in the cross product")
         return v
 
-    @field_validator("timeout", "timeout_warning", "grace_period", "hang_timeout", mode="before")
+    @field_validator("timeout", "timeout_warning", "grace_period", "hang_timeout",
+                     "idle_gpu_timeout", "node_timeout", mode="before")  # fmt: skip
     @classmethod
     def _duration(cls, v: Any) -> Any:
         return None if v is None else parse_duration(v)
+
+    @field_validator("node_timeout")
+    @classmethod
+    def _node_timeout(cls, v: float) -> float:
+        if v < 5:  # two missed heartbeats and a margin: less would lose busy nodes
+            raise ValueError("must be at least 5s (the agents' heartbeat is every 2s)")
+        return v
 
     @field_validator("snapshot_max_size")
     @classmethod

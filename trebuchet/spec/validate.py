@@ -246,7 +246,8 @@ def _problems(exc: ValidationError, located: Located, raw: dict, top: type[BaseM
             detail = str(err["msg"]).removeprefix("Value error, ")
             if etype == "value_error" and not detail.startswith("bad ") and detail not in what:
                 hint += f" ({detail})"
-            problems.append(f"{where}: {field}: must be {what}, got {_show(got)}{hint}")
+            shown = "a value not shown" if path and path[-1] == "secret" else _show(got)
+            problems.append(f"{where}: {field}: must be {what}, got {shown}{hint}")
     return problems
 
 

@@ -86,6 +86,8 @@ class _Builder:
             key = self.scalar(key_node, key_line) if isinstance(key_node, yaml.ScalarNode) else None
             if not isinstance(key, (str, int, float, bool)):
                 raise _Problem(key_line, "keys must be plain names")
+            if isinstance(key, bool):  # YAML 1.1 reads `on:`/`yes:` as true: a key is a name
+                key = str(key_node.value)
             key = key if isinstance(key, str) else str(key)
             if key in out:
                 raise _Problem(key_line, f"{key}: duplicate key")

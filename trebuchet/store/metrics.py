@@ -113,7 +113,8 @@ def files(run_dir: str) -> list[tuple[str, int]]:
             continue
         for name in names:
             stem, _, num = name.removesuffix(".jsonl").partition("-")
-            if name.endswith(".jsonl") and stem in ("rank", "node") and num.isdigit():
+            # gpu-<node>: the node's GPU samples (runtime/gpu.py; the rank column: the node)
+            if name.endswith(".jsonl") and stem in ("rank", "node", "gpu") and num.isdigit():
                 out.append((f"{attempt}/metrics/{name}", int(num)))
     return out
 

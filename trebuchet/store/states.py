@@ -35,6 +35,8 @@ def describe_failure(ff: FirstFailure | None) -> str:
         return f"the environment build failed: {ff.get('message', '')}".rstrip(": ")
     if label == "disk":  # the supervisor could not write the run's records
         return f"the run was stopped: {ff.get('message')}"
+    if label == "node_lost":  # its agents fell silent (runtime/agent_link.py)
+        return f"{ff.get('message')} (attempt {int(ff.get('attempt') or 0) + 1})"
     if label == "setup":  # a node's setup failed before any rank started
         return f"{ff.get('message') or 'the setup failed'} (no rank started)"
     if ff.get("rank") is not None:

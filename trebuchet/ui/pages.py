@@ -108,11 +108,12 @@ def runs_page(store: Store, q: dict[str, str]) -> str:
         f"<td>{r.attempt + 1}/{r.max_attempts}</td><td>{when(r.created_at)}</td>"
         f"<td>{e(_duration(r))}</td><td>{_sweep_link(r.sweep_id)}</td>"
         f"<td>{e((r.git_commit or '')[:10])}</td>"
+        f"<td class='progress'>{_progress(r) if r.active else '-'}</td>"
         for r in rows
     ]
     heads = [head("created", "id"), head("name", "name"), head("state", "state"),
              head("backend", "engine"), "shape", "attempt", head("created", "created"),
-             head("duration", "duration"), "sweep", "commit"]  # fmt: skip
+             head("duration", "duration"), "sweep", "commit", "progress"]  # fmt: skip
     thead = "".join(f"<th>{h}</th>" for h in heads)
     tbody = "".join(f'<tr data-run="{e(r.id)}">{b}</tr>' for r, b in zip(rows, body, strict=True))
     pages = (total + PAGE_SIZE - 1) // PAGE_SIZE
@@ -224,6 +225,47 @@ def _spec_text(run_dir: Path) -> str:
     return text[:SPEC_MAX] + ("\n[treb: cut at 256 KiB]" if len(text) > SPEC_MAX else "")
 
 
+def _progress(rec: RunRecord) -> str:
+    """`45% 450/1000, ETA 12s` as `treb ps` and `treb top` say it (cli/progress.py), with
+    the figures as data attributes; `-` when the run prints none."""
+    from trebuchet.cli.progress import eta_text, progress_of, progress_text
+
+    p = progress_of(rec)
+    if not p or p.get("step") is None:
+        return "-"
+    attrs = "".join(f' data-{k.replace("_", "-")}="{e(p[k])}"' for k in p if p[k] is not None)
+    eta = eta_text(p)
+    text = progress_text(p) + ("" if eta == "-" else f", ETA {eta}")
+    frac = p.get("fraction")
+    bar = (f'<progress max="1" value="{float(frac):.4f}"></progress> ' if frac is not None
+           else "")  # fmt: skip
+    return f"<span class='run-progress'{attrs}>{bar}{e(text)}</span>"
+
+
+def _gpus(rec: RunRecord) -> str:
+    """The latest sample of each GPU of the current attempt (runtime/gpu.py), a table."""
+    from trebuchet.cli.progress import gpu_use
+
+    rows = gpu_use(rec)
+    if not rows:
+        return ""
+    body = []
+    for r in rows:
+        if "error" in r:
+            body.append(f"<tr data-node='{e(r['node'])}'><td>{e(r['node'])}</td>"
+                        f"<td colspan='3' class='bad'>{e(r['error'])}</td></tr>")  # fmt: skip
+            continue
+        util = "?" if r.get("util") is None else f"{float(r['util']):.0f}%"
+        mem = "?" if r.get("mem") is None else f"{float(r['mem']):.0f}"
+        total = "" if r.get("mem_total") is None else f" / {float(r['mem_total']):.0f}"
+        body.append(f"<tr class='gpu' data-node='{e(r['node'])}' data-index='{e(r['index'])}' "
+                    f"data-util='{e(r.get('util'))}'><td>{e(r['node'])}</td><td>{e(r['index'])}"
+                    f"</td><td>{e(util)}</td><td>{e(mem + total)} MiB</td></tr>")  # fmt: skip
+    return ("<h2>GPUs</h2><table id='gpus'><thead><tr><th>node</th><th>GPU</th>"
+            f"<th>utilisation</th><th>memory</th></tr></thead><tbody>{''.join(body)}</tbody>"
+            "</table>")  # fmt: skip
+
+
 def series(points: dict[str, list[tuple[float, float, float]]]) -> dict[str, dict[str, list]]:
     """Store.metrics' series as the charts take them: {name: {x: steps, y: values}}."""
     return {n: {"x": [p[0] for p in pts], "y": [p[1] for p in pts]} for n, pts in points.items()}
@@ -331,6 +373,7 @@ def run_page(store: Store, rec: RunRecord, csrf: str) -> str:
             else "-",
         ),  # fmt: skip
         ("run dir", e(rec.run_dir)),
+        ("progress", _progress(rec)),
     ]
     if rec.sweep_id:
         facts.append(("sweep", _sweep_link(rec.sweep_id) + f" {e(rec.params)}"))
@@ -381,7 +424,7 @@ def run_page(store: Store, rec: RunRecord, csrf: str) -> str:
         f"<div class='actions'>{''.join(actions)}</div><dl class='facts'>{dl}</dl>"
         f"{failure}{diagnosis}{hang}"
         f"<h2>Attempts</h2><div id='timeline'>{_timeline(rec, attempts, procs, stuck)}</div>"
-        f"<h2>Logs</h2>{logs}<h2>Metrics</h2>{charts}"
+        f"{_gpus(rec)}<h2>Logs</h2>{logs}<h2>Metrics</h2>{charts}"
         f"<h2>Results</h2>{_results(store, rec)}"
         f"<h2>Resolved spec</h2><pre id='spec'>{e(_spec_text(run_dir))}</pre>"
     )

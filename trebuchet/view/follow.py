@@ -61,8 +61,10 @@ class Follower:
         prefix: Callable[[str], bytes] | None = None,
         skip_over: int | None = None,
         redraw: bool = False,
+        sink: Callable[[str, list[bytes]], None] | None = None,
     ) -> None:
         self.out: Out = out or sys.stdout.buffer
+        self.sink = sink  # instead of printing: (label, lines), e.g. dedup.py's grouping
         self.redraw = redraw  # \r overwrites (lines.Splitter): the live view's progress bars
         self.tails: dict[Path, _Tail] = {}
         self.prefix = prefix or (lambda label: f"[{label}] ".encode())
@@ -160,7 +162,9 @@ class Follower:
             t.noted_at = time.monotonic() if now is None else now
 
     def _write(self, t: _Tail, lines: list[bytes]) -> None:
-        if lines:
+        if lines and self.sink is not None:
+            self.sink(t.label, lines)
+        elif lines:
             pre = self.prefix(t.label)
             self.out.write(pre + (b"\n" + pre).join(lines) + b"\n")
 

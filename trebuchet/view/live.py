@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from trebuchet.runtime.lines import inert
+from trebuchet.view.dedup import Dedup, key_of
 from trebuchet.view.follow import Follower, Out
 
 POLL_S = 0.05
@@ -54,14 +55,21 @@ class View:
                  skip_over: int = SKIP_OVER) -> None:  # fmt: skip
         self.out: Out = out or FdOut(sys.stdout.fileno())
         self.err: Out = err or FdOut(sys.stderr.fileno())
+        # TREB_DEDUP=1: a line several ranks print about together, once ([0-3] ...)
+        self.grouped = Dedup(self.out, []) if os.environ.get("TREB_DEDUP") == "1" else None
+        sink = self._grouped if self.grouped is not None else None
         # only the thread touches it; \r progress bars show their latest state
-        self.follower = Follower(self.out, skip_over=skip_over, redraw=True)
+        self.follower = Follower(self.out, skip_over=skip_over, redraw=True, sink=sink)
         self._inbox: queue.SimpleQueue[tuple[str, str, Path | None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._closing = False
         self.broken = False  # the terminal went away (closed pipe): the run goes on
         self._thread = threading.Thread(target=self._run, name="treb-view", daemon=True)
         self._thread.start()
+
+    def _grouped(self, key: str, lines: list[bytes]) -> None:
+        assert self.grouped is not None
+        self.grouped.add(key, lines, time.monotonic())
 
     def add(self, label: str, path: Path) -> None:
         """Show this log from now on (a log already shown is ignored)."""
@@ -92,9 +100,13 @@ class View:
                 if closing:
                     self.follower.skip_over = SKIP_AT_END
                     self.follower.close()
+                    if self.grouped is not None:
+                        self.grouped.flush(time.monotonic(), final=True)
                     return
                 t0 = time.thread_time()  # CPU, not waiting on a slow terminal
                 self.follower.pump()
+                if self.grouped is not None:
+                    self.grouped.flush(time.monotonic())
                 busy = time.thread_time() - t0
                 self._wake.wait(max(POLL_S, busy * REST_PER_BUSY))
                 self._wake.clear()
@@ -107,8 +119,13 @@ class View:
                 kind, text, path = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if kind == "add" and path is not None:
+            if kind == "add" and path is not None and self.grouped is not None:
+                self.grouped.know(key_of(path))  # grouped by rank, labelled [0-3]
+                self.follower.add(key_of(path), path)
+            elif kind == "add" and path is not None:
                 self.follower.add(text, path)
             elif kind == "say":
                 self.follower.pump()
+                if self.grouped is not None:
+                    self.grouped.flush(time.monotonic(), final=True)
                 self.err.write(b"treb: " + inert(text.encode(errors="replace")) + b"\n")

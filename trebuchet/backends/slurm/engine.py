@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trebuchet.backends.base import Backend, SpecPoint, SubmissionPoint, Submitted, SweepSubmitted
+from trebuchet.backends.slurm import dependency
 from trebuchet.backends.slurm import state as st
 from trebuchet.backends.slurm.script import CONTROL, problems, render_all, write_job
 from trebuchet.envs.build import BuildError, ensure, missing_tool
@@ -85,6 +86,8 @@ class SlurmBackend(Backend):
         why = self._missing_tool(loaded)
         if why:
             raise UserError(why)
+        if loaded.after:
+            dependency.refuse(loaded.after)
         if not shutil.which("sbatch"):
             raise UserError(
                 "--on slurm: sbatch is not on PATH (run treb where Slurm's commands work, "
@@ -145,7 +148,11 @@ class SlurmBackend(Backend):
                 "found, and `treb run --on slurm` refuses until this host has it\n"
             )
         placeholder = runs_dir() / "RUN_ID"
-        return render_all(loaded.spec, loaded.workdir, "RUN_ID", placeholder, self.recipe(loaded))
+        if loaded.after:
+            dependency.refuse(loaded.after)
+        deps = dependency.sbatch_lines(loaded.after or [])
+        return render_all(loaded.spec, loaded.workdir, "RUN_ID", placeholder, self.recipe(loaded),
+                          deps)  # fmt: skip
 
     def preflight(self, ctx: Context) -> list[Finding]:
         from trebuchet.backends.slurm.checks import CHECKS
@@ -183,7 +190,11 @@ class SlurmBackend(Backend):
         if recipe:  # built (or reused) before the job is queued; the nodes use it in place
             self.build_environment(sub, recipe)
         spec, workdir = sub.loaded.spec, sub.loaded.workdir
-        path = write_job(spec, workdir, sub.record.id, sub.run_dir, recipe)
+        deps = self._dependencies(sub)
+        if deps is None:
+            return Submitted(sub.record.id, CANCELLED)
+        path = write_job(spec, workdir, sub.record.id, sub.run_dir, recipe,
+                         dependency.sbatch_lines(deps))  # fmt: skip
         job_id = self._sbatch(sub, path)
         sub.store.update_run(sub.record.id, backend_id=job_id, host=hostname())
         append_event(sub.run_dir, "sbatch", job_id=job_id, backend_id=job_id)
@@ -194,6 +205,22 @@ class SlurmBackend(Backend):
         state = self._attach(sub.store, rec)
         rec = sub.store.get(sub.record.id) or rec
         return Submitted(rec.id, state, rec.exit_code, self.cancel_signal)
+
+    def _dependencies(self, sub: Submission) -> list[dict[str, Any]] | None:
+        """--after: the Slurm jobs the job still waits for (those that ended are decided
+        now, as Slurm forgets finished jobs); None when one already ended otherwise than
+        asked: the run is recorded CANCELLED with the reason, and nothing is submitted."""
+        deps = sub.loaded.after or []
+        if not deps:
+            return []
+        active = [r for d in deps if (r := sub.store.get(d["run"])) is not None and r.active]
+        if active:
+            self.refresh(sub.store, active)
+        left, why = dependency.still_waiting(sub.store, deps)
+        if why:
+            lifecycle.ended(sub.store, sub.record.id, CANCELLED, why, attempt=0, waiting=None)
+            print(f"treb: run {sub.record.id} not submitted: {why}", file=sys.stderr)
+        return None if why else left
 
     def build_environment(self, sub: Submission, recipe: Recipe) -> None:
         """Build (or reuse) a run's venv or conda env here, before its job is queued; a
@@ -286,6 +313,12 @@ class SlurmBackend(Backend):
 
         if rec.waiting and rec.waiting.get("reason") == info.reason.strip():
             return rec.waiting
+        if info.reason.strip() == "Dependency":  # --after: the runs it waits for, by name
+            from trebuchet.store import after
+
+            deps = after.read(rec.run_dir)
+            if deps:
+                return {**after.waiting(deps), "source": "slurm", "reason": "Dependency"}
         facts = None
         if why.needs_facts(info.reason):
             if info.partition not in self._partitions:
@@ -320,6 +353,10 @@ class SlurmBackend(Backend):
             state, reason = CANCELLED, result.get("reason")  # treb cancel: whatever Slurm says
         if state == CANCELLED and files.result is None and marker.exists():
             reason = "cancelled (treb cancel) before the job started"
+        elif files.result is None and not files.attempts:
+            why = self._dependency_failed(store, rec)
+            if why:  # Slurm ended it: --kill-on-invalid-dep
+                state, reason = CANCELLED, why
         last = files.last_attempt
         now = time.time()
         ff = None
@@ -339,6 +376,19 @@ class SlurmBackend(Backend):
                  "started_at": rec.started_at or started, "waiting": None}  # fmt: skip
         lifecycle.record(store, rec.id, "run_ended", index, reason=reason, known=rec,
                          time=result.get("ended_at") or now, state=state)  # fmt: skip
+
+    def _dependency_failed(self, store: Store, rec: RunRecord) -> str | None:
+        """Why a job that never started can never start: a run it waited for (--after)
+        ended otherwise than asked (`dependency RUN failed`); None when none did."""
+        from trebuchet.store import after
+
+        deps = after.read(rec.run_dir)
+        if not deps:
+            return None
+        active = [r for d in deps if (r := store.get(d["run"])) is not None and r.active]
+        if active:
+            self.refresh(store, active)
+        return after.verdict(store, deps)[1]
 
     def _attach(self, store: Store, rec: RunRecord) -> str:
         """Stream the logs until the job ends; Ctrl+C (or SIGTERM) cancels the job."""

@@ -304,8 +304,9 @@ def inline(spec: Any) -> bool:
 
 
 def render_script(spec: Any, workdir: Path, run_id: str, run_dir: Path,
-                  recipe: Recipe | None = None) -> str:  # fmt: skip
-    """The whole sbatch script for one run (job.json beside it holds the other values)."""
+                  recipe: Recipe | None = None, after: list[str] | None = None) -> str:  # fmt: skip
+    """The whole sbatch script for one run (job.json beside it holds the other values);
+    `after`: the #SBATCH lines of its --after dependencies (dependency.py)."""
     secrets = set(spec.secrets)
     runtime = runtime_file_name()
     lines = [
@@ -317,6 +318,7 @@ def render_script(spec: Any, workdir: Path, run_id: str, run_dir: Path,
         "# controller (attempts, retries, requeue) and the node agents (one srun step per",
         "# attempt) are trebuchet's runtime, shipped in the run directory with job.json.",
         *sbatch_lines(spec, run_dir),
+        *(after or []),
         "",
         f"TREB_RUN_DIR={q(run_dir)}",
         f'TREB_RUNTIME="$TREB_RUN_DIR"/{q(runtime)}',
@@ -338,18 +340,18 @@ def render_script(spec: Any, workdir: Path, run_id: str, run_dir: Path,
 
 
 def write_job(spec: Any, workdir: Path, run_id: str, run_dir: Path,
-              recipe: Recipe | None = None) -> Path:  # fmt: skip
+              recipe: Recipe | None = None, after: list[str] | None = None) -> Path:  # fmt: skip
     """Everything the job needs in its run directory: the runtime, job.json and the sbatch
     script (returned)."""
     write_job_files(run_dir, job_file(spec, workdir, run_id, run_dir, recipe))
     path = run_dir / "submit.sbatch"
-    write_atomic(path, render_script(spec, workdir, run_id, run_dir, recipe))
+    write_atomic(path, render_script(spec, workdir, run_id, run_dir, recipe, after))
     return path
 
 
 def render_all(spec: Any, workdir: Path, run_id: str, run_dir: Path,
-               recipe: Recipe | None = None) -> str:  # fmt: skip
+               recipe: Recipe | None = None, after: list[str] | None = None) -> str:  # fmt: skip
     """`treb render --on slurm`: the script, then the job file it hands to the controller."""
     job = job_text(job_file(spec, workdir, run_id, run_dir, recipe))
-    return (render_script(spec, workdir, run_id, run_dir, recipe)
+    return (render_script(spec, workdir, run_id, run_dir, recipe, after)
             + f"\n# ---- {run_dir / 'job.json'} (read by the job controller)\n{job}")  # fmt: skip

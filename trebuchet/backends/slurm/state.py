@@ -44,7 +44,7 @@ ENDED_STATES = {
     "SPECIAL_EXIT": (FAILED, "special exit"),
     "REVOKED": (CANCELLED, "revoked (federation)"),
 }
-RECORD_RE = re.compile(r"^(rank|node)-(\d+)\.json$")
+RECORD_RE = re.compile(r"^(rank|node|lost)-(\d+)\.json$")  # lost: runtime/agent_link.py
 
 
 @dataclass
@@ -155,11 +155,14 @@ def sacct_jobs(job_ids: list[str], timeout: float = 30.0) -> dict[str, QueueInfo
 
 
 def live_state(info: QueueInfo, files: JobFiles) -> str | None:
-    """The run's state while its job is still in the queue or running; None once ended."""
+    """The run's state while its job is still in the queue or running; None once ended.
+    The job controller's own result (source `batch`) ends the run even while Slurm still
+    winds the job down: a lost node keeps it COMPLETING until Slurm gives up on the node."""
     if info.state in PENDING_STATES:
         return RETRYING if files.attempts else PENDING
     if info.state in RUNNING_STATES:
-        return RUNNING
+        decided = files.result is not None and files.result.get("source") == "batch"
+        return None if decided else RUNNING
     return None
 
 

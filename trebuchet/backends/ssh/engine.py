@@ -1188,6 +1188,8 @@ class SshRun:
             return "CANCELLED", None
         if reason == "timeout":  # the controller's clock (setup, `pre`, a late agent)
             return "TIMEOUT", None
+        if reason == "idle_gpu":  # the controller's idle-GPU rule stopped them (runtime/gpu.py)
+            return "FAILED", None
         if first is None:
             return ("FAILED" if reason == "post" else "SUCCEEDED"), None
         if first.setup_failed is not None:
@@ -1246,7 +1248,14 @@ def main(argv: list[str]) -> int:
     from trebuchet.store.db import Store
 
     store = Store()
-    run = SshRun(Path(argv[-1]), store)
+    run_dir = Path(argv[-1])
+    if (run_dir / "after.json").exists():  # --after: wait first (launcher/waiting.py)
+        from trebuchet.backends import refresh
+        from trebuchet.launcher import waiting
+
+        if not waiting.wait(store, run_dir.name, run_dir, refresh):
+            return 0  # a dependency cannot end as asked (recorded), or cancelled
+    run = SshRun(run_dir, store)
     run.install_signals()
     try:
         state = run.run()

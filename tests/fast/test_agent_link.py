@@ -1,0 +1,93 @@
+"""The agents' line to the Slurm job controller (runtime/agent_link.py), over real sockets:
+the attempt ends early only when every agent of it said so, with the right token."""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+
+import pytest
+
+from trebuchet.runtime import agent_link
+
+
+@pytest.fixture()
+def hub():
+    r, w = os.pipe()
+    h = agent_link.Hub(w)
+    yield h, r
+    h.close()
+    os.close(r)
+    os.close(w)
+
+
+def woken(fd: int, wait: float = 5.0) -> bool:
+    return bool(select.select([fd], [], [], wait)[0])
+
+
+def test_every_agent_of_the_attempt_ends_it_with_the_highest_code(hub, monkeypatch):
+    h, wake = hub
+    monkeypatch.setenv(agent_link.ENV, h.address("127.0.0.1"))
+    h.expect(attempt=1, tasks=3)
+    agent_link.report_ended(1, "0", 0)
+    agent_link.report_ended(1, "2", 143)
+    assert h.ended() is None
+    agent_link.report_ended(0, "1", 9)  # an older attempt's agent: not this attempt's
+    agent_link.report_ended(1, "1", 3)
+    assert woken(wake)
+    assert h.ended() == 143
+
+
+def test_a_wrong_token_or_a_garbled_line_ends_nothing(hub, monkeypatch):
+    h, wake = hub
+    h.expect(attempt=0, tasks=1)
+    host, port, _ = agent_link.parse(h.address("127.0.0.1"))
+    monkeypatch.setenv(agent_link.ENV, f"{host}:{port}:not-the-token")
+    agent_link.report_ended(0, "0", 0)
+    import socket
+
+    with socket.create_connection((host, port)) as sock:
+        sock.sendall(b"ended\n" + b"x" * 5000)  # no token, then a line over the limit
+    assert not woken(wake, 0.5)
+    assert h.ended() is None
+
+
+def test_an_agent_without_a_controller_goes_on(monkeypatch):
+    monkeypatch.setenv(agent_link.ENV, "127.0.0.1:1:token")  # nothing listens
+    agent_link.report_ended(0, "0", 0)
+    monkeypatch.setenv(agent_link.ENV, "garbage")
+    agent_link.report_ended(0, "0", 0)
+    assert agent_link.parse("[::1]:80:t") == ("[::1]", 80, "t")
+    assert agent_link.parse("host:port:t") is None
+
+
+def test_a_silent_agent_is_lost_and_an_ended_one_is_not(hub, monkeypatch):
+    h, wake = hub
+    monkeypatch.setattr(agent_link, "BEAT_S", 3600.0)  # no heartbeat: silence from hello on
+    monkeypatch.setenv(agent_link.ENV, h.address("127.0.0.1"))
+    h.expect(attempt=0, tasks=2)
+    quiet = agent_link.open_link(0, "0", "tn1")
+    done = agent_link.open_link(0, "1", "tn2")
+    assert quiet is not None and done is not None
+    done.ended(0)
+    deadline = time.monotonic() + 10
+    while not h.lost(0.2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [lost.host for lost in h.lost(0.2)] == ["tn1"]
+    assert h.lost(3600.0) == []  # within its timeout nobody is lost
+    quiet.ended(3)
+    assert woken(wake)  # the last of the attempt's agents ended
+    assert h.lost(0.2) == [] and h.ended() == 3
+
+
+def test_beating_agents_stay_alive(hub, monkeypatch):
+    h, _ = hub
+    monkeypatch.setattr(agent_link, "BEAT_S", 0.05)
+    monkeypatch.setenv(agent_link.ENV, h.address("127.0.0.1"))
+    h.expect(attempt=0, tasks=1)
+    link = agent_link.open_link(0, "0", "tn1")
+    assert link is not None
+    time.sleep(0.5)
+    assert h.lost(30.0) == []
+    link.ended(0)

@@ -1,0 +1,314 @@
+"""`treb run` without a spec, as torchrun users type it (docs/cli.md "Without a spec").
+
+    treb run [-n P] [--nnodes N] [--on ENGINE] [-o k=v]... -- COMMAND [ARG...]
+    treb run [-n P] [--nnodes N] [...] SCRIPT.py [ARG...]      (torchrun's own form)
+
+Which words are the command (one rule, checked in this order):
+1. everything after `--`;
+2. else, from the first word that is not an option and ends in `.py`: that script and
+   every word after it, options included, as torchrun reads them;
+3. else the first such word is a SPEC, as always, and the words after it are treb's.
+A command whose first word ends in `.py` runs as `python SCRIPT ARG...` (torchrun's
+default; `--no-python` runs it as is). A SPEC and a command together, or an option treb
+does not know before the command, is refused (exit 2).
+
+The command becomes a spec in memory ({name, command} and the flags as `-o` overrides),
+loaded by the same model and checks as a YAML spec (runner.launch), and recorded with the
+run as any spec is (the run directory's spec.yaml: `treb rerun`, `status`, `render RUN`).
+torchrun's flags (-n/--nproc-per-node, --nnodes, --max-restarts, --master-port) are
+overrides with a spec too. `--print-spec` prints the spec as YAML instead of running it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+PYTHON = "python"  # as a spec's `python train.py`: the one on the ranks' PATH
+
+# torchrun's rendezvous options: treb starts every node itself and sets MASTER_ADDR (the
+# first node) and MASTER_PORT (--master-port, or a free port per attempt).
+RDZV = ("rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf", "master-addr", "run-id")
+# torchrun options that have no place here, and why (refused, exit 2).
+REFUSED = {
+    "node-rank": "treb starts every node itself: run `treb run` once, with --nnodes N and "
+    "--on slurm or --on ssh, not once per node",
+    "log-dir": "every rank's log is kept in the run directory (`treb logs RUN --rank R`)",
+    "redirects": "every rank's output goes to its own log (`treb logs`)",
+    "tee": "every rank's output goes to its own log and the terminal",
+    "local-ranks-filter": "`treb logs RUN --rank R` shows one rank",
+    "role": "not supported",
+    "monitor-interval": "treb's node agent watches the ranks itself",
+    "start-method": "not supported",
+    "local-addr": "not supported",
+    "module": "treb's -m is --sweep: write `treb run -- python -m MODULE ARG...`",
+}
+
+
+def _count(low: int, what: str) -> Any:
+    def parse(text: str) -> int:
+        if ":" in text and what == "nodes":
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: elastic ranges (MIN:MAX) are not supported, treb starts a fixed "
+                "number of nodes: give one number"
+            )
+        try:
+            value = int(text)
+        except ValueError:
+            hint = (
+                " (torchrun's gpu/auto: give the number; with GPUs, -o gpus_per_node=N alone "
+                "starts one rank per GPU)"
+                if text in ("gpu", "auto", "cpu")
+                else ""
+            )
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number{hint}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be >= {low}")
+        return value
+
+    return parse
+
+
+def _tagged(name: str) -> Callable[[str], tuple[str, str]]:
+    """A rendezvous option's value, kept with its name for the note that it is ignored."""
+    return lambda value: (name, value)
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """`treb run`'s torchrun-style flags (with a spec: overrides of its fields)."""
+    g = p.add_argument_group("torchrun's flags (a launch without a spec; with one: overrides)")
+    g.add_argument(
+        "-n",
+        "--nproc-per-node",
+        "--nproc_per_node",
+        dest="nproc",
+        metavar="P",
+        type=_count(1, "ranks"),
+        help="ranks per node (procs_per_node)",
+    )
+    g.add_argument("--nnodes", type=_count(1, "nodes"), metavar="N", help="nodes (nodes)")
+    g.add_argument(
+        "--max-restarts",
+        "--max_restarts",
+        dest="max_restarts",
+        metavar="R",
+        type=_count(0, "retries"),
+        help="extra attempts after a failed one (retries)",
+    )
+    g.add_argument(
+        "--master-port",
+        "--master_port",
+        dest="master_port",
+        metavar="PORT",
+        type=_count(1, "port"),
+        help="a fixed MASTER_PORT (master_port)",
+    )
+    g.add_argument("--standalone", action="store_true", help="one node (as torchrun's)")
+    g.add_argument(
+        "--no-python",
+        "--no_python",
+        dest="no_python",
+        action="store_true",
+        help="run a COMMAND ending in .py as it is, not with python",
+    )
+    for name in RDZV:
+        g.add_argument(
+            f"--{name}",
+            f"--{name.replace('-', '_')}",
+            dest="rdzv",
+            metavar="V",
+            action="append",
+            type=_tagged(name),
+            help=argparse.SUPPRESS,
+        )
+    g.add_argument(
+        "--print-spec",
+        action="store_true",
+        help="print the spec this launch makes, as YAML, and exit without running",
+    )
+    p.set_defaults(command=None, rdzv=[], typed=[])
+
+
+def verb_parser(parser: argparse.ArgumentParser, verb: str) -> argparse.ArgumentParser:
+    """The parser of one verb, as add_subparsers made it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[verb]
+    raise KeyError(verb)
+
+
+def _option(p: argparse.ArgumentParser, word: str) -> tuple[argparse.Action | None, bool]:
+    """The action of an option word and whether its value is inside the word
+    (`--nnodes=2`, `-n2`); a unique prefix of a long option is that option, as argparse
+    has it. (None, _): not an option of `treb run`."""
+    table = p._option_string_actions
+    if word.startswith("--"):
+        name, eq, _ = word.partition("=")
+        if name in table:
+            return table[name], bool(eq)
+        found = {table[o] for o in table if o.startswith(name) and o.startswith("--")}
+        return (found.pop(), bool(eq)) if len(found) == 1 else (None, False)
+    if word[:2] in table:
+        return table[word[:2]], len(word) > 2
+    return None, False
+
+
+def _unknown(p: argparse.ArgumentParser, word: str) -> str:
+    name = word.partition("=")[0]
+    bare = name.lstrip("-").replace("_", "-")
+    if bare in REFUSED:
+        return f"{name} (torchrun's): {REFUSED[bare]}"
+    import difflib
+
+    known = [o for o in p._option_string_actions if o.startswith("--")]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return (
+        f"{name}: not an option of treb run{hint}; a command's own options go after it "
+        "(treb run train.py --lr 1) or after -- (treb run -- CMD --opt)"
+    )
+
+
+def split(p: argparse.ArgumentParser, words: list[str]) -> tuple[list[str], list[str] | None]:
+    """(`run` and treb's words, the command or None): the rule in this module's doc."""
+    head, spec, i = [words[0]], None, 1
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            command = words[i + 1 :]
+            if spec is not None:
+                p.error(f"{spec} and a command after --: give a spec or a command, not both")
+            if not command:
+                p.error("nothing after --: give the command, e.g. treb run -n 2 -- python x.py")
+            return head, command
+        if word.startswith("-") and word != "-":
+            action, inline = _option(p, word)
+            if action is None:
+                p.error(_unknown(p, word))
+            head.append(word)
+            if action.nargs != 0 and not inline and i + 1 < len(words):
+                head.append(words[i + 1])
+                i += 1
+            i += 1
+            continue
+        if spec is None and not word.lower().endswith(".py"):
+            spec = word
+            head.append(word)
+            i += 1
+            continue
+        if spec is not None:
+            p.error(
+                f"{spec} and {word}: give a spec (.yaml) or a command, not both; a command "
+                "that is not a .py script goes after --: treb run -n 2 -- CMD ARG..."
+            )
+        return head, words[i:]
+    if spec is None and not any(w in ("-h", "--help") for w in head):
+        p.error("give a spec (treb run job.yaml) or a command (treb run -n 2 train.py, "
+                "or treb run -n 2 -- CMD ARG...)")  # fmt: skip
+    return head, None
+
+
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """torchrun's flags as `-o` overrides (they apply to a spec too); notes on stderr."""
+    out = []
+    nnodes = getattr(args, "nnodes", None)
+    if getattr(args, "standalone", False):
+        if nnodes not in (None, 1):
+            raise usage(f"--standalone and --nnodes {nnodes}: --standalone is one node")
+        nnodes = 1
+    for key, value in (("nodes", nnodes), ("procs_per_node", getattr(args, "nproc", None)),
+                       ("retries", getattr(args, "max_restarts", None)),
+                       ("master_port", getattr(args, "master_port", None))):  # fmt: skip
+        if value is not None:
+            out.append(f"{key}={value}")
+    rdzv = getattr(args, "rdzv", None) or []
+    if rdzv:
+        given = " ".join(f"--{n} {shlex.quote(v)}" for n, v in rdzv)
+        print(f"treb: note: {given} ignored: treb starts every node itself (MASTER_ADDR: the "
+              "first node; MASTER_PORT: --master-port, or a free port per attempt)",
+              file=sys.stderr)  # fmt: skip
+    return out
+
+
+def usage(text: str) -> Exception:
+    from trebuchet.errors import UserError
+
+    return UserError(text)
+
+
+def _script(command: list[str]) -> str | None:
+    """The Python script a command runs (`x.py ...`, `python x.py ...`), if it names one."""
+    first = os.path.basename(command[0])
+    if command[0].lower().endswith(".py"):
+        return command[0]
+    if first.startswith("python") and len(command) > 1 and command[1].lower().endswith(".py"):
+        return command[1]
+    return None
+
+
+def build(args: argparse.Namespace) -> dict[str, Any]:
+    """The spec of a command, as the fields a YAML spec would have (workdir: here)."""
+    from trebuchet.spec.load import default_name
+
+    command = list(args.command)
+    if args.no_python and not command[0].lower().endswith(".py"):
+        raise usage("--no-python: the command does not start with a .py script")
+    script = _script(command)
+    if script is not None and not os.path.isfile(script):
+        raise usage(
+            f"{script}: no such file in {os.getcwd()} (the command runs in this folder, "
+            "copied for the run: the spec's workdir)"
+        )
+    if command[0].lower().endswith(".py") and not args.no_python:
+        command = [PYTHON, *command]
+    if script is not None:
+        name = default_name(Path(script))
+    elif len(command) > 2 and command[1] == "-m":
+        name = default_name(Path(command[2].rsplit(".", 1)[-1]))
+    else:
+        name = default_name(Path(os.path.basename(command[0])))
+    return {"name": name, "command": command}
+
+
+def spec_yaml(data: dict[str, Any], validated: dict[str, Any], typed: list[str]) -> str:
+    """The spec to keep: the fields given (command, flags, -o), with their validated values."""
+    import yaml
+
+    def pick(raw: Any, value: Any) -> Any:
+        if isinstance(raw, dict) and isinstance(value, dict):
+            return {k: pick(v, value[k]) for k, v in raw.items() if k in value}
+        if isinstance(raw, str) and "${" in raw:
+            return raw  # expanded at each load, from the shell that loads it
+        return value
+
+    kept = {k: pick(v, validated[k]) for k, v in data.items() if k in validated}
+    typed_line, here = (t.replace("\r", "\\r").replace("\n", "\\n")  # comments: one line
+                        for t in (shlex.join(["treb", *typed]), os.getcwd()))  # fmt: skip
+    head = (
+        f"# {typed_line}\n"
+        f"# as a spec: its workdir (.) is the folder this file is saved in, so save it in\n"
+        f"# {here} and run `treb run FILE.yaml` (docs/spec.md has every field)\n"
+    )
+    return head + yaml.safe_dump(kept, sort_keys=False, default_flow_style=False)
+
+
+def print_spec(args: argparse.Namespace, data: dict[str, Any], overrides: list[str]) -> int:
+    """--print-spec: check it as `treb run` would (engine included), print it, run nothing."""
+    from trebuchet import runner
+    from trebuchet.spec.load import apply_overrides
+    from trebuchet.spec.source import Located
+
+    if args.sweep:
+        raise usage("--print-spec and --sweep: print the spec, then add a sweep: block to it")
+    checked = runner.check(data, args.on, overrides, preflight=not args.no_check,
+                           warn=lambda t: print(f"treb: {t}", file=sys.stderr))  # fmt: skip
+    merged = Located(data={k: v for k, v in data.items()})
+    apply_overrides(merged, overrides)
+    validated = checked.points[0][1].spec.model_dump(mode="json")
+    sys.stdout.write(spec_yaml(merged.data, validated, args.typed))
+    return 0
