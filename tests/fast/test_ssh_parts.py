@@ -21,6 +21,8 @@ import pytest
 
 from tests.conftest import TrebFn, write_spec
 from trebuchet.backends.ssh import engine
+from trebuchet.backends.ssh import script as node_side
+from trebuchet.backends.ssh import run as session
 from trebuchet.diagnose.report import diagnose_run, two_lines
 from trebuchet.runtime import node as node_verb
 from trebuchet.runtime.procs import processes_of_run
@@ -50,9 +52,9 @@ def _run_script(tmp_path: Path, setup: list[str]) -> tuple[int, list[str], Path]
     (fake / "python3").write_text('#!/bin/sh\necho "agent: X=$SETUP_X WEIRD=$WEIRD" '
                                   '"ELAPSED=$TREB_ATTEMPT_ELAPSED"\nhead -n 1\n')  # fmt: skip
     (fake / "python3").chmod(0o755)
-    script = engine.node_script(info, 0, 0, elapsed=1.5)
+    script = node_side.node_script(info, 0, 0, elapsed=1.5)
     res = subprocess.run(
-        ["sh", "-c", engine.remote_command(script)], input='{"TOKEN": "s"}\n', text=True,
+        ["sh", "-c", node_side.remote_command(script)], input='{"TOKEN": "s"}\n', text=True,
         capture_output=True, timeout=60,
         env={**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"},
     )  # fmt: skip
@@ -66,8 +68,8 @@ def test_setup_runs_in_bash_and_holds_for_the_agent(tmp_path: Path) -> None:
     setup = [f"source {shlex.quote(str(tmp_path / 'activate'))}", "cat; echo set up"]
     rc, out, run = _run_script(tmp_path, setup)
     assert rc == 0, out
-    assert out[0].startswith(f"{engine.SESSION} ") and out[0].split()[1].isdigit(), out
-    assert out[1:] == [engine.SETUP_DONE, "agent: X=from-activate WEIRD=a 'b' $(touch x) "
+    assert out[0].startswith(f"{node_side.SESSION} ") and out[0].split()[1].isdigit(), out
+    assert out[1:] == [node_side.SETUP_DONE, "agent: X=from-activate WEIRD=a 'b' $(touch x) "
                        "ELAPSED=1.500", '{"TOKEN": "s"}']  # fmt: skip
     assert (run / "attempt-0" / "setup-node-0.log").read_text() == "set up\n"
 
@@ -87,10 +89,10 @@ def test_a_failing_setup_item_stops_the_node_before_the_agent(
 ) -> None:
     rc, out, run = _run_script(tmp_path, setup)
     assert rc == (code or 1), out
-    assert engine.SETUP_DONE not in out and not any(o.startswith("agent:") for o in out), out
-    failed = [o for o in out if o.startswith(engine.SETUP_FAILED)]
-    assert failed == [f"{engine.SETUP_FAILED} {item} {code}"], out
-    node = engine.Node(0, "h0", None, None)  # type: ignore[arg-type]
+    assert node_side.SETUP_DONE not in out and not any(o.startswith("agent:") for o in out), out
+    failed = [o for o in out if o.startswith(node_side.SETUP_FAILED)]
+    assert failed == [f"{node_side.SETUP_FAILED} {item} {code}"], out
+    node = session.Node(0, "h0", None, None)  # type: ignore[arg-type]
     for line in out:
         node.marker(line.encode() + b"\n")
     assert node.setup_failed == (item, code) and node.pgid
@@ -101,9 +103,9 @@ def test_a_failing_setup_item_stops_the_node_before_the_agent(
 
 
 def test_setup_text_names_the_item_and_its_line(tmp_path: Path) -> None:
-    run = engine.SshRun.__new__(engine.SshRun)
+    run = session.SshRun.__new__(session.SshRun)
     run.info = _info(tmp_path, ["true", "source /x/activate\necho more"])
-    n = engine.Node(1, "h1", None, None)  # type: ignore[arg-type]
+    n = session.Node(1, "h1", None, None)  # type: ignore[arg-type]
     n.setup_failed = (2, 1)
     assert (
         run.setup_text(n)
@@ -200,15 +202,15 @@ def test_ssh_refusals_name_the_line(treb: TrebFn, tmp_path: Path, line: str,
 
 
 def test_connect_timeout_is_the_one_ssh_applies() -> None:
-    assert engine.connect_timeout(["ssh", "-o", "BatchMode=yes"]) == engine.CONNECT_TIMEOUT_S
+    assert node_side.connect_timeout(["ssh", "-o", "BatchMode=yes"]) == node_side.CONNECT_TIMEOUT_S
     argv = ["ssh", "-o", "ConnectTimeout=3", "-o", "ConnectTimeout=20"]
-    assert engine.connect_timeout(argv) == 3.0
+    assert node_side.connect_timeout(argv) == 3.0
 
 
 def test_the_controller_holds_the_timeout_the_agents_warn() -> None:
     info = {"retries": 0, "grace_period": 2.0, "launcher": "native", "hosts": ["a"], "ppn": 1,
             "timeout": 5.0}  # fmt: skip
-    s = engine.settings(info, Path("/nonexistent"))
+    s = session.settings(info, Path("/nonexistent"))
     assert (s.timeout, s.warning, s.hang_timeout) == (5.0, None, None)
 
 

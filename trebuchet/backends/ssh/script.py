@@ -1,0 +1,217 @@
+"""What the ssh engine runs on a host, and how it reaches it: the ssh command line (shared
+connections, bounded connecting), the per-attempt node script (placing the node, running
+`ssh.setup` under errexit with its own log, exec'ing the runtime's node verb) and the markers
+that script prints before the agent takes its stdout over. Every value is shlex-quoted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from typing import TYPE_CHECKING, Any
+
+from trebuchet.runtime.task import NO_PYTHON
+
+if TYPE_CHECKING:
+    pass
+
+CONNECT_TIMEOUT_S = 20  # ssh's ConnectTimeout unless ssh.options gives one
+LOGIN_S = 5  # beyond ConnectTimeout, for the login itself: a host that stalls after its banner
+PERSIST_S = 15  # a master outlives its last session this long (a killed supervisor's too)
+# What a session's script says on its stdout before the node agent (or a pre/post command)
+# takes it over; nothing else writes there until then (setup's output goes to its log):
+SESSION = "treb-session"  # the first line: the session's process group on the host
+SETUP_DONE = "treb-setup-done"  # setup is over: the agent (or the command) starts now
+SETUP_FAILED = "treb-setup-failed"  # ssh.setup ended the shell: its item (from 1), exit code
+SETUP_OUTPUT = "treb-setup-output"  # then the last lines of setup's output, one each
+SETUP_TAIL = 20
+_HOST = re.compile(r"[A-Za-z0-9_.@:\[\]%-]+")  # no option (leading -), space or shell syntax
+
+
+def ssh_argv(sp: Any, control_dir: str | None) -> list[str]:
+    """`ssh` with the spec's settings (ssh's own config still applies) and, during a run,
+    the shared connection."""
+    argv = ["ssh"]
+    if sp.config_file:
+        argv += ["-F", os.path.expanduser(sp.config_file)]
+    if sp.user:
+        argv += ["-l", sp.user]
+    if sp.port:
+        argv += ["-p", str(sp.port)]
+    if sp.identity_file:
+        argv += ["-i", os.path.expanduser(sp.identity_file)]
+    for opt in sp.options:
+        argv += ["-o", opt]
+    argv += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}"]
+    if control_dir:
+        argv += [
+            "-o",
+            "ControlMaster=auto",
+            "-o",
+            f"ControlPath={control_dir}/%C",
+            "-o",
+            f"ControlPersist={PERSIST_S}",
+        ]
+    return argv
+
+
+def connect_timeout(argv: list[str]) -> float:
+    """The ConnectTimeout ssh applies: the first `-o ConnectTimeout=N` of its command line
+    (ssh.options come before trebuchet's default), which wins over any config file."""
+    for i, word in enumerate(argv[:-1]):
+        key, _, value = argv[i + 1].partition("=")
+        if word == "-o" and key.strip().lower() == "connecttimeout":
+            with contextlib.suppress(ValueError):
+                return max(1.0, float(value))
+    return float(CONNECT_TIMEOUT_S)
+
+
+def setup_body(setup: list[str]) -> list[str]:
+    """The items of ssh.setup as written, each after the line that numbers it (from 1): a
+    failure names the item."""
+    body: list[str] = []
+    for i, item in enumerate(setup, 1):
+        body += [f"_treb_line={i}", item]
+    return body
+
+
+def setup_lines(setup: list[str], log: str | None) -> list[str]:
+    """ssh.setup in the session's own shell (so `source .../activate` holds for what
+    follows), under errexit and pipefail, stdin from /dev/null (the secrets' line is the
+    agent's), its output into `log` (a shell word; None: the session's own output). A line
+    that fails ends the shell there: the EXIT trap says which item (SETUP_FAILED) and, on
+    the session's stdout (fd 9), the last lines of its output (SETUP_OUTPUT), and the node
+    ends with the line's exit code (1 for a setup that exits 0) before any rank starts."""
+    if not setup:
+        return []
+    tail = (
+        f"tail -n {SETUP_TAIL} {log} 2>/dev/null | while IFS= read -r _treb_l; do "
+        f"printf '{SETUP_OUTPUT} %s\\n' \"$_treb_l\"; done >&9; "
+        if log
+        else ""
+    )
+    return [
+        "exec 9>&1",
+        "_treb_line=0",
+        "_treb_setup_end() { _treb_rc=$?; trap - EXIT; set +e +o pipefail; "
+        f'echo {SETUP_FAILED} "$_treb_line" "$_treb_rc" >&9; {tail}'
+        '[ "$_treb_rc" != 0 ] || _treb_rc=1; exit "$_treb_rc"; }',
+        "trap _treb_setup_end EXIT",
+        "set -e -o pipefail",
+        "{",
+        *setup_body(setup),
+        "}" + (f" >{log} 2>&1" if log else "") + " </dev/null",
+        "set +e +o pipefail",
+        "trap - EXIT",
+        "exec 9>&-",
+    ]
+
+
+def node_script(
+    info: dict[str, Any], node: int, attempt: int, hook: str | None = None, elapsed: float = 0.0
+) -> str:
+    """What `bash -c` runs on host `node`: every value quoted; the session's process group
+    first (a stop before the agent runs ends it there); the user's setup lines as written,
+    under errexit and pipefail (setup_lines); then the node agent in place of the shell
+    (`hook`: the spec's pre or post command instead, under bash as locally). `elapsed`: the
+    attempt's seconds before this session (its `pre`), for the agent's timeout, which counts
+    from the attempt's start as the supervisor's does (setup included)."""
+    q = shlex.quote
+    env = {
+        **info["env"],
+        "NODE_RANK": str(node),
+        "NUM_NODES": str(len(info["hosts"])),
+        "MASTER_ADDR": info["master_addr"],
+        "MASTER_PORT": str(info["master_port"]),
+        "TREB_RUN_ID": info["run_id"],
+        "TREB_RUN_DIR": info["remote_run_dir"],
+        "TREB_ATTEMPT": str(attempt),
+        **({} if hook else {"TREB_NODE_STDIN": "1", "TREB_ATTEMPT_ELAPSED": f"{elapsed:.3f}"}),
+        # ranks started by bash would source ~/.bashrc again (bash does so when it sees
+        # SSH_CLIENT at level 1), undoing ssh.setup's PATH: the login shell did it once
+        "SHLVL": "1",
+    }
+    del env["TREB_RUN_DIR"]  # from the run folder itself: a relative remote_dir is $HOME's
+    adir = f'"$TREB_RUN_DIR"/attempt-{attempt}'
+    log = None if hook else f"{adir}/setup-node-{node}.log"
+    lines = [
+        f"read -r _ _ _ _ _treb_pg _ < /proc/$$/stat && echo {SESSION} \"$_treb_pg\"",
+        'read -r _treb_up _ < /proc/uptime || _treb_up=""',
+        f"cd {q(info['remote_run_dir'])} || exit 2",
+        'TREB_RUN_DIR="$PWD"',
+        *([] if hook or not info["setup"] else [f"mkdir -p -m 700 {adir} || exit 2"]),
+        f"cd {q(info['remote_workdir'])} || exit 2",
+        *setup_lines(info["setup"], log),
+        *[f"export {k}={q(v)}" for k, v in env.items()],
+        "export TREB_RUN_DIR",
+        *([f"echo {SETUP_DONE}", f"exec bash -c {q(hook)}"] if hook else [
+            'export TREB_SESSION_UPTIME="$_treb_up"',
+            NO_PYTHON,
+            f"echo {SETUP_DONE}",
+            f'exec python3 -S "$TREB_RUN_DIR"/{q(info["runtime"])} node "$TREB_RUN_DIR"/job.json',
+        ]),
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def remote_command(script: str) -> str:
+    """The one word ssh hands to the remote login shell (bash, zsh, dash alike): bash runs
+    the script, as it runs the ranks' command strings and pre/post."""
+    return "bash -c " + shlex.quote(script)
+
+
+def master_address(info: dict[str, Any]) -> str:
+    """MASTER_ADDR: ssh.master_addr, else node 0's HostName as `ssh -G` resolves it (no
+    connection is made), else its name."""
+    if info["master_addr"]:
+        return str(info["master_addr"])
+    host = info["hosts"][0]
+    try:
+        out = subprocess.run([*info["ssh"], "-G", "--", host], capture_output=True, text=True,
+                             timeout=30).stdout  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    name = re.search(r"^hostname (\S+)$", out, re.M)
+    return name.group(1) if name else host.rpartition("@")[2]
+
+
+def setup_syntax(setup: list[str]) -> tuple[int, str] | None:
+    """Where bash cannot parse ssh.setup as the node's script holds it (setup_body, in its
+    `{ }`), with `bash -n` here (bash on the hosts parses the same way): (item index,
+    bash's message), or None (also when bash is not here)."""
+    bash = shutil.which("bash")
+    if not bash or not setup:
+        return None
+    body = setup_body(setup)
+    try:
+        res = subprocess.run([bash, "-n", "-c", "\n".join(["{", *body, "}"])], text=True,
+                             capture_output=True, timeout=10, stdin=subprocess.DEVNULL)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if res.returncode == 0:
+        return None
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    at = re.search(r"line (\d+)", lines[0]) if lines else None
+    item = len(setup) - 1  # an unclosed construct: bash reports the end
+    if at:
+        row = int(at.group(1)) - 2  # into body (line 1 is the `{`)
+        starts = [i for i, b in enumerate(body) if b.startswith("_treb_line=")]
+        item = max([k for k, start in enumerate(starts) if start <= row] or [0])
+    words = [re.sub(r"^\S*bash: (?:-c: )?(?:line \d+: )?", "", ln) for ln in lines]
+    return item, "; ".join(dict.fromkeys(w for w in words if w)) or f"exit {res.returncode}"
+
+
+def place(info: dict[str, Any], shared: bool) -> None:
+    """Where the run's files are on the hosts: the run directory itself when shared, else
+    the per-run copy (relative paths are the remote home's)."""
+    rid, run_dir = info["run_id"], info["run_dir"]
+    if shared:
+        info["remote_root"] = None
+        remote, workdir = run_dir, info["workdir"]
+    else:
+        remote, workdir = f"{info['remote_root'].rstrip('/')}/{rid}", "code"
+    info.update(remote_run_dir=remote, remote_workdir=workdir)
