@@ -53,7 +53,7 @@ test: $(STAMP) $(SKY_VENV)/.installed-0.14.1 $(MLFLOW_VENV)/.installed-3.17.2 $(
 	scripts/system-deps
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TREB_SKYPILOT_PYTHON="$(CURDIR)/$(SKY_VENV)/bin/python" \
 		TREB_MLFLOW_PYTHON="$(CURDIR)/$(MLFLOW_VENV)/bin/python" \
-		scripts/with-slurm-cluster scripts/with-ssh-hosts $(PY) -m pytest -q
+		scripts/with-slurm-cluster scripts/with-ssh-hosts $(PY) -m pytest -q --durations=25
 
 test-fast: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -m "not integration"

@@ -89,6 +89,7 @@ class Controller:
         # step's end: the next attempt does not wait for it; reaped at the job's end
         self.finishing: list[subprocess.Popen[bytes]] = []
         self.link: agent_link.Hub | None = None
+        self.stepped = False  # a task step already ran in this allocation
         self.node_timeout = float(job.get("node_timeout") or agent_link.NODE_TIMEOUT_S)
         self.lost: str | None = None  # this attempt's lost node, as said (node_lost: ...)
         self.lost_kill_at: float | None = None  # then srun is ended at this time
@@ -249,8 +250,10 @@ class Controller:
             if self.link is not None:
                 self.link.expect(attempt, step_tasks(self.job["srun"]))
             self.finishing = [p for p in self.finishing if p.poll() is None]
-            # the previous step still holds its CPUs while srun reports its end
-            overlap = ["--overlap"] if self.finishing else []
+            # a retry: the previous step may still hold its CPUs while srun reports its end
+            # (or slurmctld has not yet taken them back): without --overlap srun would wait
+            overlap = ["--overlap"] if self.finishing or self.stepped else []
+            self.stepped = True
             self.step = self.srun([*self.job["srun"], *overlap], "task")
 
     def poll(self) -> bool:

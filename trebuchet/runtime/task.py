@@ -111,7 +111,10 @@ def slurm_task(job: JobFile) -> int:
     link = agent_link.open_link(_int_env("TREB_ATTEMPT"), task, host)
     agent = slurm_agent(job)
     agent.install_signals()
-    code = agent.run()
+    # A task that srun starts after the attempt's teardown (its TERM went to the tasks
+    # already there) must not start its rank: nobody would stop it.
+    torn_down = os.path.exists(os.path.join(_attempt_dir(job)[1], "teardown"))
+    code = 128 + signal.SIGTERM if torn_down else agent.run()
     if link is not None:
         link.ended(code)
     return code
