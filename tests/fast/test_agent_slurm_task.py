@@ -85,10 +85,20 @@ def test_command_killed_by_a_treb_cancel_is_recorded_as_stopped(tmp_path: Path) 
 
 
 def test_command_killed_in_a_teardown_is_recorded_as_stopped(tmp_path: Path) -> None:
-    (tmp_path / "run" / "attempt-0").mkdir(parents=True)
-    (tmp_path / "run" / "attempt-0" / "teardown").write_text("0:1\n")  # another rank failed
-    rec = run_wrapper(tmp_path, SELF_TERM)
+    # another rank failed while this one ran: its marker, then the step's TERM
+    marked = 'echo 0:1 > "$TREB_RUN_DIR/attempt-0/teardown"; ' + SELF_TERM
+    rec = run_wrapper(tmp_path, marked)
     assert rec["stopped_by_launcher"] is True and calls(tmp_path) == ""
+
+
+def test_a_task_started_after_the_teardown_does_not_start_its_rank(tmp_path: Path) -> None:
+    """srun can start a task after the teardown's TERM went to the step's others: nobody
+    would stop its rank (a retry then waited for that rank's whole run)."""
+    (tmp_path / "run" / "attempt-0").mkdir(parents=True)
+    (tmp_path / "run" / "attempt-0" / "teardown").write_text("0:1\n")
+    with pytest.raises(FileNotFoundError):  # no record: the rank never started
+        run_wrapper(tmp_path, f"touch {tmp_path}/ran")
+    assert not (tmp_path / "ran").exists() and calls(tmp_path) == ""
 
 
 @pytest.mark.parametrize("state", ["CANCELLED", "COMPLETING", "TIMEOUT"])

@@ -21,8 +21,8 @@ import pytest
 
 from tests.conftest import TrebFn, write_spec
 from trebuchet.backends.ssh import engine
-from trebuchet.backends.ssh import script as node_side
 from trebuchet.backends.ssh import run as session
+from trebuchet.backends.ssh import script as node_side
 from trebuchet.diagnose.report import diagnose_run, two_lines
 from trebuchet.runtime import node as node_verb
 from trebuchet.runtime.procs import processes_of_run
