@@ -199,6 +199,11 @@ def parse(value: str) -> tuple[str, int, str] | None:
         return None
 
 
+def encode(what: str, token: str, attempt: int, task: str, value: str) -> bytes:
+    """One line of the protocol, as Hub._line reads it."""
+    return f"{what} {token} {attempt} {task} {value}\n".encode("ascii", "replace")
+
+
 class Link:
     """The agent's end: hello at the start, a heartbeat thread, `ended` as the last word.
     Every send is best effort: the link never delays or fails the agent."""
@@ -211,12 +216,12 @@ class Link:
             threading.Thread(target=self._beat, name="agent-beat", daemon=True).start()
 
     def _send(self, what: str, value: str) -> bool:
-        line = f"{what} {self.token} {self.attempt} {self.task} {value}\n"
+        line = encode(what, self.token, self.attempt, self.task, value)
         with self.lock:
             if self.sock is None:
                 return False
             try:
-                self.sock.sendall(line.encode("ascii", "replace"))
+                self.sock.sendall(line)
                 return True
             except OSError:
                 with contextlib.suppress(OSError):
@@ -261,6 +266,6 @@ def report_ended(attempt: int, task: str, code: int) -> None:
     if target is None:
         return
     host, port, token = target
-    line = f"ended {token} {attempt} {task} {code}\n".encode("ascii", "replace")
+    line = encode("ended", token, attempt, task, str(code))
     with contextlib.suppress(OSError), socket.create_connection((host, port), CONNECT_S) as sock:
         sock.sendall(line)
