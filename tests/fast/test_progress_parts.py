@@ -118,10 +118,32 @@ def test_dedup_groups_by_window_and_keeps_repeats_apart() -> None:
     d.add("2", [b"loading checkpoint"], 1.0)
     d.add("3", [b"loading checkpoint"], 1.5)  # every rank: out at once
     assert out.getvalue() == b"[0-3] loading checkpoint\n"
-    d.add("1", [b"epoch done"], 3.0)  # after the window: a group of its own
+    d.flush(1.6)
+    d.flush(2.1)  # the read since 1.6 began inside rank 0's window (opened at 0.0)
+    assert out.getvalue() == b"[0-3] loading checkpoint\n"
+    d.flush(2.2)  # the read since 2.1 began after it and found nothing: out
+    assert out.getvalue().decode().splitlines()[1:] == ["[0] epoch done"]
+    d.add("1", [b"epoch done"], 3.0)  # after that: a group of its own
     d.add("0", [b"epoch done"], 3.1)  # rank 0's second one joins rank 1's
-    d.flush(10.0)
+    d.flush(3.2)
+    d.flush(10.0)  # the read since 3.2 began inside their window
+    assert out.getvalue().decode().splitlines()[1:] == ["[0] epoch done"]
+    d.flush(10.1)
     assert out.getvalue().decode().splitlines()[1:] == ["[0] epoch done", "[0-1] epoch done"]
+
+
+def test_a_stalled_view_does_not_split_what_the_ranks_printed_together() -> None:
+    """The view read ranks 0-2's line, then stalled 3 s (a loaded machine) before it read
+    rank 3's: no read began after the window and found nothing, so they stay one group."""
+    out = io.BytesIO()
+    d = dedup.Dedup(out, ["0", "1", "2", "3"], window=2.0)
+    d.add("0", [b"tick 2"], 0.0)
+    d.add("1", [b"tick 2"], 0.0)
+    d.add("2", [b"tick 2"], 0.0)
+    d.flush(0.0)
+    d.add("3", [b"tick 2"], 3.1)  # the next read, after the stall
+    d.flush(3.1)
+    assert out.getvalue() == b"[0-3] tick 2\n"
 
 
 def test_dedup_of_written_logs_merges_by_position(tmp_path: Path) -> None:
@@ -139,6 +161,48 @@ def test_dedup_of_written_logs_merges_by_position(tmp_path: Path) -> None:
     assert shown[0] == "[0-3] loading checkpoint" and shown[-1] == "[0-3] saving checkpoint"
     assert shown.count("[0-3] saving checkpoint") == 1 and "[2] I am rank 2" in shown
     assert len(shown) == 2 + 4 + 200
+
+
+def test_following_keeps_a_written_line_open_for_the_ranks_still_to_print_it(
+    tmp_path: Path,
+) -> None:
+    """`logs --dedup -f` started when rank 0 had printed `tick 1` and the others not yet."""
+    logs = []
+    for r in range(4):
+        path = tmp_path / f"rank-{r}.log"
+        path.write_text("start\n" + ("tick 1\n" if r == 0 else ""))
+        logs.append((path, 0))
+    out = io.BytesIO()
+    ends, grouped = dedup.written(out, logs, follow_at=100.0)
+    assert out.getvalue() == b"[0-3] start\n"  # whole groups go out at once
+    assert ends == [len(b"start\ntick 1\n")] + [len(b"start\n")] * 3
+    for r in ("1", "2", "3"):
+        grouped.add(r, [b"tick 1"], 100.5)
+    assert out.getvalue().decode().splitlines() == ["[0-3] start", "[0-3] tick 1"]
+    grouped.flush(100.5)
+    grouped.add("0", [b"tick 2"], 101.0)  # the others never print it: out after the window
+    grouped.flush(101.0)
+    grouped.flush(102.9)
+    assert out.getvalue().decode().splitlines()[-1] == "[0-3] tick 1"
+    grouped.flush(103.1)  # the read since 102.9 began inside the window
+    assert out.getvalue().decode().splitlines()[-1] == "[0-3] tick 1"
+    grouped.flush(103.2)
+    assert out.getvalue().decode().splitlines()[-1] == "[0] tick 2"
+
+
+def test_following_waits_for_the_ranks_whose_logs_are_not_there_yet(tmp_path: Path) -> None:
+    """`logs --dedup -f` right after `run -d`: rank 3 has no log yet, but is one of 4."""
+    logs = []
+    for r in range(3):
+        path = tmp_path / f"rank-{r}.log"
+        path.write_text("tick 1\n")
+        logs.append((path, 0))
+    out = io.BytesIO()
+    _, grouped = dedup.written(out, logs, follow_at=5.0, expect=["0", "1", "2", "3"])
+    assert out.getvalue() == b""
+    grouped.know("3")  # its log appeared
+    grouped.add("3", [b"tick 1"], 5.5)
+    assert out.getvalue() == b"[0-3] tick 1\n"
 
 
 NVIDIA_OUT = "0, 87, 40000, 81559\n1, 0, 500, 81559\n2, [N/A], [N/A], 81559\nbad line\n"

@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 0
     out = sys.stdout.buffer
-    if getattr(args, "dedup", False) and len(files) > 1:
+    if getattr(args, "dedup", False) and (len(files) > 1 or len(_ranks(rec, args)) > 1):
         return _dedup(store, rec, files, out, args)
     if len(files) == 1 and not args.follow and args.tail is None:
         try:
@@ -106,19 +106,37 @@ def _dedup(
     def start(path: Path) -> int:
         return 0 if args.tail is None else _offset_of_last_lines(path, args.tail)
 
-    ends = dedup.written(out, [(path, start(path)) for _, path in files], final=not args.follow)
+    follow_at = time.monotonic() if args.follow else None
+    keys = [dedup.key_of(path) for _, path in files]
+    # following a run that just started: its ranks' logs may not all be there yet
+    expect = [] if not args.follow or any(k.startswith("n") for k in keys) else _ranks(rec, args)
+    ends, grouped = dedup.written(
+        out, [(path, start(path)) for _, path in files], follow_at, expect
+    )
     if not args.follow:
         return 0
-    keys = [dedup.key_of(path) for _, path in files]
-    grouped = dedup.Dedup(out, keys)
+
+    def label_of(path: Path) -> str:
+        key = dedup.key_of(path)
+        grouped.know(key)
+        return key
+
     follower = Follower(out, sink=lambda key, lines: grouped.add(key, lines, time.monotonic()))
     for (_, path), end in zip(files, ends, strict=True):
         follower.add(dedup.key_of(path), path)
         follower.tails[path].offset = end  # from where the written part ended
-    _follow(store, rec, follower, args, lambda: grouped.flush(time.monotonic()), dedup.key_of)
+    _follow(store, rec, follower, args, lambda: grouped.flush(time.monotonic()), label_of)
     follower.close()
     grouped.flush(time.monotonic(), final=True)
     return 0
+
+
+def _ranks(rec: RunRecord, args: argparse.Namespace) -> list[str]:
+    """The ranks whose logs `--rank`/`--node` select (as dedup's keys), written yet or not."""
+    ppn = max(1, rec.procs_per_node)
+    ranks = range(max(1, rec.nodes) * ppn)
+    return [str(r) for r in ranks if (args.rank is None or r == args.rank)
+            and (args.node is None or r // ppn == args.node)]  # fmt: skip
 
 
 def _empty(path: Path) -> bool:

@@ -4,7 +4,9 @@ with its ranks (`[0-7] loading checkpoint`); the per-rank files are only read.
 Lines are grouped by their text: a rank's line joins the oldest open group of the same text
 that this rank is not in yet (so the k-th `epoch done` of each rank goes together), while
 the group is open. Following (`-f`), "about the same time" is the time the view read the
-lines: a group stays open `WINDOW_S` seconds (or until every rank is in it). Reading files
+lines: a group stays open until every rank is in it, or until a read that began more than
+`WINDOW_S` seconds after the group opened found nothing more for it (so a view that stalled,
+on a loaded machine, does not split a line its ranks printed together). Reading files
 that are already written, where no line has a time, it is their order: the ranks' logs
 are merged by how far into its file each line is (a rank that printed ten times more
 still meets the others at its start and end), and a group stays open until every rank
@@ -72,6 +74,7 @@ class Dedup:
         self.groups: OrderedDict[int, _Group] = OrderedDict()  # open, by when they opened
         self.by_text: dict[bytes, list[int]] = {}
         self.seq = 0
+        self.read_from: float | None = None  # when the reads since the last flush began
 
     def know(self, key: str) -> None:
         """One more rank whose lines come (a log found later): a group is whole with it."""
@@ -79,37 +82,52 @@ class Dedup:
         self.all = len(self.keys)
 
     def add(self, key: str, lines: list[bytes], now: float) -> None:
+        """Lines read at `now`; whole groups go out, those due by time at the next `flush`
+        (the read under way may still bring a rank's line)."""
         for line in lines:
             self._add(key, line, now)
-        self._emit(now, final=False)
+        self._emit(final=False, timed=False)
 
     def _add(self, key: str, text: bytes, now: float) -> None:
         for seq in self.by_text.get(text, ()):
             g = self.groups[seq]
-            if key not in g.keys and (self.window is None or now - g.opened <= self.window):
+            if key not in g.keys:  # an open group: not out yet
                 g.keys.append(key)
                 return
         self.seq += 1
         self.groups[self.seq] = _Group(text, key, now)
         self.by_text.setdefault(text, []).append(self.seq)
 
-    def flush(self, now: float, final: bool = False) -> None:
-        """What is due (final: everything) goes out."""
-        self._emit(now, final)
-        self.out.flush()
+    def follow(self, now: float) -> None:
+        """From order to time: what is still open waits `WINDOW_S` from `now` for the
+        ranks not in it yet (a line one rank wrote just before the view started)."""
+        self.window = WINDOW_S
+        for g in self.groups.values():
+            g.opened = now
+        self.flush(now)
 
-    def _closed(self, g: _Group, now: float) -> bool:
+    def flush(self, now: float, final: bool = False) -> None:
+        """After a read (`now`: the time after it): what is due (final: everything) goes
+        out. By time, a group is due once a read that began after its window found nothing
+        for it: the reads since this flush begin after `now`."""
+        self._emit(final, timed=True)
+        self.out.flush()
+        self.read_from = now
+
+    def _closed(self, g: _Group, timed: bool) -> bool:
         if len(g.keys) >= self.all:
             return True
         if self.window is not None:
-            return now - g.opened > self.window
+            if not timed:
+                return False
+            return self.read_from is not None and self.read_from - g.opened > self.window
         return len(self.groups) > PENDING_MAX
 
-    def _emit(self, now: float, final: bool) -> None:
+    def _emit(self, final: bool, timed: bool) -> None:
         chunk: list[bytes] = []
         while self.groups:
             seq, g = next(iter(self.groups.items()))
-            if not final and not self._closed(g, now):
+            if not final and not self._closed(g, timed):
                 break
             del self.groups[seq]
             same = self.by_text[g.text]
@@ -150,22 +168,32 @@ def _lines(path: Path, start: int, ends: list[int], n: int) -> Iterator[tuple[fl
                 yield (pos - len(data) + (i + 1) * len(data) / len(lines)) / max(size, 1), n, line
 
 
-def written(out: Out, files: list[tuple[Path, int]], final: bool = True) -> list[int]:
+def written(
+    out: Out,
+    files: list[tuple[Path, int]],
+    follow_at: float | None = None,
+    expect: list[str] | None = None,
+) -> tuple[list[int], Dedup]:
     """Files as they are now (`(path, offset to start at)`), merged by position, grouped;
-    the offsets read to (`final`: a last partial line too)."""
+    the offsets read to, and the grouper. Not following (`follow_at` None): a last partial
+    line too, and every group goes out. Following: only whole groups go out; the others
+    stay open `WINDOW_S` from `follow_at` for the ranks that have not printed them yet;
+    `expect`: keys whose logs are still to come (a group is whole with them)."""
     keys = [key_of(p) for p, _ in files]
-    dedup = Dedup(out, keys, window=None)
+    dedup = Dedup(out, keys + (expect or []), window=None)
     ends = [start for _, start in files]
     streams = [_lines(path, start, ends, n) for n, (path, start) in enumerate(files)]
     for _frac, n, line in heapq.merge(*streams):
         dedup.add(keys[n], [line], 0.0)
-    if final:
+    if follow_at is None:
         for n, (path, _) in enumerate(files):
             rest = _partial(path, ends[n])
             if rest:
                 dedup.add(keys[n], [rest], 0.0)
-    dedup.flush(0.0, final=True)
-    return ends
+        dedup.flush(0.0, final=True)
+        return ends, dedup
+    dedup.follow(follow_at)
+    return ends, dedup
 
 
 def _partial(path: Path, offset: int) -> bytes:
