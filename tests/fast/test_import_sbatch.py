@@ -8,7 +8,6 @@ import re
 import pytest
 
 from tests.fast.import_helpers import FIXTURES, imported, notes_at, run_import
-from trebuchet.importers.shell import split_script
 
 SBATCH = sorted(p.name for p in FIXTURES.glob("*.sbatch"))
 
@@ -41,8 +40,10 @@ def test_seed_004_srun_native(capsys, tmp_path) -> None:
     spec = loaded.spec
     assert spec.launcher == "native" and spec.ranks_per_node == 8 and spec.gpus_per_node == 8
     # $WORKDIR substituted from the script, the rest kept for the node's shell
+    # the task's `bash -c "..."` as srun ran it: its <placeholders> are not bash until
+    # filled in, so the body stays quoted (the old import left them unquoted: bash -n failed)
     assert spec.command == (
-        "cd /opt/Megatron-Bridge && uv sync && uv run --no-sync python <script.py> <args>"
+        "bash -c 'cd /opt/Megatron-Bridge && uv sync && uv run --no-sync python <script.py> <args>'"
     )
     assert spec.environment.image == "<PATH_TO_YOUR_CONTAINER>.sqsh"
     assert spec.environment.mounts == [
@@ -54,14 +55,15 @@ def test_seed_004_srun_native(capsys, tmp_path) -> None:
     assert (spec.slurm.time, spec.slurm.partition) == ("00:30:00", "batch")
     assert spec.secrets == ["GH_TOKEN", "HF_TOKEN"]
     assert spec.env["NCCL_NVLS_ENABLE"] == "0" and spec.env["HF_HOME"] == "<SHARED_FS>/HF_HOME"
-    # the phase-1 srun stays in the batch script, with the variables it uses, one line each
+    # the phase-1 srun stays in the batch script, as bash ran it (variables expanded)
     setup = spec.slurm.setup
-    assert setup[-1].startswith("srun --mpi=pmix -N 1 --ntasks=1 --container-image=")
-    assert 'WORKDIR="/opt/Megatron-Bridge"' in setup
+    assert setup[-1].startswith(
+        "srun --mpi=pmix -N 1 --ntasks=1 '--container-image=<PATH_TO_YOUR_CONTAINER>.sqsh'"
+    )
+    assert setup[-1].endswith("bash -c 'cd /opt/Megatron-Bridge && uv sync'")
     assert all("\n" not in s for s in setup)
     assert any("--nodes=<NNODES>" in e and "not carried over" in e for e in notes_at(err, 6))
     assert any("--output=" in e for e in notes_at(err, 12))
-    assert any("DATA_PATH" in e for e in notes_at(err, 18))
     assert any("--no-container-mount-home" in e for e in notes_at(err, 37))
 
 
@@ -87,23 +89,24 @@ def test_seed_004_torch_distributed_run_inside_train_cmd(name, script, capsys, t
     assert spec.launcher == "torchrun" and spec.ranks_per_node == 8
     assert spec.command.endswith("uv run python " + script)
     # \$WANDB_API_KEY was escaped in TRAIN_CMD: a runtime reference, and a secret by name
-    assert "wandb login $WANDB_API_KEY" in spec.command
+    assert 'wandb login "${WANDB_API_KEY}"' in spec.command
     assert set(spec.secrets) == {"GH_TOKEN", "HF_TOKEN", "WANDB_API_KEY"}
     assert "torch.distributed.run" not in spec.command and "SLURM_NODEID" not in spec.command
-    if name == "megatron-mlm.sbatch":
-        assert (
-            "PYTHONPATH=/opt/Megatron-Bridge/3rdparty/Megatron-LM:${PYTHONPATH:-} uv run"
-            in spec.command
-        )
+    if name == "megatron-mlm.sbatch":  # bash evaluated the prefix: an env entry of the ranks
+        assert spec.env["PYTHONPATH"] == "/opt/Megatron-Bridge/3rdparty/Megatron-LM:"
+    assert spec.env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # exported inside TRAIN_CMD
     joined = "\n".join(err)
-    assert "tee" in joined and "after the main srun" in joined and "2>&1" in joined
+    assert "grep" in joined and "after the main srun" in joined
 
 
 def test_seed_004_full_template_no_torchrun_is_native_one_rank_per_node(capsys, tmp_path) -> None:
     data, err, loaded = imported(capsys, tmp_path, "sbatch", "megatron-template.sbatch")
     spec = loaded.spec
     assert spec.launcher == "native" and spec.ranks_per_node == 1 and spec.gpus_per_node == 8
-    assert spec.command.endswith("cd /opt/Megatron-Bridge && uv sync && <TRAINING_COMMAND_HERE>")
+    # the task's `bash -c "$TRAIN_CMD"` as srun ran it (the body holds the template's
+    # secret exports, so it stays quoted inside bash -c)
+    assert spec.command.startswith("bash -c ")
+    assert "cd /opt/Megatron-Bridge && uv sync && <TRAINING_COMMAND_HERE>" in spec.command
     assert any("placeholders kept" in e and "<TRAINING_COMMAND_HERE>" in e for e in err)
 
 
@@ -139,12 +142,16 @@ def test_short_forms_several_options_per_line_and_secrets(capsys, tmp_path) -> N
     assert spec.env["NCCL_DEBUG"] == "INFO"
     # \" and \$ inside double quotes are undone; nothing in the value is expanded
     assert spec.env["RUN_TAG"] == 'it\'s "quoted" $(not run) ${NOT_EXPANDED}'
-    assert spec.command == 'python train.py --lr 3e-4 --tag "$RUN_TAG" --hf $HF_TOKEN'
+    # the argv the task's bash gave torchrun's worker: "$RUN_TAG" as its value, one
+    # argument, quoted; the exported credential a reference, never its value
+    assert spec.command == (
+        "python train.py --lr 3e-4 --tag 'it'\"'\"'s \"quoted\" $(not run) ${NOT_EXPANDED}'"
+        ' --hf "${HF_TOKEN}"'
+    )
     assert spec.environment.image == "nvcr.io/nvidia/pytorch:24.05-py3"
     assert spec.environment.mounts == ["/data:/data", "/ckpt:/ckpt"]
     assert (spec.checkpoint_signal, spec.timeout_warning) == ("SIGUSR1", 120)
     assert loaded.workdir == FIXTURES  # --chdir=. relative to the script
-    assert any("UNUSED" in e for e in notes_at(err, 21))
     assert any("--max-restarts=3" in e and "not carried over" in e for e in notes_at(err, 22))
 
 
@@ -154,11 +161,11 @@ def test_native_srun_with_quoted_args_and_missing_chdir(capsys, tmp_path) -> Non
     assert spec.launcher == "native" and spec.nodes == 4 and spec.ranks_per_node == 8
     assert spec.command == (
         "cd /nonexistent/cluster/path && python train.py --data "
-        "'/data/my set' --out \"$SLURM_JOB_ID\""
+        "'/data/my set' --out \"${SLURM_JOB_ID}\""
     )
     assert spec.slurm.mpi == "pmi2" and spec.slurm.mem == "0"
     assert any("--requeue" in e for e in notes_at(err, 5))
-    assert any("echo finished" in e for e in notes_at(err, 8))
+    assert any("SLURM_JOB_ID" in e for e in notes_at(err, 7))
 
 
 def test_hostile_values_are_carried_literally(capsys, tmp_path) -> None:
@@ -177,7 +184,8 @@ def test_hostile_values_are_carried_literally(capsys, tmp_path) -> None:
 
     spec = load_spec(tmp_path / "job.yaml", environ={}).spec
     assert spec.env["NOTE"] == 'a "b" $(rm -rf /) `id` ${X}'
-    assert spec.command == "python t.py --msg 'it'\"'\"'s $(whoami) `id`' --x \"$(date)\""
+    # $(date) ran in the batch script (in the sandbox): its value, quoted, is the argument
+    assert spec.command.startswith("python t.py --msg 'it'\"'\"'s $(whoami) `id`' --x '")
 
 
 def test_errors_are_exit_2_with_a_line(capsys, tmp_path) -> None:
@@ -188,11 +196,6 @@ def test_errors_are_exit_2_with_a_line(capsys, tmp_path) -> None:
     assert main(["import", "sbatch", str(bad)]) == 2
     assert re.search(r"bad.sbatch:2: cannot read the script", capsys.readouterr().err)
     assert main(["import", "sbatch", str(tmp_path / "missing.sbatch")]) == 2
-
-
-def test_lexer_undoes_escapes_like_bash() -> None:
-    (cmd,) = split_script('echo "a \\$B \\"c\\" \\\\ d" \'$e\' f\\ g\n')
-    assert [w.value() for w in cmd.words] == ["echo", 'a $B "c" \\ d', "$e", "f g"]
 
 
 SLURM_KEYS = ("nodes", "ntasks-per-node", "gpus-per-node", "time", "partition", "account")
@@ -291,14 +294,18 @@ srun $SRUN_ARGS printf '<%s>\n' pretrain_gpt.py $GPT_ARGS $DATA_ARGS "$OUT_ARGS"
 """
 
 
-def test_unquoted_expansions_split_as_bash_splits_them(capsys, tmp_path) -> None:
+def test_unquoted_expansions_split_as_bash_splits_them(capsys, tmp_path, monkeypatch) -> None:
     """bash is the oracle: the script's srun line (srun replaced by a function that drops
-    its options) and the imported command print the same argv, one `<arg>` per line."""
+    its options) and the imported command print the same argv, one `<arg>` per line.
+    Variables the script reads from the submitting shell take its value at import, as
+    sbatch takes them at submission (the report names each)."""
     import os
     import subprocess
 
     script = tmp_path / "megatron.sbatch"
     script.write_text(SPLIT_SCRIPT)
+    monkeypatch.setenv("CKPT_DIR", "/ck pt")
+    monkeypatch.setenv("UNSET_ONE", "u1 u2")
     out, errtext, code = run_import(capsys, "sbatch", str(script))
     assert code == 0, errtext
     spec_path = tmp_path / "job.yaml"
@@ -317,8 +324,8 @@ def test_unquoted_expansions_split_as_bash_splits_them(capsys, tmp_path) -> None
     ).stdout
     assert got == want
     assert "<--num-layers>\n<24>\n<--hidden-size>" in got and "<--data-path>\n</data/my>" in got
-    # the references the script leaves to the node are named in the report
-    assert any(
-        "$CKPT_DIR $UNSET_ONE: not set by the script" in e
-        for e in notes_at(errtext.splitlines(), 10)
-    )
+    # the references the script takes from the submitting shell are named in the report
+    for name in ("CKPT_DIR", "UNSET_ONE"):
+        assert any(
+            f"${name}: the script read it from the environment" in e for e in errtext.splitlines()
+        )

@@ -101,10 +101,12 @@ class ImportResult:
 
     def messages(self) -> list[str]:
         """The notes as `FILE:LINE: kind: text`, in line order, secrets masked."""
-        out = []
+        out: list[str] = []
         for n in sorted(self.notes, key=lambda n: n.line or 0):
             where = f"{self.source}:{n.line}" if n.line else self.source
-            out.append(self.redact(f"{where}: {n.kind}: {n.text}"))
+            text = self.redact(f"{where}: {n.kind}: {n.text}")
+            if text not in out:  # the same thing seen twice (two srun tasks) is said once
+                out.append(text)
         return out
 
     def ordered(self) -> dict[str, Any]:

@@ -1,35 +1,24 @@
-"""`treb import sbatch`: a Slurm batch script -> spec.
+"""`treb import sbatch`: a Slurm batch script -> spec, with bash itself as the oracle.
 
-#SBATCH headers become the shape and the `slurm:` block; the last `srun` line is the
-workload (srun-native ranks, or torchrun inside `bash -c "..."`); the script's own
-variables are substituted the way bash would (`\\$` escapes undone), `export` lines become
-`env` or, when they look like credentials, `secrets` by name; `module load`, `source
-.../activate` and the other lines before the main srun are kept in `slurm.setup`.
+#SBATCH headers become the shape and the `slurm:` block. The script's shell is not parsed
+here: bash runs it in a sandbox with the allocation simulated (importers/oracle.py), and the
+srun, launcher and interpreter calls it records become the workload (importers/recorded.py).
+The result is checked before it is printed (importers/roundtrip.py).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
-from dataclasses import dataclass
+import subprocess
 from pathlib import Path
 
 from trebuchet.errors import UserError
-from trebuchet.importers.common import PLACEHOLDER, ImportResult, env_or_secret, is_secret, to_name
-from trebuchet.importers.shell import (
-    ASSIGN,
-    Command,
-    Part,
-    ShellSyntaxError,
-    Word,
-    assigned,
-    expand,
-    source,
-    split_script,
-    statements,
-)
-from trebuchet.runtime.contract import NODE_NAMES, RANK_NAMES
+from trebuchet.importers import oracle, recorded, roundtrip
+from trebuchet.importers.common import PLACEHOLDER, ImportResult, is_secret, to_name
 
+MAX_BYTES = 1 << 20  # a batch script is a few KB; anything past 1 MiB is not one
 SHORT = {
     "N": "nodes",
     "n": "ntasks",
@@ -112,49 +101,6 @@ FLAGS = {
     "container-save",
     "nvmps",
 }
-# Set where the ranks run, so a reference to them is expected to stay live.
-RUNTIME_PREFIXES = ("SLURM_", "SLURMD_", "TREB_", "OMPI_", "PMI_", "PMIX_", "SKYPILOT_")
-RUNTIME_NAMES = {*RANK_NAMES, *NODE_NAMES, "MASTER_ADDR", "MASTER_PORT", "HOME", "USER", "PATH"}
-RUNTIME_NAMES |= {"HOSTNAME", "PWD", "CUDA_VISIBLE_DEVICES"}
-NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-SETUP_COMMANDS = {"module", "ml", "source", ".", "spack"}
-ACTIVATE = {"conda", "mamba", "micromamba"}
-TORCHRUN_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
-TORCHRUN_VALUE = {
-    "nnodes",
-    "node-rank",
-    "nproc-per-node",
-    "master-addr",
-    "master-port",
-    "rdzv-backend",
-    "rdzv-endpoint",
-    "rdzv-id",
-    "rdzv-conf",
-    "max-restarts",
-    "monitor-interval",
-    "start-method",
-    "role",
-    "log-dir",
-    "redirects",
-    "tee",
-    "local-addr",
-    "local-ranks-filter",
-    "logs-specs",
-    "rdzv-timeout",
-    "event-log-handler",
-    "numa-binding",
-    "signals-to-handle",
-}
-TORCHRUN_SHORT = {"r": "redirects", "t": "tee", "m": "module"}
-TORCHRUN_SET_BY_TREB = {
-    "nnodes",
-    "node-rank",
-    "master-addr",
-    "rdzv-endpoint",
-    "rdzv-backend",
-    "rdzv-id",
-    "standalone",
-}
 SIGNALS = {
     "USR1": "SIGUSR1",
     "USR2": "SIGUSR2",
@@ -221,62 +167,240 @@ def _gpus(value: str) -> tuple[int | None, str | None]:
     return count, kind
 
 
-@dataclass
-class _Item:
-    """A line kept for slurm.setup, or the assignment of a script variable."""
-
-    line: int
-    raw: str
-    names: set[str]
-
-
 class _Script:
-    """State while reading one batch script."""
+    """State while importing one batch script."""
 
     def __init__(self, path: Path, res: ImportResult) -> None:
         self.path = path
         self.res = res
-        self.vars: dict[str, tuple[str, _Item]] = {}  # plain (not exported) shell variables
-        self.parts: dict[str, list[Part]] = {}  # their values as parts (live references kept)
-        self.exported: set[str] = set()
-        self.used: set[str] = set()
-        self.setup: list[_Item] = []
-        self.setup_vars: set[str] = set()
-        self.workdir: tuple[str, int] | None = None
         self.sb: dict[str, tuple[str | None, int]] = {}
         self.srun_opts: dict[str, str | None] = {}
 
-    def resolve(self, name: str) -> str | None:
-        if name in self.vars and name not in self.exported:
-            self.used.add(name)
-            return self.vars[name][0]
-        return None
 
-    def lookup(self, name: str) -> list[Part] | None:
-        """A script variable's value as parts, for expand() (which splits it as bash does)."""
-        if name in self.vars and name not in self.exported:
-            self.used.add(name)
-            return self.parts[name]
-        return None
+def read_script(p: Path) -> str:
+    """The script's text; a named error for what cannot be a batch script (a device, a
+    binary, a huge file), read without ever holding more than MAX_BYTES."""
+    try:
+        if not p.is_file():
+            raise UserError(f"{p}: not a regular file")
+        with open(p, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise UserError(f"{p}: cannot read: {exc}") from None
+    if len(data) > MAX_BYTES:
+        raise UserError(f"{p}: larger than {MAX_BYTES // 1024} KiB: not a batch script")
+    if b"\0" in data:
+        line = data[: data.index(b"\0")].count(b"\n") + 1
+        raise UserError(f"{p}:{line}: a NUL byte: a binary file, not a batch script")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise UserError(f"{p}:{line}: not UTF-8 text: not a batch script") from None
+
+
+PLACEHOLDER_WORD = re.compile(r"<[A-Za-z][A-Za-z0-9_.-]*>")
+
+
+def _syntax_error(text: str) -> str:
+    done = subprocess.run(["bash", "--noprofile", "--norc", "-n"], input=text,
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    return done.stderr.strip() if done.returncode else ""
+
+
+def _runnable(p: Path, text: str) -> tuple[str | None, dict[str, str]]:
+    """bash -n: what bash itself cannot read is refused before anything runs. A template
+    whose `<PLACEHOLDER>` words are what bash rejects runs with them replaced by markers
+    (kept as written in the spec): (text to run instead, marker -> placeholder)."""
+    err = _syntax_error(text)
+    if not err:
+        return None, {}
+    marks: dict[str, str] = {}
+
+    def mark(m: re.Match[str]) -> str:
+        marker = f"TREB^PH{len(marks)}^"
+        marks[marker] = m.group(0)
+        return marker
+
+    swapped = PLACEHOLDER_WORD.sub(mark, text)
+    if marks and not _syntax_error(swapped):
+        return swapped, marks
+    first = err.splitlines()[0]
+    if first:
+        m = re.match(r".*?: line (\d+): (.*)", first)
+        where = f"{p}:{m.group(1)}" if m else str(p)
+        raise UserError(f"{where}: cannot read the script: {m.group(2) if m else first}")
+    raise UserError(f"{p}: cannot read the script")
 
 
 def import_file(path: str | Path, **_: object) -> ImportResult:
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise UserError(f"{p}: cannot read: {exc}") from None
+    text = read_script(p)
+    swapped, placeholders = _runnable(p, text)
     res = ImportResult("sbatch", str(p))
     st = _Script(p, res)
-    try:
-        cmds = split_script(text)
-    except ShellSyntaxError as exc:
-        raise UserError(f"{p}:{exc.line}: cannot read the script: {exc}") from None
-    first_cmd = cmds[0].line if cmds else 1 << 30
+    first_cmd = next(
+        (
+            no
+            for no, line in enumerate(text.splitlines(), 1)
+            if line.strip() and not line.lstrip().startswith("#")
+        ),
+        1 << 30,
+    )
     _headers(text, first_cmd, st)
-    _body(cmds, text, st)
+    rec = _record(p, text, st, swapped)
+    work = recorded.build(rec, res, p, swapped or text, _srun_options(st))
+    for marker, name in rec.markers.items():  # a credential is named, never a sandbox marker
+        for n in res.notes:
+            n.text = n.text.replace(marker, "$" + name)
+    if work is None:
+        _no_srun(text, st, rec)
+    else:
+        st.srun_opts = work.srun_opts
+        _shape(st, work.launcher, work.ppn, work.line or 0)
+    if placeholders:
+        res.spec = _unmark(res.spec, placeholders)
+        res.notes = [type(n)(n.line, _unmark(n.text, placeholders), n.kind) for n in res.notes]
     _finish(st)
+    if work is not None:
+        roundtrip.check(res, work)
     return res
+
+
+def _unmark(data, marks: dict[str, str]):
+    """Template placeholders back where their markers ended up."""
+    if isinstance(data, str):
+        for marker, text in marks.items():
+            data = data.replace(marker, text)
+        return re.sub(r"TREB\^PH\d*\^?", "<", data)  # one cut short in a note
+    if isinstance(data, list):
+        return [_unmark(x, marks) for x in data]
+    if isinstance(data, dict):
+        return {k: _unmark(v, marks) for k, v in data.items()}
+    return data
+
+
+def _allocation(st: _Script) -> tuple[int, int, int]:
+    """Nodes, tasks per node and GPUs per node the #SBATCH lines ask for (1, 1, 0 unsaid)."""
+    sb = st.sb
+    nodes_v = (sb.get("nodes") or (None, 0))[0] or ""
+    m = re.match(r"\d+", nodes_v.strip())
+    nodes = max(1, min(int(m.group(0)), 4096)) if m else 1
+    tpn = _int((sb.get("ntasks-per-node") or (None, 0))[0])
+    total = _int((sb.get("ntasks") or (None, 0))[0])
+    if tpn is None and total:
+        tpn = max(1, total // nodes)
+    gpus = None
+    for name in ("gpus-per-node", "gres", "gpus"):
+        v = (sb.get(name) or (None, 0))[0]
+        if v and gpus is None:
+            count = _gpus(v)[0]
+            if count is not None:
+                gpus = count // nodes if name == "gpus" else count
+    return nodes, max(1, min(tpn or 1, 1024)), max(0, min(gpus or 0, 1024))
+
+
+def _record(p: Path, text: str, st: _Script, swapped: str | None) -> oracle.Recording:
+    nodes, tpn, gpus = _allocation(st)
+    submit = str(p.resolve().parent)
+    chdir = (st.sb.get("chdir") or (None, 0))[0]
+    cwd = submit
+    if chdir:
+        cwd = chdir if chdir.startswith("/") else os.path.join(submit, chdir)
+        cwd = os.path.normpath(cwd)
+    name = (st.sb.get("job-name") or (p.stem, 0))[0] or p.stem
+    slurm_env = oracle.allocation_env(nodes, tpn, gpus, submit, name)
+    passed: dict[str, str] = {}
+    markers: dict[str, str] = {}
+    for ref in sorted(set(re.findall(r"\$\{?!?([A-Za-z_][A-Za-z0-9_]*)", text))):
+        if ref.startswith("SLURM") or ref in slurm_env:
+            continue
+        if is_secret(ref):
+            marker = f"TREBSECRET{ref}X"
+            passed[ref] = marker
+            markers[marker] = ref
+        elif ref in os.environ and ref not in ("PATH", "HOME", "USER", "LOGNAME", "SHELL"):
+            passed[ref] = os.environ[ref]
+    last = nodes * tpn - 1
+    tasks = ["0:0:0"] + ([f"{last}:{nodes - 1}:{tpn - 1}"] if last > 0 else [])
+    rec = oracle.record(p, cwd, slurm_env, passed, tasks, swapped)
+    rec.markers = markers
+    for ref in sorted(set(passed) - set(markers.values())):
+        st.res.note(
+            None,
+            f"${ref}: the script read it from the environment it started with: the import "
+            f"gave it your shell's value ({passed[ref][:60]!r}), as sbatch gives it the "
+            "value of the shell you submit from",
+        )
+    return rec
+
+
+def _srun_options(st: _Script):
+    """The main srun's options into the spec; returns a parser: srun argv -> (opts, program)."""
+    res = st.res
+
+    def parse(args: list[str], line: int | None) -> tuple[dict[str, str | None], list[str]]:
+        opts, start = parse_options(args, stop_at_program=True)
+        srun: dict[str, str | None] = {}
+        for name, value, _ in opts:
+            if name in (
+                "nodes",
+                "ntasks",
+                "ntasks-per-node",
+                "gpus-per-node",
+                "gpus",
+                "gres",
+                "cpus-per-task",
+                "time",
+                "partition",
+                "account",
+            ):
+                srun[name] = value
+            elif name == "mpi":
+                res.spec.setdefault("slurm", {})["mpi"] = value
+            elif name == "container-image":
+                res.spec.setdefault("environment", {})["image"] = value
+            elif name == "container-mounts":
+                mounts = [m for m in (value or "").split(",") if m]
+                res.spec.setdefault("environment", {})["mounts"] = mounts
+            elif name in ("container-workdir", "chdir"):
+                srun["container-workdir"] = value
+            elif name == "export" and (value or "").upper() == "ALL":
+                pass  # trebuchet exports the submitting environment too
+            elif name in ("label", "unbuffered"):
+                res.note(
+                    line, f"srun --{name}: trebuchet prefixes and unbuffers rank output itself"
+                )
+            else:
+                flag = f"--{name}" + (f"={value}" if value is not None else "")
+                res.drop(line, f"srun {flag}", "the spec has no field for srun options")
+        return srun, args[start:]
+
+    return parse
+
+
+def _no_srun(text: str, st: _Script, rec: oracle.Recording) -> None:
+    """No srun: the batch script itself is the job, once per node (launcher none)."""
+    res = st.res
+    if rec.status != 0 and not rec.top():
+        tail = (rec.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UserError(
+            f"{st.path}: the script stopped (exit {rec.status}) before any srun: {tail}"
+        )
+    body = "\n".join(
+        line
+        for line in text.splitlines()
+        if not line.startswith("#!") and not line.lstrip().startswith("#SBATCH")
+    ).strip("\n")
+    if not rec.top() and not re.search(r"^\s*[^#\s]", body, re.M):
+        raise UserError(f"{st.path}: no command found (no srun line and no other command)")
+    res.note(
+        None,
+        "no srun line: the script's commands become the command, run once per node with "
+        "launcher none",
+    )
+    res.spec["command"] = body
+    _shape(st, "none", None, 0)
 
 
 def _headers(text: str, first_cmd: int, st: _Script) -> None:
@@ -299,331 +423,6 @@ def _headers(text: str, first_cmd: int, st: _Script) -> None:
                 res.drop(no, value or "", "not an option")
                 continue
             st.sb[name] = (value, no)
-
-
-def _body(cmds: list[Command], text: str, st: _Script) -> None:
-    res = st.res
-    stmts = statements(cmds, text)
-    srun_at = [i for i, stmt in enumerate(stmts) if stmt[0].argv0 == "srun"]
-    main = srun_at[-1] if srun_at else None
-    body: list[str] = []
-    for i, stmt in enumerate(stmts):
-        c, raw = stmt[0], source(stmt, text)
-        first = raw.splitlines()[0] + (" ..." if "\n" in raw else "")
-        if i == main:
-            _srun(c, st)
-            for other in stmt[1:]:
-                res.drop(
-                    other.line,
-                    other.raw,
-                    "srun's output piped on: trebuchet keeps every rank's log in the run directory",
-                )
-            if stmt[-1].end == "&":
-                res.drop(c.line, "&", "srun in the background")
-        elif main is not None and i > main:
-            res.drop(c.line, first, "after the main srun")
-        elif len(stmt) == 1 and all(ASSIGN.match(w.raw) for w in c.words):
-            for w in c.words:
-                assign = ASSIGN.match(w.raw)
-                assert assign is not None  # each word matched, above
-                name = assign.group(1)
-                value = w.value(st.resolve)[len(name) + 1 :]
-                st.parts[name] = assigned(w, st.lookup)
-                st.vars[name] = (value, _Item(c.line, c.raw, w.names()))
-        elif len(stmt) == 1 and c.argv0 == "export":
-            _export(c, st)
-        elif len(stmt) == 1 and c.argv0 == "cd" and len(c.words) == 2 and main is not None:
-            st.workdir = (c.words[1].value(st.resolve), c.line)
-        elif main is None:
-            body.append(raw)
-            for x in stmt:
-                for w in x.words:
-                    st.used |= w.names() & set(st.vars)
-        else:
-            kind = c.argv0.rsplit("/", 1)[-1]
-            setup_like = kind in SETUP_COMMANDS or (
-                kind in ACTIVATE and len(c.words) > 1 and c.words[1].value() == "activate"
-            )
-            names = {n for x in stmt for w in x.words for n in w.names()}
-            st.setup.append(_Item(c.line, raw, names))
-            if not setup_like:
-                res.note(
-                    c.line,
-                    f"kept in slurm.setup (runs in the batch script before the main srun): {first}",
-                )
-    if main is None:
-        if not body:
-            raise UserError(f"{st.path}: no command found (no srun line and no other command)")
-        res.note(
-            None,
-            "no srun line: the script's commands become the command, run once per "
-            "node with launcher none",
-        )
-        res.spec["command"] = "\n".join(body)
-        _shape(st, "none", None, 0)
-
-
-def _export(c: Command, st: _Script) -> None:
-    res = st.res
-    for w in c.words[1:]:
-        m = ASSIGN.match(w.raw)
-        if w.raw.startswith("-"):
-            res.drop(c.line, f"export {w.raw}", "export option")
-            continue
-        if not m:
-            name = w.value()
-            value = st.vars.pop(name, (None, None))[0]
-            st.exported.add(name)
-            if value is None:
-                continue  # exporting an inherited variable: the submitting env has it
-        else:
-            name = m.group(1)
-            value = w.value(st.resolve)[len(name) + 1 :]
-            st.exported.add(name)
-        secret = is_secret(name, value)
-        live = m is not None and any(
-            p.kind == "sub" or (p.kind == "var" and st.resolve(p.text) is None) for p in w.parts
-        )
-        if secret:
-            if value and not re.fullmatch(r"\$\{?" + name + r"\}?", value):
-                res.note(
-                    c.line,
-                    f"{name} becomes a secret: its value here is not carried; "
-                    "export it in the shell you submit from",
-                )
-            res.add_secret(name, None if live else value)
-        elif live:
-            st.setup.append(_Item(c.line, c.raw, w.names()))
-            res.note(
-                c.line, f"export {name}: its value is computed on the node; kept in slurm.setup"
-            )
-        else:  # a literal value: a "${" in it must not be expanded at submission
-            env_or_secret(res, name, (value or "").replace("${", "$${"), c.line)
-
-
-def _srun(c: Command, st: _Script) -> None:
-    res = st.res
-    for w in c.words[1:]:
-        st.used |= w.names() & set(st.vars)
-    words = expand(c.words[1:], st.lookup)
-    _unresolved(words, c.line, st)
-    values = [w.value(st.resolve) for w in words]
-    opts, start = parse_options(values, stop_at_program=True)
-    argv = words[start:]
-    for r in c.redirs:
-        res.drop(c.line, r, "srun's output redirected: trebuchet keeps every rank's log")
-    srun: dict[str, str | None] = {}
-    for name, value, _ in opts:
-        if name in (
-            "nodes",
-            "ntasks",
-            "ntasks-per-node",
-            "gpus-per-node",
-            "gpus",
-            "gres",
-            "cpus-per-task",
-            "time",
-            "partition",
-            "account",
-        ):
-            srun[name] = value
-        elif name == "mpi":
-            res.spec.setdefault("slurm", {})["mpi"] = value
-        elif name == "container-image":
-            res.spec.setdefault("environment", {})["image"] = value
-        elif name == "container-mounts":
-            mounts = [m for m in (value or "").split(",") if m]
-            res.spec.setdefault("environment", {})["mounts"] = mounts
-        elif name == "container-workdir" or name == "chdir":
-            st.workdir = (value or "", c.line)
-        elif name == "export" and (value or "").upper() == "ALL":
-            pass  # trebuchet exports the submitting environment too
-        elif name in ("label", "unbuffered"):
-            res.note(c.line, f"srun --{name}: trebuchet prefixes and unbuffers rank output itself")
-        else:
-            flag = f"--{name}" + (f"={value}" if value is not None else "")
-            res.drop(c.line, f"srun {flag}", "the spec has no field for srun options")
-    if not argv:
-        raise UserError(f"{st.path}:{c.line}: srun without a command")
-    _program(argv, c, st, srun)
-
-
-def _unresolved(words: list[Word], line: int, st: _Script) -> None:
-    """Say which references in the srun line the script does not set: they stay for the
-    node's shell, which takes them from the environment the job starts with."""
-    known = st.exported | set(st.res.spec.get("env", {})) | set(st.res.spec.get("secrets", []))
-    names = sorted(
-        {p.text for w in words for p in w.parts if p.kind == "var" and NAME_RE.fullmatch(p.text)}
-        - known
-    )
-    names = [n for n in names if not n.startswith(RUNTIME_PREFIXES) and n not in RUNTIME_NAMES]
-    if names:
-        refs = " ".join("$" + n for n in names)
-        st.res.note(
-            line,
-            f"{refs}: not set by the script; left for the shell on the node to expand "
-            "(from the environment you submit from, or empty)",
-        )
-
-
-def _program(argv: list[Word], c: Command, st: _Script, srun: dict[str, str | None]) -> None:
-    res = st.res
-    prog = argv[0].value(st.resolve).rsplit("/", 1)[-1]
-    script: str | None = None
-    if prog in ("bash", "sh") and len(argv) >= 3:
-        flags = [w.value() for w in argv[1:-1]]
-        if flags and flags[-1] in ("-c", "-lc", "-cl") or "-c" in flags:
-            idx = next(i for i, w in enumerate(argv) if w.value() in ("-c", "-lc", "-cl"))
-            script = argv[idx + 1].value(st.resolve)
-            for w in argv[1 : idx + 1] + argv[idx + 2 :]:
-                st.used |= w.names()
-            st.used |= argv[idx + 1].names() & set(st.vars)
-            if len(argv) > idx + 2:
-                res.drop(
-                    c.line,
-                    " ".join(w.raw for w in argv[idx + 2 :]),
-                    "arguments after bash -c's script",
-                )
-    st.srun_opts = srun
-    if script is not None:
-        try:
-            inner = split_script(script)
-        except ShellSyntaxError:
-            inner = []
-        for k, ic in enumerate(inner):
-            tr = _find_torchrun(ic.words)
-            if tr is not None:
-                worker, ppn = _torchrun(ic.words, tr, c.line, st, resolve=None)
-                before = "".join(x.raw + _sep(x.end) for x in inner[:k])
-                after = "".join(
-                    _sep(inner[k].end if j == k + 1 else "") + x.raw
-                    for j, x in enumerate(inner[k + 1 :], k + 1)
-                )
-                if before.strip():
-                    res.note(
-                        c.line,
-                        "the commands before torchrun in the srun command now run "
-                        "in every rank (trebuchet starts torchrun itself)",
-                    )
-                res.spec["command"] = before + worker + after
-                _shape(st, "torchrun", ppn, c.line)
-                return
-        res.spec["command"] = _dedent(script)
-        _shape(st, "native", None, c.line)
-        return
-    for w in argv:
-        st.used |= w.names() & set(st.vars)
-    tr = _find_torchrun(argv)
-    if tr is not None:
-        worker, ppn = _torchrun(argv, tr, c.line, st, resolve=st.resolve)
-        res.spec["command"] = worker
-        _shape(st, "torchrun", ppn, c.line)
-        return
-    res.spec["command"] = " ".join(w.shell(st.resolve) for w in argv)
-    _shape(st, "native", None, c.line)
-
-
-def _sep(end: str) -> str:
-    return {"&&": " && ", "||": " || ", ";": "; ", "|": " | ", "&": " & ", "": ""}.get(end, "\n")
-
-
-def _dedent(script: str) -> str:
-    import textwrap
-
-    return textwrap.dedent(script).strip("\n")
-
-
-def _find_torchrun(words: list[Word]) -> int | None:
-    """Index of `torchrun` or of `python` in `python -m torch.distributed.run`."""
-    vals = [w.value() for w in words]
-    for i, v in enumerate(vals):
-        base = v.rsplit("/", 1)[-1]
-        if base == "torchrun":
-            return i
-        if (
-            re.fullmatch(r"python[0-9.]*", base)
-            and i + 2 < len(vals)
-            and vals[i + 1] == "-m"
-            and vals[i + 2] in TORCHRUN_MODULES
-        ):
-            return i
-    return None
-
-
-def _torchrun(
-    words: list[Word], at: int, line: int, st: _Script, resolve
-) -> tuple[str, int | None]:
-    """Worker command (what each rank runs) and procs per node from a torchrun call."""
-    res = st.res
-    pre = [w.shell(resolve) for w in words[:at]]
-    is_module_form = words[at].value().rsplit("/", 1)[-1] != "torchrun"
-    python = words[at].shell(resolve) if is_module_form else "python"
-    rest = words[at + 3 :] if is_module_form else words[at + 1 :]
-    vals = [w.value(resolve) for w in rest]
-    ppn: int | None = None
-    module = no_python = False
-    i = 0
-    replaced: list[str] = []
-    while i < len(vals):
-        tok = vals[i]
-        if not tok.startswith("-"):
-            break
-        if tok.startswith("--"):
-            name, eq, value = tok[2:].partition("=")
-        else:
-            name, eq, value = TORCHRUN_SHORT.get(tok[1:2], tok[1:2]), "", tok[2:]
-            eq = "=" if value else ""
-        name = name.replace("_", "-")
-        if name in TORCHRUN_VALUE and not eq:
-            value = vals[i + 1] if i + 1 < len(vals) else ""
-            i += 1
-        i += 1
-        if name == "nproc-per-node":
-            ppn = _int(value)
-            if ppn is None:
-                res.note(line, f"torchrun --nproc_per_node={value}: one rank per GPU")
-        elif name == "master-port":
-            port = _int(value)
-            if port and 1024 <= port <= 65535:
-                res.spec["master_port"] = port
-            else:
-                replaced.append(f"--master_port={value}")
-        elif name == "nnodes":
-            n = _int(value)
-            nodes = _int((st.sb.get("nodes") or (None, 0))[0])
-            if n is not None and nodes is not None and n != nodes:
-                res.note(
-                    line,
-                    f"torchrun --nnodes={n} differs from --nodes={nodes}: the spec uses {nodes}",
-                )
-        elif name in TORCHRUN_SET_BY_TREB:
-            replaced.append(f"--{name}" + (f"={value}" if eq or name in TORCHRUN_VALUE else ""))
-        elif name == "module":
-            module = True
-        elif name == "no-python":
-            no_python = True
-        else:
-            flag = f"--{name}" + (f"={value}" if value else "")
-            res.drop(
-                line,
-                f"torchrun {flag}",
-                "trebuchet runs torchrun with its own options"
-                + ("; use retries" if name == "max-restarts" else ""),
-            )
-    if replaced:
-        res.note(
-            line,
-            "torchrun " + " ".join(replaced) + ": trebuchet's torchrun launcher "
-            "sets the node rank and rendezvous itself",
-        )
-    program = [w.shell(resolve) for w in rest[i:]]
-    if no_python:
-        worker = program
-    elif module:
-        worker = [python, "-m", *program]
-    else:
-        worker = [python, *program]
-    return " ".join(pre + worker), ppn
 
 
 def _shape(st: _Script, launcher: str, ppn: int | None, line: int) -> None:
@@ -741,7 +540,7 @@ def _finish(st: _Script) -> None:
                 line, f"--{name}={value}", "trebuchet writes each rank's log in the run directory"
             )
         elif name == "chdir":
-            st.workdir = st.workdir or (value or "", line)
+            pass  # the sandbox started the script there: the workload's directory has it
         elif name == "signal":
             _signal(value or "", line, res)
         elif name in ("array", "dependency", "hold", "wait", "test-only", "parsable"):
@@ -763,12 +562,6 @@ def _finish(st: _Script) -> None:
             slurm.setdefault("sbatch_args", []).append(
                 f"--{name}" + (f"={value}" if value is not None else "")
             )
-    _workdir(st)
-    _setup(st)
-    _referenced_secrets(st)
-    for name, (_value, item) in st.vars.items():
-        if name not in st.used and name not in st.setup_vars:
-            res.drop(item.line, f"{name}=...", "a shell variable nothing carried over uses")
     spec.setdefault("name", to_name(st.path.stem))
     found = sorted(set(PLACEHOLDER.findall(str(spec.get("command", "")))))
     if found:
@@ -810,77 +603,6 @@ def _signal(value: str, line: int, res: ImportResult) -> None:
         f"--signal={value}: checkpoint_signal {sig}, sent {res.spec['timeout_warning']}"
         " s before the time limit (needs timeout or slurm.time)",
     )
-
-
-def _workdir(st: _Script) -> None:
-    if not st.workdir:
-        return
-    d, line = st.workdir
-    res = st.res
-    local = Path(d) if Path(d).is_absolute() else st.path.resolve().parent / d
-    if "$" not in d and local.is_dir():
-        res.spec["workdir"] = str(local.resolve())
-        return
-    res.spec["command"] = f"cd {shlex.quote(d) if '$' not in d else d} && {res.spec['command']}"
-    res.note(
-        line,
-        f"working directory {d} is not a directory on this machine: the command "
-        "starts with cd instead of setting workdir",
-    )
-
-
-def _setup(st: _Script) -> None:
-    """slurm.setup: the kept lines, preceded by the script variables they use."""
-    if not st.setup:
-        return
-    need: set[str] = set()
-    for item in st.setup:
-        need |= item.names
-    todo = list(need)
-    while todo:  # the variables those assignments use, transitively
-        name = todo.pop()
-        if name in st.vars:
-            for extra in st.vars[name][1].names - need:
-                need.add(extra)
-                todo.append(extra)
-    items = list(st.setup)
-    for name in need:
-        if name in st.vars and name not in st.exported:
-            st.setup_vars.add(name)
-            if st.vars[name][1] not in items:
-                items.append(st.vars[name][1])
-    items.sort(key=lambda it: it.line)
-    st.res.spec.setdefault("slurm", {})["setup"] = [one_line(it.raw) for it in items]
-
-
-def one_line(text: str) -> str:
-    """slurm.setup holds one shell line per item: continuations joined, else `eval $'...'`."""
-    joined = re.sub(r"[ \t]*\\\n[ \t]*", " ", text)
-    if "\n" not in joined and "\r" not in joined:
-        return joined
-    quoted = "".join(
-        {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(ch, ch)
-        for ch in joined
-    )
-    return f"eval $'{quoted}'"
-
-
-def _referenced_secrets(st: _Script) -> None:
-    """Credentials the command uses without the script defining them come from the shell."""
-    spec = st.res.spec
-    text = str(spec.get("command", "")) + "\n".join(spec.get("slurm", {}).get("setup", []))
-    for name in sorted(set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", text))):
-        if (
-            is_secret(name)
-            and name not in spec.get("secrets", [])
-            and name not in st.vars
-            and name not in spec.get("env", {})
-        ):
-            st.res.add_secret(name)
-            st.res.note(
-                None,
-                f"{name} is used by the command: a secret, taken from the shell you submit from",
-            )
 
 
 def _mask_secret_values(res: ImportResult) -> None:
