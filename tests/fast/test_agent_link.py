@@ -91,3 +91,25 @@ def test_beating_agents_stay_alive(hub, monkeypatch):
     time.sleep(0.5)
     assert h.lost(30.0) == []
     link.ended(0)
+
+
+def test_an_agent_notices_a_controller_that_stopped_answering(hub, monkeypatch):
+    """Slurm's batch host lost (runtime/batchloss.py): the controller answers every line that
+    carries its token, also an older attempt's; silent for the timeout, it is lost, once."""
+    h, _ = hub
+    monkeypatch.setattr(agent_link, "BEAT_S", 0.05)
+    monkeypatch.setenv(agent_link.ENV, h.address("127.0.0.1"))
+    h.expect(attempt=1, tasks=1)
+    lost: list[float] = []
+    old = agent_link.open_link(0, "0", "tn1", on_lost=lost.append, timeout=0.4)
+    assert old is not None
+    time.sleep(1.0)
+    assert lost == []  # answered, though attempt 0 is no longer the controller's
+    assert old.sock is not None and time.monotonic() - old.heard < 0.4, "answers not read"
+    h.closed = True  # the controller's thread stops: no more answers, as from a dead node
+    deadline = time.monotonic() + 10
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert len(lost) == 1 and lost[0] <= time.time(), lost
+    old.ended(0)

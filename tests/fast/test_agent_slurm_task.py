@@ -38,12 +38,20 @@ def task_job(run_dir: Path, workdir: Path, launcher: str, ppn: int, command: lis
     return path
 
 
+def controller_wrote(run_dir: Path, job_id: str) -> None:
+    """What the job controller writes before its step, which the agent's health checks
+    read (runtime/health.py: the run directory is the shared one)."""
+    (run_dir / "attempt-0" / "attempt.json").write_text(json.dumps({"job_id": job_id,
+                                                                    "attempt": 0}))  # fmt: skip
+
+
 def run_wrapper(
     tmp_path: Path, command: str, squeue_state: str | None = None, rc: int = 143
 ) -> dict:
     """One native task through the agent; its outcome record."""
     run_dir = tmp_path / "run"
     (run_dir / "attempt-0").mkdir(parents=True, exist_ok=True)
+    controller_wrote(run_dir, "77")
     runtime = ship(run_dir)
     job = task_job(run_dir, tmp_path, "native", 1, ["bash", "-c", command])
     bin_dir = tmp_path / "bin"
@@ -61,7 +69,8 @@ def run_wrapper(
         "TREB_RUN_DIR": str(run_dir), "TREB_WORKDIR": str(tmp_path), "TREB_ATTEMPT": "0",
         "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0",
         "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1",
-        "SLURM_NNODES": "1", "OMP_NUM_THREADS": "1",
+        "SLURM_NNODES": "1", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1",
     }  # fmt: skip
     res = subprocess.run(
         [sys.executable, "-S", str(runtime), "task", str(job)],
@@ -149,6 +158,7 @@ def test_mpirun_task_command_line(tmp_path: Path) -> None:
         f.chmod(0o755)
     run_dir = tmp_path / "run"
     (run_dir / "attempt-0").mkdir(parents=True)
+    controller_wrote(run_dir, "7")
     runtime = ship(run_dir)
     show = 'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $NODE_RANK $NUM_NODES"'
     job = task_job(run_dir, tmp_path, "mpirun", 4, ["bash", "-c", show], grace=1,
@@ -157,7 +167,7 @@ def test_mpirun_task_command_line(tmp_path: Path) -> None:
         "PATH": f"{bin_dir}:{os.environ['PATH']}", "TREB_RUN_DIR": str(run_dir),
         "TREB_WORKDIR": str(tmp_path), "TREB_ATTEMPT": "0", "MY_VAR": "x",
         "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
-        "SLURM_JOB_NODELIST": "tn[1-2]", "SLURM_JOB_ID": "7", "MASTER_ADDR": "tn1",
+        "SLURM_JOB_NODELIST": "tn[1-2]", "SLURM_JOB_ID": "7", "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": "15007",
     }  # fmt: skip
     res = subprocess.run([sys.executable, "-S", str(runtime), "task", str(job)], env=env,

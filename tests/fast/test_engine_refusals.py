@@ -59,8 +59,8 @@ def test_local_refusal_of_an_override_names_it(treb: TrebFn, tmp_path: Path,
 @pytest.mark.parametrize(
     "text,expected",
     [
-        ("name: r\ncommand: x\nlauncher: horovod\n",
-         "job.yaml:3: launcher: horovod is not supported by the slurm backend"),
+        ("name: r\ncommand: x\nlauncher: horovod\nenv: {HOROVOD_CONTROLLER: gloo}\n",
+         "job.yaml:4: env.HOROVOD_CONTROLLER: gloo is not available on the slurm backend"),
         ("name: r\nlauncher: mpirun\nenvironment: {image: img}\ncommand: x\n",
          "job.yaml:2: launcher: mpirun with a container image is not supported"),
         ("name: r\ncommand: x\nslurm:\n  mem: \"64G\\n\"\n", "job.yaml:4: slurm.mem: must be one line"),

@@ -168,5 +168,5 @@ def test_render_mpirun_and_horovod(tmp_path, treb_home, capsys) -> None:
 
     assert mpi_argv("horovod", 16, ["localhost", "128.140.2.4"], 8, {}) == [
         "horovodrun", "-np", "16", "-H", "localhost:8,128.140.2.4:8",
-        "--start-timeout", "120", "--gloo-timeout-seconds", "120",
+        "--start-timeout", "120", "--gloo", "--gloo-timeout-seconds", "120",
     ]  # fmt: skip

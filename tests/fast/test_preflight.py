@@ -257,6 +257,8 @@ def _cluster_env() -> dict[str, str] | None:
     return env
 
 
+@pytest.mark.integration  # `make test` runs it with the cluster up (not in its first part)
+@pytest.mark.slurm
 def test_real_slurm_cluster_partition(tmp_path) -> None:
     """Read-only against the 2-node test cluster (tests/slurm_cluster), when it is up."""
     env = _cluster_env()

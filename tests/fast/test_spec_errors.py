@@ -321,7 +321,8 @@ def test_real_cli_process_prints_no_traceback(tmp_path: Path, treb_home: Path) -
     assert res.returncode == 2
     assert (
         res.stderr.strip()
-        == f"treb: {spec}:2: nodes: must be an integer between 1 and 100000, got 'two'"
+        == f"treb: {spec}:2: nodes: must be an integer between 1 and 100000, or MIN:MAX "
+        "(elastic: MAX, down to MIN after lost nodes), got 'two'"
     )
 
 
@@ -351,3 +352,31 @@ def test_a_shell_script_given_as_the_spec(tmp_path: Path, treb_home: Path, capsy
     err = capsys.readouterr().err
     assert "is a shell script, not a spec" in err and "treb run -n 2 -- bash run.sh" in err
     assert not (treb_home / "runs").exists() or not any((treb_home / "runs").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("nodes", "error"),
+    [
+        ('"3:2"', "nodes: MIN:MAX needs 1 <= MIN <= MAX <= 100000, got 3:2"),
+        ('"0:2"', "nodes: MIN:MAX needs 1 <= MIN <= MAX <= 100000, got 0:2"),
+        ('"2:999999999"', "nodes: must be an integer between 1 and 100000, or MIN:MAX"),
+        ('"2:3"\nmin_nodes: 2', "nodes: a range MIN:MAX, or min_nodes, not both"),
+    ],
+)
+def test_a_node_range_is_checked_where_it_is_written(tmp_path: Path, nodes: str, error: str):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"command: python train.py\nnodes: {nodes}\n")
+    res = subprocess.run([sys.executable, "-m", "trebuchet", "render", str(spec)],
+                         capture_output=True, text=True)  # fmt: skip
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith(f"treb: {spec}:2: {error}"), res.stderr
+
+
+def test_a_node_range_is_nodes_max_and_min_nodes(tmp_path: Path) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text('command: python train.py\nnodes: "2:3"\nspare_nodes: 1\n')
+    res = subprocess.run([sys.executable, "-m", "trebuchet", "render", "--on", "slurm", str(spec)],
+                         capture_output=True, text=True)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "#SBATCH --nodes=4\n" in res.stdout and "#SBATCH --no-kill\n" in res.stdout
+    assert '"min_nodes": 2' in res.stdout and '"spare_nodes": 1' in res.stdout

@@ -22,6 +22,7 @@ exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"
 {
   "checkpoint_signal": "SIGUSR2",
   "command": ["bash", "-c", "python train.py"],
+  "gpus_per_node": 4,
   "grace": 5,
   "inline": false,
   "launcher": "native",

@@ -23,6 +23,7 @@ exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"
 {
   "checkpoint_signal": "SIGUSR1",
   "command": ["python", "-m", "trainer", "--config", "cfg a.yaml"],
+  "gpus_per_node": 8,
   "grace": 30,
   "inline": false,
   "launcher": "torchrun",

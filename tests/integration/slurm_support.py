@@ -129,7 +129,8 @@ def wait_for(treb: TrebFn, run: str, states: set[str], timeout: float = 300) -> 
 def records(run_dir: str | Path, attempt: int = 0) -> dict[str, dict]:
     """The outcome records the job wrote for one attempt, by file stem (rank-3, node-1)."""
     adir = Path(run_dir) / f"attempt-{attempt}"
-    return {p.stem: json.loads(p.read_text()) for p in adir.glob("*-[0-9]*.json")}
+    return {p.stem: json.loads(p.read_text()) for p in adir.glob("*-[0-9]*.json")
+            if not p.name.startswith("health-")}  # the nodes' checks: no process's  # fmt: skip
 
 
 def wait_ranks_running(run_dir: str | Path, count: int, timeout: float = 120) -> None:

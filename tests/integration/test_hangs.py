@@ -30,7 +30,7 @@ def line_of(marker: str) -> int:
 
 def hang_spec(tmp_path: Path, extra: str = "", env: str = "") -> Path:
     shutil.copy(SCRIPT, tmp_path / "hang_ddp.py")
-    text = (f"command: [{PY}, hang_ddp.py]\nnodes: 2\nprocs_per_node: 2\nhang_timeout: 20s\n"
+    text = (f"command: [{PY}, hang_ddp.py]\nnodes: 2\nprocs_per_node: 2\nhang_timeout: 10s\n"
             f"{extra}env:\n  HANG_RANK: '3'\n{env}")  # fmt: skip
     return write_spec(tmp_path, text)
 
@@ -81,17 +81,18 @@ def test_hang_fails_the_run_with_every_ranks_stack_and_a_diagnosis(treb, tmp_pat
 
 
 def test_a_slow_run_that_progresses_is_never_hung(treb, tmp_path) -> None:
-    # Only rank 0 prints, every 5 s, for 45 s (more than twice hang_timeout): the other
-    # ranks stay silent, which alone does not make a run hung.
+    # Only rank 0 prints, every 2 s, for 22 s (more than twice hang_timeout): the other
+    # ranks stay silent, which alone does not make a run hung. No torch here: the ranks
+    # start in a second, so a 10 s hang_timeout keeps 8 s of margin over each silence.
     (tmp_path / "slow.py").write_text(
         "import os, time\n"
-        "for i in range(9):\n"
+        "for i in range(11):\n"
         "    if os.environ['RANK'] == '0':\n"
         "        print(f'step {i}', flush=True)\n"
-        "    time.sleep(5)\n"
+        "    time.sleep(2)\n"
     )
     spec = write_spec(tmp_path, f"command: [{PY}, slow.py]\nnodes: 2\nprocs_per_node: 2\n"
-                      "hang_timeout: 20s\n")  # fmt: skip
+                      "hang_timeout: 10s\n")  # fmt: skip
     res = treb("run", str(spec), timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     st = status_json(treb)
@@ -101,7 +102,7 @@ def test_a_slow_run_that_progresses_is_never_hung(treb, tmp_path) -> None:
     assert "hang" not in (run_dir / "events.jsonl").read_text()
     assert "hang:" not in res.stderr
     # the reader recorded each rank's progress: rank 0's last line
-    assert (run_dir / "attempt-0" / "progress" / "rank-0").read_text().strip() == "step 8"
+    assert (run_dir / "attempt-0" / "progress" / "rank-0").read_text().strip() == "step 10"
 
 
 def test_treb_stacks_on_a_healthy_run_leaves_it_running(treb, tmp_path) -> None:

@@ -8,17 +8,20 @@ holds on a real slurmctld/slurmd, so these run there (CI starts the cluster).
 # ruff: noqa: F811 (pytest fixtures imported from slurm_support are named as arguments)
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, needs, write_spec
+from tests.conftest import BIN, REPO, TrebFn, needs, write_spec
 from tests.integration.slurm_support import (  # noqa: F401 (fixtures)
     records,
     release_requeued,
@@ -33,6 +36,141 @@ from tests.integration.slurm_support import (  # noqa: F401 (fixtures)
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 DIGITS = REPO / "examples" / "digits-ddp" / "job.yaml"
 HELLO = REPO / "examples" / "hello" / "job.yaml"
+
+# The runs that wait for Slurm's time limit (slurm.time is whole minutes: each reaches it
+# 60-90 s after it starts) are submitted together when this module starts, so that they
+# wait while its other tests run; the tests that assert on them come later and mostly find
+# them ended. A thread watches them as the tests once did (a requeued one is released as
+# soon as it is RETRYING) and records what it saw; TREB_HOME is their own.
+LIMIT_TESTS = {"test_time_limits_timeout_and_requeue",
+               "test_checkpoint_signal_only_to_ranks_that_handle_it"}  # fmt: skip
+ENDED = {"SUCCEEDED", "FAILED", "TIMEOUT", "CANCELLED", "LOST"}
+CHECKPOINT_PY = (
+    "import os, signal, time\n"
+    "rank, got = int(os.environ['RANK']), []\n"
+    "if rank % 2 == 0:\n"
+    "    signal.signal(signal.SIGUSR2, lambda *_: got.append(1))\n"
+    "t0 = time.time()\n"
+    "while not got and time.time() - t0 < 200:\n    time.sleep(0.2)\n"
+    "print(f'rank {rank} got={bool(got)}', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def limit_specs(folder: Path) -> dict[str, Path]:
+    """A rank that does not handle the checkpoint signal, one that ignores it (Slurm's own
+    TIMEOUT), a retried one that checkpoints on it and resumes after `scontrol requeue`,
+    and 2 nodes x 2 ranks of which only the even ones handle SIGUSR2."""
+    limit = "slurm: {time: '1'}\n"
+    (folder / "d").mkdir(parents=True)
+    (folder / "d" / "ck.py").write_text(CHECKPOINT_PY)
+    return {
+        "plain": write_spec(folder / "a", f"name: plain\ncommand: 'echo up; sleep 600'\n{limit}"),
+        "ignore": write_spec(
+            folder / "b", f"name: ignore\ncommand: 'trap \"\" USR2; echo up; sleep 600'\n{limit}"
+        ),
+        "requeue": write_spec(
+            folder / "c",
+            """\
+name: requeue
+command: |
+  if [ "$TREB_ATTEMPT" = 0 ]; then
+    trap 'echo "checkpoint at $(date +%T)"; echo "state of attempt 0" > "$TREB_CHECKPOINT_DIR/ck"' USR2
+    while :; do sleep 1; done
+  fi
+  echo "attempt $TREB_ATTEMPT resumes from: $(cat "$TREB_CHECKPOINT_DIR/ck")"
+slurm: {time: '1'}
+retries: 1
+""",
+        ),
+        "signal": write_spec(
+            folder / "d",
+            "command: python3 ck.py; echo after\nnodes: 2\n"
+            "procs_per_node: 2\ntimeout_warning: 30s\nslurm: {time: '1'}\n",
+        ),
+    }
+
+
+class LimitRuns:
+    """The time-limited runs, submitted at once and watched from a thread: `first` is each
+    run's status when first seen RETRYING or ended, `final` once ended."""
+
+    def __init__(self, treb: TrebFn, ids: dict[str, str]) -> None:
+        self.treb, self.ids = treb, ids
+        self.first: dict[str, dict] = {}
+        self.final: dict[str, dict] = {}
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        try:
+            deadline = time.monotonic() + 420  # 240 s to the limit, 120 s for the requeue
+            # Nothing ends before the 1-minute limit nears (and a requeued job waits ~2 min
+            # before Slurm starts it again): no `treb` processes beside the tests till then.
+            if self.stop.wait(40):
+                return
+            while len(self.final) < len(self.ids) and not self.stop.wait(2):
+                assert time.monotonic() < deadline, f"still running: {self.first}"
+                res = self.treb("ps", "--json")  # one refresh of every active run
+                assert res.returncode == 0, res.stderr
+                states = {r["id"]: r["state"] for r in json.loads(res.stdout)}
+                for name, rid in self.ids.items():
+                    state = states.get(rid)
+                    if name in self.final or state not in ENDED | {"RETRYING"}:
+                        continue
+                    if name not in self.first:
+                        self.first[name] = st = status(self.treb, rid)
+                        if st["state"] == "RETRYING":
+                            release_requeued(st["backend_id"])
+                    if state in ENDED:
+                        self.final[name] = status(self.treb, rid)
+        except BaseException as exc:  # re-raised in the tests that wait for these runs
+            self.error = exc
+
+    def wait(self) -> LimitRuns:
+        self.thread.join(timeout=450)
+        if self.error:
+            raise self.error
+        assert not self.thread.is_alive(), "the watch of the time-limited runs hangs"
+        return self
+
+
+@pytest.fixture(scope="module", autouse=True)
+def limit_runs(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[LimitRuns | None]:
+    """The time-limited runs, only when a test that needs them is selected."""
+    wanted = {getattr(i, "originalname", "") for i in request.session.items
+              if getattr(i, "module", None) is request.module}  # fmt: skip
+    if not wanted & LIMIT_TESTS:
+        yield None
+        return
+    conf = request.getfixturevalue("slurm_conf")
+    folder = tmp_path_factory.mktemp("limits")
+    env = {**os.environ, "TREB_HOME": str(folder / "treb-home"), "SLURM_CONF": conf,
+           "PATH": BIN + os.pathsep + os.environ.get("PATH", "")}  # fmt: skip
+    env.pop("OMP_NUM_THREADS", None)
+
+    def treb(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "trebuchet", *args], capture_output=True,
+                              text=True, timeout=timeout, env=env, **kw)  # fmt: skip
+
+    ids = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLURM_CONF", conf)  # for release_requeued, from the thread
+        try:
+            for name, spec in limit_specs(folder).items():
+                res = treb("run", str(spec), "--on", "slurm", "--detach")
+                assert res.returncode == 0, res.stderr
+                ids[name] = res.stdout.strip()
+            runs = LimitRuns(treb, ids)
+            yield runs
+            runs.stop.set()
+            runs.thread.join(timeout=60)
+        finally:
+            jobs = [j for rid in ids.values() if (j := status(treb, rid).get("backend_id"))]
+            if jobs:
+                subprocess.run(["scancel", *jobs], capture_output=True, timeout=60)
 
 
 @pytest.mark.parametrize("launcher", ["native", "torchrun"])
@@ -205,67 +343,34 @@ def test_retry_resumes_from_the_checkpoint(streb) -> None:
     assert (run_dir / "checkpoints" / "digits-ddp.pt").exists()
 
 
-def test_time_limits_timeout_and_requeue(streb, tmp_path: Path) -> None:
+def test_time_limits_timeout_and_requeue(limit_runs: LimitRuns) -> None:
     """Three jobs at once (each waits for the job's 1-minute limit, slurm.time): a rank that
     does not handle the checkpoint signal, one that ignores it (Slurm's own TIMEOUT), and a
-    retried one that checkpoints on the signal and resumes after `scontrol requeue`."""
-    limit = "slurm: {time: '1'}\n"
-    plain = write_spec(tmp_path / "a", f"name: plain\ncommand: 'echo up; sleep 600'\n{limit}")
-    ignore = write_spec(tmp_path / "b", "name: ignore\ncommand: 'trap \"\" USR2; echo up; "
-                                        f"sleep 600'\n{limit}")  # fmt: skip
-    requeue = write_spec(tmp_path / "c", """\
-name: requeue
-command: |
-  if [ "$TREB_ATTEMPT" = 0 ]; then
-    trap 'echo "checkpoint at $(date +%T)"; echo "state of attempt 0" > "$TREB_CHECKPOINT_DIR/ck"' USR2
-    while :; do sleep 1; done
-  fi
-  echo "attempt $TREB_ATTEMPT resumes from: $(cat "$TREB_CHECKPOINT_DIR/ck")"
-slurm: {time: '1'}
-retries: 1
-""")  # fmt: skip
-    ids = {}
-    for name, spec in (("plain", plain), ("ignore", ignore), ("requeue", requeue)):
-        res = streb("run", str(spec), "--on", "slurm", "--detach")
-        assert res.returncode == 0, res.stderr
-        ids[name] = res.stdout.strip()
-    rq = wait_for(streb, ids["requeue"], {"RETRYING", "SUCCEEDED", "FAILED"}, timeout=240)
+    retried one that checkpoints on the signal and resumes after `scontrol requeue`
+    (submitted when the module starts: limit_runs)."""
+    runs = limit_runs.wait()
+    rq = runs.first["requeue"]
     assert rq["state"] == "RETRYING", rq
     assert rq["attempts"][0]["state"] == "TIMEOUT" and "requeued" in rq["attempts"][0]["reason"]
-    release_requeued(rq["backend_id"])
-    rq = wait_for(streb, ids["requeue"], {"SUCCEEDED", "FAILED", "LOST"}, timeout=120)
+    rq = runs.final["requeue"]
     assert rq["state"] == "SUCCEEDED", rq
     assert [a["state"] for a in rq["attempts"]] == ["TIMEOUT", "SUCCEEDED"]
     log = (Path(rq["run_dir"]) / "attempt-1" / "rank-0.log").read_text()
     assert "attempt 1 resumes from: state of attempt 0" in log
     for name in ("plain", "ignore"):
-        st = wait_for(streb, ids[name], {"TIMEOUT", "FAILED", "SUCCEEDED", "LOST"}, timeout=240)
+        st = runs.final[name]
         assert st["state"] == "TIMEOUT", st
         assert st["first_failure"] is None
-    ignored = status(streb, ids["ignore"])
+    ignored = status(runs.treb, runs.ids["ignore"])
     assert ignored["attempts"][0]["reason"] == "time limit"  # ended by Slurm at the limit
     assert ignored["ended_at"] - ignored["started_at"] >= 55
 
 
-def test_checkpoint_signal_only_to_ranks_that_handle_it(streb, tmp_path: Path) -> None:
+def test_checkpoint_signal_only_to_ranks_that_handle_it(limit_runs: LimitRuns) -> None:
     """Near the job's limit (slurm.time), the ranks that handle SIGUSR2 get it (through the
     bash in front of them), the others run on to the limit: no `scancel --signal` to every
-    process."""
-    (tmp_path / "ck.py").write_text(
-        "import os, signal, time\n"
-        "rank, got = int(os.environ['RANK']), []\n"
-        "if rank % 2 == 0:\n"
-        "    signal.signal(signal.SIGUSR2, lambda *_: got.append(1))\n"
-        "t0 = time.time()\n"
-        "while not got and time.time() - t0 < 200:\n    time.sleep(0.2)\n"
-        "print(f'rank {rank} got={bool(got)}', flush=True)\n"
-        "time.sleep(600)\n"
-    )
-    spec = write_spec(tmp_path, "command: python3 ck.py; echo after\nnodes: 2\n"
-                      "procs_per_node: 2\ntimeout_warning: 30s\nslurm: {time: '1'}\n")  # fmt: skip
-    res = streb("run", str(spec), "--on", "slurm", "--detach")
-    assert res.returncode == 0, res.stderr
-    st = wait_for(streb, res.stdout.strip(), {"TIMEOUT", "FAILED", "SUCCEEDED", "LOST"}, 240)
+    process (ck.py in CHECKPOINT_PY, submitted when the module starts: limit_runs)."""
+    st = limit_runs.wait().final["signal"]
     assert st["state"] == "TIMEOUT", st
     run_dir = Path(st["run_dir"])
     for rank in range(4):

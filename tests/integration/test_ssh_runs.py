@@ -217,7 +217,7 @@ def test_hang_is_found_and_retried_with_every_ranks_stack(
     work.mkdir()
     shutil.copy(SCRIPT, work / "hang_ddp.py")
     # stacks by faulthandler (HANG_STACKS): py-spy is not on the hosts' PATH
-    extra = ("hang_timeout: 20s\non_hang: retry\nretries: 1\nenv: {HANG_RANK: '3', "
+    extra = ("hang_timeout: 10s\non_hang: retry\nretries: 1\nenv: {HANG_RANK: '3', "
              "HANG_CKPT: '1', HANG_STACKS: '1', GLOO_SOCKET_IFNAME: eth0}\n")  # fmt: skip
     res = treb("run", str(spec(tmp_path, ssh_config, f"exec {PY} hang_ddp.py", extra)),
                "--on", "ssh", timeout=400)  # fmt: skip

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Two real SSH hosts on this one machine, for the `--on ssh` tests and CI.
+# Real SSH hosts on this one machine, for the `--on ssh` tests and CI: two, or
+# TREB_SSH_HOST_COUNT of them (2..9; the node-loss tests use 3: two nodes and a spare).
 #
 #   hosts.sh up       start them (idempotent: returns at once when both answer)
 #   hosts.sh down     stop the sshd daemons by pid, end what runs in the namespaces, and
@@ -23,8 +24,14 @@ set -euo pipefail
 DIR="${TREB_SSH_HOSTS_DIR:-/var/tmp/treb-ssh-hosts}"
 NET=10.78.0
 BRIDGE=trebssh0
-HOSTS=(ts1 ts2)
-declare -A HOST_IP=([ts1]="$NET.11" [ts2]="$NET.12")
+COUNT="${TREB_SSH_HOST_COUNT:-2}"
+case "$COUNT" in [1-9]) ;; *) echo "TREB_SSH_HOST_COUNT must be 1..9, not $COUNT" >&2; exit 2 ;; esac
+HOSTS=()
+declare -A HOST_IP=()
+for _i in $(seq 9); do  # `down` and `status` see every host that may be up
+    HOST_IP[ts$_i]="$NET.1$_i"
+    [ "$_i" -gt "$COUNT" ] || HOSTS+=("ts$_i")
+done
 CONFIG="$DIR/ssh_config"
 KEY="$DIR/id_ed25519"
 
@@ -100,9 +107,21 @@ net_up() {
     done
 }
 
+forget_host_keys() {  # what an ssh without -F (horovodrun's) recorded of the throwaway keys
+    local h
+    [ -f "$HOME/.ssh/known_hosts" ] || return 0
+    for h in "${HOSTS[@]}"; do
+        ssh-keygen -q -R "${HOST_IP[$h]}" -f "$HOME/.ssh/known_hosts" >/dev/null 2>&1 || true
+    done
+    rm -f "$HOME/.ssh/known_hosts.old"
+}
+
 cmd_down() {
     need_root
-    local h p pids left=""
+    local h p pids left="" i
+    for i in $(seq $((COUNT + 1)) 9); do  # hosts a larger count brought up
+        [ ! -e "/var/run/netns/ts$i" ] || HOSTS+=("ts$i")
+    done
     for h in "${HOSTS[@]}"; do
         p="$(pid_of "$h")"
         [ -z "$p" ] || kill -TERM "$p" 2>/dev/null || true
@@ -126,6 +145,7 @@ cmd_down() {
         [ ! -e "/var/run/netns/$h" ] || ip netns del "$h"
     done
     ! ip link show "$BRIDGE" >/dev/null 2>&1 || ip link del "$BRIDGE"
+    forget_host_keys
     rm -rf "${DIR:?}"
     log "down"
 }
@@ -139,6 +159,7 @@ cmd_up() {
     [ -x /usr/sbin/sshd ] || die "/usr/sbin/sshd missing: apt-get install openssh-server (scripts/system-deps)"
     if cmd_status >/dev/null 2>&1; then log "already up"; return 0; fi
     write_files
+    forget_host_keys
     net_up
     for h in "${HOSTS[@]}"; do
         answers "$h" && continue
@@ -150,11 +171,16 @@ cmd_up() {
         # ssh commands), and a login killed mid-rehash (the connection-drop test) leaves a
         # lock that stalls every later login for 60 s.
         : >"$DIR/empty-bashrc"
+        # Each host resolves the hosts' names, as a server resolves its own (horovod's gloo
+        # needs that: hvd.init() crashes on a host whose own name does not resolve): this
+        # machine's /etc/hosts plus theirs, bound over /etc/hosts in the host's namespace.
+        { cat /etc/hosts; for n in "${HOSTS[@]}"; do echo "${HOST_IP[$n]} $n"; done; } >"$DIR/hosts"
         # shellcheck disable=SC2016  # $1.. are expanded by that sh
         nsenter --net="/var/run/netns/$h" unshare --uts --mount --propagation private \
             sh -c 'hostname "$1"; if [ -f "$HOME/.bashrc" ]; then mount --bind "$4" "$HOME/.bashrc"; fi
+                   mount --bind "$5" /etc/hosts
                    exec /usr/sbin/sshd -f "$2" -E "$3"' sh "$h" \
-            "$DIR/sshd-$h.conf" "$DIR/sshd-$h.log" "$DIR/empty-bashrc"
+            "$DIR/sshd-$h.conf" "$DIR/sshd-$h.log" "$DIR/empty-bashrc" "$DIR/hosts"
     done
     for h in "${HOSTS[@]}"; do
         ok=1

@@ -57,6 +57,22 @@ def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> JobFile:
         "secrets": sorted(spec.secrets),
         "spec_env": sorted(spec.env),
     }
+    for name in ("spare_nodes", "min_nodes"):  # only when set (docs/recovery.md)
+        if getattr(spec, name, None):
+            job[name] = getattr(spec, name)
+    from trebuchet.launcher.recovery import exit_code_rules, health_fields
+
+    rules = exit_code_rules(spec)  # only when set (runtime/retry_codes.py)
+    if "no_retry_exit_codes" in rules:
+        job["no_retry_exit_codes"] = rules["no_retry_exit_codes"]
+    if "retry_exit_codes" in rules:
+        job["retry_exit_codes"] = rules["retry_exit_codes"]
+    health = health_fields(spec)  # the nodes' checks (runtime/health.py), only when set
+    if "health_check" in health:
+        job["health_check"] = health["health_check"]
+        job["health_check_timeout"] = health["health_check_timeout"]
+    if "gpus_per_node" in health:
+        job["gpus_per_node"] = health["gpus_per_node"]
     lost = getattr(spec, "node_timeout", None)
     if lost is not None and lost != 10.0:  # the runtime's default (agent_link.NODE_TIMEOUT_S)
         job["node_timeout"] = lost
@@ -106,16 +122,25 @@ def job_text(job: JobFile) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
-def check_node_engine(spec: Any, loaded: LoadedSpec | str, engine: str) -> None:
+def check_node_engine(
+    spec: Any, loaded: LoadedSpec | str, engine: str, horovod: bool = False
+) -> None:
     """What the node verb does not run on an engine that starts one process per node.
-    `loaded`: the spec, whose refusals name the field's line (a bare source: the file)."""
+    `loaded`: the spec, whose refusals name the field's line (a bare source: the file).
+    `horovod`: the engine gives node 0's horovodrun the hosts (ssh: runtime/horovod.py)."""
 
     def refuse(field: str, why: str) -> UserError:
         if isinstance(loaded, str):
             return UserError(f"{loaded}: {field}: {why}")
         return loaded.refusal(field, why)
 
-    if spec.launcher in ("mpirun", "horovod"):
+    if spec.launcher == "horovod" and horovod:
+        from trebuchet.runtime.horovod import env_problem
+
+        bad = env_problem(dict(spec.env))
+        if bad:
+            raise refuse(*bad)
+    elif spec.launcher in ("mpirun", "horovod"):
         raise refuse(
             "launcher",
             f"{spec.launcher} is not rendered for {engine}; use native, torchrun or none",

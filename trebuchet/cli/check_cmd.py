@@ -46,6 +46,13 @@ def _engine_refusals(loaded, backend_name: str) -> list[Finding]:
 def main(args: argparse.Namespace) -> int:
     from trebuchet.backends import get_backend, option_models
 
+    if getattr(args, "nodes", None) is not None:  # the nodes' health checks, now
+        from trebuchet.cli.node_check import main as node_check
+
+        return node_check(args)
+    if not args.spec:
+        raise UserError("treb check: a SPEC (or --nodes N for the nodes' health checks)")
+
     engine = get_backend(args.on)  # an unknown engine: exit 2, before the spec is read
     loaded = load_spec(args.spec, args.override)
     findings = preflight(loaded, engine)

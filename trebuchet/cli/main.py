@@ -25,7 +25,9 @@ VERBS = {
     "top": "active runs, live: state, ranks, attempt, latest metrics and their rate",
     "build": "build or refresh the spec's environment now",
     "import": "a spec from an sbatch script, AI Runtime YAML, madengine card or NeMo config",
-    "check": "preflight checks: mistakes a queue wait would reveal, found now",
+    "check": "preflight checks: mistakes a queue wait would reveal, found now; --nodes N: "
+    "the nodes' health checks, run on N nodes now",
+    "fault": "inject a fault into a running run: kill-node NODE, hang-rank RANK, preempt",
     "doctor": "check TREB_HOME and the run index; --rebuild-index rebuilds it from the runs",
     "completion": 'a shell completion script: eval "$(treb completion bash)"',
     "ui": "the web dashboard (pip install 'trebuchet[ui]'), on 127.0.0.1 with a token",
@@ -53,8 +55,11 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def _add_spec_args(p: argparse.ArgumentParser, optional: bool = False, run: bool = False) -> None:
-    if optional:  # `treb run`: a command instead (cli/specless.py)
+def _add_spec_args(p: argparse.ArgumentParser, optional: bool = False, run: bool = False,
+                   maybe: bool = False) -> None:  # fmt: skip
+    if maybe:  # `treb check --nodes N`: the spec's health_check and GPUs when given
+        p.add_argument("spec", nargs="?", metavar="SPEC", help="workload spec (YAML)")
+    elif optional:  # `treb run`: a command instead (cli/specless.py)
         p.add_argument("spec", nargs="?", metavar="SPEC | SCRIPT.py ARG... | -- COMMAND",
                        help="workload spec (YAML), or a command to run without one")  # fmt: skip
     elif run:  # `treb render`: also a run's recorded spec
@@ -241,8 +246,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.epilog = SWEEP_HELP
     add("schema")
     p = add("import")
-    p.add_argument("kind", choices=["sbatch", "air", "madengine", "nemo"], metavar="KIND",
-                   help="sbatch | air | madengine | nemo")  # fmt: skip
+    p.add_argument("kind", choices=["sbatch", "air", "madengine", "nemo", "determined"],
+                   metavar="KIND", help="sbatch | air | madengine | nemo | determined")  # fmt: skip
     p.add_argument("file", metavar="FILE", help="the file to import")
     p.add_argument("--tags", action="append", default=[], metavar="TAG",
                    help="madengine: the card whose name or tags match (repeatable)")  # fmt: skip
@@ -251,8 +256,20 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     _add_spec_args(p)
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     p = add("check")
-    _add_spec_args(p)
+    _add_spec_args(p, maybe=True)
     p.add_argument("--json", action="store_true", help="machine-readable findings")
+    p.add_argument("--nodes", type=_count, metavar="N",
+                   help="run the nodes' health checks (docs/recovery.md) on N nodes of "
+                   "the engine now, each node's result printed (the spec is optional)",
+                   )  # fmt: skip
+    p = add("fault")
+    p.add_argument("run", metavar="RUN", help="a running run's id or unique prefix")
+    p.add_argument("action", choices=["kill-node", "hang-rank", "preempt"],
+                   metavar="kill-node NODE | hang-rank RANK | preempt",
+                   help="kill-node: SIGKILL to every process of the run on NODE (a name or "
+                   "index); hang-rank: SIGSTOP to RANK; preempt: Slurm requeues the job, "
+                   "elsewhere every rank gets SIGTERM from outside")  # fmt: skip
+    p.add_argument("target", nargs="?", metavar="NODE|RANK", help=argparse.SUPPRESS)
     p = add("diagnose")
     p.add_argument(
         "targets",

@@ -9,6 +9,7 @@ from typing import Any
 
 from trebuchet.backends import get_backend
 from trebuchet.cli.common import STATE_STYLE, clock, console, state_cell
+from trebuchet.cli.health_view import health_json, health_lines
 from trebuchet.cli.progress import gpu_use, progress_lines, progress_of
 from trebuchet.cli.report import diagnosis_json, diagnosis_lines
 from trebuchet.errors import UserError
@@ -49,6 +50,7 @@ def main(args: argparse.Namespace) -> int:
         out["diagnosis"] = diagnosis_json(store, rec)
         out["progress"] = progress_of(rec)  # {step, total, fraction, rate, eta_s} or None
         out["gpus"] = gpu_use(rec)
+        out["health"] = health_json(rec.run_dir)  # by attempt: each node's checks
         print(json.dumps(out, indent=2))
         return 0
     from rich.table import Table
@@ -90,6 +92,11 @@ def main(args: argparse.Namespace) -> int:
             why = f" ({a['reason']})" if a["reason"] else ""
             con.print(f"  {a['attempt'] + 1}  {a['state']:<10} {clock(a['started_at'])} -> "
                       f"{clock(a['ended_at'])}{why}")  # fmt: skip
+    checked = health_lines(rec.run_dir, rec.attempt)
+    if checked:
+        con.print(f"health checks (attempt {rec.attempt + 1}):")
+        for line in checked:
+            con.print(f"  {line}", markup=False, highlight=False)
     if nodes:
         con.print(f"nodes (as {rec.backend} reports them):")
         table = Table(box=None, pad_edge=False, title=None)

@@ -83,6 +83,13 @@ REMEDIES: dict[str, str] = {
     "the host it expects (the venv to activate, the module to load; `ssh HOST bash -lc "
     "'<line>'` tries it), or end a command that may fail with `|| true`; `treb check` parses "
     "the lines first.",
+    "node_unhealthy": "A node failed its health checks before the attempt's ranks started, so "
+    "none started there and the node is excluded from the rest of the run "
+    "(docs/recovery.md): the cause names the check. disk: free space where it says; shared: "
+    "the run directory must be on a file system every node mounts at the same path; gpus: the "
+    "node's driver or its GPUs (nvidia-smi -L); master: the network between the nodes; user: "
+    "your health_check's output is in attempt-<n>/health-<node>.log. `treb status` lists "
+    "every node's checks.",
     "launch_env_missing": "The script expects a launcher's variables (RANK, WORLD_SIZE, ...): "
     "run it with launcher: native or torchrun, or call trebuchet.dist.init_env() so srun, "
     "mpirun and SkyPilot variables fill them.",
@@ -138,6 +145,7 @@ TITLES: dict[str, str] = {
     "disk_full": "no space left on device (or quota exceeded)",
     "environment_build": "environment build failed",
     "setup_failed": "a node's setup failed before its ranks started",
+    "node_unhealthy": "a node failed its health checks before its ranks started",
     "launch_env_missing": "script not started by a launcher",
     "segfault": "native crash (segmentation fault, illegal instruction, bus error)",
     "aborted": "aborted (SIGABRT: an uncaught C++ exception, a failed assertion)",
@@ -252,7 +260,10 @@ RULES: tuple[Rule, ...] = (
     _rule("network_unreachable", CAUSE, r"Network is unreachable|No route to host"
           r"|Name or service not known|Temporary failure in name resolution"
           r"|Connect to \S+<\d+> failed|Software caused connection abort|NCCL WARN .*connect"
-          r"|Bootstrap : no socket interface found|unhandled system error"),
+          r"|Bootstrap : no socket interface found|unhandled system error"
+          # horovodrun across hosts whose interfaces are named differently
+          r"|Unable to find a set of common task-to-task communication interfaces"
+          r"|Cannot find an IPv4 address of the common interface"),
     _rule("collective_timeout", TIMEOUT, r"Watchdog caught collective operation timeout"
           r"|wait timeout after \d+ ?ms|Timed out waiting \d+ ?ms for (?:recv|send) operation"
           r"|retr(?:ie|ei)ving ncclUniqueId from \[\d+\]|crash on rank \d+|Socket Timeout"
@@ -277,7 +288,9 @@ RULES: tuple[Rule, ...] = (
           r"|Connection reset by peer|Broken pipe|communicator was aborted|has been aborted"
           r"|closing signal|SignalException|ChildFailedError|watchdog thread terminated"
           r"|remote process exited|Job step aborted|forcing job termination|Force Terminated"
-          r"|_step_signal|KeyboardInterrupt"),
+          r"|_step_signal|KeyboardInterrupt"
+          # horovod: a rank whose peer failed; horovodrun's summary of the first failure
+          r"|Horovod has been shut down|Horovod detected that one or more processes exited"),
 )  # fmt: skip
 
 # What an environment build could not find (uv, pip, micromamba), for the summary.

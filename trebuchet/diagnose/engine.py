@@ -475,6 +475,13 @@ def _decide(case: Case) -> Diagnosis:
         d = _env_diag(first)
         _finish(d, case, first)
         return d
+    if first is not None and first.label == "node_unhealthy":  # runtime/health.py
+        why = str(((case.run or {}).get("first_failure") or {}).get("message") or "")
+        why = why.removeprefix("node_unhealthy: ")
+        summary = (why or "a node failed its health checks") + " (no rank started there)"
+        d = Diagnosis("node_unhealthy", summary, None, first.node, [], log=first.log)
+        _finish(d, case, first)
+        return d
     if first is not None and first.label == "setup":
         d = _setup_diag(first, str(((case.run or {}).get("first_failure") or {}).get("message")
                                    or ""))  # fmt: skip

@@ -506,6 +506,13 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
         case.units = [_setup_unit(ff)]
         case.first_failure = 0
         return case
+    if ff and ff.get("label") == "node_unhealthy":  # no rank started (runtime/health.py)
+        log = adir / f"health-{ff.get('node')}.log"
+        case.units = [Unit(rank=None, node=str(ff.get("node")), exit_code=1,
+                           ended_at=ff.get("ended_at"), label="node_unhealthy",
+                           log=str(log) if log.is_file() else None)]  # fmt: skip
+        case.first_failure = 0
+        return case
     if not ff and reason.startswith("environment build failed") and env_log.is_file():
         msg = reason.removeprefix("environment build failed").lstrip(": ") or "see its log"
         case.units = [_environment_unit(env_log, msg, run.get("ended_at"))]  # Slurm: built here

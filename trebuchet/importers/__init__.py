@@ -14,6 +14,7 @@ KINDS = {
     "air": "a Databricks AI Runtime workload YAML",
     "madengine": "a madengine models.json (with --tags) or a single model card",
     "nemo": "a NeMo AutoModel config with a slurm: or skypilot: block",
+    "determined": "a Determined experiment config's launch part (horovod, torch_distributed)",
 }
 
 

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
+from trebuchet.spec.dump import dump_yaml
 
 NOT_CARRIED = "not carried over"
 NOTE = "note"
@@ -118,31 +118,6 @@ class ImportResult:
     def to_yaml(self) -> str:
         head = f"# imported by `treb import {self.kind}` from {self.source}\n"
         return head + dump_yaml(self.ordered())
-
-
-class _Dumper(yaml.SafeDumper):
-    pass
-
-
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-    if "\n" in value and not any(line != line.rstrip() for line in value.split("\n")):
-        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value)
-
-
-_Dumper.add_representer(str, _str)
-
-
-def dump_yaml(data: Any) -> str:
-    """Block-style YAML, keys in the given order, multi-line strings as literal blocks."""
-    return yaml.dump(
-        data,
-        Dumper=_Dumper,
-        sort_keys=False,
-        default_flow_style=False,
-        allow_unicode=True,
-        width=1000,
-    )
 
 
 def env_or_secret(res: ImportResult, name: str, value: Any, line: int | None) -> None:

@@ -17,12 +17,12 @@ from trebuchet.envs.recipe import Recipe
 from trebuchet.envs.wrap import wrap_argv
 from trebuchet.launcher.policies import policies_for
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS
+from trebuchet.launcher.recovery import exit_code_rules, health_fields
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
 from trebuchet.plain import field, record
 from trebuchet.runtime.contract import elastic_vars, node_vars, omp_threads, rank_vars
 from trebuchet.runtime.contracts import LogPolicy
-
-HOROVOD_TIMEOUT_S = 120
+from trebuchet.runtime.horovod import horovodrun_argv
 
 # profile: nsys wraps each selected rank (RANK is known inside the rank, under any launcher).
 NSYS_OPTIONS = "--trace=cuda,nvtx,osrt,cudnn,cublas --sample=none --force-overwrite=true"
@@ -79,6 +79,10 @@ class Plan:
     hang_timeout: float | None = None  # runtime/hang.py; None: off
     on_hang: str = "fail"
     log_policies: list[LogPolicy] = field(default_factory=list)
+    exit_codes: dict[str, list[int]] = field(default_factory=dict)  # launcher/recovery.py
+    health: dict[str, Any] = field(default_factory=dict)  # recovery.health_fields
+    spare_nodes: int = 0  # simulated spares (launcher/sim_nodes.py)
+    min_nodes: int | None = None  # nodes: MIN:MAX, the fewest to go on with
     hooks: list[dict[str, Any]] = field(default_factory=list)  # pre/post commands per node
     environment: dict[str, Any] | None = None  # an envs.recipe.Recipe as JSON
     path_prepend: list[str] = field(default_factory=list)
@@ -249,7 +253,9 @@ def local_plan(
         port_auto=spec.fixed_port is None, grace_period=spec.grace_period,
         checkpoint_signal=spec.checkpoint_signal, warning_seconds=spec.warning_seconds,
         hang_timeout=spec.hang_timeout, on_hang=spec.on_hang,
-        log_policies=policies_for(spec), hooks=hooks,
+        log_policies=policies_for(spec), hooks=hooks, exit_codes=exit_code_rules(spec),
+        health=health_fields(spec), spare_nodes=spec.spare_nodes,
+        min_nodes=spec.min_nodes,
         environment=recipe.to_json() if recipe else None,
         path_prepend=[f"{recipe.prefix}/bin"] if recipe and recipe.kind == "venv" else [],
     )  # fmt: skip
@@ -260,10 +266,8 @@ def mpi_argv(
 ) -> list[str]:
     """`mpirun -np N -H host:slots,...` (OpenMPI) or `horovodrun` as Determined starts it."""
     host_list = ",".join(f"{h}:{slots}" for h in hosts)
-    if launcher == "horovod":
-        return ["horovodrun", "-np", str(np), "-H", host_list,
-                "--start-timeout", str(HOROVOD_TIMEOUT_S),
-                "--gloo-timeout-seconds", str(HOROVOD_TIMEOUT_S)]  # fmt: skip
+    if launcher == "horovod":  # the controller and timeouts: the spec's HOROVOD_* env
+        return horovodrun_argv(np, hosts, slots, env)
     argv = ["mpirun", "-np", str(np), "-H", host_list, "--bind-to", "none"]
     for name in sorted(env):  # mpirun passes variables to remote ranks only with -x
         argv += ["-x", name]

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from trebuchet.launcher.hooks import Hooks
 from trebuchet.launcher.index_records import IndexRecords
+from trebuchet.launcher.node_health import check_nodes
 from trebuchet.launcher.plan import Plan, ProcPlan, free_port
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
+from trebuchet.launcher.sim_nodes import SHRINKS, Keepers, names
 from trebuchet.launcher.submitted import Submitted
 from trebuchet.launcher.watchdog import Watchdog
 from trebuchet.runtime import contain, records, secrets, tracking
@@ -109,6 +111,7 @@ class Supervisor:
         self.records = IndexRecords(store, plan.run_id, self.run_dir, self._say,
                                     self.hooks.hang_lines)  # fmt: skip
         self.job = JobController(settings(plan), self, self.records)
+        self.keepers = keepers(plan)  # simulated nodes that can be lost (sim_nodes.py)
 
     @property
     def cancel_signal(self) -> int | None:
@@ -240,7 +243,18 @@ class Supervisor:
 
     def start(self, attempt: int) -> None:
         adir = self.run_dir / f"attempt-{attempt}"
-        self.agents = self._agents(self.plan.procs, adir, attempt, self.port)
+        plans = self.plan.procs
+        if self.keepers is not None:  # the nodes left (a spare in; fewer: the world shrinks)
+            self.keepers.start(attempt)
+            plans = self.keepers.plans(plans, self.plan.procs_per_node)
+        self.agents = self._agents(plans, adir, attempt, self.port)
+        held = self.keepers.active if self.keepers is not None else None
+        sick = check_nodes(str(self.run_dir), adir, attempt, self.agents, self.plan.health, held)
+        if sick is not None:  # no rank starts; the node is lost (runtime/health.py)
+            self._say(str(sick.get("message")))
+            self.agents = []
+            self.job.failure(sick, stop=False)
+            return
         self._start(self.agents)
         self.store.set_procs(self.plan.run_id, attempt, [p.outcome() for p in self.procs])
         if self.view:
@@ -248,6 +262,13 @@ class Supervisor:
                 self.view.add(label, adir / name)
 
     def poll(self) -> bool:
+        if self.keepers is not None:
+            for k in self.keepers.gone():  # a simulated node died: its ranks with it
+                lost = self.keepers.lost[k]
+                self._say(f"{lost.get('message')}: stopping the others")
+                if k < len(self.agents):
+                    self.agents[k].kill(stopped=True)
+                self.job.failure(lost)
         return any([agent.poll() for agent in self.agents])
 
     def checkpoint(self, signum: int) -> int:
@@ -268,6 +289,8 @@ class Supervisor:
             self._announce_adopted()
 
     def after(self, attempt: int, reason: str | None) -> None:
+        if self.keepers is not None:
+            self.keepers.close()
         self._kill_strays(attempt)
 
     def ending(self, attempt: int, reason: str | None) -> Ending:
@@ -283,7 +306,24 @@ class Supervisor:
         state = states.get(reason, SUCCEEDED)
         if reason is None and any(p.returncode != 0 for p in self.procs):
             state = FAILED
+        if self.keepers is not None and state == FAILED:
+            return self._node_lost(reason)
         return Ending(state, reason)
+
+    def _node_lost(self, reason: str | None) -> Ending:
+        """A simulated node died in this attempt: its loss is the cause (also when a peer's
+        rank was seen failing first). A lost or unhealthy node and too few left (no spare):
+        no next attempt."""
+        assert self.keepers is not None
+        why = reason
+        if self.keepers.lost:
+            lost = self.keepers.lost[min(self.keepers.lost)]
+            self.job.first_failure = lost
+            why = str(lost.get("message"))
+        cannot = self.keepers.next_ok()
+        if cannot:
+            self._say(f"no spare to go on with: {cannot}")
+        return Ending(FAILED, why, final=bool(cannot))
 
     def logs(self, attempt: int, cause: FirstFailure | None) -> list[str]:
         adir = self.run_dir / f"attempt-{attempt}"
@@ -379,6 +419,7 @@ class Supervisor:
         if not self.watchdog:
             return
         known = {p.pid for p in self.procs} | {self.watchdog.pid} | self._adopted
+        known |= set(self.keepers.pids()) if self.keepers is not None else set()
         new = [pid for pid in children(os.getpid()) if pid not in known]
         for pid in new:
             self._adopted.add(pid)
@@ -427,6 +468,15 @@ class Supervisor:
         self.job.failure(cause, stop)
 
 
+def keepers(plan: Plan) -> Keepers | None:
+    """Keepers for runs that can lose a simulated node: more than one, or spares."""
+    if plan.nodes < 2 and not plan.spare_nodes:
+        return None
+    held = names(plan.nodes, plan.spare_nodes)
+    return Keepers(plan.run_dir, plan.run_id, held, plan.nodes, plan.min_nodes,
+                   shrinks=plan.launcher in SHRINKS)  # fmt: skip
+
+
 def settings(plan: Plan) -> Settings:
     """What the job controller reads of a local plan."""
     return Settings(
@@ -434,7 +484,8 @@ def settings(plan: Plan) -> Settings:
         hang_timeout=plan.hang_timeout, timeout=plan.timeout, warning=plan.warning_seconds,
         checkpoint_signal=int(signal.Signals[plan.checkpoint_signal]),
         grace=plan.grace_period, shape=(plan.launcher, plan.nodes, plan.procs_per_node),
-        run_dir=plan.run_dir,
+        run_dir=plan.run_dir, no_retry_exit_codes=plan.exit_codes.get("no_retry_exit_codes", []),
+        retry_exit_codes=plan.exit_codes.get("retry_exit_codes"),
     )  # fmt: skip
 
 

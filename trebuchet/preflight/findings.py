@@ -25,6 +25,7 @@ CHECKS: dict[str, str] = {
     "launcher-in-command": "a launcher in the command under launcher native or mpirun",
     "launcher-in-torchrun": "a launcher in the command under launcher torchrun",
     "no-launcher-for-procs": "launcher none, procs_per_node > 1, nothing starts the ranks",
+    "horovod-build": "a horovod built without PyTorch or the controller the spec asks for",
     "node-environment-missing": "bare SkyPilot/Kubernetes nodes get no environment or image "
     "the command needs",
     "checkpoints-node-local": "a recovered SkyPilot/Kubernetes job would lose node-local "

@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from trebuchet.preflight import launchers, parallelism, requeue, storage, timelimit
+from trebuchet.preflight import horovod, launchers, parallelism, requeue, storage, timelimit
 from trebuchet.preflight.context import Context
 from trebuchet.preflight.findings import CHECKS, WARNING, Finding, count
 
@@ -25,6 +25,7 @@ ALL_CHECKS: tuple[Check, ...] = (
     launchers.nested_launchers,
     launchers.torchrun_nnodes,
     requeue.self_requeue,
+    horovod.horovod_build,
 )
 
 

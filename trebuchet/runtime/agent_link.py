@@ -22,17 +22,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import selectors
 import socket
 import threading
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 ENV = "TREB_CONTROLLER_LINK"  # host:port:token, in the step's environment
 CONNECT_S = 1.0  # an agent gives up on the link (and goes on without it) after this
 BEAT_S = 2.0  # an agent's heartbeat; node_timeout is several of them
 NODE_TIMEOUT_S = 10.0  # the spec's node_timeout when it says none
 LINE_MAX = 256
+ACK = b"ok\n"  # the controller's answer to each line that carries the token
 
 
 class Lost(NamedTuple):
@@ -146,7 +148,9 @@ class Hub:
         buf = self.buffers.get(conn, b"") + data
         *lines, rest = buf.split(b"\n")
         for line in lines:
-            self._line(line.decode("ascii", "replace").split())
+            if self._line(line.decode("ascii", "replace").split()):
+                with contextlib.suppress(OSError):  # the agent's sign that this end lives
+                    conn.send(ACK)
         if not data or len(rest) > LINE_MAX:
             self.sel.unregister(conn)
             self.buffers.pop(conn, None)
@@ -154,19 +158,21 @@ class Hub:
             return
         self.buffers[conn] = rest
 
-    def _line(self, words: list[str]) -> None:
+    def _line(self, words: list[str]) -> bool:
+        """One line read; True when it carries the token (it is answered, whatever its
+        attempt: the agents notice a controller that stopped answering)."""
         # "<what> <token> <attempt> <task> <host|code|->"
         if len(words) != 5 or words[1] != self.token:
-            return
+            return False
         what, attempt_text, task_id, value = words[0], words[2], words[3], words[4]
         try:
             attempt = int(attempt_text)
         except ValueError:
-            return
+            return True
         done = False
         with self.lock:
             if attempt != self.attempt:
-                return
+                return True
             task = self.tasks.get(task_id)
             if what == "hello" and task is None:
                 self.tasks[task_id] = _Task(value)
@@ -176,7 +182,7 @@ class Hub:
                 try:
                     code = int(value)
                 except ValueError:
-                    return
+                    return True
                 if task is None:  # no hello came (an older agent): the end counts anyway
                     task = self.tasks[task_id] = _Task("?")
                 if task.code is None:
@@ -186,6 +192,7 @@ class Hub:
         if done:
             with contextlib.suppress(OSError):
                 os.write(self.wake_fd, b"\0")
+        return True
 
 
 def parse(value: str) -> tuple[str, int, str] | None:
@@ -208,10 +215,16 @@ class Link:
     """The agent's end: hello at the start, a heartbeat thread, `ended` as the last word.
     Every send is best effort: the link never delays or fails the agent."""
 
-    def __init__(self, sock: socket.socket | None, token: str, attempt: int, task: str) -> None:
+    def __init__(self, sock: socket.socket | None, token: str, attempt: int, task: str,
+                 on_lost: Callable[[float], None] | None = None,
+                 timeout: float = NODE_TIMEOUT_S) -> None:  # fmt: skip
         self.sock, self.token, self.attempt, self.task = sock, token, attempt, task
         self.lock = threading.Lock()
         self.stopped = threading.Event()
+        # the controller's answers: silent for `timeout`, its node is lost (`on_lost`,
+        # with when it was last heard); Slurm's batch host (runtime/batchloss.py)
+        self.on_lost, self.timeout = on_lost, timeout
+        self.heard, self.heard_wall = time.monotonic(), time.time()
         if sock is not None:
             threading.Thread(target=self._beat, name="agent-beat", daemon=True).start()
 
@@ -231,8 +244,32 @@ class Link:
 
     def _beat(self) -> None:
         while not self.stopped.wait(BEAT_S):
-            if not self._send("beat", "-"):
+            sent = self._send("beat", "-")
+            self._answers()
+            if self.on_lost is not None and time.monotonic() - self.heard > self.timeout:
+                if not self.stopped.is_set():
+                    self.on_lost(self.heard_wall)
                 return
+            if not sent and self.on_lost is None:
+                return
+
+    def _answers(self) -> None:
+        """The controller's answers so far, without waiting."""
+        with self.lock:
+            while self.sock is not None:
+                try:  # (the socket has a timeout for sendall: recv only what is there)
+                    if not select.select([self.sock], [], [], 0)[0]:
+                        return
+                    data = self.sock.recv(4096)
+                except (BlockingIOError, InterruptedError, TimeoutError):
+                    return
+                except (OSError, ValueError):
+                    data = b""
+                if not data:  # the controller's end closed: no more answers
+                    self.sock.close()
+                    self.sock = None
+                    return
+                self.heard, self.heard_wall = time.monotonic(), time.time()
 
     def ended(self, code: int) -> None:
         """The agent's last word: its records are written and it exits with `code`."""
@@ -244,8 +281,11 @@ class Link:
                 self.sock.close()
 
 
-def open_link(attempt: int, task: str, host: str) -> Link | None:
-    """The agent's link to its controller (None: no controller asked for one)."""
+def open_link(attempt: int, task: str, host: str,
+              on_lost: Callable[[float], None] | None = None,
+              timeout: float = NODE_TIMEOUT_S) -> Link | None:  # fmt: skip
+    """The agent's link to its controller (None: no controller asked for one); `on_lost`:
+    called (from the heartbeat's thread) once the controller stayed silent `timeout`."""
     target = parse(os.environ.get(ENV, ""))
     if target is None:
         return None
@@ -254,7 +294,7 @@ def open_link(attempt: int, task: str, host: str) -> Link | None:
         sock: socket.socket | None = socket.create_connection((address, port), CONNECT_S)
     except OSError:
         sock = None
-    link = Link(sock, token, attempt, task)
+    link = Link(sock, token, attempt, task, on_lost if sock is not None else None, timeout)
     link._send("hello", host.replace(" ", "_") or "?")
     return link
 

@@ -66,6 +66,13 @@ class JobFile(_JobCommon, total=False):
     hang_timeout: float
     on_hang: str
     node_timeout: float  # a node whose agents stay silent this long is lost
+    spare_nodes: int  # nodes held beyond `nodes` (runtime/nodeset.py)
+    min_nodes: int  # the fewest nodes an attempt may run on (nodes: MIN:MAX)
+    no_retry_exit_codes: list[int]  # runtime/retry_codes.py
+    retry_exit_codes: list[int]
+    health_check: str  # the spec's own node check (runtime/health.py)
+    health_check_timeout: float
+    gpus_per_node: int  # the GPUs a node's health check must see (when > 0)
     metrics: dict[str, Any]
     timeout: float | None  # one attempt, seconds
     warning: float | None  # the checkpoint signal this long before the timeout
@@ -86,6 +93,15 @@ class JobFile(_JobCommon, total=False):
     srun_hook: list[str]
     mpi_env: list[str]
     inline: bool
+    horovod: HorovodHosts  # launcher horovod over ssh (runtime/horovod.py)
+
+
+class HorovodHosts(TypedDict, total=False):
+    """Where node 0's horovodrun reaches the hosts: their addresses, ssh port, identity."""
+
+    hosts: list[str]
+    port: int | None
+    identity: str | None
 
 
 # -- Records in the run directory ----------------------------------------------------

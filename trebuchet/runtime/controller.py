@@ -23,12 +23,11 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from . import agent_link, contract, hang, lifecycle, procs, selfrequeue, tracking
+from . import agent_link, contract, hang, lifecycle, nodeloss, procs, selfrequeue, tracking
 from .agent import Agent
 from .records import (
     append_event,
     attempt_logs,
-    cause,
     first_failure,
     now,
     read_json,
@@ -96,6 +95,7 @@ class Controller:
         self.lost_hosts: list[str] = []
         self.scancels: list[subprocess.Popen[bytes]] = []  # signals on their way (signal_steps)
         self.hosts: list[str] = []  # the allocation's nodes, in order
+        self.use: list[str] = []  # this attempt's (nodeset.choose): the first is the master
         self.inline: Agent | None = None  # the job's only task, run here (job["inline"])
         self.signaller: subprocess.Popen[bytes] | None = None  # delivers the warning
         self.rc = 0  # the attempt's step (or inline agent) exit status
@@ -135,7 +135,8 @@ class Controller:
             "attempt": self.attempt, "state": state, "reason": reason, "started_at": self.t0,
             "ended_at": ended, "source": source, "job_id": self.job_id,
             "restart_count": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
-            "nodes": os.environ.get("SLURM_JOB_NODELIST", ""), "master": master,
+            "nodes": ",".join(self.use) or os.environ.get("SLURM_JOB_NODELIST", ""),
+            "master": master,
             "srun_exit": self.step_rc, "max_attempts": self.attempts_allowed(),
         }  # fmt: skip
         write_json(os.path.join(self.adir, "attempt.json"), record)
@@ -171,8 +172,9 @@ class Controller:
         self.lost = self.lost_kill_at = None
         self.attempt_json("RUNNING", "", None, "batch")
         log(
-            f"attempt {attempt + 1} of {self.attempts_allowed()}: {self.job['nodes']} node(s) "
-            f"{os.environ.get('SLURM_JOB_NODELIST', '')}, master "
+            f"attempt {attempt + 1} of {self.attempts_allowed()}: "
+            f"{len(self.use) or self.job['nodes']} node(s) "
+            f"{','.join(self.use) or os.environ.get('SLURM_JOB_NODELIST', '')}, master "
             f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         )
 
@@ -217,13 +219,40 @@ class Controller:
         return None  # resume() and setup() ran before the controller (run)
 
     def attempt_facts(self, attempt: int) -> dict[str, Any]:
+        self.choose_nodes()
         return {}
+
+    def choose_nodes(self) -> None:
+        """This attempt's nodes (runtime/nodeset.py): the first `nodes` of the allocation
+        that no attempt lost or found unhealthy, fewer down to min_nodes; the master is the
+        first of them. The job's ranks per node, hang watch and steps follow."""
+        if self.job.get("inline") or not self.hosts:
+            return
+        want = int(self.job["nodes"])
+        got = nodeloss.next_nodes(self.run_dir, self.hosts, want, self.job.get("min_nodes"))
+        self.use = got.hosts or self.hosts[:want]  # none left: ending() said so already
+        if "MASTER_ADDR" not in self.job["spec_env"]:
+            os.environ["MASTER_ADDR"] = self.use[0]
+        shape = self.lc.settings.shape
+        self.lc.settings = self.lc.settings._replace(shape=(shape[0], len(self.use), shape[2]))
+
+    def step_args(self, base: list[str]) -> list[str]:
+        """An srun step's flags on this attempt's nodes: as rendered when they are the whole
+        allocation, else with their count, tasks and names (--nodelist)."""
+        if not self.use or (self.use == self.hosts and len(self.use) == int(self.job["nodes"])):
+            return base
+        n = len(self.use)
+        per_node = next((int(a.split("=", 1)[1]) for a in base
+                         if a.startswith("--ntasks-per-node=")), 1)  # fmt: skip
+        out = [a for a in base if not a.startswith(("--nodes=", "--ntasks="))]
+        return [f"--nodes={n}", f"--ntasks={n * per_node}", f"--nodelist={','.join(self.use)}",
+                *out]  # fmt: skip
 
     def pre_post(self, when: str, attempt: int) -> bool:
         """The spec's pre/post command once per node (an srun step)."""
         if not self.job.get(when) or self.terminating:
             return True
-        self.step = self.srun(self.job["srun_hook"], "hook", when)
+        self.step = self.srun(self.step_args(self.job["srun_hook"]), "hook", when)
         try:
             while self.step.poll() is None:
                 self._tick()
@@ -247,14 +276,15 @@ class Controller:
             self.inline = slurm_agent(self.job, inline=True)
             self.inline.start_all()
         else:
+            args = self.step_args(self.job["srun"])
             if self.link is not None:
-                self.link.expect(attempt, step_tasks(self.job["srun"]))
+                self.link.expect(attempt, step_tasks(args))
             self.finishing = [p for p in self.finishing if p.poll() is None]
             # a retry: the previous step may still hold its CPUs while srun reports its end
             # (or slurmctld has not yet taken them back): without --overlap srun would wait
             overlap = ["--overlap"] if self.finishing or self.stepped else []
             self.stepped = True
-            self.step = self.srun([*self.job["srun"], *overlap], "task")
+            self.step = self.srun([*args, *overlap], "task")
 
     def poll(self) -> bool:
         self._tick()
@@ -321,9 +351,13 @@ class Controller:
             return lifecycle.Ending(self.state or "CANCELLED", self.reason, engine_ended=True)
         rc = self.rc
         self.step_rc = rc if rc >= 0 else 128 - rc
-        if self.lost:  # no spare node to go on with: the run ends with this cause
+        if self.lost:  # the attempt failed with it; another on other nodes, if any are left
             self.state, self.reason = "FAILED", self.lost
-            return lifecycle.Ending("FAILED", self.lost, final=True)
+            left = self.nodes_left()
+            if left:
+                log(f"the next attempt cannot run: {left}")
+                return lifecycle.Ending("FAILED", f"{self.lost}; {left}", final=True)
+            return lifecycle.Ending("FAILED", self.lost)
         if reason in ("hang", "idle_gpu"):
             state, why = "FAILED", reason
         elif reason == "timeout" or (rc != 0 and self.lc.warned and self.died_of_warning()):
@@ -337,7 +371,20 @@ class Controller:
         if reason == "post" and state == "SUCCEEDED":
             state, why = "FAILED", "post"
         self.state, self.reason = state, why
+        left = self.nodes_left() if state == "FAILED" else ""
+        if left:  # e.g. a node's health check excluded it (runtime/health.py)
+            log(f"the next attempt cannot run: {left}")
+            return lifecycle.Ending(state, f"{why}; {left}", final=True)
         return lifecycle.Ending(state, why, limit_near=self.warned)
+
+    def nodes_left(self) -> str:
+        """Why no next attempt can run on the allocation's nodes (too many excluded); ""
+        when one can."""
+        if self.job.get("inline") or not self.hosts:
+            return ""
+        nodes = nodeloss.next_nodes(self.run_dir, self.hosts, int(self.job["nodes"]),
+                                    self.job.get("min_nodes"))  # fmt: skip
+        return nodes.why_not
 
     def logs(self, attempt: int, cause: FirstFailure | None) -> list[str]:
         return attempt_logs(self.adir)  # the agents' records name the cause, not the index
@@ -399,19 +446,14 @@ class Controller:
                 self.step.kill()
 
     def on_node_lost(self, lost: agent_link.Lost) -> None:
-        """The cause on record (lost-<node>.json, which `treb` reads as the attempt's first
-        failure; an event), then the attempt's teardown on the other nodes."""
-        seen = time.strftime("%H:%M:%S", time.localtime(lost.last_seen))
-        self.lost = (f"node_lost: {lost.host} (no heartbeat for {self.node_timeout:g}s, "
-                     f"last seen {seen})")  # fmt: skip
+        """The cause on record (runtime/nodeloss.py: lost-<node>.json, which `treb` reads as
+        the attempt's first failure, the event, the node's exclusion), then the attempt's
+        teardown on the other nodes."""
+        self.lost = nodeloss.silent(lost.host, self.node_timeout, lost.last_seen)
         log(self.lost)
-        node = self.hosts.index(lost.host) if lost.host in self.hosts else len(self.hosts)
-        record = cause("node_lost", 1, self.attempt, node=node, message=self.lost,
-                       host=lost.host)  # fmt: skip
-        record["ended_at"], record["state"] = lost.last_seen, "ENDED"
-        write_json(os.path.join(self.adir, f"lost-{node}.json"), record)
-        append_event(self.run_dir, "node_lost", attempt=self.attempt, host=lost.host,
-                     last_seen=lost.last_seen, node_timeout=self.node_timeout)  # fmt: skip
+        where = self.use or self.hosts  # the node's NODE_RANK in this attempt
+        node = where.index(lost.host) if lost.host in where else len(where)
+        nodeloss.record(self.run_dir, self.attempt, node, lost.host, self.lost, lost.last_seen)
         self.lost_kill_at = time.monotonic() + float(self.job["grace"]) + 2.0
         self.lc.failure(None)
 
@@ -628,6 +670,8 @@ class Controller:
         first = self.first_failed()
         if first is None:
             return f"srun exited with code {self.step_rc}"
+        if first.get("label") == "node_unhealthy":  # its message names the check (health.py)
+            return str(first.get("message"))
         who = f"rank {first['rank']}" if first.get("rank") is not None else str(first["label"])
         how = (
             f"was killed by {first['signal']}"
@@ -650,9 +694,11 @@ class Controller:
         # shows that Slurm requeued the job.
         if prev.get("state") == "RUNNING" or prev.get("source") == "signal":
             self.t0 = prev.get("started_at")
+            lost = self.first_failed()  # the batch host's loss, as its agents said it
+            why = lost.get("message") if lost and lost.get("label") == "node_lost" else None
             self.attempt_json(
                 "FAILED",
-                "requeued by Slurm (preemption, node failure or scontrol requeue)",
+                str(why or "requeued by Slurm (preemption, node failure or scontrol requeue)"),
                 now(),
                 "batch",
             )
@@ -769,5 +815,6 @@ def settings(job: JobFile, run_dir: str) -> lifecycle.Settings:
         timeout=job.get("timeout"), warning=job.get("warning"),
         checkpoint_signal=int(getattr(signal, job["checkpoint_signal"])),
         grace=float(job["grace"]), shape=(job["launcher"], int(job["nodes"]), int(job["ppn"])),
-        run_dir=run_dir,
+        run_dir=run_dir, no_retry_exit_codes=job.get("no_retry_exit_codes", []),
+        retry_exit_codes=job.get("retry_exit_codes"),
     )  # fmt: skip

@@ -12,9 +12,11 @@ from __future__ import annotations
 import os
 import select
 import time
-from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Protocol, Sequence
 
 from . import contracts, policies
+from .retry_codes import cause_code
+from .retry_codes import verdict as retry_codes_verdict
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 RETRY = "retry"  # another attempt, here and now
 REQUEUE = "requeue"  # another attempt in a new allocation (the engine's own limit is near)
 END = "end"  # the run ends with this attempt's state
+EXIT_CODE = "exit_code"  # a Decision's verdict: the exit-code rules ended the run
 
 
 class Decision(NamedTuple):
@@ -49,6 +52,9 @@ def next_step(
     cancelled: bool = False,
     limit_near: bool = False,
     matcher: policies.Matcher | None = None,
+    exit_code: int | None = None,
+    no_retry_codes: Sequence[int] = (),
+    retry_codes: Sequence[int] | None = None,
 ) -> Decision:
     """After attempt `attempt` (from 0) ended `state`, the one rule:
 
@@ -60,7 +66,10 @@ def next_step(
       limit is near (`limit_near`: Slurm's warning), else here;
     - a failed one as the first matching log policy says (no_retry ends it, retry grants
       an attempt up to its max_retries), then by `retries`; with the engine's limit near,
-      none (no policy is consulted)."""
+      none (no policy is consulted);
+    - before the log policies, the exit-code rules (runtime/retry_codes.py): `exit_code`
+      (the first failure's, None for a lost node) in `no_retry_codes`, or not in
+      `retry_codes` when given, ends the run (verdict EXIT_CODE, `line` says why)."""
     if cancelled or state not in contracts.RETRIABLE:
         return Decision(END, policies.NO_MATCH, None, "")
     normal_left = attempt - sum(granted.values()) < retries
@@ -72,6 +81,9 @@ def next_step(
         return Decision(again if normal_left else END, policies.NO_MATCH, None, "")
     if limit_near:  # the ranks failed as the allocation ends: no policy, no retry here
         return Decision(END, policies.NO_MATCH, None, "")
+    by_code = retry_codes_verdict(exit_code, no_retry_codes, retry_codes)
+    if by_code is not None:
+        return Decision(END, EXIT_CODE, {"name": by_code[0], "action": "no_retry"}, by_code[1])
     verdict, policy, line = policies.decide(log_policies, logs, granted, matcher)
     if verdict == policies.RETRY or (verdict != policies.FINAL and normal_left):
         return Decision(RETRY, verdict, policy, line)
@@ -135,6 +147,8 @@ class Settings(NamedTuple):
     grace: float
     shape: tuple[str, int, int]  # launcher, nodes, ranks per node: the hang watch's names
     run_dir: str
+    no_retry_exit_codes: Sequence[int] = ()  # runtime/retry_codes.py
+    retry_exit_codes: Sequence[int] | None = None
 
 
 class Ending(NamedTuple):
@@ -329,14 +343,18 @@ class JobController:
     def next_action(self, state: str, attempt: int) -> str:
         """What follows the attempt (the one rule, next_step), a matching log policy
         recorded: RETRY, REQUEUE or END."""
-        cause = self.first_failure
+        cause, s = self.first_failure, self.settings
+        code = None
+        if state == "FAILED" and (s.no_retry_exit_codes or s.retry_exit_codes is not None):
+            code = cause_code(cause, self.attempt_dir(attempt))
         decision = next_step(
             state, attempt, self.settings.retries, self.settings.log_policies,
             self.nodes.logs(attempt, cause) if state == "FAILED" else [], self.granted,
             on_hang=self.settings.on_hang if self.hang is not None else None,
             cancelled=(self.cancel_signal is not None or self.ending.engine_ended
                        or self.ending.final or self.idle_stop),
-            limit_near=self.ending.limit_near, matcher=self.matcher,
+            limit_near=self.ending.limit_near, matcher=self.matcher, exit_code=code,
+            no_retry_codes=s.no_retry_exit_codes, retry_codes=s.retry_exit_codes,
         )  # fmt: skip
         if decision.policy is not None:
             name, action = decision.policy["name"], decision.policy["action"]

@@ -71,8 +71,14 @@ class LogCopy:
     """Copies log files (label, path) to a file descriptor (stdout) until `finish`."""
 
     def __init__(
-        self, streams: list[tuple[str, str]], notes: list[str] | None = None, out_fd: int = 1
+        self,
+        streams: list[tuple[str, str]],
+        notes: list[str] | None = None,
+        out_fd: int = 1,
+        beat: tuple[bytes, float] | None = None,
     ) -> None:
+        # (line, seconds): a heartbeat line between whole lines (ssh: runtime/nodeloss.py)
+        self.beat = beat
         self.streams = [_Stream(label, path) for label, path in streams]
         # The agent's own lines (`treb: ...`), appended by the supervising thread and
         # written here, so that a blocked stdout never holds supervision up.
@@ -110,7 +116,11 @@ class LogCopy:
         return grew
 
     def _run(self) -> None:
+        beat_at = time.monotonic()
         while not self._stop.is_set() and not self.broken:
+            if self.beat is not None and time.monotonic() >= beat_at:
+                beat_at = time.monotonic() + self.beat[1]
+                self._write(self.beat[0])
             if not self._round():
                 self._stop.wait(POLL_S)
         end = time.monotonic() + FINAL_S

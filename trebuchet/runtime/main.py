@@ -7,8 +7,12 @@ worker [--slurm] [--grace S] [--mpi PPN] -- CMD...
                           one rank started by torchrun, mpirun or horovodrun
 signal SIGNAME JOB_JSON   on one node of a Slurm job: the checkpoint signal to the ranks
                           there that handle it (the controller's step at the warning)
+fault ACTION ARGS...      `treb fault` on this node: kill-node, hang-rank, preempt
+health DIR TOKEN          `treb check --nodes N`: this node's health checks
 node JOB_JSON             one node of SkyPilot or Kubernetes (the engine sets NODE_RANK,
                           NUM_NODES, MASTER_ADDR, MASTER_PORT, TREB_RUN_ID, TREB_RUN_DIR)
+horovod-wait ADIR S RANK...  over ssh, a node whose ranks node 0's horovodrun starts: lasts
+                          as long as they run (runtime/horovod.py)
 """
 
 from __future__ import annotations
@@ -47,8 +51,20 @@ def main(argv: list[str] | None = None) -> int:
         from .node import node
 
         return node(_job(args[0]))
+    if verb == "horovod-wait" and len(args) >= 2:
+        from .horovod import wait
+
+        return wait(args)
     if verb == "hook" and len(args) == 2 and args[0] in ("pre", "post"):
         return task.slurm_hook(_job(args[1]), args[0])
+    if verb == "health":  # `treb check --nodes N` on this node (runtime/health.py)
+        from .health import on_demand
+
+        return on_demand(args)
+    if verb == "fault":  # `treb fault` on this node (runtime/fault.py)
+        from .fault import main as fault
+
+        return fault(args)
     if verb == "controller" and len(args) == 1:
         from .controller import Controller
 

@@ -41,7 +41,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from . import contract, hang, metrics, procs, secrets
+from . import contract, hang, health, metrics, nodeloss, procs, secrets
 from .agent import Agent, Proc
 from .lifecycle import AttemptClock
 from .logcopy import LogCopy
@@ -130,6 +130,11 @@ def node_procs(
         worker = [*self_argv(), "worker", "--grace", str(job["grace"])]
         proc = torchrun_proc(env, node, nnodes, ppn, worker, cmd)
         return [proc], [(str(node), log(proc.name)), *rank_streams]
+    if launcher == "horovod":  # horovodrun on node 0 for every host (runtime/horovod.py)
+        from .horovod import node_procs as horovod_procs
+
+        found = horovod_procs(job, env, adir, node, nnodes)
+        return found, [(str(node), log(found[0].name)), *rank_streams]
     proc = none_proc(env, node, ppn, cmd)
     return [proc], [(str(node), log(proc.name))]
 
@@ -244,7 +249,22 @@ def session_stdin() -> str | None:
 
 
 def node(job: JobFile) -> int:
-    """Run this node's processes to their end (the verb's docstring, above)."""
+    """Run this node's processes to their end (the verb's docstring, above); over ssh, the
+    agent's last word on the session's stdout says it ended (nodeloss.ENDED): a session
+    that ends without it lost its node."""
+    code = 1
+    early = nodeloss.EarlyBeat() if os.environ.get("TREB_NODE_STDIN") == "1" else None
+    try:
+        code = _node(job, early)
+        return code
+    finally:
+        if early is not None:
+            early.stop()
+            with contextlib.suppress(OSError):
+                os.write(1, f"{nodeloss.ENDED} {code}\n".encode())
+
+
+def _node(job: JobFile, early: nodeloss.EarlyBeat | None = None) -> int:
     over_ssh = os.environ.get("TREB_NODE_STDIN") == "1"
     elapsed = elapsed_before()
     why = session_stdin() or missing_placement(dict(os.environ))
@@ -266,6 +286,11 @@ def node(job: JobFile) -> int:
     env = node_env(job, run_dir, n, nnodes)
     with contextlib.suppress(OSError):  # the spec's own folder: the ranks will say why
         os.makedirs(env["TREB_CHECKPOINT_DIR"], exist_ok=True)
+    where = health.Where(run_dir, adir, attempt, n, os.uname().nodename, os.getcwd(), env)
+    unhealthy = health.gate(where, job)  # before any rank: none starts on a sick node
+    if unhealthy is not None:
+        say(unhealthy)
+        return 1
     procs, streams = node_procs(job, env, adir, n, nnodes)
     limit = Limit(job, f"node {n}", elapsed)
     notes = limit.notes
@@ -313,7 +338,10 @@ def node(job: JobFile) -> int:
                 agent.teardown()
 
     agent.install_signals()
-    copy = LogCopy(streams, notes=notes).start()
+    beat = (f"{nodeloss.BEAT}\n".encode(), nodeloss.BEAT_S) if over_ssh else None
+    if early is not None:  # the log copy's thread beats from now on
+        early.stop()
+    copy = LogCopy(streams, notes=notes, beat=beat).start()
     rc = agent.run(tick)
     if over_ssh:  # the host's own: nothing else would end them
         left = end_strays(os.environ["TREB_RUN_ID"], n)

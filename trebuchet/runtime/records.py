@@ -154,7 +154,7 @@ def first_failure(records: list[Outcome]) -> FirstFailure | None:
     return min(
         failed,
         key=lambda r: (
-            r.get("label") != "node_lost",
+            r.get("label") not in ("node_lost", "node_unhealthy"),
             r.get("rank") is None,
             r.get("ended_at") or 0.0,
         ),

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import agent_link, contract, procs
+from . import agent_link, batchloss, contract, health, procs
 from .agent import STOP_EXIT_CODES, Agent, Proc
 from .records import read_json, write_bytes, write_text
 from .regular import open_regular
@@ -108,13 +108,24 @@ def slurm_task(job: JobFile) -> int:
     heartbeat while it runs, its end once its records are written)."""
     task = os.environ.get("SLURM_PROCID", "?")
     host = os.environ.get("SLURMD_NODENAME") or os.uname().nodename  # Slurm's name for it
-    link = agent_link.open_link(_int_env("TREB_ATTEMPT"), task, host)
+    attempt = _int_env("TREB_ATTEMPT")
+    timeout = float(job.get("node_timeout") or agent_link.NODE_TIMEOUT_S)
+
+    def controller_lost(heard: float) -> None:  # Slurm's batch host died (batchloss.py)
+        batchloss.on_lost(job, attempt, timeout, heard)
+
+    link = agent_link.open_link(attempt, task, host, controller_lost, timeout)
     agent = slurm_agent(job)
     agent.install_signals()
     # A task that srun starts after the attempt's teardown (its TERM went to the tasks
     # already there) must not start its rank: nobody would stop it.
     torn_down = os.path.exists(os.path.join(_attempt_dir(job)[1], "teardown"))
-    code = 128 + signal.SIGTERM if torn_down else agent.run()
+    unhealthy = None if torn_down else health.slurm_gate(job)  # before any rank starts
+    if unhealthy is not None:  # no rank here; the other nodes' ranks are stopped
+        print(f"[treb] {unhealthy}", file=sys.stderr, flush=True)
+        if _int_env("SLURM_LOCALID") == 0:
+            slurm_teardown(_attempt_dir(job)[1], health.LABEL)
+    code = 128 + signal.SIGTERM if torn_down else 1 if unhealthy else agent.run()
     if link is not None:
         link.ended(code)
     return code
@@ -142,7 +153,7 @@ def slurm_agent(job: JobFile, inline: bool = False) -> Agent:
         proc = Proc(f"rank-{rank}", f"{node}:{local}", cmd, env, rank, node, local)
     elif launcher == "torchrun":
         proc = torchrun_proc(env, node, nnodes, ppn, worker, cmd)
-    elif launcher == "mpirun":
+    elif launcher in ("mpirun", "horovod"):  # horovod: under mpirun (runtime/horovod.py)
         proc = Proc(
             f"node-{node}",
             str(node),
@@ -301,6 +312,10 @@ def worker(args: list[str]) -> int:
     env = dict(os.environ)
     if mpi_ppn:
         env.update(contract.mpi_rank_vars(env, mpi_ppn))
+        if env.get("TREB_HOROVOD_PICK_IFACE"):  # gloo across hosts: this host's interface
+            from .horovod import pick_iface
+
+            pick_iface(env)
         masks = env.get("TREB_NODE_GPUS")  # simulated nodes: each picks its node's devices
         if masks:
             node_mask = masks.split(";")[int(env["NODE_RANK"])]
@@ -326,6 +341,8 @@ def worker(args: list[str]) -> int:
     extra = _slurm_extra(attempt) if on_slurm else {}
     cwd = env.get("TREB_WORKDIR") or os.getcwd()
     elsewhere = slurm_stopped_elsewhere(env["TREB_RUN_DIR"], adir) if on_slurm else None
+    if mpi_ppn:  # horovod: a rank that failed because another one did is a cascade
+        elsewhere = _horovod_cascade(adir, elsewhere)
     # The launcher stops its workers (TERM) when one fails: a cascade, not a cause.
     agent = Agent(
         [proc],
@@ -342,6 +359,19 @@ def worker(args: list[str]) -> int:
     code = agent.run()
     hand_error_file(contract.error_file(adir, proc.name), theirs)
     return code
+
+
+def _horovod_cascade(adir: str, other: Callable[[Proc], bool] | None) -> Callable[[Proc], bool]:
+    """stopped_elsewhere for a rank under mpirun/horovodrun: also when its log ends with
+    horovod's shutdown after another rank's failure (runtime/horovod.py)."""
+    from .horovod import peer_shutdown
+
+    def stopped(p: Proc) -> bool:
+        if other is not None and other(p):
+            return True
+        return peer_shutdown(os.path.join(adir, p.name + ".log"))
+
+    return stopped
 
 
 def hand_error_file(ours: str, theirs: str | None) -> None:

@@ -49,6 +49,7 @@ def _no_bool(v: Any) -> Any:
 
 
 Int = Annotated[int, BeforeValidator(_no_bool)]
+ExitCode = Annotated[Int, Field(ge=0, le=255)]  # a process exit status
 
 
 def _env_value(v: Any) -> str:
@@ -322,8 +323,22 @@ class Spec(Block, SpecFacts):
         "one of native, torchrun, mpirun, horovod, none", "who starts the ranks", default="native"
     )
     nodes: Int = allowed(
-        f"an integer between 1 and {MAX_NODES}", "number of nodes", default=1, ge=1, le=MAX_NODES
-    )
+        f"an integer between 1 and {MAX_NODES}, or MIN:MAX (elastic: MAX, down to MIN after "
+        "lost nodes)",
+        "number of nodes", default=1, ge=1, le=MAX_NODES,
+    )  # fmt: skip
+    min_nodes: Int | None = allowed(
+        f"an integer between 1 and {MAX_NODES}",
+        "the fewest nodes the run goes on with once nodes are lost and no spare is left "
+        "(written as nodes: MIN:MAX; docs/recovery.md)",
+        default=None, ge=1, le=MAX_NODES,
+    )  # fmt: skip
+    spare_nodes: Int = allowed(
+        f"an integer between 0 and {MAX_NODES}",
+        "nodes held beyond `nodes` that replace a lost or unhealthy one (Slurm: in the "
+        "allocation; ssh: the hosts listed after the first `nodes`; docs/recovery.md)",
+        default=0, ge=0, le=MAX_NODES,
+    )  # fmt: skip
     procs_per_node: Int | None = allowed(
         f"an integer between 1 and {MAX_PROCS_PER_NODE}",
         "ranks per node (default: gpus_per_node, or 1)",
@@ -412,6 +427,27 @@ class Spec(Block, SpecFacts):
     default_log_policies: bool = allowed(
         "true or false", "also apply the shipped policies (CUDA OOM: no_retry, ...)", default=True
     )
+    no_retry_exit_codes: list[ExitCode] = allowed(
+        "a list of exit codes (integers between 0 and 255)",
+        "a failure whose first failing process exited with one of these ends the run, "
+        "whatever `retries` and the log policies say (docs/recovery.md)",
+        default_factory=list, max_length=256,
+    )  # fmt: skip
+    retry_exit_codes: list[ExitCode] | None = allowed(
+        "a list of exit codes (integers between 0 and 255)",
+        "only a failure with one of these exit codes is retried (by `retries` and the log "
+        "policies); any other ends the run (docs/recovery.md)",
+        default=None, max_length=256,
+    )  # fmt: skip
+    health_check: str | None = allowed(
+        "a shell command",
+        "run in the workdir on every node before each attempt's ranks, with the rank "
+        "contract's variables; non-zero: the node is unhealthy and excluded (docs/recovery.md)",
+        default=None, expand=False,
+    )  # fmt: skip
+    health_check_timeout: Duration = allowed(
+        DURATION_ALLOWED, "health_check fails when it runs longer than this", default=60.0
+    )
     master_port: Int | None = allowed(
         "an integer between 1024 and 65535", "fixed MASTER_PORT", default=None, ge=1024, le=65535
     )
@@ -471,11 +507,13 @@ class Spec(Block, SpecFacts):
             raise ValueError(f"longer than {MAX_TEXT} characters (or items)")
         return v
 
-    @field_validator("pre", "post")
+    @field_validator("pre", "post", "health_check")
     @classmethod
     def _hook(cls, v: str | None) -> str | None:
         if v is not None and len(v) > MAX_TEXT:
             raise ValueError(f"longer than {MAX_TEXT} characters")
+        if v is not None and "\0" in v:
+            raise ValueError("contains a NUL byte")
         return v
 
     @field_validator("sweep")
@@ -489,10 +527,26 @@ class Spec(Block, SpecFacts):
         return v
 
     @field_validator("timeout", "timeout_warning", "grace_period", "hang_timeout",
-                     "idle_gpu_timeout", "node_timeout", mode="before")  # fmt: skip
+                     "idle_gpu_timeout", "node_timeout", "health_check_timeout",
+                     mode="before")  # fmt: skip
     @classmethod
     def _duration(cls, v: Any) -> Any:
         return None if v is None else parse_duration(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _node_range(cls, data: Any) -> Any:
+        """`nodes: "2:4"` (torchrun's MIN:MAX) is nodes 4 and min_nodes 2."""
+        if not isinstance(data, dict) or not isinstance(data.get("nodes"), str):
+            return data
+        m = re.fullmatch(r"\s*([0-9]{1,7})\s*:\s*([0-9]{1,7})\s*", data["nodes"])
+        if m is None:
+            return data  # the field's own error
+        if "min_nodes" in data:
+            raise ValueError("@nodes|a range MIN:MAX, or min_nodes, not both")
+        if not 1 <= int(m[1]) <= int(m[2]) <= MAX_NODES:
+            raise ValueError(f"@nodes|MIN:MAX needs 1 <= MIN <= MAX <= {MAX_NODES}, got {m[0]}")
+        return {**data, "nodes": int(m[2]), "min_nodes": int(m[1])}
 
     @field_validator("node_timeout")
     @classmethod
@@ -527,6 +581,8 @@ class Spec(Block, SpecFacts):
             port = self.env["MASTER_PORT"]
             if not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536:
                 raise ValueError("@env.MASTER_PORT|must be a port number")
+        if self.min_nodes is not None and self.min_nodes > self.nodes:
+            raise ValueError(f"@min_nodes|{self.min_nodes} is more than nodes ({self.nodes})")
         if self.world_size > MAX_WORLD:
             raise ValueError(
                 f"@nodes|{self.nodes} nodes x {self.ranks_per_node} ranks is more than "

@@ -35,7 +35,7 @@ def describe_failure(ff: FirstFailure | None) -> str:
         return f"the environment build failed: {ff.get('message', '')}".rstrip(": ")
     if label == "disk":  # the supervisor could not write the run's records
         return f"the run was stopped: {ff.get('message')}"
-    if label == "node_lost":  # its agents fell silent (runtime/agent_link.py)
+    if label in ("node_lost", "node_unhealthy"):  # silent agents; failed health checks
         return f"{ff.get('message')} (attempt {int(ff.get('attempt') or 0) + 1})"
     if label == "setup":  # a node's setup failed before any rank started
         return f"{ff.get('message') or 'the setup failed'} (no rank started)"

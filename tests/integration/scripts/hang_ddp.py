@@ -5,14 +5,33 @@ HANG_UNTIL_HANG=1: the sleeping rank wakes once the launcher recorded the hang (
 warn goes on, so the run then ends). HANG_CKPT=1: the checkpoint signal leaves a marker
 (`ckpt-rank-<r>` in the run dir). HANG_STACKS=1: faulthandler for stacks
 (trebuchet.dist.enable_stacks()), for runs without py-spy.
+
+Until every rank is ready, a thread beats (trebuchet.dist.heartbeat) so that importing torch
+and joining the group, silent and slow on a loaded machine, are progress: the tests' short
+hang_timeout then counts from the hang itself. It is stopped before anything else happens.
 """
 
 import os
 import signal
+import threading
 import time
 
-import torch
-import torch.distributed as dist
+from trebuchet.dist import heartbeat
+
+STARTED = threading.Event()
+
+
+def beat_until_started() -> None:
+    heartbeat()
+    while not STARTED.wait(0.5):
+        heartbeat()
+
+
+BEAT = threading.Thread(target=beat_until_started, daemon=True)
+BEAT.start()
+
+import torch  # noqa: E402 (after the heartbeat starts)
+import torch.distributed as dist  # noqa: E402
 
 RUN_DIR = os.environ["TREB_RUN_DIR"]
 ATTEMPT = int(os.environ.get("TREB_ATTEMPT", "0"))
@@ -39,6 +58,8 @@ if os.environ.get("HANG_STACKS"):
 
     enable_stacks()
 dist.init_process_group("gloo")
+STARTED.set()
+BEAT.join()
 rank = dist.get_rank()
 print(f"rank {rank} ready (attempt {ATTEMPT})", flush=True)
 if rank == int(os.environ.get("HANG_RANK", "3")) and ATTEMPT == 0:

@@ -305,7 +305,7 @@ class KubernetesBackend(Backend):
         """The manifests as YAML; without `docs`, the render's (archive elided)."""
         import yaml
 
-        from trebuchet.importers.common import _Dumper
+        from trebuchet.spec.dump import BlockDumper
 
         spec = loaded.spec
         workload = k8s_name(spec.name)
@@ -335,7 +335,7 @@ class KubernetesBackend(Backend):
                 f"one key per name; create it first:\n"
                 f"#   kubectl create secret generic {workload} {keys}\n"
             )
-        text = [yaml.dump(m, Dumper=_Dumper, sort_keys=False, width=1000) for m in docs]
+        text = [yaml.dump(m, Dumper=BlockDumper, sort_keys=False, width=1000) for m in docs]
         return head + "---\n" + "---\n".join(text)
 
     def submit(self, sub: Any, attach: bool) -> Submitted:

@@ -85,6 +85,12 @@ class LocalBackend(Backend):
                 else "horovod"
             )
             raise loaded.refusal("launcher", f"{launcher_exe} is not on PATH; install {how}")
+        if spec.launcher == "horovod":
+            from trebuchet.runtime.horovod import env_problem
+
+            bad = env_problem(dict(spec.env))
+            if bad:
+                raise loaded.refusal(*bad)
         recipe = self.placement(loaded).recipe
         if recipe and recipe.kind == "image":
             problem = engine_problem()

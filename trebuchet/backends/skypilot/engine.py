@@ -212,7 +212,7 @@ class SkyPilotBackend(Backend):
         return self.task(loaded, run_id, run_dir)
 
     def render(self, loaded: LoadedSpec) -> str:
-        from trebuchet.importers.common import dump_yaml
+        from trebuchet.spec.dump import dump_yaml
 
         spec = loaded.spec
         task = self.task(loaded)
@@ -238,7 +238,7 @@ class SkyPilotBackend(Backend):
 
         loaded, spec = sub.loaded, sub.loaded.spec
         data = self.prepare_task(loaded, sub.record.id, sub.run_dir)
-        from trebuchet.importers.common import dump_yaml
+        from trebuchet.spec.dump import dump_yaml
 
         write_atomic(sub.run_dir / "skypilot-task.yaml", dump_yaml(data))
         values = [(n, os.environ[n]) for n in spec.secrets]  # checked present by prepare()

@@ -97,17 +97,24 @@ class SlurmBackend(Backend):
     def _check_spec(self, loaded: LoadedSpec) -> None:
         spec = loaded.spec
         env = spec.environment
-        if spec.launcher == "horovod":
+        if spec.launcher == "horovod":  # placed by Slurm as mpirun is (runtime/horovod.py)
+            from trebuchet.runtime.horovod import slurm_problem
+
+            bad = slurm_problem(dict(spec.env))
+            if bad:
+                raise loaded.refusal(*bad)
+        mpi = spec.launcher in ("mpirun", "horovod")  # one mpirun for the whole job
+        if mpi and (spec.spare_nodes or spec.min_nodes is not None):
             raise loaded.refusal(
-                "launcher",
-                "horovod is not supported by the slurm backend; "
-                "use mpirun (horovodrun is mpirun underneath: each rank gets "
-                "the contract's variables and Horovod's) or native",
+                "spare_nodes" if spec.spare_nodes else "nodes",
+                "spare nodes and a node range are not supported with mpirun on the slurm "
+                "backend (OpenMPI's daemons take every node of the allocation); use native "
+                "or torchrun",
             )
-        if spec.launcher == "mpirun" and env is not None and env.image:
+        if mpi and env is not None and env.image:
             raise loaded.refusal(
                 "launcher",
-                "mpirun with a container image is not supported "
+                f"{spec.launcher} with a container image is not supported "
                 "by the slurm backend (OpenMPI's daemons on the other nodes "
                 "would run outside it); use native (srun starts every rank "
                 "in the container)",
@@ -509,7 +516,7 @@ def streams(rec: RunRecord) -> list[tuple[str, str]]:
     ppn = max(1, rec.procs_per_node)
     out: list[tuple[str, str]] = []
     for node in range(rec.nodes):
-        if rec.launcher != "native" and (node == 0 or rec.launcher != "mpirun"):
+        if rec.launcher != "native" and (node == 0 or rec.launcher not in ("mpirun", "horovod")):
             out.append((str(node), f"node-{node}.log"))  # mpirun: one, on the first node
         if rec.launcher != "none":
             out += [(f"{node}:{i}", f"rank-{node * ppn + i}.log") for i in range(ppn)]

@@ -188,9 +188,11 @@ def sbatch_lines(spec: Any, run_dir: Path) -> list[str]:
     sl = spec.slurm
     lines = [
         _directive("--job-name", spec.name),
-        _directive("--nodes", spec.nodes),
+        _directive("--nodes", allocation_nodes(spec)),
         _directive("--ntasks-per-node", tasks_per_node(spec)),
     ]
+    if spec.spare_nodes or spec.min_nodes is not None:  # a node's loss must not end the job
+        lines.append(_directive("--no-kill"))
     cpus = cpus_per_task(spec)
     if cpus:
         lines.append(_directive("--cpus-per-task", cpus))
@@ -218,18 +220,26 @@ def sbatch_lines(spec: Any, run_dir: Path) -> list[str]:
     return lines
 
 
+def allocation_nodes(spec: Any) -> int:
+    """sbatch's --nodes: the spec's nodes (MAX of a range `MIN:MAX`) and its spares
+    (docs/recovery.md). Not Slurm's own range `--nodes=MIN-MAX`: with --ntasks-per-node,
+    22.05 grants MIN even where MAX nodes are idle."""
+    return int(spec.nodes + spec.spare_nodes)
+
+
 def srun_args(spec: Any, run_dir: Path, workdir: Path, per_node: bool = False) -> list[str]:
     """srun flags of one step: the ranks (or, per_node, one task per node for pre/post)."""
     ntasks = 1 if per_node else tasks_per_node(spec)
     # mpirun: one task on the first node; OpenMPI starts its daemons on the others itself.
-    nodes = 1 if spec.launcher == "mpirun" and not per_node else spec.nodes
+    mpi = spec.launcher in ("mpirun", "horovod")  # horovod on Slurm: under mpirun
+    nodes = 1 if mpi and not per_node else spec.nodes
     # --ntasks too: the step would otherwise take the job's SLURM_NTASKS from the batch env.
     args = [f"--nodes={nodes}", f"--ntasks={nodes * ntasks}",
             f"--ntasks-per-node={ntasks}", "--kill-on-bad-exit=0", "--export=ALL"]  # fmt: skip
     cpus = cpus_per_task(spec)
     if cpus and not per_node:
         args.append(f"--cpus-per-task={cpus}")  # 22.05's srun no longer inherits it
-    if spec.slurm.mpi and not per_node and spec.launcher != "mpirun":
+    if spec.slurm.mpi and not per_node and not mpi:
         args.append(f"--mpi={spec.slurm.mpi}")
     env = spec.environment
     if env is not None and env.image:
@@ -287,7 +297,8 @@ def job_file(spec: Any, workdir: Path, run_id: str, run_dir: Path,
         "srun": srun_args(spec, run_dir, workdir),
         "srun_hook": srun_args(spec, run_dir, workdir, per_node=True),
         # mpirun: the spec's variables reach remote ranks only with -x
-        "mpi_env": sorted({*spec.env, *secrets}) if spec.launcher == "mpirun" else [],
+        "mpi_env": sorted({*spec.env, *secrets})
+        if spec.launcher in ("mpirun", "horovod") else [],
         "inline": inline(spec),
     }  # fmt: skip
     return slurm
@@ -300,7 +311,9 @@ def inline(spec: Any) -> bool:
     (pyxis is an srun plugin). A 200-point sweep of such jobs starts half the processes."""
     env = spec.environment
     one_task = spec.launcher == "none" or (spec.launcher == "native" and spec.ranks_per_node == 1)
-    return spec.nodes == 1 and one_task and not spec.slurm.mpi and not (env and env.image)
+    alone = spec.nodes == 1 and not spec.spare_nodes  # a spare: the task may move to it
+    checked = bool(getattr(spec, "health_check", None))  # the node's checks run in its task
+    return alone and one_task and not checked and not spec.slurm.mpi and not (env and env.image)
 
 
 def render_script(spec: Any, workdir: Path, run_id: str, run_dir: Path,

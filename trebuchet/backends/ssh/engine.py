@@ -27,6 +27,11 @@ while the run runs (`treb logs -f`), and when a node ends its attempt folder (re
 the exact logs) is fetched over the connection. `attempt-<n>/ssh-<node>.log` keeps what ssh
 and the agent said. A host whose agent fails first names the attempt's root cause (its
 rank's record, with the host); a dropped connection is named as such.
+
+A host is lost when its session says nothing, not even the agent's heartbeat, for
+node_timeout, or ends without the agent's last word (runtime/nodeloss.py): the run holds
+the first `nodes` hosts and the next `spare_nodes` as spares, and the attempt after a loss
+runs on the hosts not excluded (run.py, SshRun.choose_hosts; docs/recovery.md).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ if TYPE_CHECKING:
     from trebuchet.store.db import RunRecord, Store
 from trebuchet.backends.ssh.script import (
     _HOST,
+    attempt_hosts,
     master_address,
     node_script,
     place,
@@ -104,7 +110,9 @@ class SshBackend(Backend):
     name = "ssh"
 
     def _hosts(self, loaded: LoadedSpec) -> list[Host]:
-        return self._all_hosts(loaded)[: loaded.spec.nodes]
+        """The hosts the run holds: the first `nodes`, then `spare_nodes` spares."""
+        spec = loaded.spec
+        return self._all_hosts(loaded)[: spec.nodes + spec.spare_nodes]
 
     def _all_hosts(self, loaded: LoadedSpec) -> list[Host]:
         """Every host the spec names, checked (the first `nodes` are used)."""
@@ -125,12 +133,18 @@ class SshBackend(Backend):
                 f"{loaded.where('nodes')}: nodes: {spec.nodes}, but ssh names only "
                 f"{len(found)} host(s)"
             )
+        if len(found) < spec.nodes + spec.spare_nodes:
+            raise UserError(
+                f"{loaded.where('spare_nodes')}: spare_nodes: {spec.spare_nodes} needs "
+                f"{spec.nodes + spec.spare_nodes} hosts (nodes {spec.nodes} + the spares, "
+                f"listed after them), but ssh names only {len(found)}"
+            )
         return found
 
     def check(self, loaded: LoadedSpec) -> None:
         spec = loaded.spec
         self._hosts(loaded)
-        check_node_engine(spec, loaded, "ssh")
+        check_node_engine(spec, loaded, "ssh", horovod=True)
         if spec.environment is not None and not spec.environment.bare_nodes_only:
             raise UserError(
                 f"{loaded.where('environment')}: environment: the ssh engine does not build "
@@ -154,6 +168,7 @@ class SshBackend(Backend):
         """Everything the supervisor needs (ssh.json): hosts, the ssh command, where the
         run's files are on the hosts until the copy step says otherwise."""
         from trebuchet.launcher.policies import policies_for
+        from trebuchet.launcher.recovery import exit_code_rules
 
         spec = loaded.spec
         sp: Ssh = engine_options(spec, "ssh")
@@ -169,6 +184,11 @@ class SshBackend(Backend):
             "workdir": str(loaded.workdir),
             "runtime": runtime,
             "master_addr": sp.master_addr or "",
+            "master_addr_given": sp.master_addr or "",
+            # node loss (docs/recovery.md): hosts beyond `nodes` are spares
+            "nodes": spec.nodes,
+            "min_nodes": spec.min_nodes,
+            "node_timeout": float(spec.node_timeout),
             "master_port": master_port(spec, run_id),
             "env": env,
             "setup": list(sp.setup),
@@ -178,6 +198,7 @@ class SshBackend(Backend):
             "retries": spec.retries,
             "on_hang": spec.on_hang,
             "log_policies": policies_for(spec),
+            "exit_codes": exit_code_rules(spec),
             "grace_period": float(spec.grace_period),
             "launcher": spec.launcher,
             "ppn": spec.ranks_per_node,
@@ -205,16 +226,19 @@ class SshBackend(Backend):
             "submission (master_port or env.MASTER_PORT pins it)"
         )
         out = [
-            f"# ssh engine: {len(info['hosts'])} host(s), one node agent each; secrets are "
+            f"# ssh engine: {len(attempt_hosts(info))} host(s), one node agent each; secrets are "
             "named only: their values go on the session's stdin",
             f"# the run's files: {files} (detected at run time unless ssh.shared_dir says)",
             f"# RUN_ID: the run's id, made at submission; {port}; MASTER_ADDR: "
             + ("ssh.master_addr" if engine_options(loaded.spec, "ssh").master_addr else
-               f"node 0's HostName as `ssh -G {info['hosts'][0]}` resolves it"),
+               f"node 0's HostName as `ssh -G {attempt_hosts(info)[0]}` resolves it"),
             "# TREB_ATTEMPT_ELAPSED: the attempt's seconds before the session (its `pre`): "
             "the agent's timeout counts from the attempt's start",
         ]  # fmt: skip
-        for i, host in enumerate(info["hosts"]):
+        spares = info["hosts"][len(attempt_hosts(info)) :]
+        if spares:
+            out.append(f"# spares (node loss, docs/recovery.md): {', '.join(spares)}")
+        for i, host in enumerate(attempt_hosts(info)):
             out.append(f"# ---- node {i}: {ssh} -- {host} bash -c SCRIPT, SCRIPT:")
             out.append(node_script(info, i, 0).rstrip("\n"))
         job = job_text(node_job(loaded.spec, "RUN_ID"))
@@ -233,16 +257,21 @@ class SshBackend(Backend):
         except UserError:
             found = []  # the engine's check refuses them (backend-refuses)
         nodes = ctx.spec.nodes
-        if len(found) > nodes:
-            unused = [h.name for h in found[nodes:]]
+        spare = ctx.spec.spare_nodes
+        held = nodes + spare
+        if len(found) > held:
+            unused = [h.name for h in found[held:]]
             out.append(Finding(
                 "ssh-hosts-unused", WARNING,
-                f"{len(found)} hosts are listed but nodes is {nodes}: only the first {nodes} "
-                f"run the job; {', '.join(unused)} "
-                f"{'goes' if len(unused) == 1 else 'go'} unused (they are no spares: a host "
-                "that fails is not replaced)",
-                f"set `nodes: {len(found)}` to use them all, or remove the hosts not meant "
-                "for this run", found[nodes].where,
+                f"{len(found)} hosts are listed but nodes is {nodes}"
+                + (f" and spare_nodes {spare}: only the first {held} are held" if spare else
+                   f": only the first {nodes} run the job")
+                + f"; {', '.join(unused)} {'goes' if len(unused) == 1 else 'go'} unused ("
+                + ("beyond the spares" if spare else "no spares: spare_nodes is 0, so a host "
+                   "that fails is not replaced") + ")",
+                f"set `nodes: {len(found)}` to use them all, `spare_nodes: "
+                f"{len(found) - nodes}` to hold them as spares, or remove the hosts not meant "
+                "for this run", found[held].where,
             ))  # fmt: skip
         sp: Ssh = engine_options(ctx.spec, "ssh")
         bad = setup_syntax(list(sp.setup))
@@ -260,8 +289,14 @@ class SshBackend(Backend):
         from trebuchet.backends.job_file import write_job_files
         from trebuchet.store.files import write_json
 
-        runtime, _ = write_job_files(sub.run_dir, node_job(sub.loaded.spec, sub.record.id))
-        info = self.info(sub.loaded, sub.record.id, sub.run_dir, runtime.name)
+        job = node_job(sub.loaded.spec, sub.record.id)
+        info = self.info(sub.loaded, sub.record.id, sub.run_dir, "")
+        if sub.loaded.spec.launcher == "horovod":  # node 0's horovodrun reaches the hosts
+            from trebuchet.backends.ssh.horovod import placement
+
+            job["horovod"] = placement(info["ssh"], info["hosts"])
+        runtime, _ = write_job_files(sub.run_dir, job)
+        info["runtime"] = runtime.name
         write_json(sub.run_dir / "ssh.json", info)
         if not attach:
             _start_detached(sub.store, sub.record.id, sub.run_dir)

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
+from trebuchet.runtime import health, nodeloss, nodeset
+from trebuchet.runtime.agent_link import NODE_TIMEOUT_S
 from trebuchet.runtime.contracts import FirstFailure, Outcome
 from trebuchet.runtime.hang import expected_names
 from trebuchet.runtime.lifecycle import Ending, JobController, Settings
@@ -44,6 +46,7 @@ from trebuchet.backends.ssh.script import (
     SETUP_FAILED,
     SETUP_OUTPUT,
     SETUP_TAIL,
+    attempt_hosts,
     connect_timeout,
     master_address,
     node_script,
@@ -52,6 +55,9 @@ from trebuchet.backends.ssh.script import (
 )
 
 LOST = "connection lost"
+BEAT_LINE = nodeloss.BEAT.encode()
+ENDED_LINE = nodeloss.ENDED.encode() + b" "
+STALL_S = 3.0  # a gap between two polls this long: this process was stopped, not the nodes
 _LABEL = re.compile(rb"\[(\d+)(?::(\d+))?\] ")
 
 
@@ -84,6 +90,10 @@ class Node:
         self.setup_failed: tuple[int, int] | None = None  # (ssh.setup item from 1, exit code)
         self.setup_output: list[str] = []  # the last lines setup printed, when it failed
         self.signalled: set[str] = set()  # the remote stops sent (TERM, KILL)
+        self.heard = time.monotonic()  # the agent's last line (its heartbeat: nodeloss.BEAT)
+        self.heard_wall = time.time()
+        self.ended: int | None = None  # the agent's last word (nodeloss.ENDED), its code
+        self.lost_cause: FirstFailure | None = None  # this node was lost (nodeloss.record)
 
     def close_session(self) -> None:
         """Close stdin: the remote agent stops its ranks (grace, then SIGKILL) and ends."""
@@ -94,8 +104,25 @@ class Node:
 
     @property
     def lost(self) -> bool:
-        return self.setup_failed is None and self.returncode is not None and (
-            self.returncode == 255 or self.returncode < 0)  # fmt: skip
+        """The session ended without its agent's end: the connection dropped (ssh exit 255,
+        the client killed), or the agent died after setup without its last word."""
+        if self.setup_failed is not None or self.returncode is None or self.ended is not None:
+            return False
+        gone = self.returncode == 255 or self.returncode < 0
+        return gone or (self.setup_done and not self.hook)
+
+    def hear(self, line: bytes) -> bool:
+        """A line from the agent: it is alive; True for its own heartbeat and end (taken
+        in), False for what goes on to the logs."""
+        self.heard, self.heard_wall = time.monotonic(), time.time()
+        if line.startswith(BEAT_LINE):
+            return line.rstrip(b"\r\n") == BEAT_LINE
+        if line.startswith(ENDED_LINE):
+            code = line[len(ENDED_LINE) :].strip()
+            if code.lstrip(b"-").isdigit():
+                self.ended = int(code)
+                return True
+        return False
 
     def marker(self, line: bytes) -> bool:
         """A line of the session's script (before the agent): taken in; False otherwise."""
@@ -104,6 +131,7 @@ class Node:
             self.pgid = int(rest)
         elif word == SETUP_DONE:
             self.setup_done = True
+            self.heard, self.heard_wall = time.monotonic(), time.time()
         elif word == SETUP_FAILED:
             item, _, code = rest.partition(" ")
             self.setup_failed = (int(item), int(code)) if (item + code).isdigit() else (0, 1)
@@ -136,6 +164,8 @@ class SshRun:
         self.clock_start = time.monotonic()  # the attempt's start, as the controller's clock
         self.idle = False  # nothing started (the time ran out in `pre`): alive until stopped
         self.remote_stops: list[subprocess.Popen] = []
+        self.active: list[str] = attempt_hosts(self.info)  # this attempt's hosts, node 0 first
+        self.last_poll = time.monotonic()  # a stalled supervisor heard nobody: not their fault
         self.records = IndexRecords(store, self.rid, run_dir, self.say)
         self.job = JobController(settings(self.info, run_dir), self, self.records)
 
@@ -375,7 +405,31 @@ class SshRun:
         # timeout, the agents' elapsed time count from it)
         self.clock_start = time.monotonic()
         self.idle = False
-        return {"master": f"{self.info['master_addr']}:{self.info['master_port']}"}
+        if attempt:
+            self.choose_hosts()
+        return {"master": f"{self.info['master_addr']}:{self.info['master_port']}",
+                "hosts": self.active}  # fmt: skip
+
+    def choose_hosts(self) -> None:
+        """After a lost node: the held hosts not excluded (a spare in, or fewer down to
+        min_nodes: runtime/nodeset.py), NODE_RANK by their order, the master node 0's."""
+        info = self.info
+        before = self.active
+        choice = nodeloss.next_nodes(str(self.run_dir), info["hosts"], int(info.get("nodes")
+                                     or len(info["hosts"])), info.get("min_nodes"))  # fmt: skip
+        self.active = info["active"] = choice.hosts
+        if not self.active or self.active == before:
+            return
+        if self.active[0] != before[0]:
+            info["master_addr"] = master_address(info)
+        shape = self.job.settings.shape
+        self.job.settings = self.job.settings._replace(shape=(shape[0], len(self.active),
+                                                              shape[2]))  # fmt: skip
+        world = len(self.active) * int(info["ppn"])
+        self.say(
+            f"nodes now: {', '.join(self.active)} (MASTER_ADDR {info['master_addr']}, "
+            f"WORLD_SIZE {world}; excluded: {', '.join(nodeset.excluded(str(self.run_dir)))})"
+        )
 
     def deadline(self) -> float | None:
         """When this attempt's `timeout` ends it (monotonic), or None."""
@@ -393,7 +447,7 @@ class SshRun:
             return True
         adir = self.run_dir / f"attempt-{attempt}"
         sessions = []
-        for i, host in enumerate(self.info["hosts"]):
+        for i, host in enumerate(self.active):
             log = open(adir / f"{when}-node-{i}.log", "ab")  # noqa: SIM115 - closed below
             script = node_script(self.info, i, attempt, command)
             sessions.append(self.open_session(i, host, script, log, adir, None))
@@ -449,7 +503,7 @@ class SshRun:
         secrets = {n: os.environ.get(n, "") for n in self.info["secrets"]}
         line = json.dumps(secrets).encode() + b"\n"
         self.nodes = []
-        for i, host in enumerate(self.info["hosts"]):
+        for i, host in enumerate(self.active):
             log = open(adir / f"ssh-{i}.log", "ab")  # noqa: SIM115 - closed by after()
             script = node_script(self.info, i, attempt, elapsed=elapsed)
             self.nodes.append(self.open_session(i, host, script, log, adir, line))
@@ -468,9 +522,18 @@ class SshRun:
                 if n.reader:  # its last lines (a setup's failure) are in once it is done
                     n.reader.join(5)
                 n.returncode = n.proc.returncode
-                if n.returncode != 0 and self.first is None and not self.stopping \
+                if (n.returncode != 0 or n.lost) and self.first is None and not self.stopping \
                         and not self.cancelled:  # fmt: skip
                     self.first = n
+                    if n.lost:
+                        rc = n.returncode
+                        what = (
+                            f"the ssh connection to {n.host} was lost (ssh exit {rc})"
+                            if rc == 255 or rc < 0
+                            else f"its node agent ended without its last word (ssh exit {rc})"
+                        )
+                        self.lose(n, nodeloss.dropped(n.host, what), time.time())
+                        continue
                     if n.setup_failed is not None:
                         self.say(f"node {n.index} ({n.host}): {self.setup_text(n)}")
                         for out in n.setup_output:
@@ -480,7 +543,39 @@ class SshRun:
                         what = LOST if n.lost else f"node agent exited {n.returncode}"
                         self.say(f"node {n.index} ({n.host}): {what}: stopping the others")
                     self.job.failure(None)  # its record comes with the attempt's folder
+        self.watch_beats()
         return any(n.returncode is None for n in self.nodes) or (self.idle and not self.stopping)
+
+    def watch_beats(self) -> None:
+        """A node whose agent said nothing (not even its heartbeat, every nodeloss.BEAT_S)
+        for node_timeout is lost: a dead host, its link down, answers nothing, and ssh's
+        own keepalive would take far longer to say so."""
+        now = time.monotonic()
+        if now - self.last_poll > STALL_S:  # this process was stopped: the lines wait unread
+            for n in self.nodes:
+                n.heard = max(n.heard, now)
+        self.last_poll = now
+        if self.first is not None or self.stopping or self.cancelled:
+            return
+        timeout = float(self.info.get("node_timeout") or NODE_TIMEOUT_S)
+        for n in self.nodes:
+            if n.returncode is None and n.setup_done and n.ended is None \
+                    and now - n.heard > timeout:  # fmt: skip
+                self.first = n
+                self.lose(n, nodeloss.silent(n.host, timeout, n.heard_wall), n.heard_wall)
+                return
+
+    def lose(self, n: Node, message: str, last_seen: float) -> None:
+        """Node `n` is lost: on record (attempt-N/lost-<node>.json, the event), excluded
+        from this run, its session cut here (its host answers nothing), the others
+        stopped."""
+        n.lost_cause = nodeloss.record(str(self.run_dir), self.job.attempt, n.index, n.host,
+                                       message, last_seen)  # fmt: skip
+        self.say(f"{message}: stopping the others")
+        if n.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(n.proc.pid, signal.SIGKILL)
+        self.job.failure(n.lost_cause)
 
     def checkpoint(self, signum: int) -> int:
         return 0  # the node agents hold the timeout's warning themselves
@@ -544,6 +639,12 @@ class SshRun:
             n.log.close()
             if self.info["remote_root"] is not None and not n.lost:
                 self.fetch(n, adir)
+        by_index = {n.index: n.host for n in self.nodes}  # an unhealthy node: not used again
+        health.exclude_recorded(
+            str(self.run_dir),
+            str(adir),
+            [by_index.get(i, "") for i in range(max(by_index, default=-1) + 1)],
+        )
         while self.notes:
             self.say(self.notes.pop(0))
 
@@ -553,6 +654,17 @@ class SshRun:
         state, found = self.outcome(self.nodes, self.first, reason, adir, attempt, hung)
         if found is not None:
             self.job.first_failure = found
+        lost = self.first.lost_cause if self.first is not None else None
+        if state == "FAILED" and (lost is not None or nodeset.excluded(str(self.run_dir))):
+            why = str(lost.get("message") or nodeloss.LABEL) if lost is not None else reason
+            left = nodeloss.next_nodes(str(self.run_dir), self.info["hosts"],
+                                       int(self.info.get("nodes") or len(self.info["hosts"])),
+                                       self.info.get("min_nodes"))  # fmt: skip
+            if left.why_not:  # a lost or unhealthy node, and too few left: no next attempt
+                self.say(f"no spare to go on with: {left.why_not}")
+                return Ending("FAILED", why, final=True)
+            if lost is not None:
+                return Ending("FAILED", why)
         if hung and found is None and state == "FAILED":
             return Ending(state, "hang", hung=True)
         return Ending(state, reason)
@@ -626,6 +738,8 @@ class SshRun:
                     node.log.write(line)
                     node.log.flush()
                     continue
+                if node.hear(line):
+                    continue
                 m = _LABEL.match(line)
                 if not m:
                     node.log.write(line)
@@ -690,7 +804,8 @@ class SshRun:
         for path in sorted(adir.glob("*.json")):
             rec = read_json(path)
             if isinstance(rec, dict) and "label" in rec:
-                rec.setdefault("host", self.info["hosts"][int(rec.get("node") or 0)])
+                node = int(rec.get("node") or 0)
+                rec.setdefault("host", self.active[node] if node < len(self.active) else "?")
                 records.append(cast("Outcome", rec))
         self.store.set_procs(self.rid, attempt, records)
         if reason == "cancel":
@@ -703,12 +818,16 @@ class SshRun:
             return ("FAILED" if reason == "post" else "SUCCEEDED"), None
         if first.setup_failed is not None:
             return "FAILED", self.setup_cause(first, adir, attempt)
+        if first.lost_cause is not None:
+            return "FAILED", {**first.lost_cause, "log": str(adir / f"ssh-{first.index}.log")}
         if first.lost:
             what = f"the ssh connection to {first.host} was lost (ssh exit {first.returncode})"
             log = str(adir / f"ssh-{first.index}.log")
             return "FAILED", cause(f"node {first.index}", 255, attempt, first.index,
                                    host=first.host, log=log, message=what)  # fmt: skip
         mine = [r for r in records if (r.get("node") or 0) == first.index]
+        if self.info["launcher"] == "horovod":  # node 0's horovodrun ran every host's ranks
+            mine = records
         found = first_failure(mine) or first_failure(records)
         if first.returncode == 124 and found is None:
             return "TIMEOUT", None
@@ -744,8 +863,10 @@ def settings(info: dict[str, Any], run_dir: Path) -> Settings:
         retries=info["retries"], log_policies=info.get("log_policies", []),
         on_hang=info.get("on_hang") or "fail", hang_timeout=None, timeout=info.get("timeout"),
         warning=None, checkpoint_signal=int(signal.SIGUSR2), grace=float(info["grace_period"]),
-        shape=(info["launcher"], len(info["hosts"]), int(info["ppn"])),
+        shape=(info["launcher"], len(attempt_hosts(info)), int(info["ppn"])),
         run_dir=str(run_dir),
+        no_retry_exit_codes=info.get("exit_codes", {}).get("no_retry_exit_codes", []),
+        retry_exit_codes=info.get("exit_codes", {}).get("retry_exit_codes"),
     )  # fmt: skip
 
 

@@ -124,7 +124,7 @@ def node_script(
     env = {
         **info["env"],
         "NODE_RANK": str(node),
-        "NUM_NODES": str(len(info["hosts"])),
+        "NUM_NODES": str(len(attempt_hosts(info))),
         "MASTER_ADDR": info["master_addr"],
         "MASTER_PORT": str(info["master_port"]),
         "TREB_RUN_ID": info["run_id"],
@@ -164,12 +164,21 @@ def remote_command(script: str) -> str:
     return "bash -c " + shlex.quote(script)
 
 
+def attempt_hosts(info: dict[str, Any]) -> list[str]:
+    """The hosts of the current attempt, node 0 first: what the supervisor chose (`active`:
+    a lost host excluded, a spare in), else the first `nodes` of those listed."""
+    hosts: list[str] = info.get("active") or info["hosts"][: info.get("nodes") or None]
+    return hosts
+
+
 def master_address(info: dict[str, Any]) -> str:
     """MASTER_ADDR: ssh.master_addr, else node 0's HostName as `ssh -G` resolves it (no
-    connection is made), else its name."""
-    if info["master_addr"]:
-        return str(info["master_addr"])
-    host = info["hosts"][0]
+    connection is made), else its name. Node 0 is the attempt's: the master moves when
+    the first host was lost."""
+    given = info.get("master_addr_given", info["master_addr"])
+    if given:
+        return str(given)
+    host = attempt_hosts(info)[0]
     try:
         out = subprocess.run([*info["ssh"], "-G", "--", host], capture_output=True, text=True,
                              timeout=30).stdout  # fmt: skip

@@ -1,0 +1,94 @@
+"""runtime/horovod.py without horovod: horovodrun's command line from the spec's HOROVOD_*
+env, the refusals of bad values, the interface toward a peer (this machine's real
+interfaces), a rank's cascade after another's failure, a node waiting for its ranks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trebuchet.runtime import horovod
+
+
+def test_horovodrun_argv_as_determined_starts_it() -> None:
+    env = {"HOROVOD_CONTROLLER": "mpi", "HOROVOD_START_TIMEOUT": "30"}
+    argv = horovod.horovodrun_argv(
+        16, ["10.0.0.1", "10.0.0.2"], 8, env, 2222, "/k/id", "10.0.0.0/24"
+    )
+    assert argv == [
+        "horovodrun", "-np", "16", "-H", "10.0.0.1:8,10.0.0.2:8", "--start-timeout", "30",
+        "--mpi", "-p", "2222", "--ssh-identity-file", "/k/id", "--network-interfaces", "10.0.0.0/24",
+    ]  # fmt: skip
+    gloo = horovod.horovodrun_argv(2, ["localhost"], 2, {"HOROVOD_GLOO_TIMEOUT_SECONDS": "7"})
+    assert gloo[-3:] == ["--gloo", "--gloo-timeout-seconds", "7"]
+
+
+@pytest.mark.parametrize(
+    "env,field",
+    [
+        ({"HOROVOD_CONTROLLER": "nccl"}, "env.HOROVOD_CONTROLLER"),
+        ({"HOROVOD_CONTROLLER": "gloo\0x"}, "env.HOROVOD_CONTROLLER"),
+        ({"HOROVOD_START_TIMEOUT": "9" * 400}, "env.HOROVOD_START_TIMEOUT"),
+        ({"HOROVOD_START_TIMEOUT": "nan"}, "env.HOROVOD_START_TIMEOUT"),
+        ({"HOROVOD_GLOO_TIMEOUT_SECONDS": "0"}, "env.HOROVOD_GLOO_TIMEOUT_SECONDS"),
+    ],
+)
+def test_bad_settings_are_named(env: dict[str, str], field: str) -> None:
+    found = horovod.env_problem(env)
+    assert found is not None and found[0] == field
+    assert len(found[1]) < 200  # a huge value is cut in the message
+
+
+def test_gloo_is_refused_on_slurm_only() -> None:
+    assert horovod.env_problem({"HOROVOD_CONTROLLER": "gloo"}) is None
+    bad = horovod.slurm_problem({"HOROVOD_CONTROLLER": "gloo"})
+    assert bad is not None and "under mpirun" in bad[1]
+    assert horovod.slurm_problem({}) is None
+
+
+def test_route_to_loopback_and_pick_iface() -> None:
+    assert horovod.route_to("127.0.0.1") == ("lo", "127.0.0.0/8")
+    assert horovod.route_to("no-such-host.invalid") is None
+    env = {"TREB_HOROVOD_PICK_IFACE": "1", "HOROVOD_CONTROLLER": "gloo",
+           "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_IFACE": "eth9"}  # fmt: skip
+    horovod.pick_iface(env)
+    assert env["HOROVOD_GLOO_IFACE"] == "lo"
+    untouched = {**env, "HOROVOD_GLOO_IFACE": "eth9", "TREB_HOROVOD_PICK_IFACE": ""}
+    horovod.pick_iface(untouched)
+    assert untouched["HOROVOD_GLOO_IFACE"] == "eth9"
+
+
+def test_peer_shutdown_is_read_from_the_log_end(tmp_path: Path) -> None:
+    log = tmp_path / "rank-0.log"
+    log.write_bytes(b"x" * 200_000 + b"\nHorovodInternalError: " + horovod.SHUTDOWN + b". ...\n")
+    assert horovod.peer_shutdown(str(log))
+    log.write_bytes(b"ValueError: mine\n")
+    assert not horovod.peer_shutdown(str(log))
+    assert not horovod.peer_shutdown(str(tmp_path / "missing.log"))
+
+
+def test_wait_ends_with_the_nodes_ranks(tmp_path: Path) -> None:
+    for rank in (2, 3):
+        (tmp_path / f"rank-{rank}.json").write_text(json.dumps({"state": "ENDED"}))
+    assert horovod.wait([str(tmp_path), "60", "2", "3"]) == 0
+    # none started within the limit: horovodrun's own start timeout names that
+    assert horovod.wait([str(tmp_path / "none"), "0", "4"]) == 0
+
+
+@pytest.mark.parametrize(
+    "line,category",
+    [
+        ("RuntimeError: Horovod detected that one or more processes exited with non-zero "
+         "status, thus causing the job to be terminated.", "cascade"),
+        ("horovod.common.exceptions.HorovodInternalError: " + horovod.SHUTDOWN.decode(), "cascade"),
+        ("RuntimeError: Unable to find a set of common task-to-task communication interfaces: "
+         "[('10.0.0.2', 'eth0')]", "network_unreachable"),
+    ],
+)  # fmt: skip
+def test_horovods_own_failures_are_classified(line: str, category: str) -> None:
+    from trebuchet.diagnose import catalog
+
+    rule = catalog.match(line, True)
+    assert rule is not None and rule.category == category

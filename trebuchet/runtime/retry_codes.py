@@ -1,0 +1,61 @@
+"""Retry by cause: the spec's `no_retry_exit_codes` and `retry_exit_codes` (SkyPilot's
+recover_on_exit_codes, NVRx's "do not requeue" code), applied by the one rule
+(lifecycle.next_step) before the log policies and `retries`.
+
+Why exit codes: a program knows when another attempt cannot help (bad data, a config
+error) and says so with its exit status, cheaper than a log pattern. The rules can only
+end a run, never grant it more attempts: a code that passes them is retried (or not) by
+the log policies and `retries` as before. Only a process's own exit counts: a lost or
+unhealthy node, a hang or a timeout is no program's answer.
+
+Stdlib only, Python >= 3.8 (runtime file).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Sequence, cast
+
+from .records import first_failure, read_json
+
+if TYPE_CHECKING:
+    from .contracts import FirstFailure, Outcome
+
+NOT_A_PROGRAM = ("node_lost", "node_unhealthy")  # causes without a program's exit status
+NO_RETRY = "no_retry_exit_codes"
+ONLY_RETRY = "retry_exit_codes"
+
+
+def verdict(
+    code: int | None, no_retry: Sequence[int], only: Sequence[int] | None
+) -> tuple[str, str] | None:
+    """(rule, why) when the rules end the run after a failure with exit code `code`
+    (None: not a program's exit, no rule applies); else None."""
+    if code is None:
+        return None
+    if code in no_retry:
+        return NO_RETRY, f"exit code {code} is in no_retry_exit_codes"
+    if only is not None and code not in only:
+        codes = ", ".join(map(str, only)) or "none"
+        return ONLY_RETRY, f"exit code {code} is not in retry_exit_codes ({codes})"
+    return None
+
+
+def cause_code(cause: FirstFailure | None, adir: str) -> int | None:
+    """The exit code the rules judge: the attempt's first failure's (the controller's, or
+    else its records in `adir`: Slurm's agents write them), None when it is no process's."""
+    if cause is None:
+        records: list[Outcome] = []
+        try:
+            names = sorted(os.listdir(adir))
+        except OSError:
+            names = []
+        for name in names:
+            rec = read_json(os.path.join(adir, name)) if name.endswith(".json") else None
+            if isinstance(rec, dict) and "label" in rec:
+                records.append(cast("Outcome", rec))
+        cause = first_failure(records)
+    if not cause or cause.get("label") in NOT_A_PROGRAM:
+        return None
+    code = cause.get("exit_code")
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
