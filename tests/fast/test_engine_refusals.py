@@ -65,6 +65,8 @@ def test_local_refusal_of_an_override_names_it(treb: TrebFn, tmp_path: Path,
          "job.yaml:2: launcher: mpirun with a container image is not supported"),
         ("name: r\ncommand: x\nslurm:\n  mem: \"64G\\n\"\n", "job.yaml:4: slurm.mem: must be one line"),
         ("name: r\ncommand: x\ngpus_per_node: -1\n", "job.yaml:3: gpus_per_node: -1 (all visible)"),
+        ("name: r\ncommand: x\nlauncher: mpirun\nspare_nodes: 1\n",
+         "job.yaml:4: spare_nodes: spare nodes and a node range are not supported with mpirun"),
     ],
 )  # fmt: skip
 def test_slurm_render_refusals_name_the_line(text: str, expected: str, treb: TrebFn,
@@ -80,3 +82,17 @@ def test_refusal_helper(tmp_path: Path) -> None:
     assert isinstance(err, UserError) and err.exit_code == 2
     assert str(err) == f"{spec}:4: skypilot.accelerators: no"
     assert str(loaded.refusal("nodes", "too many")) == "-o nodes=2: nodes: too many"
+
+
+@pytest.mark.parametrize("engine", ["skypilot", "kubernetes"])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("name: r\ncommand: x\nspare_nodes: 1\n", "job.yaml:3: spare_nodes: not supported on"),
+        ("name: r\ncommand: x\nnodes: '2:3'\n", "job.yaml:3: nodes: a node range MIN:MAX is not"),
+    ],
+)  # fmt: skip
+def test_engines_that_place_nodes_refuse_spares(engine: str, text: str, expected: str,
+                                                treb: TrebFn, tmp_path: Path) -> None:  # fmt: skip
+    spec = write_spec(tmp_path, text + "environment: {image: img}\n")
+    _refused(treb("render", str(spec), "--on", engine), expected)

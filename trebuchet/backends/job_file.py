@@ -122,6 +122,17 @@ def job_text(job: JobFile) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
+def refuse_spares(spec: Any, loaded: LoadedSpec, engine: str) -> None:
+    """Spare nodes and node ranges need the controller to choose each attempt's nodes
+    (runtime/nodeset.py: Slurm, ssh, local); an engine that places nodes itself says no
+    rather than ignore them."""
+    if spec.spare_nodes:
+        raise loaded.refusal("spare_nodes", f"not supported on {engine} (docs/recovery.md)")
+    if spec.min_nodes is not None:
+        raise loaded.refusal("nodes", f"a node range MIN:MAX is not supported on {engine} "
+                                      "(docs/recovery.md); give one number")  # fmt: skip
+
+
 def check_node_engine(
     spec: Any, loaded: LoadedSpec | str, engine: str, horovod: bool = False
 ) -> None:

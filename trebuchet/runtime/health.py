@@ -13,7 +13,7 @@ The checks (each cheap; together a few milliseconds without the spec's own):
   attempt.json, written by the controller before the step, readable here and naming this
   job and attempt); elsewhere the attempt directory exists and is writable;
 - `gpus`: where GPUs are asked (gpus_per_node > 0), `nvidia-smi -L` (else `rocm-smi
-  --showid`) lists at least that many;
+  --showid`) lists at least that many (a node with neither tool: not checked, said so);
 - `master`: MASTER_ADDR resolves, and a TCP connection to MASTER_ADDR:MASTER_PORT is
   accepted or refused within CONNECT_S (refused: the host answered, nothing listens yet:
   rank 0 opens the port only once its ranks start, after these checks); a timeout or an
@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 from . import nodeloss, nodeset
 from .records import read_json, write_json, write_text
 
-MIN_FREE_BYTES = 1 << 30  # 1 GiB free in the run dir, the workdir and the checkpoint dir
+MIN_FREE_BYTES = 1 << 20  # a full disk: under 1 MiB free in the run dir, workdir, checkpoints
 CONNECT_S = 1.0  # the master's port: accepted or refused within this
 MASTER_WAIT_S = 30.0  # a master not reached is tried again this long (its pod may start)
 GPU_LIST_S = 20.0  # nvidia-smi -L on a busy node
@@ -100,9 +100,13 @@ def check_disk(paths: Mapping[str, str], min_free: int = MIN_FREE_BYTES) -> tupl
             bad.append(f"{what} {path}: {exc.strerror}")
             continue
         free = st.f_bavail * st.f_frsize
-        said.append(f"{what} {free / (1 << 30):.1f} GiB free")
+        said.append(
+            f"{what} {free / (1 << 30):.1f} GiB free"
+            if free >= 1 << 30
+            else f"{what} {free / (1 << 20):.1f} MiB free"
+        )
         if free < min_free:
-            bad.append(f"{what} {path}: {free / (1 << 20):.0f} MiB free, under "
+            bad.append(f"{what} {path}: {free / (1 << 20):.1f} MiB free, under "
                        f"{min_free / (1 << 20):.0f} MiB")  # fmt: skip
         elif not os.access(at, os.W_OK):
             bad.append(f"{what} {at}: not writable")
@@ -155,7 +159,9 @@ def check_gpus(want: int, timeout: float = GPU_LIST_S) -> tuple[bool, str]:
         if len(found) < want:
             return False, f"{len(found)} GPU(s) visible ({argv[0]}), {want} asked"
         return True, f"{len(found)} GPU(s) visible ({argv[0]}), {want} asked"
-    return False, f"{want} GPU(s) asked, but neither nvidia-smi nor rocm-smi is on PATH"
+    # No tool to ask: nothing to tell (a GPU node has its vendor's tool; a rank on a node
+    # without GPUs fails at its first CUDA call, and the diagnosis says so)
+    return True, f"not checked: {want} GPU(s) asked, but neither nvidia-smi nor rocm-smi is on PATH"
 
 
 def check_master(

@@ -37,6 +37,7 @@ from trebuchet.backends.job_file import (
     grace_seconds,
     job_text,
     node_job,
+    refuse_spares,
     start_lines,
     uses_secret,
 )
@@ -133,6 +134,7 @@ class KubernetesBackend(Backend):
     def check_render(self, loaded: LoadedSpec) -> None:
         spec = loaded.spec
         check_node_engine(spec, loaded, "Kubernetes")
+        refuse_spares(spec, loaded, "Kubernetes")
         kube: Kubernetes = engine_options(spec, "kubernetes")
         if not (kube.image or (spec.environment and spec.environment.image)):
             raise loaded.refusal(

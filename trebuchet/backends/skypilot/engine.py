@@ -28,6 +28,7 @@ from trebuchet.backends.job_file import (
     engine_options,
     job_text,
     node_job,
+    refuse_spares,
     start_lines,
     uses_secret,
     write_job_files,
@@ -106,6 +107,7 @@ class SkyPilotBackend(Backend):
     def check_render(self, loaded: LoadedSpec) -> None:
         spec = loaded.spec
         check_node_engine(spec, loaded, "SkyPilot")
+        refuse_spares(spec, loaded, "SkyPilot")
         env = spec.environment
         if env and env.mounts:
             raise loaded.refusal(
