@@ -156,7 +156,11 @@ def test_attached_run_dedups_with_treb_dedup(treb, tmp_path: Path) -> None:
 
 STAND_IN = """#!/bin/sh
 # STAND-IN for nvidia-smi (tests/integration/test_progress.py): no GPU exists here.
-# Answers the agent's query for 4 GPUs, utilisation from $STANDIN_GPU_UTIL_FILE.
+# Answers the agent's query for 4 GPUs, utilisation from $STANDIN_GPU_UTIL_FILE, and the
+# health check's `-L` (runtime/health.py) with the same 4.
+if [ "$1" = -L ]; then
+    for i in 0 1 2 3; do echo "GPU $i: STAND-IN GPU (UUID: GPU-0000000$i)"; done; exit 0
+fi
 echo "$0 $*" >> "$STANDIN_GPU_CALLS"
 util=$(cat "$STANDIN_GPU_UTIL_FILE")
 echo "0, $util, 30000, 81559"
@@ -211,7 +215,9 @@ def test_gpu_sampling_with_a_stand_in_nvidia_smi(treb, tmp_path: Path) -> None:
 def test_a_stuck_nvidia_smi_never_holds_the_agent(treb, tmp_path: Path) -> None:
     env = stand_in(tmp_path, 42)
     smi = Path(env["PATH"].split(os.pathsep)[0]) / "nvidia-smi"
-    smi.write_text("#!/bin/sh\n# STAND-IN nvidia-smi that never answers (a wedged driver)\n"
+    smi.write_text("#!/bin/sh\n# STAND-IN nvidia-smi whose queries never answer (a driver that\n"
+                   "# wedged after the health check's `-L` before the ranks)\n"
+                   '[ "$1" = -L ] && { echo "GPU 0: STAND-IN"; echo "GPU 1: STAND-IN"; exit 0; }\n'
                    "sleep 600; echo never\n")  # fmt: skip
     spec = write_spec(tmp_path, "name: stuck\ngpus_per_node: 2\ncommand: sleep 7\n")
     res = treb("run", str(spec), env=env, timeout=60)  # the hang guard: a blocked poll

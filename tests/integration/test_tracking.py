@@ -202,8 +202,12 @@ tracking:
     assert run["tags"]["treb.state"] == "SUCCEEDED"
     # the metrics read from rank 0's log (store/metrics.py), the same values in MLflow
     rid = info["run_id"]
-    hist = api(mlflow_server, "metrics/get-history", run_id=rid, metric_key="loss")["metrics"]
-    assert sorted((m["step"], m["value"]) for m in hist) == [(1, 2.5), (2, 1.5)]
+    wait = time.monotonic() + 30  # sent after the status and the tags (tracking.close)
+    while "metrics" not in (hist := api(mlflow_server, "metrics/get-history", run_id=rid,
+                                        metric_key="loss")) and time.monotonic() < wait:  # fmt: skip
+        time.sleep(0.2)
+    assert sorted((m["step"], m["value"]) for m in hist["metrics"]) == [(1, 2.5), (2, 1.5)]
+    run = tracked(mlflow_server, st["run_dir"])
     assert run["metrics"]["acc"] == 0.75
     hist = api(mlflow_server, "metrics/get-history", run_id=rid, metric_key="x")["metrics"]
     assert len(hist) == 1500  # more than one log-batch call holds (1000 at most)
