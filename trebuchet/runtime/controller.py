@@ -21,13 +21,14 @@ import signal
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from . import agent_link, contract, hang, lifecycle, nodeloss, procs, selfrequeue, tracking
 from .agent import Agent
 from .records import (
     append_event,
     attempt_logs,
+    attempt_records,
     first_failure,
     now,
     read_json,
@@ -37,7 +38,7 @@ from .records import (
 from .task import PYTHON_GUARD
 
 if TYPE_CHECKING:
-    from .contracts import AttemptRecord, FirstFailure, Hang, JobFile, Outcome, Result
+    from .contracts import AttemptRecord, FirstFailure, Hang, JobFile, Result
 
 REQUEUE_WAIT_S = 600  # after `scontrol requeue`, Slurm ends this step well before this
 ENDING_WAIT_S = 120  # Slurm's SIGTERM (then its SIGKILL, after KillWait) comes well before this
@@ -649,12 +650,7 @@ class Controller:
 
     def first_failed(self) -> FirstFailure | None:
         """The attempt's first process that failed on its own, from its records."""
-        records: list[Outcome] = []
-        for name in sorted(os.listdir(self.adir)):
-            rec = read_json(os.path.join(self.adir, name)) if name.endswith(".json") else None
-            if isinstance(rec, dict) and name != "attempt.json":
-                records.append(cast("Outcome", rec))
-        first = first_failure(records)
+        first = first_failure(attempt_records(self.adir))
         return first if isinstance(first, dict) else None
 
     def died_of_warning(self) -> bool:

@@ -10,7 +10,7 @@ import os
 import re
 import signal
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .regular import read_text
 
@@ -139,6 +139,21 @@ def cause(
     if host is not None:
         ff["host"] = host
     return ff
+
+
+def attempt_records(adir: str) -> list[Outcome]:
+    """The outcome records in an attempt's folder (rank-N, node-N, lost-N, ... .json; not
+    attempt.json), by name; none when the folder is gone."""
+    try:
+        names = sorted(os.listdir(adir))
+    except OSError:
+        return []
+    out: list[Outcome] = []
+    for name in names:
+        rec = read_json(os.path.join(adir, name)) if name.endswith(".json") else None
+        if isinstance(rec, dict) and name != "attempt.json":
+            out.append(cast("Outcome", rec))
+    return out
 
 
 def first_failure(records: list[Outcome]) -> FirstFailure | None:

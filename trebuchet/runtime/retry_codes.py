@@ -13,13 +13,12 @@ Stdlib only, Python >= 3.8 (runtime file).
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING, Sequence, cast
+from typing import TYPE_CHECKING, Sequence
 
-from .records import first_failure, read_json
+from .records import attempt_records, first_failure
 
 if TYPE_CHECKING:
-    from .contracts import FirstFailure, Outcome
+    from .contracts import FirstFailure
 
 NOT_A_PROGRAM = ("node_lost", "node_unhealthy")  # causes without a program's exit status
 NO_RETRY = "no_retry_exit_codes"
@@ -45,16 +44,7 @@ def cause_code(cause: FirstFailure | None, adir: str) -> int | None:
     """The exit code the rules judge: the attempt's first failure's (the controller's, or
     else its records in `adir`: Slurm's agents write them), None when it is no process's."""
     if cause is None:
-        records: list[Outcome] = []
-        try:
-            names = sorted(os.listdir(adir))
-        except OSError:
-            names = []
-        for name in names:
-            rec = read_json(os.path.join(adir, name)) if name.endswith(".json") else None
-            if isinstance(rec, dict) and "label" in rec:
-                records.append(cast("Outcome", rec))
-        cause = first_failure(records)
+        cause = first_failure(attempt_records(adir))
     if not cause or cause.get("label") in NOT_A_PROGRAM:
         return None
     code = cause.get("exit_code")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from . import agent_link, batchloss, contract, health, procs
 from .agent import STOP_EXIT_CODES, Agent, Proc
-from .records import read_json, write_bytes, write_text
+from .records import attempt_records, write_bytes, write_text
 from .regular import open_regular
 
 if TYPE_CHECKING:
@@ -393,14 +393,7 @@ def deliver(job: JobFile, sig_name: str) -> int:
     attempt, adir = _attempt_dir(job)
     host, sig = os.uname().nodename, int(getattr(signal, sig_name))
     sent: list[int] = []
-    try:
-        names = sorted(os.listdir(adir))
-    except OSError:
-        names = []
-    for name in names:
-        rec = read_json(os.path.join(adir, name)) if name.endswith(".json") else None
-        if not isinstance(rec, dict):
-            continue
+    for rec in attempt_records(adir):
         pid = rec.get("pid")
         if not isinstance(pid, int) or rec.get("state") != "RUNNING" or rec.get("host") != host:
             continue
