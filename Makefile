@@ -60,7 +60,10 @@ $(STAMP): pyproject.toml examples/digits-ddp/requirements.txt
 # that cannot start fails the run. The tests not marked `integration` run first, in 2
 # processes (pytest-xdist), before the cluster and hosts are up: a test that uses them, or
 # anything shared between tests (a fixed port), is marked integration. The integration tests
-# then run one at a time, around the cluster and hosts. Both always run; either fails it.
+# then run around the cluster and hosts in two pytest processes side by side, each one test
+# at a time: those that use the cluster or the hosts (marked slurm or ssh by the fixture they
+# ask for: tests/conftest.py) mostly wait on Slurm, the others run on this machine. All
+# three always run; any fails it.
 TEST_ENV = PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TREB_SKYPILOT_PYTHON="$(CURDIR)/$(SKY_VENV)/bin/python" \
 	TREB_MLFLOW_PYTHON="$(CURDIR)/$(MLFLOW_VENV)/bin/python"
 
@@ -71,8 +74,8 @@ test: $(STAMP) $(SKY_VENV)/.installed-0.14.1 $(MLFLOW_VENV)/.installed-3.17.2 $(
 	$(VENV)/bin/mypy
 	scripts/system-deps
 	$(TEST_ENV) $(PY) -m pytest -q -m "not integration" -n 2 --durations=10; fast=$$?; \
-		$(TEST_ENV) scripts/with-slurm-cluster scripts/with-ssh-hosts \
-		$(PY) -m pytest -q -m integration --durations=25 && exit $$fast
+		$(TEST_ENV) scripts/with-slurm-cluster scripts/with-ssh-hosts scripts/integration-tests \
+		$(PY) && exit $$fast
 
 test-fast: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -m "not integration"

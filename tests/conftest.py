@@ -27,17 +27,37 @@ def run_cgroups() -> set[str]:
     return found
 
 
+def _ours(cgroups: set[str], base: Path) -> set[str]:
+    """The cgroups of runs recorded under this pytest process's temporary folder: another
+    pytest process running beside this one (make test runs two) has runs of its own."""
+    ids = {p.name for p in base.glob("**/runs/*") if p.is_dir()}
+    return {c for c in cgroups if os.path.basename(c).removeprefix("treb-") in ids}
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _no_run_cgroup_outlives_the_suite() -> Iterator[None]:
+def _no_run_cgroup_outlives_the_suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """A run's cgroup left behind is a run whose end escaped its supervisor and watchdog
     (an orphan, or a cleanup path that failed): the suite fails on it. A watchdog may still
     be removing the last run's cgroup, so it gets a few seconds."""
     before = run_cgroups()
     yield
+    base = tmp_path_factory.getbasetemp()
     deadline = time.monotonic() + 15
-    while (left := run_cgroups() - before) and time.monotonic() < deadline:
+    while (left := _ours(run_cgroups() - before, base)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, f"run cgroups outlived the tests: {sorted(left)}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the Slurm test cluster or the ssh test hosts is marked so by the
+    fixture it asks for, whatever its module says: `make test` runs the integration tests
+    that use neither beside those that do, and selects them by these marks."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if "slurm_conf" in names:
+            item.add_marker(pytest.mark.slurm)
+        if "ssh_config" in names:
+            item.add_marker(pytest.mark.ssh)
 
 
 @pytest.fixture(autouse=True)
