@@ -17,6 +17,8 @@ What a line may hold, tried in this order (the first that yields a value wins):
 The step is the value of `step` (or global_step, iteration, iter) when the line has
 one, else the last step an earlier line of the rank gave, else a per-name count (the
 HuggingFace Trainer's dicts have none). Numbers only: booleans, NaN strings and text are skipped.
+A name is kept as a terminal shows it (`lines.shown`: ESC as ^[, a lone surrogate as
+\\ud800), so no name can break SQLite, a view or a terminal, and the line's other values stay.
 
 Total: whatever a rank prints, a line yields points or nothing, never an exception (the
 reader runs inside the agent, whose death would end the run). A `{...}` nested deeper
@@ -38,6 +40,8 @@ import os
 import re
 import time
 from typing import Any, Dict
+
+from .lines import shown
 
 NUMBER = rb"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 PERF = re.compile(
@@ -132,7 +136,7 @@ def _from_mapping(d: Any) -> tuple[float | None, Values]:
         if k in STEP_KEYS and step is None:
             step = f
         else:
-            values[k] = f
+            values[shown(k)] = f  # a JSON key may hold ESC, NUL or a lone surrogate
     return step, values
 
 
