@@ -284,8 +284,8 @@ def _checked(data: dict[str, Any]) -> dict[str, Any]:
     the others None: a rank can write this file too, and the views format these."""
     out = dict(data)
     for k in ("step", "total", "fraction", "rate", "eta_s", "t"):
-        if not _sane(out.get(k)) or (k == "fraction" and out[k] is not None and out[k] > 1):
-            out[k] = None
+        v = out.get(k)
+        out[k] = v if _sane(v) and not (k == "fraction" and v is not None and v > 1) else None
     return out
 
 

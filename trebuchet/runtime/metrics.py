@@ -51,6 +51,9 @@ PERF = re.compile(
 _PAIR = re.compile(rb"(?P<key>[A-Za-z_][\w./-]*)\s*[=:]\s*(?P<value>" + NUMBER + rb")(?![\w.])")
 _ANSI = re.compile(rb"\^\[\[[0-9;]*[A-Za-z]")  # colours, as lines.inert shows ESC
 _NOT_BRACKET = re.compile(rb"[^\[\]{}()]+")
+# The Trainer's repr of a diverged value (`'loss': nan`): no literal; read as one that is
+# not finite (dropped and counted), so the line's other values stay.
+_BARE = re.compile(r"(?<=[:,\[(]\s)(-?)(?:nan|inf)(?=\s*[,}\])])")
 STEP_KEYS = ("step", "global_step", "iteration", "iter")
 LITERAL_MAX = 16 << 10
 DEPTH_MAX = 32  # nesting of a `{...}` decoded at most (json and ast recurse per level)
@@ -199,7 +202,7 @@ def _decoded(part: bytes) -> tuple[float | None, Values]:
         try:  # the HuggingFace Trainer's repr of a dict: literals only, bounded above
             import ast  # here: only a dict printed as a repr pays for it
 
-            data = ast.literal_eval(text)
+            data = ast.literal_eval(_BARE.sub(r"\g<1>1e999", text))
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return None, {}
     return _from_mapping(data)
