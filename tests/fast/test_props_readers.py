@@ -120,7 +120,7 @@ _RUNS = iter(range(10**9))
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.dictionaries(TEXT, NUMBER, max_size=4), BYTES), max_size=6))
-@example([({"\ud800": 1, "loss": 0.5, "a\x1b]0;T\x07": 2, "[/]": 3}, b"")])
+@example([({"\ud800": 1, "loss": 0.5, "a\x1b]0;T\x07": 2, "[/]": 3, "[bold]x": 4}, b"")])
 def test_store_keeps_any_names_and_a_view_renders(rows: list[tuple[dict, bytes]]) -> None:
     """Lines through the agent's reader and writer, plus points written straight into the
     file (a rank can write there too): ingested, read back, and `treb metrics` and `top`
@@ -164,7 +164,21 @@ def test_store_keeps_any_names_and_a_view_renders(rows: list[tuple[dict, bytes]]
         assert not RAW.search(out.getvalue().replace("\n", " "))
         for name, p in last.items():
             assert _is_text(metric_text((name, p["value"], p["step"], None)))
+        _top_renders(rec, [(n, p["value"], p["step"], 1.0) for n, p in last.items()])
         store.conn.close()
+
+
+def _top_renders(rec: Any, shown_metrics: list[tuple[str, float, float, float | None]]) -> None:
+    """`treb top`'s live table (rich markup) and its plain snapshot, over these names."""
+    from rich.console import Console
+
+    from trebuchet.cli.top_cmd import RunView, plain, table
+
+    view = RunView(rec, shown_metrics, ["node 0: 0 running"], {"step": 1, "total": 2})
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(table([view], 1.0))
+    assert not RAW.search(out.getvalue().replace("\n", " "))
+    assert all(_is_text(line) for line in plain([view]))
 
 
 # -- progress and ETA ------------------------------------------------------------------------
