@@ -1,4 +1,5 @@
-"""`treb logs`: one rank's log as written, or all of them prefixed; `-f` follows to the end."""
+"""`treb logs`: one rank's log as written (on a terminal: controls shown as text, runtime/
+lines.py), or all of them prefixed; `-f` follows to the end."""
 
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ def main(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     if getattr(args, "dedup", False) and (len(files) > 1 or len(_ranks(rec, args)) > 1):
         return _dedup(store, rec, files, out, args)
-    if len(files) == 1 and not args.follow and args.tail is None:
+    # one log into a file or pipe: its bytes as written; on a terminal, lines (inert)
+    if len(files) == 1 and not args.follow and args.tail is None and not sys.stdout.isatty():
         try:
             fh = open_regular(files[0][1])  # a FIFO or device is never read (regular.py)
         except OSError as exc:
@@ -80,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
             while chunk := fh.read(1 << 20):
                 out.write(chunk)
         return 0
-    single = args.rank is not None and len(files) == 1
+    single = len(files) == 1 and (args.rank is not None or not args.follow)
     follower = Follower(out, prefix=(lambda _label: b"") if single else None)
     for label, path in files:
         follower.add(label, path, tail_lines=args.tail)

@@ -334,6 +334,10 @@ def state_error(exc: BaseException):  # -> TrebError | None
 
 
 def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a lone surrogate (argv, a store) never raises
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     words = sys.argv[1:] if argv is None else argv
     parser = build_parser(words[0] if words and words[0] in VERBS else None)
     if words[:1] == ["run"]:  # a command instead of a spec: cli/specless.py

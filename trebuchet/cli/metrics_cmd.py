@@ -4,7 +4,8 @@ RUN omitted (or the first word names no run): the latest run.
 Reads what the node agents wrote since the last look into the store first
 (store/metrics.py), then prints each metric's last value, its step, how many points it
 had, its range and a sparkline of its history. --json and --csv print every stored point
-(a long series is thinned evenly: docs/metrics.md).
+(a long series is thinned evenly: docs/metrics.md). Names are shown as text (runtime/
+lines.py `shown`: ESC as ^[), whatever a rank printed or an older index kept.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 import sys
 from typing import Any
 
+from trebuchet.runtime.lines import shown
 from trebuchet.store.db import RunRecord, Store
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -42,7 +44,7 @@ def main(args: argparse.Namespace) -> int:
         missing = [n for n in names if n not in data]
         if missing:
             known = ", ".join(sorted(last)) or "none yet"
-            print(f"treb: run {rec.id} has no metric {', '.join(missing)} (has: {known})",
+            print(shown(f"treb: run {rec.id} has no metric {', '.join(missing)} (has: {known})"),
                   file=sys.stderr)  # fmt: skip
             if not data:
                 return 1
@@ -55,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
     for line in metrics.dropped_lines(dropped):  # said once, before what was kept
         print(f"treb: run {rec.id}: {line}", file=sys.stderr)
     if not data:
-        print(f"run {rec.id} ({rec.name}, {rec.state}): no metrics yet (docs/metrics.md)")
+        print(shown(f"run {rec.id} ({rec.name}, {rec.state}): no metrics yet (docs/metrics.md)"))
         return 0
     show(rec, data, last)
     return 0
@@ -84,7 +86,7 @@ def write_csv(rec: RunRecord, data: dict[str, list]) -> None:
     out.writerow(["run_id", "name", "step", "value", "time"])
     for name, pts in data.items():
         for step, value, t in pts:
-            out.writerow([rec.id, name, number(step), repr(value), f"{t:.3f}"])
+            out.writerow([rec.id, shown(name), number(step), repr(value), f"{t:.3f}"])
 
 
 def number(v: float) -> str:
@@ -115,7 +117,7 @@ def sparkline(values: list[float], width: int = WIDTH) -> str:
 def show(rec: RunRecord, data: dict[str, list], last: dict[str, dict]) -> None:
     from trebuchet.cli.table import print_table
 
-    print(f"run {rec.id} ({rec.name}, {rec.state})")
+    print(shown(f"run {rec.id} ({rec.name}, {rec.state})"))
     rows = []
     for name, pts in data.items():
         values = [v for _, v, _ in pts]

@@ -7,6 +7,7 @@ import json
 
 from trebuchet.cli.filters import parse_states, parse_when
 from trebuchet.errors import UserError
+from trebuchet.runtime.lines import shown
 from trebuchet.store.db import RunFilter, Store
 
 RECENT = 20
@@ -80,5 +81,5 @@ def main(args: argparse.Namespace) -> int:
     print_table(headers, rows, [STATE_STYLE.get(r.state) for r in runs])
     blocked = [r for r in runs if r.active and r.waiting and r.waiting.get("starts") is False]
     for r in blocked:  # said plainly: cancelling it is the user's move
-        print(f"{r.id}: {describe_waiting(r.waiting)}; `treb cancel {r.id}` ends it")
+        print(shown(f"{r.id}: {describe_waiting(r.waiting)}; `treb cancel {r.id}` ends it"))
     return 0

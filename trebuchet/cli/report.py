@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.diagnose.codepaths import CodeMap
+from trebuchet.runtime.lines import shown
 from trebuchet.spec.duration import human
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.states import describe_failure
@@ -57,7 +58,9 @@ def tail_text(path: Path, lines: int = TAIL_LINES) -> list[str]:
             data = fh.read().decode(errors="replace")
     except OSError:
         return []
-    return [ln for ln in data.replace("\r", "\n").splitlines() if ln.strip()][-lines:]
+    return [shown(ln, tab=True) for ln in data.replace("\r", "\n").split("\n") if ln.strip()][
+        -lines:
+    ]
 
 
 def final_summary(store: Store, rec: RunRecord) -> str:
@@ -85,7 +88,7 @@ def final_summary(store: Store, rec: RunRecord) -> str:
     out += [f"treb: {line}" for line in diagnosis_lines(store, rec)]
     out += [f"treb: {line}" for line in results_lines(store, rec)]
     out += [f"treb: {line}" for line in metrics_lines(store, rec)]
-    return "\n".join(out)
+    return "\n".join(shown(line, tab=True) for line in out)
 
 
 def metrics_lines(store: Store, rec: RunRecord) -> list[str]:
@@ -101,9 +104,9 @@ def metrics_lines(store: Store, rec: RunRecord) -> list[str]:
         return [f"metrics not recorded: {exc!r}"]
     if not last:
         return notes
-    shown = ", ".join(f"{k} {number(v['value'])}" for k, v in list(last.items())[:6])
+    named = ", ".join(f"{k} {number(v['value'])}" for k, v in list(last.items())[:6])
     more = f" and {len(last) - 6} more" if len(last) > 6 else ""
-    return [f"metrics: {shown}{more} (`treb metrics {rec.id}`)", *notes]
+    return [f"metrics: {named}{more} (`treb metrics {rec.id}`)", *notes]
 
 
 def results_lines(store: Store, rec: RunRecord) -> list[str]:

@@ -1,4 +1,5 @@
-"""`treb status`: one run in full: state, attempts, each process's outcome, first failure."""
+"""`treb status`: one run in full: state, attempts, each process's outcome, first failure.
+What the store holds is shown as text (`m`, `shown`: cli/table.py), never as markup."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from trebuchet.cli.common import STATE_STYLE, clock, console, state_cell
 from trebuchet.cli.health_view import health_json, health_lines
 from trebuchet.cli.progress import gpu_use, progress_lines, progress_of
 from trebuchet.cli.report import diagnosis_json, diagnosis_lines
+from trebuchet.cli.table import markup as m
 from trebuchet.errors import UserError
 from trebuchet.runner import refresh
+from trebuchet.runtime.lines import shown
 from trebuchet.spec.duration import human
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.states import describe_failure, describe_waiting
@@ -57,46 +60,46 @@ def main(args: argparse.Namespace) -> int:
 
     con = console()
     style = STATE_STYLE.get(rec.state, "")
-    con.print(f"run [bold]{rec.id}[/]  {rec.name}  [{style}]{rec.state}[/]")
+    con.print(f"run [bold]{m(rec.id)}[/]  {m(rec.name)}  [{style}]{m(rec.state)}[/]")
     con.print(
         f"  {rec.backend}, launcher {rec.launcher}, {rec.nodes} node(s) x {rec.procs_per_node}, "
         f"attempt {rec.attempt + 1} of {rec.max_attempts}"
     )
     con.print(f"  created {clock(rec.created_at)}, ran {human(rec.duration)}")
     if rec.spec_path:
-        con.print(f"  spec    {rec.spec_path}")
+        con.print(f"  spec    {m(rec.spec_path)}")
     else:  # a command (treb run -- CMD) or fields (launch() with a dict)
-        con.print(f"  spec    none given; as it ran: {rec.run_dir}/spec.yaml")
-    con.print(f"  run dir {rec.run_dir}")
+        con.print(f"  spec    none given; as it ran: {m(rec.run_dir)}/spec.yaml")
+    con.print(f"  run dir {m(rec.run_dir)}")
     if rec.git_commit:
         dirty = " with uncommitted changes" if rec.git_dirty else ""
         con.print(f"  code    git {rec.git_commit[:12]}{dirty}")
     for line in progress_lines(rec):
-        con.print(f"  {line}", markup=False, highlight=False)
+        con.print(f"  {shown(line)}", markup=False, highlight=False)
     if rec.active and rec.waiting:
         colour = "yellow" if rec.waiting.get("starts") else "red"
-        con.print(f"  {describe_waiting(rec.waiting)}", style=colour, markup=False)
+        con.print(f"  {shown(describe_waiting(rec.waiting))}", style=colour, markup=False)
     if rec.first_failure:
-        con.print(f"  [red]first failure[/]: {describe_failure(rec.first_failure)}")
+        con.print(f"  [red]first failure[/]: {m(describe_failure(rec.first_failure))}")
         if rec.first_failure.get("log"):
-            con.print(f"    log {rec.first_failure.get('log')}")
+            con.print(f"    log {m(rec.first_failure.get('log'))}")
     for line in diagnosis_lines(store, rec):
-        con.print(f"  {line}", markup=False, highlight=False)
+        con.print(f"  {shown(line)}", markup=False, highlight=False)
     from trebuchet.diagnose.hang import warned_lines
 
     for line in warned_lines(rec.run_dir, rec.attempt):  # on_hang: warn, the run went on
-        con.print(f"  {line}", markup=False, highlight=False)
+        con.print(f"  {shown(line)}", markup=False, highlight=False)
     if attempts:
         con.print("attempts:")
         for a in attempts:
             why = f" ({a['reason']})" if a["reason"] else ""
             con.print(f"  {a['attempt'] + 1}  {a['state']:<10} {clock(a['started_at'])} -> "
-                      f"{clock(a['ended_at'])}{why}")  # fmt: skip
+                      f"{clock(a['ended_at'])}{why}", markup=False)  # fmt: skip
     checked = health_lines(rec.run_dir, rec.attempt)
     if checked:
         con.print(f"health checks (attempt {rec.attempt + 1}):")
         for line in checked:
-            con.print(f"  {line}", markup=False, highlight=False)
+            con.print(f"  {shown(line)}", markup=False, highlight=False)
     if nodes:
         con.print(f"nodes (as {rec.backend} reports them):")
         table = Table(box=None, pad_edge=False, title=None)
@@ -104,20 +107,20 @@ def main(args: argparse.Namespace) -> int:
             table.add_column(col, no_wrap=True)
         for n in nodes:
             exit_code = "-" if n.get("exit_code") is None else str(n["exit_code"])
-            table.add_row(str(n["attempt"] + 1), str(n["node"]), str(n["name"]),
-                          str(n["state"]), exit_code, str(n.get("reason") or "-"))  # fmt: skip
+            table.add_row(*map(m, (n["attempt"] + 1, n["node"], n["name"], n["state"],
+                                   exit_code, n.get("reason") or "-")))  # fmt: skip
         con.print(table)
     if procs:
         table = Table(box=None, pad_edge=False, title=None)
         for col in ("ATTEMPT", "PROC", "RANK", "PID", "EXIT", "SIGNAL", "STOPPED", "LOG"):
             table.add_column(col, no_wrap=True)
         for p in procs:
-            table.add_row(
-                str(p["attempt"] + 1), p["label"], "-" if p["rank"] is None else str(p["rank"]),
-                str(p["pid"] or "-"), "-" if p["exit_code"] is None else str(p["exit_code"]),
+            table.add_row(*map(m, (
+                p["attempt"] + 1, p["label"], "-" if p["rank"] is None else p["rank"],
+                p["pid"] or "-", "-" if p["exit_code"] is None else p["exit_code"],
                 p["signal"] or "-", "by launcher" if p["stopped_by_launcher"] else "-",
                 p.pop("log_name"),
-            )  # fmt: skip
+            )))  # fmt: skip
         con.print(table)
     return 0
 

@@ -1,7 +1,9 @@
 """A plain aligned table for listings that may hold thousands of rows.
 
 rich renders a 1,000-row table in over a second; this prints it in milliseconds. Colour
-only when writing to a terminal (and NO_COLOR is unset).
+only when writing to a terminal (and NO_COLOR is unset). Every cell is shown as text
+(runtime/lines.py `shown`): a name or a cause that came from a rank's output never
+reaches the terminal raw; `markup` does the same for what rich prints.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+
+from trebuchet.runtime.lines import shown
 
 ANSI = {"green": "32", "red": "31", "yellow": "33", "magenta": "35", "cyan": "36", "blue": "34"}
 
@@ -19,6 +23,8 @@ def print_table(
     colors: Sequence[str | None] | None = None,
 ) -> None:
     """Print rows aligned under headers; `colors[i]` colours row i's cell under STATE."""
+    headers = [shown(h) for h in headers]
+    rows = [[shown(str(c)) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         for i, cell in enumerate(row):
@@ -33,3 +39,10 @@ def print_table(
             cells[state_col] = f"\x1b[{ANSI[color]}m{cells[state_col]}\x1b[0m"
         out.append("  ".join(cells).rstrip())
     sys.stdout.write("\n".join(out) + "\n")
+
+
+def markup(text: object) -> str:
+    """`text` for a rich markup string or cell: shown as text, its `[` never markup."""
+    from rich.markup import escape
+
+    return escape(shown(str(text)))

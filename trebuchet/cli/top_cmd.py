@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from trebuchet.runtime.lines import shown
 from trebuchet.store.db import RunRecord, Store
 
 RECENT_S = 600  # --all: runs that ended this recently
@@ -155,13 +156,14 @@ def plain(views: list[RunView]) -> list[str]:
         if v.gpus:
             out.append(f"  gpus: {v.gpus}")
         out += [f"  {line}" for line in v.nodes]
-    return out
+    return [shown(line) for line in out]  # names of metrics a rank printed: as text
 
 
 def table(views: list[RunView], interval: float) -> Any:
     from rich.table import Table
 
     from trebuchet.cli.common import STATE_STYLE
+    from trebuchet.cli.table import markup
 
     t = Table(
         title=f"treb top: {len(views)} run(s), every {interval:g}s, q quits",
@@ -174,12 +176,13 @@ def table(views: list[RunView], interval: float) -> Any:
     for v in views:
         r = v.rec
         style = STATE_STYLE.get(r.state, "")
-        detail = "\n".join([", ".join(metric_text(m) for m in v.metrics) or "-", *v.nodes,
-                            *([f"gpus: {v.gpus}"] if v.gpus else [])])  # fmt: skip
+        detail = "\n".join(markup(line) for line in [
+            ", ".join(metric_text(m) for m in v.metrics) or "-", *v.nodes,
+            *([f"gpus: {v.gpus}"] if v.gpus else [])])  # fmt: skip
         t.add_row(
-            r.id, r.name, f"[{style}]{r.state}[/]", f"{r.attempt + 1}/{r.max_attempts}",
-            f"{r.nodes}x{r.procs_per_node}", short_age(time.time() - r.created_at),
-            progress_cell(v.progress), detail,
+            markup(r.id), markup(r.name), f"[{style}]{markup(r.state)}[/]",
+            f"{r.attempt + 1}/{r.max_attempts}", f"{r.nodes}x{r.procs_per_node}",
+            short_age(time.time() - r.created_at), markup(progress_cell(v.progress)), detail,
         )  # fmt: skip
     if not views:
         t.add_row("-", "no active runs", "", "", "", "", "", "")

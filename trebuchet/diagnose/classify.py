@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from trebuchet.diagnose import catalog
 from trebuchet.diagnose.catalog import CASCADE, CAUSE, TIMEOUT
-from trebuchet.diagnose.lines import LogLine
+from trebuchet.diagnose.lines import LogLine, number
 
 FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
 NOT_USER = re.compile(r"site-packages|dist-packages|/lib(?:64)?/python\d|<frozen |/torch/")
@@ -80,18 +80,18 @@ def user_frame(frames: list[tuple[str, str, str, str]]) -> tuple[str, str, str, 
 
 
 def _missing(text: str) -> tuple[int, ...]:
-    found: list[int] = []
+    found: list[int | None] = []
     m = KEYS.search(text)
     if m:
-        found += [int(k.rsplit("/", 1)[1]) for k in re.split(r", ?", m.group(1)) if "/" in k]
+        found += [number(k.rsplit("/", 1)[1]) for k in re.split(r", ?", m.group(1)) if "/" in k]
     for rx in (NCCL_FROM, CRASH_ON):
-        found += [int(x) for x in rx.findall(text)]
+        found += [number(x) for x in rx.findall(text)]
     m = MONITORED.search(text)
     if m:
-        found += [int(x) for x in re.findall(r"\d+", m.group(1))]
+        found += [number(x) for x in re.findall(r"\d+", m.group(1))]
     if MASTER_CONNECT.search(text):
         found.append(0)  # rank 0 hosts the rendezvous store
-    return tuple(dict.fromkeys(found))
+    return tuple(n for n in dict.fromkeys(found) if n is not None)
 
 
 def _is_benign(text: str) -> bool:
@@ -186,14 +186,17 @@ def classify(lines: list[LogLine], multi_host: bool | None = None) -> Finding:
         if stripped and not hit and not CHAIN.match(stripped):
             in_chain_gap = False
         for m in WORLD.finditer(text):
-            size = next(int(g) for g in m.groups() if g)
-            out.world_size = max(out.world_size or 0, size)
+            size = number(next(g for g in m.groups() if g))
+            if size is not None:
+                out.world_size = max(out.world_size or 0, size)
         m = SEQ.search(text)
-        if m:
-            out.timeout_seq = max(out.timeout_seq or 0, int(m.group(1) or m.group(2)))
+        seq = number(m.group(1) or m.group(2)) if m else None
+        if seq is not None:
+            out.timeout_seq = max(out.timeout_seq or 0, seq)
         m = ENQUEUED.search(text)
-        if m:
-            out.last_enqueued = max(out.last_enqueued or 0, int(m.group(1)))
+        seq = number(m.group(1)) if m else None
+        if seq is not None:
+            out.last_enqueued = max(out.last_enqueued or 0, seq)
         i += 1
     return out
 

@@ -87,7 +87,7 @@ def read(path: Path) -> RankError | None:
         frames=frames(stack) if isinstance(stack, str) else [],
         file=str(path),
         timestamp=int(stamp)
-        if isinstance(stamp, str) and stamp.isdigit() and len(stamp) < 16
+        if isinstance(stamp, str) and stamp.isascii() and stamp.isdigit() and len(stamp) < 16
         else None,
     )
 

@@ -26,6 +26,16 @@ ISO_TS = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T_](\d{2}):(\d{2})(?::(\d{2})(?:[
 GLOG_TS = re.compile(r"^\[?[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?")
 
 
+TEXT_MAX = 2048  # characters of a line diagnosis reads
+DIGITS_MAX = 18  # a rank, a size or a sequence number of more digits is no number
+
+
+def number(digits: str) -> int | None:
+    """`\\d+` as an int; None past DIGITS_MAX digits (int() refuses 4,300 and more: a rank
+    printing `[rank<5000 digits>]:` must not stop the diagnosis)."""
+    return int(digits) if len(digits) <= DIGITS_MAX else None
+
+
 @dataclass
 class LogLine:
     text: str  # without the rank prefixes and leading timestamp
@@ -59,8 +69,10 @@ def parse_ts(text: str) -> float | None:
 
 
 def parse(raw: str, pos: int = 0, srun_labels: bool = False) -> LogLine:
-    """Split a line into its prefixes and its text; the rank comes from the innermost tag."""
-    raw = raw.rstrip("\r\n")
+    """Split a line into its prefixes and its text; the rank comes from the innermost tag.
+    Only the first TEXT_MAX characters are read: a cause is stated at a line's start, and
+    a rank's megabyte line must not cost the catalog's patterns its square."""
+    raw = raw[:TEXT_MAX].rstrip("\r\n")
     text = raw
     ts = None
     m = LEAD_TS.match(text)
@@ -70,26 +82,26 @@ def parse(raw: str, pos: int = 0, srun_labels: bool = False) -> LogLine:
     rank = local = None
     if srun_labels:
         m = SRUN_LABEL.match(text)
-        if m:
-            rank = int(m.group(1))
+        if m and number(m.group(1)) is not None:
+            rank = number(m.group(1))
             text = text[m.end() :]
     changed = True
     while changed:
         changed = False
         for rx, kind in PREFIXES:
             m = rx.match(text)
-            if m:
+            if m and number(m.group(1)) is not None:
                 if kind == "rank":
-                    rank = int(m.group(1))
+                    rank = number(m.group(1))
                 else:
-                    local = int(m.group(1))
+                    local = number(m.group(1))
                 text = text[m.end() :]
                 changed = True
                 break
     if rank is None:
         m = RANK_ANY.search(text, 0, 200)
-        if m:
-            rank = int(m.group(1))
+        if m and number(m.group(1)) is not None:
+            rank = number(m.group(1))
             text = text[m.end() :]
     if ts is None:
         ts = parse_ts(text)

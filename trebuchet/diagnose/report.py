@@ -1,5 +1,6 @@
 """Diagnosis as text (two lines for `treb run` and `treb status`, the full report for
-`treb diagnose`) and the entry points the CLI calls."""
+`treb diagnose`) and the entry points the CLI calls. The text quotes the ranks' output:
+each line is shown as text (runtime/lines.py `shown`), never raw."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from trebuchet.diagnose import catalog
 from trebuchet.diagnose.codepaths import CodeMap
 from trebuchet.diagnose.engine import Diagnosis, decide
 from trebuchet.diagnose.sources import paths_case, run_case
+from trebuchet.runtime.lines import shown
 
 EVIDENCE_MAX = 8
 
@@ -63,7 +65,8 @@ def two_lines(d: Diagnosis) -> list[str]:
     """The cause and the remedy, for the end of `treb run` and for `treb status`."""
     if d.category is None:
         return []
-    return [f"cause: {cause_line(d)}", f"fix:   {d.remedy}", *error_lines(d)]
+    return [shown(line) for line in
+            [f"cause: {cause_line(d)}", f"fix:   {d.remedy}", *error_lines(d)]]  # fmt: skip
 
 
 def error_lines(d: Diagnosis, label: str = "error: ", indent: str = "       ") -> list[str]:
@@ -85,7 +88,7 @@ def text(d: Diagnosis) -> str:
         out.append(f"logs: {d.source}")
     if d.category is None:
         out.append(d.summary or "no failure found")
-        return "\n".join(out) + "\n"
+        return "\n".join(shown(line, tab=True) for line in out) + "\n"
     out.append(f"cause:    {cause_line(d)}")
     out.append(f"category: {d.category} ({catalog.TITLES.get(d.category, '')})")
     out.append(f"fix:      {d.remedy}")
@@ -112,8 +115,8 @@ def text(d: Diagnosis) -> str:
         for role in ("root_cause", "missing", "failed", "stopped", "running", "ok", "unknown"):
             names = roles.get(role)
             if names:
-                shown = ", ".join(names[:16]) + (f" and {len(names) - 16} more" if len(names) > 16
+                listed = ", ".join(names[:16]) + (f" and {len(names) - 16} more" if len(names) > 16
                                                  else "")  # fmt: skip
-                out.append(f"    {role:<11} {shown}")
+                out.append(f"    {role:<11} {listed}")
     out += [f"note: {n}" for n in d.notes]
-    return "\n".join(out) + "\n"
+    return "\n".join(shown(line, tab=True) for line in out) + "\n"  # log text: never raw

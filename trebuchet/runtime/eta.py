@@ -86,9 +86,12 @@ class Parser:
     def parse(self, line: bytes) -> tuple[Reading | None, float | None]:
         """(reading or None, seconds left when the line says it: tqdm's)."""
         try:
-            return self._parse(line)
-        except (ValueError, OverflowError, IndexError):
+            reading, left = self._parse(line)
+        except (ValueError, OverflowError, IndexError, ZeroDivisionError):
             return None, None
+        if reading is not None and not all(_sane(v) for v in reading.values()):
+            return None, None  # `step 1e999/..`, a pattern's `nan`: no reading
+        return reading, left if _sane(left) else None
 
     def _parse(self, line: bytes) -> tuple[Reading | None, float | None]:
         if self.pattern is not None:
@@ -160,13 +163,24 @@ def figures(reading: Reading, rate: float | None, left: float | None) -> dict[st
         fraction = max(0.0, min(1.0, step / total))
     eta = left
     if eta is None and rate and rate > 0 and step is not None and total:
-        eta = max(0.0, (total - step) / rate)
+        try:
+            eta = max(0.0, (total - step) / rate)
+        except OverflowError:
+            eta = None
+    rate, eta = (rate if _sane(rate) else None), (eta if _sane(eta) else None)
     return {
         "step": _plain(step), "total": _plain(total),
         "fraction": None if fraction is None else round(fraction, 4),
         "rate": None if rate is None else round(rate, 4),
         "eta_s": None if eta is None else round(eta, 1),
     }  # fmt: skip
+
+
+def _sane(v: Any) -> bool:
+    """None, or a finite non-negative number (a step, total, rate or seconds left)."""
+    if v is None:
+        return True
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e300
 
 
 def _plain(v: float | None) -> float | int | None:
@@ -262,7 +276,17 @@ def read(run_dir: str, attempt: int | None = None) -> dict[str, Any] | None:
         os.close(fd)
     if not isinstance(data, dict) or (attempt is not None and data.get("attempt") != attempt):
         return None
-    return _aged(data)
+    return _aged(_checked(data))
+
+
+def _checked(data: dict[str, Any]) -> dict[str, Any]:
+    """The record's figures that are finite non-negative numbers (a fraction at most 1);
+    the others None: a rank can write this file too, and the views format these."""
+    out = dict(data)
+    for k in ("step", "total", "fraction", "rate", "eta_s", "t"):
+        v = out.get(k)
+        out[k] = v if _sane(v) and not (k == "fraction" and v is not None and v > 1) else None
+    return out
 
 
 def _aged(data: dict[str, Any]) -> dict[str, Any]:

@@ -40,6 +40,34 @@ def inert(data: bytes) -> bytes:
     return _CONTROL.sub(_caret, data)
 
 
+# What a terminal acts on or cannot show, in a str: C0 (\t and \n too: a field is one
+# line), DEL, C1, the line/paragraph separators, the bidi overrides, lone surrogates.
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _shown_char(m: re.Match[str]) -> str:
+    o = ord(m.group())
+    if o < 0x20:
+        return "^" + chr(o + 64)
+    if o == 0x7F:
+        return "^?"
+    if o < 0xA0:
+        return "M-^" + chr(o - 0x80 + 64)
+    return f"\\u{o:04x}"
+
+
+def shown(text: str, tab: bool = False) -> str:
+    """`text` (a name, a cause, a line that a program wrote) as one line a terminal shows
+    as text and UTF-8 encodes: controls as `inert` shows them in logs (ESC as ^[, U+009B as
+    M-^[, \\n as ^J; \\t too unless `tab`), separators, bidi overrides and lone surrogates
+    as `\\uXXXX`. The one place the views make text safe; idempotent."""
+    if text.isprintable():  # the common case: a C-speed check (controls, Zl, Cs, Cf fail)
+        return text
+    if tab:
+        return "\t".join(_UNSHOWN.sub(_shown_char, part) for part in text.split("\t"))
+    return _UNSHOWN.sub(_shown_char, text)
+
+
 class Splitter:
     """One stream's bytes in, display lines out (without their line ends)."""
 

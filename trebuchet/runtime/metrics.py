@@ -17,6 +17,8 @@ What a line may hold, tried in this order (the first that yields a value wins):
 The step is the value of `step` (or global_step, iteration, iter) when the line has
 one, else the last step an earlier line of the rank gave, else a per-name count (the
 HuggingFace Trainer's dicts have none). Numbers only: booleans, NaN strings and text are skipped.
+A name is kept as a terminal shows it (`lines.shown`: ESC as ^[, a lone surrogate as
+\\ud800), so no name can break SQLite, a view or a terminal, and the line's other values stay.
 
 Total: whatever a rank prints, a line yields points or nothing, never an exception (the
 reader runs inside the agent, whose death would end the run). A `{...}` nested deeper
@@ -39,6 +41,8 @@ import re
 import time
 from typing import Any, Dict
 
+from .lines import shown
+
 NUMBER = rb"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 PERF = re.compile(
     rb"performance:\s*(?P<value>" + NUMBER + rb")\s*(?:/\s*[A-Za-z%][\w%]*)?\s*,?\s*"
@@ -47,6 +51,9 @@ PERF = re.compile(
 _PAIR = re.compile(rb"(?P<key>[A-Za-z_][\w./-]*)\s*[=:]\s*(?P<value>" + NUMBER + rb")(?![\w.])")
 _ANSI = re.compile(rb"\^\[\[[0-9;]*[A-Za-z]")  # colours, as lines.inert shows ESC
 _NOT_BRACKET = re.compile(rb"[^\[\]{}()]+")
+# The Trainer's repr of a diverged value (`'loss': nan`): no literal; read as one that is
+# not finite (dropped and counted), so the line's other values stay.
+_BARE = re.compile(r"(?<=[:,\[(]\s)(-?)(?:nan|inf)(?=\s*[,}\])])")
 STEP_KEYS = ("step", "global_step", "iteration", "iter")
 LITERAL_MAX = 16 << 10
 DEPTH_MAX = 32  # nesting of a `{...}` decoded at most (json and ast recurse per level)
@@ -132,7 +139,7 @@ def _from_mapping(d: Any) -> tuple[float | None, Values]:
         if k in STEP_KEYS and step is None:
             step = f
         else:
-            values[k] = f
+            values[shown(k)] = f  # a JSON key may hold ESC, NUL or a lone surrogate
     return step, values
 
 
@@ -195,7 +202,7 @@ def _decoded(part: bytes) -> tuple[float | None, Values]:
         try:  # the HuggingFace Trainer's repr of a dict: literals only, bounded above
             import ast  # here: only a dict printed as a repr pays for it
 
-            data = ast.literal_eval(text)
+            data = ast.literal_eval(_BARE.sub(r"\g<1>1e999", text))
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return None, {}
     return _from_mapping(data)

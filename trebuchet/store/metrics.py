@@ -14,9 +14,11 @@ pass the cap. The last point of each series is kept apart (`metric_series`), so 
 value is always exact. 10 million values of one series leave 4096 rows. A run keeps at
 most `MAX_NAMES` distinct names (runtime/metrics.py): the values of later names are
 counted, not stored, and the first time the cap is hit the run's events.jsonl says so
-(`metrics_capped`). A value that is not a finite number is never stored (SQLite keeps
-NaN as NULL, and `inf` broke every reader): counted too. `dropped()` has both counts,
-for `treb metrics` and the run's summary; the readers skip what an older index stored.
+(`metrics_capped`). A name is stored as a terminal shows it (runtime/lines.py `shown`: a
+lone surrogate, which SQLite refuses, as \\ud800; ESC as ^[). A value that is not a finite
+number is never stored (SQLite keeps NaN as NULL, and `inf` broke every reader): counted
+too. `dropped()` has both counts, for `treb metrics` and the run's summary; the readers
+skip what an older index stored.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.plain import record
+from trebuchet.runtime.lines import shown
 from trebuchet.runtime.metrics import MAX_NAMES
 from trebuchet.runtime.regular import open_regular
 from trebuchet.store.db import RunRecord, Store
@@ -105,7 +108,8 @@ def files(run_dir: str) -> list[tuple[str, int]]:
         attempts = [e for e in os.listdir(run_dir) if e.startswith("attempt-")]
     except OSError:
         return []
-    for attempt in sorted(attempts, key=lambda a: int(a[8:]) if a[8:].isdigit() else -1):
+    attempts = [a for a in attempts if _digits(a[8:])]
+    for attempt in sorted(attempts, key=lambda a: int(a[8:])):
         folder = os.path.join(run_dir, attempt, "metrics")
         try:
             names = sorted(os.listdir(folder))
@@ -114,9 +118,14 @@ def files(run_dir: str) -> list[tuple[str, int]]:
         for name in names:
             stem, _, num = name.removesuffix(".jsonl").partition("-")
             # gpu-<node>: the node's GPU samples (runtime/gpu.py; the rank column: the node)
-            if name.endswith(".jsonl") and stem in ("rank", "node", "gpu") and num.isdigit():
+            if name.endswith(".jsonl") and stem in ("rank", "node", "gpu") and _digits(num):
                 out.append((f"{attempt}/metrics/{name}", int(num)))
     return out
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only: what the agents name their files (a path also goes to SQLite)."""
+    return text.isascii() and text.isdigit()
 
 
 @record
@@ -221,7 +230,7 @@ def _decode(line: bytes, points: dict[str, list[Point]], dropped: dict[str, int]
         if f is None or t is None or s is None:
             dropped[NONFINITE] += 1
             continue
-        points.setdefault(str(name), []).append((s, f, t))
+        points.setdefault(shown(str(name)), []).append((s, f, t))  # SQLite-safe, shown
 
 
 def _capped(

@@ -12,6 +12,8 @@ are merged by how far into its file each line is (a rank that printed ten times 
 still meets the others at its start and end), and a group stays open until every rank
 joined or `PENDING_MAX` newer groups pushed it out. Groups go out in the order they
 opened; the prefix is the ranks as compact ranges (`[0-3,6]`; `[n0-1]` for node logs).
+Linear: a line finds its group in one step however many copies of its text are open
+(`_Text`: 40k identical lines took 14 s when each walked the open groups).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from trebuchet.view.follow import Out
 WINDOW_S = 2.0
 PENDING_MAX = 10_000
 READ = 1 << 20
+BATCH = 4096  # lines of one log handed to Dedup.add at a time (written logs)
 
 
 def ranges(numbers: list[int]) -> str:
@@ -62,6 +65,20 @@ class _Group:
         self.opened = opened
 
 
+class _Text:
+    """The open groups of one text, oldest first, as absolute indexes (`base` is the first
+    one still open). A rank joins the oldest it is not in, so the groups a rank is in are
+    always the oldest ones: `next[key]`, the index of the first it is not in, finds its
+    group in one step (walking the open groups made 40k repeats quadratic)."""
+
+    __slots__ = ("base", "seqs", "next")
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.seqs: dict[int, int] = {}  # absolute index -> group seq
+        self.next: dict[str, int] = {}
+
+
 class Dedup:
     """Lines of many ranks in; one prefixed line per group out (see the module's docstring).
     `window`: seconds a group stays open (None: by order alone, for written files)."""
@@ -72,7 +89,7 @@ class Dedup:
         self.all = len(self.keys)
         self.window = window
         self.groups: OrderedDict[int, _Group] = OrderedDict()  # open, by when they opened
-        self.by_text: dict[bytes, list[int]] = {}
+        self.by_text: dict[bytes, _Text] = {}
         self.seq = 0
         self.read_from: float | None = None  # when the reads since the last flush began
 
@@ -84,19 +101,27 @@ class Dedup:
     def add(self, key: str, lines: list[bytes], now: float) -> None:
         """Lines read at `now`; whole groups go out, those due by time at the next `flush`
         (the read under way may still bring a rank's line)."""
+        chunk: list[bytes] = []
         for line in lines:
             self._add(key, line, now)
-        self._emit(final=False, timed=False)
+            if self.window is None:  # by order: PENDING_MAX counts after each line
+                self._emit(chunk, final=False, timed=False)
+        self._emit(chunk, final=False, timed=False)
+        self._write(chunk)
 
     def _add(self, key: str, text: bytes, now: float) -> None:
-        for seq in self.by_text.get(text, ()):
-            g = self.groups[seq]
-            if key not in g.keys:  # an open group: not out yet
-                g.keys.append(key)
-                return
+        same = self.by_text.get(text)
+        if same is None:
+            same = self.by_text[text] = _Text()
+        i = max(same.next.get(key, 0), same.base)  # the oldest open group without `key`
+        same.next[key] = i + 1
+        seq = same.seqs.get(i)
+        if seq is not None:
+            self.groups[seq].keys.append(key)
+            return
         self.seq += 1
         self.groups[self.seq] = _Group(text, key, now)
-        self.by_text.setdefault(text, []).append(self.seq)
+        same.seqs[i] = self.seq
 
     def follow(self, now: float) -> None:
         """From order to time: what is still open waits `WINDOW_S` from `now` for the
@@ -110,7 +135,9 @@ class Dedup:
         """After a read (`now`: the time after it): what is due (final: everything) goes
         out. By time, a group is due once a read that began after its window found nothing
         for it: the reads since this flush begin after `now`."""
-        self._emit(final, timed=True)
+        chunk: list[bytes] = []
+        self._emit(chunk, final, timed=True)
+        self._write(chunk)
         self.out.flush()
         self.read_from = now
 
@@ -123,18 +150,22 @@ class Dedup:
             return self.read_from is not None and self.read_from - g.opened > self.window
         return len(self.groups) > PENDING_MAX
 
-    def _emit(self, final: bool, timed: bool) -> None:
-        chunk: list[bytes] = []
+    def _emit(self, chunk: list[bytes], final: bool, timed: bool) -> None:
+        """The groups that are due, oldest first, onto `chunk`."""
         while self.groups:
             seq, g = next(iter(self.groups.items()))
             if not final and not self._closed(g, timed):
                 break
             del self.groups[seq]
             same = self.by_text[g.text]
-            same.remove(seq)
-            if not same:
+            del same.seqs[same.base]  # groups go out in the order they opened
+            same.base += 1
+            if not same.seqs:
                 del self.by_text[g.text]
-            chunk.append(b"[%s] %s" % (label(g.keys).encode(), g.text))
+            keys = g.keys[0] if len(g.keys) == 1 else label(g.keys)  # `3`, `n1`: as they are
+            chunk.append(b"[%s] %s" % (keys.encode(), g.text))
+
+    def _write(self, chunk: list[bytes]) -> None:
         if chunk:
             self.out.write(b"\n".join(chunk) + b"\n")
 
@@ -183,8 +214,16 @@ def written(
     dedup = Dedup(out, keys + (expect or []), window=None)
     ends = [start for _, start in files]
     streams = [_lines(path, start, ends, n) for n, (path, start) in enumerate(files)]
+    batch: list[bytes] = []  # consecutive lines of one log: one add()
+    last = -1
     for _frac, n, line in heapq.merge(*streams):
-        dedup.add(keys[n], [line], 0.0)
+        if n != last or len(batch) >= BATCH:
+            if batch:
+                dedup.add(keys[last], batch, 0.0)
+            batch, last = [], n
+        batch.append(line)
+    if batch:
+        dedup.add(keys[last], batch, 0.0)
     if follow_at is None:
         for n, (path, _) in enumerate(files):
             rest = _partial(path, ends[n])
