@@ -363,10 +363,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.main(args) or 0)
     except SpecError as exc:
         for problem in exc.problems:
-            print(f"treb: {problem}", file=sys.stderr)
+            _say(problem)
         return exc.exit_code
     except TrebError as exc:
-        print(f"treb: {exc}", file=sys.stderr)
+        _say(exc)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
@@ -376,8 +376,17 @@ def main(argv: list[str] | None = None) -> int:
         err = state_error(exc)
         if err is None:
             raise
-        print(f"treb: {err}", file=sys.stderr)
+        _say(err)
         return err.exit_code
+
+
+def _say(error: object) -> None:
+    """An error on stderr, each of its lines shown as text: it may quote a file name, an
+    argument or a line that a user or a program wrote (ESC, OSC, lone surrogates)."""
+    from trebuchet.runtime.lines import shown
+
+    text = "\n".join(shown(line, tab=True) for line in str(error).split("\n"))
+    print(f"treb: {text}", file=sys.stderr)
 
 
 if __name__ == "__main__":
