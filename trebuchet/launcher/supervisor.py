@@ -42,6 +42,7 @@ from trebuchet.runtime.procs import (
     start_time,
 )
 from trebuchet.runtime.records import sync
+from trebuchet.runtime.retry_codes import NOT_A_PROGRAM as LOST_LABELS
 from trebuchet.store import lifecycle
 from trebuchet.store.db import Store
 from trebuchet.store.files import append_event, read_json
@@ -263,7 +264,9 @@ class Supervisor:
 
     def poll(self) -> bool:
         if self.keepers is not None:
-            for k in self.keepers.gone():  # a simulated node died: its ranks with it
+            # a simulated node died: its ranks with it (once the attempt failed, its loss
+            # is recorded and excluded, but the cause stays the first failure)
+            for k in self.keepers.gone(after=self.job.failed):
                 lost = self.keepers.lost[k]
                 self._say(f"{lost.get('message')}: stopping the others")
                 if k < len(self.agents):
@@ -290,7 +293,7 @@ class Supervisor:
 
     def after(self, attempt: int, reason: str | None) -> None:
         if self.keepers is not None:
-            self.keepers.close()
+            self.keepers.close(after=self.job.failed)
         self._kill_strays(attempt)
 
     def ending(self, attempt: int, reason: str | None) -> Ending:
@@ -311,15 +314,15 @@ class Supervisor:
         return Ending(state, reason)
 
     def _node_lost(self, reason: str | None) -> Ending:
-        """A simulated node died in this attempt: its loss is the cause (also when a peer's
-        rank was seen failing first). A lost or unhealthy node and too few left (no spare):
-        no next attempt."""
+        """A failed attempt of a run that can lose simulated nodes: the attempt's reason is
+        the lost node's when its loss was the first failure (a node lost after it, during
+        the teardown, is excluded but changes no cause: JobController.settle). A lost or
+        unhealthy node and too few left (no spare): no next attempt."""
         assert self.keepers is not None
         why = reason
-        if self.keepers.lost:
-            lost = self.keepers.lost[min(self.keepers.lost)]
-            self.job.first_failure = lost
-            why = str(lost.get("message"))
+        first = self.job.first_failure
+        if first is not None and first.get("label") in LOST_LABELS:
+            why = str(first.get("message"))
         cannot = self.keepers.next_ok()
         if cannot:
             self._say(f"no spare to go on with: {cannot}")
