@@ -7,6 +7,7 @@ must have. Outcomes only, never times.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -46,6 +47,36 @@ def test_a_failing_health_check_starts_no_rank(treb, tmp_path: Path) -> None:
     assert "node 1 node-1: UNHEALTHY (user: health_check exited with code 4" in shown.stdout
     diag = treb("diagnose")
     assert "category: node_unhealthy" in diag.stdout
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Live processes whose environment carries the run's id."""
+    found = []
+    for pid in (int(n) for n in os.listdir("/proc") if n.isdigit()):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if f"TREB_RUN_ID={run_id}".encode() in env and state != "Z":
+            found.append(pid)
+    return found
+
+
+def test_a_health_check_that_leaves_a_background_process(treb, tmp_path: Path) -> None:
+    """Issue 33: the check's own exit status counts, not its output pipe (which the
+    background child holds open): both nodes are healthy at once, the run succeeds, and
+    the check's leftover is ended with it."""
+    spec = write_spec(tmp_path, f"command: [{PY}, -c, 'print(1)']\nnodes: 2\n"
+                      "health_check: '(sleep 300) & echo checked; exit 0'\n"
+                      "health_check_timeout: 10s\n")  # fmt: skip
+    res = treb("run", str(spec), timeout=120)
+    st = status_json(treb)
+    assert res.returncode == 0, (res.stderr, st.get("health"))
+    assert [(h["node"], h["healthy"]) for h in st["health"]["1"]] == [(0, True), (1, True)]
+    assert not (Path(st["run_dir"]) / "excluded-nodes").exists()
+    assert (Path(st["run_dir"]) / "attempt-0" / "health-1.log").read_text() == "checked\n"
+    assert run_processes(st["id"]) == []
 
 
 def test_exit_code_rules_on_a_real_run(treb, tmp_path: Path) -> None:
