@@ -71,8 +71,9 @@ def test_an_override_is_named(treb: TrebFn, tmp_path: Path) -> None:
     assert res.returncode == 2 and "-o command=${NOPE_X}: command: " in res.stderr, res.stderr
 
 
-@pytest.mark.parametrize("cmd", ["${X_NOPE:-}", "${X_NOPE-}", "${X_NOPE:=}", "${X_NOPE:-  }",
-                                 "${X_NOPE:-} $Y_NOPE"])
+@pytest.mark.parametrize(
+    "cmd", ["${X_NOPE:-}", "${X_NOPE-}", "${X_NOPE:=}", "${X_NOPE:-  }", "${X_NOPE:-} $Y_NOPE"]
+)
 def test_an_empty_default_is_refused(cmd: str, treb: TrebFn, tmp_path: Path) -> None:
     """Issue 33: `${X:-}` (a default that is empty) ran and SUCCEEDED in 0.0 s, while
     `$NOPE` was refused: both expand to nothing in bash on the node."""

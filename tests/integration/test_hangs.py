@@ -176,9 +176,10 @@ def test_on_hang_retry_checkpoints_then_retries(treb, tmp_path) -> None:
     print(figures(run_dir, 0, st))
 
 
-
-STOPPED = ("import os, signal, time; print('step 1', flush=True); "
-           "os.environ['RANK'] == '1' and os.kill(os.getpid(), signal.SIGSTOP); time.sleep(300)")
+STOPPED = (
+    "import os, signal, time; print('step 1', flush=True); "
+    "os.environ['RANK'] == '1' and os.kill(os.getpid(), signal.SIGSTOP); time.sleep(300)"
+)
 
 
 def stopped_rank_run(treb, tmp_path: Path, env: dict | None = None) -> tuple[dict, Path, float]:

@@ -235,7 +235,8 @@ def test_a_script_outside_this_folder_runs_as_torchrun_runs_it(treb: TrebFn,
     runs it relative to the current folder: so does treb, from where it is."""
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "train.py").write_text(
-        "import os, sys; print('ran', sys.argv[1:], 'rank', os.environ['RANK'], flush=True)\n")
+        "import os, sys; print('ran', sys.argv[1:], 'rank', os.environ['RANK'], flush=True)\n"
+    )
     here = tmp_path / "here"
     here.mkdir()
     res = treb("run", "-n", "2", "../other/train.py", "--k", "1", cwd=here, timeout=GUARD_S)

@@ -122,8 +122,6 @@ def hang_rank(run_dir: str, run_id: str, rank: int) -> int | None:
     return pid
 
 
-
-
 def preempt(run_dir: str, run_id: str) -> list[int]:
     """SIGTERM to every running rank here (the agent then applies the grace period), the
     preemption on record in the attempt's folder first: a rank it ends is no program's

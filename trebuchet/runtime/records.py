@@ -117,7 +117,8 @@ def attempt_logs(adir: str, first: str | None = None) -> list[str]:
     return logs
 
 
-FIRST = "first-failure.json"  # an attempt's first failure, written once (claim_first)
+FIRST = "first-failure"  # an attempt's first failure (JSON), written once (claim_first); not
+# a .json name: the readers of an attempt's outcome records (*.json) must not count it twice
 
 
 def claim_first(adir: str, cause: FirstFailure) -> FirstFailure:

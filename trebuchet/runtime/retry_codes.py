@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Sequence
 
 from .records import attempt_records, claimed_first, first_failure, read_json
 
-PREEMPTED = "preempted.json"  # runtime/fault.py writes it (in the attempt's folder)
+PREEMPTED = "preempted"  # (JSON) runtime/fault.py writes it in the attempt's folder; no .json
+# name: not an outcome record
 
 if TYPE_CHECKING:
     from .contracts import FirstFailure

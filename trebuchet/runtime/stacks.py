@@ -160,8 +160,9 @@ class Dump:
                 self.tried.append(f"faulthandler: {exc.strerror}")
                 self._finish("none", "")
                 return None
-            self.deadline = max(min(time.monotonic() + FAULTHANDLER_WAIT_S, self.ends),
-                                time.monotonic() + 0.5)  # its own bound, within the dump's
+            self.deadline = max(
+                min(time.monotonic() + FAULTHANDLER_WAIT_S, self.ends), time.monotonic() + 0.5
+            )  # its own bound, within the dump's
             return None
         if not self.fh_started:
             self.tried.append(

@@ -21,9 +21,7 @@ from trebuchet.runtime.contract import NODE_NAMES, RANK_NAMES
 # $NAME, ${NAME}, and ${NAME:-word} / ${NAME-word} / ${NAME:=word} with a literal word
 # (no $, braces): bash's parameter expansions whose value trebuchet can tell. An empty or
 # blank word expands to nothing as an unset NAME does (`${X:-}`); any other word runs.
-REF = re.compile(
-    r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::?[-=]([^${}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))"
-)
+REF = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::?[-=]([^${}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
 # What a rank's environment has that the spec and the submitting shell may not show.
 IN_RANK = frozenset(
     (*RANK_NAMES, *NODE_NAMES, "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "HOME",
