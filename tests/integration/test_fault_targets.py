@@ -4,14 +4,14 @@ Real local runs on simulated nodes; outcomes only."""
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import status_json, write_spec
+from tests.integration.test_first_failure import wait_for
+from tests.integration.test_recovery_local import events
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -23,17 +23,6 @@ run = os.environ['TREB_RUN_DIR']
 open(os.path.join(run, f"ready-{os.environ['TREB_ATTEMPT']}-{os.environ['RANK']}"), 'w').close()
 time.sleep(300)
 """
-
-
-def events(run_dir: Path) -> list[dict]:
-    return [json.loads(ln) for ln in (run_dir / "events.jsonl").read_text().splitlines()]
-
-
-def wait_for(what, why: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not what():
-        assert time.monotonic() < deadline, why
-        time.sleep(0.05)
 
 
 def test_kill_node_after_a_spare_names_the_node_it_is_now(treb, tmp_path: Path) -> None:

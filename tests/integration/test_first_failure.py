@@ -5,7 +5,6 @@ Outcomes only, never times."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import status_json, write_spec
+from tests.integration.test_recovery_local import events, wait_end
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -42,10 +42,6 @@ if os.environ['TREB_ATTEMPT'] == '0':
 """
 
 
-def events(run_dir: Path) -> list[dict]:
-    return [json.loads(ln) for ln in (run_dir / "events.jsonl").read_text().splitlines()]
-
-
 def wait_for(what, why: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not what():
@@ -62,16 +58,6 @@ def start(treb, tmp_path: Path, script: str, extra: str) -> tuple[str, Path]:
     run_dir = Path(st["run_dir"])
     wait_for(lambda: all((run_dir / f"ready-{r}").exists() for r in (0, 1)), "no start")
     return st["id"], run_dir
-
-
-def wait_end(treb, run: str) -> dict:
-    deadline = time.monotonic() + 60
-    while True:
-        st = status_json(treb, run)
-        if st["state"] not in ("PENDING", "RUNNING", "RETRYING"):
-            return st
-        assert time.monotonic() < deadline, st
-        time.sleep(0.2)
 
 
 def test_a_node_lost_in_the_teardown_does_not_rewrite_the_cause(treb, tmp_path: Path) -> None:

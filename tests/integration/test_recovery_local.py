@@ -7,7 +7,6 @@ must have. Outcomes only, never times.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, status_json, write_spec
+from tests.integration.test_faults import assert_no_survivors
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -49,20 +49,6 @@ def test_a_failing_health_check_starts_no_rank(treb, tmp_path: Path) -> None:
     assert "category: node_unhealthy" in diag.stdout
 
 
-def run_processes(run_id: str) -> list[int]:
-    """Live processes whose environment carries the run's id."""
-    found = []
-    for pid in (int(n) for n in os.listdir("/proc") if n.isdigit()):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if f"TREB_RUN_ID={run_id}".encode() in env and state != "Z":
-            found.append(pid)
-    return found
-
-
 def test_a_health_check_that_leaves_a_background_process(treb, tmp_path: Path) -> None:
     """Issue 33: the check's own exit status counts, not its output pipe (which the
     background child holds open): both nodes are healthy at once, the run succeeds, and
@@ -76,7 +62,7 @@ def test_a_health_check_that_leaves_a_background_process(treb, tmp_path: Path) -
     assert [(h["node"], h["healthy"]) for h in st["health"]["1"]] == [(0, True), (1, True)]
     assert not (Path(st["run_dir"]) / "excluded-nodes").exists()
     assert (Path(st["run_dir"]) / "attempt-0" / "health-1.log").read_text() == "checked\n"
-    assert run_processes(st["id"]) == []
+    assert_no_survivors(st["id"])
 
 
 def test_exit_code_rules_on_a_real_run(treb, tmp_path: Path) -> None:
