@@ -90,3 +90,28 @@ def test_a_preemption_is_left_to_retries(treb, tmp_path: Path) -> None:
     assert st["state"] == "SUCCEEDED"
     kinds = [e["event"] for e in events(run_dir)]
     assert "log_policy" not in kinds, kinds
+
+
+# Rank 1 ignores SIGTERM: the timeout's teardown lasts until node 1 dies.
+DEAF = """\
+import os, signal, time
+if os.environ['RANK'] == '1':
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(os.path.join(os.environ['TREB_RUN_DIR'], 'ready-' + os.environ['RANK']), 'w').close()
+time.sleep(300)
+"""
+
+
+def test_a_node_lost_in_the_timeouts_teardown_is_no_cause(treb, tmp_path: Path) -> None:
+    """The controller stopped the attempt (its timeout): a node that dies during that
+    teardown is recorded and excluded, but the attempt stays TIMEOUT with no failure."""
+    extra = "timeout: 3s\nretries: 0\nspare_nodes: 1\ngrace_period: 30s\n"
+    run, run_dir = start(treb, tmp_path, DEAF, extra)
+    wait_for(lambda: "teardown" in {e["event"] for e in events(run_dir)}, "no teardown")
+    assert treb("fault", run, "kill-node", "1").returncode == 0
+    st = wait_end(treb, run)
+    assert st["state"] == "TIMEOUT", st
+    assert st["first_failure"] is None, st["first_failure"]
+    assert [(a["state"], a["reason"]) for a in st["attempts"]] == [("TIMEOUT", "timeout")]
+    lost = [e for e in events(run_dir) if e["event"] == "node_lost"]
+    assert [(e["host"], e.get("after_first_failure")) for e in lost] == [("node-1", True)]

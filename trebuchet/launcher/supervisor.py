@@ -264,14 +264,16 @@ class Supervisor:
 
     def poll(self) -> bool:
         if self.keepers is not None:
-            # a simulated node died: its ranks with it (once the attempt failed, its loss
-            # is recorded and excluded, but the cause stays the first failure)
-            for k in self.keepers.gone(after=self.job.failed):
+            # a simulated node died: its ranks with it (once the attempt failed or is being
+            # stopped, its loss is recorded and excluded, but it is no cause)
+            after = self.job.settled
+            for k in self.keepers.gone(after=after):
                 lost = self.keepers.lost[k]
                 self._say(f"{lost.get('message')}: stopping the others")
                 if k < len(self.agents):
                     self.agents[k].kill(stopped=True)
-                self.job.failure(lost)
+                if not after:
+                    self.job.failure(lost)
         return any([agent.poll() for agent in self.agents])
 
     def checkpoint(self, signum: int) -> int:
@@ -293,7 +295,7 @@ class Supervisor:
 
     def after(self, attempt: int, reason: str | None) -> None:
         if self.keepers is not None:
-            self.keepers.close(after=self.job.failed)
+            self.keepers.close(after=self.job.settled)
         self._kill_strays(attempt)
 
     def ending(self, attempt: int, reason: str | None) -> Ending:

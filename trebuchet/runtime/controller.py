@@ -457,9 +457,10 @@ class Controller:
         log(self.lost)
         where = self.use or self.hosts  # the node's NODE_RANK in this attempt
         node = where.index(lost.host) if lost.host in where else len(where)
-        # Lost during a teardown (an agent's rank failed first: its marker, or the
-        # controller's own stop): excluded, srun ended, but the first failure stays the cause
-        self.lost_after = self.lc.failed or os.path.exists(os.path.join(self.adir, "teardown"))
+        # Lost during a teardown (an agent's rank failed first: its marker; or the
+        # controller's own stop: a hang, the timeout, a cancel): excluded, srun ended, but
+        # no cause: the first failure (or the hang, the timeout) stays the attempt's
+        self.lost_after = self.lc.settled or os.path.exists(os.path.join(self.adir, "teardown"))
         nodeloss.record(self.run_dir, self.attempt, node, lost.host, self.lost, lost.last_seen,
                         after=self.lost_after)  # fmt: skip
         self.lost_kill_at = time.monotonic() + float(self.job["grace"]) + 2.0

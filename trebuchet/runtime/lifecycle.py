@@ -253,6 +253,7 @@ class JobController:
         self.force_kill = False  # a second cancel: no more grace
         self.first_failure: FirstFailure | None = None  # this attempt's root cause
         self.failed = False  # a process failed on its own (its cause may come later)
+        self.stopping = False  # the controller stopped this attempt (stop)
         self.hang: Hang | None = None  # this attempt's hang, when it stops it
         self.idle_stop = False  # idle_gpu_action fail stopped this attempt (runtime/gpu.py)
         self.hang_stop_at: float | None = None  # on_hang retry: the teardown, after grace
@@ -312,7 +313,14 @@ class JobController:
             return True
         return False
 
+    @property
+    def settled(self) -> bool:
+        """The attempt is failing or being stopped (a first failure, a hang, the timeout, a
+        cancel): a node lost from now on is no cause (nodeloss.record's `after`)."""
+        return self.failed or self.stopping or self.hang is not None
+
     def stop(self) -> None:
+        self.stopping = True
         self.nodes.stop()
         self.records.event("teardown", attempt=self.attempt)
 
@@ -385,7 +393,7 @@ class JobController:
     def run_attempt(self, attempt: int) -> str:
         self.attempt = attempt
         self.first_failure, self.failed, self.hang, self.hang_stop_at = None, False, None, None
-        self.idle_stop = False
+        self.idle_stop = self.stopping = False
         self.warned = self.warned_stop = False
         started, clock_start = time.time(), time.monotonic()  # the record's; the timeout's
         self.records.attempt_started(attempt, started, **self.nodes.attempt_facts(attempt))
