@@ -69,3 +69,15 @@ def test_an_override_is_named(treb: TrebFn, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "name: e\ncommand: echo hi\n")
     res = treb("render", str(spec), "-o", "command=${NOPE_X}", env={"NOPE_X": ""})
     assert res.returncode == 2 and "-o command=${NOPE_X}: command: " in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(
+    "cmd", ["${X_NOPE:-}", "${X_NOPE-}", "${X_NOPE:=}", "${X_NOPE:-  }", "${X_NOPE:-} $Y_NOPE"]
+)
+def test_an_empty_default_is_refused(cmd: str, treb: TrebFn, tmp_path: Path) -> None:
+    """Issue 33: `${X:-}` (a default that is empty) ran and SUCCEEDED in 0.0 s, while
+    `$NOPE` was refused: both expand to nothing in bash on the node."""
+    spec = write_spec(tmp_path, f"name: e\nnodes: 1\ncommand: '{cmd}'\n")
+    res = treb("run", str(spec), env={"X_NOPE": "", "Y_NOPE": ""})
+    _refused(res, 3, "expands to nothing", "X_NOPE")
+    assert json.loads(treb("ps", "--all", "--json").stdout) == []

@@ -113,3 +113,18 @@ def test_a_node_range_goes_on_with_fewer_nodes(treb: TrebFn, tmp_path: Path) -> 
     got = [json.loads(p.read_text()) for p in starts]
     assert [(s["node_rank"], s["world"]) for s in got] == [(0, 2), (1, 2)], got
     assert [json.loads(p.read_text())["world"] for p in ckpt.glob("start-0-*.json")] == [3] * 3
+
+
+def test_a_lost_node_has_a_diagnosis(treb: TrebFn, tmp_path: Path) -> None:
+    """Issue 33: `treb status` and `treb diagnose` name the lost node as the cause, with a
+    fix line (not "cause: unknown")."""
+    st, _ = run_and_kill_node_1(treb, tmp_path, "retries: 0\n")
+    assert st["first_failure"]["label"] == "node_lost", st
+    shown = treb("status", st["id"]).stdout
+    assert "cause: unknown" not in shown, shown
+    assert "cause: node_lost: node-1 (its node agent" in shown, shown
+    assert "fix: " in shown and "spare_nodes" in shown, shown
+    diag = treb("diagnose", st["id"], "--json")
+    got = json.loads(diag.stdout)["root_cause"]
+    assert (got["category"], got["node"]) == ("node_lost", "1"), got
+    assert "spare_nodes" in got["remedy"], got

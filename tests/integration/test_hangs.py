@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, needs, status_json, write_spec
+from tests.conftest import REPO, needs, needs_program, status_json, write_spec
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -174,3 +174,51 @@ def test_on_hang_retry_checkpoints_then_retries(treb, tmp_path) -> None:
     # the late rank was in time.sleep: its checkpoint handler ran before the teardown
     assert (run_dir / "ckpt-rank-3").read_text() == "attempt 0\n"
     print(figures(run_dir, 0, st))
+
+
+STOPPED = (
+    "import os, signal, time; print('step 1', flush=True); "
+    "os.environ['RANK'] == '1' and os.kill(os.getpid(), signal.SIGSTOP); time.sleep(300)"
+)
+
+
+def stopped_rank_run(treb, tmp_path: Path, env: dict | None = None) -> tuple[dict, Path, float]:
+    """A run whose rank 1 SIGSTOPs itself (hang_timeout 2s, on_hang fail): its status, run
+    folder and the seconds from the hang's detection to the teardown (events.jsonl)."""
+    spec = write_spec(tmp_path, f"command: [{PY}, -c, \"{STOPPED}\"]\nprocs_per_node: 2\n"
+                                "hang_timeout: 2s\non_hang: fail\ngrace_period: 1s\n")  # fmt: skip
+    res = treb("run", str(spec), timeout=120, env=env)
+    assert res.returncode == 1, res.stderr[-3000:]
+    st = status_json(treb)
+    assert [(a["state"], a["reason"]) for a in st["attempts"]] == [("FAILED", "hang")]
+    run_dir = Path(st["run_dir"])
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    hang = next(e for e in events if e["event"] == "hang")
+    teardown = next(e for e in events if e["event"] == "teardown")
+    return st, run_dir, teardown["time"] - hang["detected_at"]
+
+
+def test_a_stopped_rank_has_its_stack_read_without_suspending_it(treb, tmp_path) -> None:
+    """Issue 33: py-spy cannot suspend a stopped process; --nonblocking reads it."""
+    needs_program("py-spy")
+    _, run_dir, _ = stopped_rank_run(treb, tmp_path)
+    text = (run_dir / "attempt-0" / "stacks" / "rank-1.txt").read_text()
+    assert " method py-spy --nonblocking " in text.splitlines()[0], text
+    assert "<module>" in text, text
+
+
+def test_a_stalled_stack_tool_never_delays_the_action(treb, tmp_path) -> None:
+    """Issue 33: a py-spy that never answers (as one did on a stopped rank: 45 s) holds the
+    hang's action back by the config's bound at most (hang.STACKS_WAIT_S: the dumps end
+    within stacks.DUMP_DEADLINE_S). A behaviour bound (15 s, the bug gave 45 s), not a
+    timing of the machine."""
+    from trebuchet.runtime.hang import STACKS_WAIT_S
+
+    stall = tmp_path / "py-spy"
+    stall.write_text("#!/bin/sh\nexec sleep 300\n")
+    stall.chmod(0o755)
+    _, run_dir, waited = stopped_rank_run(treb, tmp_path, env={"TREB_PY_SPY": str(stall)})
+    assert waited < 15, waited
+    assert STACKS_WAIT_S < 15
+    text = (run_dir / "attempt-0" / "stacks" / "rank-0.txt").read_text()
+    assert "no answer within" in text or "no stacks within" in text, text

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, status_json, write_spec
+from tests.integration.test_faults import assert_no_survivors
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -46,6 +47,22 @@ def test_a_failing_health_check_starts_no_rank(treb, tmp_path: Path) -> None:
     assert "node 1 node-1: UNHEALTHY (user: health_check exited with code 4" in shown.stdout
     diag = treb("diagnose")
     assert "category: node_unhealthy" in diag.stdout
+
+
+def test_a_health_check_that_leaves_a_background_process(treb, tmp_path: Path) -> None:
+    """Issue 33: the check's own exit status counts, not its output pipe (which the
+    background child holds open): both nodes are healthy at once, the run succeeds, and
+    the check's leftover is ended with it."""
+    spec = write_spec(tmp_path, f"command: [{PY}, -c, 'print(1)']\nnodes: 2\n"
+                      "health_check: '(sleep 300) & echo checked; exit 0'\n"
+                      "health_check_timeout: 10s\n")  # fmt: skip
+    res = treb("run", str(spec), timeout=120)
+    st = status_json(treb)
+    assert res.returncode == 0, (res.stderr, st.get("health"))
+    assert [(h["node"], h["healthy"]) for h in st["health"]["1"]] == [(0, True), (1, True)]
+    assert not (Path(st["run_dir"]) / "excluded-nodes").exists()
+    assert (Path(st["run_dir"]) / "attempt-0" / "health-1.log").read_text() == "checked\n"
+    assert_no_survivors(st["id"])
 
 
 def test_exit_code_rules_on_a_real_run(treb, tmp_path: Path) -> None:

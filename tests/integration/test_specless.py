@@ -226,3 +226,24 @@ def test_torchrun_missing_on_slurm_nodes_is_named(streb, tmp_path: Path) -> None
     assert m and m.group(1) == ("tn1", "tn2")[int(m.group(2))], res.stderr[-3000:]
     diag = json.loads(streb("diagnose", "--json").stdout)["root_cause"]
     assert diag["category"] == "launcher_missing" and diag["node"] == m.group(2), diag
+
+
+def test_a_script_outside_this_folder_runs_as_torchrun_runs_it(treb: TrebFn,
+                                                                tmp_path: Path) -> None:  # fmt: skip
+    """Issue 33 (low): `treb run ../other/train.py` passed the "script must be here" check,
+    then failed as missing_file (the run's copy of this folder has no ../other). torchrun
+    runs it relative to the current folder: so does treb, from where it is."""
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "train.py").write_text(
+        "import os, sys; print('ran', sys.argv[1:], 'rank', os.environ['RANK'], flush=True)\n"
+    )
+    here = tmp_path / "here"
+    here.mkdir()
+    res = treb("run", "-n", "2", "../other/train.py", "--k", "1", cwd=here, timeout=GUARD_S)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "ran ['--k', '1'] rank 1" in res.stdout, res.stdout
+    assert "outside this folder" in res.stderr, res.stderr
+    # where the code travels (the current folder is what goes), it is refused up front
+    res = treb("run", "--on", "kubernetes", "--print-spec", "../other/train.py", cwd=here)
+    assert res.returncode == 2 and "outside this folder" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr

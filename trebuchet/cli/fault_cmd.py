@@ -21,16 +21,20 @@ from typing import Any
 
 from trebuchet.errors import UserError
 from trebuchet.runtime import fault
-from trebuchet.store.files import append_event
+from trebuchet.store.files import append_event, read_events
 
 ENGINES = ("local", "ssh", "slurm")
 STEP_TIMEOUT_S = 120.0
 
 
 def _nodes_of(rec: Any) -> list[str]:
-    """The run's nodes as its engine names them, node 0 first."""
+    """The run's nodes as its engine names them now (its latest attempt's), node 0 first."""
     run_dir = Path(rec.run_dir)
-    if rec.backend == "local":
+    if rec.backend == "local":  # the latest attempt's simulated nodes (a spare in: sim_nodes)
+        chosen = [e.get("hosts") for e in read_events(run_dir) if e.get("event") == "nodes"]
+        hosts = chosen[-1] if chosen else None
+        if isinstance(hosts, list) and hosts and all(isinstance(h, str) for h in hosts):
+            return hosts
         return [f"node-{n}" for n in range(int(rec.nodes or 1))]
     if rec.backend == "ssh":
         from trebuchet.backends.ssh.script import attempt_hosts

@@ -251,6 +251,35 @@ def _script(command: list[str]) -> str | None:
     return None
 
 
+# Engines whose ranks run in a copy of this folder made elsewhere (no shared file system
+# assumed): a script outside it is not there.
+SHIPPED = ("ssh", "kubernetes", "skypilot")
+
+
+def _inside(path: str, folder: str) -> bool:
+    """`path` (relative to `folder`, or absolute) is in `folder` or below it."""
+    here = os.path.abspath(folder)
+    return os.path.commonpath([here, os.path.abspath(os.path.join(here, path))]) == here
+
+
+def _outside(script: str, on: str | None) -> str:
+    """A script outside this folder (`../other/train.py`): the ranks run in the run's copy
+    of this folder, where a relative path to it leads nowhere. torchrun runs it from where
+    it is, and so does treb, by its absolute path (this machine's, or a shared file
+    system's on Slurm); where the code travels to other machines it is refused."""
+    where = os.path.abspath(script)
+    if on in SHIPPED:
+        raise usage(
+            f"{script} is outside this folder ({os.getcwd()}), which is what --on {on} sends "
+            f"to the nodes: run treb from a folder that holds it (cd {os.path.dirname(where)} "
+            f"&& treb run {os.path.basename(where)}), or copy it here"
+        )
+    print(f"treb: note: {script} is outside this folder (the run's copy of it holds what "
+          f"is here): it runs from {where}, as it is when each rank starts",
+          file=sys.stderr)  # fmt: skip
+    return where
+
+
 def build(args: argparse.Namespace) -> dict[str, Any]:
     """The spec of a command, as the fields a YAML spec would have (workdir: here)."""
     from trebuchet.spec.load import default_name
@@ -264,6 +293,8 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
             f"{script}: no such file in {os.getcwd()} (the command runs in this folder, "
             "copied for the run: the spec's workdir)"
         )
+    if script is not None and not _inside(script, os.getcwd()):
+        command[command.index(script)] = _outside(script, getattr(args, "on", None))
     if command[0].lower().endswith(".py") and not args.no_python:
         command = [PYTHON, *command]
     if script is not None:

@@ -90,6 +90,13 @@ REMEDIES: dict[str, str] = {
     "node's driver or its GPUs (nvidia-smi -L); master: the network between the nodes; user: "
     "your health_check's output is in attempt-<n>/health-<node>.log. `treb status` lists "
     "every node's checks.",
+    "node_lost": "A node went away during the attempt (its agent fell silent for "
+    "node_timeout, or its agent or connection ended without a last word), so its ranks were "
+    "stopped and the node is excluded from the rest of the run (docs/recovery.md): the run "
+    "resumes on a spare if spare_nodes is set (or on fewer nodes with nodes: MIN:MAX) and "
+    "retries are left; otherwise resubmit, after checking the node (its host, network, or "
+    "Slurm's `scontrol show node`). Save checkpoints to TREB_CHECKPOINT_DIR so that the "
+    "next attempt resumes.",
     "launch_env_missing": "The script expects a launcher's variables (RANK, WORLD_SIZE, ...): "
     "run it with launcher: native or torchrun, or call trebuchet.dist.init_env() so srun, "
     "mpirun and SkyPilot variables fill them.",
@@ -146,6 +153,7 @@ TITLES: dict[str, str] = {
     "environment_build": "environment build failed",
     "setup_failed": "a node's setup failed before its ranks started",
     "node_unhealthy": "a node failed its health checks before its ranks started",
+    "node_lost": "a node was lost during the attempt",
     "launch_env_missing": "script not started by a launcher",
     "segfault": "native crash (segmentation fault, illegal instruction, bus error)",
     "aborted": "aborted (SIGABRT: an uncaught C++ exception, a failed assertion)",

@@ -144,6 +144,19 @@ def _finish(d: Diagnosis, case: Case, root: Unit | None, missing: set[int] | Non
     d.run = case.run
 
 
+def _node_diag(first: Unit, case: Case) -> Diagnosis:
+    """A node's loss or failed health checks: its message, as the controller recorded it
+    (`node_lost: node-1 (no heartbeat for 5s, last seen ...)`), is the cause."""
+    label = first.label
+    why = str(((case.run or {}).get("first_failure") or {}).get("message") or "")
+    why = why.removeprefix(f"{label}: ")
+    if label == "node_unhealthy":
+        summary = (why or "a node failed its health checks") + " (no rank started there)"
+    else:
+        summary = why or f"node {first.node}: its agent was lost"
+    return Diagnosis(label, summary, None, first.node, [], log=first.log)
+
+
 def _hit_diag(u: Unit | None, hit: Hit) -> Diagnosis:
     category = hit.category if hit.category != "cascade" else "unknown"
     summary = hit.summary
@@ -475,11 +488,8 @@ def _decide(case: Case) -> Diagnosis:
         d = _env_diag(first)
         _finish(d, case, first)
         return d
-    if first is not None and first.label == "node_unhealthy":  # runtime/health.py
-        why = str(((case.run or {}).get("first_failure") or {}).get("message") or "")
-        why = why.removeprefix("node_unhealthy: ")
-        summary = (why or "a node failed its health checks") + " (no rank started there)"
-        d = Diagnosis("node_unhealthy", summary, None, first.node, [], log=first.log)
+    if first is not None and first.label in ("node_unhealthy", "node_lost"):
+        d = _node_diag(first, case)  # runtime/health.py, runtime/nodeloss.py
         _finish(d, case, first)
         return d
     if first is not None and first.label == "setup":

@@ -93,7 +93,7 @@ class RankStack:
 def parse(text: str) -> tuple[str, list[Frame]]:
     """(method, the main thread's frames innermost first) of one stack file."""
     method = "none"
-    m = re.search(r"^# request \S+ method (\S+(?: --native)?)", text, re.M)
+    m = re.search(r"^# request \S+ method (\S+(?: --native| --nonblocking)?)", text, re.M)
     if m:
         method = m.group(1)
     threads: list[tuple[str, list[Frame]]] = []

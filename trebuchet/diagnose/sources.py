@@ -26,6 +26,8 @@ from trebuchet.diagnose.errorfile import RankError
 from trebuchet.diagnose.lines import LogLine, parse
 from trebuchet.runtime.regular import read_text
 
+NODE_CAUSES = ("node_lost", "node_unhealthy")  # a node's, not a process's: no rank's log
+
 # srun: "srun: error: tn2: task 3: Exited with exit code 1", "srun: error: tn1: tasks 0-1: Killed"
 SRUN_TASK = re.compile(
     r"^(?:(?:srun|salloc): error: )?(?:(?P<node>[\w.-]+): )?tasks? (?P<tasks>\d+(?:[-,]\d+)*): "
@@ -506,10 +508,12 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
         case.units = [_setup_unit(ff)]
         case.first_failure = 0
         return case
-    if ff and ff.get("label") == "node_unhealthy":  # no rank started (runtime/health.py)
-        log = adir / f"health-{ff.get('node')}.log"
+    if ff and ff.get("label") in NODE_CAUSES:  # a node's loss or failed health checks
+        log = adir / f"health-{ff.get('node')}.log"  # (runtime/nodeloss.py, health.py)
+        if ff.get("label") == "node_lost":
+            log = Path(str(ff.get("log") or adir / f"ssh-{ff.get('node')}.log"))
         case.units = [Unit(rank=None, node=str(ff.get("node")), exit_code=1,
-                           ended_at=ff.get("ended_at"), label="node_unhealthy",
+                           ended_at=ff.get("ended_at"), label=str(ff.get("label")),
                            log=str(log) if log.is_file() else None)]  # fmt: skip
         case.first_failure = 0
         return case

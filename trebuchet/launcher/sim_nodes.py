@@ -67,25 +67,27 @@ class Keepers:
         ]  # fmt: skip
         return self.active
 
-    def gone(self) -> list[int]:
-        """NODE_RANKs whose keeper died on its own and was not yet taken as lost."""
+    def gone(self, after: bool = False) -> list[int]:
+        """NODE_RANKs whose keeper died on its own and was not yet taken as lost (`after`:
+        the attempt had failed already, so their loss is no cause: nodeloss.record)."""
         out = []
         for k, p in enumerate(self.procs):
             if k not in self.lost and p.poll() is not None:
-                self.lost[k] = self.record(k, p.returncode)
+                self.lost[k] = self.record(k, p.returncode, after)
                 out.append(k)
         return out
 
-    def record(self, k: int, returncode: int) -> FirstFailure:
+    def record(self, k: int, returncode: int, after: bool = False) -> FirstFailure:
         code, sig = exit_fields(returncode)
         how = f"killed by {sig}" if sig else f"exit code {code}"
         host = self.active[k]
         message = nodeloss.dropped(host, f"its node agent ended without its last word: {how}")
-        return nodeloss.record(self.run_dir, self.attempt, k, host, message, time.time())
+        return nodeloss.record(self.run_dir, self.attempt, k, host, message, time.time(),
+                               after=after)  # fmt: skip
 
-    def close(self) -> None:
+    def close(self, after: bool = False) -> None:
         """The attempt is over: what died before counts (gone), then the rest end."""
-        self.gone()
+        self.gone(after)
         for p in self.procs:
             with contextlib.suppress(OSError):
                 if p.stdin is not None:

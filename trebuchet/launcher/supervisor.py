@@ -42,6 +42,7 @@ from trebuchet.runtime.procs import (
     start_time,
 )
 from trebuchet.runtime.records import sync
+from trebuchet.runtime.retry_codes import NOT_A_PROGRAM as LOST_LABELS
 from trebuchet.store import lifecycle
 from trebuchet.store.db import Store
 from trebuchet.store.files import append_event, read_json
@@ -263,12 +264,16 @@ class Supervisor:
 
     def poll(self) -> bool:
         if self.keepers is not None:
-            for k in self.keepers.gone():  # a simulated node died: its ranks with it
+            # a simulated node died: its ranks with it (once the attempt failed or is being
+            # stopped, its loss is recorded and excluded, but it is no cause)
+            after = self.job.settled
+            for k in self.keepers.gone(after=after):
                 lost = self.keepers.lost[k]
                 self._say(f"{lost.get('message')}: stopping the others")
                 if k < len(self.agents):
                     self.agents[k].kill(stopped=True)
-                self.job.failure(lost)
+                if not after:
+                    self.job.failure(lost)
         return any([agent.poll() for agent in self.agents])
 
     def checkpoint(self, signum: int) -> int:
@@ -290,7 +295,7 @@ class Supervisor:
 
     def after(self, attempt: int, reason: str | None) -> None:
         if self.keepers is not None:
-            self.keepers.close()
+            self.keepers.close(after=self.job.settled)
         self._kill_strays(attempt)
 
     def ending(self, attempt: int, reason: str | None) -> Ending:
@@ -311,15 +316,15 @@ class Supervisor:
         return Ending(state, reason)
 
     def _node_lost(self, reason: str | None) -> Ending:
-        """A simulated node died in this attempt: its loss is the cause (also when a peer's
-        rank was seen failing first). A lost or unhealthy node and too few left (no spare):
-        no next attempt."""
+        """A failed attempt of a run that can lose simulated nodes: the attempt's reason is
+        the lost node's when its loss was the first failure (a node lost after it, during
+        the teardown, is excluded but changes no cause: JobController.settle). A lost or
+        unhealthy node and too few left (no spare): no next attempt."""
         assert self.keepers is not None
         why = reason
-        if self.keepers.lost:
-            lost = self.keepers.lost[min(self.keepers.lost)]
-            self.job.first_failure = lost
-            why = str(lost.get("message"))
+        first = self.job.first_failure
+        if first is not None and first.get("label") in LOST_LABELS:
+            why = str(first.get("message"))
         cannot = self.keepers.next_ok()
         if cannot:
             self._say(f"no spare to go on with: {cannot}")

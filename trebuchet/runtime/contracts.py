@@ -126,6 +126,7 @@ class Outcome(TypedDict, total=False):
     job_id: str
     step_id: str
     message: str | None  # a cause's (below)
+    after_first_failure: bool  # a node lost once the attempt had failed: never the cause
 
 
 # The run's first failure: the failing process's Outcome, or a cause no process says

@@ -93,6 +93,7 @@ class Controller:
         self.node_timeout = float(job.get("node_timeout") or agent_link.NODE_TIMEOUT_S)
         self.lost: str | None = None  # this attempt's lost node, as said (node_lost: ...)
         self.lost_kill_at: float | None = None  # then srun is ended at this time
+        self.lost_after = False  # ... lost after the attempt's first failure: not its cause
         self.lost_hosts: list[str] = []
         self.scancels: list[subprocess.Popen[bytes]] = []  # signals on their way (signal_steps)
         self.hosts: list[str] = []  # the allocation's nodes, in order
@@ -171,6 +172,7 @@ class Controller:
         os.environ["TREB_ATTEMPT"] = str(attempt)
         self.t0, self.step_rc = started_at, None
         self.lost = self.lost_kill_at = None
+        self.lost_after = False  # this attempt's lost node was lost after its first failure
         self.attempt_json("RUNNING", "", None, "batch")
         log(
             f"attempt {attempt + 1} of {self.attempts_allowed()}: "
@@ -324,7 +326,7 @@ class Controller:
             return
         label = "hang" if self.lc.hang is not None else "timeout"
         label = "idle_gpu" if self.lc.idle_stop else label
-        label = "node_lost" if self.lost else label
+        label = "node_lost" if self.lost and not self.lost_after else label
         if self.adir:
             write_text(os.path.join(self.adir, "teardown"), label + "\n")
         if label == "timeout":
@@ -352,7 +354,8 @@ class Controller:
             return lifecycle.Ending(self.state or "CANCELLED", self.reason, engine_ended=True)
         rc = self.rc
         self.step_rc = rc if rc >= 0 else 128 - rc
-        if self.lost:  # the attempt failed with it; another on other nodes, if any are left
+        if self.lost and not self.lost_after:  # the attempt failed with it (its first
+            # failure); another on other nodes, if any are left
             self.state, self.reason = "FAILED", self.lost
             left = self.nodes_left()
             if left:
@@ -454,9 +457,15 @@ class Controller:
         log(self.lost)
         where = self.use or self.hosts  # the node's NODE_RANK in this attempt
         node = where.index(lost.host) if lost.host in where else len(where)
-        nodeloss.record(self.run_dir, self.attempt, node, lost.host, self.lost, lost.last_seen)
+        # Lost during a teardown (an agent's rank failed first: its marker; or the
+        # controller's own stop: a hang, the timeout, a cancel): excluded, srun ended, but
+        # no cause: the first failure (or the hang, the timeout) stays the attempt's
+        self.lost_after = self.lc.settled or os.path.exists(os.path.join(self.adir, "teardown"))
+        nodeloss.record(self.run_dir, self.attempt, node, lost.host, self.lost, lost.last_seen,
+                        after=self.lost_after)  # fmt: skip
         self.lost_kill_at = time.monotonic() + float(self.job["grace"]) + 2.0
-        self.lc.failure(None)
+        if not self.lost_after:
+            self.lc.failure(None)
 
     def on_warning(self) -> None:
         """Slurm's --signal=B:SIG@warning (with slurm.time): ask every rank to checkpoint,

@@ -23,9 +23,11 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 from . import procs
-from .records import read_json
+from .records import read_json, write_json
+from .retry_codes import PREEMPTED  # in the attempt's folder: when a preemption began
 
 KILL_NODE, HANG_RANK, PREEMPT = "kill-node", "hang-rank", "preempt"
 DAEMONS = ("slurmd", "slurmstepd", "sshd")  # the machine's, not the run's: a dead node's
@@ -121,8 +123,15 @@ def hang_rank(run_dir: str, run_id: str, rank: int) -> int | None:
 
 
 def preempt(run_dir: str, run_id: str) -> list[int]:
-    """SIGTERM to every running rank here (the agent then applies the grace period)."""
+    """SIGTERM to every running rank here (the agent then applies the grace period), the
+    preemption on record in the attempt's folder first: a rank it ends is no program's
+    exit, and `retries` alone decide (retry_codes.cause_code reads it)."""
     pids = list(running_ranks(run_dir, run_id).values())
+    adir = latest_attempt(run_dir)
+    if pids and adir is not None:
+        path = os.path.join(adir, PREEMPTED)
+        if read_json(path) is None:  # the first preemption's time (a second one is later)
+            write_json(path, {"time": time.time(), "by": "treb fault"})
     for pid in pids:
         procs.signal_pid(pid, signal.SIGTERM)
     return pids

@@ -25,7 +25,10 @@ if TYPE_CHECKING:
     from .contracts import Hang
 
 CHECK_S = 1.0
-STACKS_WAIT_S = 45.0  # py-spy --native on a large process takes seconds; never longer
+# The action (teardown, retry) waits for the stacks at most this long after the hang is
+# detected: each agent's dumps end within stacks.DUMP_DEADLINE_S (all ranks at once), and
+# a stack that is not in by then is named missing in hang.json. Never longer.
+STACKS_WAIT_S = 8.0
 
 
 def last_progress(adir: str, started: float) -> float:

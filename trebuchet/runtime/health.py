@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -201,21 +203,61 @@ def _reach(addr: str, port: str, timeout: float) -> tuple[bool, str]:
     return True, f"{addr}:{port} ({sockaddr[0]}) accepts connections"
 
 
+def run_bounded(argv: list[str], cwd: str, env: dict[str, str],
+                timeout: float) -> tuple[bytes, int | None]:  # fmt: skip
+    """Run `argv` in a session of its own: the end of its output (OUTPUT_MAX) and its exit
+    status, None past `timeout`. Its own exit is waited for, not the end of its output: a
+    background child it leaves holds the pipe open. Once it exited (or the time is over)
+    its whole process group is ended, so nothing it started outlives the check."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    out = bytearray()
+    deadline = time.monotonic() + timeout
+    code: int | None = None
+    open_ = True
+    try:
+        while True:
+            code = proc.poll()
+            left = deadline - time.monotonic()
+            if open_ and code is None and left > 0:
+                select.select([fd], [], [], min(0.05, left))  # a child's exit wakes no pipe
+            for _ in range(64):  # what is there now, bounded (a child may write on)
+                if not open_:
+                    break
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    break
+                open_ = bool(chunk)
+                out += chunk
+                del out[:-OUTPUT_MAX]
+            if code is not None or left <= 0:
+                break
+            if not open_:  # no output left to read: its exit is what remains
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = proc.wait(max(0.0, deadline - time.monotonic()))
+                break
+    finally:
+        with contextlib.suppress(OSError):  # its group: the check and what it left
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    return bytes(out), code
+
+
 def check_user(cmd: str, where: Where, timeout: float) -> tuple[bool, str]:
     """The spec's health_check: bash in the workdir with the node's environment; its
     output (the end of it) kept in health-<node>.log."""
     log = os.path.join(where.adir, f"health-{where.node}.log")
     try:
-        res = subprocess.run(["bash", "-c", cmd], cwd=where.workdir, env=dict(where.env),
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, timeout=timeout,
-                             start_new_session=True)  # fmt: skip
-        out, code = res.stdout, res.returncode
-    except subprocess.TimeoutExpired as exc:
-        out, code = exc.stdout or b"", None
+        out, code = run_bounded(["bash", "-c", cmd], where.workdir, dict(where.env), timeout)
     except OSError as exc:
         return False, f"health_check could not start: {exc}"
-    write_text(log, out[-OUTPUT_MAX:].decode(errors="replace"), durable=False)
+    write_text(log, out.decode(errors="replace"), durable=False)
     last = next((ln.strip() for ln in reversed(out.decode(errors="replace").splitlines())
                  if ln.strip()), "")[:200]  # fmt: skip
     tail = f": {last}" if last else ""

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Protocol, Sequence
 
 from . import contracts, policies
+from .records import claim_first
 from .retry_codes import cause_code
 from .retry_codes import verdict as retry_codes_verdict
 
@@ -252,6 +253,7 @@ class JobController:
         self.force_kill = False  # a second cancel: no more grace
         self.first_failure: FirstFailure | None = None  # this attempt's root cause
         self.failed = False  # a process failed on its own (its cause may come later)
+        self.stopping = False  # the controller stopped this attempt (stop)
         self.hang: Hang | None = None  # this attempt's hang, when it stops it
         self.idle_stop = False  # idle_gpu_action fail stopped this attempt (runtime/gpu.py)
         self.hang_stop_at: float | None = None  # on_hang retry: the teardown, after grace
@@ -281,10 +283,27 @@ class JobController:
             return
         self.failed = True
         if cause is not None:
-            self.first_failure = {**cause, "attempt": self.attempt}
-            self.records.first_failure(self.first_failure)
+            self.settle(cause)
         if stop:
             self.stop()
+
+    def settle(self, cause: FirstFailure) -> FirstFailure:
+        """The one place that records the attempt's first failure: the first cause given
+        wins, here and in the attempt's folder (records.claim_first: a second writer, even
+        another process, is refused), and every rule (exit codes, log policies, node loss,
+        preemption) reads it. A later cause is refused, unless it is the same failure with
+        more known of it (its log, fetched later), which only fills in what was missing."""
+        held = self.first_failure
+        if held is None:
+            mine: FirstFailure = {**cause, "attempt": self.attempt}
+            held = claim_first(self.attempt_dir(self.attempt), mine)
+        elif same_failure(held, cause) and set(cause) - set(held):
+            held = {**cause, **held}
+        else:
+            return held
+        self.first_failure = held
+        self.records.first_failure(held)
+        return held
 
     def stopped_by_warning(self, returncode: int | None) -> bool:
         """After the timeout's warning, a rank that died of the checkpoint signal was
@@ -294,7 +313,14 @@ class JobController:
             return True
         return False
 
+    @property
+    def settled(self) -> bool:
+        """The attempt is failing or being stopped (a first failure, a hang, the timeout, a
+        cancel): a node lost from now on is no cause (nodeloss.record's `after`)."""
+        return self.failed or self.stopping or self.hang is not None
+
     def stop(self) -> None:
+        self.stopping = True
         self.nodes.stop()
         self.records.event("teardown", attempt=self.attempt)
 
@@ -367,7 +393,7 @@ class JobController:
     def run_attempt(self, attempt: int) -> str:
         self.attempt = attempt
         self.first_failure, self.failed, self.hang, self.hang_stop_at = None, False, None, None
-        self.idle_stop = False
+        self.idle_stop = self.stopping = False
         self.warned = self.warned_stop = False
         started, clock_start = time.time(), time.monotonic()  # the record's; the timeout's
         self.records.attempt_started(attempt, started, **self.nodes.attempt_facts(attempt))
@@ -496,6 +522,13 @@ class JobController:
                 pass
         except BlockingIOError:
             pass
+
+
+def same_failure(a: FirstFailure, b: FirstFailure) -> bool:
+    """Two records of one failure: the same process (label, rank, node) in the same attempt."""
+    keys = ("label", "rank", "node")
+    return all(a.get(k) == b.get(k) for k in keys) and a.get("attempt", b.get("attempt")) == \
+        b.get("attempt", a.get("attempt"))  # fmt: skip
 
 
 def notifier(run_dir: str) -> Notifier | None:

@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING
 
 from . import nodeset
-from .records import append_event, cause, write_json
+from .records import AFTER, append_event, cause, write_json
 
 if TYPE_CHECKING:
     from .contracts import FirstFailure
@@ -71,15 +71,19 @@ def dropped(host: str, what: str) -> str:
 
 
 def record(run_dir: str, attempt: int, node: int, host: str, message: str,
-           last_seen: float, label: str = LABEL) -> FirstFailure:  # fmt: skip
+           last_seen: float, label: str = LABEL, after: bool = False) -> FirstFailure:  # fmt: skip
     """The lost node on record (its file, the event) and excluded from this run; its
-    record, the attempt's first failure."""
+    record, the attempt's first failure unless `after`: the attempt had failed already
+    (a node lost during the teardown), so the loss is known and excluded, but the cause
+    stays the first failure's (records.AFTER keeps every reader from taking it)."""
     rec = cause(label, 1, attempt, node=node, message=message, host=host)
     rec["ended_at"], rec["state"] = last_seen, "ENDED"
+    if after:
+        rec["after_first_failure"] = True
     write_json(os.path.join(run_dir, f"attempt-{attempt}", f"lost-{node}.json"), rec)
     nodeset.exclude(run_dir, host, message)
     append_event(run_dir, label, attempt=attempt, host=host, node=node, last_seen=last_seen,
-                 message=message)  # fmt: skip
+                 message=message, **({AFTER: True} if after else {}))  # fmt: skip
     return rec
 
 

@@ -57,6 +57,15 @@ def alive(pid: int | None, started: str | None) -> bool:
     return started is None or now == started
 
 
+def stopped(pid: int) -> bool:
+    """The process is stopped (SIGSTOP, or a tracer's stop): state T or t."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
+
+
 def _is_zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:

@@ -117,6 +117,37 @@ def attempt_logs(adir: str, first: str | None = None) -> list[str]:
     return logs
 
 
+FIRST = "first-failure"  # an attempt's first failure (JSON), written once (claim_first); not
+# a .json name: the readers of an attempt's outcome records (*.json) must not count it twice
+
+
+def claim_first(adir: str, cause: FirstFailure) -> FirstFailure:
+    """Record `cause` as the attempt's first failure unless one is on record already; the
+    one on record. Written to a temp file, then linked to its name: link() refuses an
+    existing name, so of two writers (or a later event) the first wins, and a reader sees
+    the whole record or none."""
+    path = os.path.join(adir, FIRST)
+    tmp = os.path.join(adir, f".{FIRST}.{os.getpid()}.{next(_TMP_COUNT)}.tmp")
+    try:
+        write_json(tmp, cause)
+        os.link(tmp, path)
+    except FileExistsError:
+        held = read_json(path)
+        return cast("FirstFailure", held) if isinstance(held, dict) else cause
+    except OSError:  # the folder is gone (the run removed): the caller's copy stands
+        return cause
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return cause
+
+
+def claimed_first(adir: str) -> FirstFailure | None:
+    """The attempt's first failure as claim_first recorded it; None when none was."""
+    held = read_json(os.path.join(adir, FIRST))
+    return cast("FirstFailure", held) if isinstance(held, dict) else None
+
+
 def cause(
     label: str,
     exit_code: int,
@@ -143,7 +174,8 @@ def cause(
 
 def attempt_records(adir: str) -> list[Outcome]:
     """The outcome records in an attempt's folder (rank-N, node-N, lost-N, ... .json; not
-    attempt.json), by name; none when the folder is gone."""
+    attempt.json nor the first failure's own record), by name; none when the folder is
+    gone."""
     try:
         names = sorted(os.listdir(adir))
     except OSError:
@@ -151,18 +183,23 @@ def attempt_records(adir: str) -> list[Outcome]:
     out: list[Outcome] = []
     for name in names:
         rec = read_json(os.path.join(adir, name)) if name.endswith(".json") else None
-        if isinstance(rec, dict) and name != "attempt.json":
+        if isinstance(rec, dict) and name not in ("attempt.json", FIRST):
             out.append(cast("Outcome", rec))
     return out
 
 
+AFTER = "after_first_failure"  # a record of a node lost once the attempt had failed
+
+
 def first_failure(records: list[Outcome]) -> FirstFailure | None:
     """The earliest non-zero outcome that was not a cascade (a process stopped by its
-    launcher, the teardown or the engine); a rank's record before a node agent's; a lost
-    node before all (its peers' ranks fail because it is gone)."""
+    launcher, the teardown or the engine, or a node lost after the attempt's first failure
+    was known: AFTER); a rank's record before a node agent's; a lost node before all (its
+    peers' ranks fail because it is gone)."""
     failed = [
         r for r in records
         if r.get("exit_code") not in (None, 0) and not r.get("stopped_by_launcher")
+        and not r.get(AFTER)
     ]  # fmt: skip
     if not failed:
         return None

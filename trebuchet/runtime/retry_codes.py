@@ -6,16 +6,20 @@ Why exit codes: a program knows when another attempt cannot help (bad data, a co
 error) and says so with its exit status, cheaper than a log pattern. The rules can only
 end a run, never grant it more attempts: a code that passes them is retried (or not) by
 the log policies and `retries` as before. Only a process's own exit counts: a lost or
-unhealthy node, a hang or a timeout is no program's answer.
+unhealthy node, a preemption, a hang or a timeout is no program's answer.
 
 Stdlib only, Python >= 3.8 (runtime file).
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Sequence
 
-from .records import attempt_records, first_failure
+from .records import attempt_records, claimed_first, first_failure, read_json
+
+PREEMPTED = "preempted"  # (JSON) runtime/fault.py writes it in the attempt's folder; no .json
+# name: not an outcome record
 
 if TYPE_CHECKING:
     from .contracts import FirstFailure
@@ -42,10 +46,23 @@ def verdict(
 
 def cause_code(cause: FirstFailure | None, adir: str) -> int | None:
     """The exit code the rules judge: the attempt's first failure's (the controller's, or
-    else its records in `adir`: Slurm's agents write them), None when it is no process's."""
+    else the one on record in `adir`: records.claim_first, then the records Slurm's agents
+    write), None when it is no program's exit: a lost or unhealthy node, or a process that
+    ended after a preemption began (runtime/fault.py), which `retries` decide."""
     if cause is None:
-        cause = first_failure(attempt_records(adir))
-    if not cause or cause.get("label") in NOT_A_PROGRAM:
+        cause = claimed_first(adir) or first_failure(attempt_records(adir))
+    if not cause or cause.get("label") in NOT_A_PROGRAM or preempted(cause, adir):
         return None
     code = cause.get("exit_code")
     return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
+def preempted(cause: FirstFailure, adir: str) -> bool:
+    """The failure ended once a preemption of its attempt had begun (its record, written
+    before the first signal: fault.PREEMPTED)."""
+    mark = read_json(os.path.join(adir, PREEMPTED))
+    began = mark.get("time") if isinstance(mark, dict) else None
+    ended = cause.get("ended_at")
+    if not isinstance(began, (int, float)) or isinstance(began, bool):
+        return False
+    return not isinstance(ended, (int, float)) or ended >= began

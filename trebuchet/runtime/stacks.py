@@ -10,10 +10,14 @@ the files (bounded).
 
 How: `py-spy dump --pid P --native` (py-spy on PATH, beside sys.executable, or
 `$TREB_PY_SPY`; native frames tell where a rank waits inside C++: DDP's reducer, a NCCL
-kernel); without --native when that fails; else faulthandler, when the program called
+kernel); without --native when that fails; then with --nonblocking (read without
+suspending the process: the only way into a stopped one, which a suspending py-spy cannot
+attach to, so a stopped rank gets it first); else faulthandler, when the program called
 `trebuchet.dist.enable_stacks()` (the agent sees the handler in /proc/<pid>/status
 SigCgt): the agent sends `STACKS_SIGNAL` and takes what the program wrote. py-spy runs as
-a child of the agent, never waited for: supervision goes on meanwhile.
+a child of the agent, never waited for: supervision goes on meanwhile. Every rank's dump
+runs at once and each has DUMP_DEADLINE_S in all, whatever its methods, so that what
+waits for the stacks (the hang watch: hang.STACKS_WAIT_S) waits a few seconds at most.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from .procs import handles, hostname
+from .procs import handles, hostname, stopped
 from .records import write_text
 from .regular import open_regular, read_text
 
@@ -35,7 +39,8 @@ REQUEST = "request"
 # Default action: ignore. The ranks run in sessions of their own, with no terminal that
 # could send it; the checkpoint signals (USR1/USR2) stay the checkpoint machinery's.
 STACKS_SIGNAL = signal.SIGWINCH
-PY_SPY_TIMEOUT_S = 30.0
+FLAGS = ("--native", "--nonblocking")  # the py-spy options a file's method names
+DUMP_DEADLINE_S = 6.0  # one process's dump, every method together (a hung py-spy too)
 FAULTHANDLER_WAIT_S = 3.0
 
 
@@ -113,10 +118,12 @@ class Dump:
         self.tried: list[str] = []  # what failed, said in the file
         self.methods: list[list[str]] = []
         self.fh_size = 0
+        self.ends = time.monotonic() + DUMP_DEADLINE_S  # every method's, together
         spy = find_py_spy()
         if spy:
             base = [spy, "dump", "--full-filenames", "--pid", str(pid)]
-            self.methods = [[*base, "--native"], base]
+            quiet = [*base, "--nonblocking"]  # reads the memory, never suspends the process
+            self.methods = [quiet] if stopped(pid) else [[*base, "--native"], base, quiet]
         else:
             self.tried.append("py-spy not found (install py-spy on the nodes)")
         self.fh_started = False
@@ -125,6 +132,9 @@ class Dump:
 
     def _next(self) -> None:
         """Start the next method, or finish with what is known."""
+        if self.methods and time.monotonic() >= self.ends:
+            self.tried.append(f"py-spy: no stacks within {DUMP_DEADLINE_S:g}s")
+            self.methods = []
         if self.methods:
             argv = self.argv = self.methods.pop(0)
             fd = os.open(self.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -137,7 +147,7 @@ class Dump:
                 return self._next()
             finally:
                 os.close(fd)
-            self.deadline = time.monotonic() + PY_SPY_TIMEOUT_S
+            self.deadline = self.ends
             return None
         self.popen = None
         if not self.fh_started and handles(self.pid, STACKS_SIGNAL):
@@ -150,7 +160,9 @@ class Dump:
                 self.tried.append(f"faulthandler: {exc.strerror}")
                 self._finish("none", "")
                 return None
-            self.deadline = time.monotonic() + FAULTHANDLER_WAIT_S
+            self.deadline = max(
+                min(time.monotonic() + FAULTHANDLER_WAIT_S, self.ends), time.monotonic() + 0.5
+            )  # its own bound, within the dump's
             return None
         if not self.fh_started:
             self.tried.append(
@@ -167,17 +179,16 @@ class Dump:
             rc = self.popen.poll()
             if rc is None and now < self.deadline:
                 return False
+            how = " ".join(["py-spy dump", *(a for a in self.argv if a in FLAGS)])
             if rc is None:
                 self.popen.kill()
                 self.popen.wait()
-                self.tried.append(f"py-spy: no answer in {PY_SPY_TIMEOUT_S:g}s")
+                self.tried.append(f"{how}: no answer within {DUMP_DEADLINE_S:g}s")
             text = _read(self.out)
             if rc == 0 and text.strip():
-                native = "--native" in self.argv
-                return self._finish("py-spy --native" if native else "py-spy", text)
+                return self._finish(how.replace(" dump", ""), text)
             if rc is not None:
                 last = text.strip().splitlines()[-1:] or [f"exit code {rc}"]
-                how = "py-spy dump --native" if "--native" in self.argv else "py-spy dump"
                 self.tried.append(f"{how}: {last[0][:200]}")
             self._next()
             return self.done

@@ -18,8 +18,10 @@ from typing import Any
 
 from trebuchet.runtime.contract import NODE_NAMES, RANK_NAMES
 
-# $NAME or ${NAME}: bash's plain parameter expansions (a default, ${x:-y}, is not plain).
-REF = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+# $NAME, ${NAME}, and ${NAME:-word} / ${NAME-word} / ${NAME:=word} with a literal word
+# (no $, braces): bash's parameter expansions whose value trebuchet can tell. An empty or
+# blank word expands to nothing as an unset NAME does (`${X:-}`); any other word runs.
+REF = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::?[-=]([^${}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
 # What a rank's environment has that the spec and the submitting shell may not show.
 IN_RANK = frozenset(
     (*RANK_NAMES, *NODE_NAMES, "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "HOME",
@@ -40,7 +42,9 @@ def empty_expansion(
     refs = REF.findall(command)
     if not refs or REF.sub("", command).strip():
         return None
-    names = list(dict.fromkeys(a or b for a, b in refs))
+    if any(word.strip() for _, word, _ in refs):  # a default that runs something
+        return None
+    names = list(dict.fromkeys(a or b for a, _, b in refs))
     shell = " ".join(other_shell)
     for name in names:
         if name in IN_RANK or name.startswith(IN_RANK_PREFIXES) or re.search(rf"\b{name}\b", shell):

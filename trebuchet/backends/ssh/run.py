@@ -652,8 +652,8 @@ class SshRun:
         adir = self.run_dir / f"attempt-{attempt}"
         hung = reason == "failure" and merge_hang(adir, expected_names(*self.job.settings.shape))
         state, found = self.outcome(self.nodes, self.first, reason, adir, attempt, hung)
-        if found is not None:
-            self.job.first_failure = found
+        if found is not None:  # the cause the controller holds stays (the first one given)
+            self.job.settle(found)
         lost = self.first.lost_cause if self.first is not None else None
         if state == "FAILED" and (lost is not None or nodeset.excluded(str(self.run_dir))):
             why = str(lost.get("message") or nodeloss.LABEL) if lost is not None else reason

@@ -1,0 +1,96 @@
+"""Issue 33, high 5: an attempt's first failure is recorded once and every rule reads it:
+the record is refused a second write (records.claim_first), the job controller keeps the
+first cause given (JobController.settle), a node lost after it is no cause
+(records.first_failure), and a process ended by a preemption is no program's exit
+(retry_codes.cause_code). Real files, no mocks."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trebuchet.runtime import records, retry_codes
+from trebuchet.runtime.contracts import FirstFailure
+from trebuchet.runtime.lifecycle import JobController, Settings
+
+
+def rank(r: int, code: int, at: float, **more: Any) -> FirstFailure:
+    rec: FirstFailure = {"label": f"rank {r}", "rank": r, "node": r, "local_rank": 0,
+                         "exit_code": code, "signal": None, "ended_at": at}  # fmt: skip
+    rec.update(more)  # type: ignore[typeddict-item]
+    return rec
+
+
+def test_the_first_claim_wins(tmp_path: Path) -> None:
+    first, later = rank(0, 7, 1.0), rank(1, 1, 2.0)
+    assert records.claim_first(str(tmp_path), first) == first
+    assert records.claim_first(str(tmp_path), later) == first
+    assert records.claimed_first(str(tmp_path)) == first
+    assert [p.name for p in tmp_path.iterdir()] == [records.FIRST]  # no temp file left
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 7), st.integers(1, 255)), min_size=1, max_size=6))
+def test_whatever_comes_later_the_first_stays(tmp_path_factory: Any,
+                                              causes: list[tuple[int, int]]) -> None:  # fmt: skip
+    adir = tmp_path_factory.mktemp("a")
+    for i, (r, code) in enumerate(causes):
+        records.claim_first(str(adir), rank(r, code, float(i)))
+    held = records.claimed_first(str(adir))
+    assert held is not None and (held["rank"], held["exit_code"]) == causes[0]
+
+
+class Said:
+    """A Records that keeps what the controller recorded (lifecycle.Records)."""
+
+    def __init__(self) -> None:
+        self.causes: list[FirstFailure] = []
+
+    def first_failure(self, cause: FirstFailure) -> None:
+        self.causes.append(cause)
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: None
+
+
+def test_the_controller_keeps_the_first_cause(tmp_path: Path) -> None:
+    (tmp_path / "attempt-0").mkdir()
+    s = Settings(retries=2, log_policies=[], on_hang="fail", hang_timeout=None, timeout=None,
+                 warning=None, checkpoint_signal=10, grace=1.0, shape=("native", 2, 1),
+                 run_dir=str(tmp_path))  # fmt: skip
+    said = Said()
+    job = JobController(s, nodes=None, records=said)  # type: ignore[arg-type]
+    job.settle(rank(0, 7, 1.0))
+    lost = records.cause("node_lost", 1, 0, node=1, message="node_lost: node-1 (gone)")
+    job.settle(lost)  # a node lost during the teardown
+    assert job.first_failure is not None and job.first_failure["exit_code"] == 7
+    job.settle(rank(0, 7, 1.0, log="/x/rank-0.log"))  # the same failure, its log known now
+    assert job.first_failure["log"] == "/x/rank-0.log" and job.first_failure["rank"] == 0
+    assert [c["rank"] for c in said.causes] == [0, 0]
+    on_disk = json.loads((tmp_path / "attempt-0" / records.FIRST).read_text())
+    assert (on_disk["rank"], on_disk["exit_code"]) == (0, 7)
+
+
+def test_a_node_lost_after_the_first_failure_is_no_cause() -> None:
+    lost = records.cause("node_lost", 1, 0, node=1, message="node_lost: node-1")
+    lost["ended_at"] = 0.5  # last seen before the rank's exit: still after the failure
+    lost[records.AFTER] = True  # type: ignore[literal-required]
+    found = records.first_failure([rank(0, 7, 1.0), lost])
+    assert found is not None and found["exit_code"] == 7
+    del lost[records.AFTER]  # type: ignore[misc]
+    found = records.first_failure([rank(0, 7, 1.0), lost])
+    assert found is not None and found["label"] == "node_lost"  # a loss first: the cause
+
+
+def test_a_preempted_rank_is_no_programs_exit(tmp_path: Path) -> None:
+    adir = str(tmp_path)
+    term = rank(0, 143, 10.0, signal="SIGTERM")
+    assert retry_codes.cause_code(term, adir) == 143
+    records.write_json(os.path.join(adir, retry_codes.PREEMPTED), {"time": 9.0})
+    assert retry_codes.cause_code(term, adir) is None
+    assert retry_codes.cause_code(rank(0, 3, 8.0), adir) == 3  # failed before it began
