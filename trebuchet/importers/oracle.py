@@ -121,8 +121,8 @@ __treb_dbg() {
   if [[ -n ${__treb_top:-} ]]; then
     export TREB_ORACLE_LINE=$__treb_l TREB_ORACLE_SUB=$BASH_SUBSHELL
   fi
-  local c=$BASH_COMMAND w
-  w=${c%%[[:space:]]*}
+  local c=$BASH_COMMAND w=${BASH_COMMAND:0:4096}  # a path is shorter; %% on more is O(n^2)
+  w=${w%%[[:space:]]*}
   if [[ $w =~ ^[A-Za-z0-9_.~/+-]+$ && $w == */* && " $TREB_ORACLE_TOOLS " == *" ${w##*/} "* ]]
   then
     eval "__treb_call $c"
