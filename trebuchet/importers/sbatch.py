@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shlex
+import string
 import subprocess
 from pathlib import Path
 
 from trebuchet.errors import UserError
 from trebuchet.importers import oracle, recorded, roundtrip
-from trebuchet.importers.common import PLACEHOLDER, ImportResult, is_secret, to_name
+from trebuchet.importers.common import (
+    PLACEHOLDER,
+    Fragments,
+    ImportResult,
+    is_secret,
+    mask,
+    to_name,
+)
 
 MAX_BYTES = 1 << 20  # a batch script is a few KB; anything past 1 MiB is not one
 SHORT = {
@@ -250,9 +259,11 @@ def import_file(path: str | Path, **_: object) -> ImportResult:
     _headers(text, first_cmd, st)
     rec = _record(p, text, st, swapped)
     work = recorded.build(rec, res, p, swapped or text, _srun_options(st))
-    for marker, name in rec.markers.items():  # a credential is named, never a sandbox marker
-        for n in res.notes:
+    pieces = Fragments(rec.markers)
+    for n in res.notes:  # a credential is named, never a sandbox marker (nor a piece of one)
+        for marker, name in rec.markers.items():
             n.text = n.text.replace(marker, "$" + name)
+        n.text = mask(n.text, pieces.spans(n.text))
     if work is None:
         _no_srun(text, st, rec)
     else:
@@ -310,13 +321,17 @@ def _record(p: Path, text: str, st: _Script, swapped: str | None) -> oracle.Reco
         cwd = os.path.normpath(cwd)
     name = (st.sb.get("job-name") or (p.stem, 0))[0] or p.stem
     slurm_env = oracle.allocation_env(nodes, tpn, gpus, submit, name)
+    low = text.lower()
+    if oracle.JOB_ID in text or oracle.HOST.format("") in low:
+        raise UserError(f"{p}: holds this import's simulated job id or node name by chance: "
+                        "run treb import again (each run draws new ones)")  # fmt: skip
     passed: dict[str, str] = {}
     markers: dict[str, str] = {}
     for ref in sorted(set(re.findall(r"\$\{?!?([A-Za-z_][A-Za-z0-9_]*)", text))):
         if ref.startswith("SLURM") or ref in slurm_env:
             continue
-        if is_secret(ref):
-            marker = f"TREBSECRET{ref}X"
+        if is_secret(ref, os.environ.get(ref)):  # by its name, or by the look of your value
+            marker = _marker(low, markers)
             passed[ref] = marker
             markers[marker] = ref
         elif ref in os.environ and ref not in ("PATH", "HOME", "USER", "LOGNAME", "SHELL"):
@@ -333,6 +348,17 @@ def _record(p: Path, text: str, st: _Script, swapped: str | None) -> oracle.Reco
             "value of the shell you submit from",
         )
     return rec
+
+
+def _marker(low: str, taken: dict[str, str]) -> str:
+    """What a secret's variable holds in the sandbox instead of your value: 32 random
+    lowercase letters and digits, no 6 of them in a row in the script (Fragments finds any
+    piece of it in what the script made of it)."""
+    while True:
+        m = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(32))
+        grams = [m[i : i + Fragments.K] for i in range(len(m) - Fragments.K + 1)]
+        if not any(g in low or any(g in t for t in taken) for g in grams):
+            return m
 
 
 def _srun_options(st: _Script):
