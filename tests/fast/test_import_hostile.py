@@ -219,3 +219,17 @@ def test_two_sruns_with_redirections_the_last_is_the_workload(capsys, tmp_path) 
     assert spec.slurm.setup[0] == "srun python train.py"
     assert 'job.sh:3: not carried over: > "$TMPDIR/train.log" 2>&1 (the redirection of srun' in err
     assert 'job.sh:5: not carried over: > "$TMPDIR/logs/out_${SLURM_JOB_ID}.txt" (srun' in err
+
+
+def test_a_script_that_stops_before_srun_shows_its_last_words_as_text(
+    capsys, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("DB_PASS", "hunter2-correct-horse")
+    code, out, err = run(
+        capsys,
+        tmp_path,
+        "printf '\\e]0;PWNED\\a %s\\n' \"$DB_PASS\" >&2\nexit 3\nsrun python t.py\n",
+    )
+    assert code == 2
+    assert "\x1b" not in err and "\x07" not in err and "hunter2" not in err
+    assert "stopped (exit 3) before any srun: ^[]0;PWNED^G $DB_PASS" in err

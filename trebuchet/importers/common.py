@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from trebuchet.errors import UserError
 from trebuchet.runtime.lines import inert
 from trebuchet.spec.dump import dump_yaml
 
@@ -139,6 +141,28 @@ SPEC_ORDER = (
     "skypilot",
     "kubernetes",
 )
+
+
+def read_text(p: Path, what: str, max_bytes: int = 1 << 20) -> str:
+    """A file's text; a named error for what cannot be `what` (a device, a FIFO, a binary,
+    text that is not UTF-8, a huge file), read without ever holding more than max_bytes."""
+    try:
+        if not p.is_file():
+            raise UserError(f"{p}: not a regular file")
+        with open(p, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise UserError(f"{p}: cannot read: {exc}") from None
+    if len(data) > max_bytes:
+        raise UserError(f"{p}: larger than {max_bytes // 1024} KiB: not {what}")
+    if b"\0" in data:
+        line = data[: data.index(b"\0")].count(b"\n") + 1
+        raise UserError(f"{p}:{line}: a NUL byte: a binary file, not {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise UserError(f"{p}:{line}: not UTF-8 text: not {what}") from None
 
 
 def as_text(text: str) -> str:

@@ -22,8 +22,10 @@ from trebuchet.importers.common import (
     PLACEHOLDER,
     Fragments,
     ImportResult,
+    as_text,
     is_secret,
     mask,
+    read_text,
     to_name,
 )
 
@@ -187,25 +189,8 @@ class _Script:
 
 
 def read_script(p: Path) -> str:
-    """The script's text; a named error for what cannot be a batch script (a device, a
-    binary, a huge file), read without ever holding more than MAX_BYTES."""
-    try:
-        if not p.is_file():
-            raise UserError(f"{p}: not a regular file")
-        with open(p, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise UserError(f"{p}: cannot read: {exc}") from None
-    if len(data) > MAX_BYTES:
-        raise UserError(f"{p}: larger than {MAX_BYTES // 1024} KiB: not a batch script")
-    if b"\0" in data:
-        line = data[: data.index(b"\0")].count(b"\n") + 1
-        raise UserError(f"{p}:{line}: a NUL byte: a binary file, not a batch script")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise UserError(f"{p}:{line}: not UTF-8 text: not a batch script") from None
+    """The script's text; a named error for what cannot be a batch script."""
+    return read_text(p, "a batch script", MAX_BYTES)
 
 
 PLACEHOLDER_WORD = re.compile(r"<[A-Za-z][A-Za-z0-9_.-]*>")
@@ -410,6 +395,9 @@ def _no_srun(text: str, st: _Script, rec: oracle.Recording) -> None:
     res = st.res
     if rec.status != 0 and not rec.top():
         tail = (rec.stderr.strip().splitlines() or ["no output"])[-1]
+        for marker, name in rec.markers.items():
+            tail = tail.replace(marker, "$" + name)
+        tail = as_text(res.redact(mask(tail, Fragments(rec.markers).spans(tail))))
         raise UserError(
             f"{st.path}: the script stopped (exit {rec.status}) before any srun: {tail}"
         )

@@ -35,30 +35,32 @@ class Simple:
 
 
 def _skip(text: str, i: int, closer: str, dq: bool = False) -> int:
-    """The index after `closer`, from `i` inside a quote or a `$(`, `${`, `(` group."""
+    """The index after `closer`, from `i` inside a quote or a `$(`, `${`, `(` group (a
+    stack, not recursion: 20k nested `$(` is text like any other)."""
     n = len(text)
-    while i < n:
+    stack = [(closer, dq)]
+    while i < n and stack:
+        closer, dq = stack[-1]
         c = text[i]
         if c == "\\":
             i += 2
-            continue
-        if c == closer:
-            return i + 1
-        if c == '"' and not dq:
-            i = _skip(text, i + 1, '"', True)
+        elif c == closer:
+            stack.pop()
+            i += 1
         elif c == "'" and not dq:
             i = text.find("'", i + 1) + 1 or n
-        elif c == "`":
-            i = _skip(text, i + 1, "`", dq)
-        elif text.startswith("$(", i):
-            i = _skip(text, i + 2, ")")
-        elif text.startswith("${", i):
-            i = _skip(text, i + 2, "}", True)
+        elif c in '"`' and not (c == '"' and dq):
+            stack.append((c, c == '"' or dq))
+            i += 1
+        elif text.startswith(("$(", "${"), i):
+            stack.append((")" if text[i + 1] == "(" else "}", text[i + 1] == "{"))
+            i += 2
         elif c == "(" and not dq:
-            i = _skip(text, i + 1, ")")
+            stack.append((")", False))
+            i += 1
         else:
             i += 1
-    return n
+    return min(i, n)
 
 
 def split(text: str) -> list[Simple]:
@@ -95,7 +97,8 @@ def split(text: str) -> list[Simple]:
             i += 1
             continue
         if c == "#" and word_start is None:
-            i = text.find("\n", i) if "\n" in text[i:] else n
+            j = text.find("\n", i)
+            i = n if j < 0 else j
             continue
         op = next((o for o in OPERATORS if text.startswith(o, i)), None)
         redirect = next((r for r in REDIRECTS if text.startswith(r, i)), None)
@@ -169,4 +172,5 @@ def command_word(s: Simple) -> tuple[int, list[str]]:
                 i += 1
         else:
             break
+    i = min(i, len(words))  # `timeout` with no duration: nothing is its command
     return i, words[start:i]
