@@ -233,3 +233,13 @@ def test_a_script_that_stops_before_srun_shows_its_last_words_as_text(
     assert code == 2
     assert "\x1b" not in err and "\x07" not in err and "hunter2" not in err
     assert "stopped (exit 3) before any srun: ^[]0;PWNED^G $DB_PASS" in err
+
+
+def test_an_srun_that_did_not_run_is_named_when_the_script_becomes_the_command(
+    capsys, tmp_path
+) -> None:
+    code, out, err = run(capsys, tmp_path, 'echo start\nif false; then srun python a.py; fi\n')
+    assert code == 0, err
+    assert yaml.safe_load(out)["launcher"] == "none"
+    assert "job.sh:4: note: srun did not run in the import sandbox" in err
+    assert "no srun line" not in err

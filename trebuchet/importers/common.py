@@ -22,7 +22,7 @@ NOTE = "note"
 # API_TOKEN_V2, AWS_SECRET_ACCESS_KEY... (a part of the name, between underscores or digits).
 SECRET_NAME = re.compile(
     r"(?:^|_)(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|PASSPHRASE|PAT|CREDENTIALS?|APIKEY"
-    r"|PRIVATE_?KEY)(?=$|_|\d)|_PWD(?=$|_|\d)",
+    r"|PRIVATE_?KEY)(?=$|_|\d)|_PWD?(?=$|_|\d)",
     re.IGNORECASE,
 )
 # Values that look like credentials whatever the variable is called: (pattern, what it is).

@@ -524,12 +524,10 @@ def _carry_env(
             else:
                 res.drop(line, f"MASTER_PORT={value}", "not a port number")
             continue
-        if secrets.values.get(value) == name:
+        if value in secrets.values:  # (another variable may hold the same value)
+            why = secrets.why.get(name) or secrets.why[secrets.values[value]]
             res.add_secret(name, value)
-            res.note(
-                line,
-                f"{name}: withheld: {secrets.why[name]}; export it in the shell you submit from",
-            )
+            res.note(line, f"{name}: withheld: {why}; export it in the shell you submit from")
             continue
         if any(h in value for h in rec.hosts) or ADDR.format("") in value or JOB_ID in value:
             res.drop(

@@ -408,11 +408,22 @@ def _no_srun(text: str, st: _Script, rec: oracle.Recording) -> None:
     ).strip("\n")
     if not rec.top() and not re.search(r"^\s*[^#\s]", body, re.M):
         raise UserError(f"{st.path}: no command found (no srun line and no other command)")
-    res.note(
-        None,
-        "no srun line: the script's commands become the command, run once per node with "
-        "launcher none",
-    )
+    srun = re.compile(r"(^|[\s;&|(])srun\s")
+    unrun = [no for no, line in enumerate(text.splitlines(), 1)
+             if not line.lstrip().startswith("#") and srun.search(line)]  # fmt: skip
+    if unrun:
+        res.note(
+            unrun[0],
+            "srun did not run in the import sandbox (a branch not taken, or bash stopped it: "
+            "see its notes): the script's commands become the command, run once per node "
+            "with launcher none",
+        )
+    else:
+        res.note(
+            None,
+            "no srun line: the script's commands become the command, run once per node with "
+            "launcher none",
+        )
     res.spec["command"] = body
     _shape(st, "none", None, 0)
 
