@@ -10,6 +10,7 @@ import re
 import secrets
 from pathlib import Path
 
+import pytest
 import yaml
 
 from trebuchet.cli.main import main
@@ -112,11 +113,14 @@ def test_a_password_in_the_importing_shell_is_never_read(capsys, tmp_path, monke
 
 def test_a_slice_of_a_secret_in_an_argument_leaves_no_piece_of_the_marker(capsys, tmp_path) -> None:
     code, out, err = run(
-        capsys, tmp_path, 'srun python t.py --a "${HF_TOKEN:3:12}" --b "x${HF_TOKEN^^}y"\n'
+        capsys,
+        tmp_path,
+        'srun python t.py --a "${HF_TOKEN:3:12}" --b "x${HF_TOKEN^^}y" --n ${#HF_TOKEN}\n',
     )
     assert code == 0, err
     spec = yaml.safe_load(out)
     assert spec["command"].startswith('python t.py --a "${HF_TOKEN_PART_')
+    assert "job.sh:3: note: ${#HF_TOKEN}...: computed from a secret the import does not" in err
     words = re.findall(r"\$\{(\w+)\}", spec["command"])
     assert len(words) == 2 and all(w.startswith("HF_TOKEN") and w in spec["secrets"] for w in words)
 
@@ -190,35 +194,23 @@ def test_a_redirection_of_srun_is_named(capsys, tmp_path) -> None:
     assert re.search(r"job\.sh:3: not carried over: >/dev/null 2>&1 \(srun's output", err), err
 
 
-def test_srun_writing_a_log_in_the_script_folder_is_the_workload(capsys, tmp_path) -> None:
-    """Needs the sandbox that lets the script write in its own folder (the sandbox part of
-    issue 33); until then bash refuses the redirection and the srun never runs."""
+@pytest.mark.parametrize("folder", ["", "$TMPDIR/"], ids=["script-folder", "scratch"])
+def test_two_sruns_writing_logs_the_last_is_the_workload(folder, capsys, tmp_path) -> None:
+    """In the script's folder this needs the sandbox that lets the script write there (the
+    sandbox part of issue 33; until it lands, bash refuses the redirection and the srun
+    never runs); in the sandbox's own scratch folder ($TMPDIR) it runs today."""
     code, out, err = run(
         capsys,
         tmp_path,
-        "srun python train.py > train.log 2>&1\nmkdir -p logs\n"
-        "srun python eval.py > logs/out_${SLURM_JOB_ID}.txt\n",
-    )
-    assert code == 0, err
-    spec = loads(tmp_path, out)
-    assert spec.command == "python eval.py" and spec.launcher == "native"
-    assert "> logs/out_${SLURM_JOB_ID}.txt" in err and "not carried over" in err
-
-
-def test_two_sruns_with_redirections_the_last_is_the_workload(capsys, tmp_path) -> None:
-    """The same shape in the sandbox's own writable scratch folder ($TMPDIR)."""
-    code, out, err = run(
-        capsys,
-        tmp_path,
-        'srun python train.py > "$TMPDIR/train.log" 2>&1\nmkdir -p "$TMPDIR/logs"\n'
-        'srun python eval.py > "$TMPDIR/logs/out_${SLURM_JOB_ID}.txt"\n',
+        f'srun python train.py > "{folder}train.log" 2>&1\nmkdir -p "{folder}logs"\n'
+        f'srun python eval.py > "{folder}logs/out_${{SLURM_JOB_ID}}.txt"\n',
     )
     assert code == 0, err
     spec = loads(tmp_path, out)
     assert spec.command == "python eval.py" and spec.launcher == "native"
     assert spec.slurm.setup[0] == "srun python train.py"
-    assert 'job.sh:3: not carried over: > "$TMPDIR/train.log" 2>&1 (the redirection of srun' in err
-    assert 'job.sh:5: not carried over: > "$TMPDIR/logs/out_${SLURM_JOB_ID}.txt" (srun' in err
+    assert f'job.sh:3: not carried over: > "{folder}train.log" 2>&1 (the redirection of' in err
+    assert f'job.sh:5: not carried over: > "{folder}logs/out_${{SLURM_JOB_ID}}.txt" (srun' in err
 
 
 def test_a_script_that_stops_before_srun_shows_its_last_words_as_text(
@@ -238,7 +230,7 @@ def test_a_script_that_stops_before_srun_shows_its_last_words_as_text(
 def test_an_srun_that_did_not_run_is_named_when_the_script_becomes_the_command(
     capsys, tmp_path
 ) -> None:
-    code, out, err = run(capsys, tmp_path, 'echo start\nif false; then srun python a.py; fi\n')
+    code, out, err = run(capsys, tmp_path, "echo start\nif false; then srun python a.py; fi\n")
     assert code == 0, err
     assert yaml.safe_load(out)["launcher"] == "none"
     assert "job.sh:4: note: srun did not run in the import sandbox" in err

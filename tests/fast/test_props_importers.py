@@ -13,7 +13,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trebuchet.cli.import_cmd import check_loads
+from trebuchet.cli.import_cmd import check_loads, refuse_unholdable
 from trebuchet.errors import UserError
 from trebuchet.importers import common, importer, sbatch
 from trebuchet.importers.common import ImportResult, as_text, credential_spans
@@ -78,6 +78,11 @@ def _import_or_named_error(kind: str, path: Path, **options: object) -> None:
         res = importer(kind).import_file(path, **options)
     except UserError as exc:
         assert str(path) in str(exc) or "line" in str(exc), str(exc)
+        return
+    try:
+        refuse_unholdable(res)  # what `treb import` checks before printing: exit 2, named
+    except UserError as exc:
+        assert str(path) in str(exc)
         return
     check_loads(res.to_yaml())  # a spec that loads (a TrebError here is an importer's bug)
     for line in res.messages():
@@ -189,3 +194,17 @@ def test_the_statement_reader_reads_any_text(text: str) -> None:
         assert 0 <= s.at <= len(text) and (s.words or s.redirects)
         at, wrappers = command_word(s)
         assert 0 <= at <= len(s.words) and len(wrappers) <= at
+
+
+@pytest.mark.parametrize(
+    "kind,text",
+    [("determined", 'entrypoint: "python t.py\\0"\n'), ("air", 'command: "a\\ud800"\n')],
+)
+def test_text_no_command_line_can_hold_is_a_named_error(kind, text, capsys, tmp_path) -> None:
+    from trebuchet.cli.main import main
+
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    assert main(["import", kind, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: command: " in err and "a bug in treb import" not in err

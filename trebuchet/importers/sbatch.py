@@ -325,6 +325,7 @@ def _record(p: Path, text: str, st: _Script, swapped: str | None) -> oracle.Reco
     tasks = ["0:0:0"] + ([f"{last}:{nodes - 1}:{tpn - 1}"] if last > 0 else [])
     rec = oracle.record(p, cwd, slurm_env, passed, tasks, swapped)
     rec.markers = markers
+    _derived(text, sorted(markers.values()), st.res)
     for ref in sorted(set(passed) - set(markers.values())):
         st.res.note(
             None,
@@ -333,6 +334,24 @@ def _record(p: Path, text: str, st: _Script, swapped: str | None) -> oracle.Reco
             "value of the shell you submit from",
         )
     return rec
+
+
+def _derived(text: str, names: list[str], res: ImportResult) -> None:
+    """A secret's length or a short slice of it (`${#TOKEN}`, `${TOKEN:0:3}`) is computed
+    from a stand-in: named with its line, since it can hold too little of the stand-in to
+    be recognised (6 characters or more are withheld, recorded.py)."""
+    if not names:
+        return
+    alt = "|".join(map(re.escape, names))
+    pattern = re.compile(r"\$\{(?:[#!](?:" + alt + r")\}|(?:" + alt + r")(?![-:]?[-}])[:^,/#%@\[])")
+    for no, line in enumerate(text.splitlines(), 1):
+        for m in pattern.finditer(line):
+            res.note(
+                no,
+                f"{m.group(0)}...: computed from a secret the import does not read (a stand-in "
+                "took its place): where the result holds too little of it to be withheld, "
+                "check the spec",
+            )
 
 
 def _marker(low: str, taken: dict[str, str]) -> str:
