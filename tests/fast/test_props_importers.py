@@ -208,3 +208,14 @@ def test_text_no_command_line_can_hold_is_a_named_error(kind, text, capsys, tmp_
     assert main(["import", kind, str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{path}: command: " in err and "a bug in treb import" not in err
+
+
+@SETTINGS
+@given(st.binary(min_size=5, max_size=5), st.integers(0, 4095), st.integers(10**8, 10**9 - 1))
+def test_the_simulated_allocation_never_looks_like_a_credential(token, node, job) -> None:
+    """The notes name what was computed from the simulated nodes (MASTER_ADDR=node...-0):
+    masking one as a credential, for some draws of the random names, hid what they say."""
+    host = f"node{token.hex()}-{node}"
+    for name in ("MASTER_ADDR", "SLURMD_NODENAME", "NCCL_SOCKET_IFNAME_LONGER_NAME"):
+        for text in (f"{name}={host}", f"{name}={job}", f"--{name.lower()}={host}:{job}"):
+            assert credential_spans(text) == [], text

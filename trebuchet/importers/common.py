@@ -41,7 +41,8 @@ CREDENTIALS = [
         (r"\b[0-9a-fA-F]{32,}\b", "a hex key"),
     )
 ]
-_RUN = re.compile(r"[A-Za-z0-9+/=_-]{20,}")  # a word of a base64 / URL-safe alphabet
+# A word of a base64 / URL-safe alphabet ("=" only as padding: NAME=value is two words).
+_RUN = re.compile(r"[A-Za-z0-9+/_-]{20,}={0,2}")
 
 
 def _class(c: str) -> int:

@@ -10,6 +10,8 @@ see beyond Slurm's own, the working directory, container flags. Earlier calls be
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 import re
 import shlex
@@ -449,9 +451,9 @@ class _Withheld:
                 if why:
                     self.values.setdefault(value, name)
                     self.why[name] = why
+        known = sorted([*self.values, *self.markers], key=len, reverse=True)
         for c in rec.calls:
-            for i, arg in enumerate(c.argv):
-                self._argument(arg, c, i)
+            self._arguments(c, known)
 
     def _suspect(self, value: str) -> str | None:
         """Why `value` (a secret's marker taken out) cannot be written down, or None."""
@@ -463,10 +465,12 @@ class _Withheld:
         kind = credential_kind(value)
         return f"its value looks like a credential ({kind})" if kind else None
 
-    def _argument(self, arg: str, c: Call, i: int) -> None:
-        rest = arg
-        for known in sorted([*self.values, *self.markers], key=len, reverse=True):
-            rest = rest.replace(known, "\0")
+    def _arguments(self, c: Call, known: list[str]) -> None:
+        """A call's arguments, read as one text (NUL between them: no span crosses one)."""
+        rest = "\0".join(c.argv)
+        starts = list(itertools.accumulate((len(a) + 1 for a in c.argv), initial=0))
+        for value in known:
+            rest = rest.replace(value, "\0" * len(value))  # the same length: offsets hold
         pieces = self.pieces.spans(rest)
         looks = [s for s in credential_spans(rest) if not any(
             s[0] < p[1] and p[0] < s[1] for p in pieces)]  # fmt: skip
@@ -477,6 +481,7 @@ class _Withheld:
             kind = origin if origin in self.markers.values() else None
             base = f"{origin}_PART" if kind else "IMPORTED_SECRET"
             name = f"{base}_{sum(n.startswith(base) for n in self.why) + 1}"
+            i = bisect.bisect_right(starts, start) - 1
             self.values[value] = name
             self.line[name] = c.line
             self.what[name] = f"argument {i} of {c.tool}" if i else c.tool

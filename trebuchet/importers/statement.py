@@ -17,6 +17,7 @@ OPERATORS = ("&&", "||", ";;", "|&", ";", "|", "&", "\n")
 REDIRECTS = ("&>>", "&>", "<<<", "<<-", "<<", ">>", ">|", ">&", "<&", "<>", ">", "<")
 RESERVED = {"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!", "{", "}",
             "(", ")", "esac", "time"}  # fmt: skip
+_PLAIN = re.compile(r"[^\s\\#;&|<>\"'`$()]+")  # what no rule below acts on
 ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
 
 
@@ -135,6 +136,10 @@ def split(text: str) -> list[Simple]:
             word_start = i
             if not cur.words and not cur.redirects:
                 cur.at = i
+        plain = _PLAIN.match(text, i)
+        if plain:  # ordinary characters: one step (a 900k-character word is one match)
+            i = plain.end()
+            continue
         if c in "\"'`":
             i = _skip(text, i + 1, c) if c != "'" else (text.find("'", i + 1) + 1 or n)
         elif text.startswith("$(", i):
