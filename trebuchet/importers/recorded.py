@@ -109,8 +109,12 @@ class Words:
             self.live[ADDR.format(1)] = "${MASTER_ADDR}"
         self.live[JOB_ID] = "${SLURM_JOB_ID}"
         self.used: set[str] = set()
+        ends = {HOST.format(0), ADDR.format(1)}  # not node 10's name or address
         self.pattern = re.compile(
-            "|".join(re.escape(k) for k in sorted(self.live, key=len, reverse=True))
+            "|".join(
+                re.escape(k) + ("(?![0-9])" if k in ends else "")
+                for k in sorted(self.live, key=len, reverse=True)
+            )
         )
 
     def word(self, arg: str) -> str:
@@ -534,7 +538,8 @@ def _carry_env(
             res.add_secret(name, value)
             res.note(line, f"{name}: withheld: {why}; export it in the shell you submit from")
             continue
-        if any(h in value for h in rec.hosts) or ADDR.format("") in value or JOB_ID in value:
+        addr = ADDR.format("") in value and not any(ADDR.format("") in x for x in lines)
+        if any(h in value for h in rec.hosts) or addr or JOB_ID in value:
             res.drop(
                 line,
                 f"{name}={value}",
