@@ -7,8 +7,9 @@ import os
 import re
 import sys
 
-from trebuchet.errors import SpecError, TrebError
+from trebuchet.errors import SpecError, TrebError, UserError
 from trebuchet.importers import importer
+from trebuchet.importers.common import ImportResult
 
 
 def check_loads(text: str) -> None:
@@ -26,9 +27,22 @@ def check_loads(text: str) -> None:
         ) from None
 
 
+def refuse_unholdable(res: ImportResult) -> None:
+    """A value of the input that no command line, environment or path can hold (a NUL, a
+    lone surrogate: YAML's "\\0" and "\\ud800" escapes) is the input's fault: exit 2 naming
+    the spec field it would have become, by the loader's own rule."""
+    from trebuchet.spec.source import dotted
+    from trebuchet.spec.validate import _bad_text
+
+    problems = [f"{res.source}: {dotted(path)}: {why}" for path, why in _bad_text(res.spec, ())]
+    if problems:
+        raise UserError("\n".join(problems))
+
+
 def main(args: argparse.Namespace) -> int:
     tags = [t for arg in args.tags for t in arg.split(",") if t]
     res = importer(args.kind).import_file(args.file, tags=tags, recipe=args.recipe)
+    refuse_unholdable(res)
     text = res.to_yaml()
     check_loads(text)
     sys.stdout.write(text)

@@ -8,24 +8,118 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from trebuchet.errors import UserError
+from trebuchet.runtime.lines import inert
 from trebuchet.spec.dump import dump_yaml
 
 NOT_CARRIED = "not carried over"
 NOTE = "note"
 
-# Names whose values are credentials: HF_TOKEN, GH_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY...
+# Names whose values are credentials: HF_TOKEN, GH_TOKEN, WANDB_API_KEY, DB_PASS,
+# API_TOKEN_V2, AWS_SECRET_ACCESS_KEY... (a part of the name, between underscores or digits).
 SECRET_NAME = re.compile(
-    r"(?:^|_)(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PAT|CREDENTIALS?)$|(?:^|_)(?:SECRET|PASSWORD)_",
+    r"(?:^|_)(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|PASSPHRASE|PAT|CREDENTIALS?|APIKEY"
+    r"|PRIVATE_?KEY)(?=$|_|\d)|_PWD?(?=$|_|\d)",
     re.IGNORECASE,
 )
-# Values that look like credentials whatever the variable is called.
-SECRET_VALUE = re.compile(
-    r"\bhf_[A-Za-z0-9]{16,}|\bgh[pousr]_[A-Za-z0-9]{16,}|\bgithub_pat_\w{16,}"
-    r"|\bsk-[A-Za-z0-9_-]{16,}|\bxox[abpr]-[A-Za-z0-9-]{10,}|\bAKIA[0-9A-Z]{16}\b"
-    r"|\bglpat-[\w-]{16,}|\b[0-9a-f]{32,}\b"
-)
+# Values that look like credentials whatever the variable is called: (pattern, what it is).
+CREDENTIALS = [
+    (re.compile(p), kind)
+    for p, kind in (
+        (r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY-----", "a private key"),
+        (r"LS0tLS1CRUdJTi[A-Za-z0-9+/=]*", "a base64-encoded key"),
+        (r"\bhf_[A-Za-z0-9]{16,}", "a Hugging Face token"),
+        (r"\bgh[pousr]_[A-Za-z0-9]{16,}|\bgithub_pat_\w{16,}", "a GitHub token"),
+        (r"\bsk-[A-Za-z0-9_-]{16,}", "an API key (sk-)"),
+        (r"\bxox[abprs]-[A-Za-z0-9-]{10,}", "a Slack token"),
+        (r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b", "an AWS access key"),
+        (r"\bglpat-[\w-]{16,}", "a GitLab token"),
+        (r"\beyJ[\w-]{8,}\.[\w-]{8,}\.[\w-]*", "a JWT"),
+        (r"\b[0-9a-fA-F]{32,}\b", "a hex key"),
+    )
+]
+# A word of a base64 / URL-safe alphabet ("=" only as padding: NAME=value is two words).
+_RUN = re.compile(r"[A-Za-z0-9+/_-]{20,}={0,2}")
+
+
+def _class(c: str) -> int:
+    return 1 if c.isupper() else 2 if c.islower() else 3 if c.isdigit() else 0
+
+
+def _high_entropy(run: str) -> bool:
+    """Random-looking: letters and digits of a random key switch between upper, lower and
+    digit at ~64% of their neighbours (names, paths and model ids at under 35%)."""
+    alnum = [_class(c) for c in run if c.isascii() and c.isalnum()]
+    if len(alnum) < 20 or len(set(alnum)) < 2:
+        return False
+    changes = sum(a != b for a, b in zip(alnum, alnum[1:], strict=False))
+    chars = [c for c in run if c.isascii() and c.isalnum()]
+    return changes >= 0.4 * (len(alnum) - 1) and len(set(chars)) >= 0.4 * len(chars)
+
+
+def credential_spans(text: str) -> list[tuple[int, int, str]]:
+    """Where `text` holds something that looks like a credential: (start, end, what)."""
+    spans = [(m.start(), m.end(), kind) for rx, kind in CREDENTIALS for m in rx.finditer(text)]
+    spans += [(m.start(), m.end(), "high entropy") for m in _RUN.finditer(text)
+              if _high_entropy(m.group())]  # fmt: skip
+    return _merged(spans)
+
+
+def _merged(spans: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    out: list[tuple[int, int, str]] = []
+    for start, end, kind in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(end, out[-1][1]), out[-1][2])
+        else:
+            out.append((start, end, kind))
+    return out
+
+
+def credential_kind(text: str | None) -> str | None:
+    """What in `text` looks like a credential ("a GitHub token", "high entropy"), or None."""
+    spans = credential_spans(text) if text else []
+    return spans[0][2] if spans else None
+
+
+def mask(text: str, spans: list[tuple[int, int, str]], by: str = "***") -> str:
+    """`text` with each span replaced."""
+    out, at = [], 0
+    for start, end, _ in spans:
+        out += [text[at:start], by]
+        at = end
+    return "".join(out) + text[at:]
+
+
+class Fragments:
+    """Pieces of secret markers in a value: a marker is a random string of lowercase letters
+    and digits, so any 6 characters of one (in any case) in a value mean the value was made
+    from the secret (sliced, upper-cased, joined) wherever the script did it."""
+
+    K = 6
+
+    def __init__(self, markers: dict[str, str]) -> None:
+        self.grams: dict[str, str] = {}
+        for marker, name in markers.items():
+            low = marker.lower()
+            for i in range(len(low) - self.K + 1):
+                self.grams[low[i : i + self.K]] = name
+
+    def spans(self, text: str) -> list[tuple[int, int, str]]:
+        """(start, end, the secret's name) of each run of marker pieces in `text`."""
+        if not self.grams:
+            return []
+        low, k, out = text.lower(), self.K, []
+        for m in re.finditer(f"[a-z0-9]{{{k},}}", low):
+            for i in range(m.start(), m.end() - k + 1):
+                name = self.grams.get(low[i : i + k])
+                if name:
+                    out.append((i, i + k, name))
+        return _merged(out)
+
+
 PLACEHOLDER = re.compile(r"<[A-Za-z][A-Za-z0-9_ .:|-]*>")
 SPEC_ORDER = (
     "name",
@@ -50,9 +144,39 @@ SPEC_ORDER = (
 )
 
 
+def read_text(p: Path, what: str, max_bytes: int = 1 << 20) -> str:
+    """A file's text; a named error for what cannot be `what` (a device, a FIFO, a binary,
+    text that is not UTF-8, a huge file), read without ever holding more than max_bytes."""
+    try:
+        if not p.is_file():
+            raise UserError(f"{p}: not a regular file")
+        with open(p, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise UserError(f"{p}: cannot read: {exc}") from None
+    if len(data) > max_bytes:
+        raise UserError(f"{p}: larger than {max_bytes // 1024} KiB: not {what}")
+    if b"\0" in data:
+        line = data[: data.index(b"\0")].count(b"\n") + 1
+        raise UserError(f"{p}:{line}: a NUL byte: a binary file, not {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise UserError(f"{p}:{line}: not UTF-8 text: not {what}") from None
+
+
+def as_text(text: str) -> str:
+    """One line a terminal shows as text: control characters (ESC, BEL, CR, LF...) as
+    `^[`-style carets (runtime/lines.inert, as `treb logs` shows them), and what is not
+    UTF-8 (a lone surrogate) escaped."""
+    data = inert(text.encode("utf-8", "backslashreplace"))
+    return data.replace(b"\r", b"^M").replace(b"\n", b"^J").decode("utf-8", "replace")
+
+
 def is_secret(name: str, value: str | None = None) -> bool:
-    """A credential by its name (*_TOKEN, *_KEY, *_SECRET...) or by the look of its value."""
-    return bool(SECRET_NAME.search(name)) or bool(value and SECRET_VALUE.search(value))
+    """A credential by its name (*_TOKEN, *_KEY, *_PASS...) or by the look of its value."""
+    return bool(SECRET_NAME.search(name)) or bool(credential_kind(value))
 
 
 def to_name(text: str) -> str:
@@ -95,16 +219,17 @@ class ImportResult:
             self.secret_values[value] = name
 
     def redact(self, text: str) -> str:
+        """`text` without a secret's value or anything that looks like a credential."""
         for value in sorted(self.secret_values, key=len, reverse=True):
             text = text.replace(value, "***")
-        return SECRET_VALUE.sub("***", text)
+        return mask(text, credential_spans(text))
 
     def messages(self) -> list[str]:
         """The notes as `FILE:LINE: kind: text`, in line order, secrets masked."""
         out: list[str] = []
         for n in sorted(self.notes, key=lambda n: n.line or 0):
             where = f"{self.source}:{n.line}" if n.line else self.source
-            text = self.redact(f"{where}: {n.kind}: {n.text}")
+            text = as_text(self.redact(f"{where}: {n.kind}: {n.text}"))
             if text not in out:  # the same thing seen twice (two srun tasks) is said once
                 out.append(text)
         return out

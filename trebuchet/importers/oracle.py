@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -26,8 +27,12 @@ from trebuchet.errors import UserError
 
 TIMEOUT_S = 60
 MAX_OUTPUT = 64 * 1024 * 1024  # ulimit -f: no file in the scratch folder grows past this
-HOST = "oracle-node-{}"  # the simulated nodes; values derived from them are per-allocation
-JOB_ID = "4242424"
+# The simulated nodes and job id: random for each process, so that no script can hold them
+# (sbatch.py refuses the rare one that does): what bash gives the ranks that contains one
+# came from the simulated allocation, and only that becomes ${MASTER_ADDR}/${SLURM_JOB_ID}.
+HOST = "node" + secrets.token_hex(5) + "-{}"
+JOB_ID = str(10**8 + secrets.randbelow(9 * 10**8))
+ADDR = f"10.{secrets.randbelow(256)}.{secrets.randbelow(256)}." + "{}"  # `hostname -i`
 # Recorded instead of run (first on PATH, or by path through the DEBUG trap).
 LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "mpirun", "mpiexec", "horovodrun")
 PYTHONS = ("python", "python3") + tuple(f"python3.{n}" for n in range(8, 15))
@@ -99,7 +104,7 @@ srun)
   done ;;
 esac
 exit 0
-"""
+""".replace("oracle-node-", HOST.format("")).replace("10.254.0.", ADDR.format(""))
 
 PRELUDE = r"""# trebuchet import sandbox: sourced by every bash in it (BASH_ENV).
 [[ $0 == "$TREB_ORACLE_BIN"/* ]] && return 0
@@ -121,8 +126,8 @@ __treb_dbg() {
   if [[ -n ${__treb_top:-} ]]; then
     export TREB_ORACLE_LINE=$__treb_l TREB_ORACLE_SUB=$BASH_SUBSHELL
   fi
-  local c=$BASH_COMMAND w
-  w=${c%%[[:space:]]*}
+  local c=$BASH_COMMAND w=${BASH_COMMAND:0:4096}  # a path is shorter; %% on more is O(n^2)
+  w=${w%%[[:space:]]*}
   if [[ $w =~ ^[A-Za-z0-9_.~/+-]+$ && $w == */* && " $TREB_ORACLE_TOOLS " == *" ${w##*/} "* ]]
   then
     eval "__treb_call $c"
@@ -263,7 +268,7 @@ def allocation_env(
 ) -> dict[str, str]:
     """The SLURM_* variables the batch script sees on the first node of the allocation."""
     hosts = [HOST.format(i) for i in range(nodes)]
-    hostlist = f"oracle-node-[0-{nodes - 1}]" if nodes > 1 else hosts[0]
+    hostlist = HOST.format(f"[0-{nodes - 1}]") if nodes > 1 else hosts[0]
     ntasks = nodes * tasks_per_node
     env = {
         "SLURM_JOB_ID": JOB_ID,

@@ -10,6 +10,8 @@ see beyond Slurm's own, the working directory, container flags. Earlier calls be
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 import re
 import shlex
@@ -18,9 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trebuchet.errors import UserError
-from trebuchet.importers.common import ImportResult, env_or_secret, is_secret
-from trebuchet.importers.oracle import HOST, JOB_ID, PYTHONS, Call, Recording
+from trebuchet.importers.common import (
+    Fragments,
+    ImportResult,
+    credential_kind,
+    credential_spans,
+    env_or_secret,
+    is_secret,
+)
+from trebuchet.importers.oracle import ADDR, HOST, JOB_ID, PYTHONS, Call, Recording
+from trebuchet.importers.statement import ASSIGNMENT, Simple, command_word
+from trebuchet.importers.statement import split as split_simple
 from trebuchet.runtime.contract import NODE_NAMES, RANK_NAMES
+from trebuchet.spec.duration import parse_duration
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
@@ -85,16 +97,24 @@ class Words:
     """Renders recorded argv back to shell words: literals quoted, secret markers and the
     simulated first node's address turned into live references."""
 
-    def __init__(self, rec: Recording, secret_values: dict[str, str]) -> None:
+    def __init__(self, rec: Recording, secret_values: dict[str, str], text: str = "") -> None:
         self.live: dict[str, str] = {m: "${" + n + "}" for m, n in rec.markers.items()}
         for value, name in secret_values.items():
             self.live[value] = "${" + name + "}"
+        # HOST and JOB_ID are drawn for each import and absent from the script: only what
+        # came from the simulated allocation holds them. The address is fixed: a script
+        # that writes it keeps it as written.
         self.live[HOST.format(0)] = "${MASTER_ADDR}"
-        self.live["10.254.0.1"] = "${MASTER_ADDR}"
+        if ADDR.format(1) not in text:  # drawn from 65,536: a script may hold it by chance
+            self.live[ADDR.format(1)] = "${MASTER_ADDR}"
         self.live[JOB_ID] = "${SLURM_JOB_ID}"
         self.used: set[str] = set()
+        ends = {HOST.format(0), ADDR.format(1)}  # not node 10's name or address
         self.pattern = re.compile(
-            "|".join(re.escape(k) for k in sorted(self.live, key=len, reverse=True))
+            "|".join(
+                re.escape(k) + ("(?![0-9])" if k in ends else "")
+                for k in sorted(self.live, key=len, reverse=True)
+            )
         )
 
     def word(self, arg: str) -> str:
@@ -149,8 +169,9 @@ def build(
             f"the script exited with status {rec.status} in the import sandbox "
             "(after the main srun was recorded)",
         )
-    secret_values = _secret_values(rec, main)
-    words = Words(rec, secret_values)
+    secrets = _Withheld(rec)
+    secret_values = secrets.values
+    words = Words(rec, secret_values, text)
     opts, program = parse_srun(main.argv[1:], main.line)
     if not program:
         raise UserError(
@@ -171,6 +192,13 @@ def build(
             res.drop(c.line, _short(c.argv, words=words), "after the main srun")
             continue
         setup.append(words.join(c.argv))
+        redirects = _redirects(lines, c)
+        if redirects:
+            res.drop(
+                c.line,
+                redirects[:120],
+                f"the redirection of {c.tool}: slurm.setup keeps the command without it",
+            )
         if c.tool not in SETUP_KINDS:
             res.note(
                 c.line,
@@ -233,7 +261,7 @@ def build(
         command = argv[2].strip("\n")
     if not "".join(argv).strip() or not command.strip():
         raise UserError(f"{path}:{main.line}: the srun command expands to nothing")
-    env = _carry_env(rec, at, res, lines, secret_values)
+    env = _carry_env(rec, at, res, lines, secrets)
     cwd = at.cwd
     if opts.get("container-workdir"):
         cwd = opts["container-workdir"] or cwd
@@ -256,6 +284,14 @@ def build(
                 f"${name}: a credential the script reads from the shell you submit from: "
                 "secrets (given to the ranks at run time)",
             )
+        elif name in secret_values.values() and name not in res.spec.get("secrets", []):
+            value = next(v for v, n in secret_values.items() if n == name)
+            res.add_secret(name, value)
+            res.note(
+                secrets.line.get(name, main.line),
+                f"{secrets.what.get(name, name)}: withheld: {secrets.why[name]}; export "
+                f"{name} in the shell you submit from (the command reads ${{{name}}})",
+            )
         elif name == "SLURM_JOB_ID":
             res.note(
                 main.line,
@@ -268,26 +304,90 @@ def build(
     check_env["SLURM_JOB_ID"] = JOB_ID
     for name in env:
         check_env.setdefault(name, env[name])
+    if ADDR.format(1) in words.live:  # the check gives MASTER_ADDR the first node's name
+        argv = [a.replace(ADDR.format(1), HOST.format(0)) for a in argv]
     return Workload(launcher, argv, command, check_env, main.line, ppn, opts, body)
 
 
 def _after_main(lines: list[str], main: Call, rec: Recording, res: ImportResult) -> None:
-    """Lines after the main srun that recorded nothing (builtins such as echo or wait) are
-    named too: the ranks never run them."""
+    """What the main srun's statement holds beside the srun (a `timeout`, a redirection, a
+    pipe, what runs after it) and the lines after it that recorded nothing (builtins such
+    as echo or wait) are carried or named: the ranks never run them."""
+    first = main.line or 1
     end = _statement_end(lines, main.line or len(lines))
-    statement = "\n".join(lines[(main.line or 1) - 1 : end])
-    piped = re.search(r"(?<![|])\|(?![|])\s*(.*)", statement.splitlines()[-1] if statement else "")
-    if piped:
-        res.drop(
-            end,
-            "| " + piped.group(1)[:100],
-            "srun's output piped on: trebuchet keeps every rank's log in the run directory",
-        )
-    seen = {c.line for c in rec.top()}
+    statement = "\n".join(lines[first - 1 : end])
+    simples = split_simple(statement)
+    srun = [i for i, s in enumerate(simples) if _tool_of(s) == "srun"]
+    seen = {(c.line, c.tool) for c in rec.top()}
+    if srun:
+        s = simples[srun[-1]]
+
+        def line_of(x: Simple) -> int:
+            return first + statement.count("\n", 0, x.at)
+
+        _wrappers(command_word(s)[1], line_of(s), res)
+        if s.redirects:
+            res.drop(
+                line_of(s),
+                " ".join(s.redirects)[:120],
+                "srun's output redirected: trebuchet keeps each rank's log in the run "
+                "directory (treb logs); the redirection is not carried",
+            )
+        rest, op = simples[srun[-1] + 1 :], s.op
+        while rest and op in ("|", "|&"):
+            res.drop(
+                line_of(rest[0]),
+                "| " + rest[0].text[:100],
+                "srun's output piped on: trebuchet keeps every rank's log in the run directory",
+            )
+            rest, op = rest[1:], rest[0].op
+        for x in rest:
+            if (line_of(x), _tool_of(x)) not in seen:  # a recorded one is named by its call
+                res.drop(line_of(x), x.text[:120], "after the main srun")
     for no in range(end + 1, len(lines) + 1):
         text = lines[no - 1].strip()
-        if text and not text.startswith("#") and no not in seen:
+        if text and not text.startswith("#") and no not in {line for line, _ in seen}:
             res.drop(no, text[:120], "after the main srun")
+
+
+def _redirects(lines: list[str], c: Call) -> str:
+    """The redirections written on the line (and its continuations) of a recorded call."""
+    if not c.line or c.line > len(lines):
+        return ""
+    end = c.line
+    while end < len(lines) and lines[end - 1].rstrip().endswith("\\"):
+        end += 1
+    found = [s for s in split_simple("\n".join(lines[c.line - 1 : end])) if _tool_of(s) == c.tool]
+    return " ".join(found[0].redirects) if found else ""
+
+
+def _tool_of(s: Simple) -> str:
+    at = command_word(s)[0]
+    return _base(s.words[at]) if at < len(s.words) else ""
+
+
+def _wrappers(words: list[str], line: int, res: ImportResult) -> None:
+    """`timeout N` before srun becomes the spec's timeout; other wrappers are named."""
+    if not words:
+        return
+    if _base(words[0]) == "timeout" and re.fullmatch(r"[0-9]+(\.[0-9]+)?[smhd]?", words[-1]):
+        value = words[-1]
+        try:
+            parse_duration(value)
+        except ValueError:
+            res.drop(line, " ".join(words) + " before srun", "no time limit: timeout 0")
+            return
+        res.spec["timeout"] = int(value) if value.isdigit() else value
+        options = " ".join(words[1:-1])
+        res.note(
+            line,
+            f"{' '.join(words)} before srun: the spec's timeout ({value} per attempt)"
+            + (f"; its options {options} are not carried" if options else ""),
+        )
+        return
+    if all(ASSIGNMENT.match(w) for w in words[1:]) and _base(words[0]) == "env":
+        return  # env A=1 srun: A is in srun's recorded environment (env below)
+    res.drop(line, " ".join(words)[:120] + " before srun", "the spec has no field for it")
 
 
 def _statement_end(lines: list[str], start: int) -> int:
@@ -330,15 +430,70 @@ def _stderr_notes(rec: Recording, res: ImportResult, path: Path) -> None:
             break
 
 
-def _secret_values(rec: Recording, at: Call) -> dict[str, str]:
-    """Literal credentials the script exported (value -> name): never written to the spec."""
-    out = {}
-    for name, value in at.env.items():
-        if rec.baseline.get(name) == value or value in rec.markers:
-            continue
-        if is_secret(name, value) and len(value) >= 4 and "$" not in value:
-            out[value] = name
-    return out
+class _Withheld:
+    """What never reaches the spec (value -> the name the spec reads it from instead):
+    values the script exported that are credentials by their name or look, or were made
+    from a secret (a piece of its marker); then, in what bash gave any recorded command,
+    what looks like a credential or holds a piece of a marker, under a name of its own."""
+
+    def __init__(self, rec: Recording) -> None:
+        self.values: dict[str, str] = {}
+        self.why: dict[str, str] = {}  # name -> why it is withheld
+        self.line: dict[str, int | None] = {}  # a name made here -> the line that used it
+        self.what: dict[str, str] = {}  # a name made here -> what held the value
+        self.pieces = Fragments(rec.markers)
+        self.markers = rec.markers
+        for c in rec.calls:
+            for name, value in c.env.items():
+                if name in self.why or rec.baseline.get(name) == value or value in rec.markers:
+                    continue
+                if name in IGNORED_ENV or name.startswith(("TREB_ORACLE_", "SLURM")):
+                    continue
+                why = self._suspect(value)
+                if why is None and is_secret(name) and len(value) >= 4 and "$" not in value:
+                    why = "a credential by its name"
+                if why:
+                    self.values.setdefault(value, name)
+                    self.why[name] = why
+        known = sorted([*self.values, *self.markers], key=len, reverse=True)
+        for c in rec.calls:
+            self._arguments(c, known)
+
+    def _suspect(self, value: str) -> str | None:
+        """Why `value` (a secret's marker taken out) cannot be written down, or None."""
+        for marker in self.markers:
+            value = value.replace(marker, "\0")
+        pieces = self.pieces.spans(value)
+        if pieces:
+            return f"its value is made from a secret (${pieces[0][2]})"
+        kind = credential_kind(value)
+        return f"its value looks like a credential ({kind})" if kind else None
+
+    def _arguments(self, c: Call, known: list[str]) -> None:
+        """A call's arguments, read as one text (NUL between them: no span crosses one)."""
+        rest = "\0".join(c.argv)
+        starts = list(itertools.accumulate((len(a) + 1 for a in c.argv), initial=0))
+        for value in known:
+            rest = rest.replace(value, "\0" * len(value))  # the same length: offsets hold
+        pieces = self.pieces.spans(rest)
+        looks = [s for s in credential_spans(rest) if not any(
+            s[0] < p[1] and p[0] < s[1] for p in pieces)]  # fmt: skip
+        for start, end, origin in pieces + looks:
+            value = rest[start:end]
+            if value in self.values or "\0" in value:
+                continue
+            kind = origin if origin in self.markers.values() else None
+            base = f"{origin}_PART" if kind else "IMPORTED_SECRET"
+            name = f"{base}_{sum(n.startswith(base) for n in self.why) + 1}"
+            i = bisect.bisect_right(starts, start) - 1
+            self.values[value] = name
+            self.line[name] = c.line
+            self.what[name] = f"argument {i} of {c.tool}" if i else c.tool
+            self.why[name] = (
+                f"its value is made from a secret (${kind})"
+                if kind
+                else f"its value looks like a credential ({origin})"
+            )
 
 
 def _line_of(lines: list[str], name: str) -> int | None:
@@ -352,7 +507,7 @@ def _line_of(lines: list[str], name: str) -> int | None:
 
 
 def _carry_env(
-    rec: Recording, at: Call, res: ImportResult, lines: list[str], secrets: dict[str, str]
+    rec: Recording, at: Call, res: ImportResult, lines: list[str], secrets: _Withheld
 ) -> dict[str, str]:
     """The environment the ranks would see beyond the submitting shell's and Slurm's."""
     carried: dict[str, str] = {}
@@ -378,15 +533,13 @@ def _carry_env(
             else:
                 res.drop(line, f"MASTER_PORT={value}", "not a port number")
             continue
-        if value in secrets:
+        if value in secrets.values:  # (another variable may hold the same value)
+            why = secrets.why.get(name) or secrets.why[secrets.values[value]]
             res.add_secret(name, value)
-            res.note(
-                line,
-                f"{name} becomes a secret: its value here is not carried; "
-                "export it in the shell you submit from",
-            )
+            res.note(line, f"{name}: withheld: {why}; export it in the shell you submit from")
             continue
-        if any(h in value for h in rec.hosts) or "10.254.0." in value or JOB_ID in value:
+        addr = ADDR.format("") in value and not any(ADDR.format("") in x for x in lines)
+        if any(h in value for h in rec.hosts) or addr or JOB_ID in value:
             res.drop(
                 line,
                 f"{name}={value}",
@@ -471,7 +624,7 @@ def _torchrun(c: Call, res: ImportResult, words: Words) -> tuple[list[str], int 
             "torchrun "
             + " ".join(replaced)
             .replace(HOST.format(0), "$MASTER_ADDR")
-            .replace("10.254.0.1", "$MASTER_ADDR")
+            .replace(ADDR.format(1), "$MASTER_ADDR")
             + ": trebuchet's torchrun launcher sets the node "
             "rank and rendezvous itself",
         )

@@ -10,13 +10,24 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shlex
+import string
 import subprocess
 from pathlib import Path
 
 from trebuchet.errors import UserError
 from trebuchet.importers import oracle, recorded, roundtrip
-from trebuchet.importers.common import PLACEHOLDER, ImportResult, is_secret, to_name
+from trebuchet.importers.common import (
+    PLACEHOLDER,
+    Fragments,
+    ImportResult,
+    as_text,
+    is_secret,
+    mask,
+    read_text,
+    to_name,
+)
 
 MAX_BYTES = 1 << 20  # a batch script is a few KB; anything past 1 MiB is not one
 SHORT = {
@@ -178,25 +189,8 @@ class _Script:
 
 
 def read_script(p: Path) -> str:
-    """The script's text; a named error for what cannot be a batch script (a device, a
-    binary, a huge file), read without ever holding more than MAX_BYTES."""
-    try:
-        if not p.is_file():
-            raise UserError(f"{p}: not a regular file")
-        with open(p, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise UserError(f"{p}: cannot read: {exc}") from None
-    if len(data) > MAX_BYTES:
-        raise UserError(f"{p}: larger than {MAX_BYTES // 1024} KiB: not a batch script")
-    if b"\0" in data:
-        line = data[: data.index(b"\0")].count(b"\n") + 1
-        raise UserError(f"{p}:{line}: a NUL byte: a binary file, not a batch script")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise UserError(f"{p}:{line}: not UTF-8 text: not a batch script") from None
+    """The script's text; a named error for what cannot be a batch script."""
+    return read_text(p, "a batch script", MAX_BYTES)
 
 
 PLACEHOLDER_WORD = re.compile(r"<[A-Za-z][A-Za-z0-9_.-]*>")
@@ -250,9 +244,11 @@ def import_file(path: str | Path, **_: object) -> ImportResult:
     _headers(text, first_cmd, st)
     rec = _record(p, text, st, swapped)
     work = recorded.build(rec, res, p, swapped or text, _srun_options(st))
-    for marker, name in rec.markers.items():  # a credential is named, never a sandbox marker
-        for n in res.notes:
+    pieces = Fragments(rec.markers)
+    for n in res.notes:  # a credential is named, never a sandbox marker (nor a piece of one)
+        for marker, name in rec.markers.items():
             n.text = n.text.replace(marker, "$" + name)
+        n.text = mask(n.text, pieces.spans(n.text))
     if work is None:
         _no_srun(text, st, rec)
     else:
@@ -310,13 +306,17 @@ def _record(p: Path, text: str, st: _Script, swapped: str | None) -> oracle.Reco
         cwd = os.path.normpath(cwd)
     name = (st.sb.get("job-name") or (p.stem, 0))[0] or p.stem
     slurm_env = oracle.allocation_env(nodes, tpn, gpus, submit, name)
+    low = text.lower()
+    if oracle.JOB_ID in text or oracle.HOST.format("") in low:
+        raise UserError(f"{p}: holds this import's simulated job id or node name by chance: "
+                        "run treb import again (each run draws new ones)")  # fmt: skip
     passed: dict[str, str] = {}
     markers: dict[str, str] = {}
     for ref in sorted(set(re.findall(r"\$\{?!?([A-Za-z_][A-Za-z0-9_]*)", text))):
         if ref.startswith("SLURM") or ref in slurm_env:
             continue
-        if is_secret(ref):
-            marker = f"TREBSECRET{ref}X"
+        if is_secret(ref, os.environ.get(ref)):  # by its name, or by the look of your value
+            marker = _marker(low, markers)
             passed[ref] = marker
             markers[marker] = ref
         elif ref in os.environ and ref not in ("PATH", "HOME", "USER", "LOGNAME", "SHELL"):
@@ -325,6 +325,7 @@ def _record(p: Path, text: str, st: _Script, swapped: str | None) -> oracle.Reco
     tasks = ["0:0:0"] + ([f"{last}:{nodes - 1}:{tpn - 1}"] if last > 0 else [])
     rec = oracle.record(p, cwd, slurm_env, passed, tasks, swapped)
     rec.markers = markers
+    _derived(text, sorted(markers.values()), st.res)
     for ref in sorted(set(passed) - set(markers.values())):
         st.res.note(
             None,
@@ -333,6 +334,35 @@ def _record(p: Path, text: str, st: _Script, swapped: str | None) -> oracle.Reco
             "value of the shell you submit from",
         )
     return rec
+
+
+def _derived(text: str, names: list[str], res: ImportResult) -> None:
+    """A secret's length or a short slice of it (`${#TOKEN}`, `${TOKEN:0:3}`) is computed
+    from a stand-in: named with its line, since it can hold too little of the stand-in to
+    be recognised (6 characters or more are withheld, recorded.py)."""
+    if not names:
+        return
+    alt = "|".join(map(re.escape, names))
+    pattern = re.compile(r"\$\{(?:[#!](?:" + alt + r")\}|(?:" + alt + r")(?![-:]?[-}])[:^,/#%@\[])")
+    for no, line in enumerate(text.splitlines(), 1):
+        for m in pattern.finditer(line):
+            res.note(
+                no,
+                f"{m.group(0)}...: computed from a secret the import does not read (a stand-in "
+                "took its place): where the result holds too little of it to be withheld, "
+                "check the spec",
+            )
+
+
+def _marker(low: str, taken: dict[str, str]) -> str:
+    """What a secret's variable holds in the sandbox instead of your value: 32 random
+    lowercase letters and digits, no 6 of them in a row in the script (Fragments finds any
+    piece of it in what the script made of it)."""
+    while True:
+        m = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(32))
+        grams = [m[i : i + Fragments.K] for i in range(len(m) - Fragments.K + 1)]
+        if not any(g in low or any(g in t for t in taken) for g in grams):
+            return m
 
 
 def _srun_options(st: _Script):
@@ -384,6 +414,9 @@ def _no_srun(text: str, st: _Script, rec: oracle.Recording) -> None:
     res = st.res
     if rec.status != 0 and not rec.top():
         tail = (rec.stderr.strip().splitlines() or ["no output"])[-1]
+        for marker, name in rec.markers.items():
+            tail = tail.replace(marker, "$" + name)
+        tail = as_text(res.redact(mask(tail, Fragments(rec.markers).spans(tail))))
         raise UserError(
             f"{st.path}: the script stopped (exit {rec.status}) before any srun: {tail}"
         )
@@ -394,11 +427,22 @@ def _no_srun(text: str, st: _Script, rec: oracle.Recording) -> None:
     ).strip("\n")
     if not rec.top() and not re.search(r"^\s*[^#\s]", body, re.M):
         raise UserError(f"{st.path}: no command found (no srun line and no other command)")
-    res.note(
-        None,
-        "no srun line: the script's commands become the command, run once per node with "
-        "launcher none",
-    )
+    srun = re.compile(r"(^|[\s;&|(])srun\s")
+    unrun = [no for no, line in enumerate(text.splitlines(), 1)
+             if not line.lstrip().startswith("#") and srun.search(line)]  # fmt: skip
+    if unrun:
+        res.note(
+            unrun[0],
+            "srun did not run in the import sandbox (a branch not taken, or bash stopped it: "
+            "see its notes): the script's commands become the command, run once per node "
+            "with launcher none",
+        )
+    else:
+        res.note(
+            None,
+            "no srun line: the script's commands become the command, run once per node with "
+            "launcher none",
+        )
     res.spec["command"] = body
     _shape(st, "none", None, 0)
 

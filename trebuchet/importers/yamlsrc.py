@@ -6,15 +6,13 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.errors import SpecError, UserError
+from trebuchet.importers.common import read_text
 from trebuchet.spec.yamlsrc import Located, parse_yaml
 
 
 def read_located(path: str | Path) -> Located:
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise UserError(f"{p}: cannot read: {exc}") from None
+    text = read_text(p, "a config file")
     try:
         return parse_yaml(text.replace("\t", "    "), str(p))
     except SpecError as exc:
