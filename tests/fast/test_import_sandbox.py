@@ -406,3 +406,39 @@ def test_any_script_body_imports_or_is_refused_by_name(body: str) -> None:
         assert done.returncode in (0, 2), done.stderr
         assert "Traceback" not in done.stderr
         assert sorted(p.name for p in Path(tmp).iterdir()) == ["any.sbatch"]
+
+
+# ---- held: signals to everything, runaway scripts -------------------------------------------
+
+
+def test_kill_all_reaches_only_the_sandbox(box: Box) -> None:
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        done = box.run("kill -9 -1; kill -9 1; kill -STOP -1\nsrun python probe.py\n")
+        assert sleeper.poll() is None  # a process of the importing user, outside: alive
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert done.returncode in (0, 2)
+    box.untouched()
+
+
+def test_a_runaway_script_is_ended_with_nothing_left(monkeypatch, tmp_path) -> None:
+    from trebuchet.errors import UserError
+    from trebuchet.importers import oracle
+
+    monkeypatch.setattr(oracle, "TIMEOUT_S", 3)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile.tempdir = None  # TMPDIR read again
+    marker = f"runaway-{os.getpid()}"
+    script = tmp_path / f"{marker}.sbatch"
+    script.write_text(f"#!/bin/bash\n(exec -a {marker} sleep 300) &\nwhile :; do :; done\n")
+    env = oracle.allocation_env(1, 1, 0, str(tmp_path), "x")
+    try:
+        with pytest.raises(UserError, match="did not finish within 3 s"):
+            oracle.record(script, str(tmp_path), env, {}, ["0:0:0"])
+    finally:
+        tempfile.tempdir = None
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+    assert left.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == [script.name]

@@ -199,7 +199,8 @@ __treb_dbg() {
     export TREB_ORACLE_LINE=$__treb_l TREB_ORACLE_SUB=$BASH_SUBSHELL
   fi
   local c=$BASH_COMMAND w
-  w=${c%%[[:space:]]*}
+  [[ $c =~ ^[^[:space:]]* ]] && w=${BASH_REMATCH[0]}  # linear: ${c%%...} is quadratic
+  ((${#w} < 4096)) || return 0  # a long assignment: no program of interest starts so
   if [[ $w =~ ^[A-Za-z0-9_.~/+-]+$ && $w == */* && " $TREB_ORACLE_TOOLS " == *" ${w##*/} "* ]]
   then
     eval "__treb_call $c"
