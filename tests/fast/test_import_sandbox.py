@@ -234,16 +234,20 @@ def test_a_fake_bash_on_the_recorded_path_runs_nowhere(box: Box) -> None:
 
 
 def test_a_host_unix_socket_is_unreachable(box: Box) -> None:
-    path = box.host / "sock"
-    server = socket.socket(socket.AF_UNIX)
-    server.bind(str(path))
-    path.chmod(0o777)
-    server.listen(4)
-    server.settimeout(0.2)
+    """One in a host folder, one in the script's own folder (seen through the copy-on-write
+    view: a socket there is not the host's)."""
     got: list[bytes] = []
     stop = threading.Event()
+    servers = []
+    for path in (box.host / "sock", box.src / "sock"):
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(path))
+        path.chmod(0o777)
+        server.listen(4)
+        server.settimeout(0.2)
+        servers.append(server)
 
-    def serve() -> None:
+    def serve(server: socket.socket) -> None:
         while not stop.is_set():
             try:
                 conn, _ = server.accept()
@@ -252,18 +256,21 @@ def test_a_host_unix_socket_is_unreachable(box: Box) -> None:
             got.append(conn.recv(100) or b"(connected)")
             conn.close()
 
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
+    threads = [threading.Thread(target=serve, args=(s,), daemon=True) for s in servers]
+    for t in threads:
+        t.start()
     try:
         box.run(
-            'P=/usr/bin/python3\n"$P" -c "import socket,sys; s=socket.socket(socket.AF_UNIX);'
-            ' s.connect(sys.argv[1]); s.send(b\'pwned\')" "$HOSTDIR/sock" 2>/dev/null\n'
-            "srun python probe.py\n"
+            'P=/usr/bin/python3\nfor s in "$HOSTDIR/sock" sock; do "$P" -c "import socket,sys;'
+            " s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.send(b'pwned')\""
+            ' "$s" 2>/dev/null; done\nsrun python probe.py\n'
         )
     finally:
         stop.set()
-        t.join(5)
-        server.close()
+        for t in threads:
+            t.join(5)
+        for server in servers:
+            server.close()
     assert got == []
     box.untouched()
 
