@@ -394,6 +394,14 @@ def test_deeply_nested_substitutions_are_refused_by_name(box: Box) -> None:
     assert "attack.sbatch:3: more than 256 nested" in done.stderr
 
 
+def test_bash_ended_by_a_signal_is_a_named_error(box: Box) -> None:
+    done = box.run("srun python probe.py\nkill -SEGV $$\n")
+    assert done.returncode == 2
+    assert "attack.sbatch: the script (bash, or the last command it ran) ended by SIGSEGV" in (
+        done.stderr
+    )
+
+
 # ---- any script body: exit 0 or 2, never a traceback or a hang ------------------------------
 
 
@@ -449,3 +457,18 @@ def test_a_runaway_script_is_ended_with_nothing_left(monkeypatch, tmp_path) -> N
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
     assert left.stdout == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == [script.name]
+
+
+@pytest.mark.parametrize("folder", ["/tmp", "/etc/ssh", "/dev/shm"])
+def test_a_script_in_a_shared_or_system_folder_is_refused(folder, capsys) -> None:
+    from trebuchet.cli.main import main
+
+    fd, name = tempfile.mkstemp(suffix=".sbatch", dir=folder)
+    try:
+        os.write(fd, b"#!/bin/bash\nsrun python probe.py\n")
+        os.close(fd)
+        assert main(["import", "sbatch", name]) == 2
+        err = capsys.readouterr().err
+        assert f"{name}: the import sandbox shows the script's folder ({folder})" in err
+    finally:
+        os.unlink(name)

@@ -86,6 +86,9 @@ ETC_ALLOWED = tuple(
         "environment",
     ]
 )
+# Folders a script's folder may not be: it is shown to the script copy-on-write.
+SHARED_FOLDERS = ("/", "/home", "/tmp", "/var/tmp", "/dev/shm")
+SYSTEM_FOLDERS = ("/proc", "/sys", "/dev", "/etc", "/run", "/boot")
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 CRASHES = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 11: "SIGSEGV"}
 # The notes the sandbox's shell functions write: the only sentences a notes row can give.
@@ -611,6 +614,13 @@ def record(
         with open(script, "rb") as f:
             text = f.read(MAX_OUTPUT).decode("utf-8", "replace")
     refuse_deep_nesting(script, text)
+    folder = str(script.resolve().parent)
+    if folder in SHARED_FOLDERS or folder.startswith(SYSTEM_FOLDERS):
+        raise UserError(
+            f"{script}: the import sandbox shows the script's folder ({folder}) to it, and "
+            "that one holds the files of the system or of other users: put the script in a "
+            "folder of its own"
+        )
     with tempfile.TemporaryDirectory(prefix="treb-import-") as tmp:
         scratch = Path(tmp).resolve()
         bin_dir = scratch / "bin"
@@ -668,8 +678,9 @@ def record(
         )
     if run.status - 128 in CRASHES:
         raise UserError(
-            f"{script}: bash ended by {CRASHES[run.status - 128]} in the import sandbox "
-            f"(exit {run.status}): the script cannot be read as a batch script"
+            f"{script}: the script (bash, or the last command it ran) ended by "
+            f"{CRASHES[run.status - 128]} in the import sandbox (exit {run.status}): "
+            "nothing reliable was recorded"
         )
     rec = Recording(
         calls=_calls(run.files),
