@@ -225,7 +225,10 @@ def test_a_fake_bash_on_the_recorded_path_runs_nowhere(box: Box) -> None:
         fake.write_text(f'#!/bin/sh\necho pwned > "{box.host}/fake-{name}"\n')
         fake.chmod(0o755)
     fakebin.chmod(0o755)
-    done = box.run("export PATH=$SLURM_SUBMIT_DIR/fakebin:/usr/bin:/bin\nsrun python probe.py\n")
+    done = box.run(
+        "export PATH=$SLURM_SUBMIT_DIR/fakebin:/usr/bin:/bin\n"
+        'hash -p "$TREB_ORACLE_BIN/srun" srun\nsrun python probe.py\n'  # still recorded
+    )
     assert box.spec(done)["env"]["PATH"] == f"{fakebin}:/usr/bin:/bin"  # data, run by nothing
     box.untouched()
 

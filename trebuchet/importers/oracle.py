@@ -313,7 +313,7 @@ if [[ $1 == make ]]; then
   mount -t proc -o nosuid,nodev,noexec proc proc || die "cannot mount /proc"
   mkdir -p "./$S" && mount --bind -o ro,nosuid,nodev "$S" "./$S" ||
     die "cannot bind the import's own files"
-  if [[ $home == /?* && "$home/" != "$sub/"* ]]; then
+  if [[ $home == /?* && "$home/" != "$sub/"* && "$S/" != "$home/"* && $home != /tmp ]]; then
     mkdir -p "./$home" && mount --bind .treb/home "./$home" || die "cannot make an empty HOME"
   fi
   if [[ -n $sub ]]; then
