@@ -193,7 +193,8 @@ def test_the_sandbox_keeps_the_script_from_writing_or_connecting(capsys, tmp_pat
     with pytest.raises(BlockingIOError):
         listener.accept()  # nothing reached the port
     listener.close()
-    assert ":3: note: bash in the import sandbox: " in err and "Read-only file system" in err
+    # the write succeeded in the sandbox's copy-on-write view of the folder, and was dropped
+    assert "Read-only file system" not in err and "Traceback" not in err
 
 
 def test_no_sandbox_no_run(tmp_path) -> None:
