@@ -57,7 +57,9 @@ def loads_back(here: Path, text: str, args: list[str]) -> None:
     assert all(line.startswith("# ") and line.isprintable() for line in head), head
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(args=st.lists(st.one_of(ARG, st.text(st.sampled_from(BREAKS + "ab: #'\"\\$"))), max_size=5))
 def test_any_arguments_load_back_as_the_same_argv(here: Path, args: list[str]) -> None:
     rc, text, err = printed(*args)
@@ -78,7 +80,16 @@ def test_the_adversarys_arguments(here: Path, arg: str) -> None:
 
 def test_the_comment_is_the_command_line_as_bash_reads_it(here: Path) -> None:
     """Copied from the comment into bash, the line gives back the same words."""
-    args = ["\x1b[31m", "a\u2028b", "it's", "\\x41", "é中", "\x7f", "$HOME", "\x85\U0001f600\U000e0001"]
+    args = [
+        "\x1b[31m",
+        "a\u2028b",
+        "it's",
+        "\\x41",
+        "é中",
+        "\x7f",
+        "$HOME",
+        "\x85\U0001f600\U000e0001",
+    ]
     rc, text, _ = printed(*args)
     assert rc == 0
     line = text.splitlines()[0][len("# treb ") :]

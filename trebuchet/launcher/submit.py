@@ -7,7 +7,7 @@ import shutil
 import time
 from pathlib import Path
 
-from trebuchet.errors import UserError
+from trebuchet.errors import SpecError, UserError
 from trebuchet.launcher.snapshot import earlier_run, reuse, take, venv_note
 from trebuchet.plain import asdict, field, record
 from trebuchet.runtime.records import sync
@@ -44,6 +44,13 @@ def new_run_id() -> str:
 
 
 def check_secrets(loaded: LoadedSpec, environ: dict[str, str] | os._Environ) -> None:
+    from trebuchet.spec.notify import unsendable
+
+    located = loaded.located
+    bad_urls = unsendable(loaded.spec, located.where if located else lambda _: loaded.source,
+                          environ)  # fmt: skip
+    if bad_urls:  # a webhook's URL kept in a secret: named by its own field
+        raise SpecError(bad_urls)
     missing = [n for n in loaded.spec.secrets if n not in environ]
     if missing:
         raise UserError(

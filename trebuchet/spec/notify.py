@@ -6,17 +6,17 @@ written in the spec is refused before anything runs (file:line, exit 2)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trebuchet.runtime.contracts import NOTIFY_EVENTS as EVENTS
+from trebuchet.runtime.notify import SECRET_REF, url_problem
 
 MAX_URL = 2048
 MAX_HOOKS = 32
 SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
-SECRET_REF = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")  # a URL that is itself a secret
-URL = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[\x21-\x7e]*)?", re.I)
 ON_ALLOWED = "a list of " + ", ".join(EVENTS) + " or {log: <regular expression>}"
 
 
@@ -50,11 +50,11 @@ class Webhook(BaseModel):
     def _url(cls, v: str) -> str:
         if SECRET_REF.fullmatch(v):
             return v
-        if not URL.fullmatch(v):
+        why = url_problem(v)
+        if why == "the port is not between 1 and 65535":
+            raise ValueError(why)
+        if why:
             raise ValueError("bad url")
-        port = re.search(r"://[^/:]+:([0-9]+)", v)
-        if port and not 0 < int(port.group(1)) < 65536:
-            raise ValueError("the port is not between 1 and 65535")
         return v
 
     @field_validator("on")
@@ -97,3 +97,22 @@ class Webhook(BaseModel):
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def unsendable(spec: Any, where: Callable[[tuple[str | int, ...]], str],
+               environ: Mapping[str, str]) -> list[str]:  # fmt: skip
+    """At submission, each webhook whose URL is a secret (`${NAME}`) that holds no URL treb
+    sends to (unset, empty, another scheme, user info): `file:line: notify[i].url: why`,
+    naming the variable, never its value. The controller reads the same environment."""
+    out = []
+    for i, hook in enumerate(getattr(spec, "notify", None) or []):
+        if not SECRET_REF.fullmatch(hook.url):
+            continue
+        name = hook.url[2:-1]
+        value = environ.get(name)
+        why = ("is not set in this shell" if value is None else "is empty" if not value
+               else f"does not hold a URL treb sends to: {url_problem(value)}"
+               if url_problem(value) else "")  # fmt: skip
+        if why:
+            out.append(f"{where(('notify', i, 'url'))}: notify[{i}].url: {hook.url}: {name} {why}")
+    return out
