@@ -360,16 +360,17 @@ def _opener(url: str, until: Callable[[], float]) -> Any:
     import http.client
     import urllib.request
 
-    connect = functools.partial(_connect, until=until)
+    def made(kind: type[http.client.HTTPConnection]) -> Callable[..., Any]:
+        def make(host: str, **kw: Any) -> http.client.HTTPConnection:
+            conn = kind(host, **kw)
+            conn._create_connection = functools.partial(_connect, until=until)  # type: ignore[attr-defined]
+            return conn
 
-    class Conn(http.client.HTTPConnection):
-        def connect(self) -> None:
-            self._create_connection = connect
-            super().connect()
+        return make
 
     class Plain(urllib.request.HTTPHandler):
         def http_open(self, req: Any) -> Any:
-            return self.do_open(Conn, req)
+            return self.do_open(made(http.client.HTTPConnection), req)
 
     opener = urllib.request.OpenerDirector()
     opener.add_handler(urllib.request.ProxyHandler())
@@ -382,14 +383,9 @@ def _opener(url: str, until: Callable[[], float]) -> Any:
             "DeadlineSSLSocket", (_Deadline, ssl.SSLSocket), {"until": staticmethod(until)}
         )
 
-        class SecureConn(http.client.HTTPSConnection):
-            def connect(self) -> None:
-                self._create_connection = connect
-                super().connect()
-
         class Secure(urllib.request.HTTPSHandler):
             def https_open(self, req: Any) -> Any:
-                return self.do_open(SecureConn, req, context=context)
+                return self.do_open(made(http.client.HTTPSConnection), req, context=context)
 
         opener.add_handler(Secure(context=context))
     return opener
