@@ -60,7 +60,9 @@ def loads_back(here: Path, text: str, args: list[str]) -> None:
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(args=st.lists(st.one_of(ARG, st.text(st.sampled_from(BREAKS + "ab: #'\"\\$"))), max_size=5))
+@given(
+    args=st.lists(st.one_of(ARG, st.text(st.sampled_from(BREAKS + "ab: #'\"\\${}-"))), max_size=5)
+)
 def test_any_arguments_load_back_as_the_same_argv(here: Path, args: list[str]) -> None:
     rc, text, err = printed(*args)
     assert rc == 0, err
