@@ -44,13 +44,17 @@ def new_run_id() -> str:
 
 
 def check_secrets(loaded: LoadedSpec, environ: dict[str, str] | os._Environ) -> None:
-    from trebuchet.spec.notify import unsendable
+    hooks = getattr(loaded.spec, "notify", None)
+    if hooks:  # a webhook's URL kept in a secret: what the controller will send to
+        from trebuchet.runtime.notify import unsendable
 
-    located = loaded.located
-    bad_urls = unsendable(loaded.spec, located.where if located else lambda _: loaded.source,
-                          environ)  # fmt: skip
-    if bad_urls:  # a webhook's URL kept in a secret: named by its own field
-        raise SpecError(bad_urls)
+        bad = [(i, unsendable(h.url, environ)) for i, h in enumerate(hooks)]
+        located = loaded.located
+        if any(why for _, why in bad):
+            raise SpecError([
+                f"{located.where(('notify', i, 'url')) if located else loaded.source}: "
+                f"notify[{i}].url: {hooks[i].url}: {why}" for i, why in bad if why
+            ])  # fmt: skip
     missing = [n for n in loaded.spec.secrets if n not in environ]
     if missing:
         raise UserError(

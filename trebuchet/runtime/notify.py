@@ -23,7 +23,7 @@ The HMAC key is the value of the environment variable the spec names (`secret`):
 read here, in the controller's process (which inherits the submitting environment on
 every engine: the supervisor, sbatch's --export=ALL), and never written anywhere. A URL
 may itself be a secret (`url: ${SLACK_HOOK}` with SLACK_HOOK under `secrets:`): it is
-resolved here the same way (and checked at submission: spec/notify.unsendable).
+resolved here the same way (and checked at submission: unsendable(), launcher/submit.py).
 
 Log patterns are searched by a child interpreter (policies.Matcher, the log policies'
 one) killed after a timeout, over the bytes new since the last look, every LOG_STEP_S:
@@ -44,7 +44,7 @@ import select
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping
 
 from . import policies, secrets
 from .contracts import NOTIFY_EVENTS
@@ -100,6 +100,22 @@ def url_problem(url: str) -> str | None:
     if m.group(3) and not 0 < int(m.group(3)) < 65536:
         return "the port is not between 1 and 65535"
     return None
+
+
+def unsendable(url: str, environ: Mapping[str, str]) -> str | None:
+    """At submission, why a webhook URL kept in a secret (`${NAME}`) holds no URL treb
+    sends to (unset, empty, another scheme, user info), naming NAME, never its value; None
+    when it does, or when the URL is not such a reference (the spec's model checked it)."""
+    if not SECRET_REF.fullmatch(url):
+        return None
+    name = url[2:-1]
+    value = environ.get(name)
+    if value is None:
+        return f"{name} is not set in this shell"
+    if not value:
+        return f"{name} is empty"
+    why = url_problem(value)
+    return f"{name} does not hold a URL treb sends to: {why}" if why else None
 
 
 def where(url: str) -> str:

@@ -6,7 +6,6 @@ written in the spec is refused before anything runs (file:line, exit 2)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -97,22 +96,3 @@ class Webhook(BaseModel):
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def unsendable(spec: Any, where: Callable[[tuple[str | int, ...]], str],
-               environ: Mapping[str, str]) -> list[str]:  # fmt: skip
-    """At submission, each webhook whose URL is a secret (`${NAME}`) that holds no URL treb
-    sends to (unset, empty, another scheme, user info): `file:line: notify[i].url: why`,
-    naming the variable, never its value. The controller reads the same environment."""
-    out = []
-    for i, hook in enumerate(getattr(spec, "notify", None) or []):
-        if not SECRET_REF.fullmatch(hook.url):
-            continue
-        name = hook.url[2:-1]
-        value = environ.get(name)
-        why = ("is not set in this shell" if value is None else "is empty" if not value
-               else f"does not hold a URL treb sends to: {url_problem(value)}"
-               if url_problem(value) else "")  # fmt: skip
-        if why:
-            out.append(f"{where(('notify', i, 'url'))}: notify[{i}].url: {hook.url}: {name} {why}")
-    return out
