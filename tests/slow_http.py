@@ -7,13 +7,16 @@ server did the work), `trickle` (one byte of an answer every `trickle_s`: a sock
 timeout never fires) or `hang` (nothing, until the test ends); the last two do not pass
 the request on (it did not get through). `Canned` is a stand-in that needs no server: it
 answers MLflow's endpoints with fixed JSON (and records what it was asked), with the
-same modes. Both stop their threads at close().
+same modes. `Hook` is a webhook receiver: each POST recorded with its headers, answered
+as told per path (a status, headers such as a redirect's Location, a mode). All stop their
+threads at close().
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import ssl
 import threading
 import time
 
@@ -82,9 +85,9 @@ class _Server:
         self.requests.append((method.decode(), path.decode(), body))
         return head + b"\r\n\r\n" + body
 
-    def answer(self, conn: socket.socket, response: bytes) -> None:
-        """Send `response` as the current mode says."""
-        mode = self.mode
+    def answer(self, conn: socket.socket, response: bytes, mode: str | None = None) -> None:
+        """Send `response` as `mode` (default: the current mode) says."""
+        mode = mode or self.mode
         if mode == "hang":
             self.closed.wait()
             return
@@ -165,6 +168,53 @@ class Canned(_Server):
 
     def bodies(self, endpoint: str) -> list[dict]:
         return [json.loads(b or b"{}") for _, p, b in self.requests if endpoint in p]
+
+
+class Hook(_Server):
+    """A webhook receiver. Every request is kept in `posts` ({method, path, body, headers},
+    header names in lower case); `answers[path]` holds the answers to give first, in order,
+    each (status, extra headers, mode), then 200 in the "pass" mode. A `body_bytes` answer
+    header announces that many body bytes and sends none (a 4 GB answer). With `tls` (a
+    server context), it speaks HTTPS."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.posts: list[dict] = []
+        self.answers: dict[str, list[tuple[int, dict[str, str], str]]] = {}
+        self.tls = tls
+        if tls is not None:
+            self.uri = f"https://127.0.0.1:{self.port}"
+
+    def serve(self, conn: socket.socket) -> None:
+        if self.tls is not None:
+            conn = self.tls.wrap_socket(conn, server_side=True)
+        request = self.read_request(conn)
+        if not request:
+            return
+        head, _, body = request.partition(b"\r\n\r\n")
+        method, path = head.split(b"\r\n")[0].decode().split(" ")[:2]
+        headers = {}
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.decode().partition(":")
+            headers[name.strip().lower()] = value.strip()
+        with self.lock:
+            self.posts.append({"method": method, "path": path, "body": body, "headers": headers})
+            todo = self.answers.get(path) or []
+            status, extra, mode = todo.pop(0) if todo else (200, {}, "pass")
+        extra = dict(extra)
+        length = extra.pop("body_bytes", "0")
+        lines = [f"HTTP/1.1 {status} Answer", *(f"{k}: {v}" for k, v in extra.items()),
+                 f"Content-Length: {length}", "Connection: close", "", ""]  # fmt: skip
+        self.answer(conn, "\r\n".join(lines).encode(), mode)
+        if length != "0":
+            self.closed.wait()  # the body never comes
+
+    def got(self, path: str | None = None) -> list[dict]:
+        """The POSTs' JSON bodies (at `path`)."""
+        with self.lock:
+            return [json.loads(p["body"]) for p in self.posts
+                    if p["method"] == "POST" and path in (None, p["path"])]  # fmt: skip
 
 
 def wait_until(check, timeout: float = 30.0, what: str = "") -> None:

@@ -13,11 +13,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trebuchet.errors import SpecError
 from trebuchet.runtime import notify
@@ -122,10 +126,13 @@ def test_a_slack_hook_gets_slacks_text_body() -> None:
 
 
 def test_events_name_a_hook_by_scheme_and_host_only() -> None:
-    assert notify.where("https://user:pw@hooks.slack.com/services/T/B/s3cr3t") == (
-        "https://hooks.slack.com"
+    assert notify.where("https://hooks.slack.com/services/T/B/s3cr3t") == (
+        "https://hooks.slack.com/…"
     )
-    assert notify.where("http://127.0.0.1:8080/x?token=1") == "http://127.0.0.1:8080"
+    assert notify.where("http://127.0.0.1:8080/x?token=1") == "http://127.0.0.1:8080/…"
+    assert notify.where("HTTP://Example.COM:443/") == "http://example.com:443"
+    assert notify.where("https://user:pw@hooks.slack.com/x") == "?"  # never sent to
+    assert notify.shown("${HOOK}", "") == "${HOOK}"  # what it holds is no URL
 
 
 def test_retry_after_is_read_in_seconds_and_capped_later() -> None:
@@ -140,3 +147,87 @@ def test_a_cause_in_one_phrase() -> None:
     )
     assert notify.cause_text({"label": "disk", "message": "no space left"}) == "no space left"
     assert notify.cause_text(None) == ""
+
+
+@pytest.mark.parametrize(
+    ("value", "flags", "why"),
+    [
+        (None, ["--no-check"], "TREB_TEST_HOOK_URL is not set in this shell"),
+        ("", [], "TREB_TEST_HOOK_URL is empty"),
+        ("ftp://files.example.com/T000/XXXXSECRET", [], "does not hold a URL treb sends to"),
+        ("https://user:XXXXSECRET@hooks.example.com/x", [], "does not hold a URL treb sends to"),
+    ],
+)  # fmt: skip
+def test_a_url_secret_that_holds_no_url_is_refused_at_submission(
+    value: str | None, flags: list[str], why: str, tmp_path: Path
+) -> None:
+    """`url: ${NAME}`: what NAME holds where the run is submitted is what the controller
+    sends to; none (or no http(s) URL) is refused before anything runs, by the URL's line,
+    never quoting the value."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text('name: s\ncommand: "true"\nsecrets: [TREB_TEST_HOOK_URL]\n'
+                    "notify:\n  - url: ${TREB_TEST_HOOK_URL}\n    on: [failed]\n")  # fmt: skip
+    env = dict(os.environ)
+    env.pop("TREB_TEST_HOOK_URL", None)
+    if value is not None:
+        env["TREB_TEST_HOOK_URL"] = value
+    res = subprocess.run([sys.executable, "-m", "trebuchet", "run", *flags, str(spec)],
+                         capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert "job.yaml:5: notify[0].url: ${TREB_TEST_HOOK_URL}:" in res.stderr and why in res.stderr
+    assert "SECRET" not in res.stderr and "Traceback" not in res.stderr
+
+
+SCALAR = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=30),
+    st.sampled_from(["started", "failed", "hung", "https://h.example.com/x", "${HOOK_URL}",
+                     "http://a:0/", "TREB_HOOK_KEY", "(a+)+$", "[", "", "\x1b[31m", "\u2028"]),
+)  # fmt: skip
+VALUE = st.recursive(
+    SCALAR,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.sampled_from(["url", "on", "secret", "log", "x"]), inner, max_size=4),
+    ),
+    max_leaves=12,
+)
+URLS = st.one_of(
+    st.sampled_from(["https://hooks.slack.com/services/T/B/x", "http://127.0.0.1:8080/h?t=1",
+                     "${HOOK_URL}", "${OTHER}", "http://h:99999/", "http://u:p@h/"]),
+    st.builds("http://{}/{}".format, st.text(max_size=10), st.text(max_size=10)),
+)  # fmt: skip
+HOOKS = st.lists(st.fixed_dictionaries(
+    {"url": URLS, "on": st.lists(st.one_of(
+        st.sampled_from(["started", "succeeded", "failed", "hung", "cancelled", "timeout"]),
+        st.fixed_dictionaries({"log": st.one_of(st.text(max_size=12),
+                                                st.sampled_from(["NCCL (error|WARN)", "(a+)+"]))}),
+    ), min_size=1, max_size=4)},
+    optional={"secret": st.one_of(st.sampled_from(["TREB_HOOK_KEY", "9f8e7d6c5b4a39281"]),
+                                  st.text(max_size=12))},
+), max_size=3)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=st.one_of(VALUE, HOOKS))
+def test_any_notify_value_is_a_config_or_a_named_refusal(value: object, tmp_path_factory) -> None:
+    """Whatever `notify:` holds: a valid list of webhooks (each URL one treb sends to, or a
+    secret's reference), or SpecError's `file:line: notify...: why`; never a traceback."""
+    import yaml
+
+    from trebuchet.errors import UserError
+
+    spec = tmp_path_factory.mktemp("spec") / "job.yaml"
+    text = yaml.safe_dump({"name": "p", "command": "true", "secrets": ["HOOK_URL"],
+                           "notify": value}, allow_unicode=True)  # fmt: skip
+    spec.write_text(text)
+    try:
+        hooks = load_spec(spec, cached=False).spec.notify
+    except SpecError as exc:
+        assert exc.problems and all(re.match(r".*job\.yaml:\d+: ", p) for p in exc.problems)
+        return
+    except UserError as exc:  # refused before the fields (the YAML itself)
+        assert "job.yaml" in str(exc)
+        return
+    for hook in hooks:
+        assert hook.url == "${HOOK_URL}" or notify.url_problem(hook.url) is None
+        assert hook.on and all(o in notify.EVENTS or list(o) == ["log"] for o in hook.on)

@@ -161,10 +161,12 @@ notify:
     assert "working" in res.stdout
     failed = events(st["run_dir"], "notify_failed")
     by = {(e["url"], e["notify"]): e for e in failed}
-    assert {(dead.rsplit("/", 1)[0], "started"), (dead.rsplit("/", 1)[0], "succeeded"),
-            ("http://192.0.2.1:9", "succeeded"), ("http://127.0.0.1:1", "succeeded")} == set(by)  # fmt: skip
-    assert "TREB_TEST_UNSET_KEY is not set" in by[("http://127.0.0.1:1", "succeeded")]["error"]
-    assert "Connection refused" in by[(dead.rsplit("/", 1)[0], "started")]["error"]
+    shown = dead.rsplit("/", 1)[0] + "/…"  # scheme, host and port: the path is not written
+    assert {(shown, "started"), (shown, "succeeded"), ("http://192.0.2.1:9/…", "succeeded"),
+            ("http://127.0.0.1:1/…", "succeeded")} == set(by)  # fmt: skip
+    assert len(failed) == 4  # one outcome per event
+    assert "TREB_TEST_UNSET_KEY is not set" in by[("http://127.0.0.1:1/…", "succeeded")]["error"]
+    assert "Connection refused" in by[(shown, "started")]["error"]
 
 
 def test_a_url_kept_in_a_secret_is_resolved_only_where_it_is_sent(
@@ -184,6 +186,51 @@ notify:
     assert [b["event"] for b in receiver.got("/private-path-token")] == ["succeeded"]
     assert "private-path-token" not in Path(st["run_dir"], "spec.yaml").read_text()
     assert "private-path-token" not in Path(st["run_dir"], "events.jsonl").read_text()
+
+
+def test_a_trickling_or_redirecting_receiver_costs_its_own_event_only(
+    treb, tmp_path: Path, receiver
+) -> None:
+    """The adversary's receivers: one trickles a header byte every 3 s to `started` (it
+    held that request for the whole run, and `failed` was never sent); one answers 302 to
+    another port (followed as a GET carrying the signature, recorded as sent). Now:
+    `started` is given up at the documented 5 s, `failed` arrives; the redirect is a
+    failure and nothing reaches the other port."""
+    from tests.slow_http import Hook
+
+    slow, elsewhere = Hook(), Hook()
+    slow.trickle_s = 3.0
+    slow.answers["/slow"] = [(200, {}, "trickle")]
+    slow.answers["/moved"] = [(302, {"Location": f"{elsewhere.uri}/stolen"}, "pass")]
+    try:
+        spec = write_spec(tmp_path, f"""\
+name: trickled
+command: sleep 6; exit 1
+notify:
+  - url: {slow.uri}/slow
+    on: [started, failed]
+    secret: TREB_TEST_HOOK_KEY
+  - url: {slow.uri}/moved
+    on: [failed]
+    secret: TREB_TEST_HOOK_KEY
+""")  # fmt: skip
+        st, res = run_json(treb, str(spec), env={"TREB_TEST_HOOK_KEY": KEY})
+        assert res.returncode == 1 and st["state"] == "FAILED", res.stderr
+        assert [b["event"] for b in slow.got("/slow")] == ["started", "failed"]
+        assert elsewhere.posts == []
+        records = events(st["run_dir"], "notify_sent") + events(st["run_dir"], "notify_failed")
+        assert len(records) == 3, records  # one outcome per event and hook
+        got = {(e["event"], e["notify"], e["url"]): e for e in records}
+        slow_url = f"{slow.uri}/…"
+        assert set(got) == {("notify_failed", "started", slow_url), ("notify_sent", "failed", slow_url),
+                            ("notify_failed", "failed", slow_url)}, got  # fmt: skip
+        assert got[("notify_failed", "started", slow_url)]["error"] == "no answer within 5 s"
+        assert (
+            got[("notify_failed", "failed", slow_url)]["error"] == "HTTP 302 redirect not followed"
+        )
+    finally:
+        slow.close()
+        elsewhere.close()
 
 
 def test_a_hang_is_posted_when_it_is_detected(treb, tmp_path: Path, receiver) -> None:

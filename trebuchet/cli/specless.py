@@ -310,6 +310,8 @@ def spec_yaml(data: dict[str, Any], validated: dict[str, Any], typed: list[str])
     """The spec to keep: the fields given (command, flags, -o), with their validated values."""
     import yaml
 
+    from trebuchet.spec.dump import comment_words, shell_word
+
     def pick(raw: Any, value: Any) -> Any:
         if isinstance(raw, dict) and isinstance(value, dict):
             return {k: pick(v, value[k]) for k, v in raw.items() if k in value}
@@ -318,8 +320,11 @@ def spec_yaml(data: dict[str, Any], validated: dict[str, Any], typed: list[str])
         return value
 
     kept = {k: pick(v, validated[k]) for k, v in data.items() if k in validated}
-    typed_line, here = (t.replace("\r", "\\r").replace("\n", "\\n")  # comments: one line
-                        for t in (shlex.join(["treb", *typed]), os.getcwd()))  # fmt: skip
+    # Each comment stays one line of printable text whatever was typed (dump.comment_words):
+    # a line break in it would end the comment and the rest would be read as YAML.
+    typed_line = comment_words(["treb", *typed])
+    here = os.getcwd()
+    here = here if here.isprintable() else shell_word(here)
     head = (
         f"# {typed_line}\n"
         f"# as a spec: its workdir (.) is the folder this file is saved in, so save it in\n"

@@ -7,7 +7,7 @@ import shutil
 import time
 from pathlib import Path
 
-from trebuchet.errors import UserError
+from trebuchet.errors import SpecError, UserError
 from trebuchet.launcher.snapshot import earlier_run, reuse, take, venv_note
 from trebuchet.plain import asdict, field, record
 from trebuchet.runtime.records import sync
@@ -44,6 +44,17 @@ def new_run_id() -> str:
 
 
 def check_secrets(loaded: LoadedSpec, environ: dict[str, str] | os._Environ) -> None:
+    hooks = getattr(loaded.spec, "notify", None)
+    if hooks:  # a webhook's URL kept in a secret: what the controller will send to
+        from trebuchet.runtime.notify import unsendable
+
+        bad = [(i, unsendable(h.url, environ)) for i, h in enumerate(hooks)]
+        located = loaded.located
+        if any(why for _, why in bad):
+            raise SpecError([
+                f"{located.where(('notify', i, 'url')) if located else loaded.source}: "
+                f"notify[{i}].url: {hooks[i].url}: {why}" for i, why in bad if why
+            ])  # fmt: skip
     missing = [n for n in loaded.spec.secrets if n not in environ]
     if missing:
         raise UserError(

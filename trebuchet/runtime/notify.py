@@ -5,16 +5,25 @@ log pattern when a rank prints it (docs/notify.md).
 Why a module of the runtime: the controller runs locally, beside ssh hosts and in a Slurm
 batch step, so the sending is written once, with urllib (stdlib only, Python >= 3.8).
 Never delaying supervision: each webhook has a daemon thread that sends its events in
-order (short timeouts, a few retries with backoff on 5xx / 429 / connection errors,
-Retry-After honoured within a cap); the controller only puts events on its queue. At the
-run's end the controller waits at most END_WAIT_S for what is still queued; a send that
-gives up is an event (`notify_failed`) in events.jsonl, never silently lost.
+order (a few retries with backoff on 5xx / 429 / connection errors, Retry-After honoured
+within a cap); the controller only puts events on its queue. A request's TIMEOUT_S is a
+deadline for all of it (lookup, connect, TLS, send, the answer's head), kept by sockets
+that wait in slices and look at the deadline between them (_Deadline): a receiver that
+trickles its answer a byte at a time holds nothing past it, and the run's end can move it
+earlier. At the run's end the controller waits at most END_WAIT_S for what is still
+queued (a request in flight with events behind it gets half of that); each event has
+exactly one outcome in events.jsonl (`notify_sent` or `notify_failed`), never lost.
+
+Receivers are not trusted: a redirect is never followed (the body and its signature go to
+the configured URL only: it is a `notify_failed`), the answer's body is never read, and a
+URL is only ever named as where() shows it (scheme://host[:port]/…): its path and query
+may be a credential, and no error quotes it.
 
 The HMAC key is the value of the environment variable the spec names (`secret`): it is
 read here, in the controller's process (which inherits the submitting environment on
 every engine: the supervisor, sbatch's --export=ALL), and never written anywhere. A URL
 may itself be a secret (`url: ${SLACK_HOOK}` with SLACK_HOOK under `secrets:`): it is
-resolved here the same way, and events name only its scheme and host.
+resolved here the same way (and checked at submission: unsendable(), launcher/submit.py).
 
 Log patterns are searched by a child interpreter (policies.Matcher, the log policies'
 one) killed after a timeout, over the bytes new since the last look, every LOG_STEP_S:
@@ -24,13 +33,18 @@ a pattern that backtracks costs a killed child, never the controller's time.
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import json
+import math
 import os
 import queue
 import re
+import select
+import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Dict
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping
 
 from . import policies, secrets
 from .contracts import NOTIFY_EVENTS
@@ -40,7 +54,10 @@ if TYPE_CHECKING:
     from .contracts import FirstFailure
 
 EVENTS = NOTIFY_EVENTS
-TIMEOUT_S = 5.0  # one request
+TIMEOUT_S = 5.0  # one request, all of it: the lookup, connect, send and the answer's head
+LATE = "no answer in time"  # post()'s error when the request's deadline passed
+TIMEOUTS = (socket.timeout, TimeoutError)  # one class since Python 3.10, two before
+SLICE_S = 0.2  # a request's waits look at its deadline (which the run's end moves) this often
 TRIES = 3  # a send's requests at most (the first and two retries)
 BACKOFF_S = 0.5  # doubled after each failed try
 RETRY_AFTER_CAP_S = 10.0  # a Retry-After longer than this is cut to it
@@ -51,6 +68,7 @@ LAST_LOOK_S = 1.0  # the attempt's end waits at most this long for the last look
 SCAN_BYTES = policies.SCAN_BYTES  # a log's new bytes read per look at most
 SIGNATURE = "X-Treb-Signature"
 SLACK_HOSTS = ("hooks.slack.com",)
+SECRET_REF = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")  # a URL that is itself a secret
 
 Hook = Dict[str, Any]  # one item of the spec's notify: {url, on, secret}
 
@@ -68,25 +86,73 @@ def signature(key: bytes, body: bytes) -> str:
     return "sha256=" + hmac.new(key, body, hashlib.sha256).hexdigest()
 
 
-def where(url: str) -> str:
-    """scheme://host[:port] of a URL: what events name (a hook's path may be a credential)."""
-    from urllib.parse import urlsplit
+# The URLs sent to: http(s), a host of letters, digits, dots and dashes (no user info), a
+# port, a path of printable ASCII. spec/notify.py refuses any other at submission (a URL
+# kept in a secret too: launcher/submit.py), and the sender sends to no other.
+URL = re.compile(r"(https?)://([A-Za-z0-9.-]+)(?::([0-9]{1,5}))?(/[\x21-\x7e]*)?", re.I)
 
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or "?"
-        return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
-    except ValueError:
+
+def url_problem(url: str) -> str | None:
+    """Why treb does not send to `url`, or None; never quoting it (it may be a credential)."""
+    m = URL.fullmatch(url)
+    if not m:
+        return "not an http:// or https:// URL (host: letters, digits, dots, dashes; no user info)"
+    if m.group(3) and not 0 < int(m.group(3)) < 65536:
+        return "the port is not between 1 and 65535"
+    return None
+
+
+def unsendable(url: str, environ: Mapping[str, str]) -> str | None:
+    """At submission, why a webhook URL kept in a secret (`${NAME}`) holds no URL treb
+    sends to (unset, empty, another scheme, user info), naming NAME, never its value; None
+    when it does, or when the URL is not such a reference (the spec's model checked it)."""
+    if not SECRET_REF.fullmatch(url):
+        return None
+    name = url[2:-1]
+    value = environ.get(name)
+    if value is None:
+        return f"{name} is not set in this shell"
+    if not value:
+        return f"{name} is empty"
+    why = url_problem(value)
+    return f"{name} does not hold a URL treb sends to: {why}" if why else None
+
+
+def where(url: str) -> str:
+    """`scheme://host[:port]` of a URL, with `/…` where a path or query followed: what events
+    and errors name (a hook's path may be its credential); "?" for anything else."""
+    m = URL.fullmatch(url)
+    if not m or url_problem(url):
         return "?"
+    port = f":{int(m.group(3))}" if m.group(3) else ""
+    rest = "/…" if m.group(4) not in (None, "/") else ""
+    return f"{m.group(1).lower()}://{m.group(2).lower()}{port}{rest}"
+
+
+def shown(written: str, resolved: str) -> str:
+    """A hook's URL as events name it: where() of the URL sent, or the `${NAME}` written
+    when what NAME holds is no URL (never a mangled string, nor the value)."""
+    out = where(resolved)
+    if out == "?" and SECRET_REF.fullmatch(written):
+        return written
+    return out
+
+
+def scrub(text: str, url: str) -> str:
+    """`text` (an error's) without the URL, nor its path, query or their parts: a message
+    that quotes them would write a credential into events.jsonl."""
+    m = URL.fullmatch(url)
+    rest = (m.group(4) or "") if m else url
+    pieces = {url, rest, *re.split(r"[/?#&=;:@]", rest)}
+    for piece in sorted(pieces, key=len, reverse=True):
+        if len(piece) >= 4:
+            text = text.replace(piece, "…")
+    return text
 
 
 def is_slack(url: str) -> bool:
-    from urllib.parse import urlsplit
-
-    try:
-        return (urlsplit(url).hostname or "") in SLACK_HOSTS
-    except ValueError:
-        return False
+    m = URL.fullmatch(url)
+    return m is not None and m.group(2).lower() in SLACK_HOSTS
 
 
 def wanted(hook: Hook, event: str) -> bool:
@@ -132,60 +198,74 @@ def body(hook_url: str, payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, sort_keys=True).encode()
 
 
+class Item:
+    """One event queued for one webhook; `done` once its one outcome is recorded."""
+
+    __slots__ = ("payload", "done", "cut")
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        self.payload = payload
+        self.done = False
+        self.cut: float | None = None  # monotonic: the run's end moves the queue on
+
+
 class Sender(threading.Thread):
     """One webhook's sends, in order, in a daemon thread (see the module's docstring)."""
 
     def __init__(self, run_dir: str, hook: Hook, names: list[str]) -> None:
         super().__init__(name="treb-notify", daemon=True)
         self.run_dir, self.hook, self.names = run_dir, hook, names
-        self.queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.queue: queue.Queue[Item | None] = queue.Queue()
         self.lock = threading.Lock()
-        self.pending: list[str] = []  # the events queued or in flight
+        self.pending: list[Item] = []  # queued or in flight, in order
         self.deadline: float | None = None  # monotonic: set by the run's end
 
     def put(self, payload: dict[str, Any]) -> None:
+        item = Item(payload)
         with self.lock:
-            self.pending.append(str(payload["event"]))
+            self.pending.append(item)
         self.begin()
-        self.queue.put(payload)
+        self.queue.put(item)
 
     def begin(self) -> None:
         if self.ident is None:
             self.start()
 
-    def left(self) -> float:
-        return TIMEOUT_S if self.deadline is None else self.deadline - time.monotonic()
+    def until(self, item: Item, started: float) -> float:
+        """When `item`'s request must be over (monotonic): TIMEOUT_S after it started, the
+        run's end's deadline, the cut that leaves the later events their share."""
+        ends = [started + TIMEOUT_S, self.deadline, item.cut]
+        return min(t for t in ends if t is not None)
 
     def run(self) -> None:
         try:  # idle a while (the launch's burst): urllib is imported before the run's end
-            payload = self.queue.get(timeout=WARM_AFTER_S)
+            item = self.queue.get(timeout=WARM_AFTER_S)
         except queue.Empty:
             import urllib.request  # noqa: F401 - ~20 ms, off the end's path
 
-            payload = self.queue.get()
-        while True:
-            if payload is None:
-                return
+            item = self.queue.get()
+        while item is not None:
             try:
-                self.deliver(payload)
+                self.deliver(item)
             except Exception as exc:  # noqa: BLE001 - a bug here must not end the thread
-                self.record("notify_failed", payload, error=f"{type(exc).__name__}: {exc}")
+                self.record("notify_failed", item, error=f"{type(exc).__name__}")
             with self.lock:
-                self.pending.remove(str(payload["event"]))
-            payload = self.queue.get()
+                self.pending.remove(item)
+            item = self.queue.get()
 
-    def deliver(self, payload: dict[str, Any]) -> None:
+    def deliver(self, item: Item) -> None:
         url = secrets.resolve(str(self.hook["url"]), self.names, os.environ)
-        if not url.startswith(("http://", "https://")):
-            self.record("notify_failed", payload, error="the URL is not http(s) once resolved")
+        why = url_problem(url)
+        if why:
+            self.record("notify_failed", item, error=f"the URL is {why}")
             return
-        data = body(url, payload)
+        data = body(url, item.payload)
         headers = {"Content-Type": "application/json", "User-Agent": "treb-notify"}
         name = self.hook.get("secret")
         if name:
             key = os.environ.get(str(name))
             if not key:
-                self.record("notify_failed", payload,
+                self.record("notify_failed", item,
                             error=f"{name} is not set where the run is supervised: not sent "
                             "unsigned")  # fmt: skip
                 return
@@ -193,43 +273,243 @@ class Sender(threading.Thread):
         error, tries, wait = "", 0, BACKOFF_S
         while tries < TRIES:
             tries += 1
-            status, error, after = post(url, data, headers, min(TIMEOUT_S, self.left()))
-            if status is not None and status < 300:
-                self.record("notify_sent", payload, status=status, tries=tries)
+            asked = time.monotonic()
+            answer = post(url, data, headers, functools.partial(self.until, item, asked))
+            status, error = answer.status, answer.error
+            if error == LATE:
+                error = f"no answer within {round(time.monotonic() - asked, 1):g} s"
+            if status is not None and 200 <= status < 300:
+                self.record("notify_sent", item, status=status, tries=tries)
                 return
-            if status is not None and status < 500 and status != 429:
-                break  # the receiver refused it: sending it again changes nothing
-            pause = min(after, RETRY_AFTER_CAP_S) if after is not None else wait
+            if not answer.retry:
+                break  # refused, redirected, or no answer in time: again changes nothing
+            pause = min(answer.after, RETRY_AFTER_CAP_S) if answer.after is not None else wait
             wait *= 2
-            if tries >= TRIES or pause >= self.left():
+            if tries >= TRIES or time.monotonic() + pause >= self.until(item, math.inf):
                 break
             time.sleep(pause)
-        self.record("notify_failed", payload, error=error, tries=tries)
+        self.record("notify_failed", item, error=scrub(error, url), tries=tries)
 
-    def record(self, kind: str, payload: dict[str, Any], **fields: Any) -> None:
+    def shown(self) -> str:
+        """The hook's URL as events name it (shown())."""
+        written = str(self.hook["url"])
+        return shown(written, secrets.resolve(written, self.names, os.environ))
+
+    def settle(self, item: Item) -> bool:
+        """Whether `item`'s outcome is still to be recorded (it is the caller's now)."""
+        with self.lock:
+            first, item.done = not item.done, True
+        return first
+
+    def record(self, kind: str, item: Item, **fields: Any) -> None:
+        """The event's one outcome: a second (a send that ended after the run's end gave it
+        up) is dropped."""
+        if not self.settle(item):
+            return
+        fields["url"] = self.shown()
         with contextlib.suppress(OSError):
-            append_event(self.run_dir, kind, notify=payload["event"],
-                         url=where(str(self.hook["url"])), **fields)  # fmt: skip
+            append_event(self.run_dir, kind, notify=item.payload["event"], **fields)
+
+    def give_up(self, wait: float) -> None:
+        """The run's end: what is not sent by now never will be (one record each)."""
+        with self.lock:
+            left = [i for i in self.pending if not i.done]
+        for item in left:
+            self.record("notify_failed", item, error=f"not sent within {wait:g} s of the run's end")
+
+    def share(self, at: float) -> None:
+        """The run's end: the events queued before the last one (the end's, as a rule; one
+        in flight, a `started` that hangs) are over by `at` and not tried again after it,
+        so that the last one still goes out."""
+        with self.lock:
+            for item in self.pending[:-1]:
+                item.cut = at
 
 
-def post(
-    url: str, data: bytes, headers: dict[str, str], timeout: float
-) -> tuple[int | None, str, float | None]:
-    """One POST: (HTTP status or None, error, Retry-After seconds or None)."""
+class Answer:
+    """One request's outcome: the HTTP status (None: no answer), what went wrong, the
+    Retry-After seconds, and whether trying again may help."""
+
+    __slots__ = ("status", "error", "after", "retry")
+
+    def __init__(self, status: int | None, error: str = "", after: float | None = None,
+                 retry: bool = False) -> None:  # fmt: skip
+        self.status, self.error, self.after, self.retry = status, error, after, retry
+
+
+def post(url: str, data: bytes, headers: dict[str, str], until: Callable[[], float]) -> Answer:
+    """One POST to `url` (checked by url_problem), over by `until()` (monotonic, read again
+    before each step: the lookup, connect, each send and each read); a redirect is not
+    followed, the answer's body is not read. Errors never quote the URL."""
+    import http.client
     import urllib.error
     import urllib.request
 
-    if timeout <= 0:
-        return None, "no time left before the run's end", None
+    started = time.monotonic()
+    if until() <= started:
+        return Answer(None, "no time left before the run's end")
     req = urllib.request.Request(url, data=data, headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - http(s) only
-            return int(resp.status), "", None
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), f"HTTP {exc.code}", retry_after(exc.headers.get("Retry-After"))
-    except (OSError, ValueError) as exc:  # refused, unreachable, timed out, bad URL
-        reason = getattr(exc, "reason", exc)
-        return None, f"{type(exc).__name__}: {reason}"[:300], None
+        with _opener(url, until).open(req, timeout=until() - started) as resp:
+            status = int(resp.status)
+            after = retry_after(resp.headers.get("Retry-After"))
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        kind = type(reason).__name__
+        if isinstance(reason, TIMEOUTS):
+            return Answer(None, LATE)
+        if isinstance(reason, OSError):  # refused, reset, unreachable, no such host
+            return Answer(None, f"{kind}: {reason}"[:300], retry=True)
+        if isinstance(reason, ValueError):
+            return Answer(None, f"{kind}: the URL is not valid (not shown: it may hold a key)")
+        return Answer(None, f"{kind}: the answer is not HTTP")
+    if 200 <= status < 300:
+        return Answer(status)
+    if 300 <= status < 400:  # the body and its signature go to the URL configured only
+        return Answer(status, f"HTTP {status} redirect not followed")
+    return Answer(status, f"HTTP {status}", after, retry=status >= 500 or status == 429)
+
+
+def _opener(url: str, until: Callable[[], float]) -> Any:
+    """urllib's opener without the redirect and error handlers (an answer is an answer,
+    whatever its status), the environment's proxies honoured, its sockets bound to `until`."""
+    import http.client
+    import urllib.request
+
+    def made(kind: type[http.client.HTTPConnection]) -> Callable[..., Any]:
+        def make(host: str, **kw: Any) -> http.client.HTTPConnection:
+            conn = kind(host, **kw)
+            conn._create_connection = functools.partial(_connect, until=until)  # type: ignore[attr-defined]
+            return conn
+
+        return make
+
+    class Plain(urllib.request.HTTPHandler):
+        def http_open(self, req: Any) -> Any:
+            return self.do_open(made(http.client.HTTPConnection), req)
+
+    opener = urllib.request.OpenerDirector()
+    opener.add_handler(urllib.request.ProxyHandler())
+    opener.add_handler(Plain())
+    if url[:6].lower() == "https:":
+        import ssl
+
+        context = ssl.create_default_context()
+        context.sslsocket_class = type(  # its handshake, sends and reads armed as well
+            "DeadlineSSLSocket", (_Deadline, ssl.SSLSocket), {"until": staticmethod(until)}
+        )
+
+        class Secure(urllib.request.HTTPSHandler):
+            def https_open(self, req: Any) -> Any:
+                return self.do_open(made(http.client.HTTPSConnection), req, context=context)
+
+        opener.add_handler(Secure(context=context))
+    return opener
+
+
+class _Deadline:
+    """A socket's reads and TLS handshake wait in slices of at most SLICE_S, checking
+    `until()` between them, and its sends wait at most the time left: a receiver that
+    trickles its answer a byte at a time (which no per-read timeout ever ends) is cut at the
+    request's deadline, and a deadline moved earlier (the run's end) is seen at once."""
+
+    until: Callable[[], float]
+
+    def arm(self, most: float = math.inf) -> None:
+        left = self.until() - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's time is up")
+        self.settimeout(min(left, most))  # type: ignore[attr-defined]
+
+    def sliced(self, step: Callable[[], Any]) -> Any:
+        """`step` (a read: nothing is lost when it times out) again until it is done or
+        the time is up."""
+        while True:
+            self.arm(SLICE_S)
+            try:
+                return step()
+            except TIMEOUTS:
+                continue
+
+    def recv(self, *args: Any) -> Any:
+        return self.sliced(lambda: super(_Deadline, self).recv(*args))  # type: ignore[misc]
+
+    def recv_into(self, *args: Any) -> Any:
+        return self.sliced(lambda: super(_Deadline, self).recv_into(*args))  # type: ignore[misc]
+
+    def do_handshake(self, *args: Any) -> Any:
+        return self.sliced(lambda: super(_Deadline, self).do_handshake(*args))  # type: ignore[misc]
+
+    def send(self, *args: Any) -> Any:  # a send cut short may have sent a part: not sliced
+        self.arm()
+        return super().send(*args)  # type: ignore[misc]
+
+    def sendall(self, *args: Any) -> Any:
+        self.arm()
+        return super().sendall(*args)  # type: ignore[misc]
+
+    def connect(self, addr: Any) -> None:
+        """A non-blocking connect, waited for in slices."""
+        self.arm()
+        self.setblocking(False)  # type: ignore[attr-defined]
+        err = self.connect_ex(addr)  # type: ignore[attr-defined]
+        while err in (errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EALREADY):
+            left = self.until() - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request's time is up")
+            if select.select([], [self.fileno()], [], min(left, SLICE_S))[1]:  # type: ignore[attr-defined]
+                err = self.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)  # type: ignore[attr-defined]
+        if err:
+            raise OSError(err, os.strerror(err))
+        self.arm()
+
+
+class _DeadlineSocket(_Deadline, socket.socket):
+    pass
+
+
+def _connect(address: tuple[str, int], timeout: object = None, source: object = None, *,
+             until: Callable[[], float]) -> socket.socket:  # fmt: skip
+    """socket.create_connection with a deadline: the name looked up in a thread given up
+    at the deadline (getaddrinfo cannot be interrupted), each address tried in the time
+    left."""
+    host, port = address
+    error: OSError = OSError("no address for the host")
+    for family, kind, proto, _, addr in _lookup(host, port, until):
+        sock = _DeadlineSocket(family, kind, proto)
+        sock.until = until
+        try:
+            sock.connect(addr)
+            return sock
+        except OSError as exc:
+            sock.close()
+            if isinstance(exc, TIMEOUTS):
+                raise
+            error = exc
+    raise error
+
+
+def _lookup(host: str, port: int, until: Callable[[], float]) -> list[Any]:
+    """getaddrinfo of a stream to host:port, by `until()`."""
+    with contextlib.suppress(OSError):  # an address: no lookup
+        return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+    box: list[Any] = []
+
+    def look() -> None:
+        try:
+            box.append(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
+        except OSError as exc:
+            box.append(exc)
+
+    helper = threading.Thread(target=look, name="treb-notify-lookup", daemon=True)
+    helper.start()
+    while helper.is_alive() and time.monotonic() < until():
+        helper.join(min(SLICE_S, max(0.0, until() - time.monotonic())))
+    if not box:
+        raise TimeoutError("the host's name was not looked up in time")
+    if isinstance(box[0], OSError):
+        raise box[0]
+    return list(box[0])
 
 
 def retry_after(value: str | None) -> float | None:
@@ -421,13 +701,10 @@ class Notifier:
             watch.join(max(0.0, deadline - time.monotonic()))
         for sender in self.senders:
             sender.deadline = deadline
+            sender.share(time.monotonic() + wait / 2)
             if sender.ident is not None:
                 sender.queue.put(None)
         for sender in self.senders:
             if sender.ident is not None:
                 sender.join(max(0.0, deadline - time.monotonic()))
-            with sender.lock:
-                left = list(sender.pending)
-            for event in left:
-                sender.record("notify_failed", {"event": event},
-                              error=f"not sent within {wait:g} s of the run's end")  # fmt: skip
+            sender.give_up(wait)

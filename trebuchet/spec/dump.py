@@ -1,8 +1,12 @@
 """YAML as people write it: block style, keys in the given order, multi-line strings as
-literal blocks (`|`). Used by the importers (a spec) and the Kubernetes render (manifests)."""
+literal blocks (`|`). Used by the importers (a spec) and the Kubernetes render (manifests).
+And a command line as a comment line (`comment_words`): what `--print-spec` heads its spec
+with, which must stay one comment whatever the words hold."""
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Iterable
 from typing import Any
 
 import yaml
@@ -25,3 +29,40 @@ def dump_yaml(data: Any) -> str:
     """Block-style YAML, keys in the given order, multi-line strings as literal blocks."""
     return yaml.dump(data, Dumper=BlockDumper, sort_keys=False, default_flow_style=False,
                      allow_unicode=True, width=1000)  # fmt: skip
+
+
+# bash's $'...' escapes of the characters it names
+_NAMED = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r", "\x1b": "\\e",
+          "\a": "\\a", "\b": "\\b", "\f": "\\f", "\v": "\\v"}  # fmt: skip
+
+
+def shell_word(word: str) -> str:
+    """`word` quoted for bash, in printable characters only: shlex's quoting, or bash's
+    $'...' with escapes where the word holds a character that is not printable (ESC, any
+    line break YAML or an editor knows: \\r, \\v, \\f, U+0085, U+2028, U+2029; format
+    characters such as U+202E). A surrogate escape (a byte that was not UTF-8) is that byte."""
+    if word.isprintable():
+        return shlex.quote(word)
+    out = []
+    for c in word:
+        code = ord(c)
+        if c in _NAMED:
+            out.append(_NAMED[c])
+        elif c.isprintable():
+            out.append(c)
+        elif 0xDC80 <= code <= 0xDCFF:  # os.fsdecode's escape of the byte code - 0xDC00
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code < 0x80:  # \xHH is a byte: above 0x7f, a character is its \u form
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return "$'" + "".join(out) + "'"
+
+
+def comment_words(words: Iterable[str]) -> str:
+    """A command line as the text of one comment line: bash reads it back as the same
+    words, and no reader (YAML, an editor, a terminal) sees a line break or a control
+    character in it."""
+    return " ".join(shell_word(w) for w in words)

@@ -11,12 +11,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trebuchet.runtime.contracts import NOTIFY_EVENTS as EVENTS
+from trebuchet.runtime.notify import SECRET_REF, url_problem
 
 MAX_URL = 2048
 MAX_HOOKS = 32
 SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
-SECRET_REF = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")  # a URL that is itself a secret
-URL = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[\x21-\x7e]*)?", re.I)
 ON_ALLOWED = "a list of " + ", ".join(EVENTS) + " or {log: <regular expression>}"
 
 
@@ -50,11 +49,11 @@ class Webhook(BaseModel):
     def _url(cls, v: str) -> str:
         if SECRET_REF.fullmatch(v):
             return v
-        if not URL.fullmatch(v):
+        why = url_problem(v)
+        if why == "the port is not between 1 and 65535":
+            raise ValueError(why)
+        if why:
             raise ValueError("bad url")
-        port = re.search(r"://[^/:]+:([0-9]+)", v)
-        if port and not 0 < int(port.group(1)) < 65536:
-            raise ValueError("the port is not between 1 and 65535")
         return v
 
     @field_validator("on")
