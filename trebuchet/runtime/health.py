@@ -14,10 +14,10 @@ The checks (each cheap; together a few milliseconds without the spec's own):
   job and attempt); elsewhere the attempt directory exists and is writable;
 - `gpus`: where GPUs are asked (gpus_per_node > 0), `nvidia-smi -L` (else `rocm-smi
   --showid`) lists at least that many (a node with neither tool: not checked, said so);
-- `master`: MASTER_ADDR resolves, and a TCP connection to MASTER_ADDR:MASTER_PORT is
-  accepted or refused within CONNECT_S (refused: the host answered, nothing listens yet:
-  rank 0 opens the port only once its ranks start, after these checks); a timeout or an
-  unreachable network is unhealthy, as the rendezvous would be;
+- `master`: MASTER_ADDR resolves and this node has a route to it (a UDP socket's connect:
+  a route lookup, no packet sent). Nothing connects to MASTER_PORT or any other port of
+  the master: the port is the user's program's (a rank with its own rendezvous on it, or
+  one already started on another node, would take the check for a peer);
 - `user`: the spec's `health_check`, in bash in the workdir with the rank contract's node
   variables; non-zero or past health_check_timeout is unhealthy; its output goes to
   `attempt-N/health-<node>.log`.
@@ -47,7 +47,6 @@ from . import nodeloss, nodeset
 from .records import read_json, write_json, write_text
 
 MIN_FREE_BYTES = 1 << 20  # a full disk: under 1 MiB free in the run dir, workdir, checkpoints
-CONNECT_S = 1.0  # the master's port: accepted or refused within this
 MASTER_WAIT_S = 30.0  # a master not reached is tried again this long (its pod may start)
 GPU_LIST_S = 20.0  # nvidia-smi -L on a busy node
 OUTPUT_MAX = 64 << 10  # the kept end of the spec's check's output
@@ -166,41 +165,36 @@ def check_gpus(want: int, timeout: float = GPU_LIST_S) -> tuple[bool, str]:
     return True, f"not checked: {want} GPU(s) asked, but neither nvidia-smi nor rocm-smi is on PATH"
 
 
-def check_master(
-    addr: str, port: str, timeout: float = CONNECT_S, wait: float = MASTER_WAIT_S
-) -> tuple[bool, str]:
-    """MASTER_ADDR resolves and answers on MASTER_PORT (accepted, or refused: the host is
-    reached and nothing listens yet). A failure is tried again for up to `wait` seconds:
-    a Kubernetes headless service names the master's pod only once that pod runs, and
-    the rendezvous itself would wait for it too. A healthy node pays one try."""
+def check_master(addr: str, port: str, wait: float = MASTER_WAIT_S) -> tuple[bool, str]:
+    """MASTER_ADDR resolves and is routable from here, without a packet to it: the port,
+    and the host's others, belong to the user's program. A failure is tried again for up
+    to `wait` seconds: a Kubernetes headless service names the master's pod only once that
+    pod runs, and the rendezvous itself would wait for it too. A healthy node pays one try."""
     if not addr or not port.isdigit():
         return False, "MASTER_ADDR or MASTER_PORT not set"
     end = time.monotonic() + wait
     while True:
-        ok, said = _reach(addr, port, timeout)
+        ok, said = _route(addr, port)
         if ok or time.monotonic() >= end:
             return ok, said
         time.sleep(0.5)
 
 
-def _reach(addr: str, port: str, timeout: float) -> tuple[bool, str]:
-    """One try of check_master."""
+def _route(addr: str, port: str) -> tuple[bool, str]:
+    """One try of check_master: resolve, then connect a UDP socket (the kernel picks the
+    route and the source address; nothing is sent)."""
     try:
-        infos = socket.getaddrinfo(addr, int(port), type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as exc:
+        infos = socket.getaddrinfo(addr, int(port), type=socket.SOCK_DGRAM)
+    except (OSError, UnicodeError, OverflowError) as exc:
         return False, f"MASTER_ADDR {addr} does not resolve: {exc}"
     family, kind, proto, _, sockaddr = infos[0]
     with contextlib.closing(socket.socket(family, kind, proto)) as sock:
-        sock.settimeout(timeout)
         try:
             sock.connect(sockaddr)
-        except ConnectionRefusedError:
-            return True, f"{addr}:{port} ({sockaddr[0]}) reached, nothing listens yet"
-        except socket.timeout:
-            return False, f"{addr}:{port} ({sockaddr[0]}): no answer in {timeout:g}s"
+            source = sock.getsockname()[0]
         except OSError as exc:
-            return False, f"{addr}:{port} ({sockaddr[0]}): {exc.strerror or exc}"
-    return True, f"{addr}:{port} ({sockaddr[0]}) accepts connections"
+            return False, f"MASTER_ADDR {addr} ({sockaddr[0]}): no route: {exc.strerror or exc}"
+    return True, f"{addr} ({sockaddr[0]}) resolves and is routable from {source}"
 
 
 def run_bounded(argv: list[str], cwd: str, env: dict[str, str],
