@@ -235,3 +235,13 @@ def test_an_srun_that_did_not_run_is_named_when_the_script_becomes_the_command(
     assert yaml.safe_load(out)["launcher"] == "none"
     assert "job.sh:4: note: srun did not run in the import sandbox" in err
     assert "no srun line" not in err
+
+
+def test_an_srun_command_too_long_for_a_spec_is_refused_at_its_line(capsys, tmp_path) -> None:
+    """A command past what one argument can hold (the spec's 100,000 characters) is named
+    at the script's srun line, not at a temporary file of treb's own."""
+    words = " ".join(f"w{i}" for i in range(20_000))
+    code, out, err = run(capsys, tmp_path, f"srun python train.py {words}\n")
+    assert code == 2 and not out
+    assert "job.sh:3: what the script runs cannot be a spec: command:" in err
+    assert "longer than 100000 characters" in err and "treb-import-render" not in err

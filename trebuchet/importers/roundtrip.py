@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trebuchet.errors import UserError
+from trebuchet.errors import SpecError, UserError
 from trebuchet.importers.common import ImportResult
 from trebuchet.importers.oracle import argv_in_sandbox
 
@@ -38,7 +38,7 @@ def check(res: ImportResult, work: Workload) -> None:
             f"{res.source}:{work.line}: the imported command does not give the ranks the "
             "arguments the script gave them (a bug in treb import):\n" + "\n".join(diff[:10])
         )
-    script = render(res)
+    script = render(res, work.line)
     problems = shell_problems(script.split("\n# ---- ", 1)[0])  # the job.json shown after
     command = res.spec.get("command")
     for part in [command] if isinstance(command, str) else []:
@@ -65,8 +65,9 @@ def _names_set(names: set[str]) -> Iterator[None]:
             os.environ.pop(n, None)
 
 
-def render(res: ImportResult) -> str:
-    """`treb render --on slurm` of the imported spec."""
+def render(res: ImportResult, line: int | None = None) -> str:
+    """`treb render --on slurm` of the imported spec; a spec treb's loader refuses is a
+    named error at the script's `line` (the main srun's)."""
     from trebuchet import runner
 
     text = res.to_yaml()
@@ -76,7 +77,14 @@ def render(res: ImportResult) -> str:
         path = Path(tmp) / "job.yaml"
         path.write_text(text)
         with _names_set(names):
-            return runner.render(str(path), "slurm")
+            try:
+                return runner.render(str(path), "slurm")
+            except SpecError as exc:  # e.g. a command past what one argument can hold
+                said = [re.sub("^" + re.escape(str(path)) + r":\d+: ", "", p) for p in exc.problems]
+                where = f"{res.source}:{line}" if line else res.source
+                raise UserError(
+                    f"{where}: what the script runs cannot be a spec: " + "; ".join(said)
+                ) from None
 
 
 def shell_problems(script: str, what: str = "") -> str:
