@@ -245,3 +245,15 @@ def test_an_srun_command_too_long_for_a_spec_is_refused_at_its_line(capsys, tmp_
     assert code == 2 and not out
     assert "job.sh:3: what the script runs cannot be a spec: command:" in err
     assert "longer than 100000 characters" in err and "treb-import-render" not in err
+
+
+def test_a_dollar_brace_in_sbatch_headers_stays_literal(capsys, tmp_path) -> None:
+    """sbatch expands no variable in #SBATCH lines: `${` there is text, written `$${` in the
+    spec so that treb's `${VAR}` expansion gives it back as it was (found by hypothesis:
+    `--foo=${` made the imported spec unloadable)."""
+    header = "#SBATCH --nodes=1\n#SBATCH --comment=${HOME}x\n#SBATCH --partition=a${b\n"
+    code, out, err = run(capsys, tmp_path, "srun python train.py\n", header=header)
+    assert code == 0, err
+    spec = loads(tmp_path, out, environ={"HOME": "/nowhere"})
+    assert spec.slurm.partition == "a${b"
+    assert "--comment=${HOME}x" in spec.slurm.sbatch_args

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.fast.import_helpers import FIXTURES, imported, notes_at, run_import
+from trebuchet.cli.main import main
 
 
 def test_air_seed_003_workload(capsys, tmp_path) -> None:
@@ -156,6 +157,18 @@ def test_madengine_tags_must_pick_one(capsys) -> None:
     assert code == 2 and "2 cards match" in err
     out, err, code = run_import(capsys, "madengine", "madengine-models.json", "--tags", "nope")
     assert code == 2 and "no card matches" in err
+
+
+def test_madengine_tags_that_are_not_a_list_are_matched_as_text(capsys, tmp_path) -> None:
+    """`tags: 1` (found by hypothesis: 'int' object is not iterable, a traceback)."""
+    cards = tmp_path / "models.json"
+    cards.write_text(
+        '[{"name": "a", "tags": 1, "scripts": "run.sh"}, {"name": "b", "tags": ["x"]}]'
+    )
+    code = main(["import", "madengine", str(cards), "--tags", "1"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "run.sh" in out.out
 
 
 @pytest.mark.parametrize("name", ["nemo-slurm.yaml", "nemo-slurm-minimal.yaml"])

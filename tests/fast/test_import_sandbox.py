@@ -408,7 +408,7 @@ def test_bash_ended_by_a_signal_is_a_named_error(box: Box) -> None:
 # ---- any script body: exit 0 or 2, never a traceback or a hang ------------------------------
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=st.text(max_size=300))
 def test_any_script_body_imports_or_is_refused_by_name(body: str) -> None:
     with tempfile.TemporaryDirectory(prefix="treb-sandbox-prop-") as tmp:

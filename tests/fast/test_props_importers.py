@@ -23,7 +23,7 @@ SETTINGS = settings(
 )
 # A bash sandbox per example: few of them.
 SANDBOX = settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 
 PIECES = ["\x1b[2J", "\x1b]0;t\x07", "\u2028", "\x00", "\r", "\n", "'", '"', "$(", "${", "`",
@@ -128,7 +128,7 @@ def _dump(doc: object) -> bytes:
 
 
 @pytest.mark.parametrize("kind", sorted(KEYS))
-@SETTINGS
+@settings(SETTINGS, max_examples=80)
 @given(data=st.data())
 def test_structured_importers_read_any_document(kind: str, data, tmp_path) -> None:
     raw = data.draw(

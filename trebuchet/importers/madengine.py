@@ -54,7 +54,7 @@ def _matches(card: dict, tags: list[str]) -> bool:
     if not tags:
         return True
     have = card.get("tags") or []
-    have = [have] if isinstance(have, str) else [str(t) for t in have]
+    have = [str(t) for t in have] if isinstance(have, list) else [str(have)]
     return any(t == card.get("name") or t in have for t in tags)
 
 

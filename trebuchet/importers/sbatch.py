@@ -611,6 +611,29 @@ def _finish(st: _Script) -> None:
     if found:
         res.note(None, "command: placeholders kept as is: " + " ".join(found))
     _mask_secret_values(res)
+    _literal(spec)
+
+
+def _literal(spec: dict) -> None:
+    """What #SBATCH lines and srun options hold is literal (sbatch expands no variable
+    there, and bash already did in srun's): a `${` in it is written `$${`, so treb's own
+    `${VAR}` expansion leaves it as it was. slurm.setup is shell, run by the batch script."""
+    slurm = spec.get("slurm", {})
+    for key, value in list(slurm.items()):
+        if key != "setup":
+            slurm[key] = _escaped(value)
+    env = spec.get("environment", {})
+    for key in ("image", "mounts"):
+        if key in env:
+            env[key] = _escaped(env[key])
+
+
+def _escaped(value):
+    if isinstance(value, str):
+        return value.replace("${", "$${")
+    if isinstance(value, list):
+        return [_escaped(v) for v in value]
+    return value
 
 
 def _cpus(n: int | None, value: str | None, line: int, res: ImportResult) -> None:
