@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import re
 import signal
@@ -117,6 +118,54 @@ def attempt_logs(adir: str, first: str | None = None) -> list[str]:
     return logs
 
 
+# An outcome record's fields and their types (contracts.Outcome). The records lie in the
+# attempt's folder, which a rank can reach (it runs in the run directory, and its
+# TORCHELASTIC_ERROR_FILE is there): what is read back is checked field by field, so a
+# record a rank wrote over (`{"exit_code": 1e30, "attempt": "z", "rank": {}}`) never
+# reaches a rule, SQLite or a view as anything but what the fields allow.
+_INT = (int,)
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "label": (str,), "rank": _INT, "node": _INT, "local_rank": _INT, "pid": _INT,
+    "exit_code": _INT, "signal": (str,), "started_at": (int, float), "ended_at": (int, float),
+    "stopped_by_launcher": (bool,), "state": (str,), "log": (str,), "host": (str,),
+    "attempt": _INT, "job_id": (str,), "step_id": (str,), "message": (str,),
+    "after_first_failure": (bool,),
+}  # fmt: skip
+_WHO = ("rank", "node", "local_rank", "exit_code", "signal")  # the views read them all
+TEXT_MAX = 4096  # a message or path in a record, at most (a cause is one line or a few)
+INT_MAX = 1 << 31  # an exit code, rank, node, pid or attempt: what an INTEGER column holds
+
+
+def _fits(value: Any, kinds: tuple[type, ...]) -> bool:
+    """A value of one of `kinds` as a record field holds it: a bool only where bool is
+    meant, an int within INT_MAX, a finite float."""
+    if isinstance(value, bool):
+        return bool in kinds
+    if isinstance(value, int):
+        return -INT_MAX < value < INT_MAX
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def outcome(rec: Any) -> Outcome | None:
+    """`rec` (JSON read back) as an outcome record: the known fields of the right type
+    (bool is no int; numbers finite, ints within INT_MAX; text cut at TEXT_MAX), the
+    others dropped; the process fields the views name present (None when unknown); None
+    when it is not a record at all (no label)."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("label"), str):
+        return None
+    out: dict[str, Any] = {}
+    for key, value in rec.items():
+        kinds = _FIELDS.get(key)
+        if kinds is None or not isinstance(value, kinds):
+            continue
+        if not _fits(value, kinds):
+            continue
+        out[key] = value[:TEXT_MAX] if isinstance(value, str) else value
+    for key in _WHO:
+        out.setdefault(key, None)
+    return cast("Outcome", out)
+
+
 FIRST = "first-failure"  # an attempt's first failure (JSON), written once (claim_first); not
 # a .json name: the readers of an attempt's outcome records (*.json) must not count it twice
 
@@ -132,8 +181,7 @@ def claim_first(adir: str, cause: FirstFailure) -> FirstFailure:
         write_json(tmp, cause)
         os.link(tmp, path)
     except FileExistsError:
-        held = read_json(path)
-        return cast("FirstFailure", held) if isinstance(held, dict) else cause
+        return outcome(read_json(path)) or cause
     except OSError:  # the folder is gone (the run removed): the caller's copy stands
         return cause
     finally:
@@ -144,8 +192,7 @@ def claim_first(adir: str, cause: FirstFailure) -> FirstFailure:
 
 def claimed_first(adir: str) -> FirstFailure | None:
     """The attempt's first failure as claim_first recorded it; None when none was."""
-    held = read_json(os.path.join(adir, FIRST))
-    return cast("FirstFailure", held) if isinstance(held, dict) else None
+    return outcome(read_json(os.path.join(adir, FIRST)))
 
 
 def cause(
@@ -182,9 +229,9 @@ def attempt_records(adir: str) -> list[Outcome]:
         return []
     out: list[Outcome] = []
     for name in names:
-        rec = read_json(os.path.join(adir, name)) if name.endswith(".json") else None
-        if isinstance(rec, dict) and name not in ("attempt.json", FIRST):
-            out.append(cast("Outcome", rec))
+        rec = outcome(read_json(os.path.join(adir, name))) if name.endswith(".json") else None
+        if rec is not None and name not in ("attempt.json", FIRST):
+            out.append(rec)
     return out
 
 
