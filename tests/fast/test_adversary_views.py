@@ -51,3 +51,32 @@ def test_an_integer_past_pythons_digit_limit_loses_only_itself(line: bytes) -> N
     line, `loss` included, was lost. It is a value that is no finite float: dropped and
     counted, the line's other values stay (docs/metrics.md)."""
     assert rm.read(line) == (3.0, {"loss": 1.5}, 1)
+
+
+def test_planted_gpu_and_metrics_config_files_break_no_view(treb, tmp_path: Path) -> None:
+    """A rank runs in its run directory: it can put a FIFO where the run's metrics.json is
+    (which `treb status` read with a plain open: it waited forever for a writer), and GPU
+    samples of its own under attempt-0/gpu/ (`util: "x"`: a ValueError in `treb status`;
+    an error text with ESC went out raw). Every view answers, as text a terminal shows."""
+    import os
+
+    (tmp_path / "job.yaml").write_text("name: g\nnodes: 1\ncommand: [python, -c, 'pass']\n")
+    assert treb("run", str(tmp_path / "job.yaml")).returncode == 0
+    run_id = json.loads(treb("ps", "--all", "--json").stdout)[0]["id"]
+    run_dir = Path(json.loads(treb("status", run_id, "--json").stdout)["run_dir"])
+    (run_dir / "metrics.json").unlink(missing_ok=True)
+    os.mkfifo(run_dir / "metrics.json")
+    (run_dir / "progress.json").unlink(missing_ok=True)
+    gpu = run_dir / "attempt-0" / "gpu"
+    gpu.mkdir(exist_ok=True)
+    os.mkfifo(gpu / "node-0.json")
+    hostile = {"node": "\x1b]0;T\x07", "samples": [{"index": [], "util": "x", "mem": "y",
+               "mem_total": {}}, 5], "busy": "z", "error": "\x1b[2J"}  # fmt: skip
+    (gpu / "node-1.json").write_text(json.dumps(hostile))
+    (gpu / "node-2.json").write_text(json.dumps({"node": 2, "error": "\x1b[2J\u202e"}))
+    for view in (["status", run_id], ["status", run_id, "--json"], ["ps", "--all"]):
+        res = treb(*view, timeout=60)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, (view, res.stderr)
+        assert "\x1b" not in res.stdout and "\u202e" not in res.stdout, (view, res.stdout)
+        if "--json" in view:
+            json.loads(res.stdout)

@@ -42,6 +42,7 @@ import time
 from typing import Any, Dict
 
 from .lines import shown
+from .regular import read_text
 
 NUMBER = rb"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 PERF = re.compile(
@@ -361,9 +362,8 @@ CONFIG_FILE = "metrics.json"  # in the run directory, written at submission
 def read_config(adir: str) -> dict[str, Any] | None:
     """The run's `metrics.json` beside an attempt directory (also what the agent's other
     readers take: progress.py's ETA, gpu.py); None when absent or unreadable."""
-    try:
-        with open(os.path.join(os.path.dirname(adir.rstrip("/")), CONFIG_FILE)) as fh:
-            data = json.load(fh)
+    try:  # regular files only: a rank can put a FIFO there (regular.py)
+        data = json.loads(read_text(os.path.join(os.path.dirname(adir.rstrip("/")), CONFIG_FILE)))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
