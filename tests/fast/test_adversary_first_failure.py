@@ -62,3 +62,29 @@ def test_outcome_keeps_the_fields_of_their_types() -> None:
                            "ended_at": float("nan"), "message": "m" * 10_000, "evil": 1})  # fmt: skip
     assert got == {"label": "rank 1", "rank": 1, "message": "m" * records.TEXT_MAX,
                    "node": None, "local_rank": None, "exit_code": None, "signal": None}  # fmt: skip
+
+
+FIFO_RANK = """
+import os, sys
+run_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"])))
+path = os.path.join(run_dir, sys.argv[1])
+if os.path.lexists(path):
+    os.unlink(path)
+os.mkfifo(path)
+sys.exit(1)
+"""
+
+
+def test_a_fifo_in_place_of_events_jsonl_holds_no_supervisor(treb: TrebFn, tmp_path: Path) -> None:
+    """A rank replaced its run's events.jsonl by a FIFO: the supervisor's next event opened
+    it for writing and waited forever for a reader (the run never ended; `treb run`, even
+    SIGTERMed, neither). The file is made a regular one again; views read regular files."""
+    (tmp_path / "rank.py").write_text(FIFO_RANK)
+    spec = write_spec(tmp_path, "name: fi\nnodes: 1\ncommand: [python, rank.py, events.jsonl]\n")
+    res = treb("run", str(spec), cwd=tmp_path, timeout=60)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    run_id = json.loads(treb("ps", "--all", "--json").stdout)[0]["id"]
+    for view in (["status", run_id], ["status", run_id, "--json"], ["diagnose", run_id]):
+        out = treb(*view, timeout=60)
+        assert out.returncode == 0 and "Traceback" not in out.stderr, (view, out.stderr)
+    assert json.loads(treb("status", run_id, "--json").stdout)["state"] == "FAILED"

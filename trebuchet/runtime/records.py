@@ -4,16 +4,18 @@ rename), so `treb status` on another machine reads the old record or the new one
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import json
 import math
 import os
 import re
 import signal
+import stat
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from .regular import read_text
+from .regular import NotRegular, read_text
 
 if TYPE_CHECKING:
     from .contracts import FirstFailure, Outcome
@@ -88,11 +90,32 @@ def append_event(run_dir: str, event: str, **fields: Any) -> None:
     """One line of `events.jsonl` (O_APPEND: lines of concurrent writers do not mix)."""
     line = json.dumps({"time": now(), "event": event, **fields}, sort_keys=True) + "\n"
     path = os.path.join(run_dir, "events.jsonl")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = _append_fd(path)
     try:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
+
+
+def _append_fd(path: str) -> int:
+    """`path` opened for appending, a regular file: a rank can reach the run directory and
+    put a FIFO there, whose opening for writing waited forever for a reader (the run never
+    ended). Without waiting (O_NONBLOCK); anything but a regular file is removed and the
+    file made again, once; raises OSError (NotRegular) when it is not one even then."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(2):
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as exc:  # ENXIO: a FIFO without a reader
+            if exc.errno != errno.ENXIO:
+                raise
+        else:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return fd
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    raise NotRegular(f"{path}: not a regular file")
 
 
 def exit_fields(returncode: int) -> tuple[int, str | None]:
