@@ -75,16 +75,22 @@ sys.exit(1)
 """
 
 
-def test_a_fifo_in_place_of_events_jsonl_holds_no_supervisor(treb: TrebFn, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["events.jsonl", "spec.json", "spec.yaml"])
+def test_a_fifo_in_the_run_directory_holds_no_supervisor_nor_view(
+    name: str, treb: TrebFn, tmp_path: Path
+) -> None:
     """A rank replaced its run's events.jsonl by a FIFO: the supervisor's next event opened
     it for writing and waited forever for a reader (the run never ended; `treb run`, even
-    SIGTERMed, neither). The file is made a regular one again; views read regular files."""
+    SIGTERMed, neither); spec.json: the run's end (its tracking) read it and waited, and
+    `treb results` waited on it for every run in the store. The file is made a regular one
+    again; readers read regular files only."""
     (tmp_path / "rank.py").write_text(FIFO_RANK)
-    spec = write_spec(tmp_path, "name: fi\nnodes: 1\ncommand: [python, rank.py, events.jsonl]\n")
+    spec = write_spec(tmp_path, f"name: fi\nnodes: 1\ncommand: [python, rank.py, {name}]\n")
     res = treb("run", str(spec), cwd=tmp_path, timeout=60)
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
     run_id = json.loads(treb("ps", "--all", "--json").stdout)[0]["id"]
-    for view in (["status", run_id], ["status", run_id, "--json"], ["diagnose", run_id]):
+    for view in (["status", run_id], ["status", run_id, "--json"], ["diagnose", run_id],
+                 ["results"], ["results", "--json"]):  # fmt: skip
         out = treb(*view, timeout=60)
         assert out.returncode == 0 and "Traceback" not in out.stderr, (view, out.stderr)
     assert json.loads(treb("status", run_id, "--json").stdout)["state"] == "FAILED"
