@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from trebuchet.errors import UserError
 from trebuchet.runtime import tracking as rt
 from trebuchet.runtime.mlflow_rest import Mlflow, MlflowError, metric, usable_uri
+from trebuchet.runtime.regular import read_text
 from trebuchet.store.files import append_event, write_json
 from trebuchet.store.states import CANCELLED, SUCCEEDED, TERMINAL
 
@@ -241,7 +242,7 @@ def hider(secrets: Any, environ: Mapping[str, str] = os.environ) -> Callable[[st
 def _run_hider(run_dir: Path) -> Callable[[str], str]:
     """hider() of a run: its secrets' names from its spec.json."""
     try:
-        spec = json.loads((run_dir / "spec.json").read_text())
+        spec = json.loads(read_text(run_dir / "spec.json"))  # a rank's FIFO never blocks
     except (OSError, ValueError):
         spec = {}
     return hider(spec.get("secrets") if isinstance(spec, dict) else None)

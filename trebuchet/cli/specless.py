@@ -257,9 +257,11 @@ SHIPPED = ("ssh", "kubernetes", "skypilot")
 
 
 def _inside(path: str, folder: str) -> bool:
-    """`path` (relative to `folder`, or absolute) is in `folder` or below it."""
-    here = os.path.abspath(folder)
-    return os.path.commonpath([here, os.path.abspath(os.path.join(here, path))]) == here
+    """`path` (relative to `folder`, or absolute) is in `folder` or below it, where it
+    really is: the run's copy keeps a symlink as it is, so `link.py -> ../other/train.py`
+    (or `sub/train.py` with `sub -> ../other`) leads nowhere there and is outside."""
+    here = os.path.realpath(folder)
+    return os.path.commonpath([here, os.path.realpath(os.path.join(here, path))]) == here
 
 
 def _outside(script: str, on: str | None) -> str:
@@ -267,7 +269,7 @@ def _outside(script: str, on: str | None) -> str:
     of this folder, where a relative path to it leads nowhere. torchrun runs it from where
     it is, and so does treb, by its absolute path (this machine's, or a shared file
     system's on Slurm); where the code travels to other machines it is refused."""
-    where = os.path.abspath(script)
+    where = os.path.realpath(script)
     if on in SHIPPED:
         raise usage(
             f"{script} is outside this folder ({os.getcwd()}), which is what --on {on} sends "

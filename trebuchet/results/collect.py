@@ -24,6 +24,7 @@ from typing import Any
 
 from trebuchet.results import parse, table
 from trebuchet.runtime.procs import hostname
+from trebuchet.runtime.regular import read_text
 
 RANKS = ("rank0", "sum", "mean")
 DEFAULT_FILE = "results.csv"
@@ -44,7 +45,7 @@ def options(spec: Any) -> tuple[str, str]:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_text(path))  # regular files only: a rank's FIFO never blocks
     except (OSError, ValueError):
         return None
 
@@ -57,7 +58,7 @@ def _spec(run_dir: Path) -> dict[str, Any]:
     try:
         import yaml
 
-        data = yaml.safe_load((run_dir / "spec.yaml").read_text())
+        data = yaml.safe_load(read_text(run_dir / "spec.yaml"))
     except (OSError, ValueError, ImportError):
         return {}
     except Exception:  # noqa: BLE001 - yaml.YAMLError: a damaged spec copy yields defaults
@@ -156,7 +157,7 @@ def _durations(store: Any, rec: Any, run_dir: Path) -> tuple[float | None, float
 
 def _lines(path: Path) -> list[str]:
     try:
-        return [ln for ln in path.read_text().splitlines() if ln.strip().startswith("{")]
+        return [ln for ln in read_text(path).splitlines() if ln.strip().startswith("{")]
     except OSError:
         return []
 

@@ -25,14 +25,17 @@ once per idle spell, fail ends the run.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
 import time
 from typing import Any, Dict
 
+from .lines import shown
 from .metrics import Writer, metrics_dir
 from .records import write_json
+from .regular import read_text
 
 IDLE_UTIL = 5.0  # percent: at or below it a GPU is idle
 QUERY_TIMEOUT_S = 5.0
@@ -264,7 +267,9 @@ def sampler(adir: str, config: dict[str, Any] | None, procs: list[Any]) -> Sampl
 
 
 def read_states(adir: str) -> list[dict[str, Any]]:
-    """Every node's latest GPU state of an attempt (gpu/node-<n>.json)."""
+    """Every node's latest GPU state of an attempt (gpu/node-<n>.json), as `_state` keeps
+    it: a rank can write these files too (it runs in the run directory), or put a FIFO
+    there (regular files only: regular.py)."""
     folder = os.path.join(adir, STATE_DIR)
     try:
         names = sorted(os.listdir(folder))
@@ -275,13 +280,40 @@ def read_states(adir: str) -> list[dict[str, Any]]:
         if not (name.startswith("node-") and name.endswith(".json")):
             continue
         try:
-            with open(os.path.join(folder, name), "rb") as fh:
-                data = json.loads(fh.read(1 << 20))
+            state = _state(json.loads(read_text(os.path.join(folder, name), 1 << 20)))
         except (OSError, ValueError):
             continue
-        if isinstance(data, dict):
-            out.append(data)
+        if state is not None:
+            out.append(state)
     return out
+
+
+def _finite(v: Any) -> float | None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if ok else None
+
+
+def _state(data: Any) -> dict[str, Any] | None:
+    """A node's state as the readers format it: node and sample index ints (else None),
+    figures finite numbers (else None), samples dicts, the error a line of text; None when
+    it is no state at all."""
+    if not isinstance(data, dict):
+        return None
+    node = data.get("node")
+    samples = [
+        {"index": s["index"] if _small_int(s.get("index")) else None,
+         **{k: _finite(s.get(k)) for k in ("util", "mem", "mem_total")}}
+        for s in data.get("samples") or [] if isinstance(s, dict)
+    ] if isinstance(data.get("samples"), list) else []  # fmt: skip
+    error = data.get("error")
+    error = shown(error)[:500] if isinstance(error, str) else None
+    return {"node": node if _small_int(node) else None, "t": _finite(data.get("t")),
+            "started": _finite(data.get("started")), "busy": _finite(data.get("busy")),
+            "samples": samples, "error": error}  # fmt: skip
+
+
+def _small_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 31
 
 
 CHECK_S = 2.0
@@ -337,8 +369,7 @@ def idle_text(info: dict[str, Any], timeout: float, action: str) -> str:
 def idle_settings(run_dir: str) -> tuple[float, str] | None:
     """(idle_gpu_timeout, idle_gpu_action) from the run's metrics.json, or None."""
     try:
-        with open(os.path.join(run_dir, "metrics.json"), "rb") as fh:
-            data = json.loads(fh.read(1 << 20))
+        data = json.loads(read_text(os.path.join(run_dir, "metrics.json"), 1 << 20))
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict):

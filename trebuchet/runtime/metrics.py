@@ -42,6 +42,7 @@ import time
 from typing import Any, Dict
 
 from .lines import shown
+from .regular import read_text
 
 NUMBER = rb"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 PERF = re.compile(
@@ -54,6 +55,10 @@ _NOT_BRACKET = re.compile(rb"[^\[\]{}()]+")
 # The Trainer's repr of a diverged value (`'loss': nan`): no literal; read as one that is
 # not finite (dropped and counted), so the line's other values stay.
 _BARE = re.compile(r"(?<=[:,\[(]\s)(-?)(?:nan|inf)(?=\s*[,}\])])")
+# An integer longer than this is no finite float (10**309 is not): read as inf, dropped and
+# counted, never handed to int() (Python refuses 4,300 digits: the line would be lost).
+INT_DIGITS = 310
+_LONG_INT = re.compile(rf"(?<![\w.])\d{{{INT_DIGITS + 1},}}(?![\w.])")
 STEP_KEYS = ("step", "global_step", "iteration", "iter")
 LITERAL_MAX = 16 << 10
 DEPTH_MAX = 32  # nesting of a `{...}` decoded at most (json and ast recurse per level)
@@ -192,17 +197,24 @@ def _parse(line: bytes, config: Config | None) -> tuple[float | None, Values]:
     return None, {}
 
 
+def _int(text: str) -> float:
+    """json's reading of an integer: inf past INT_DIGITS digits (_LONG_INT)."""
+    if len(text.lstrip("-")) > INT_DIGITS:
+        return -math.inf if text.startswith("-") else math.inf
+    return int(text)
+
+
 def _decoded(part: bytes) -> tuple[float | None, Values]:
     text = part.decode(errors="replace")
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_int)
     except (ValueError, RecursionError, MemoryError):
         if "'" not in text:
             return None, {}
         try:  # the HuggingFace Trainer's repr of a dict: literals only, bounded above
             import ast  # here: only a dict printed as a repr pays for it
 
-            data = ast.literal_eval(_BARE.sub(r"\g<1>1e999", text))
+            data = ast.literal_eval(_LONG_INT.sub("1e999", _BARE.sub(r"\g<1>1e999", text)))
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return None, {}
     return _from_mapping(data)
@@ -350,9 +362,8 @@ CONFIG_FILE = "metrics.json"  # in the run directory, written at submission
 def read_config(adir: str) -> dict[str, Any] | None:
     """The run's `metrics.json` beside an attempt directory (also what the agent's other
     readers take: progress.py's ETA, gpu.py); None when absent or unreadable."""
-    try:
-        with open(os.path.join(os.path.dirname(adir.rstrip("/")), CONFIG_FILE)) as fh:
-            data = json.load(fh)
+    try:  # regular files only: a rank can put a FIFO there (regular.py)
+        data = json.loads(read_text(os.path.join(os.path.dirname(adir.rstrip("/")), CONFIG_FILE)))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

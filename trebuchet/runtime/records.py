@@ -4,15 +4,18 @@ rename), so `treb status` on another machine reads the old record or the new one
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import json
+import math
 import os
 import re
 import signal
+import stat
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from .regular import read_text
+from .regular import NotRegular, read_text
 
 if TYPE_CHECKING:
     from .contracts import FirstFailure, Outcome
@@ -87,11 +90,32 @@ def append_event(run_dir: str, event: str, **fields: Any) -> None:
     """One line of `events.jsonl` (O_APPEND: lines of concurrent writers do not mix)."""
     line = json.dumps({"time": now(), "event": event, **fields}, sort_keys=True) + "\n"
     path = os.path.join(run_dir, "events.jsonl")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = _append_fd(path)
     try:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
+
+
+def _append_fd(path: str) -> int:
+    """`path` opened for appending, a regular file: a rank can reach the run directory and
+    put a FIFO there, whose opening for writing waited forever for a reader (the run never
+    ended). Without waiting (O_NONBLOCK); anything but a regular file is removed and the
+    file made again, once; raises OSError (NotRegular) when it is not one even then."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(2):
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as exc:  # ENXIO: a FIFO without a reader
+            if exc.errno != errno.ENXIO:
+                raise
+        else:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return fd
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    raise NotRegular(f"{path}: not a regular file")
 
 
 def exit_fields(returncode: int) -> tuple[int, str | None]:
@@ -117,6 +141,54 @@ def attempt_logs(adir: str, first: str | None = None) -> list[str]:
     return logs
 
 
+# An outcome record's fields and their types (contracts.Outcome). The records lie in the
+# attempt's folder, which a rank can reach (it runs in the run directory, and its
+# TORCHELASTIC_ERROR_FILE is there): what is read back is checked field by field, so a
+# record a rank wrote over (`{"exit_code": 1e30, "attempt": "z", "rank": {}}`) never
+# reaches a rule, SQLite or a view as anything but what the fields allow.
+_INT = (int,)
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "label": (str,), "rank": _INT, "node": _INT, "local_rank": _INT, "pid": _INT,
+    "exit_code": _INT, "signal": (str,), "started_at": (int, float), "ended_at": (int, float),
+    "stopped_by_launcher": (bool,), "state": (str,), "log": (str,), "host": (str,),
+    "attempt": _INT, "job_id": (str,), "step_id": (str,), "message": (str,),
+    "after_first_failure": (bool,),
+}  # fmt: skip
+_WHO = ("rank", "node", "local_rank", "exit_code", "signal")  # the views read them all
+TEXT_MAX = 4096  # a message or path in a record, at most (a cause is one line or a few)
+INT_MAX = 1 << 31  # an exit code, rank, node, pid or attempt: what an INTEGER column holds
+
+
+def _fits(value: Any, kinds: tuple[type, ...]) -> bool:
+    """A value of one of `kinds` as a record field holds it: a bool only where bool is
+    meant, an int within INT_MAX, a finite float."""
+    if isinstance(value, bool):
+        return bool in kinds
+    if isinstance(value, int):
+        return -INT_MAX < value < INT_MAX
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def outcome(rec: Any) -> Outcome | None:
+    """`rec` (JSON read back) as an outcome record: the known fields of the right type
+    (bool is no int; numbers finite, ints within INT_MAX; text cut at TEXT_MAX), the
+    others dropped; the process fields the views name present (None when unknown); None
+    when it is not a record at all (no label)."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("label"), str):
+        return None
+    out: dict[str, Any] = {}
+    for key, value in rec.items():
+        kinds = _FIELDS.get(key)
+        if kinds is None or not isinstance(value, kinds):
+            continue
+        if not _fits(value, kinds):
+            continue
+        out[key] = value[:TEXT_MAX] if isinstance(value, str) else value
+    for key in _WHO:
+        out.setdefault(key, None)
+    return cast("Outcome", out)
+
+
 FIRST = "first-failure"  # an attempt's first failure (JSON), written once (claim_first); not
 # a .json name: the readers of an attempt's outcome records (*.json) must not count it twice
 
@@ -132,8 +204,7 @@ def claim_first(adir: str, cause: FirstFailure) -> FirstFailure:
         write_json(tmp, cause)
         os.link(tmp, path)
     except FileExistsError:
-        held = read_json(path)
-        return cast("FirstFailure", held) if isinstance(held, dict) else cause
+        return outcome(read_json(path)) or cause
     except OSError:  # the folder is gone (the run removed): the caller's copy stands
         return cause
     finally:
@@ -144,8 +215,7 @@ def claim_first(adir: str, cause: FirstFailure) -> FirstFailure:
 
 def claimed_first(adir: str) -> FirstFailure | None:
     """The attempt's first failure as claim_first recorded it; None when none was."""
-    held = read_json(os.path.join(adir, FIRST))
-    return cast("FirstFailure", held) if isinstance(held, dict) else None
+    return outcome(read_json(os.path.join(adir, FIRST)))
 
 
 def cause(
@@ -182,9 +252,9 @@ def attempt_records(adir: str) -> list[Outcome]:
         return []
     out: list[Outcome] = []
     for name in names:
-        rec = read_json(os.path.join(adir, name)) if name.endswith(".json") else None
-        if isinstance(rec, dict) and name not in ("attempt.json", FIRST):
-            out.append(cast("Outcome", rec))
+        rec = outcome(read_json(os.path.join(adir, name))) if name.endswith(".json") else None
+        if rec is not None and name not in ("attempt.json", FIRST):
+            out.append(rec)
     return out
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trebuchet.runtime import records
+from trebuchet.runtime import records, regular
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o600, durable: bool = True) -> None:
@@ -28,8 +28,8 @@ def write_json(path: Path, data: Any, durable: bool = True) -> None:
 def read_json(path: Path) -> Any:
     """The JSON in `path`, or None when it does not exist (yet)."""
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
+        return json.loads(regular.read_text(path))  # a rank's FIFO there never blocks
+    except (FileNotFoundError, regular.NotRegular):
         return None
 
 
@@ -44,11 +44,21 @@ def append_event(run_dir: Path, event: str, **fields: Any) -> bool:
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's events; a line that is no JSON object (a rank can reach the file) is
+    skipped, and a FIFO there is not read."""
     try:
-        text = (run_dir / "events.jsonl").read_text()
-    except FileNotFoundError:
+        text = regular.read_text(run_dir / "events.jsonl")
+    except (FileNotFoundError, regular.NotRegular):
         return []
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    out = []
+    for line in text.splitlines():
+        try:
+            event = json.loads(line) if line.strip() else None
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            out.append(event)
+    return out
 
 
 def refused_submission(event: dict[str, Any]) -> str | None:

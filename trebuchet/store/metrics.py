@@ -124,8 +124,10 @@ def files(run_dir: str) -> list[tuple[str, int]]:
 
 
 def _digits(text: str) -> bool:
-    """ASCII digits only: what the agents name their files (a path also goes to SQLite)."""
-    return text.isascii() and text.isdigit()
+    """ASCII digits only, at most 9 of them: what the agents name their files (a path also
+    goes to SQLite, and the number into an INTEGER column: a file a rank planted as
+    `rank-<20 digits>.jsonl` is not the agent's, and is not read)."""
+    return text.isascii() and text.isdigit() and len(text) <= 9
 
 
 @record
