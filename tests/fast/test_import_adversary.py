@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.fast.test_import_sandbox import _userns_for_nobody
 from trebuchet.spec.load import load_spec
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -25,19 +26,9 @@ WHO = ["root", "nobody"]
 LIMIT = 150  # seconds: the import's own 60 s bound, with room for a loaded machine
 
 
-def _can_be_nobody() -> bool:
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        return False
-    done = subprocess.run(
-        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "unshare",
-         "--user", "--map-root-user", "--mount", "true"],
-        capture_output=True, timeout=30,
-    )  # fmt: skip
-    return done.returncode == 0
-
-
 pytestmark = pytest.mark.skipif(
-    not _can_be_nobody(), reason="needs root, setpriv and unprivileged user namespaces"
+    os.geteuid() != 0 or not shutil.which("setpriv") or not _userns_for_nobody(),
+    reason="needs root, setpriv and unprivileged user namespaces",
 )
 
 
