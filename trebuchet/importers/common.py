@@ -39,6 +39,7 @@ CREDENTIALS = [
         (r"\bglpat-[\w-]{16,}", "a GitLab token"),
         (r"\beyJ[\w-]{8,}\.[\w-]{8,}\.[\w-]*", "a JWT"),
         (r"\b[0-9a-fA-F]{32,}\b", "a hex key"),
+        (r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:[^\s/@]+@", "a password in a URL"),
     )
 ]
 # A word of a base64 / URL-safe alphabet ("=" only as padding: NAME=value is two words).
@@ -227,10 +228,12 @@ class ImportResult:
     def messages(self) -> list[str]:
         """The notes as `FILE:LINE: kind: text`, in line order, secrets masked."""
         out: list[str] = []
+        said: set[str] = set()  # (a list's `in` made 450,000 lines after `exit` quadratic)
         for n in sorted(self.notes, key=lambda n: n.line or 0):
             where = f"{self.source}:{n.line}" if n.line else self.source
             text = as_text(self.redact(f"{where}: {n.kind}: {n.text}"))
-            if text not in out:  # the same thing seen twice (two srun tasks) is said once
+            if text not in said:  # the same thing seen twice (two srun tasks) is said once
+                said.add(text)
                 out.append(text)
         return out
 
@@ -241,7 +244,10 @@ class ImportResult:
         return spec
 
     def to_yaml(self) -> str:
-        head = f"# imported by `treb import {self.kind}` from {self.source}\n"
+        # The file's name is the user's: a line break in it (\n, \r, U+0085, U+2028) would
+        # end the comment and start a key (`retries: 7`); shown escaped, it stays a comment.
+        source = "".join(c if c.isprintable() else repr(c)[1:-1] for c in self.source)
+        head = f"# imported by `treb import {self.kind}` from {source}\n"
         return head + dump_yaml(self.ordered())
 
 

@@ -55,6 +55,7 @@ HOST = "node" + secrets.token_hex(5) + "-{}"
 JOB_ID = str(10**8 + secrets.randbelow(9 * 10**8))
 ADDR = f"10.{secrets.randbelow(256)}.{secrets.randbelow(256)}." + "{}"  # `hostname -i`
 DISK_BYTES = 128 * 1024 * 1024  # the sandbox's writable tmpfs: /tmp, HOME, the folder's writes
+TAR_BYTES = DISK_BYTES + 32 * 1024 * 1024  # what it hands back: its files and tar's headers
 MEMORY_BYTES = 1 << 30  # ulimit -v of each process in it
 MAX_PROCS = 256  # ulimit -u in its nested user namespace, and pid 1 ends it past that
 MAX_FILES = 20_000  # files read back from its record folder
@@ -373,7 +374,9 @@ done
 kill -9 -1 2>/dev/null
 wait "$pid"
 status=$?
-cd /.treb && tar -cf - rec notes out err argv 2>/dev/null
+# A sparse file costs the scratch tmpfs nothing and reads back whole: the tar is cut at
+# what the tmpfs can hold (a cut tar keeps its entries before the cut).
+cd /.treb && tar -cf - rec notes out err argv 2>/dev/null | head -c "$TREB_ORACLE_TAR_MAX"
 exit "$status"
 """
 
@@ -543,6 +546,7 @@ def _sandbox(
         "PATH": SYSTEM_PATH,
         "LANG": "C.UTF-8",
         "TREB_ORACLE_DISK": f"{DISK_BYTES // 1024}k",
+        "TREB_ORACLE_TAR_MAX": str(TAR_BYTES),
         "TREB_ORACLE_FSIZE_K": str(MAX_OUTPUT // 1024),
         "TREB_ORACLE_MEM_K": str(MEMORY_BYTES // 1024),
         "TREB_ORACLE_NPROC": str(MAX_PROCS),
@@ -586,6 +590,7 @@ def _members(data: bytes) -> dict[str, bytes]:
     """The regular files of the sandbox's tar (FIFOs, links and devices the script planted
     are skipped, never opened), each and all bounded."""
     out: dict[str, bytes] = {}
+    left = DISK_BYTES
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
             for m in tf:
@@ -595,7 +600,8 @@ def _members(data: bytes) -> dict[str, bytes]:
                     continue
                 f = tf.extractfile(m)
                 if f is not None:
-                    out[m.name] = f.read(MAX_OUTPUT)
+                    out[m.name] = f.read(min(MAX_OUTPUT, left))
+                    left -= len(out[m.name])
     except (tarfile.TarError, OSError, EOFError):
         pass  # what was read before a damaged entry is kept
     return out
