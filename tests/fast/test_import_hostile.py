@@ -43,11 +43,13 @@ def loads(tmp_path: Path, out: str, environ: dict[str, str] | None = None):
 
 
 def test_a_key_read_by_the_script_is_withheld_and_named_with_its_line(capsys, tmp_path) -> None:
-    (tmp_path / "id_ed25519").write_text(KEY)
+    # A name that does not say "key" (an id_ed25519 there is hidden from the sandbox): the
+    # value itself is recognised.
+    (tmp_path / "material.txt").write_text(KEY)
     code, out, err = run(
         capsys,
         tmp_path,
-        'export RUN_TAG=$(base64 -w0 id_ed25519)\nsrun python train.py --tag "$RUN_TAG"\n',
+        'export RUN_TAG=$(base64 -w0 material.txt)\nsrun python train.py --tag "$RUN_TAG"\n',
     )
     assert code == 0, err
     encoded = base64.b64encode(KEY.encode()).decode()

@@ -310,6 +310,32 @@ def test_a_script_next_to_the_dotfiles_of_home_does_not_see_them(box: Box) -> No
     assert command_of(box, done) == "python probe.py '[]'"
 
 
+def test_credential_files_in_the_scripts_folder_are_not_there(box: Box) -> None:
+    """A token in a .env beside the script, read and encoded (xxd) so that no credential
+    pattern knows it: the file is absent from the sandbox, `source .env` kept as a setup
+    line, and each hidden file is named (the adversary's case, issue 33)."""
+    (box.src / ".env").write_text(f"HF_TOKEN={SECRET}\n")
+    (box.src / "conf").mkdir()
+    (box.src / "conf" / "id_rsa").write_text(SECRET + "\n")
+    (box.src / "tokenizer.json").write_text("kept\n")
+    for p in (box.src / ".env", box.src / "conf" / "id_rsa", box.src / "tokenizer.json"):
+        p.chmod(0o644)
+    (box.src / "conf").chmod(0o755)
+    done = box.run(
+        "source .env\n"
+        "T=$(cat .env conf/id_rsa 2>/dev/null | xxd -p | tr -d '\\n')\n"
+        'srun python probe.py "[$T]" "$(cat tokenizer.json)"\n'
+    )
+    spec = box.spec(done)
+    assert spec["command"] == "python probe.py '[]' kept"
+    assert spec["slurm"]["setup"] == ["source .env"]
+    assert SECRET.encode().hex() not in done.stdout + done.stderr
+    assert ".env: hidden from the import sandbox" in done.stderr
+    assert "conf/id_rsa: hidden from the import sandbox" in done.stderr
+    assert (box.src / ".env").read_text() == f"HF_TOKEN={SECRET}\n"  # nothing changed here
+    box.untouched()
+
+
 # ---- what the script leaves in the record folder ---------------------------------------
 
 

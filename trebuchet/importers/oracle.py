@@ -32,6 +32,7 @@ script inside, never a process's environment.
 
 from __future__ import annotations
 
+import fnmatch
 import io
 import os
 import re
@@ -94,6 +95,17 @@ ETC_ALLOWED = tuple(
         "environment",
     ]
 )
+# Files of the script's folder whose names say they hold credentials: absent from its
+# copy-on-write view (`source .env` is then kept as a setup line, run on the nodes).
+CREDENTIAL_FILES = (
+    ".env", ".env.*", "*.env", ".envrc", ".netrc", ".git-credentials", ".pypirc", ".npmrc",
+    ".ssh", ".aws", ".gnupg", ".docker", ".kube", ".azure", ".config", ".cache",
+    "*.pem", "*.key", "*.p12", "*.pfx", "*.keystore", "*.jks", "id_rsa*", "id_dsa*",
+    "id_ecdsa*", "id_ed25519*", "credentials*", "*credentials.json", "secrets*", ".secrets*",
+    "token", "*.token", "*_token", ".token*", "*.kdbx",
+)  # fmt: skip
+HIDE_DEPTH = 3  # folders below the script's searched for them
+HIDE_MAX = 5000  # entries looked at: a script's folder, not a dataset
 # Folders a script's folder may not be: it is shown to the script copy-on-write.
 SHARED_FOLDERS = ("/", "/home", "/tmp", "/var/tmp", "/dev/shm")
 SYSTEM_FOLDERS = ("/proc", "/sys", "/dev", "/etc", "/run", "/boot")
@@ -326,6 +338,12 @@ if [[ $1 == make ]]; then
     mkdir -p "./$sub" || die "cannot make $sub"
     mount -t overlay treb-folder -o "lowerdir=$sub,upperdir=.treb/up,workdir=.treb/work" \
       "./$sub" 2>/dev/null || mount --bind .treb/empty "./$sub" || die "cannot mount $sub"
+    while IFS= read -r -d '' rel; do  # files that hold credentials: absent (else emptied)
+      e=./$sub/$rel
+      rm -rf -- "$e" 2>/dev/null && continue
+      if [[ -d $e && ! -L $e ]]; then mount -t tmpfs -o size=4k,ro treb-hidden "$e"
+      elif [[ -e $e && ! -L $e ]]; then mount --bind /dev/null "$e"; fi || die "cannot hide $rel"
+    done <"$S/hide"
     if [[ $home == /?* && "$home/" == "$sub/"* ]]; then
       for e in "./$home"/.[!.]* "./$home"/..?*; do  # HOME's dotfiles: ~/.ssh, ~/.netrc...
         if [[ -L $e ]]; then continue
@@ -542,6 +560,8 @@ def _sandbox(
         if NAME_RE.fullmatch(k) and "\0" not in v
     )
     (scratch / "env").write_bytes(blob)
+    hide = hidden_files(folder) if folder else []
+    (scratch / "hide").write_bytes(b"".join(os.fsencode(h) + b"\0" for h in hide))
     fixed = {
         "PATH": SYSTEM_PATH,
         "LANG": "C.UTF-8",
@@ -584,6 +604,25 @@ def _sandbox(
             "(unprivileged user namespaces may be disabled: kernel.unprivileged_userns_clone)"
         )
     return _Run(done.returncode, _members(done.stdout), said)
+
+
+def hidden_files(folder: str) -> list[str]:
+    """Paths (relative to `folder`, HIDE_DEPTH deep at most) whose names say they hold
+    credentials: the script never sees them (nor a symlink's target, which is not followed)."""
+    out: list[str] = []
+    seen = 0
+    for top, dirs, files in os.walk(folder):
+        rel = os.path.relpath(top, folder)
+        depth = 0 if rel == "." else rel.count(os.sep) + 1
+        for name in [*dirs, *files]:
+            seen += 1
+            if any(fnmatch.fnmatch(name.lower(), pat) for pat in CREDENTIAL_FILES):
+                out.append(name if rel == "." else os.path.join(rel, name))
+        dirs[:] = [d for d in dirs if depth < HIDE_DEPTH and not
+                   any(fnmatch.fnmatch(d.lower(), pat) for pat in CREDENTIAL_FILES)]  # fmt: skip
+        if seen > HIDE_MAX:
+            break
+    return out
 
 
 def _members(data: bytes) -> dict[str, bytes]:
@@ -705,6 +744,12 @@ def record(
         note = _note(row)
         if note:
             rec.notes.append(note)
+    for rel in hidden_files(str(run_script.parent)):
+        shown_rel = "".join(c if c.isprintable() else repr(c)[1:-1] for c in rel)
+        rec.notes.append(
+            (None, f"{shown_rel}: hidden from the import sandbox (its name says it holds "
+             "credentials): what the script reads from it was not seen by the import")
+        )  # fmt: skip
     return rec
 
 
