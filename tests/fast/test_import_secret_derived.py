@@ -132,3 +132,13 @@ def test_an_argument_that_reads_a_withheld_variable_reads_it_at_run_time(capsys,
     assert spec["command"] == 'python train.py --t "${T}"', out
     assert spec["secrets"] == ["T"], out
     assert "T: withheld: its value is made from a secret ($API_TOKEN)" in err, err
+
+
+def test_a_torchrun_argument_computed_from_a_secret_is_named(capsys, tmp_path) -> None:
+    code, out, err = run(
+        capsys,
+        tmp_path,
+        "srun bash -c 'torchrun --nproc_per_node=2 train.py --t $(rev <<<\"$API_TOKEN\")'\n",
+    )
+    assert code == 2, (out, err)
+    assert "job.sh:3: argument 4 of torchrun is computed from $API_TOKEN in the script" in err

@@ -424,7 +424,7 @@ def _secret_derived(
         line = (first.get(k) or ("", None))[1]
         if _held(first, k, derived) == _held(second, k, derived):
             continue  # `--t "$T"`, T exported and withheld: the spec reads ${T}
-        whose = "the srun command" if what == "argv" else "the program torchrun starts"
+        whose = "the srun command" if what == "argv" else "torchrun"
         raise UserError(
             f"{p}:{line}: argument {i} of {whose} is computed from ${name} in the script "
             f"(its value changes with the secret's): treb cannot carry it; pass the secret "
