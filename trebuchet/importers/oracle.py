@@ -199,7 +199,7 @@ exit 0
 
 PRELUDE = r"""# trebuchet import sandbox: sourced by every bash in it (BASH_ENV).
 [[ $0 == "$TREB_ORACLE_BIN"/* ]] && return 0
-if [[ ${TREB_ORACLE_TOP:-} == 1 ]]; then __treb_top=1; export TREB_ORACLE_TOP=0; fi
+if [[ ${TREB_ORACLE_TOP:-} == 1 ]]; then __treb_top=1; export TREB_ORACLE_TOP=0; RANDOM=4242; fi
 __treb_note() {
   printf '%s\t%s\t%s\n' "${TREB_ORACLE_LINE:-}" "$1" "${*:2}" >>"$TREB_ORACLE_DIR/notes"
 }
@@ -425,6 +425,7 @@ class Recording:
     notes: list[tuple[int | None, str]] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)
     markers: dict[str, str] = field(default_factory=dict)  # marker -> secret name
+    derived: dict[str, str] = field(default_factory=dict)  # env name -> the secret it varies with
     bin_dir: str = ""
 
     def top(self) -> list[Call]:

@@ -481,6 +481,12 @@ class _Withheld:
                 if why:
                     self.values.setdefault(value, name)
                     self.why[name] = why
+        for name, secret in rec.derived.items():  # changed with the stand-ins (sbatch.py)
+            self.why[name] = f"its value is made from a secret (${secret})"
+            for c in rec.calls:
+                value = c.env.get(name, "")
+                if len(value) >= Fragments.K and value not in rec.markers:
+                    self.values.setdefault(value, name)
         known = sorted([*self.values, *self.markers], key=len, reverse=True)
         for c in rec.calls:
             self._arguments(c, known)
@@ -558,6 +564,13 @@ def _carry_env(
                 res.note(line, f"MASTER_PORT={value}: master_port")
             else:
                 res.drop(line, f"MASTER_PORT={value}", "not a port number")
+            continue
+        if name in rec.derived:  # however short: it changed with a secret's stand-in
+            res.add_secret(name, value if len(value) >= Fragments.K else None)
+            res.note(
+                line,
+                f"{name}: withheld: {secrets.why[name]}; export it in the shell you submit from",
+            )
             continue
         if value in secrets.values:  # (another variable may hold the same value)
             why = secrets.why.get(name) or secrets.why[secrets.values[value]]

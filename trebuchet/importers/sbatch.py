@@ -14,6 +14,7 @@ import secrets
 import shlex
 import string
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from trebuchet.errors import UserError
@@ -312,7 +313,7 @@ def _record(p: Path, text: str, st: _Script, swapped: str | None) -> oracle.Reco
                         "run treb import again (each run draws new ones)")  # fmt: skip
     passed: dict[str, str] = {}
     markers: dict[str, str] = {}
-    for ref in sorted(set(re.findall(r"\$\{?!?([A-Za-z_][A-Za-z0-9_]*)", text))):
+    for ref in sorted(set(re.findall(r"\$\{?[!#]?([A-Za-z_][A-Za-z0-9_]*)", text))):
         if ref.startswith("SLURM") or ref in slurm_env:
             continue
         if is_secret(ref, os.environ.get(ref)):  # by its name, or by the look of your value
@@ -325,6 +326,12 @@ def _record(p: Path, text: str, st: _Script, swapped: str | None) -> oracle.Reco
     tasks = ["0:0:0"] + ([f"{last}:{nodes - 1}:{tpn - 1}"] if last > 0 else [])
     rec = oracle.record(p, cwd, slurm_env, passed, tasks, swapped)
     rec.markers = markers
+    if markers:  # (a script that reads no secret is recorded once)
+
+        def again(given: dict[str, str]) -> oracle.Recording:
+            return oracle.record(p, cwd, slurm_env, {**passed, **given}, tasks, swapped)
+
+        rec.derived = _secret_derived(p, low, rec, again)
     _derived(text, sorted(markers.values()), st.res)
     for ref in sorted(set(passed) - set(markers.values())):
         st.res.note(
@@ -334,6 +341,106 @@ def _record(p: Path, text: str, st: _Script, swapped: str | None) -> oracle.Reco
             "value of the shell you submit from",
         )
     return rec
+
+
+def _view(rec: oracle.Recording, markers: dict[str, str]) -> dict[str, tuple[str, int | None]]:
+    """What of a recording reaches the spec, each value in a form that does not depend on
+    the stand-ins where the existing checks already see them: the main srun's arguments,
+    the torchrun worker's, the environment of both (key -> (value, line))."""
+    sruns = [c for c in rec.top() if c.tool == "srun" and not c.in_subst]
+    if not sruns:
+        return {}
+    main = sruns[-1]
+    tr = next((c for c in rec.children(main, 0) if recorded.is_torchrun(c)), None)
+    pieces = Fragments(markers)
+    scratch = os.path.dirname(rec.bin_dir)
+
+    def shape(value: str) -> str:
+        for marker, name in markers.items():
+            value = value.replace(marker, "${" + name + "}")
+        for start, end, name in reversed(pieces.spans(value)):
+            value = f"{value[:start]}<{name}>{value[end:]}"
+        return value.replace(scratch, "<scratch>")
+
+    out = {f"argv {i}": (shape(a), main.line) for i, a in enumerate(main.argv)}
+    for c in (main, tr):
+        if c is None:
+            continue
+        if c is tr:
+            out.update({f"worker {i}": (shape(a), c.line) for i, a in enumerate(c.argv)})
+        for name, value in c.env.items():
+            if rec.baseline.get(name) != value and not name.startswith("TREB_ORACLE_"):
+                out[f"env {name}"] = (shape(value), c.line)
+    return out
+
+
+def _differ(a: dict[str, tuple[str, int | None]], b: dict[str, tuple[str, int | None]]) -> set[str]:
+    return {k for k in a.keys() | b.keys() if (a.get(k) or ("",))[0] != (b.get(k) or ("",))[0]}
+
+
+def _secret_derived(
+    p: Path, low: str, rec: oracle.Recording, again: Callable[[dict[str, str]], oracle.Recording]
+) -> dict[str, str]:
+    """A value computed from a secret can keep none of its stand-in (reversed, hex, cut to
+    single characters, its length): the script runs again with other stand-ins (of another
+    length), and what reaches the spec and changes with them is computed from the secret.
+    What changes in a third run with the first stand-ins is random ($RANDOM in a subshell,
+    mktemp, date), not the secret's. An argument so computed is an error naming the secret;
+    an environment variable is withheld (returned: name -> the secret)."""
+    names = {n: m for m, n in rec.markers.items()}
+    taken = dict(rec.markers)
+
+    def other(name: str) -> str:
+        marker = _marker(low, taken, 40)
+        taken[marker] = name
+        return marker
+
+    def run(swap: dict[str, str]) -> dict[str, tuple[str, int | None]]:
+        """The view of a run with the secrets in `swap` given new stand-ins."""
+        markers = {swap.get(n, m): n for n, m in names.items()}
+        return _view(again({n: m for m, n in markers.items()}), markers)
+
+    first = _view(rec, rec.markers)
+    second = run({n: other(n) for n in names})
+    changed = _differ(first, second)
+    if changed:
+        changed -= _differ(first, run({}))
+    by: dict[str, str] = {}
+    if len(names) == 1:
+        by = dict.fromkeys(changed, next(iter(names)))
+    else:
+        for name in sorted(names) if changed else ():
+            for k in _differ(first, run({name: other(name)})) & changed:
+                by.setdefault(k, name)
+    for k in sorted(changed):
+        by.setdefault(k, min(names))
+    derived = {k[4:]: n for k, n in by.items() if k.startswith("env ")}
+    args = sorted(
+        ((k, n) for k, n in by.items() if not k.startswith("env ")),
+        key=lambda kn: (kn[0].split()[0], int(kn[0].split()[1])),
+    )
+    for k, name in args:
+        what, i = k.split()
+        line = (first.get(k) or ("", None))[1]
+        if _held(first, k, derived) == _held(second, k, derived):
+            continue  # `--t "$T"`, T exported and withheld: the spec reads ${T}
+        whose = "the srun command" if what == "argv" else "torchrun"
+        raise UserError(
+            f"{p}:{line}: argument {i} of {whose} is computed from ${name} in the script "
+            f"(its value changes with the secret's): treb cannot carry it; pass the secret "
+            f'itself ("${name}") or compute it in the program'
+        )
+    return derived
+
+
+def _held(view: dict[str, tuple[str, int | None]], key: str, withheld: dict[str, str]) -> str:
+    """The value at `key` with the values of withheld variables as their references."""
+    value = (view.get(key) or ("",))[0]
+    for env in withheld:
+        held = (view.get(f"env {env}") or ("",))[0]
+        if len(held) >= Fragments.K:
+            value = value.replace(held, "${" + env + "}")
+    return value
 
 
 def _derived(text: str, names: list[str], res: ImportResult) -> None:
@@ -354,12 +461,12 @@ def _derived(text: str, names: list[str], res: ImportResult) -> None:
             )
 
 
-def _marker(low: str, taken: dict[str, str]) -> str:
+def _marker(low: str, taken: dict[str, str], length: int = 32) -> str:
     """What a secret's variable holds in the sandbox instead of your value: 32 random
     lowercase letters and digits, no 6 of them in a row in the script (Fragments finds any
     piece of it in what the script made of it)."""
     while True:
-        m = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(32))
+        m = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(length))
         grams = [m[i : i + Fragments.K] for i in range(len(m) - Fragments.K + 1)]
         if not any(g in low or any(g in t for t in taken) for g in grams):
             return m
