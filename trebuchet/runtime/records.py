@@ -78,11 +78,13 @@ def write_json(path: str, data: Any, durable: bool = True) -> None:
     write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n", durable=durable)
 
 
-def read_json(path: str) -> Any:
-    """The JSON in `path`; None when it is absent or unreadable."""
+def read_json(path: str, limit: int = -1) -> Any:
+    """The JSON in `path` (its first `limit` bytes; -1: all); None when it is absent or
+    unreadable: not a regular file (a rank's FIFO never blocks), no JSON, or nested past
+    the recursion limit (RecursionError)."""
     try:
-        return json.loads(read_text(path))  # regular files only: a rank's FIFO never blocks
-    except (OSError, ValueError):
+        return json.loads(read_text(path, limit))
+    except (OSError, ValueError, RecursionError):
         return None
 
 
