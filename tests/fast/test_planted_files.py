@@ -176,3 +176,32 @@ def test_planted_run_files_break_no_view(treb: TrebFn, tmp_path: Path) -> None:
                 pytest.fail(f"treb {' '.join(view)} blocked on a planted {kind}")
             assert res.returncode in (0, 1, 2), (kind, view, res.returncode, res.stderr[-2000:])
             assert "Traceback" not in res.stderr, (kind, view, res.stderr[-2000:])
+
+
+def test_files_the_agent_writes_planted_do_not_hold_the_run(treb: TrebFn, tmp_path: Path) -> None:
+    """The node agent writes into the attempt folder while the ranks run: a rank's progress
+    state, its metric points, the next attempt's rank log. A rank that put FIFOs there
+    first (opening one for writing waits for a reader) must not hold the run: it ends."""
+    (tmp_path / "train.py").write_text(
+        textwrap.dedent("""
+        import os, sys
+        adir = os.path.dirname(os.path.dirname(os.environ["TREB_HEARTBEAT"]))
+        run = os.path.dirname(adir)
+        for rel in ("progress/rank-0", "metrics/rank-0.jsonl", "../attempt-1/rank-0.log"):
+            path = os.path.join(adir, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if not os.path.exists(path):
+                os.mkfifo(path)
+        print("step 1/10", flush=True)
+        print('{"loss": 1.5}', flush=True)
+        sys.exit(0 if os.environ.get("TREB_ATTEMPT") == "1" else 3)
+    """)
+    )
+    (tmp_path / "job.yaml").write_text(
+        "name: w\nnodes: 1\nretries: 1\ncommand: [python, train.py]\n"
+    )
+    try:
+        res = treb("run", str(tmp_path / "job.yaml"), cwd=tmp_path, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("treb run blocked on a FIFO the rank put where the agent writes")
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]

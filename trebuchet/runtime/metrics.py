@@ -42,7 +42,7 @@ import time
 from typing import Any, Dict
 
 from .lines import shown
-from .records import read_json
+from .records import read_json, writable_fd
 
 NUMBER = rb"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 PERF = re.compile(
@@ -304,7 +304,7 @@ class Writer:
         data = (json.dumps(point) + "\n").encode()
         try:
             if self.fd < 0:
-                self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                self.fd = writable_fd(self.path)  # a rank's FIFO there is replaced
             os.write(self.fd, data)
         except OSError:
             return
