@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.errors import RunFailed, UserError
+from trebuchet.runtime.regular import read_text
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.states import SUCCEEDED, TERMINAL, describe_failure
 
@@ -96,7 +97,10 @@ class Run:
         adir = Path(rec.run_dir) / f"attempt-{rec.attempt if attempt is None else attempt}"
         for name in (f"rank-{rank}.log", f"node-{rank}.log"):
             if (adir / name).exists():
-                return (adir / name).read_text(errors="replace")
+                try:  # a regular file only: the rank can put a FIFO in its place
+                    return read_text(adir / name)
+                except OSError:
+                    return ""
         return ""
 
 

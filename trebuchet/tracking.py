@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from trebuchet.errors import UserError
 from trebuchet.runtime import tracking as rt
 from trebuchet.runtime.mlflow_rest import Mlflow, MlflowError, metric, usable_uri
+from trebuchet.runtime.records import read_json
 from trebuchet.runtime.regular import read_text
 from trebuchet.store.files import append_event, write_json
 from trebuchet.store.states import CANCELLED, SUCCEEDED, TERMINAL
@@ -199,7 +200,7 @@ def _open_mlflow(
     try:
         client.log_batch(info["run_id"], params=run_params)
         del rest["params"]
-        spec_text = hide((sub.run_dir / "spec.yaml").read_text(errors="replace")).encode()
+        spec_text = hide(read_text(sub.run_dir / "spec.yaml")).encode()  # a regular file only
         client.upload(info["artifact_uri"], "spec.yaml", spec_text)
         del rest["artifacts"]
     except (MlflowError, OSError) as exc:
@@ -241,10 +242,7 @@ def hider(secrets: Any, environ: Mapping[str, str] = os.environ) -> Callable[[st
 
 def _run_hider(run_dir: Path) -> Callable[[str], str]:
     """hider() of a run: its secrets' names from its spec.json."""
-    try:
-        spec = json.loads(read_text(run_dir / "spec.json"))  # a rank's FIFO never blocks
-    except (OSError, ValueError):
-        spec = {}
+    spec = read_json(str(run_dir / "spec.json"))  # a rank's FIFO never blocks
     return hider(spec.get("secrets") if isinstance(spec, dict) else None)
 
 
@@ -447,7 +445,7 @@ def _send(store: Store, rec: RunRecord, client: Mlflow, ml: dict, key: str, valu
         client.log_batch(run_id, params=[(k, hide(v)) for k, v in value])
     elif key == "artifacts":
         for name in value:
-            text = hide((run_dir / name).read_text(errors="replace"))
+            text = hide(read_text(run_dir / name))  # a regular file only: a rank can reach it
             client.upload(ml["artifact_uri"], name, text.encode())
     elif key == "metrics":
         _send_metrics(store, rec, client, run_id, int(value.get("sent") or 0))

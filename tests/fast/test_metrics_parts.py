@@ -167,6 +167,15 @@ def make_run(store: Store, run_dir: Path, rid: str = "r1") -> RunRecord:
     return rec
 
 
+def ended_run(treb_home: Path, run_dir: Path, rid: str) -> RunRecord:
+    """A SUCCEEDED run `rid` in a new store, its metrics to be written under `run_dir`."""
+    treb_home.mkdir()
+    store = Store()
+    rec = make_run(store, run_dir, rid=rid)
+    lifecycle.ended(store, rec.id, "SUCCEEDED")
+    return rec
+
+
 def jsonl(path: Path, rows: list[tuple[float, dict]], partial: bytes = b"") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as fh:
@@ -220,10 +229,7 @@ def test_ingest_is_bounded_evenly_and_keeps_the_last_point(
 def test_treb_metrics_table_json_csv(
     treb_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    treb_home.mkdir()
-    store = Store()
-    rec = make_run(store, tmp_path / "run", rid="abcd1234")
-    lifecycle.ended(store, rec.id, "SUCCEEDED")
+    ended_run(treb_home, tmp_path / "run", "abcd1234")
     jsonl(
         tmp_path / "run" / "attempt-0" / "metrics" / "rank-0.jsonl",
         [(i, {"loss": 1.0 / i, "lr": 0.001}) for i in range(1, 51)],

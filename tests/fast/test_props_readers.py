@@ -28,7 +28,7 @@ from trebuchet.view import dedup
 
 # Characters a rank may print that a terminal, SQLite or UTF-8 takes badly.
 HOSTILE = ["\x00", "\x07", "\x1b", "\x7f", "\x85", "\x9b", "\x9d", "\u2028", "\u2029", "\u202e",
-           "\ud800", "\udc80", "\udfff", "\t", "\n", "\r", "[", "]", "{", "}", "'", '"', ":",
+           "\u202a", "\u2066", "\u2069", "\ud800", "\udc80", "\udfff", "\t", "\n", "\r", "[", "]", "{", "}", "'", '"', ":",
            ",", "/", "%", "0", "7", ".", "e", " "]  # fmt: skip
 CHARS = st.one_of(st.characters(exclude_categories=()), st.sampled_from(HOSTILE))
 TEXT = st.text(alphabet=CHARS, max_size=40)
@@ -39,6 +39,8 @@ NUMBER = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers()
 # what UTF-8 cannot encode: lone surrogates.
 RAW = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 RAW_BYTES = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]|\xc2[\x80-\x9f]")
+# The line/paragraph separators and bidi controls: a terminal reorders or breaks the line.
+BIDI = re.compile("[\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 FEW = settings(max_examples=150, deadline=None)
 
 
@@ -306,10 +308,32 @@ def test_splitter_whole_inert_lines(chunks: list[bytes], cap: int, redraw: bool)
     for line in out:
         assert line and b"\n" not in line and b"\r" not in line
         assert not RAW_BYTES.search(line), line
+        assert not BIDI.search(line.decode("utf-8", "replace")), line
         assert len(line) <= cap + len(CUT) or len(inert(line)) == len(line)
     if cap == CAP and not redraw:  # nothing cut: exactly the input's non-empty lines
         data = b"".join(chunks).replace(b"\r", b"\n")
         assert out == [inert(ln) for ln in data.split(b"\n") if ln]
+
+
+@FEW
+@given(BYTES)
+@example(
+    b"a\xe2\x80\xaeb\xe2\x80\xa8c\xe2\x80\xa9\xe2\x81\xa6\xe2\x81\xa9\xe2\x80\xaa\xe2\xe2\x80\xad"
+)
+@example("\u2026 \u201cq\u201d \u2588\u2067".encode())
+def test_inert_shows_separators_and_bidi_controls_as_text(data: bytes) -> None:
+    """U+2028/U+2029 and the bidi controls (U+202A-U+202E, U+2066-U+2069) go out as
+    `\\u202e`, as `shown` writes them; other text (…, “, █) stays as it is."""
+    out = inert(data)
+    assert not BIDI.search(out.decode("utf-8", "replace")), out
+    lines = out.replace(b"\r", b"\n").split(b"\n")  # \n and \r are kept: line ends
+    assert not any(RAW_BYTES.search(ln) for ln in lines) and inert(out) == out
+    if not BIDI.search(data.decode("utf-8", "replace")) and not any(
+        RAW_BYTES.search(ln) for ln in data.replace(b"\r", b"\n").split(b"\n")
+    ):
+        assert out == data
+    for ch in "\u2028\u2029\u202a\u202e\u2066\u2069":
+        assert inert(ch.encode()) == shown(ch).encode() == f"\\u{ord(ch):04x}".encode()
 
 
 # -- dedup ------------------------------------------------------------------------------------

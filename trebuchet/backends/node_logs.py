@@ -18,6 +18,8 @@ import os
 import re
 from pathlib import Path
 
+from trebuchet.runtime.regular import open_regular
+
 LABEL = re.compile(r"^\[(\d+)(?::(\d+))?\] ?(.*)$")
 
 
@@ -49,13 +51,17 @@ def write(run_dir: Path, attempt: int, files: dict[str, str]) -> list[Path]:
     for name, text in files.items():
         path = adir / name
         data = text.encode("utf-8", "replace")
+        have: bytes | None
         try:
-            have = path.read_bytes()
+            with open_regular(path) as fh:
+                have = fh.read()
         except FileNotFoundError:
             have = b""
+        except OSError:  # not a regular file (a FIFO there): replaced whole, never opened
+            have = None
         if have == data:
             continue
-        if data.startswith(have):
+        if have is not None and data.startswith(have):
             with open(path, "ab") as fh:
                 fh.write(data[len(have) :])
         else:

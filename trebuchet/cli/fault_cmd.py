@@ -13,7 +13,7 @@ running, an engine without faults, a node or rank the run does not have).
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -21,6 +21,7 @@ from typing import Any
 
 from trebuchet.errors import UserError
 from trebuchet.runtime import fault
+from trebuchet.runtime.records import read_json
 from trebuchet.store.files import append_event, read_events
 
 ENGINES = ("local", "ssh", "slurm")
@@ -39,7 +40,7 @@ def _nodes_of(rec: Any) -> list[str]:
     if rec.backend == "ssh":
         from trebuchet.backends.ssh.script import attempt_hosts
 
-        return attempt_hosts(json.loads((run_dir / "ssh.json").read_text()))
+        return attempt_hosts(_ssh_info(run_dir))
     att = _latest_attempt_record(run_dir)
     nodelist = str(att.get("nodes") or "")
     if not nodelist:
@@ -49,13 +50,27 @@ def _nodes_of(rec: Any) -> list[str]:
     return out.stdout.split()
 
 
-def _latest_attempt_record(run_dir: Path) -> dict[str, Any]:
+def _ssh_info(run_dir: Path) -> dict[str, Any]:
+    """The run's ssh.json (its hosts, remote folder, runtime, ssh argv); UserError when it
+    is unreadable or incomplete (a rank can reach the run directory)."""
+    info = read_json(str(run_dir / "ssh.json"))
+    texts = lambda v: isinstance(v, list) and all(isinstance(w, str) for w in v)  # noqa: E731
+    if not (isinstance(info, dict) and texts(info.get("hosts")) and texts(info.get("ssh"))
+            and isinstance(info.get("remote_run_dir"), str)
+            and isinstance(info.get("runtime"), str)):  # fmt: skip
+        raise UserError(f"{run_dir / 'ssh.json'}: unreadable or incomplete (the run's ssh facts)")
+    return info
+
+
+def _attempt_file(run_dir: Path, name: str) -> dict[str, Any]:
+    """`name` in the run's latest attempt folder; {} when absent or no JSON object."""
     adir = fault.latest_attempt(str(run_dir))
-    try:
-        data = json.loads((Path(adir) / "attempt.json").read_text()) if adir else {}
-    except (OSError, ValueError):
-        data = {}
+    data = read_json(os.path.join(adir, name)) if adir else None
     return data if isinstance(data, dict) else {}
+
+
+def _latest_attempt_record(run_dir: Path) -> dict[str, Any]:
+    return _attempt_file(run_dir, "attempt.json")
 
 
 def _node(nodes: list[str], word: str) -> tuple[int, str]:
@@ -77,7 +92,7 @@ def _runtime(run_dir: Path) -> str:
 
 def _on_host(rec: Any, host: str, words: list[str]) -> int:
     """The runtime's fault verb on an ssh host (in the run's folder there)."""
-    info = json.loads((Path(rec.run_dir) / "ssh.json").read_text())
+    info = _ssh_info(Path(rec.run_dir))
     remote = info["remote_run_dir"]
     cmd = f"cd {shlex.quote(remote)} && python3 -S ./{shlex.quote(info['runtime'])} fault " + \
         " ".join(shlex.quote(w) for w in words)  # fmt: skip
@@ -164,9 +179,4 @@ def _inject(rec: Any, action: str, target: str | None, node: int | None,
 
 
 def _rank_record(run_dir: Path, rank: int) -> dict[str, Any]:
-    adir = fault.latest_attempt(str(run_dir))
-    try:
-        data = json.loads((Path(adir) / f"rank-{rank}.json").read_text()) if adir else {}
-    except (OSError, ValueError):
-        data = {}
-    return data if isinstance(data, dict) else {}
+    return _attempt_file(run_dir, f"rank-{rank}.json")

@@ -17,6 +17,7 @@ import math
 import sys
 from typing import Any
 
+from trebuchet.results.perfcsv import cell
 from trebuchet.runtime.lines import shown
 from trebuchet.store.db import RunRecord, Store
 
@@ -86,7 +87,8 @@ def write_csv(rec: RunRecord, data: dict[str, list]) -> None:
     out.writerow(["run_id", "name", "step", "value", "time"])
     for name, pts in data.items():
         for step, value, t in pts:
-            out.writerow([rec.id, shown(name), number(step), repr(value), f"{t:.3f}"])
+            row = [rec.id, shown(name), number(step), repr(value), f"{t:.3f}"]
+            out.writerow([cell(c) for c in row])  # a name as =HYPERLINK(..) is no formula
 
 
 def number(v: float) -> str:

@@ -8,9 +8,9 @@ code is the earlier run's snapshot, copied (launcher/snapshot.reuse), unless
 from __future__ import annotations
 
 import argparse
-import json
 
 from trebuchet.errors import UserError
+from trebuchet.runtime.records import read_json
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.paths import run_dir
 
@@ -23,10 +23,10 @@ def source(rec: RunRecord, current_code: bool = False) -> tuple[str, list[str]]:
         raise UserError(f"run {rec.id}: {spec} is gone, so it cannot be rerun")
     extra = []
     if current_code:
-        try:
-            workdir = json.loads((run_dir(rec.id) / "snapshot.json").read_text())["source"]
-        except (OSError, ValueError, KeyError):
-            workdir = None  # snapshot: false, the workdir in the spec is the user's already
+        facts = read_json(str(run_dir(rec.id) / "snapshot.json"))  # a rank's FIFO: None
+        # None: snapshot: false, the workdir in the spec is the user's already
+        workdir = facts.get("source") if isinstance(facts, dict) else None
+        workdir = workdir if isinstance(workdir, str) else None
         extra = [f"workdir={workdir}"] if workdir else []
     return str(spec), extra
 

@@ -8,9 +8,10 @@ may no longer match, and the snapshot path, where they do, is kept."""
 from __future__ import annotations
 
 import filecmp
-import json
 import re
 from pathlib import Path
+
+from trebuchet.runtime.records import read_json
 
 
 class CodeMap:
@@ -31,9 +32,8 @@ class CodeMap:
         """The run's map, from its snapshot.json; None without a snapshot."""
         if not run_dir:
             return None
-        try:
-            facts = json.loads((Path(run_dir) / "snapshot.json").read_text())
-        except (OSError, ValueError):
+        facts = read_json(str(Path(run_dir) / "snapshot.json"))  # a rank's FIFO there: None
+        if not isinstance(facts, dict):
             return None
         code, source = facts.get("path"), facts.get("source")
         if not isinstance(code, str) or not isinstance(source, str) or code == source:

@@ -21,7 +21,6 @@ happens); files a rank can reach are read as regular files only (runtime/regular
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trebuchet.runtime.records import read_json
 from trebuchet.runtime.regular import open_regular, read_text
 
 HOST = re.compile(r"^# host (\S+)", re.M)
@@ -292,9 +292,8 @@ class Hang:
 def read(adir: Path) -> Hang | None:
     """The attempt's hang (hang.json and its stacks), or None when it had none."""
     adir = Path(adir)
-    try:
-        info = json.loads(read_text(adir / "hang.json"))
-    except (OSError, ValueError):
+    info = read_json(str(adir / "hang.json"))
+    if not isinstance(info, dict):
         return None
     expected = [str(n) for n in info.get("expected") or []]
     ranks = read_stacks(adir, info.get("stacks") or None)
@@ -384,8 +383,6 @@ def for_run(run: dict[str, Any]) -> dict[str, Any] | None:
 def warned_lines(run_dir: str, attempt: int) -> list[str]:
     """The hang an attempt that goes on reported (on_hang: warn), for `treb status`."""
     adir = Path(run_dir) / f"attempt-{attempt}"
-    try:
-        action = json.loads(read_text(adir / "hang.json")).get("action")
-    except (OSError, ValueError, AttributeError):
-        return []
+    info = read_json(str(adir / "hang.json"))
+    action = info.get("action") if isinstance(info, dict) else None
     return [f"warning: {line}" for line in hang_lines(adir)] if action == "warn" else []

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from trebuchet.diagnose import scan as scanner
 from trebuchet.diagnose.classify import Finding
 from trebuchet.diagnose.errorfile import RankError
 from trebuchet.diagnose.lines import LogLine, parse
+from trebuchet.runtime.records import read_json
 from trebuchet.runtime.regular import read_text
 
 NODE_CAUSES = ("node_lost", "node_unhealthy")  # a node's, not a process's: no rank's log
@@ -205,9 +205,8 @@ def torchrun_report(lines: list[LogLine]) -> list[dict[str, Any]]:
 
 def error_file_lines(path: str) -> list[LogLine]:
     """The exception a torchrun worker wrote with @record: its message and call stack."""
-    try:
-        data = json.loads(read_text(path))
-    except (OSError, ValueError):
+    data = read_json(path)
+    if not isinstance(data, dict):
         return []
     msg = data.get("message", data)
     stack = ""
@@ -379,10 +378,7 @@ OUTCOME = re.compile(r"^(rank|node|lost)-(\d+)\.json$")  # lost: a node lost
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(read_text(path))
-    except (OSError, ValueError):
-        return None
+    return read_json(str(path))
 
 
 def is_run_dir(path: Path) -> bool:
@@ -431,20 +427,10 @@ def _event_reason(run_dir: Path) -> tuple[str | None, str | None]:
     """(why, engine) of a run that ended before any rank started (its engine refused it,
     its environment build failed), from events.jsonl: for a run directory read without the
     store."""
-    from trebuchet.store.files import refused_submission
+    from trebuchet.store.files import read_events, refused_submission
 
     reason = engine = None
-    try:
-        lines = read_text(run_dir / "events.jsonl").splitlines()
-    except OSError:
-        return None, None
-    for line in lines:
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(ev, dict):
-            continue
+    for ev in read_events(run_dir):  # lines that are no JSON object skipped
         if ev.get("event") == "submitted":
             engine = ev.get("backend")
         elif ev.get("event") == "environment_failed":

@@ -9,11 +9,11 @@ that failed first, with its exit code, and to tell it from the ranks the agent s
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import cast
 
 from trebuchet.runtime.contracts import Outcome
+from trebuchet.runtime.records import read_json
 
 # Launchers with agents: trebuchet supervises the agent, each worker records itself.
 AGENT_LAUNCHERS = ("torchrun", "mpirun", "horovod")
@@ -23,10 +23,7 @@ def rank_records(attempt_dir: Path, node: int | None = None) -> list[Outcome]:
     """The wrappers' records of one attempt (of one node when given), by rank."""
     out: list[Outcome] = []
     for path in attempt_dir.glob("rank-*.json"):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):  # never half written (renamed into place); gone
-            continue
+        rec = read_json(str(path))  # None: gone, or not a regular file (a rank's FIFO)
         if isinstance(rec, dict) and (node is None or rec.get("node") == node):
             rec["log"] = str(attempt_dir / f"rank-{rec.get('rank')}.log")
             out.append(cast("Outcome", rec))

@@ -17,7 +17,6 @@ with their names, before anything is recorded (the caller removes the run direct
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import shutil
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from trebuchet.errors import UserError
 from trebuchet.plain import field, record
+from trebuchet.runtime.records import read_json
 from trebuchet.store.paths import treb_home
 
 
@@ -290,10 +290,10 @@ def why_missing(run_dir: Path, lines: list[str]) -> str | None:
     left out as a special file, ignored by .gitignore or .trebignore, created after the
     submission, or absent from the workdir too. None when the run had no snapshot or the
     file is in it (then the snapshot is not the cause)."""
+    snap = read_json(str(run_dir / "snapshot.json"))  # a rank's FIFO there: None
     try:
-        snap = json.loads((run_dir / "snapshot.json").read_text())
         code, source = Path(snap["path"]), Path(snap["source"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return None
     for line in lines:
         m = MISSING.search(line)
@@ -351,7 +351,9 @@ def reuse(run: Path, dest: Path) -> tuple[Snapshot, str]:
     workdir it came from: a rerun runs the same code, and its paths map to the same files.
     (Taking it again would lose the git facts, and inside a repository that does not track
     TREB_HOME would leave every file out.)"""
-    facts = json.loads((run / "snapshot.json").read_text())
+    facts = read_json(str(run / "snapshot.json"))  # regular files only: a rank can reach it
+    if not isinstance(facts, dict):
+        raise UserError(f"{run / 'snapshot.json'}: unreadable, so its snapshot is not reused")
     shutil.copytree(run / "code", dest, symlinks=True)
     info = Snapshot(
         path=str(dest), files=facts.get("files", 0), bytes=facts.get("bytes", 0),

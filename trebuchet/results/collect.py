@@ -24,6 +24,7 @@ from typing import Any
 
 from trebuchet.results import parse, table
 from trebuchet.runtime.procs import hostname
+from trebuchet.runtime.records import read_json
 from trebuchet.runtime.regular import read_text
 
 RANKS = ("rank0", "sum", "mean")
@@ -44,10 +45,7 @@ def options(spec: Any) -> tuple[str, str]:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(read_text(path))  # regular files only: a rank's FIFO never blocks
-    except (OSError, ValueError):
-        return None
+    return read_json(str(path))  # regular files only: a rank's FIFO never blocks
 
 
 def _spec(run_dir: Path) -> dict[str, Any]:

@@ -48,6 +48,23 @@ def engine_fields(row: dict[str, Any]) -> dict[str, str]:
         return {"deployment_type": name}
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def cell(text: str) -> str:
+    """`text` as a CSV cell a spreadsheet shows as text: one starting with = + - @ (or a
+    tab or CR) that is no number gets a leading `'`, else the spreadsheet runs it as a
+    formula (`=HYPERLINK(...)` from a rank's metric name or results column). Numbers
+    (-2, +1.5e-05) stay numbers."""
+    if not text.startswith(FORMULA_START):
+        return text
+    try:
+        float(text)
+    except ValueError:
+        return "'" + text
+    return text
+
+
 def number(v: Any) -> str:
     """A value as CSV text: integers without '.0', floats in their shortest exact form."""
     if v is None:
@@ -104,7 +121,8 @@ def write(rows: list[dict[str, Any]], path: Path) -> int:
     header, out = perf_rows(rows)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=header)
-        w.writeheader()
-        w.writerows(out)
+        w = csv.writer(fh)  # every text cell, column names included, neutral (cell())
+        w.writerow([cell(k) for k in header])
+        w.writerows([cell(v) if isinstance(v, str) else v for v in (r[k] for k in header)]
+                    for r in out)  # fmt: skip
     return len(out)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from . import contain, contract, eta, gpu, metrics, procs, unstarted
 from .progress import Progress
-from .records import exit_fields, now, sync, write_json
+from .records import exit_fields, now, sync, writable_fd, write_json
 from .stacks import Stacks, faulthandler_path
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ class Agent:
         """Start one process; its record is the caller's to write (start_all). `stdin`: an
         fd of /dev/null opened once for all, or Popen opens and closes one per process."""
         log = os.path.join(self.adir, p.name + ".log")
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = writable_fd(log)  # a regular file: an earlier rank may have put a FIFO there
         if p.tracked:  # the contract's per-rank paths (trebuchet.dist.heartbeat/enable_stacks)
             p.env["TREB_HEARTBEAT"] = self.progress.track(p.name)
             p.env["TREB_STACKS_FILE"] = faulthandler_path(self.adir, p.name)

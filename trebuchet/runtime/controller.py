@@ -35,6 +35,7 @@ from .records import (
     write_json,
     write_text,
 )
+from .regular import read_text
 from .task import PYTHON_GUARD
 
 if TYPE_CHECKING:
@@ -114,9 +115,8 @@ class Controller:
     def granted(self) -> dict[str, int]:
         """The retries each log policy granted so far, kept in `policy-retries` (one name a
         line) so that a requeued job keeps the count."""
-        try:
-            with open(os.path.join(self.run_dir, "policy-retries")) as fh:
-                used = fh.read().splitlines()
+        try:  # a regular file only: the run directory is the ranks' too
+            used = read_text(os.path.join(self.run_dir, "policy-retries"), 1 << 20).splitlines()
         except OSError:
             used = []
         return {name: used.count(name) for name in set(used)}

@@ -24,7 +24,6 @@ once per idle spell, fail ends the run.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -34,8 +33,7 @@ from typing import Any, Dict
 
 from .lines import shown
 from .metrics import Writer, metrics_dir
-from .records import write_json
-from .regular import read_text
+from .records import read_json, write_json
 
 IDLE_UTIL = 5.0  # percent: at or below it a GPU is idle
 QUERY_TIMEOUT_S = 5.0
@@ -279,10 +277,7 @@ def read_states(adir: str) -> list[dict[str, Any]]:
     for name in names:
         if not (name.startswith("node-") and name.endswith(".json")):
             continue
-        try:
-            state = _state(json.loads(read_text(os.path.join(folder, name), 1 << 20)))
-        except (OSError, ValueError):
-            continue
+        state = _state(read_json(os.path.join(folder, name), 1 << 20))
         if state is not None:
             out.append(state)
     return out
@@ -368,10 +363,7 @@ def idle_text(info: dict[str, Any], timeout: float, action: str) -> str:
 
 def idle_settings(run_dir: str) -> tuple[float, str] | None:
     """(idle_gpu_timeout, idle_gpu_action) from the run's metrics.json, or None."""
-    try:
-        data = json.loads(read_text(os.path.join(run_dir, "metrics.json"), 1 << 20))
-    except (OSError, ValueError):
-        return None
+    data = read_json(os.path.join(run_dir, "metrics.json"), 1 << 20)
     if not isinstance(data, dict):
         return None
     timeout, action = data.get("idle_gpu_timeout"), data.get("idle_gpu_action") or "warn"

@@ -45,6 +45,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from . import nodeloss, nodeset
 from .records import read_json, write_json, write_text
+from .regular import read_text
 
 MIN_FREE_BYTES = 1 << 20  # a full disk: under 1 MiB free in the run dir, workdir, checkpoints
 MASTER_WAIT_S = 30.0  # a master not reached is tried again this long (its pod may start)
@@ -121,8 +122,7 @@ def check_shared(where: Where, slurm_job: str | None, token: str | None = None) 
     writable (the run dir is the node's own over ssh, when not shared)."""
     if token is not None:
         try:
-            with open(os.path.join(where.run_dir, TOKEN_FILE)) as fh:
-                found = fh.read().strip()
+            found = read_text(os.path.join(where.run_dir, TOKEN_FILE), 4096).strip()
         except OSError as exc:
             return False, f"{where.run_dir}/{TOKEN_FILE}: {exc.strerror}: not the shared folder"
         if found != token:

@@ -155,6 +155,18 @@ def pick_iface(env: dict[str, str]) -> None:
             env["HOROVOD_GLOO_IFACE"] = found[0]
 
 
+def rank_records(adir: str, names: list[str]) -> list[dict[str, object] | None]:
+    """The records `names` in `adir`, None for one absent or no JSON object: regular files
+    only (a rank can put a FIFO there), read whole up to 1 MiB."""
+    from .records import read_json
+
+    out: list[dict[str, object] | None] = []
+    for name in names:
+        rec = read_json(os.path.join(adir, name), 1 << 20)
+        out.append(rec if isinstance(rec, dict) else None)
+    return out
+
+
 def wait(args: list[str]) -> int:
     """`horovod-wait ADIR LIMIT_S RANK...`: a node other than node 0 over ssh, where
     horovodrun (on node 0) starts this host's ranks through its own ssh. The node's agent
@@ -164,7 +176,6 @@ def wait(args: list[str]) -> int:
     the agent, whose last step ends what still carries this run and node (node.end_strays).
     The checkpoint signals the agent sends here (the timeout's warning, on_hang retry) go on
     to the ranks that handle them, which are not this process's children."""
-    import json
     import signal
     import time
 
@@ -173,20 +184,9 @@ def wait(args: list[str]) -> int:
     adir, limit = args[0], float(args[1])
     names = [f"rank-{r}.json" for r in args[2:]]
 
-    def records() -> list[dict[str, object] | None]:
-        out: list[dict[str, object] | None] = []
-        for name in names:
-            try:
-                with open(os.path.join(adir, name)) as fh:
-                    rec = json.load(fh)
-                out.append(rec if isinstance(rec, dict) else None)
-            except (OSError, ValueError):
-                out.append(None)
-        return out
-
     def forward(sig: int, _frame: object) -> None:
         run_id = os.environ.get("TREB_RUN_ID", "")
-        for rec in records():
+        for rec in rank_records(adir, names):
             pid = rec.get("pid") if rec else None
             running = rec is not None and rec.get("state") == "RUNNING"
             if isinstance(pid, int) and running and procs.in_run(pid, run_id):
@@ -197,7 +197,7 @@ def wait(args: list[str]) -> int:
         signal.signal(sig, forward)
     began = time.monotonic()
     while True:
-        states = [rec.get("state") if rec else None for rec in records()]
+        states = [rec.get("state") if rec else None for rec in rank_records(adir, names)]
         if states and all(s == "ENDED" for s in states):
             return 0
         if all(s is None for s in states) and time.monotonic() - began > limit:

@@ -8,8 +8,9 @@ Each byte is searched for a line end once, and a partial line is kept as a list 
 so a rank writing megabytes without a newline costs what it writes, not its square. A
 line longer than `cap` goes out in pieces, each but the last ending with `CUT`. Control
 characters other than \\t (C0, DEL, and C1 as UTF-8 encodes them) are shown `cat -v`
-style (ESC as ^[), so a rank cannot move the cursor or retitle the terminal. The log
-files themselves keep exactly what was written.
+style (ESC as ^[), so a rank cannot move the cursor or retitle the terminal; U+2028/U+2029
+and the bidi controls (U+202A-U+202E, U+2066-U+2069) as `\\u202e`, so it cannot reorder
+or break what the terminal shows. The log files themselves keep exactly what was written.
 """
 
 from __future__ import annotations
@@ -18,24 +19,36 @@ import re
 
 CAP = 64 * 1024
 CUT = b" [treb: line continues]"
-_CONTROL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\xc2[\x80-\x9f]")
+# C0 but \t \n \r, DEL, C1 (UTF-8: C2 80-9F), and as UTF-8 U+2028/U+2029 and the bidi
+# controls U+202A-U+202E (E2 80 A8-AE) and U+2066-U+2069 (E2 81 A6-A9).
+_CONTROL = re.compile(
+    rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\xc2[\x80-\x9f]|\xe2\x80[\xa8-\xae]|\xe2\x81[\xa6-\xa9]"
+)
 
 
 def _caret(m: re.Match[bytes]) -> bytes:
     b = m.group()
+    if len(b) == 3:  # a separator or bidi control: as `shown` writes it (\u202e)
+        return b"\\u%04x" % ord(b.decode())
     if len(b) == 2:  # C1, e.g. U+009B (a one-character CSI)
         return b"M-^" + bytes([b[1] - 0x80 + 64])
     return b"^?" if b == b"\x7f" else b"^" + bytes([b[0] + 64])
 
 
 # The C0 controls and DEL that _CONTROL matches: deleting them (bytes.translate, a C loop)
-# tells in ~0.3 ms a MiB whether the regex (~5 ms a MiB) has anything to do.
+# tells in ~0.3 ms a MiB whether the substitution (~15 ms a MiB) has anything to do; the
+# three-byte ones only where an E2 is (a memchr), then a search of them alone (~1.6 ms a
+# MiB of text full of E2: quotes, ellipses, block bars).
 _C0 = bytes([*range(0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
+_SEPARATORS = re.compile(rb"\xe2\x80[\xa8-\xae]|\xe2\x81[\xa6-\xa9]")
 
 
 def inert(data: bytes) -> bytes:
-    """`data` with every control character but \\t, \\n and \\r made visible."""
-    if b"\xc2" not in data and len(data.translate(None, _C0)) == len(data):
+    """`data` with every control character but \\t, \\n and \\r made visible, and the
+    line/paragraph separators and bidi controls (a rank's U+202E reverses what the terminal
+    shows after it) shown as `\\u202e`, as `shown` writes them."""
+    if (b"\xc2" not in data and len(data.translate(None, _C0)) == len(data)
+            and (b"\xe2" not in data or not _SEPARATORS.search(data))):  # fmt: skip
         return data
     return _CONTROL.sub(_caret, data)
 

@@ -22,16 +22,17 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from .regular import read_text
+
 if TYPE_CHECKING:
     from .contracts import JobFile
 
 
 def _job(path: str) -> JobFile:
-    try:
-        with open(path) as fh:
-            job: JobFile = json.load(fh)  # the job file: a JSON object
-            return job
-    except (OSError, ValueError) as exc:
+    try:  # a regular file only: the run directory is the ranks' too (a FIFO never blocks)
+        job: JobFile = json.loads(read_text(path))  # the job file: a JSON object
+        return job
+    except (OSError, ValueError, RecursionError) as exc:
         sys.stderr.write(f"treb: cannot read the job file {path}: {exc}\n")
         sys.exit(2)
 

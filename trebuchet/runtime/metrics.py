@@ -42,7 +42,7 @@ import time
 from typing import Any, Dict
 
 from .lines import shown
-from .regular import read_text
+from .records import read_json, writable_fd
 
 NUMBER = rb"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 PERF = re.compile(
@@ -304,7 +304,7 @@ class Writer:
         data = (json.dumps(point) + "\n").encode()
         try:
             if self.fd < 0:
-                self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                self.fd = writable_fd(self.path)  # a rank's FIFO there is replaced
             os.write(self.fd, data)
         except OSError:
             return
@@ -362,10 +362,8 @@ CONFIG_FILE = "metrics.json"  # in the run directory, written at submission
 def read_config(adir: str) -> dict[str, Any] | None:
     """The run's `metrics.json` beside an attempt directory (also what the agent's other
     readers take: progress.py's ETA, gpu.py); None when absent or unreadable."""
-    try:  # regular files only: a rank can put a FIFO there (regular.py)
-        data = json.loads(read_text(os.path.join(os.path.dirname(adir.rstrip("/")), CONFIG_FILE)))
-    except (OSError, ValueError):
-        return None
+    # regular files only: a rank can put a FIFO there (regular.py)
+    data = read_json(os.path.join(os.path.dirname(adir.rstrip("/")), CONFIG_FILE))
     return data if isinstance(data, dict) else None
 
 

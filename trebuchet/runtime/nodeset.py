@@ -13,6 +13,7 @@ import os
 from typing import NamedTuple
 
 from .records import write_text
+from .regular import read_text
 
 EXCLUDED = "excluded-nodes"
 
@@ -27,8 +28,7 @@ class Choice(NamedTuple):
 def excluded(run_dir: str) -> dict[str, str]:
     """The run's excluded nodes and why, in the order they were excluded."""
     try:
-        with open(os.path.join(run_dir, EXCLUDED)) as fh:
-            lines = fh.read().splitlines()
+        lines = read_text(os.path.join(run_dir, EXCLUDED), 1 << 20).splitlines()
     except OSError:
         return {}
     out: dict[str, str] = {}

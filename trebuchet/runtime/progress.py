@@ -22,6 +22,7 @@ import time
 from typing import Callable
 
 from .lines import Splitter
+from .records import writable_fd
 from .regular import open_fd
 
 STEP_S = 1.0
@@ -140,7 +141,7 @@ class Progress:
             if not self._dir_made:
                 os.makedirs(folder, mode=0o700, exist_ok=True)
                 self._dir_made = True
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = writable_fd(path, truncate=True)  # a rank's FIFO there is replaced
             try:
                 os.write(fd, t.last_line[-LINE_MAX:] + b"\n")
             finally:

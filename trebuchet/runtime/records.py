@@ -78,11 +78,13 @@ def write_json(path: str, data: Any, durable: bool = True) -> None:
     write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n", durable=durable)
 
 
-def read_json(path: str) -> Any:
-    """The JSON in `path`; None when it is absent or unreadable."""
+def read_json(path: str, limit: int = -1) -> Any:
+    """The JSON in `path` (its first `limit` bytes; -1: all); None when it is absent or
+    unreadable: not a regular file (a rank's FIFO never blocks), no JSON, or nested past
+    the recursion limit (RecursionError)."""
     try:
-        return json.loads(read_text(path))  # regular files only: a rank's FIFO never blocks
-    except (OSError, ValueError):
+        return json.loads(read_text(path, limit))
+    except (OSError, ValueError, RecursionError):
         return None
 
 
@@ -90,19 +92,21 @@ def append_event(run_dir: str, event: str, **fields: Any) -> None:
     """One line of `events.jsonl` (O_APPEND: lines of concurrent writers do not mix)."""
     line = json.dumps({"time": now(), "event": event, **fields}, sort_keys=True) + "\n"
     path = os.path.join(run_dir, "events.jsonl")
-    fd = _append_fd(path)
+    fd = writable_fd(path)
     try:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
 
 
-def _append_fd(path: str) -> int:
-    """`path` opened for appending, a regular file: a rank can reach the run directory and
-    put a FIFO there, whose opening for writing waited forever for a reader (the run never
-    ended). Without waiting (O_NONBLOCK); anything but a regular file is removed and the
-    file made again, once; raises OSError (NotRegular) when it is not one even then."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+def writable_fd(path: str, truncate: bool = False) -> int:
+    """`path` opened for appending (or emptied), a regular file: a rank can reach the run
+    directory and put a FIFO there, whose opening for writing waited forever for a reader
+    (the run never ended). Without waiting (O_NONBLOCK); anything but a regular file is
+    removed and the file made again, once; raises OSError (NotRegular) when it is not one
+    even then."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if truncate else os.O_APPEND)
+    flags |= os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     for _ in range(2):
         try:
             fd = os.open(path, flags, 0o600)

@@ -23,6 +23,7 @@ import shlex
 import shutil
 
 from .records import write_text
+from .regular import read_text
 
 REQUEST = "requeue-request"
 SHIM_DIR = "bin"
@@ -73,8 +74,8 @@ def asked(run_dir: str) -> str | None:
     if not os.path.exists(path):
         return None
     who = ""
-    with contextlib.suppress(OSError):
-        with open(path, errors="replace") as fh:
-            who = "".join(c for c in fh.read(200) if c.isprintable()).strip()
+    with contextlib.suppress(OSError):  # a regular file only: a rank's FIFO never blocks
+        who = "".join(c for c in read_text(path, 800)[:200] if c.isprintable()).strip()
+    with contextlib.suppress(OSError):  # taken even when unreadable: asked once, not forever
         os.unlink(path)
     return who or "a rank"

@@ -31,7 +31,7 @@ import sys
 import time
 
 from .procs import handles, hostname, stopped
-from .records import write_text
+from .records import writable_fd, write_text
 from .regular import open_regular, read_text
 
 STACKS_DIR = "stacks"
@@ -137,7 +137,7 @@ class Dump:
             self.methods = []
         if self.methods:
             argv = self.argv = self.methods.pop(0)
-            fd = os.open(self.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = writable_fd(self.out, truncate=True)  # a rank's FIFO there is replaced
             try:
                 self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd,
                                               stderr=subprocess.STDOUT, close_fds=True)  # fmt: skip

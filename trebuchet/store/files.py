@@ -54,7 +54,7 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
     for line in text.splitlines():
         try:
             event = json.loads(line) if line.strip() else None
-        except ValueError:
+        except (ValueError, RecursionError):  # no JSON, or nested past the recursion limit
             continue
         if isinstance(event, dict):
             out.append(event)

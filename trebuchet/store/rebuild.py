@@ -25,8 +25,10 @@ from typing import Any, cast
 
 from trebuchet import registry
 from trebuchet.runtime.contracts import FirstFailure, Outcome, allowed
-from trebuchet.runtime.records import cause, first_failure
+from trebuchet.runtime.records import cause, first_failure, read_json
+from trebuchet.runtime.regular import read_text
 from trebuchet.store.db import SCHEMA, RunRecord, Store, header_problem, proc_row
+from trebuchet.store.files import read_events
 from trebuchet.store.lifecycle import columns
 from trebuchet.store.paths import RUN_ID_RE
 from trebuchet.store.states import ACTIVE, FAILED, PENDING, RUNNING, SUCCEEDED, TERMINAL
@@ -42,26 +44,13 @@ class Recovered:
 
 
 def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    """The JSON in `path`, None when unreadable (a rank's FIFO there never blocks)."""
+    return read_json(str(path))
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
-    try:
-        text = (run_dir / "events.jsonl").read_text(errors="replace")
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            ev = json.loads(line)
-        except ValueError:  # a line cut by a full disk: the others still count
-            continue
-        if isinstance(ev, dict):
-            out.append(ev)
-    return out
+    """The run's events; a line cut by a full disk is skipped, the others still count."""
+    return read_events(run_dir)
 
 
 def _spec(run_dir: Path) -> tuple[dict[str, Any], str | None]:
@@ -69,7 +58,7 @@ def _spec(run_dir: Path) -> tuple[dict[str, Any], str | None]:
     import yaml
 
     try:
-        text = (run_dir / "spec.yaml").read_text()
+        text = read_text(run_dir / "spec.yaml")  # a regular file only: a rank can reach it
     except OSError:
         return {}, None
     source = None
@@ -77,7 +66,7 @@ def _spec(run_dir: Path) -> tuple[dict[str, Any], str | None]:
         source = text.splitlines()[0][len("# resolved from ") :].strip() or None
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         data = None
     return (data if isinstance(data, dict) else {}), source
 

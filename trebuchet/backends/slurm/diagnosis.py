@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trebuchet.runtime.regular import open_regular
+from trebuchet.runtime.regular import open_regular, read_text
 
 # The start of the reason call_sbatch (engine.py) records for a refused job or job array.
 REFUSED = "sbatch refused"
@@ -46,7 +46,7 @@ def refused(run: dict[str, Any]) -> dict[str, Any]:
     what, _, said = reason.partition(": ")
     why = said.rsplit("Batch job submission failed: ", 1)[-1].rsplit("error: ", 1)[-1]
     try:
-        script = (Path(run["run_dir"]) / "submit.sbatch").read_text().splitlines()
+        script = read_text(Path(run["run_dir"]) / "submit.sbatch").splitlines()  # regular only
     except (OSError, KeyError):
         script = []
     asked = [ln.split(None, 1)[1] for ln in script if ln.startswith("#SBATCH ")]

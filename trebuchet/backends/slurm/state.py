@@ -8,7 +8,6 @@ Nothing here polls: `squeue_jobs` is one call for all the runs being refreshed.
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from trebuchet.runtime.contracts import Outcome
+from trebuchet.runtime.records import read_json
 from trebuchet.store.states import (
     CANCELLED,
     FAILED,
@@ -72,10 +72,7 @@ class JobFiles:
 
 
 def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):  # absent, or (never: renamed into place) half written
-        return None
+    data = read_json(str(path))  # absent, not a regular file (a rank's FIFO), or no JSON
     return data if isinstance(data, dict) else None
 
 

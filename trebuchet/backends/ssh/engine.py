@@ -56,6 +56,7 @@ from trebuchet.backends.job_file import (
 )
 from trebuchet.errors import UserError
 from trebuchet.runtime.procs import hostname
+from trebuchet.runtime.regular import read_text
 
 if TYPE_CHECKING:
     from trebuchet.backends.ssh.options import Ssh
@@ -89,7 +90,7 @@ def hosts(loaded: LoadedSpec) -> list[Host]:
     if sp.hostfile:
         path = loaded.base / os.path.expanduser(sp.hostfile)
         try:
-            text = path.read_text()
+            text = read_text(path)  # a regular file only: a FIFO there never blocks
         except OSError as exc:
             raise UserError(f"{loaded.where('ssh', 'hostfile')}: ssh.hostfile: {exc}") from None
         for n, line in enumerate(text.splitlines(), 1):

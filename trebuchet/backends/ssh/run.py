@@ -33,6 +33,7 @@ from trebuchet.runtime.contracts import FirstFailure, Outcome
 from trebuchet.runtime.hang import expected_names
 from trebuchet.runtime.lifecycle import Ending, JobController, Settings
 from trebuchet.runtime.records import attempt_logs, cause, first_failure
+from trebuchet.runtime.regular import read_text
 from trebuchet.store import lifecycle
 
 if TYPE_CHECKING:
@@ -282,7 +283,10 @@ class SshRun:
         if self.cancelled:
             return None
         for i, (h, p) in enumerate(zip(hosts, procs, strict=True)):
-            text = (self.run_dir / f"ssh-connect-{i}.log").read_text(errors="replace").strip()
+            try:  # a regular file only: the run directory is reachable by earlier ranks
+                text = read_text(self.run_dir / f"ssh-connect-{i}.log").strip()
+            except OSError:
+                text = ""
             if i in stalled:
                 return (f"cannot connect to {h}: no ssh login within {limit:g}s (ConnectTimeout "
                         f"{limit - LOGIN_S:g}s and {LOGIN_S}s to log in): the host answered "
