@@ -11,8 +11,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Property-based tests: random examples on a developer's machine (new inputs each run find
+# new bugs), the same examples in CI (a submission is judged by its change, not by what one
+# draw of hypothesis happened to find elsewhere). Set HYPOTHESIS_PROFILE=dev to draw in CI.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE")
+    or ("ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev")
+)
 BIN = str(Path(sys.executable).parent)
 
 

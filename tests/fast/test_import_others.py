@@ -242,3 +242,23 @@ def test_unknown_kind_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["import", "docker", "x"])
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "text", "said"),
+    [
+        ("nemo", "n.yaml", "slurm:\n  ntasks_per_node: ''\n", "n.yaml:2: slurm.ntasks_per_node"),
+        ("nemo", "n.yaml", "slurm:\n  master_port: 1e999\n", "n.yaml:2: slurm.master_port"),
+        ("madengine", "m.json", '[{"name": "a", "scripts": "r.sh", "distributed": {"nnodes": ""}}]',
+         "distributed.nnodes"),
+        ("determined", "d.yaml", "entrypoint: python t.py\noptimizations:\n"
+         "  tensor_fusion_threshold: .inf\n", "d.yaml:3"),
+    ],
+)  # fmt: skip
+def test_numbers_that_are_not_numbers_are_named(kind, name, text, said, capsys, tmp_path) -> None:
+    """Found by hypothesis: int('') and int(inf) were tracebacks."""
+    path = tmp_path / name
+    path.write_text(text)
+    code = main(["import", kind, str(path)])
+    err = capsys.readouterr().err
+    assert code in (0, 2) and said in err, err

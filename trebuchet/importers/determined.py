@@ -125,7 +125,12 @@ def _optimizations(value: Any, res: ImportResult, at) -> None:
     env = res.spec.setdefault("env", {})
     for key, v in value.items():
         line = at("optimizations", key)
-        if key in FUSION and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0:
+        if (
+            key in FUSION
+            and isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and 0 <= v < 1e15
+        ):
             name, scale = FUSION[key]
             env[name] = str(int(v * scale))
             res.note(line, f"optimizations.{key}: {v} -> env.{name}")

@@ -11,6 +11,7 @@ becomes `results.file`, the CSV trebuchet reads as madengine did.
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,10 @@ def import_file(path: str | Path, tags: list[str] | None = None, **_: object) ->
     if isinstance(dist, dict):
         for k, v in dist.items():
             if k == "nnodes":
-                spec["nodes"] = int(v)
+                if re.fullmatch(r"[0-9]{1,6}", str(v).strip()) and not isinstance(v, bool):
+                    spec["nodes"] = int(str(v).strip())
+                else:
+                    res.drop(at("distributed", k), f"distributed.nnodes: {v}", "not a number")
             elif k == "launcher":
                 res.note(
                     at("distributed", k),

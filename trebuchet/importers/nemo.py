@@ -81,6 +81,15 @@ def import_file(path: str | Path, recipe: str | None = None, **_: object) -> Imp
     return res
 
 
+def _whole(value: Any, res: ImportResult, line: int | None, field: str) -> int:
+    """A count or a port as written (2, "2", 2.0); anything else is named at its line."""
+    text = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+    if isinstance(value, bool) or not re.fullmatch(r"[0-9]{1,9}", text.strip()):
+        where = f"{res.source}:{line}" if line else res.source
+        raise UserError(f"{where}: {field}: {value!r} is not a whole number")
+    return int(text)
+
+
 def _common(key: str, block: str, value: Any, res: ImportResult, loc) -> bool:
     spec, line = res.spec, line_of(loc, block, key)
     if key == "env_vars" and isinstance(value, dict):
@@ -88,7 +97,7 @@ def _common(key: str, block: str, value: Any, res: ImportResult, loc) -> bool:
             text = _ref(str(v)) if v is not None else ""
             env_or_secret(res, str(name), text, line_of(loc, block, key, name))
     elif key == "master_port":
-        spec["master_port"] = int(value)
+        spec["master_port"] = _whole(value, res, line, f"{block}.{key}")
     elif key == "hf_home":
         home = str(value)
         if home.startswith("~/"):
@@ -114,11 +123,11 @@ def _slurm(block: dict, res: ImportResult, loc) -> None:
         if _common(key, "slurm", value, res, loc):
             continue
         if key == "nodes":
-            spec["nodes"] = int(value)
+            spec["nodes"] = _whole(value, res, line, f"slurm.{key}")
         elif key == "ntasks_per_node":
-            spec["procs_per_node"] = int(value)
+            spec["procs_per_node"] = _whole(value, res, line, f"slurm.{key}")
         elif key == "gpus_per_node":
-            spec["gpus_per_node"] = int(value)
+            spec["gpus_per_node"] = _whole(value, res, line, f"slurm.{key}")
         elif key in ("time", "account", "partition", "qos", "constraint"):
             slurm[key] = str(value)
         elif key == "exclusive":
@@ -158,7 +167,7 @@ def _skypilot(block: dict, res: ImportResult, loc) -> None:
         elif key == "use_spot":
             sky["use_spot"] = bool(value)
         elif key == "disk_size":
-            sky["disk_size"] = int(value)
+            sky["disk_size"] = _whole(value, res, line, f"skypilot.{key}")
         elif key == "accelerators":
             sky["accelerators"] = str(value)
             m = re.fullmatch(r"[^:]+:(\d+)", str(value))
@@ -166,7 +175,7 @@ def _skypilot(block: dict, res: ImportResult, loc) -> None:
                 spec["gpus_per_node"] = int(m.group(1))
         elif key == "num_nodes":
             if not have_slurm:
-                spec["nodes"] = int(value)
+                spec["nodes"] = _whole(value, res, line, f"skypilot.{key}")
         elif key == "setup":
             _setup(str(value), res, line)
         else:
