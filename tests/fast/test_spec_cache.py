@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from trebuchet.errors import SpecError
-from trebuchet.spec import resolved
+from trebuchet.spec import cache, resolved
 from trebuchet.spec.load import LoadedSpec, load_spec
 
 RICH = """\
@@ -61,7 +61,7 @@ def spec_dir(treb_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def entries(treb_home: Path) -> list[Path]:
-    folder = treb_home / "cache" / "specs"
+    folder = treb_home / "cache" / "specs-2"
     return sorted(folder.glob("*.json")) if folder.is_dir() else []
 
 
@@ -171,7 +171,7 @@ def test_a_damaged_cache_is_only_a_miss(spec_dir: Path, treb_home: Path, damage)
         assert loaded.spec.model_dump(mode="json") == want
     entry_data = json.loads(entry.read_text()) if entry.is_file() else {}
     if damage is not None:  # rewritten whole by the next validation
-        assert entry_data["format"] == 1 and entry_data["data"] == want
+        assert entry_data["format"] == cache.FORMAT and entry_data["data"] == want
 
 
 def test_an_unwritable_cache_costs_only_speed(spec_dir: Path, treb_home: Path) -> None:
@@ -269,3 +269,22 @@ def test_a_second_treb_run_imports_neither_pydantic_yaml_nor_dataclasses(
     assert {**data[0], "workdir": ""} == {**data[1], "workdir": ""}
     logs = [(d / "attempt-0" / "rank-1.log").read_text() for d in dirs]
     assert logs == ["42\n", "42\n"]
+
+
+def test_no_value_of_a_variable_reaches_the_cache(tmp_path: Path, treb_home: Path) -> None:
+    """Validation reads the variables a command names (an empty expansion is refused), a
+    secret's among them; the entry keeps a salted digest of each, never its value, and
+    still misses when one changes. Format 1 entries, which kept values, are removed."""
+    old = treb_home / "cache" / "specs"
+    old.mkdir(parents=True)
+    (old / "x.json").write_text('{"env": {"HF_TOKEN": "hf_old_value_on_disk"}}')
+    path = tmp_path / "job.yaml"
+    path.write_text('command: \'test "$HF_TOKEN" = "$EXPECTED" && echo ok\'\nsecrets: [HF_TOKEN]\n')
+    env = {"HF_TOKEN": "hf_s3cr3t_value", "EXPECTED": "hf_s3cr3t_value"}
+    load_spec(path, environ=env)
+    assert cached(load_spec(path, environ=env))
+    for f in treb_home.rglob("*"):
+        assert (
+            not f.is_file() or b"s3cr3t" not in f.read_bytes() and b"hf_old" not in f.read_bytes()
+        )
+    assert not cached(load_spec(path, environ={**env, "EXPECTED": "other"}))

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-FORMAT = 1
+FORMAT = 2  # 2: variables as salted digests (1 kept their values)
 MAX_ENTRIES = 256  # the oldest are removed beyond this
 
 
@@ -101,7 +101,7 @@ def entry_key(path: Path, text: str, overrides: list[str]) -> str:
 def _folder() -> Path:
     from trebuchet.store.paths import treb_home
 
-    return treb_home() / "cache" / "specs"
+    return treb_home() / "cache" / "specs-2"
 
 
 def lookup(key: str, environ: Mapping[str, str]) -> dict[str, Any] | None:
@@ -110,8 +110,9 @@ def lookup(key: str, environ: Mapping[str, str]) -> dict[str, Any] | None:
         entry = json.loads((_folder() / _file_name(key)).read_text(errors="surrogatepass"))
         if entry.get("format") != FORMAT or entry.get("key") != key:
             return None
-        for name, value in entry["env"].items():
-            if environ.get(name) != value:
+        salt = bytes.fromhex(entry["salt"])
+        for name, digest in entry["env"].items():
+            if _digest(salt, environ.get(name)) != digest:
                 return None
         if not isinstance(entry["data"], dict) or not isinstance(entry["models"], dict):
             return None
@@ -120,12 +121,31 @@ def lookup(key: str, environ: Mapping[str, str]) -> dict[str, Any] | None:
         return None
 
 
+def _digest(salt: bytes, value: str | None) -> str | None:
+    """What the entry keeps of a variable it looked up: a salted digest, never the value (a
+    command's `$HF_TOKEN`, or any variable holding a credential, is read by validation; its
+    value must not reach disk). blake2b from _blake2: hashlib would load OpenSSL (3 ms)."""
+    if value is None:
+        return None
+    from _blake2 import blake2b
+
+    return blake2b(value.encode("utf-8", "surrogatepass"), digest_size=20, salt=salt).hexdigest()
+
+
 def store(key: str, entry: dict[str, Any], seen: set[str], environ: Mapping[str, str]) -> None:
     """Write the entry (a temporary file, then a rename); failures are ignored."""
-    env = {name: environ.get(name) for name in sorted(seen)}
-    text = json.dumps({"format": FORMAT, "key": key, "env": env, **entry}, ensure_ascii=False)
+    salt = os.urandom(16)
+    env = {name: _digest(salt, environ.get(name)) for name in sorted(seen)}
+    text = json.dumps(
+        {"format": FORMAT, "key": key, "salt": salt.hex(), "env": env, **entry},
+        ensure_ascii=False,
+    )
     try:
         folder = _folder()
+        if not folder.exists():  # format 1's entries held the values of variables
+            import shutil
+
+            shutil.rmtree(folder.parent / "specs", ignore_errors=True)
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         name = _file_name(key)
         tmp = folder / f".{name}.{os.getpid()}.tmp"
