@@ -209,8 +209,11 @@ tracking:
     assert sorted((m["step"], m["value"]) for m in hist["metrics"]) == [(1, 2.5), (2, 1.5)]
     run = tracked(mlflow_server, st["run_dir"])
     assert run["metrics"]["acc"] == 0.75
-    hist = api(mlflow_server, "metrics/get-history", run_id=rid, metric_key="x")["metrics"]
-    assert len(hist) == 1500  # more than one log-batch call holds (1000 at most)
+    wait = time.monotonic() + 30  # more than one log-batch call (1000 at most): the second
+    while len(hist := api(mlflow_server, "metrics/get-history", run_id=rid, metric_key="x")
+              ["metrics"]) < 1500 and time.monotonic() < wait:  # may come after loss's  # fmt: skip
+        time.sleep(0.2)
+    assert len(hist) == 1500
     got = json.loads(treb("metrics", st["id"], "--json").stdout)
     assert got, "treb metrics shows them too"
 
