@@ -50,21 +50,28 @@ def inside(path: Path, root: Path) -> bool:
     return True
 
 
+def source_workdir(loaded: LoadedSpec) -> Path:
+    """The workdir as the spec names it: where its environment's files are. Once `treb run`
+    took the code snapshot, `loaded.workdir` is the copy, which keeps their places in it."""
+    return loaded.origin or loaded.workdir
+
+
 def check_files(loaded: LoadedSpec, engine: str, ships: str) -> None:
     """The environment's files must travel with the code (`ships`: what the engine
     ships, e.g. "workdir")."""
+    root = source_workdir(loaded)
     for field, path in env_files(loaded):
-        if not inside(path, loaded.workdir):
+        if not inside(path, root):
             raise loaded.refusal(
                 ".".join(field),
-                f"{path} is outside workdir {loaded.workdir}: {engine} only ships {ships}",
+                f"{path} is outside workdir {root}: {engine} only ships {ships}",
             )
 
 
 def _rel(loaded: LoadedSpec, value: str) -> str:
     """A file of the environment, relative to workdir (where the build runs)."""
     base = loaded.path.parent if loaded.path else Path.cwd()
-    return os.path.relpath((base / value).resolve(), loaded.workdir.resolve())
+    return os.path.relpath((base / value).resolve(), source_workdir(loaded).resolve())
 
 
 def setup_lines(loaded: LoadedSpec) -> tuple[list[str], list[str]]:

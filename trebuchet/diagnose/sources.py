@@ -556,6 +556,15 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
                 stopped_by_launcher=bool(o.get("stopped_by_launcher")), log=str(log),
                 lines=lines, last_lines=last, label=o.get("label"),
             ))  # fmt: skip
+        # SkyPilot and Kubernetes keep the records on their nodes: their ranks' logs come
+        # back without them (backends/node_logs.py), and are read all the same
+        for log in sorted(adir.glob("rank-*.log")) if adir.is_dir() else []:
+            rank = rank_from_name(log.name)
+            if rank is None or f"rank-{rank}" in outcomes:
+                continue
+            lines, last = _scan_lines(log, srun_labels=False)
+            units.append(Unit(rank=rank, node=str(rank // ppn), log=str(log), lines=lines,
+                              last_lines=last))  # fmt: skip
     units += _unstarted(adir, outcomes, ppn, launcher)
     units.sort(key=lambda u: (u.rank is None, u.rank or 0))
     for u in units:  # the exception a rank recorded itself (torch's @record)

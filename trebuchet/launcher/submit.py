@@ -121,7 +121,7 @@ def _record(
                 f"{len(snap.skipped)} file(s) left out of the code snapshot: {shown}"
                 f"{f' and {more} more' if more > 0 else ''}"
             )
-        loaded.workdir = Path(snap.path)
+        loaded.origin, loaded.workdir = loaded.workdir, Path(snap.path)
     if resume:
         from trebuchet.launcher.resume import copy
 

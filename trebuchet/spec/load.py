@@ -32,6 +32,9 @@ class LoadedSpec:
     path: Path | None
     workdir: Path
     base: Path = Path(".")  # the spec file's folder: environment files are relative to it
+    # The workdir the run's code snapshot was taken from, once `workdir` is that snapshot
+    # (launcher/submit.py): the environment's files are found there, shipped in the copy.
+    origin: Path | None = None
     located: Located | None = None
     # The resolved spec as YAML with a placeholder for the workdir (resolved.py).
     resolved: str | None = None

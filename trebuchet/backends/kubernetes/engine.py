@@ -388,6 +388,8 @@ class KubernetesBackend(Backend):
             if state in TERMINAL:
                 break
             time.sleep(5)
+        # the pods' logs, before the end's diagnosis reads them (node_logs.py)
+        self.sync_logs(sub.store, sub.store.get(sub.record.id))
         lifecycle.follow(sub.store, sub.record.id, state, reason)
         _clean_up(core, ns, name)
         return Submitted(sub.record.id, state)

@@ -269,6 +269,8 @@ class SkyPilotBackend(Backend):
             rc = sky.jobs.tail_logs(job_id=job_id, follow=True)
         else:
             rc = sky.tail_logs(f"treb-{sub.record.id}", job_id, follow=True)
+        # the ranks' logs, before the end's diagnosis reads them (node_logs.py)
+        self.sync_logs(sub.store, sub.store.get(sub.record.id))
         state = "SUCCEEDED" if rc == 0 else "FAILED"
         code = rc if isinstance(rc, int) else None
         lifecycle.ended(sub.store, sub.record.id, state, f"the job's logs ended ({rc})",
@@ -306,7 +308,11 @@ class SkyPilotBackend(Backend):
                 sky.tail_logs(cluster, int(job), follow=False, output_stream=buf)
         except Exception:  # API server unreachable, cluster gone: keep what was synced
             return
-        write(Path(run.run_dir), 0, split(buf.getvalue(), max(1, run.procs_per_node)))
+        from trebuchet.backends.skypilot.logs import by_node
+
+        ppn = max(1, run.procs_per_node)
+        for node, text in by_node(buf.getvalue()).items():  # without SkyPilot's prefixes
+            write(Path(run.run_dir), 0, split(text, ppn, node))
 
     def cancel(self, store: Any, run: Any) -> None:
         try:
