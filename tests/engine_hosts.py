@@ -371,6 +371,7 @@ def k8s_run_job(
     assert (
         tmpl["subdomain"] == service["metadata"]["name"] and service["spec"]["clusterIP"] == "None"
     )
+    assert service["spec"]["selector"] == {"job-name": name}  # the pods get DNS records
     (container,) = tmpl["containers"]
     grace = float(tmpl.get("terminationGracePeriodSeconds", 30))
     volumes = {v["name"]: v for v in tmpl["volumes"]}
