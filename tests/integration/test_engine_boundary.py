@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import TrebFn, needs, status_json, write_spec
 from tests.engine_hosts import REPO, STAND_INS
 from tests.integration.test_ssh_runs import ssh_config  # noqa: F401
+from trebuchet.store.files import read_events
 
 pytestmark = pytest.mark.integration
 
@@ -169,6 +170,10 @@ def test_first_failure_ends_the_other_node(
         rec = record(node0, rank)
         assert rec["state"] == "ENDED" and rec["stopped_by_launcher"], rec
         assert rec["signal"] == "SIGTERM", rec
+    events = read_events(Path(st["run_dir"]))  # the run directory on this machine
+    [handed] = [e for e in events if e["event"] == engine]
+    assert handed["backend_id"] == st["backend_id"], handed
+    assert [e["event"] for e in events if e.get("state") == "FAILED"], events  # its end
     logs = treb("logs", run_id, "--rank", "3", env=engine_env)
     assert "ValueError: rank 3 fails on purpose" in logs.stdout, logs.stdout + logs.stderr
     agent = (Path(st["run_dir"]) / "attempt-0" / "agent-node-1.log").read_text()
