@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,7 @@ def test_two_nodes_of_gloo_ranks_with_the_contract(
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     st = status_json(treb)
     assert st["state"] == "SUCCEEDED", st
+    assert st["created_at"] <= st["started_at"] <= st["ended_at"], st  # how long it ran
     run_id = st["id"]
     for rank in range(4):
         node = rank // 2
@@ -156,6 +158,7 @@ def test_first_failure_ends_the_other_node(
     exception, and `treb logs` reads rank 3's traceback and node 1's account of it."""
     res = treb("run", str(job(tmp_path, fail="3")), *ON[engine], env=engine_env, timeout=120)
     assert res.returncode != 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert re.search(r"treb: run \w+ \(boundary\) FAILED after \d", res.stderr), res.stderr
     assert "cause: python_exception on rank 3 (node 1): ValueError: rank 3 fails on purpose" \
         in res.stderr, res.stderr  # fmt: skip
     st = status_json(treb)

@@ -42,6 +42,8 @@ def columns(ev: dict[str, Any]) -> dict[str, Any]:
         out = {"state": str(state)} if state else {}
         if state in TERMINAL:
             out["ended_at"] = when
+        if kind == "state" and ev.get("started_at"):  # an engine took the job (SkyPilot, k8s)
+            out["started_at"] = ev["started_at"]
     return {k: v for k, v in out.items() if v is not None or k == "ended_at"}
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -262,7 +263,9 @@ class SkyPilotBackend(Backend):
         sub.store.update_run(sub.record.id, backend_id=backend_id)
         append_event(sub.run_dir, "skypilot", managed=managed, job_id=job_id,
                      backend_id=backend_id)  # fmt: skip
-        lifecycle.record(sub.store, sub.record.id, "state", state="RUNNING")
+        # RUNNING from here, as far as trebuchet sees: the run's duration counts from now
+        lifecycle.record(sub.store, sub.record.id, "state", state="RUNNING",
+                         started_at=time.time())  # fmt: skip
         if not attach:
             return Submitted(sub.record.id)
         if managed:
