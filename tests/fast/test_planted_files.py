@@ -62,9 +62,11 @@ def test_runtime_readers_of_planted_files_end(tmp_path: Path, kind: str) -> None
         plant(run / name, kind)
     out = ends(f"""
         import types
-        from trebuchet.runtime import controller, health, horovod, nodeset, selfrequeue
+        from trebuchet.runtime.job import nodeset, selfrequeue
+        from trebuchet.runtime.node import health, horovodrun as horovod
+        from trebuchet.runtime.slurm import step
         run = {str(run)!r}
-        print(controller.Controller.granted(types.SimpleNamespace(run_dir=run)))
+        print(step.Controller.granted(types.SimpleNamespace(run_dir=run)))
         print(nodeset.excluded(run))
         where = health.Where(run, run + "/attempt-0", 0, 0, "h", run, {{}})
         print(health.check_shared(where, None, token="t0k"))
@@ -79,7 +81,10 @@ def test_runtime_job_file_planted_is_a_clear_error(tmp_path: Path, kind: str) ->
     """The job file a (requeued) controller or node agent starts from is in the run
     directory: unreadable, it is named (exit 2), never waited on."""
     plant(tmp_path / "job.json", kind)
-    out = ends(f"from trebuchet.runtime import main; main._job({str(tmp_path / 'job.json')!r})", 2)
+    out = ends(
+        f"from trebuchet.runtime import command_line; command_line._job({str(tmp_path / 'job.json')!r})",
+        2,
+    )
     assert "cannot read the job file" in out, out
 
 
@@ -112,7 +117,7 @@ def test_treb_readers_of_planted_files_end(tmp_path: Path, kind: str) -> None:
         print(codepaths.CodeMap.for_run(str(run)))
         from trebuchet.diagnose import hang, sources
         from trebuchet.launcher import rank_wrapper
-        from trebuchet.runtime import gpu, metrics
+        from trebuchet.runtime.watch import gpu, metric_reader as metrics
         print(hang.read(run / "attempt-0"), hang.warned_lines(str(run), 0))
         print(sources.error_file_lines(str(run / "attempt-0" / "error.json")))
         print(sources.run_dir_case(run))

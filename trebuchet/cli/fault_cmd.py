@@ -2,7 +2,7 @@
 running run, to see the recovery work where it is used (what submitit's `_interrupt` and
 Megatron Bridge's `simulate_fault` give their users). Recorded as a `fault` event in the
 run's events.jsonl before it is injected. The signals are sent on the node itself by the
-runtime's `fault` verb (runtime/fault.py): locally here, over ssh on the host, on Slurm in
+runtime's `fault` verb (runtime/node/fault.py): locally here, over ssh on the host, on Slurm in
 an `srun --overlap --jobid J -w NODE` step of the job.
 
 Exit 0 when the fault was injected, 1 when nothing was there to hit (the rank not
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.errors import UserError
-from trebuchet.runtime import fault
-from trebuchet.runtime.records import read_json
+from trebuchet.runtime.node import fault
+from trebuchet.runtime.rundir.records import read_json
 from trebuchet.store.files import append_event, read_events
 
 ENGINES = ("local", "ssh", "slurm")

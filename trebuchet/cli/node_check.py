@@ -1,5 +1,5 @@
 """`treb check --nodes N [SPEC] --on local|slurm`: the nodes' health checks
-(runtime/health.py, the same the node agents run before every attempt's ranks) on N
+(runtime/node/health.py, the same the node agents run before every attempt's ranks) on N
 nodes now, each node's result printed. Exit 0 when every node is healthy, 1 when one is
 not (or gave no result), 2 on bad input (no node, an engine without it, srun refusing
 the request or finding no N free nodes within WAIT_S).
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.errors import UserError
-from trebuchet.runtime import health
-from trebuchet.runtime.contract import node_vars
+from trebuchet.runtime.contracts.rank_env import node_vars
+from trebuchet.runtime.node import health
 
 ENGINES = ("local", "slurm")
 SRUN_TIMEOUT_S = 600.0

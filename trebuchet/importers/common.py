@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.errors import UserError
-from trebuchet.runtime.lines import inert
+from trebuchet.runtime.watch.display_lines import inert
 from trebuchet.spec.dump import dump_yaml
 
 NOT_CARRIED = "not carried over"

@@ -1,4 +1,4 @@
-"""The local engine's node health checks: runtime/health.py's, once per simulated node
+"""The local engine's node health checks: runtime/node/health.py's, once per simulated node
 before each attempt's ranks start (the supervisor drives its node agents in-process, so
 it runs their checks too), under the simulated nodes' names (sim_nodes.py: node-0, ...)."""
 
@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
-from trebuchet.runtime import health
-from trebuchet.runtime.agent import Agent
-from trebuchet.runtime.contracts import FirstFailure
-from trebuchet.runtime.records import read_json
+from trebuchet.runtime.contracts.schema import FirstFailure
+from trebuchet.runtime.node import health
+from trebuchet.runtime.node.agent import Agent
+from trebuchet.runtime.rundir.records import read_json
 
 
 def check_nodes(run_dir: str, adir: Path, attempt: int, agents: list[Agent], conf: dict[str, Any],

@@ -59,7 +59,7 @@ def wait(store: Store, run_id: str, run_dir: Path, refresh: Refresh | None = Non
 
 def _notify(run_dir: Path, why: str) -> None:
     """The spec's webhooks that asked for `cancelled` hear of it, as from a controller."""
-    from trebuchet.runtime.lifecycle import notifier
+    from trebuchet.runtime.job.life import notifier
 
     sender = notifier(str(run_dir))
     if sender is not None:

@@ -20,8 +20,8 @@ from trebuchet.errors import UserError
 from trebuchet.launcher.plan import Placement, Plan, describe, local_plan
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS
 from trebuchet.launcher.runtime_file import ship
-from trebuchet.runtime.contain import end_run
-from trebuchet.runtime.procs import alive, hostname, start_time
+from trebuchet.runtime.process.contain import end_run
+from trebuchet.runtime.process.procs import alive, hostname, start_time
 from trebuchet.store import lifecycle
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import read_json, write_json
@@ -86,7 +86,7 @@ class LocalBackend(Backend):
             )
             raise loaded.refusal("launcher", f"{launcher_exe} is not on PATH; install {how}")
         if spec.launcher == "horovod":
-            from trebuchet.runtime.horovod import env_problem
+            from trebuchet.runtime.node.horovodrun import env_problem
 
             bad = env_problem(dict(spec.env))
             if bad:

@@ -1,6 +1,6 @@
 """The Slurm engine: render an sbatch script, submit it, follow it, cancel it.
 
-Why it is shaped this way: the job itself writes every outcome (runtime/controller.py) into the
+Why it is shaped this way: the job itself writes every outcome (runtime/slurm/step.py) into the
 run directory on the shared filesystem, so following a run costs one squeue call per poll
 for all of the user's active runs (never one per run, never sacct unless Slurm keeps no
 other trace) plus reading small files; `treb logs -f` reads the rank logs directly.
@@ -24,7 +24,7 @@ from trebuchet.backends.slurm.script import CONTROL, problems, render_all, write
 from trebuchet.envs.build import BuildError, ensure, missing_tool
 from trebuchet.envs.recipe import Recipe, recipe_for
 from trebuchet.errors import SpecError, TrebError, UserError
-from trebuchet.runtime.procs import hostname
+from trebuchet.runtime.process.procs import hostname
 from trebuchet.store import lifecycle
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event, write_atomic
@@ -97,8 +97,8 @@ class SlurmBackend(Backend):
     def _check_spec(self, loaded: LoadedSpec) -> None:
         spec = loaded.spec
         env = spec.environment
-        if spec.launcher == "horovod":  # placed by Slurm as mpirun is (runtime/horovod.py)
-            from trebuchet.runtime.horovod import slurm_problem
+        if spec.launcher == "horovod":  # placed by Slurm as mpirun is (runtime/node/horovodrun.py)
+            from trebuchet.runtime.node.horovodrun import slurm_problem
 
             bad = slurm_problem(dict(spec.env))
             if bad:
