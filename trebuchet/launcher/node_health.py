@@ -5,7 +5,6 @@ it runs their checks too), under the simulated nodes' names (sim_nodes.py: node-
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
@@ -28,6 +27,8 @@ def check_nodes(run_dir: str, adir: Path, attempt: int, agents: list[Agent], con
         wheres.append(health.Where(run_dir, str(adir), attempt, node, name,
                                    p.cwd or os.getcwd(), p.env))  # fmt: skip
     if len(wheres) > 1 and conf.get("health_check"):
+        from concurrent.futures import ThreadPoolExecutor  # here: +1 MiB for every run
+
         with ThreadPoolExecutor(len(wheres)) as pool:
             verdicts = list(pool.map(lambda w: health.gate(w, conf), wheres))
     else:

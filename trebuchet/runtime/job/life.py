@@ -230,10 +230,6 @@ class Records(Protocol):
 
 
 HEARTBEAT_S = 5.0
-# The log policies' matcher starts once the attempt has run this long (its interpreter
-# would compete with the ranks' start for the CPU), or at the first failure (it then
-# starts during the teardown, which takes longer on Slurm).
-MATCHER_AFTER_S = 1.0
 
 
 class JobController:
@@ -483,9 +479,10 @@ class JobController:
             if time.monotonic() >= beat:
                 beat = time.monotonic() + HEARTBEAT_S
                 self.records.heartbeat()
-            ran = time.monotonic() - clock_start
-            if self.matcher is not None and (self.failed or ran >= MATCHER_AFTER_S):
-                self.matcher.start()  # ready when a retry asks; never in the launch's burst
+            if self.matcher is not None and self.failed:
+                # The log policies' matcher starts at the first failure, during the
+                # teardown (its interpreter would cost a healthy run ~12 MiB throughout).
+                self.matcher.start()
             select.select([self.wake_r], [], [], 0.2 if reason else clock.wait(0.2))
             self.drain()
 

@@ -184,7 +184,8 @@ def _route(addr: str, port: str) -> tuple[bool, str]:
     """One try of check_master: resolve, then connect a UDP socket (the kernel picks the
     route and the source address; nothing is sent)."""
     try:
-        infos = socket.getaddrinfo(addr, int(port), type=socket.SOCK_DGRAM)
+        host = addr.encode() if addr.isascii() else addr  # str: the idna codec (+0.4 MiB)
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_DGRAM)
     except (OSError, UnicodeError, OverflowError) as exc:
         return False, f"MASTER_ADDR {addr} does not resolve: {exc}"
     family, kind, proto, _, sockaddr = infos[0]
