@@ -104,14 +104,15 @@ def test_treb_readers_of_planted_files_end(tmp_path: Path, kind: str) -> None:
         import types
         from pathlib import Path
         from trebuchet.backends.slurm import state
-        from trebuchet.cli import fault_cmd
+        from trebuchet.backends.ssh import fault as ssh_fault
+        from trebuchet.runtime.node import fault
         from trebuchet.diagnose import codepaths
         from trebuchet.launcher import snapshot
         from trebuchet.store import rebuild
         run = Path({str(run)!r})
         print(rebuild._json(run / "attempt-0" / "rank-0.json"), rebuild._events(run),
               rebuild._spec(run))
-        print(fault_cmd._rank_record(run, 0), fault_cmd._latest_attempt_record(run))
+        print(fault.attempt_file(str(run), "rank-0.json"), fault.attempt_file(str(run), "attempt.json"))
         print(snapshot.why_missing(run, ["No such file or directory: 'x.py'"]))
         print(state.read_job_files(run))
         print(codepaths.CodeMap.for_run(str(run)))
@@ -128,7 +129,7 @@ def test_treb_readers_of_planted_files_end(tmp_path: Path, kind: str) -> None:
         print(node_logs.write(run, 0, {{"node-0.log": "pod log"}}))
         assert (run / "attempt-0" / "node-0.log").read_text() == "pod log"
         try:
-            fault_cmd._nodes_of(types.SimpleNamespace(run_dir=str(run), backend="ssh"))
+            ssh_fault.nodes(types.SimpleNamespace(run_dir=str(run)))
         except Exception as exc:  # UserError: named, not a traceback
             print(type(exc).__name__, exc)
     """)

@@ -45,7 +45,7 @@ def _script(ws: list[str], workdir: Path) -> str:
 
 
 def self_requeue(ctx: Context) -> list[Finding]:
-    if ctx.engine.name != "slurm":  # only Slurm's environment turns these handlers on
+    if not ctx.engine.slurm_environment:  # only Slurm's environment turns these handlers on
         return []
     ws = words(command_text(ctx.spec.command))
     workdir = ctx.loaded.workdir

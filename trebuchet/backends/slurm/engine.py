@@ -69,8 +69,11 @@ def call_sbatch(path: Path, cwd: Path, what: str) -> tuple[str | None, str]:
 
 class SlurmBackend(Backend):
     name = "slurm"
+    faults = True
+    node_checks = True
     sweeps = True
     shared_run_dir = True  # TREB_HOME must be on the shared filesystem
+    slurm_environment = True
 
     def __init__(self) -> None:
         self.cancel_signal: int | None = None
@@ -477,6 +480,23 @@ class SlurmBackend(Backend):
             raise UserError(f"scancel failed: {exc}") from None
         if res.returncode != 0 and "Invalid job id" not in res.stderr:
             raise UserError(f"scancel {rec.backend_id} failed: {res.stderr.strip()}")
+
+    def fault_nodes(self, run: RunRecord) -> list[str]:
+        from trebuchet.backends.slurm import fault
+
+        return fault.nodes(run)
+
+    def inject_fault(self, run: RunRecord, action: str, target: str | None, node: int | None,
+                     host: str | None) -> int:  # fmt: skip
+        from trebuchet.backends.slurm import fault
+
+        return fault.inject(run, action, target, host)
+
+    def check_nodes(self, folder: Path, n: int, conf: dict[str, Any], workdir: str, spec: Any,
+                    token: str) -> list[dict[str, Any]]:  # fmt: skip
+        from trebuchet.backends.slurm.node_check import check
+
+        return check(folder, n, spec, token)
 
     def cancel(self, store: Store, run: RunRecord) -> None:
         if run.sweep_id and "_" in (run.backend_id or ""):  # a task of a sweep's job array

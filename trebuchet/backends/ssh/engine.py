@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trebuchet.backends.base import Backend, Submitted
+from trebuchet.backends.base import Submitted
 from trebuchet.backends.job_file import (
     check_node_engine,
     engine_options,
@@ -54,6 +54,7 @@ from trebuchet.backends.job_file import (
     node_job,
     uses_secret,
 )
+from trebuchet.backends.supervised_here import SupervisedHere
 from trebuchet.errors import UserError
 from trebuchet.runtime.process.procs import hostname
 from trebuchet.runtime.rundir.regular import read_text
@@ -107,8 +108,9 @@ def hosts(loaded: LoadedSpec) -> list[Host]:
     return out
 
 
-class SshBackend(Backend):
+class SshBackend(SupervisedHere):
     name = "ssh"
+    faults = True
 
     def _hosts(self, loaded: LoadedSpec) -> list[Host]:
         """The hosts the run holds: the first `nodes`, then `spare_nodes` spares."""
@@ -323,17 +325,16 @@ class SshBackend(Backend):
         info = read_json(Path(run.run_dir) / "ssh.json") or {}
         return info.get("remote_run_dir") == run.run_dir and info.get("remote_root") is None
 
-    def refresh(self, store: Store, runs: list[RunRecord]) -> None:
-        """As locally: a run whose supervisor vanished without an outcome is LOST."""
-        from trebuchet.backends.local.engine import BACKEND as LOCAL
+    def fault_nodes(self, run: RunRecord) -> list[str]:
+        from trebuchet.backends.ssh import fault
 
-        LOCAL.refresh(store, runs)
+        return fault.nodes(run)
 
-    def cancel(self, store: Store, run: RunRecord) -> None:
-        """As locally: SIGTERM to the supervisor, which closes every host's session."""
-        from trebuchet.backends.local.engine import BACKEND as LOCAL
+    def inject_fault(self, run: RunRecord, action: str, target: str | None, node: int | None,
+                     host: str | None) -> int:  # fmt: skip
+        from trebuchet.backends.ssh import fault
 
-        LOCAL.cancel(store, run)
+        return fault.inject(run, action, target, node, host)
 
 
 def setup_where(loaded: LoadedSpec, count: int) -> list[str]:

@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 from ..job.retry_codes import PREEMPTED  # in the attempt's folder: when a preemption began
 from ..process import procs
@@ -93,6 +94,14 @@ def latest_attempt(run_dir: str) -> str | None:
     if not names:
         return None
     return os.path.join(run_dir, max(names, key=lambda n: int(n[8:])))
+
+
+def attempt_file(run_dir: str, name: str) -> dict[str, Any]:
+    """`name` in the run's latest attempt folder; {} when absent or no JSON object (a rank
+    can write there: anything else is no record)."""
+    adir = latest_attempt(run_dir)
+    data = read_json(os.path.join(adir, name)) if adir else None
+    return data if isinstance(data, dict) else {}
 
 
 def running_ranks(run_dir: str, run_id: str) -> dict[int, int]:
