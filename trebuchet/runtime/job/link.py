@@ -34,6 +34,7 @@ CONNECT_S = 1.0  # an agent gives up on the link (and goes on without it) after 
 BEAT_S = 2.0  # an agent's heartbeat; node_timeout is several of them
 NODE_TIMEOUT_S = 10.0  # the spec's node_timeout when it says none
 LINE_MAX = 256
+BACKLOG = 4096
 ACK = b"ok\n"  # the controller's answer to each line that carries the token
 
 
@@ -62,12 +63,18 @@ class Hub:
 
         self.wake_fd = wake_fd  # written when the attempt's last agent ended
         self.token = secrets.token_hex(16)
-        self.server = socket.create_server(("", 0), family=socket.AF_INET)
+        _more_files()
+        # A backlog for every agent of a large job connecting at once (the kernel caps it at
+        # net.core.somaxconn): with listen()'s default of 128, agents past it waited out
+        # SYN retries and went on without the link (bench/fleet_sim.py: 4 of 1,024).
+        self.server = socket.create_server(("", 0), family=socket.AF_INET, backlog=BACKLOG)
+        self.server.setblocking(False)
         self.port = self.server.getsockname()[1]
         self.lock = threading.Lock()
         self.attempt = -1
         self.count = 0  # the step's tasks
         self.tasks: dict[str, _Task] = {}  # this attempt's, by task id
+        self.ended_count = 0  # of this attempt's tasks (counted: no scan per `ended` line)
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.server, selectors.EVENT_READ, None)
         self.buffers: dict[socket.socket, bytes] = {}
@@ -79,16 +86,15 @@ class Hub:
 
     def expect(self, attempt: int, tasks: int) -> None:
         with self.lock:
-            self.attempt, self.count, self.tasks = attempt, tasks, {}
+            self.attempt, self.count, self.tasks, self.ended_count = attempt, tasks, {}, 0
 
     def ended(self) -> int | None:
         """The step's exit code as srun would give it (the highest of its tasks') once every
         agent of the current attempt said it ended; None before."""
         with self.lock:
-            codes = [t.code for t in self.tasks.values() if t.code is not None]
-            if self.count <= 0 or len(codes) < self.count:
-                return None
-            return max(codes)
+            if self.count <= 0 or self.ended_count < self.count:
+                return None  # polled by the controller's loop: no scan until all ended
+            return max(t.code for t in self.tasks.values() if t.code is not None)
 
     def lost(self, timeout: float) -> list[Lost]:
         """The nodes of this attempt with an agent that said hello, has not ended and has
@@ -130,13 +136,15 @@ class Hub:
                     self._read(sock)
 
     def _accept(self) -> None:
-        try:
-            conn, _ = self.server.accept()
-        except OSError:
-            return
-        conn.setblocking(False)
-        self.buffers[conn] = b""
-        self.sel.register(conn, selectors.EVENT_READ, None)
+        """Every connection waiting (thousands arrive together when a large step starts)."""
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:  # none left (BlockingIOError), or out of descriptors
+                return
+            conn.setblocking(False)
+            self.buffers[conn] = b""
+            self.sel.register(conn, selectors.EVENT_READ, None)
 
     def _read(self, conn: socket.socket) -> None:
         try:
@@ -187,12 +195,25 @@ class Hub:
                     task = self.tasks[task_id] = _Task("?")
                 if task.code is None:
                     task.code = code
-                    ended = [t for t in self.tasks.values() if t.code is not None]
-                    done = len(ended) == self.count
+                    self.ended_count += 1
+                    done = self.ended_count == self.count
         if done:
             with contextlib.suppress(OSError):
                 os.write(self.wake_fd, b"\0")
         return True
+
+
+def _more_files() -> None:
+    """The controller holds a descriptor per agent: its soft limit raised to the hard one
+    (a batch step inherits the login shell's, often 1,024, below a job of 1,024 tasks)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 def parse(value: str) -> tuple[str, int, str] | None:
