@@ -293,8 +293,15 @@ def first_silent(silence: dict[str, float], habits: Habits | None = None) -> Sil
     name, top = ordered[0]
     if len(ordered) > 1 and top - ordered[1][1] < SILENT_GAP_S:
         return None
-    rest = [silence[n] for n in silence if n != name and n in quiet]
+    rest = [s for n, s in silence.items() if n != name and _count(habits.get(n)) >= HABIT_EVENTS]
     return name, silence[name], (max(rest) if rest else None)
+
+
+def _count(habit: Any) -> int:
+    try:
+        return int(habit["count"])
+    except (KeyError, TypeError, ValueError):
+        return 0
 
 
 def paced(habit: Any, end: float) -> bool:

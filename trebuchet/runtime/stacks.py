@@ -212,6 +212,7 @@ class Dump:
 
     def _finish(self, method: str, text: str) -> bool:
         header = [f"# request {self.rid} method {method} pid {self.pid}", f"# host {hostname()}"]
+        self.stopped = self.stopped or stopped(self.pid)  # a stop that came during the dump
         if self.stopped:
             header.append("# state stopped")
         header += [f"# tried: {t}" for t in self.tried]
