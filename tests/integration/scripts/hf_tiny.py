@@ -2,9 +2,9 @@
 built from its config (n_embd 32, no hub access), random tokens, CPU, gloo, only the
 Trainer's own output (rank 0 prints, rank 1 does not). For the hang tests: attempt 0 runs
 for minutes (`treb fault RUN hang-rank 0` stops it) and leaves `ready-<rank>` in the run
-dir once training steps are under way; a retry runs a few steps and ends.
+dir at step 50; a retry runs a few steps and ends.
 
-HF_HANG_SLEEP=1: rank 0 sleeps in a callback at step 200 (a hang inside the training step,
+HF_HANG_SLEEP=1: rank 0 sleeps in a callback at step 60 (a hang inside the training step,
 read by py-spy without a SIGSTOP). Rank 0 beats while transformers imports (slow on a loaded
 machine): that keeps a short hang_timeout counting from the hang itself."""
 
@@ -55,8 +55,9 @@ class Marks(TrainerCallback):
     def on_step_end(self, args, state, control, **kw):
         if state.global_step == 3:
             STARTED.set()  # from here on, only the Trainer's output is progress
+        if state.global_step == 50:
             open(os.path.join(RUN_DIR, f"ready-{RANK}"), "w").close()
-        if state.global_step == 200 and RANK == 0 and os.environ.get("HF_HANG_SLEEP"):
+        if state.global_step == 60 and RANK == 0 and os.environ.get("HF_HANG_SLEEP"):
             time.sleep(3600)  # HF-HANG-LINE
 
 
@@ -73,6 +74,7 @@ args = TrainingArguments(
     ddp_backend="gloo",
     dataloader_num_workers=0,
 )
-trainer = Trainer(model=GPT2LMHeadModel(cfg), args=args, train_dataset=Tokens(4096),
-                  callbacks=[Marks()])
+trainer = Trainer(
+    model=GPT2LMHeadModel(cfg), args=args, train_dataset=Tokens(4096), callbacks=[Marks()]
+)
 trainer.train()
