@@ -161,6 +161,20 @@ def test_the_rank_outside_the_collective_is_named_among_two(tmp_path: Path) -> N
     assert blamed(adir) == 0
 
 
+def test_planted_habits_are_no_habits(tmp_path: Path) -> None:
+    """hang.json is in a folder ranks can write: habits of any shape are judged as none
+    (no traceback), and the silence comes from the progress files then."""
+    junk = {0: {"count": "60", "first": None, "last": True, "gap": [1]}, 1: {"last": 1e400}}
+    adir = attempt(tmp_path, {0: TRAINER[0], 1: TRAINER[1]}, dict.fromkeys(range(2), NO_SPY))
+    info = json.loads((adir / "hang.json").read_text())
+    info["habits"] = {"rank-0": junk[0], "rank-1": junk[1], "rank-2": "x", "rank-3": [1, 2]}
+    (adir / "hang.json").write_text(json.dumps(info))
+    h = dhang.read(adir)
+    assert h.line == "hang: no stacks on tn1: py-spy not found there"
+    assert [round(r.silent or 0) for r in h.ranks] == [10, 34]  # the progress files'
+    assert blamed(adir) is None
+
+
 HABIT = st.fixed_dictionaries({
     "count": st.integers(0, 500), "first": st.floats(NOW - 1e5, NOW - 10.0),
     "last": st.floats(NOW - 1e5, NOW - 10.0),

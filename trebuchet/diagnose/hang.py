@@ -31,6 +31,7 @@ happens); files a rank can reach are read as regular files only (runtime/regular
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -282,11 +283,13 @@ def first_silent(silence: dict[str, float], habits: Habits | None = None) -> Sil
             return None
         (name, top), (_, second) = sorted(silence.items(), key=lambda kv: (-kv[1], kv[0]))[:2]
         return (name, top, second) if top - second >= SILENT_GAP_S else None
-    lasts = [float(h.get("last") or 0.0) for h in habits.values() if isinstance(h, dict)]
-    if not lasts:
+    lasts = {n: _field(h, "last") for n, h in habits.items()}
+    if not any(v is not None for v in lasts.values()):
         return None
-    end = max(lasts)  # the run's last progress
-    quiet = {n: end - float(h["last"]) for n, h in habits.items() if n in silence and paced(h, end)}
+    end = max(v for v in lasts.values() if v is not None)  # the run's last progress
+    quiet = {
+        n: end - (lasts[n] or 0.0) for n, h in habits.items() if n in silence and paced(h, end)
+    }
     if not quiet:
         return None
     ordered = sorted(quiet.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -297,30 +300,31 @@ def first_silent(silence: dict[str, float], habits: Habits | None = None) -> Sil
     return name, silence[name], (max(rest) if rest else None)
 
 
+def _field(habit: Any, key: str) -> float | None:
+    """A finite number of a habit (hang.json is in a folder ranks can write), else None."""
+    value = habit.get(key) if isinstance(habit, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
 def _count(habit: Any) -> int:
-    try:
-        return int(habit["count"])
-    except (KeyError, TypeError, ValueError):
-        return 0
+    return int(_field(habit, "count") or 0)
 
 
 def paced(habit: Any, end: float) -> bool:
     """A rank whose silence at the run's last progress (`end`) breaks its own habit: it
     progressed HABIT_EVENTS times or more, for at least as long as it has been quiet since,
     and is quiet HABIT_FACTOR times its usual gap (and SILENT_GAP_S) or longer."""
-    try:
-        count, first, last = int(habit["count"]), float(habit["first"]), float(habit["last"])
-        gap = float(habit["gap"])
-    except (KeyError, TypeError, ValueError):
+    count, first, last, gap = (_field(habit, k) for k in ("count", "first", "last", "gap"))
+    if count is None or first is None or last is None or gap is None:
         return False
     quiet = end - last
     return (count >= HABIT_EVENTS and last - first >= quiet
             and quiet >= max(SILENT_GAP_S, HABIT_FACTOR * gap))  # fmt: skip
 
 
-def stuck(
-    ranks: list[RankStack], first: tuple[str, float, float | None] | None
-) -> RankStack | None:
+def stuck(ranks: list[RankStack], first: Silent | None) -> RankStack | None:
     """The rank the stacks show stuck (see the module's docstring), else the one that went
     silent first (`first`), else None."""
     with_stacks = [r for r in ranks if r.method != "none"]
@@ -412,14 +416,13 @@ def _silent(
     hang watch saw (`habits`; the progress file changes after, with what a rank prints as
     it is stopped), else its progress file's mtime; without either, since the attempt's
     last progress."""
-    habit = (habits or {}).get(name)
+    seen = _field((habits or {}).get(name), "last")
+    if seen is not None:
+        return detected - min(seen, detected)
     try:
-        last = min(float(habit["last"]), detected)  # type: ignore[index]
-    except (KeyError, TypeError, ValueError):
-        try:
-            last = min((adir / "progress" / name).stat().st_mtime, detected)
-        except OSError:
-            last = min(started, detected)
+        last = min((adir / "progress" / name).stat().st_mtime, detected)
+    except OSError:
+        last = min(started, detected)
     return detected - last
 
 
