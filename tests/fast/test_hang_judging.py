@@ -211,7 +211,8 @@ def test_the_watch_keeps_each_ranks_habit_in_hang_json(tmp_path: Path) -> None:
     assert rec["rank-1"] == {"count": 1, "first": 100.0, "last": 100.0, "gap": None}
     (adir / "progress" / "rank-0").write_text("x\n")
     os.utime(adir / "progress" / "rank-0", (time.time() - 60, time.time() - 60))
-    watch = hang.HangWatch(str(adir), 1.0, "fail", ["rank-0"], started=time.time() - 60)
+    # no stack files expected: the watch decides once it sees the hang, without the wait
+    watch = hang.HangWatch(str(adir), 1.0, "fail", [], started=time.time() - 60)
     deadline = time.monotonic() + 30
     info = None
     while info is None and time.monotonic() < deadline:
@@ -267,7 +268,7 @@ SAID = LINE.map(str.strip).filter(
 )  # fmt: skip
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(LINE, max_size=8), SAID, st.lists(SAID, max_size=4), st.booleans())
 def test_py_spy_reason_properties(before: list, error: str, causes: list, trace: bool) -> None:
     """Any output: one line as the views show text (runtime/lines.shown), at most
