@@ -20,8 +20,10 @@ from hypothesis import strategies as st
 
 from tests.conftest import needs_program
 from trebuchet.diagnose import hang as dhang
-from trebuchet.runtime import hang, procs, stacks
-from trebuchet.runtime.lines import shown
+from trebuchet.runtime.process import procs
+from trebuchet.runtime.watch import hung as hang
+from trebuchet.runtime.watch import stacks
+from trebuchet.runtime.watch.display_lines import shown
 
 PY = sys.executable
 NOW = 1_800_000_000.0
@@ -271,7 +273,7 @@ SAID = LINE.map(str.strip).filter(
 @settings(max_examples=100, deadline=None)
 @given(st.lists(LINE, max_size=8), SAID, st.lists(SAID, max_size=4), st.booleans())
 def test_py_spy_reason_properties(before: list, error: str, causes: list, trace: bool) -> None:
-    """Any output: one line as the views show text (runtime/lines.shown), at most
+    """Any output: one line as the views show text (runtime/watch/display_lines.shown), at most
     REASON_MAX. py-spy's error form: its error and causes joined, whatever came before it
     and whether a backtrace follows."""
     text = "\n".join(before) + f"\nError: {error}\n"

@@ -26,7 +26,7 @@ while the run still progressed. Under the HF Trainer only rank 0 prints: rank 1,
 since its start, is then no suspect.
 
 Stdlib and the runtime only (the local supervisor imports it to print a hang as it
-happens); files a rank can reach are read as regular files only (runtime/regular.py).
+happens); files a rank can reach are read as regular files only (runtime/rundir/regular.py).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trebuchet.runtime.records import read_json
-from trebuchet.runtime.regular import open_regular, read_text
+from trebuchet.runtime.rundir.records import read_json
+from trebuchet.runtime.rundir.regular import open_regular, read_text
 
 HOST = re.compile(r"^# host (\S+)", re.M)
 TRIED = re.compile(r"^# tried: (.*)$", re.M)
