@@ -108,9 +108,7 @@ def test_a_rank_that_outlives_sigint_gets_sigterm_then_sigkill(treb, tmp_path: P
     out = tmp_path / "out"
     out.mkdir()
     (tmp_path / "rank.py").write_text(RANK_PY)
-    spec = write_spec(
-        tmp_path, "command: python rank.py\nprocs_per_node: 2\ngrace_period: 1s\n"
-    )
+    spec = write_spec(tmp_path, "command: python rank.py\nprocs_per_node: 2\ngrace_period: 1s\n")
     cmd = [sys.executable, "-m", "trebuchet", "run", str(spec)]
     code = _ctrl_c(cmd, out, 2, {"OUT": str(out), "STUBBORN": "1"}, tmp_path)
     assert code == 130
@@ -132,9 +130,7 @@ def test_ctrl_c_reaches_ranks_under_launcher_torchrun(treb, tmp_path: Path) -> N
     out = tmp_path / "out"
     out.mkdir()
     (tmp_path / "rank.py").write_text(RANK_PY)
-    spec = write_spec(
-        tmp_path, "command: python rank.py\nprocs_per_node: 2\nlauncher: torchrun\n"
-    )
+    spec = write_spec(tmp_path, "command: python rank.py\nprocs_per_node: 2\nlauncher: torchrun\n")
     cmd = [sys.executable, "-m", "trebuchet", "run", str(spec)]
     code = _ctrl_c(cmd, out, 2, {"OUT": str(out)}, tmp_path)
     assert code == 130
