@@ -52,7 +52,11 @@ def loads_back(here: Path, text: str, args: list[str]) -> None:
     path.write_bytes(text.encode("utf-8"))
     loaded = load_spec(path, cached=False)
     assert loaded.spec.command == ["python", "train.py", *args]
-    assert loaded.located is not None and set(loaded.located.data) == {"name", "command", "snapshot"}
+    assert loaded.located is not None and set(loaded.located.data) == {
+        "name",
+        "command",
+        "snapshot",
+    }
     assert loaded.spec.retries == 0
     head = text.split("\nname:", 1)[0].split("\n")
     assert all(line.startswith("# ") and line.isprintable() for line in head), head

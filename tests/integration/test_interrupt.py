@@ -1,3 +1,4 @@
+# ruff: noqa: F811 (fixtures imported from the support modules are named as arguments)
 """Ctrl+C on an attached `treb run` reaches the ranks as torchrun delivers it: SIGINT to each
 rank's process group (a Python rank's `except KeyboardInterrupt:` saves its checkpoint),
 SIGTERM to what is still alive after the grace period, SIGKILL after another one. Real
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import status_json, write_spec
+from tests.integration.test_ssh_runs import ssh_config  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -137,3 +139,24 @@ def test_ctrl_c_reaches_ranks_under_launcher_torchrun(treb, tmp_path: Path) -> N
     for rank in (0, 1):
         assert (out / f"saved-{rank}").read_text() == "checkpoint at interrupt\n"
     assert status_json(treb)["state"] == "CANCELLED"
+
+
+def test_ctrl_c_reaches_ranks_on_ssh_hosts(treb, ssh_config: str, tmp_path: Path) -> None:
+    """--on ssh, run directory not shared: Ctrl+C reaches each host's agent on its session
+    (nodeloss.INTERRUPT), which hands it on to its ranks as SIGINT; nothing is left."""
+    from tests.integration.test_ssh_runs import PY, assert_nothing_left, spec
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "rank.py").write_text(RANK_PY)
+    job = spec(tmp_path, ssh_config, f"OUT={out} exec {PY} rank.py")
+    cmd = [sys.executable, "-m", "trebuchet", "run", str(job), "--on", "ssh"]
+    code = _ctrl_c(cmd, out, 4, {}, tmp_path)
+    assert code == 130
+    for rank in range(4):
+        assert (out / f"saved-{rank}").read_text() == "checkpoint at interrupt\n"
+        assert (out / f"signals-{rank}").read_text() == "SIGINT\n"
+    st = status_json(treb)
+    assert st["state"] == "CANCELLED" and st["first_failure"] is None
+    assert_nothing_left(st["id"])
