@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import TrebFn, status_json, write_spec
 from tests.integration.slurm_support import slurm_conf, streb  # noqa: F401 (fixtures)
+from tests.integration.test_ssh_runs import ssh_config  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.integration
 GUARD_S = 300  # a hang guard for `treb run`, never a timing assertion
@@ -127,3 +128,26 @@ def test_slurm_snapshot_run_names_its_outputs(streb: TrebFn, tmp_path: Path) -> 
     ]  # fmt: skip
     assert f"treb:   {code}/checkpoints/ (4 files)" in res.stderr
     assert "outputs: 8 file(s)" in streb("status", st["id"]).stdout
+
+
+def test_ssh_without_a_shared_run_dir_names_each_hosts_copy(
+    treb: TrebFn, ssh_config: str, tmp_path: Path
+) -> None:
+    """--on ssh, run directory copied (not shared): each host ran in its own copy of the
+    code, and the end of the run and `treb status` name those (host:path); the test hosts
+    share this machine's files, so the files are checked there."""
+    from tests.integration.test_ssh_runs import PY, spec
+
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "train.py").write_text(WRITER)
+    job = spec(tmp_path, ssh_config, f"exec {PY} train.py")
+    res = treb("run", str(job), "--on", "ssh", timeout=GUARD_S)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    st = status_json(treb)
+    remote = tmp_path / "remote" / st["id"] / "code"
+    assert st["outputs"]["remote"] == [f"ts1:{remote}", f"ts2:{remote}"]
+    assert f"so files they wrote by relative paths are there: ts1:{remote}, ts2:{remote}" in (
+        res.stderr
+    )
+    assert sorted(p.name for p in remote.glob("out-*.txt")) == [f"out-{r}.txt" for r in range(4)]
+    assert written_here(tmp_path / "job") == ["job.yaml"]
