@@ -11,13 +11,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import status_json, write_spec
-from tests.integration.test_ssh_runs import ssh_config  # noqa: F401 (fixture)
+from tests.integration.test_ssh_runs import ssh_config, wait_for  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -53,22 +52,13 @@ while True:
 """
 
 
-def _wait_for(cond, timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _ctrl_c(cmd: list[str], out: Path, ranks: int, env: dict[str, str], cwd: Path) -> int:
     """Start `treb run` in a process group of its own (a terminal's foreground job), wait
     for every rank, send SIGINT to the whole group; treb's exit code."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
                             env={**os.environ, **env}, start_new_session=True)  # fmt: skip
     try:
-        _wait_for(lambda: len(list(out.glob("up-*"))) == ranks, what="every rank up")
+        wait_for(lambda: len(list(out.glob("up-*"))) == ranks, what="every rank up")
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl+C does: the whole group
         proc.wait(timeout=120)
     finally:
@@ -80,15 +70,20 @@ def _ctrl_c(cmd: list[str], out: Path, ranks: int, env: dict[str, str], cwd: Pat
     return proc.returncode
 
 
+def _local(tmp_path: Path, extra: str = "") -> tuple[Path, list[str]]:
+    """The rank program and a 2-rank spec running it: (the ranks' output folder, argv)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "rank.py").write_text(RANK_PY)
+    spec = write_spec(tmp_path, f"command: python rank.py\nprocs_per_node: 2\n{extra}")
+    return out, [sys.executable, "-m", "trebuchet", "run", str(spec)]
+
+
 def test_ctrl_c_is_keyboard_interrupt_in_every_rank(treb, tmp_path: Path) -> None:
     """torchrun's sequence (elastic/multiprocessing/api.py: SIGINT to each worker's group):
     each rank's handler saves its file; treb exits 130 and the run is CANCELLED, the ranks
     stopped by the launcher, dead of the SIGINT they re-raised."""
-    out = tmp_path / "out"
-    out.mkdir()
-    (tmp_path / "rank.py").write_text(RANK_PY)
-    spec = write_spec(tmp_path, "command: python rank.py\nprocs_per_node: 2\n")
-    cmd = [sys.executable, "-m", "trebuchet", "run", str(spec)]
+    out, cmd = _local(tmp_path)
     code = _ctrl_c(cmd, out, 2, {"OUT": str(out)}, tmp_path)
     assert code == 130  # the contract's interrupted (torchrun: 1, its SignalException)
     for rank in (0, 1):
@@ -107,11 +102,7 @@ def test_ctrl_c_is_keyboard_interrupt_in_every_rank(treb, tmp_path: Path) -> Non
 def test_a_rank_that_outlives_sigint_gets_sigterm_then_sigkill(treb, tmp_path: Path) -> None:
     """SIGINT, then SIGTERM after the grace period to what still runs, then SIGKILL after
     another one: rank 0 ends on the SIGTERM, rank 1 (ignoring both) dies of the SIGKILL."""
-    out = tmp_path / "out"
-    out.mkdir()
-    (tmp_path / "rank.py").write_text(RANK_PY)
-    spec = write_spec(tmp_path, "command: python rank.py\nprocs_per_node: 2\ngrace_period: 1s\n")
-    cmd = [sys.executable, "-m", "trebuchet", "run", str(spec)]
+    out, cmd = _local(tmp_path, "grace_period: 1s\n")
     code = _ctrl_c(cmd, out, 2, {"OUT": str(out), "STUBBORN": "1"}, tmp_path)
     assert code == 130
     assert (out / "signals-0").read_text() == "SIGINT\nSIGTERM\n"
@@ -129,11 +120,7 @@ def test_ctrl_c_reaches_ranks_under_launcher_torchrun(treb, tmp_path: Path) -> N
     (treb's worker wrapper), which hand it on as SIGINT to the rank."""
     if not (Path(sys.executable).parent / "torchrun").exists():
         pytest.skip("torchrun is not installed")
-    out = tmp_path / "out"
-    out.mkdir()
-    (tmp_path / "rank.py").write_text(RANK_PY)
-    spec = write_spec(tmp_path, "command: python rank.py\nprocs_per_node: 2\nlauncher: torchrun\n")
-    cmd = [sys.executable, "-m", "trebuchet", "run", str(spec)]
+    out, cmd = _local(tmp_path, "launcher: torchrun\n")
     code = _ctrl_c(cmd, out, 2, {"OUT": str(out)}, tmp_path)
     assert code == 130
     for rank in (0, 1):
