@@ -52,7 +52,9 @@ while True:
 """
 
 
-def _ctrl_c(cmd: list[str], out: Path, ranks: int, env: dict[str, str], cwd: Path) -> int:
+def _ctrl_c(
+    cmd: list[str], out: Path, ranks: int, env: dict[str, str], cwd: Path, local: bool = True
+) -> int:
     """Start `treb run` in a process group of its own (a terminal's foreground job), wait
     for every rank, send SIGINT to the whole group; treb's exit code."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
@@ -66,7 +68,10 @@ def _ctrl_c(cmd: list[str], out: Path, ranks: int, env: dict[str, str], cwd: Pat
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.stderr is not None
-    sys.stderr.write(proc.stderr.read().decode(errors="replace"))
+    said = proc.stderr.read().decode(errors="replace")
+    sys.stderr.write(said)
+    if local:  # what the local supervisor says at once: what comes, and how to skip it
+        assert "interrupted: SIGINT to the ranks" in said and "Ctrl+C again" in said, said
     return proc.returncode
 
 
@@ -139,7 +144,7 @@ def test_ctrl_c_reaches_ranks_on_ssh_hosts(treb, ssh_config: str, tmp_path: Path
     (tmp_path / "job" / "rank.py").write_text(RANK_PY)
     job = spec(tmp_path, ssh_config, f"OUT={out} exec {PY} rank.py")
     cmd = [sys.executable, "-m", "trebuchet", "run", str(job), "--on", "ssh"]
-    code = _ctrl_c(cmd, out, 4, {}, tmp_path)
+    code = _ctrl_c(cmd, out, 4, {}, tmp_path, local=False)
     assert code == 130
     for rank in range(4):
         assert (out / f"saved-{rank}").read_text() == "checkpoint at interrupt\n"

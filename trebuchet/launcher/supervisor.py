@@ -285,6 +285,10 @@ class Supervisor:
         hands Ctrl+C on: a Python rank's `except KeyboardInterrupt:` runs; SIGTERM follows
         after the grace period, SIGKILL after another (Agent.teardown)."""
         interrupt = self.job.cancel_signal == signal.SIGINT and not self.job.failed
+        if interrupt and self.agents:
+            g = self.plan.grace_period
+            self._say(f"interrupted: SIGINT to the ranks; SIGTERM to what still runs in {g:g}s, "
+                      f"SIGKILL in {2 * g:g}s; Ctrl+C again to kill them now")  # fmt: skip
         for agent in self.agents:
             agent.teardown(signal.SIGINT if interrupt else signal.SIGTERM)
 
