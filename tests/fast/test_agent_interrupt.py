@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from trebuchet.runtime.agent import Agent, Proc
+from trebuchet.runtime.node.agent import Agent, Proc
 
 # Notes each stop signal it gets, never ends on its own: only SIGKILL ends it.
 STUBBORN = """\

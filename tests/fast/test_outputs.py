@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trebuchet.launcher import outputs
-from trebuchet.runtime.lines import shown
+from trebuchet.runtime.watch.display_lines import shown
 
 
 def snapshot_run(tmp_path: Path, files: dict[str, str]) -> tuple[Path, Path]:

@@ -17,7 +17,7 @@ from trebuchet.cli.table import markup as m
 from trebuchet.errors import UserError
 from trebuchet.launcher import outputs
 from trebuchet.runner import refresh
-from trebuchet.runtime.lines import shown
+from trebuchet.runtime.watch.display_lines import shown
 from trebuchet.spec.duration import human
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.states import describe_failure, describe_waiting

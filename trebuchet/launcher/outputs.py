@@ -20,7 +20,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from trebuchet.runtime.records import read_json
+from trebuchet.runtime.rundir.records import read_json
 
 MANIFEST = "snapshot-files.json"
 MAX_LISTED = 2000  # a run writing more is summed up, never listed in full
