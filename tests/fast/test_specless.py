@@ -68,11 +68,14 @@ def test_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "My Train.py").write_text("")
     assert specless.build(_args("My Train.py", "--lr", "1")) == {
-        "name": "my-train", "command": ["python", "My Train.py", "--lr", "1"]}  # fmt: skip
+        "name": "my-train",
+        "command": ["python", "My Train.py", "--lr", "1"],
+        "snapshot": False,
+    }  # snapshot: false: in place, as torchrun (launcher/outputs.in_place)
     assert specless.build(_args("My Train.py", no_python=True))["command"] == ["My Train.py"]
     assert specless.build(_args("python3", "-m", "pkg.trainer"))["name"] == "trainer"
     assert specless.build(_args("/bin/echo", "hi")) == {
-        "name": "echo", "command": ["/bin/echo", "hi"]}  # fmt: skip
+        "name": "echo", "command": ["/bin/echo", "hi"], "snapshot": False}  # fmt: skip
     with pytest.raises(UserError, match="gone.py: no such file in"):
         specless.build(_args("python", "gone.py"))
     with pytest.raises(UserError, match="--no-python: the command does not start"):

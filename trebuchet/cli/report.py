@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.diagnose.codepaths import CodeMap
+from trebuchet.launcher.outputs import lines as output_lines
 from trebuchet.runtime.watch.display_lines import shown
 from trebuchet.spec.duration import human
 from trebuchet.store.db import RunRecord, Store
@@ -88,6 +89,7 @@ def final_summary(store: Store, rec: RunRecord) -> str:
     out += [f"treb: {line}" for line in diagnosis_lines(store, rec)]
     out += [f"treb: {line}" for line in results_lines(store, rec)]
     out += [f"treb: {line}" for line in metrics_lines(store, rec)]
+    out += [f"treb: {line}" for line in output_lines(rec.run_dir)]  # in the code snapshot
     return "\n".join(shown(line, tab=True) for line in out)
 
 

@@ -305,7 +305,9 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
         name = default_name(Path(command[2].rsplit(".", 1)[-1]))
     else:
         name = default_name(Path(os.path.basename(command[0])))
-    return {"name": name, "command": command}
+    from trebuchet.launcher.outputs import in_place  # runs in this folder, as torchrun
+
+    return {"name": name, "command": command, **in_place(getattr(args, "on", None), os.getcwd())}
 
 
 def spec_yaml(data: dict[str, Any], validated: dict[str, Any], typed: list[str]) -> str:

@@ -15,6 +15,7 @@ from trebuchet.cli.progress import gpu_use, progress_lines, progress_of
 from trebuchet.cli.report import diagnosis_json, diagnosis_lines
 from trebuchet.cli.table import markup as m
 from trebuchet.errors import UserError
+from trebuchet.launcher import outputs
 from trebuchet.runner import refresh
 from trebuchet.runtime.watch.display_lines import shown
 from trebuchet.spec.duration import human
@@ -54,6 +55,7 @@ def main(args: argparse.Namespace) -> int:
         out["progress"] = progress_of(rec)  # {step, total, fraction, rate, eta_s} or None
         out["gpus"] = gpu_use(rec)
         out["health"] = health_json(rec.run_dir)  # by attempt: each node's checks
+        out["outputs"] = outputs.written(rec.run_dir)  # what the ranks wrote in the snapshot
         print(json.dumps(out, indent=2))
         return 0
     from rich.table import Table
@@ -74,7 +76,7 @@ def main(args: argparse.Namespace) -> int:
     if rec.git_commit:
         dirty = " with uncommitted changes" if rec.git_dirty else ""
         con.print(f"  code    git {rec.git_commit[:12]}{dirty}")
-    for line in progress_lines(rec):
+    for line in progress_lines(rec) + outputs.lines(rec.run_dir):
         con.print(f"  {shown(line)}", markup=False, highlight=False)
     if rec.active and rec.waiting:
         colour = "yellow" if rec.waiting.get("starts") else "red"

@@ -284,9 +284,16 @@ class Supervisor:
 
     def stop(self) -> None:
         """SIGTERM every live process group; each agent SIGKILLs what is left after the
-        grace period."""
+        grace period. A cancel by SIGINT (Ctrl+C) starts with SIGINT instead, as torchrun
+        hands Ctrl+C on: a Python rank's `except KeyboardInterrupt:` runs; SIGTERM follows
+        after the grace period, SIGKILL after another (Agent.teardown)."""
+        interrupt = self.job.cancel_signal == signal.SIGINT and not self.job.failed
+        if interrupt and self.agents:
+            g = self.plan.grace_period
+            self._say(f"interrupted: SIGINT to the ranks; SIGTERM to what still runs in {g:g}s, "
+                      f"SIGKILL in {2 * g:g}s; Ctrl+C again to kill them now")  # fmt: skip
         for agent in self.agents:
-            agent.teardown()
+            agent.teardown(signal.SIGINT if interrupt else signal.SIGTERM)
 
     def kill(self) -> None:
         for agent in self.agents:

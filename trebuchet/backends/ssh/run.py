@@ -97,11 +97,16 @@ class Node:
         self.ended: int | None = None  # the agent's last word (nodeloss.ENDED), its code
         self.lost_cause: FirstFailure | None = None  # this node was lost (nodeloss.record)
 
-    def close_session(self) -> None:
-        """Close stdin: the remote agent stops its ranks (grace, then SIGKILL) and ends."""
+    def close_session(self, interrupt: bool = False) -> None:
+        """Close stdin: the remote agent stops its ranks (grace, then SIGKILL) and ends.
+        `interrupt` (Ctrl+C): INTERRUPT first, so that it stops them as torchrun does
+        (SIGINT, then SIGTERM after the grace, SIGKILL after another; runtime/node/per_node.py)."""
         if not self.closed and self.proc.stdin:
             self.closed = True
             with contextlib.suppress(OSError):
+                if interrupt and self.setup_done and not self.hook:
+                    self.proc.stdin.write(nodeloss.INTERRUPT)
+                    self.proc.stdin.flush()
                 self.proc.stdin.close()
 
     @property
@@ -593,11 +598,13 @@ class SshRun:
         if self.cancelled and not self.cancel_said:
             self.cancel_said = True
             self.say("cancelling: closing every host's session")
+        interrupt = self.job.cancel_signal == signal.SIGINT and not self.job.failed
         for n in self.nodes:
-            n.close_session()
+            n.close_session(interrupt)
         self.stop_remote(self.nodes, "TERM")
-        if self.kill_at is None:
-            self.kill_at = time.monotonic() + self.info["grace_period"] + 15
+        if self.kill_at is None:  # an interrupt: SIGTERM after one grace, SIGKILL after two
+            grace = self.info["grace_period"] * (2 if interrupt else 1)
+            self.kill_at = time.monotonic() + grace + 15
 
     def stop_remote(self, sessions: list[Node], sig: str) -> None:
         """`sig` to the process group of each session no agent took over yet (setup, a

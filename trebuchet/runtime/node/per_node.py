@@ -226,8 +226,10 @@ def end_strays(run_id: str, node: int) -> list[int]:
 
 def session_stdin() -> str | None:
     """TREB_NODE_STDIN=1 (the ssh engine): read the secrets' line, then watch stdin in a
-    thread that sends this process SIGTERM at its end. Why not wait for SIGHUP: without a
-    terminal, sshd sends none when the connection goes. Returns why stdin is unusable."""
+    thread that sends this process SIGTERM at its end, or SIGINT at nodeloss.INTERRUPT
+    (the agent then stops its ranks as torchrun does, SIGINT first; the end of stdin that
+    follows adds nothing). Why not wait for SIGHUP: without a terminal, sshd sends none
+    when the connection goes. Returns why stdin is unusable."""
     if os.environ.get("TREB_NODE_STDIN") != "1":
         return None
     line = b""
@@ -245,10 +247,14 @@ def session_stdin() -> str | None:
     os.environ.update({str(k): str(v) for k, v in values.items()})
 
     def watch() -> None:  # the raw fd: a buffered reader's lock would block the exit
+        interrupted = False
         with contextlib.suppress(OSError):
-            while os.read(0, 4096):
-                pass
-        os.kill(os.getpid(), signal.SIGTERM)
+            while data := os.read(0, 4096):
+                if nodeloss.INTERRUPT in data and not interrupted:  # Ctrl+C on the controller
+                    interrupted = True
+                    os.kill(os.getpid(), signal.SIGINT)  # the agent: SIGINT, TERM, KILL
+        if not interrupted:  # after an interrupt the agent's own schedule ends the ranks
+            os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="treb-session", daemon=True).start()
     return None
@@ -262,6 +268,9 @@ def node(job: JobFile) -> int:
     early = nodeloss.EarlyBeat() if os.environ.get("TREB_NODE_STDIN") == "1" else None
     try:
         code = _node(job, early)
+        return code
+    except KeyboardInterrupt:  # an interrupt before the agent took its signals: no rank ran
+        code = 130
         return code
     finally:
         if early is not None:
