@@ -164,3 +164,37 @@ def test_real_lines_mutated_never_raise_and_stay_finite(got: list[bytes]) -> Non
         if reading is not None:
             assert all(v is None or (math.isfinite(v) and v >= 0) for v in reading.values())
         assert left is None or math.isfinite(left)
+
+
+KEYS = st.sampled_from(["loss", "grad_norm", "learning_rate", "train_runtime", "x.y/z"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(KEYS, st.floats(allow_nan=True, allow_infinity=True), min_size=1),
+       st.floats(0, 1e6), st.booleans())  # fmt: skip
+def test_any_trainer_dict_in_either_release_form(d: dict, epoch: float, five: bool) -> None:
+    """The Trainer's dict as 4 (floats) or 5 (`f"{v:.4g}"` strings) prints it: each finite
+    value is read as printed, the others dropped and counted, the epoch is the step."""
+    shown_d = {**d, "epoch": epoch}
+    if five:
+        shown_d = {k: f"{v:.4g}" for k, v in shown_d.items()}
+    step, values, dropped = rm.read(repr(shown_d).encode())
+    want = {k: float(v) for k, v in shown_d.items() if math.isfinite(float(v))}
+    assert values == want and dropped == len(shown_d) - len(want)
+    assert step == float(shown_d["epoch"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 10**6), st.integers(0, 10**6),
+       st.lists(st.tuples(KEYS, st.floats(allow_nan=False, allow_infinity=False)), max_size=4),
+       st.text(max_size=30))  # fmt: skip
+def test_any_lightning_bar(epoch: int, total: int, n: int, post: list, after: str) -> None:
+    """A TQDMProgressBar line with any postfix, and any text printed after it: its items
+    are the metrics at epoch x total + n, the text after the bracket never one."""
+    items = "".join(f", {k}={v:.3g}" for k, v in post)
+    line = f"Epoch {epoch}:  50%|#    | {n}/{total} [00:01<00:01, 3.2it/s{items}]{after}"
+    step, values = rm.parse(line.encode("utf-8", "surrogatepass"))
+    want = {k: float(f"{v:.3g}") for k, v in post if math.isfinite(float(f"{v:.3g}"))}
+    if want and not after.strip():
+        assert values == want and step == epoch * total + n
+    assert set(values) <= set(want) and all(math.isfinite(v) for v in values.values())

@@ -259,10 +259,10 @@ def _bar(line: bytes) -> tuple[float | None, Values]:
     columns (`k: v k: v` to the line's end, nothing else); the step is the bar's `n`, plus
     `Epoch E` times its total when the bar names its epoch."""
     tail = line[-SCAN_BAR:]
-    rates = list(_RATE.finditer(tail))
-    if not rates:
+    rate = _RATE.search(tail)  # the bar's (its first): text printed after it cannot pose as one
+    if rate is None:
         return None, {}
-    at = rates[-1].end()
+    at = rate.end()
     after = tail[at:]
     if after.startswith(b","):  # tqdm: the postfix ends at the bracket
         end = after.find(b"]")
