@@ -194,7 +194,20 @@ def test_any_lightning_bar(epoch: int, total: int, n: int, post: list, after: st
     items = "".join(f", {k}={v:.3g}" for k, v in post)
     line = f"Epoch {epoch}:  50%|#    | {n}/{total} [00:01<00:01, 3.2it/s{items}]{after}"
     step, values = rm.parse(line.encode("utf-8", "surrogatepass"))
-    want = {k: float(f"{v:.3g}") for k, v in post if math.isfinite(float(f"{v:.3g}"))}
+    last = {k: float(f"{v:.3g}") for k, v in post}  # a name twice: its last value
+    want = {k: v for k, v in last.items() if math.isfinite(v)}
     if want and not after.strip():
         assert values == want and step == epoch * total + n
     assert set(values) <= set(want) and all(math.isfinite(v) for v in values.values())
+
+
+def test_a_silent_log_tail_is_stalled_too(tmp_path: Path) -> None:
+    """Engines whose agents keep their records on the nodes read the log's tail: a log
+    that stopped growing long ago is a stalled run, not an ETA of 0 s."""
+    log = tmp_path / "rank-0.log"
+    log.write_bytes(b" 50%|#####     | 30/60 [00:10<00:10, 3.0it/s]")
+    assert eta.from_log_tail(str(log))["stalled_s"] is None
+    old = time.time() - 120
+    os.utime(log, (old, old))
+    got = eta.from_log_tail(str(log))
+    assert got["stalled_s"] >= 120 and got["eta_s"] is None and got["step"] == 30

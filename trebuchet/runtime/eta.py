@@ -375,7 +375,9 @@ def _aged(data: dict[str, Any]) -> dict[str, Any]:
     STALL_GAPS usual gaps (at least STALL_MIN_S): a hung run does not reach 0 s."""
     now = time.time()
     eta, t = data.get("eta_s"), data.get("t")
-    moved, gap = data.get("moved", t), data.get("gap_s") or 0.0
+    moved, gap = data.get("moved"), data.get("gap_s") or 0.0
+    if moved is None:  # a record without it (older, or a log's tail): its reading's time
+        moved = t
     data["stalled_s"] = None
     if isinstance(moved, (int, float)) and now - moved > max(STALL_MIN_S, STALL_GAPS * gap):
         data["stalled_s"], data["eta_s"] = round(now - moved), None
