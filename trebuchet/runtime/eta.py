@@ -75,7 +75,7 @@ _PCT = re.compile(rb"\s*\d{1,3}%\s*\|[^|]*$")  # `: 45%|####  ` before a bar's `
 _DIGITS = re.compile(rb"\d+")
 # Bars of the loops beside training (Lightning's sanity check, validation, test, predict;
 # evaluation): never the run's progress.
-OTHER_LOOPS = (b"Sanity", b"Validat", b"Test", b"Predict", b"Evaluat", b"eval")
+OTHER_LOOPS = re.compile(rb"(?i)\b(?:sanity|validat|test|predict|eval)")
 _SCALE = {b"": 1.0, b"k": 1e3, b"M": 1e6, b"G": 1e9, b"T": 1e12, b"P": 1e15}
 
 Reading = Dict[str, Optional[float]]  # step, total, rate (None: unknown)
@@ -170,7 +170,7 @@ class Parser:
         if total <= 1 or (self.hf_total and total != self.hf_total):
             return False
         name = _DIGITS.sub(b"#", _PCT.sub(b"", before).strip()[-80:])
-        if any(word in name for word in OTHER_LOOPS):
+        if OTHER_LOOPS.search(name):
             return False
         if self.main is None or name == self.main[0] or total > self.main[1]:
             self.main = (name, total)
