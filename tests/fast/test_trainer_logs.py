@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trebuchet.results import parse as results
-from trebuchet.runtime import eta
-from trebuchet.runtime import metrics as rm
-from trebuchet.runtime.lines import Splitter
+from trebuchet.runtime.watch import eta
+from trebuchet.runtime.watch import metric_reader as rm
+from trebuchet.runtime.watch.display_lines import Splitter
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "trainers"
 
