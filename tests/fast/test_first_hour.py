@@ -122,3 +122,51 @@ def test_ui_without_its_extra_names_the_extra(treb: TrebFn, tmp_path: Path) -> N
     assert res.returncode == 2, res.stderr
     assert "web extra" not in res.stderr
     assert "the ui extra" in res.stderr and "pip install 'trebuchet[ui]'" in res.stderr
+
+
+def _on_a_terminal(args: list[str], env: dict[str, str], cwd: Path) -> str:
+    """What `treb ARGS` writes to a terminal (a pseudo-terminal for stdout and stderr)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "trebuchet", *args], stdin=subprocess.DEVNULL,
+                            stdout=follower, stderr=follower, env={**os.environ, **env},
+                            cwd=cwd)  # fmt: skip
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # EIO: the child side closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=120)
+    os.close(leader)
+    return b"".join(chunks).decode(errors="replace")
+
+
+FAILING = "command: python -c 'import sys; sys.exit(\"bad input\")'\n"
+
+
+def test_the_summary_is_coloured_on_a_terminal(treb_home: Path, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, FAILING)
+    said = _on_a_terminal(["run", str(spec)], {"NO_COLOR": "", "TERM": "xterm"}, tmp_path)
+    assert "\x1b[1m\x1b[31mFAILED\x1b[0m after" in said, said
+    assert "\x1b[1m\x1b[31mcause:\x1b[0m" in said and "\x1b[1m\x1b[32mfix:\x1b[0m" in said
+    ended = said[said.index(") \x1b[1m\x1b[31mFAILED") :].splitlines()[1:]
+    assert ended and not any(line.startswith("treb:") for line in ended), ended
+
+
+def test_no_colour_under_no_color_nor_off_a_terminal(treb: TrebFn, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, FAILING)
+    said = _on_a_terminal(["run", str(spec)], {"NO_COLOR": "1", "TERM": "xterm"}, tmp_path)
+    assert "FAILED after" in said and "\x1b[" not in said, said
+    res = treb("run", str(spec))
+    assert res.returncode == 1 and "\x1b[" not in res.stderr
+    summary = res.stderr[res.stderr.index(") FAILED after") :].splitlines()
+    assert [ln for ln in summary[1:] if ln.startswith("  cause: ")], summary
