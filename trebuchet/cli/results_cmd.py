@@ -2,8 +2,9 @@
 
 Without RUN: the recent runs (--all: every run), oldest first, so each row's change is
 against the one above it of the same workload, metric and shape (nodes x processes per
-node): a change of shape is no change of the code, and is not compared. With RUNs: those, in the order
-given; two runs of one workload print their relative change. --csv writes madengine
+node): a change of shape is no change of the code, and is not compared. With RUNs:
+those, in the order given; two runs of one workload and shape print their relative change.
+--csv writes madengine
 perf.csv-compatible rows (see docs/results.md). --metric NAME (repeatable) adds each run's
 last value of that metric (docs/metrics.md), compared like performance between two runs.
 """

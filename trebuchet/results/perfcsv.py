@@ -11,8 +11,9 @@ CSV.
 
 relative_change is a percentage: (value - baseline) / baseline * 100, the baseline being the
 previous successful row of the same model, metric and shape (nodes x processes per node,
-GPUs per node) among the rows shown (the first run given when two are compared). madengine's database keeps a per-architecture dict there;
-a plain number is what a CSV reader can plot.
+GPUs per node) among the rows shown (the first run given when two are compared).
+madengine's database keeps a per-architecture dict there; a plain number is what a CSV
+reader can plot.
 """
 
 from __future__ import annotations
