@@ -4,9 +4,9 @@ Without RUN: the recent runs (--all: every run), oldest first, so each row's cha
 against the one above it of the same workload, metric and shape (nodes x processes per
 node): a change of shape is no change of the code, and is not compared. With RUNs:
 those, in the order given; two runs of one workload and shape print their relative change.
---csv writes madengine
-perf.csv-compatible rows (see docs/results.md). --metric NAME (repeatable) adds each run's
-last value of that metric (docs/metrics.md), compared like performance between two runs.
+--csv writes madengine perf.csv-compatible rows (see docs/results.md). --metric NAME
+(repeatable) adds each run's last value of that metric (docs/metrics.md), compared like
+performance between two runs.
 """
 
 from __future__ import annotations
