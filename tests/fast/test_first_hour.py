@@ -170,3 +170,35 @@ def test_no_colour_under_no_color_nor_off_a_terminal(treb: TrebFn, tmp_path: Pat
     assert res.returncode == 1 and "\x1b[" not in res.stderr
     summary = res.stderr[res.stderr.index(") FAILED after") :].splitlines()
     assert [ln for ln in summary[1:] if ln.startswith("  cause: ")], summary
+
+
+def test_a_local_node_loss_says_the_new_node_set(treb_home: Path, tmp_path: Path) -> None:
+    """recovery.md: after a loss the supervisor says the nodes of the next attempt (as ssh
+    did alone): locally too."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.fast.test_local_node_loss import LOOP, keeper_of
+
+    (tmp_path / "loop.py").write_text(LOOP)
+    spec = write_spec(tmp_path, f"name: local-loss\ncommand: [{sys.executable}, loop.py]\n"
+                      "nodes: 2\nspare_nodes: 1\nretries: 1\ngrace_period: 1\n")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "trebuchet", "run", str(spec)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        end, pid = time.time() + 60, None
+        while pid is None and time.time() < end and proc.poll() is None:
+            runs = list((treb_home / "runs").glob("*/checkpoints/ckpt.json"))
+            pid = keeper_of(runs[0].parent.parent.name, 1) if runs else None
+            time.sleep(0.1)
+        assert pid is not None, "no keeper for node 1 while the ranks trained"
+        os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "treb: nodes now: node-0, node-2 (WORLD_SIZE 2; excluded: node-1)" in err, err
