@@ -202,3 +202,15 @@ def test_a_local_node_loss_says_the_new_node_set(treb_home: Path, tmp_path: Path
             proc.wait()
     assert proc.returncode == 0, err
     assert "treb: nodes now: node-0, node-2 (WORLD_SIZE 2; excluded: node-1)" in err, err
+
+
+def test_the_one_rule_ends_126_and_127_for_every_engine() -> None:
+    """lifecycle.next_step decides for local, ssh and Slurm alike (their JobController)."""
+    from trebuchet.runtime.lifecycle import END, RETRY, next_step
+
+    def step(code: int, only: list[int] | None = None) -> str:
+        return next_step("FAILED", 0, 3, [], [], {}, exit_code=code, retry_codes=only).action
+
+    assert step(127) == END and step(126) == END
+    assert step(1) == RETRY and step(128 + 9) == RETRY
+    assert step(127, [127]) == RETRY and step(126, [127]) == END
