@@ -26,6 +26,12 @@ def test_a_word_like_no_verb_is_named_with_the_help_pointer(treb: TrebFn) -> Non
     assert "choose from" not in res.stderr and "Traceback" not in res.stderr
 
 
+def test_a_spec_where_the_verb_belongs_suggests_treb_run(treb: TrebFn) -> None:
+    res = treb("job.yaml")
+    assert res.returncode == 2
+    assert "did you mean `treb run job.yaml`?" in res.stderr
+
+
 def _attempts(treb: TrebFn) -> int:
     return len(status_json(treb)["attempts"])
 

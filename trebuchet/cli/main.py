@@ -387,6 +387,8 @@ def unknown_verb(word: str) -> str:
     """A word where a verb belongs: the closest verb, not argparse's list of every verb."""
     import difflib
 
+    if word.endswith((".yaml", ".yml", ".py")):  # a spec or a script: `treb run` was meant
+        return f"unknown verb {word!r}; did you mean `treb run {word}`?"
     close = difflib.get_close_matches(word, VERBS, n=1, cutoff=0.6)
     if close:
         return f"unknown verb {word!r}; did you mean {close[0]!r}?"
