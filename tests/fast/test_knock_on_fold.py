@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from tests.conftest import TrebFn, write_spec
 from trebuchet.view.fold import HOLD_S, Fold
 
@@ -85,3 +88,27 @@ def test_a_traceback_after_another_ranks_failure_is_folded(tmp_path: Path) -> No
     assert (
         b"rank 3 failed first; 3 traceback lines folded (`treb logs run1 --rank 0`)" in got[mine][1]
     )
+
+
+LINE = st.sampled_from([
+    b"Traceback (most recent call last):", b'  File "t.py", line 1, in <module>', b"    f()",
+    b"RuntimeError: boom", b"", b"epoch 1", b"[rank0]: Traceback (most recent call last):",
+    b"[rank0]:   File \"x.py\", line 2", b"During handling of the above exception, another",
+])  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(LINE, max_size=8), max_size=8), st.data())
+def test_with_no_failure_on_record_nothing_is_lost_or_reordered(batches, data) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        log = Path(d) / "run1" / "attempt-0" / "rank-0.log"
+        log.parent.mkdir(parents=True)
+        fold, shown, now = Fold(), [], 0.0
+        for batch in batches:
+            shown += fold.feed(log, batch, now)
+            now += data.draw(st.sampled_from([0.0, HOLD_S]))
+            shown += [ln for _, lines in fold.due(now) for ln in lines]
+        shown += [ln for _, lines in fold.flush() for ln in lines]
+        assert shown == [ln for batch in batches for ln in batch]
