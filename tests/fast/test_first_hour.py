@@ -116,6 +116,15 @@ def test_a_missing_image_in_a_kubernetes_block_names_the_block_line(
     assert "has no image:" in res.stderr
 
 
+def test_a_missing_field_of_a_spec_less_run_says_the_override(treb: TrebFn, tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    res = treb("run", "-n", "2", "--on", "kubernetes", "train.py", cwd=tmp_path)
+    assert res.returncode == 2
+    assert "<spec>" not in res.stderr, res.stderr
+    assert "kubernetes.image: a pod needs an image" in res.stderr
+    assert "-o kubernetes.image=VALUE" in res.stderr
+
+
 def test_ui_without_its_extra_names_the_extra(treb: TrebFn, tmp_path: Path) -> None:
     shadow = tmp_path / "shadow"  # starlette and uvicorn made unimportable
     for name in ("starlette", "uvicorn"):

@@ -56,6 +56,8 @@ class LoadedSpec:
         path = tuple(field.split("."))
         if self.located is None:
             return UserError(f"{self.source}: {field}: {why}")
+        if self.path is None and self.located.at(path) is None:  # a spec made from a command
+            return UserError(f"{field}: {why}; without a spec file: -o {field}=VALUE")
         for n in range(len(path), 0, -1):
             if self.located.at(path[:n]) is not None:
                 break
