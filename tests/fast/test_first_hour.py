@@ -221,7 +221,7 @@ def test_a_local_node_loss_says_the_new_node_set(treb_home: Path, tmp_path: Path
 
 def test_the_one_rule_ends_126_and_127_for_every_engine() -> None:
     """lifecycle.next_step decides for local, ssh and Slurm alike (their JobController)."""
-    from trebuchet.runtime.lifecycle import END, RETRY, next_step
+    from trebuchet.runtime.job.life import END, RETRY, next_step
 
     def step(code: int, only: list[int] | None = None) -> str:
         return next_step("FAILED", 0, 3, [], [], {}, exit_code=code, retry_codes=only).action

@@ -4,7 +4,7 @@ nothing of the cause, in full, just before the summary names the cause. A traceb
 rank whose attempt's first failure is another rank's is shown as its last line and one note
 (the rank log keeps all of it); the first failing rank's own traceback is shown whole.
 
-The first failure is the attempt's record (runtime/records.claim_first), written when the
+The first failure is the attempt's record (runtime/rundir/records.claim_first), written when the
 supervisor sees the rank end: a traceback is held from its first line until it ends (its
 exception line, then a line that is no traceback's or HOLD_S of quiet) and decided then.
 With no record by then (the root cause's own traceback, written before its rank exits, or
@@ -100,7 +100,7 @@ def knock_on(path: Path) -> int | None:
     """The rank that failed first in the attempt of rank log `path`, when it is another
     rank than `path`'s; None when none is on record, or it is this one, or either rank is
     unknown (never fold what may be the cause)."""
-    from trebuchet.runtime.records import claimed_first
+    from trebuchet.runtime.rundir.records import claimed_first
 
     mine = RANK_LOG.match(path.name)
     if mine is None:
