@@ -145,7 +145,7 @@ def test_torchrun_missing_locally_is_named(treb: TrebFn, tmp_path: Path) -> None
     res = treb("run", "-n", "2", "-o", "launcher=torchrun", "-o", "env.PATH=/usr/bin:/bin",
                "--", sys.executable, "allreduce.py", cwd=w, timeout=GUARD_S)  # fmt: skip
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
-    assert re.search(r"^treb: cause: launcher_missing: treb: torchrun not found on \S+ \(node "
+    assert re.search(r"^  cause: launcher_missing: treb: torchrun not found on \S+ \(node "
                      r"0\): not on its PATH, which was \S*/usr/bin:/bin$", res.stderr, re.M), res.stderr  # fmt: skip
     st = treb("status")
     assert "cause: launcher_missing" in st.stdout and "env.PATH" in st.stdout, st.stdout

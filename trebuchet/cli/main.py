@@ -339,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
     words = sys.argv[1:] if argv is None else argv
+    if words and not words[0].startswith("-") and words[0] not in VERBS:
+        _say(unknown_verb(words[0]))
+        return 2
     parser = build_parser(words[0] if words and words[0] in VERBS else None)
     if words[:1] == ["run"]:  # a command instead of a spec: cli/specless.py
         from trebuchet.cli import specless
@@ -378,6 +381,18 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _say(err)
         return err.exit_code
+
+
+def unknown_verb(word: str) -> str:
+    """A word where a verb belongs: the closest verb, not argparse's list of every verb."""
+    import difflib
+
+    if word.endswith((".yaml", ".yml", ".py")):  # a spec or a script: `treb run` was meant
+        return f"unknown verb {word!r}; did you mean `treb run {word}`?"
+    close = difflib.get_close_matches(word, VERBS, n=1, cutoff=0.6)
+    if close:
+        return f"unknown verb {word!r}; did you mean {close[0]!r}?"
+    return f"unknown verb {word!r}; `treb --help` lists the verbs"
 
 
 def _say(error: object) -> None:

@@ -249,8 +249,15 @@ class Supervisor:
         adir = self.run_dir / f"attempt-{attempt}"
         plans = self.plan.procs
         if self.keepers is not None:  # the nodes left (a spare in; fewer: the world shrinks)
-            self.keepers.start(attempt)
+            before = list(self.keepers.active)
+            now = self.keepers.start(attempt)
             plans = self.keepers.plans(plans, self.plan.procs_per_node)
+            if attempt and now and now != before:  # said as over ssh (backends/ssh/run.py)
+                from trebuchet.runtime.job.nodeset import excluded
+
+                gone = ", ".join(excluded(str(self.run_dir)))
+                world = len(now) * self.plan.procs_per_node
+                self._say(f"nodes now: {', '.join(now)} (WORLD_SIZE {world}; excluded: {gone})")
         self.agents = self._agents(plans, adir, attempt, self.port)
         held = self.keepers.active if self.keepers is not None else None
         sick = check_nodes(str(self.run_dir), adir, attempt, self.agents, self.plan.health, held)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from trebuchet.runtime.watch.display_lines import inert
 from trebuchet.view.dedup import Dedup, key_of
+from trebuchet.view.fold import Fold
 from trebuchet.view.follow import Follower, Out
 
 POLL_S = 0.05
@@ -59,7 +60,8 @@ class View:
         self.grouped = Dedup(self.out, []) if os.environ.get("TREB_DEDUP") == "1" else None
         sink = self._grouped if self.grouped is not None else None
         # only the thread touches it; \r progress bars show their latest state
-        self.follower = Follower(self.out, skip_over=skip_over, redraw=True, sink=sink)
+        self.follower = Follower(self.out, skip_over=skip_over, redraw=True, sink=sink,
+                                 fold=Fold())  # fmt: skip
         self._inbox: queue.SimpleQueue[tuple[str, str, Path | None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._closing = False

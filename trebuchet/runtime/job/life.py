@@ -71,7 +71,8 @@ def next_step(
       none (no policy is consulted);
     - before the log policies, the exit-code rules (runtime/job/retry_codes.py): `exit_code`
       (the first failure's, None for a lost node) in `no_retry_codes`, or not in
-      `retry_codes` when given, ends the run (verdict EXIT_CODE, `line` says why)."""
+      `retry_codes` when given, or 126/127 (the command cannot start) unless `retry_codes`
+      names it, ends the run (verdict EXIT_CODE, `line` says why)."""
     if cancelled or state not in contracts.RETRIABLE:
         return Decision(END, policies.NO_MATCH, None, "")
     normal_left = attempt - sum(granted.values()) < retries
@@ -368,7 +369,7 @@ class JobController:
         recorded: RETRY, REQUEUE or END."""
         cause, s = self.first_failure, self.settings
         code = None
-        if state == "FAILED" and (s.no_retry_exit_codes or s.retry_exit_codes is not None):
+        if state == "FAILED":  # the rules apply to every run: 126/127 (retry_codes.py)
             code = cause_code(cause, self.attempt_dir(attempt))
         decision = next_step(
             state, attempt, self.settings.retries, self.settings.log_policies,
