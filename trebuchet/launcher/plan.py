@@ -183,7 +183,12 @@ def local_plan(
     procs: list[ProcPlan] = []
     streams: list[list[str]] = []
     hooks: list[dict[str, Any]] = []
+    # torchrun's manual multi-node launch (`--nnodes N --node-rank K` typed on each machine,
+    # cli/torchrun_flags.py): this machine is node K of N and starts that node's ranks only.
+    only = environ.get("TREB_NODE_RANK_ONLY")
     for node in range(nodes):
+        if only is not None and only.isdigit() and node != int(only):
+            continue
         # What the spec's env sets wins over what trebuchet derives (GPU masks included).
         node_env = {
             **base, **node_vars(node, nodes),
