@@ -189,10 +189,10 @@ def _differences(case: Case, a: Seen, b: Seen, run_id: str) -> list[str]:
         out.append(f"files: torchrun {sorted(a.files)}, treb {sorted(b.files)}")
     for name in sorted(set(a.files) & set(b.files)):
         fa, fb = a.files[name], b.files[name]
-        # torchrun's id is --rdzv-id's ("none" untyped) unless it made a fresh one
-        typed = fa.get("TORCHELASTIC_RUN_ID") in (run_id, "none")
+        # torchrun's id is --rdzv-id's unless it made a fresh one (or "none": treb's own)
+        typed = fa.get("TORCHELASTIC_RUN_ID") == run_id
         exact = [*EXACT, *(["TORCHELASTIC_RUN_ID"] if typed else [])]
-        if not typed and fb.get("TORCHELASTIC_RUN_ID") in (run_id, "none"):
+        if not typed and fb.get("TORCHELASTIC_RUN_ID") == run_id:
             out.append(f"{name}: TORCHELASTIC_RUN_ID: torchrun a fresh one, treb "
                        f"{fb.get('TORCHELASTIC_RUN_ID')!r}")  # fmt: skip
         for key in exact:

@@ -367,18 +367,19 @@ def translate(args: argparse.Namespace, on: str | None, specless: bool) -> Trans
 
 
 def elastic_run_id(args: argparse.Namespace) -> str | None:
-    """TORCHELASTIC_RUN_ID as torchrun 2.13 sets it (run.py run()): --rdzv-id ("none" when
-    not typed), except where torchrun makes a fresh one: --standalone, and one node with
-    neither --rdzv-endpoint nor --master-port (a c10d store on a free port, uuid4). None:
-    a fresh one, which is treb's run id."""
+    """TORCHELASTIC_RUN_ID as torchrun 2.13 sets it (run.py run()): --rdzv-id, except
+    where torchrun makes a fresh one: --standalone, and one node with neither
+    --rdzv-endpoint nor --master-port (a c10d store on a free port, uuid4). None: treb's
+    own, its run id (not torchrun's "none" when no --rdzv-id is typed: a variable Slurm's
+    native ranks must not get, runtime/contract.py elastic_vars)."""
     g = lambda dest: getattr(args, dest, None)  # noqa: E731
-    if g("standalone"):
+    if g("standalone") or g("rdzv_id") is None:
         return None
     static = (g("rdzv_backend") or "static") == "static"
     high = int(str(g("nnodes") or "1").split(":")[-1])
     if static and not g("rdzv_endpoint") and g("master_port") is None and high == 1:
         return None
-    return g("rdzv_id") or "none"
+    return str(g("rdzv_id"))
 
 
 def _manual(rank: int, nnodes: str | None, addr: str | None, out: Translated) -> list[str]:
