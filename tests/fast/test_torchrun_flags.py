@@ -88,7 +88,9 @@ def test_program_flags_make_the_first_word_the_program(here: Path) -> None:
     assert command == ["pkg.train", "--lr", "1", "--name", "x"]
     args.torchrun = torchrun_flags.translate(args, None, True)
     assert specless.build(args) == {
-        "name": "train", "command": ["python", "-m", "pkg.train", "--lr", "1", "--name", "x"]}
+        "name": "train",
+        "command": ["python", "-m", "pkg.train", "--lr", "1", "--name", "x"],
+    }
     args, command = parse("--no-python", "./run.sh", "--prepared-data", "/d")
     args.torchrun = torchrun_flags.translate(args, None, True)
     assert specless.build(args)["command"] == ["./run.sh", "--prepared-data", "/d"]
@@ -104,20 +106,36 @@ def test_program_flags_make_the_first_word_the_program(here: Path) -> None:
     [
         (["--nnodes=1:2", "p.py"], None, ["nodes=1"]),  # one machine: the agent alone
         (["--nnodes", "2:4", "p.py"], "slurm", ["nodes=2:4"]),  # treb's range, as a spec's
-        (["--nproc_per_node=cpu", "p.py"], None, [f"procs_per_node={len(os.sched_getaffinity(0))}"]),
-        (["--max_restarts=3", "--shutdown-timeout", "9", "p.py"], None,
-         ["retries=3", "grace_period=9"]),  # fmt: skip
+        (
+            ["--nproc_per_node=cpu", "p.py"],
+            None,
+            [f"procs_per_node={len(os.sched_getaffinity(0))}"],
+        ),
+        (
+            ["--max_restarts=3", "--shutdown-timeout", "9", "p.py"],
+            None,
+            ["retries=3", "grace_period=9"],
+        ),  # fmt: skip
         # --rdzv-id is TORCHELASTIC_RUN_ID where torchrun keeps it
-        (["--rdzv-id=abc", "--master-port=29400", "p.py"], None,
-         ["master_port=29400", "env.TORCHELASTIC_RUN_ID=abc"]),  # fmt: skip
-        (["--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--rdzv-id=j", "p.py"], None,
-         ["env.TORCHELASTIC_RUN_ID=j"]),  # fmt: skip
+        (
+            ["--rdzv-id=abc", "--master-port=29400", "p.py"],
+            None,
+            ["master_port=29400", "env.TORCHELASTIC_RUN_ID=abc"],
+        ),  # fmt: skip
+        (
+            ["--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--rdzv-id=j", "p.py"],
+            None,
+            ["env.TORCHELASTIC_RUN_ID=j"],
+        ),  # fmt: skip
         (["--rdzv-id=abc", "p.py"], None, []),  # one node, no port: torchrun's own uuid
         (["--standalone", "--rdzv-id=abc", "p.py"], None, ["nodes=1"]),
         (["--role", "trainer", "p.py"], None, ["env.ROLE_NAME=trainer"]),
         (["--master-addr", "10.0.0.1", "p.py"], None, ["env.MASTER_ADDR=10.0.0.1"]),
-        (["--nnodes=2", "--node-rank=1", "--master-addr=h0", "p.py"], None,
-         ["nodes=2", "env.MASTER_ADDR=h0", "master_port=29500"]),
+        (
+            ["--nnodes=2", "--node-rank=1", "--master-addr=h0", "p.py"],
+            None,
+            ["nodes=2", "env.MASTER_ADDR=h0", "master_port=29500"],
+        ),
     ],
 )
 def test_flags_become_overrides(words: list[str], on: str | None, overrides: list[str],
@@ -170,7 +188,9 @@ def test_flags_without_a_counterpart_say_what_treb_does(here: Path) -> None:
                   "--rdzv-endpoint=h:1", "--numa-binding=node", "--virtual-local-rank",
                   "--local-addr=x", "p.py")  # fmt: skip
     assert len(t.notes) == 6, t.notes
-    assert any(n.startswith("--rdzv-backend c10d --rdzv-endpoint h:1: treb starts") for n in t.notes)
+    assert any(
+        n.startswith("--rdzv-backend c10d --rdzv-endpoint h:1: treb starts") for n in t.notes
+    )
     assert translate("--standalone", "--rdzv-backend=c10d", "p.py").notes == []
 
 
@@ -237,8 +257,26 @@ def test_an_argv_torchrun_takes_is_a_spec(argv: list[str]) -> None:
 
 
 WORDS = st.one_of(
-    st.sampled_from([*GOOD, *SWITCHES, "-m", "--", "p.py", "job.yaml", "-n", "-o", "--on",
-                     "--sweep", "=", "--nnodes=", "x", "-1", "2:1", "gpu"]),  # fmt: skip
+    st.sampled_from(
+        [
+            *GOOD,
+            *SWITCHES,
+            "-m",
+            "--",
+            "p.py",
+            "job.yaml",
+            "-n",
+            "-o",
+            "--on",
+            "--sweep",
+            "=",
+            "--nnodes=",
+            "x",
+            "-1",
+            "2:1",
+            "gpu",
+        ]
+    ),  # fmt: skip
     st.text(max_size=12),
 )
 

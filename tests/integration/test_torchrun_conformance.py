@@ -61,57 +61,143 @@ INIT = ["--run-path", "--nnodes=1", "--nproc-per-node=4", "--master-addr=localho
         "--master-port={port}", "--monitor-interval=1", "{cases}/init_method.py"]  # fmt: skip
 PREFIX = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]: "}
 CASES = [
-    Case("launch_user_script_python", ["--nnodes=1", "--nproc-per-node=4", "--rdzv-id={id}",
-                                       *COMMON, *PY]),  # fmt: skip
-    Case("caffe2_bc (--master-addr/--master-port/--node-rank=0)", [
-        "--nnodes=1", "--nproc-per-node=4", *COMMON, "--master-addr=localhost",
-        "--master-port={port}", "--node-rank=0", *PY]),  # fmt: skip
-    Case("launch_user_script_bash", ["--nnodes=1", "--nproc-per-node=4", "--rdzv-id={id}",
-                                     *COMMON, *SH]),  # fmt: skip
-    Case("bash with --module (refused)", ["--nnodes=1", "--nproc-per-node=4", "--rdzv-id={id}",
-                                          *COMMON, "--no-python", "--module",
-                                          "{cases}/touch.sh", "{dir}"]),  # fmt: skip
+    Case(
+        "launch_user_script_python",
+        ["--nnodes=1", "--nproc-per-node=4", "--rdzv-id={id}", *COMMON, *PY],
+    ),  # fmt: skip
+    Case(
+        "caffe2_bc (--master-addr/--master-port/--node-rank=0)",
+        [
+            "--nnodes=1",
+            "--nproc-per-node=4",
+            *COMMON,
+            "--master-addr=localhost",
+            "--master-port={port}",
+            "--node-rank=0",
+            *PY,
+        ],
+    ),  # fmt: skip
+    Case(
+        "launch_user_script_bash",
+        ["--nnodes=1", "--nproc-per-node=4", "--rdzv-id={id}", *COMMON, *SH],
+    ),  # fmt: skip
+    Case(
+        "bash with --module (refused)",
+        [
+            "--nnodes=1",
+            "--nproc-per-node=4",
+            "--rdzv-id={id}",
+            *COMMON,
+            "--no-python",
+            "--module",
+            "{cases}/touch.sh",
+            "{dir}",
+        ],
+    ),  # fmt: skip
     Case("default_nproc", ["--nnodes=1", "--rdzv-id={id}", *COMMON, *SH]),
     Case("launch_with_env_vars (PET_*)", ["{cases}/touch.sh", "{dir}"], {**PET, "PET_MODULE": "0"}),
-    Case("env vars with PET_MODULE=1 (refused)", ["{cases}/touch.sh", "{dir}"],
-         {**PET, "PET_MODULE": "1"}),  # fmt: skip
+    Case(
+        "env vars with PET_MODULE=1 (refused)",
+        ["{cases}/touch.sh", "{dir}"],
+        {**PET, "PET_MODULE": "1"},
+    ),  # fmt: skip
     Case("nproc auto", ["--nnodes=1", "--nproc-per-node=auto", "--rdzv-id={id}", *COMMON, *SH]),
     Case("nproc 4", ["--nnodes=1", "--nproc-per-node=4", "--rdzv-id={id}", *COMMON, *SH]),
-    Case("nproc unknown (refused)", ["--nnodes=1", "--nproc-per-node=unknown",
-                                     "--rdzv-id={id}", *COMMON, *SH]),  # fmt: skip
-    Case("launch_elastic (--nnodes=1:2, c10d)", [
-        "--nnodes=1:2", "--nproc-per-node=4", *ELASTIC,
-        "--rdzv-conf='join_timeout=5,last_call_timeout=1,timeout=5'", "--rdzv-id={id}",
-        *COMMON, *PY]),  # fmt: skip
-    Case("elastic_worker_raise_exception", [
-        "--nnodes=1:2", "--nproc-per-node=4", *ELASTIC,
-        "--rdzv-conf='join_timeout=5,last_call_timeout=1,timeout=5'", "--rdzv-id={id}",
-        "--monitor-interval=1", "--max-restarts=0", "--start-method=spawn",
-        "{cases}/touch.py", "--fail"]),  # fmt: skip
+    Case(
+        "nproc unknown (refused)",
+        ["--nnodes=1", "--nproc-per-node=unknown", "--rdzv-id={id}", *COMMON, *SH],
+    ),  # fmt: skip
+    Case(
+        "launch_elastic (--nnodes=1:2, c10d)",
+        [
+            "--nnodes=1:2",
+            "--nproc-per-node=4",
+            *ELASTIC,
+            "--rdzv-conf='join_timeout=5,last_call_timeout=1,timeout=5'",
+            "--rdzv-id={id}",
+            *COMMON,
+            *PY,
+        ],
+    ),  # fmt: skip
+    Case(
+        "elastic_worker_raise_exception",
+        [
+            "--nnodes=1:2",
+            "--nproc-per-node=4",
+            *ELASTIC,
+            "--rdzv-conf='join_timeout=5,last_call_timeout=1,timeout=5'",
+            "--rdzv-id={id}",
+            "--monitor-interval=1",
+            "--max-restarts=0",
+            "--start-method=spawn",
+            "{cases}/touch.py",
+            "--fail",
+        ],
+    ),  # fmt: skip
     Case("launch_standalone", ["--nnodes=1", "--nproc-per-node=4", "--standalone", *COMMON, *PY]),
     Case("launch_run_path", ["--run-path", "--nnodes=1", "--nproc-per-node=4", *COMMON, *PY]),
     Case("is_torchelastic_launched", [*LAUNCHED, "{cases}/elastic.py", "--out-file={dir}/out"]),
-    Case("logs_specs=default", [*LAUNCHED, "--logs_specs=default", "{cases}/elastic.py",
-                                "--out-file={dir}/out"]),  # fmt: skip
-    Case("logs_specs=DOESNOT_EXIST (refused)", [*LAUNCHED, "--logs_specs=DOESNOT_EXIST",
-                                                "{cases}/elastic.py"]),  # fmt: skip
+    Case(
+        "logs_specs=default",
+        [*LAUNCHED, "--logs_specs=default", "{cases}/elastic.py", "--out-file={dir}/out"],
+    ),  # fmt: skip
+    Case(
+        "logs_specs=DOESNOT_EXIST (refused)",
+        [*LAUNCHED, "--logs_specs=DOESNOT_EXIST", "{cases}/elastic.py"],
+    ),  # fmt: skip
     Case("init_method tcp://", [*INIT, "--init-method=tcp://localhost:{port}"]),
     Case("init_method env://", [*INIT, "--init-method=env://"]),
-    Case("capture_logs (--redirect=3 --tee=3, prefix template)", [
-        "--nnodes=1", "--nproc-per-node=4", "--rdzv-id={id}", "--redirect=3", "--tee=3",
-        *COMMON, *SH], PREFIX),  # fmt: skip
-    Case("--log-dir with -r 3 -t 0:3", [
-        "--nproc-per-node=2", "--rdzv-id={id}", "--log-dir={dir}/logs", "-r", "3", "-t", "0:3",
-        *PY], PREFIX),  # fmt: skip
-    Case("--local-ranks-filter=1 --tee=3", [
-        "--nproc-per-node=2", "--local-ranks-filter=1", "--tee=3", *PY], PREFIX),  # fmt: skip
+    Case(
+        "capture_logs (--redirect=3 --tee=3, prefix template)",
+        [
+            "--nnodes=1",
+            "--nproc-per-node=4",
+            "--rdzv-id={id}",
+            "--redirect=3",
+            "--tee=3",
+            *COMMON,
+            *SH,
+        ],
+        PREFIX,
+    ),  # fmt: skip
+    Case(
+        "--log-dir with -r 3 -t 0:3",
+        [
+            "--nproc-per-node=2",
+            "--rdzv-id={id}",
+            "--log-dir={dir}/logs",
+            "-r",
+            "3",
+            "-t",
+            "0:3",
+            *PY,
+        ],
+        PREFIX,
+    ),  # fmt: skip
+    Case(
+        "--local-ranks-filter=1 --tee=3",
+        ["--nproc-per-node=2", "--local-ranks-filter=1", "--tee=3", *PY],
+        PREFIX,
+    ),  # fmt: skip
     Case("--role trainer", ["--nproc_per_node=2", "--role", "trainer", *PY]),
-    Case("--max-restarts=1, the first attempt fails", [
-        "--nproc-per-node=2", "--max-restarts=1", *COMMON, *PY, "--fail-first"]),  # fmt: skip
+    Case(
+        "--max-restarts=1, the first attempt fails",
+        ["--nproc-per-node=2", "--max-restarts=1", *COMMON, *PY, "--fail-first"],
+    ),  # fmt: skip
     Case("-m module", ["--nproc-per-node=2", "-m", "touch", "--touch-file-dir={dir}"]),
-    Case("launch_elastic_multiple_agents (two agents, c10d)", [
-        "--nnodes=1:2", "--nproc-per-node=4", *ELASTIC, "--rdzv_conf=timeout=5",
-        "--rdzv-id={id}", *COMMON, *PY], agents=2),  # fmt: skip
+    Case(
+        "launch_elastic_multiple_agents (two agents, c10d)",
+        [
+            "--nnodes=1:2",
+            "--nproc-per-node=4",
+            *ELASTIC,
+            "--rdzv_conf=timeout=5",
+            "--rdzv-id={id}",
+            *COMMON,
+            *PY,
+        ],
+        agents=2,
+    ),  # fmt: skip
 ]
 # Cases that cannot be the same, and why (the test checks they still differ).
 KNOWN = {
@@ -169,7 +255,8 @@ def _observe(case: Case, launcher: list[str], root: Path, values: dict[str, str]
         if f.is_file():
             text = f.read_text()
             files[f.name] = dict(ln.split("=", 1) for ln in text.splitlines() if "=" in ln) or {
-                "content": text}
+                "content": text
+            }
     logs = {}
     for f in sorted((run_dir / "logs").rglob("*")) if (run_dir / "logs").is_dir() else []:
         if f.is_file():
@@ -223,7 +310,7 @@ def test_torchrun_conformance_matrix(tmp_path: Path) -> None:
             shutil.copytree(CASES_DIR, root / "proj")
             launches.append((launcher, root, {**values, "port": str(_free_port())}))
         with ThreadPoolExecutor(2) as pool:  # the two at once: each has its own port
-            seen = list(pool.map(lambda la: _observe(case, *la), launches))
+            seen = list(pool.map(lambda la, c=case: _observe(c, *la), launches))
         diff = _differences(case, *seen, values["id"])
         if case.name in KNOWN:
             if not diff:

@@ -10,8 +10,8 @@ Which words are the command (one rule, checked in this order):
    program and every word after it, options included, as torchrun reads them;
 3. else the first such word is a SPEC, as always, and the words after it are treb's.
 A command whose first word ends in `.py` runs as `python SCRIPT ARG...` (torchrun's
-default; `--no-python` runs it as is, `-m` as `python -m MODULE`). A SPEC and a command together, or an option treb
-does not know before the command, is refused (exit 2).
+default; `--no-python` runs it as is, `-m` as `python -m MODULE`). A SPEC and a command
+together, or an option treb does not know before the command, is refused (exit 2).
 
 The command becomes a spec in memory ({name, command} and the flags as `-o` overrides),
 loaded by the same model and checks as a YAML spec (runner.launch), and recorded with the
@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 PYTHON = "python"  # as a spec's `python train.py`: the one on the ranks' PATH
-
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:

@@ -43,17 +43,29 @@ FLAGS: tuple[tuple[tuple[str, ...], str, bool, tuple[str, ...] | None], ...] = (
     (("-r", "--redirects"), "redirects", False, None),
     (("-t", "--tee"), "tee", False, None),
     (("--local-ranks-filter", "--local_ranks_filter"), "local_ranks_filter", False, None),
-    (("--duplicate-stdout-filters", "--duplicate_stdout_filters"), "duplicate_stdout_filters",
-     False, None),  # fmt: skip
-    (("--duplicate-stderr-filters", "--duplicate_stderr_filters"), "duplicate_stderr_filters",
-     False, None),  # fmt: skip
+    (
+        ("--duplicate-stdout-filters", "--duplicate_stdout_filters"),
+        "duplicate_stdout_filters",
+        False,
+        None,
+    ),  # fmt: skip
+    (
+        ("--duplicate-stderr-filters", "--duplicate_stderr_filters"),
+        "duplicate_stderr_filters",
+        False,
+        None,
+    ),  # fmt: skip
     (("--node-rank", "--node_rank"), "node_rank", False, None),
     (("--master-addr", "--master_addr"), "master_addr", False, None),
     (("--master-port", "--master_port"), "master_port", False, None),
     (("--local-addr", "--local_addr"), "local_addr", False, None),
     (("--logs-specs", "--logs_specs"), "logs_specs", False, None),
-    (("--numa-binding", "--numa_binding"), "numa_binding", False,
-     ("node", "socket", "exclusive", "core-complex")),  # fmt: skip
+    (
+        ("--numa-binding", "--numa_binding"),
+        "numa_binding",
+        False,
+        ("node", "socket", "exclusive", "core-complex"),
+    ),  # fmt: skip
     (("--signals-to-handle", "--signals_to_handle"), "signals_to_handle", False, None),
     (("--shutdown-timeout", "--shutdown_timeout"), "shutdown_timeout", False, None),
     (("--virtual-local-rank", "--virtual_local_rank"), "virtual_local_rank", True, None),
@@ -62,7 +74,7 @@ SWITCHES = tuple(dest for _, dest, switch, _ in FLAGS if switch)
 # The flags that make the first word after treb's options the program, whatever it ends in.
 PROGRAM_FLAGS = frozenset(("module", "no_python", "run_path"))
 HELP = {
-    "nnodes": "nodes: N, or MIN:MAX (nodes: \"MIN:MAX\")",
+    "nnodes": 'nodes: N, or MIN:MAX (nodes: "MIN:MAX")',
     "nproc_per_node": "ranks per node: N, or auto|cpu|gpu|xpu (counted here, as torchrun)",
     "max_restarts": "extra attempts after a failed one (retries)",
     "master_port": "a fixed MASTER_PORT (master_port)",
@@ -125,8 +137,9 @@ def pet_switch(dest: str, environ: dict[str, str] | os._Environ[str] | None = No
     try:
         return bool(int(value))
     except ValueError:
-        raise usage(f"PET_{dest.upper()}={value!r}: torchrun reads it as an integer (0 or 1)")
-    # unreachable
+        raise usage(
+            f"PET_{dest.upper()}={value!r}: torchrun reads it as an integer (0 or 1)"
+        ) from None
 
 
 def with_pet(args: argparse.Namespace) -> list[str]:
@@ -279,7 +292,10 @@ def translate(args: argparse.Namespace, on: str | None, specless: bool) -> Trans
     elif any(k.startswith("PET_") for k in os.environ):
         out.notes.append("PET_* variables ignored: the spec says what runs (torchrun's flags "
                          "typed on the line override it)")  # fmt: skip
-    g = lambda dest: getattr(args, dest, None)  # noqa: E731
+
+    def g(dest: str) -> Any:
+        return getattr(args, dest, None)
+
     if g("module") and g("no_python"):
         raise usage("--module and --no-python: not both (torchrun refuses it too): -m runs "
                     "python -m MODULE, --no-python runs the program as it is")  # fmt: skip
@@ -325,6 +341,11 @@ def translate(args: argparse.Namespace, on: str | None, specless: bool) -> Trans
         out.overrides.append(f"env.MASTER_ADDR={g('master_addr')}")
     if g("node_rank") is not None:
         rank = _whole("--node-rank", g("node_rank"), 0)
+        if (on or "local") != "local" and nnodes not in (None, "1"):
+            raise usage(
+                f"--node-rank with --on {on}: treb starts every node itself there; "
+                "drop --node-rank (it is for typing the command on each machine)"
+            )
         out.notes.extend(_manual(rank, nnodes, g("master_addr"), out))
     if g("monitor_interval") is not None:
         try:
@@ -372,7 +393,10 @@ def elastic_run_id(args: argparse.Namespace) -> str | None:
     --rdzv-endpoint nor --master-port (a c10d store on a free port, uuid4). None: treb's
     own, its run id (not torchrun's "none" when no --rdzv-id is typed: a variable Slurm's
     native ranks must not get, runtime/contract.py elastic_vars)."""
-    g = lambda dest: getattr(args, dest, None)  # noqa: E731
+
+    def g(dest: str) -> Any:
+        return getattr(args, dest, None)
+
     if g("standalone") or g("rdzv_id") is None:
         return None
     static = (g("rdzv_backend") or "static") == "static"
@@ -396,9 +420,11 @@ def _manual(rank: int, nnodes: str | None, addr: str | None, out: Translated) ->
     out.overrides.append(f"env.MASTER_ADDR={addr or '127.0.0.1'}")
     if not any(o.startswith("master_port=") for o in out.overrides):
         out.overrides.append("master_port=29500")  # torchrun's default, the same on each
-    return [f"--node-rank {rank}: this machine starts node {rank} of {count} only, its "
-            f"ranks {rank}*P..; the others are started by the same command with their "
-            f"--node-rank (MASTER_ADDR {addr or '127.0.0.1'})"]
+    return [
+        f"--node-rank {rank}: this machine starts node {rank} of {count} only, its "
+        f"ranks {rank}*P..; the others are started by the same command with their "
+        f"--node-rank (MASTER_ADDR {addr or '127.0.0.1'})"
+    ]
 
 
 def wrap_command(t: Translated, command: list[str]) -> list[str]:
@@ -419,11 +445,12 @@ def wrap_command(t: Translated, command: list[str]) -> list[str]:
             elif stream in files:
                 shown = "" if fd == "1" else " >&2"
                 parts.append(f'{fd}> >(exec tee "$d/{name}.log"{shown})')
-        cases.append(f"{'*' if local is None else local}) exec \"$@\" {' '.join(parts)};;")
+        cases.append(f'{"*" if local is None else local}) exec "$@" {" ".join(parts)};;')
     script = (
         'd="$0/${TORCHELASTIC_RUN_ID:-none}_${TREB_RUN_ID}/attempt_${TREB_ATTEMPT:-0}/'
         '${LOCAL_RANK}"; mkdir -p "$d" || exit 1; case "$LOCAL_RANK" in '
-        + " ".join(cases) + " esac"
+        + " ".join(cases)
+        + " esac"
     )
     return ["bash", "-c", script, t.log_dir, *command]
 
