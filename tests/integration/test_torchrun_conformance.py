@@ -14,9 +14,11 @@ One test runs the whole matrix and reports every mismatch at once; KNOWN lists t
 that cannot be the same, with why, and the test checks that they still differ (an entry
 that came right must leave the list)."""
 
+# ruff: noqa: F811 (a fixture imported from test_ssh_runs is named as an argument)
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -29,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import needs
+from tests.integration.test_ssh_runs import ssh_config  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.integration]
 CASES_DIR = Path(__file__).parent / "torchrun_cases"
@@ -324,3 +327,54 @@ def test_torchrun_conformance_matrix(tmp_path: Path) -> None:
     print(f"torchrun conformance: {same} of {len(CASES)} cases the same")
     assert not report, f"{len(report)} case(s) differ from torchrun:\n" + "\n".join(report)
     assert not known_same, f"now the same as torchrun, leave KNOWN: {known_same}"
+
+
+ALLREDUCE = """\
+import os, socket
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(f"rank {os.environ['RANK']}/{os.environ['WORLD_SIZE']} group {os.environ['GROUP_RANK']}"
+      f" on {socket.gethostname()} sum={t.item():g}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.ssh
+def test_manual_launch_on_two_ssh_hosts(ssh_config: str, tmp_path: Path) -> None:
+    """torchrun's manual multi-node launch: `treb run --nnodes 2 --node-rank K
+    --master-addr TS1 --master-port P` typed on each host forms one 4-rank job (each
+    `treb run` a run of its own that starts its node's ranks only)."""
+    needs("torch")
+    w = tmp_path / "proj"
+    w.mkdir()
+    (w / "allreduce.py").write_text(ALLREDUCE)
+    addr = subprocess.run(["ssh", "-F", ssh_config, "ts1", "hostname -I"], capture_output=True,
+                          text=True, timeout=60).stdout.split()[0]  # fmt: skip
+    port = _free_port()
+    repo = Path(__file__).resolve().parents[2]
+    procs = []
+    for k, host in enumerate(("ts1", "ts2")):
+        line = (f"cd {w} && PATH={Path(sys.executable).parent}:$PATH "  # the user's venv
+            f"TREB_HOME={tmp_path}/home-{host} PYTHONPATH={repo} "
+                f"GLOO_SOCKET_IFNAME=eth0 {sys.executable} -m trebuchet run --nnodes 2 "
+                f"--node-rank {k} --nproc-per-node 2 --master-addr {addr} --master-port {port} "
+                "allreduce.py")  # fmt: skip
+        procs.append(subprocess.Popen(["ssh", "-F", ssh_config, host, line], text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=GUARD_S))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate())
+    said = "\n".join(f"rc={p.returncode}\n{out}\n{err[-2000:]}" for p, (out, err) in
+                     zip(procs, outs, strict=True))  # fmt: skip
+    assert [p.returncode for p in procs] == [0, 0], said
+    found = re.findall(r"rank (\d)/4 group (\d) on (ts\d) sum=10", said)
+    assert sorted(found) == [("0", "0", "ts1"), ("1", "0", "ts1"), ("2", "1", "ts2"),
+                             ("3", "1", "ts2")], said  # fmt: skip
