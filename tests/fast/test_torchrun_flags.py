@@ -244,16 +244,8 @@ def torchrun_argv(draw: st.DrawFn) -> list[str]:
 @given(argv=torchrun_argv())
 def test_an_argv_torchrun_takes_is_a_spec(argv: list[str]) -> None:
     """Whatever torchrun flags, with values it takes: --print-spec prints a spec, exit 0."""
-    import contextlib
-    import io
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d, _chdir(d), _no_pet():
-        Path(d, "p.py").write_text("")
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            code = _run(["run", "--print-spec", "--no-check", *argv])
-        assert code == 0, (argv, err.getvalue())
+    code, err = _print_spec(argv)
+    assert code == 0, (argv, err)
 
 
 WORDS = st.one_of(
@@ -285,6 +277,14 @@ WORDS = st.one_of(
 @given(argv=st.lists(WORDS, max_size=8))
 def test_any_argv_is_a_spec_or_a_named_error(argv: list[str]) -> None:
     """Any words at all: a spec printed (0), or a named error with exit 2; no traceback."""
+    code, err = _print_spec(argv)
+    assert code in (0, 2) and "Traceback" not in err, (argv, code, err)
+    if code == 2:
+        assert "treb" in err, (argv, err)
+
+
+def _print_spec(argv: list[str]) -> tuple[int, str]:
+    """`treb run --print-spec --no-check ARGV` in a folder holding p.py: (exit code, stderr)."""
     import contextlib
     import io
     import tempfile
@@ -294,10 +294,7 @@ def test_any_argv_is_a_spec_or_a_named_error(argv: list[str]) -> None:
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             code = _run(["run", "--print-spec", "--no-check", *argv])
-        assert code in (0, 2), (argv, code, err.getvalue())
-        assert "Traceback" not in err.getvalue()
-        if code == 2:
-            assert "treb" in err.getvalue(), (argv, err.getvalue())
+        return code, err.getvalue()
 
 
 def _run(words: list[str]) -> int:
@@ -329,3 +326,36 @@ class _no_pet:  # noqa: N801
     def __exit__(self, *exc: object) -> None:
         os.environ.clear()
         os.environ.update(self.saved)
+
+
+class _Out:
+    def __init__(self) -> None:
+        self.data = b""
+
+    def write(self, data: bytes, /) -> int:
+        self.data += data
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_terminal_shows_the_ranks_filtered_with_torchruns_prefix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--local-ranks-filter 1 and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (view/live.py)."""
+    from trebuchet.view.live import View
+
+    monkeypatch.setenv(
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${role_name}${rank}/${local_rank}]: "
+    )
+    monkeypatch.setenv("TREB_LOCAL_RANKS_FILTER", "1")
+    monkeypatch.setenv("TREB_ROLE_NAME", "trainer")
+    for rank in (2, 3):
+        (tmp_path / f"rank-{rank}.log").write_text(f"line of {rank}\n")
+    out, err = _Out(), _Out()
+    view = View(out=out, err=err)
+    view.add("1:0", tmp_path / "rank-2.log")
+    view.add("1:1", tmp_path / "rank-3.log")
+    view.close()
+    assert out.data == b"[trainer3/1]: line of 3\n"
