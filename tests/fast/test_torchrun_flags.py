@@ -359,3 +359,11 @@ def test_terminal_shows_the_ranks_filtered_with_torchruns_prefix(
     view.add("1:1", tmp_path / "rank-3.log")
     view.close()
     assert out.data == b"[trainer3/1]: line of 3\n"
+
+
+def test_m_with_a_spec_names_the_sweep_flag(here: Path, capsys: pytest.CaptureFixture) -> None:
+    """`treb run job.yaml -m` was a sweep: now -m is torchrun's --module, which a spec has
+    no use for, so it is refused with the sweep's spelling rather than run once silently."""
+    (here / "job.yaml").write_text("command: echo hi\n")
+    assert _run(["run", "job.yaml", "-m", "-o", "env.A=1,2"]) == 2
+    assert "a sweep is --sweep (or --multirun)" in capsys.readouterr().err
