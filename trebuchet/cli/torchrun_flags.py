@@ -90,6 +90,7 @@ HELP = {
     "tee": "streams into --log-dir and the terminal (as -r)",
     "local_ranks_filter": "the terminal shows only these local ranks (0,1)",
     "shutdown_timeout": "seconds between SIGTERM and SIGKILL (grace_period)",
+    "node_rank": "this machine's node of a manual launch (the command typed on each machine)",
 }
 # torchrun's flags with no counterpart here: what treb does instead (one note each).
 INSTEAD = {
