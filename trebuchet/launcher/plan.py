@@ -156,7 +156,9 @@ def local_plan(
     }
     if spec.launcher != "none" and "OMP_NUM_THREADS" not in environ:
         # Simulated nodes share this machine, so its CPUs are split over all local ranks.
-        base["OMP_NUM_THREADS"] = omp_threads(usable_cpus(), world)
+        # (a manual launch's node, --node-rank: this machine holds its own ranks only)
+        here = ppn if environ.get("TREB_NODE_RANK_ONLY") is not None else world
+        base["OMP_NUM_THREADS"] = omp_threads(usable_cpus(), here)
     recipe = place.recipe
     if recipe and recipe.kind == "venv":
         base["VIRTUAL_ENV"] = recipe.prefix
