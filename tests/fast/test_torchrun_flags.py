@@ -200,7 +200,10 @@ def test_log_dir_command_lays_out_files_as_torchrun(here: Path) -> None:
     assert argv[:2] == ["bash", "-c"] and argv[3:] == [str(here / "logs"), "python", "p.py"]
     assert '0) exec "$@" 1> >(exec tee "$d/stdout.log") 2>"$d/stderr.log";;' in argv[2]
     assert '*) exec "$@" 1>"$d/stdout.log" 2>"$d/stderr.log";;' in argv[2]
-    assert torchrun_flags.wrap_command(translate("-t", "3", "p.py"), ["x"]) == ["x"]
+    # no --log-dir: the run directory's torchrun-logs/ (torchrun: a temporary folder)
+    argv = torchrun_flags.wrap_command(translate("-t", "3", "p.py"), ["x"])
+    assert argv[3:] == ["", "x"] and '"${0:-$TREB_RUN_DIR/torchrun-logs}/' in argv[2]
+    assert torchrun_flags.wrap_command(translate("p.py"), ["x"]) == ["x"]
 
 
 # torchrun's flags with values torchrun takes (gpu/xpu apart: they depend on the machine)

@@ -178,6 +178,11 @@ CASES = [
         PREFIX,
     ),  # fmt: skip
     Case(
+        "-r 3 without --log-dir (the terminal shows no rank line)",
+        ["--nproc-per-node=2", "-r", "3", *PY],
+        PREFIX,
+    ),  # fmt: skip
+    Case(
         "--local-ranks-filter=1 --tee=3",
         ["--nproc-per-node=2", "--local-ranks-filter=1", "--tee=3", *PY],
         PREFIX,

@@ -85,7 +85,8 @@ HELP = {
     "run_path": "run the program (a .py path) with python",
     "rdzv_id": "TORCHELASTIC_RUN_ID the ranks see",
     "role": "ROLE_NAME the ranks see",
-    "log_dir": "with -r/-t: each rank's stdout.log/stderr.log there, in torchrun's layout",
+    "log_dir": "with -r/-t: each rank's stdout.log/stderr.log there, in torchrun's layout "
+    "(without it: the run directory's torchrun-logs/)",
     "redirects": "streams into --log-dir only: 3 (both), 1 (out), 2 (err), or 0:3,1:1",
     "tee": "streams into --log-dir and the terminal (as -r)",
     "local_ranks_filter": "the terminal shows only these local ranks (0,1)",
@@ -363,16 +364,18 @@ def translate(args: argparse.Namespace, on: str | None, specless: bool) -> Trans
         out.env["TREB_LOCAL_RANKS_FILTER"] = ",".join(str(int(r)) for r in ranks)
     redirect = parse_std("--redirects", g("redirects")) if g("redirects") else ""
     tee = parse_std("--tee", g("tee")) if g("tee") else ""
-    if g("log_dir") is not None and (redirect or tee):
-        if not specless:
-            out.notes.append("--log-dir with a spec: the rank logs are in the run directory "
-                             "(treb logs RUN); --log-dir applies to a command")  # fmt: skip
-        else:
-            out.log_dir = os.path.abspath(g("log_dir"))
-            out.redirect, out.tee = redirect, tee
+    if (redirect or tee) and not specless:
+        out.notes.append("--redirects/--tee with a spec: the rank logs are in the run "
+                         "directory (treb logs RUN); they apply to a command")  # fmt: skip
     elif redirect or tee:
-        out.notes.append("--redirects/--tee without --log-dir: every rank's output is in its "
-                         "log in the run directory (treb logs RUN --rank R)")  # fmt: skip
+        # torchrun without --log-dir writes them in a temporary folder: here, the run's
+        out.log_dir = os.path.abspath(g("log_dir")) if g("log_dir") is not None else ""
+        out.redirect, out.tee = redirect, tee
+        if not out.log_dir:
+            out.notes.append(
+                "--redirects/--tee without --log-dir: the files are in the run "
+                "directory's torchrun-logs/ (torchrun's: a temporary folder)"
+            )
     ignored = [d for d in INSTEAD if g(d) is not None and g(d) is not False]
     if g("standalone"):
         ignored = [d for d in ignored if not d.startswith("rdzv")]
@@ -433,7 +436,7 @@ def wrap_command(t: Translated, command: list[str]) -> list[str]:
     out: <log-dir>/<run id>_<treb run>/attempt_<n>/<local rank>/{stdout,stderr}.log; a
     redirected stream goes to its file only, a tee'd one to the rank's log too."""
     if t.log_dir is None:
-        return command
+        return command  # "": the run directory's torchrun-logs/
     cases = []
     ranks = {k for std in (t.redirect, t.tee) if isinstance(std, dict) for k in std}
     for local in [*sorted(ranks), None]:
@@ -448,7 +451,8 @@ def wrap_command(t: Translated, command: list[str]) -> list[str]:
                 parts.append(f'{fd}> >(exec tee "$d/{name}.log"{shown})')
         cases.append(f'{"*" if local is None else local}) exec "$@" {" ".join(parts)};;')
     script = (
-        'd="$0/${TORCHELASTIC_RUN_ID:-none}_${TREB_RUN_ID}/attempt_${TREB_ATTEMPT:-0}/'
+        'd="${0:-$TREB_RUN_DIR/torchrun-logs}/${TORCHELASTIC_RUN_ID:-none}_${TREB_RUN_ID}/'
+        "attempt_${TREB_ATTEMPT:-0}/"
         '${LOCAL_RANK}"; mkdir -p "$d" || exit 1; case "$LOCAL_RANK" in '
         + " ".join(cases)
         + " esac"
