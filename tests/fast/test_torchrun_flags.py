@@ -195,11 +195,23 @@ def test_flags_without_a_counterpart_say_what_treb_does(here: Path) -> None:
 
 
 def test_log_dir_command_lays_out_files_as_torchrun(here: Path) -> None:
+    """-r 3 -t 0:1 --log-dir logs, run by bash as a rank runs it: local rank 0's stdout in
+    its file and on the terminal, its stderr in its file only; rank 1's both in files only;
+    the program's exit status kept; every byte written before the rank ends."""
+    import subprocess
+
     t = translate("--log-dir", "logs", "-r", "3", "-t", "0:1", "p.py")
-    argv = torchrun_flags.wrap_command(t, ["python", "p.py"])
-    assert argv[:2] == ["bash", "-c"] and argv[3:] == [str(here / "logs"), "python", "p.py"]
-    assert '0) exec "$@" 1> >(exec tee "$d/stdout.log") 2>"$d/stderr.log";;' in argv[2]
-    assert '*) exec "$@" 1>"$d/stdout.log" 2>"$d/stderr.log";;' in argv[2]
+    program = ["bash", "-c", "echo out $LOCAL_RANK; echo err $LOCAL_RANK >&2; exit 3"]
+    argv = torchrun_flags.wrap_command(t, program)
+    assert argv[3:] == [str(here / "logs"), *program]
+    for local, shown in ((0, "out 0\n"), (1, "")):
+        env = {**os.environ, "LOCAL_RANK": str(local), "TREB_RUN_ID": "r1",
+               "TORCHELASTIC_RUN_ID": "j", "TREB_ATTEMPT": "0"}  # fmt: skip
+        res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert (res.returncode, res.stdout, res.stderr) == (3, shown, "")
+        d = here / "logs" / "j_r1" / "attempt_0" / str(local)
+        assert (d / "stdout.log").read_text() == f"out {local}\n"
+        assert (d / "stderr.log").read_text() == f"err {local}\n"
     # no --log-dir: the run directory's torchrun-logs/ (torchrun: a temporary folder)
     argv = torchrun_flags.wrap_command(translate("-t", "3", "p.py"), ["x"])
     assert argv[3:] == ["", "x"] and '"${0:-$TREB_RUN_DIR/torchrun-logs}/' in argv[2]

@@ -434,7 +434,9 @@ def _manual(rank: int, nnodes: str | None, addr: str | None, out: Translated) ->
 def wrap_command(t: Translated, command: list[str]) -> list[str]:
     """The command with each rank's streams written under --log-dir as torchrun lays them
     out: <log-dir>/<run id>_<treb run>/attempt_<n>/<local rank>/{stdout,stderr}.log; a
-    redirected stream goes to its file only, a tee'd one to the rank's log too."""
+    redirected stream goes to its file only, a tee'd one to the rank's log too. A tee is a
+    pipeline bash waits for (not `>(tee)`, which may still be writing when the rank has
+    ended and the run with it); the exit status is the program's."""
     if t.log_dir is None:
         return command  # "": the run directory's torchrun-logs/
     cases = []
@@ -442,20 +444,23 @@ def wrap_command(t: Translated, command: list[str]) -> list[str]:
     for local in [*sorted(ranks), None]:
         files = _std_of(t.redirect, local) | _std_of(t.tee, local)
         quiet = _std_of(t.redirect, local) - _std_of(t.tee, local)
-        parts = []
-        for stream, fd, name in (("out", "1", "stdout"), ("err", "2", "stderr")):
-            if stream in quiet:
-                parts.append(f'{fd}>"$d/{name}.log"')
-            elif stream in files:
-                shown = "" if fd == "1" else " >&2"
-                parts.append(f'{fd}> >(exec tee "$d/{name}.log"{shown})')
-        cases.append(f'{"*" if local is None else local}) exec "$@" {" ".join(parts)};;')
+        line = '"$@"' + "".join(
+            f' {fd}>"$d/{name}.log"'
+            for stream, fd, name in (("out", "1", "stdout"), ("err", "2", "stderr"))
+            if stream in quiet
+        )
+        if "out" in files - quiet:
+            line = f'{{ {line} | tee "$d/stdout.log"; exit ${{PIPESTATUS[0]}}; }}'
+        if "err" in files - quiet:
+            line = (f'{{ {line} 2>&1 1>&3 3>&- | tee "$d/stderr.log" >&2 3>&-; '
+                    "exit ${PIPESTATUS[0]}; } 3>&1")  # fmt: skip
+        if line == '"$@"':
+            line = 'exec "$@"'
+        cases.append(f"{'*' if local is None else local}) {line};;")
     script = (
         'd="${0:-$TREB_RUN_DIR/torchrun-logs}/${TORCHELASTIC_RUN_ID:-none}_${TREB_RUN_ID}/'
-        "attempt_${TREB_ATTEMPT:-0}/"
-        '${LOCAL_RANK}"; mkdir -p "$d" || exit 1; case "$LOCAL_RANK" in '
-        + " ".join(cases)
-        + " esac"
+        'attempt_${TREB_ATTEMPT:-0}/${LOCAL_RANK}"; mkdir -p "$d" || exit 1; '
+        'case "$LOCAL_RANK" in ' + " ".join(cases) + " esac"
     )
     return ["bash", "-c", script, t.log_dir, *command]
 
