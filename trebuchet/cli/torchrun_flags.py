@@ -19,7 +19,6 @@ import os
 import re
 import shlex
 import sys
-from dataclasses import dataclass, field
 from typing import Any
 
 # (option strings, dest (torchrun's: PET_<DEST>), takes no value, choices)
@@ -263,17 +262,18 @@ def _logs_specs(name: str) -> None:
                     "(torchrun refuses it too); 'default' is torchrun's own")  # fmt: skip
 
 
-@dataclass
 class Translated:
-    """What the torchrun flags of one `treb run` mean here."""
+    """What the torchrun flags of one `treb run` mean here. (A plain class: `treb run`'s
+    fast path imports no dataclasses, tests/fast/test_spec_cache.py.)"""
 
-    overrides: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)  # set in treb's own process: the view
-    mode: str = "python"  # python | module | as-is | run-path
-    log_dir: str | None = None
-    redirect: dict[int, str] | str = ""  # local rank -> "out err": into files only
-    tee: dict[int, str] | str = ""  # into files and the terminal
+    def __init__(self, mode: str = "python") -> None:
+        self.overrides: list[str] = []
+        self.notes: list[str] = []
+        self.env: dict[str, str] = {}  # set in treb's own process: the view, the plan
+        self.mode = mode  # python | module | as-is | run-path
+        self.log_dir: str | None = None  # "": the run directory's torchrun-logs/
+        self.redirect: dict[int, str] | str = ""  # local rank -> "out err": files only
+        self.tee: dict[int, str] | str = ""  # into files and the terminal
 
 
 def _std_of(std: dict[int, str] | str, local: int | None) -> set[str]:
