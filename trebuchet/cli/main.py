@@ -89,10 +89,11 @@ SWEEP_HELP = (
 )
 
 
-def _add_sweep_flag(p: argparse.ArgumentParser) -> None:
-    """--sweep (-m, --multirun): a comma in an -o value separates sweep values."""
+def _add_sweep_flag(p: argparse.ArgumentParser, short: bool = True) -> None:
+    """--sweep (-m, --multirun): a comma in an -o value separates sweep values. `treb run`
+    has no -m: there it is torchrun's --module (cli/torchrun_flags.py)."""
     p.add_argument(
-        "--sweep", "-m", "--multirun", dest="sweep", action="store_true",
+        "--sweep", *(["-m"] if short else []), "--multirun", dest="sweep", action="store_true",
         help="a comma in an -o value separates sweep values: one run per combination",
     )  # fmt: skip
 
@@ -153,7 +154,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     p = add("run")
     _add_spec_args(p, optional=True)
-    _add_sweep_flag(p)
+    _add_sweep_flag(p, short=False)
     _add_run_flags(p)
     if only in (None, "run"):
         from trebuchet.cli import specless
