@@ -30,7 +30,7 @@ from trebuchet.launcher.submitted import Submitted
 from trebuchet.launcher.watchdog import Watchdog
 from trebuchet.runtime import contain, records, secrets, tracking
 from trebuchet.runtime.agent import Agent, Proc
-from trebuchet.runtime.contracts import FirstFailure
+from trebuchet.runtime.contracts import FirstFailure, Outcome
 from trebuchet.runtime.lifecycle import Ending, JobController, Settings
 from trebuchet.runtime.procs import (
     alive,
@@ -257,10 +257,16 @@ class Supervisor:
             self.job.failure(sick, stop=False)
             return
         self._start(self.agents)
-        self.store.set_procs(self.plan.run_id, attempt, [p.outcome() for p in self.procs])
+        self.store.set_procs(self.plan.run_id, attempt, self.outcomes())
         if self.view:
             for label, name in self.plan.streams:
                 self.view.add(label, adir / name)
+
+    def outcomes(self) -> list[Outcome]:
+        """The ranks' records as the store keeps them, with this machine's name: every
+        process row says its host (its pid means something there only)."""
+        host = os.uname().nodename
+        return [{**p.outcome(), "host": host} for p in self.procs]
 
     def poll(self) -> bool:
         if self.keepers is not None:
@@ -302,7 +308,7 @@ class Supervisor:
         adir = self.run_dir / f"attempt-{attempt}"
         # the workers' own records too under an agent launcher (none for the native one)
         workers = rank_records(adir) if self.plan.launcher in AGENT_LAUNCHERS else []
-        records = [p.outcome() for p in self.procs] + workers
+        records = self.outcomes() + workers
         self.store.set_procs(self.plan.run_id, attempt, records, reason is not None)
         states: dict[str | None, str] = {
             "cancel": CANCELLED, "timeout": TIMEOUT, "failure": FAILED, "post": FAILED,

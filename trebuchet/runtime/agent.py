@@ -164,6 +164,10 @@ class Agent:
     def _on_stop(self, _signum: int, _frame: object) -> None:
         self._stop = True
 
+    def stop_requested(self) -> bool:
+        """A stop signal came and no poll took it yet (before the start: none starts)."""
+        return self._stop
+
     def _on_forward(self, signum: int, _frame: object) -> None:
         self._forward.append(signum)
 

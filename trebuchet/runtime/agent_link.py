@@ -1,8 +1,9 @@
 """The node agents' line to the job controller, one TCP connection per agent of an
 attempt's step to the controller's host. Over it an agent says that it started (`hello`,
-with its host), that it is alive (`beat`, every BEAT_S from a thread of its own), and once
-its records are written, that it ended and with which code (`ended`). With it the
-controller:
+with its host), that it is alive (`beat`, every BEAT_S from a thread of its own), that its
+node's health checks passed (`health`: it then waits for the controller's `go`, sent
+once every task of the step said so: barrier.py), and once its records are written, that
+it ended and with which code (`ended`). With it the controller:
 
 - goes on as soon as every agent has ended, instead of waiting for the engine to report
   the step's end (srun does so 0.1-0.15 s after its last task exited: most of a retry's
@@ -35,6 +36,7 @@ BEAT_S = 2.0  # an agent's heartbeat; node_timeout is several of them
 NODE_TIMEOUT_S = 10.0  # the spec's node_timeout when it says none
 LINE_MAX = 256
 ACK = b"ok\n"  # the controller's answer to each line that carries the token
+GO = b"go\n"  # every task's node is healthy: start the ranks (barrier.py)
 
 
 class Lost(NamedTuple):
@@ -51,6 +53,7 @@ class _Task:
         self.heard = time.monotonic()
         self.heard_wall = time.time()
         self.code: int | None = None  # said when it ended
+        self.conn: socket.socket | None = None  # where its `health` came: the go goes there
 
 
 class Hub:
@@ -148,7 +151,7 @@ class Hub:
         buf = self.buffers.get(conn, b"") + data
         *lines, rest = buf.split(b"\n")
         for line in lines:
-            if self._line(line.decode("ascii", "replace").split()):
+            if self._line(line.decode("ascii", "replace").split(), conn):
                 with contextlib.suppress(OSError):  # the agent's sign that this end lives
                     conn.send(ACK)
         if not data or len(rest) > LINE_MAX:
@@ -158,7 +161,7 @@ class Hub:
             return
         self.buffers[conn] = rest
 
-    def _line(self, words: list[str]) -> bool:
+    def _line(self, words: list[str], conn: socket.socket | None = None) -> bool:
         """One line read; True when it carries the token (it is answered, whatever its
         attempt: the agents notice a controller that stopped answering)."""
         # "<what> <token> <attempt> <task> <host|code|->"
@@ -176,8 +179,11 @@ class Hub:
             task = self.tasks.get(task_id)
             if what == "hello" and task is None:
                 self.tasks[task_id] = _Task(value)
-            elif task is not None and what in ("beat", "ended"):
+            elif task is not None and what in ("beat", "ended", "health"):
                 task.heard, task.heard_wall = time.monotonic(), time.time()
+            if what == "health" and task is not None and value == "ok" and conn is not None:
+                task.conn = conn
+                self._release()
             if what == "ended":
                 try:
                     code = int(value)
@@ -193,6 +199,16 @@ class Hub:
             with contextlib.suppress(OSError):
                 os.write(self.wake_fd, b"\0")
         return True
+
+    def _release(self) -> None:
+        """Every task of the step said its node is healthy: the go to each (barrier.py).
+        Under the lock; a task that said it after the go gets it at once."""
+        ready = [t for t in self.tasks.values() if t.conn is not None]
+        if len(ready) < self.count:
+            return
+        for task in ready:
+            with contextlib.suppress(OSError):
+                task.conn.send(GO)  # type: ignore[union-attr]  # (ready: conn set)
 
 
 def parse(value: str) -> tuple[str, int, str] | None:
@@ -225,6 +241,8 @@ class Link:
         # with when it was last heard); Slurm's batch host (runtime/batchloss.py)
         self.on_lost, self.timeout = on_lost, timeout
         self.heard, self.heard_wall = time.monotonic(), time.time()
+        self.go = threading.Event()  # the controller's go came (barrier.py)
+        self._said = b""  # the end of its answers, for a `go` split across reads
         if sock is not None:
             threading.Thread(target=self._beat, name="agent-beat", daemon=True).start()
 
@@ -253,13 +271,14 @@ class Link:
             if not sent and self.on_lost is None:
                 return
 
-    def _answers(self) -> None:
-        """The controller's answers so far, without waiting."""
+    def _answers(self, wait: float = 0.0) -> None:
+        """The controller's answers so far, waiting up to `wait` for the first."""
         with self.lock:
             while self.sock is not None:
                 try:  # (the socket has a timeout for sendall: recv only what is there)
-                    if not select.select([self.sock], [], [], 0)[0]:
+                    if not select.select([self.sock], [], [], wait)[0]:
                         return
+                    wait = 0.0
                     data = self.sock.recv(4096)
                 except (BlockingIOError, InterruptedError, TimeoutError):
                     return
@@ -270,6 +289,19 @@ class Link:
                     self.sock = None
                     return
                 self.heard, self.heard_wall = time.monotonic(), time.time()
+                self._said = (self._said + data)[-64:]
+                if b"\n" + GO in b"\n" + self._said:
+                    self.go.set()
+
+    def healthy(self) -> bool:
+        """This task's node passed its checks; False when there is no link to say it on."""
+        return self._send("health", "ok")
+
+    def wait_go(self, wait: float) -> bool | None:
+        """True once the controller said go; None before it (within `wait` seconds)."""
+        if not self.go.is_set():
+            self._answers(wait)
+        return True if self.go.is_set() else None
 
     def ended(self, code: int) -> None:
         """The agent's last word: its records are written and it exits with `code`."""
