@@ -144,14 +144,20 @@ def slurm_run(streb: TrebFn, spec_path: Path) -> dict:
     return slurm_wait(streb, res.stdout.strip(), ENDED, timeout=GUARD_S)
 
 
+def slurm_spec(tmp_path: Path, name: str, command: str, check: str) -> Path:
+    """2 nodes x 2 ranks on the default partition, with `check` as the health_check."""
+    path = write_spec(tmp_path / "job", f"name: {name}\nnodes: 2\nprocs_per_node: 2\n"
+                      f"command: {json.dumps(command)}\n")  # fmt: skip
+    with_health(path, check)
+    return path
+
+
 @pytest.mark.slurm
 def test_slurm_ranks_wait_for_every_nodes_checks(streb: TrebFn, tmp_path: Path) -> None:
     """Node 1's check takes 2 s: node 0's rank waits for it; rows name their host."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    path = write_spec(tmp_path / "job", f"name: slow-check\nnodes: 2\nprocs_per_node: 2\n"
-                      f"command: {json.dumps(rank_cmd(marks))}\n")  # fmt: skip
-    with_health(path, slow_check(marks, sick=False))
+    path = slurm_spec(tmp_path, "slow-check", rank_cmd(marks), slow_check(marks, sick=False))
     st = slurm_run(streb, path)
     assert st["state"] == "SUCCEEDED", (st, (Path(st["run_dir"]) / "batch.log").read_text())
     assert sorted(p.name for p in marks.glob("rank-*")) == [f"rank-{r}" for r in range(4)]
@@ -166,9 +172,8 @@ def test_slurm_an_unhealthy_node_stops_every_rank_before_it_starts(
 ) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
-    path = write_spec(tmp_path / "job", f"name: sick-check\nnodes: 2\nprocs_per_node: 2\n"
-                      f"command: 'touch {marks}/rank-$RANK; sleep 60'\n")  # fmt: skip
-    with_health(path, slow_check(marks, sick=True))
+    path = slurm_spec(tmp_path, "sick-check", f"touch {marks}/rank-$RANK; sleep 60",
+                      slow_check(marks, sick=True))  # fmt: skip
     st = slurm_run(streb, path)
     assert st["state"] == "FAILED", st
     assert st["first_failure"]["label"] == "node_unhealthy", st["first_failure"]
@@ -177,9 +182,7 @@ def test_slurm_an_unhealthy_node_stops_every_rank_before_it_starts(
 
 @pytest.mark.slurm
 def test_slurm_own_rendezvous_on_master_port(streb: TrebFn, tmp_path: Path) -> None:
-    path = write_spec(tmp_path / "job", f"name: own-rdzv\nnodes: 2\nprocs_per_node: 2\n"
-                      f"command: {PY} {RENDEZVOUS}\n")  # fmt: skip
-    with_health(path, "true")
+    path = slurm_spec(tmp_path, "own-rdzv", f"{PY} {RENDEZVOUS}", "true")
     for _ in range(3):
         st = slurm_run(streb, path)
         log = Path(st["run_dir"]) / "attempt-0" / "rank-0.log"
