@@ -14,9 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from trebuchet.runtime import agent_link, barrier
-from trebuchet.runtime.node import SETUP_ENV_FD, SETUP_ENV_VAR
-from trebuchet.runtime.records import write_json
+from trebuchet.runtime.job import link as agent_link
+from trebuchet.runtime.node import barrier
+from trebuchet.runtime.node.per_node import SETUP_ENV_FD, SETUP_ENV_VAR
+from trebuchet.runtime.rundir.records import write_json
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,7 +84,7 @@ def test_the_agent_takes_back_what_setup_made_past_a_shim(tmp_path: Path) -> Non
     shim.write_text(f'#!/bin/bash\nexport PATH="/shim/bin:$PATH" PYENV_VERSION=3.9\n'
                     f'exec {sys.executable} "$@"\n')  # fmt: skip
     shim.chmod(0o755)
-    probe = ("import json, os; from trebuchet.runtime.node import setup_environ; "
+    probe = ("import json, os; from trebuchet.runtime.node.per_node import setup_environ; "
              "done = setup_environ(); print(json.dumps([done, dict(os.environ)]))")  # fmt: skip
     script = (f'export PATH="/venv/bin:$PATH" ODD="a=b\nc" {SETUP_ENV_VAR}={SETUP_ENV_FD}; '
               f'exec {shim} -c "$1" {SETUP_ENV_FD}< <(env -0)')  # fmt: skip

@@ -14,8 +14,8 @@ import shutil
 import subprocess
 from typing import TYPE_CHECKING, Any
 
-from trebuchet.runtime.node import SETUP_ENV_FD, SETUP_ENV_VAR
-from trebuchet.runtime.task import NO_PYTHON
+from trebuchet.runtime.node.per_node import SETUP_ENV_FD, SETUP_ENV_VAR
+from trebuchet.runtime.node.task import NO_PYTHON
 
 if TYPE_CHECKING:
     pass
