@@ -114,12 +114,13 @@ def main(args: argparse.Namespace) -> int:
         con.print(table)
     if procs:
         table = Table(box=None, pad_edge=False, title=None)
-        for col in ("ATTEMPT", "PROC", "RANK", "PID", "EXIT", "SIGNAL", "STOPPED", "LOG"):
+        for col in ("ATTEMPT", "PROC", "RANK", "HOST", "PID", "EXIT", "SIGNAL", "STOPPED", "LOG"):
             table.add_column(col, no_wrap=True)
-        for p in procs:
+        for p in procs:  # a pid means something on its host only
             table.add_row(*map(m, (
                 p["attempt"] + 1, p["label"], "-" if p["rank"] is None else p["rank"],
-                p["pid"] or "-", "-" if p["exit_code"] is None else p["exit_code"],
+                shown(p.get("host") or "-"), p["pid"] or "-",
+                "-" if p["exit_code"] is None else p["exit_code"],
                 p["signal"] or "-", "by launcher" if p["stopped_by_launcher"] else "-",
                 p.pop("log_name"),
             )))  # fmt: skip

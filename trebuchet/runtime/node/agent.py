@@ -170,6 +170,10 @@ class Agent:
     def _on_stop(self, signum: int, _frame: object) -> None:
         self._stop = signum if self._stop in (None, signal.SIGINT) else self._stop
 
+    def stop_requested(self) -> bool:
+        """A stop signal came and no poll took it yet (before the start: none starts)."""
+        return self._stop
+
     def _on_forward(self, signum: int, _frame: object) -> None:
         self._forward.append(signum)
 
