@@ -172,7 +172,7 @@ class Agent:
 
     def stop_requested(self) -> bool:
         """A stop signal came and no poll took it yet (before the start: none starts)."""
-        return self._stop
+        return self._stop is not None
 
     def _on_forward(self, signum: int, _frame: object) -> None:
         self._forward.append(signum)
