@@ -85,10 +85,32 @@ def final_summary(store: Store, rec: RunRecord) -> str:
                 out += [f"    {line}" for line in tail]
     elif rec.state != "SUCCEEDED":
         out.append(f"treb: see `treb status {rec.id}` and `treb logs {rec.id}`")
+    out += [f"treb: {line}" for line in goodput_lines(rec)]
     out += [f"treb: {line}" for line in diagnosis_lines(store, rec)]
     out += [f"treb: {line}" for line in results_lines(store, rec)]
     out += [f"treb: {line}" for line in metrics_lines(store, rec)]
     return "\n".join(shown(line, tab=True) for line in out)
+
+
+def goodput_lines(rec: RunRecord) -> list[str]:
+    """'goodput 91 %: 4m restarts, 2m redone' (docs/goodput.md); a run whose records
+    cannot be read never hides the rest."""
+    try:
+        from trebuchet.goodput import line, of_run
+
+        return [line(of_run(rec))]
+    except Exception as exc:  # noqa: BLE001 - the run's own outcome must still be reported
+        return [f"goodput unavailable: {exc!r}"]
+
+
+def goodput_json(rec: RunRecord) -> dict[str, Any] | None:
+    """The run's goodput for `treb status --json` (docs/goodput.md)."""
+    try:
+        from trebuchet.goodput import of_run
+
+        return of_run(rec).to_json()
+    except Exception as exc:  # noqa: BLE001
+        return {"error": repr(exc)}
 
 
 def metrics_lines(store: Store, rec: RunRecord) -> list[str]:
