@@ -5,7 +5,6 @@ by max_attempts_without_progress whatever `retries` says."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -55,7 +54,9 @@ def test_goodput_of_a_training_with_a_killed_rank_and_a_hang(
     needs("torch")
     clock = tmp_path / "clock"
     clock.mkdir()
-    spec = write_spec(tmp_path, f"""
+    spec = write_spec(
+        tmp_path,
+        f"""
 name: goodput
 command: [{sys.executable}, {TRAIN}]
 procs_per_node: 2
@@ -64,9 +65,14 @@ hang_timeout: 10s
 on_hang: retry
 grace_period: 2s
 env: {{CLOCK_DIR: "{clock}", GOODPUT_SRC: "{REPO}", OMP_NUM_THREADS: "1"}}
-""")
-    run = subprocess.Popen([sys.executable, "-m", "trebuchet", "run", str(spec)],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+""",
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-m", "trebuchet", "run", str(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         # the second attempt (after the kill) passes its checkpoint 30: rank 1 hangs (SIGSTOP)
         wait_for(clock / "clock-1-0", " step 31\n", run)
@@ -88,16 +94,20 @@ env: {{CLOCK_DIR: "{clock}", GOODPUT_SRC: "{REPO}", OMP_NUM_THREADS: "1"}}
     # the script's own clock: what was kept, redone, hung and restarted
     hang_from = last(a1, "step")
     saved = max(t for t, w, _ in a1 if w == "checkpoint" and t <= hang_from)
-    kept = (first(a0, "checkpoint", 20) - first(a0, "step"))
+    kept = first(a0, "checkpoint", 20) - first(a0, "step")
     kept += saved - first(a1, "step")
     kept += last(a2, "step", 50) - first(a2, "step")
-    redone = (first(a0, "kill") - first(a0, "checkpoint", 20))
+    redone = first(a0, "kill") - first(a0, "checkpoint", 20)
     redone += hang_from - saved
     hung = first(a1, "signal") - hang_from
     restart = (first(a1, "step") - first(a0, "kill")) + (first(a2, "step") - first(a1, "signal"))
     lost = g["lost"]
-    seen = {"productive": g["productive_s"], "redone": lost["redone"], "hang": lost["hang"],
-            "restart": lost["restart"]}
+    seen = {
+        "productive": g["productive_s"],
+        "redone": lost["redone"],
+        "hang": lost["hang"],
+        "restart": lost["restart"],
+    }
     want = {"productive": kept, "redone": redone, "hang": hung, "restart": restart}
     print(json.dumps({"treb": seen, "script": want, "ettr": g["ettr"], "wall": g["wall_s"]}))
     for cause, value in want.items():
@@ -107,3 +117,45 @@ env: {{CLOCK_DIR: "{clock}", GOODPUT_SRC: "{REPO}", OMP_NUM_THREADS: "1"}}
     assert g["attempts"] == 3 and g["steps_seen"] is True
     st = status_json(treb)
     assert st["goodput"]["ettr"] == g["ettr"] or abs(st["goodput"]["ettr"] - g["ettr"]) < 0.01
+
+
+STUCK = """
+import os, sys, time
+d = os.environ["TREB_CHECKPOINT_DIR"]
+saved = sorted(int(n[5:]) for n in os.listdir(d) if n.startswith("ckpt-"))
+step = saved[-1] if saved else 0
+last = step
+while True:
+    time.sleep(0.05)
+    step += 1
+    print(f"step={step}", flush=True)
+    if step % 5 == 0:
+        open(os.path.join(d, f"ckpt-{step}"), "w").close()
+        last = step
+    if step == last + 2 and saved:
+        sys.exit(3)
+    if step == 7:
+        sys.exit(3)
+"""
+
+
+def test_attempts_without_progress_stop_the_run_whatever_retries_remain(
+    treb, tmp_path: Path
+) -> None:
+    """Fails 2 steps after its last checkpoint, every attempt: the first one checkpoints
+    (step 5), the next three keep nothing; with retries: 10 the run ends after them."""
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK)
+    spec = write_spec(tmp_path, f"command: [{sys.executable}, {script}]\nretries: 10\n")
+    res = treb("run", str(spec), timeout=240)
+    assert res.returncode == 1, res.stdout + res.stderr
+    st = status_json(treb)
+    assert st["state"] == "FAILED"
+    assert len(st["attempts"]) == 4, st["attempts"]
+    assert st["attempts"][-1]["reason"] == "no_progress: no_retry"
+    said = res.stdout + res.stderr
+    assert "3 attempts in a row kept no work" in said
+    events = [json.loads(line) for line in
+              (Path(st["run_dir"]) / "events.jsonl").read_text().splitlines()]  # fmt: skip
+    stop = [e for e in events if e["event"] == "no_progress"]
+    assert [(e["attempt"], e["attempts"], e["limit"]) for e in stop] == [(3, 3, 3)]

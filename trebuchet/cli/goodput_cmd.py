@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from trebuchet.goodput import Goodput, of_run, total
-from trebuchet.goodput.account import LOST_CAUSES, PRODUCTIVE, WORDS, short
+from trebuchet.goodput.account import LOST_CAUSES, PRODUCTIVE, WORDS, largest, short
 from trebuchet.runtime.lines import shown
 from trebuchet.store.db import RunFilter, RunRecord, Store
 
@@ -62,8 +62,7 @@ def _pct(g: Goodput) -> str:
 def show_runs(items: list[Goodput]) -> None:
     print(f"{'RUN':<10} {'NAME':<20} {'STATE':<10} {'WALL':>7} {'ETTR':>7}  LOST")
     for g in items:
-        lost = sorted(((v, c) for c, v in g.lost.items() if v >= 1.0), reverse=True)
-        where = ", ".join(f"{short(v)} {WORDS[c]}" for v, c in lost[:4]) or "-"
+        where = ", ".join(f"{short(v)} {WORDS[c]}" for v, c in largest(g, 4)) or "-"
         if not g.marks:
             where += " (no steps seen)"
         print(shown(f"{g.run:<10} {g.name[:20]:<20} {g.state:<10} {short(g.wall_s):>7} "

@@ -309,10 +309,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     fmt.add_argument("--csv", action="store_true", help="every stored point, as CSV on stdout")
     p = add("goodput")
     p.add_argument("runs", nargs="*", metavar="RUN", help="run ids or prefixes (default: latest)")
-    p.add_argument("--since", metavar="AGE",
-                   help="every run created since then (7d, 12h, or an ISO date)")
-    p.add_argument("--by", choices=["cause", "node", "run"], default="run",
-                   help="a row per run (default), per cause over all, or per node")
+    p.add_argument(
+        "--since", metavar="AGE", help="every run created since then (7d, 12h, or an ISO date)"
+    )
+    p.add_argument(
+        "--by",
+        choices=["cause", "node", "run"],
+        default="run",
+        help="a row per run (default), per cause over all, or per node",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable, per run and total")
     p = add("top")
     p.add_argument("--interval", "-n", type=float, default=2.0, metavar="S",

@@ -197,10 +197,17 @@ WORDS = {QUEUED: "queued", ENVIRONMENT: "environment", STARTUP: "startup",
          TEARDOWN: "teardown", OTHER: "other"}  # fmt: skip
 
 
+def largest(g: Goodput, most: int) -> list[tuple[float, str]]:
+    """The `most` largest losses of at least a second, (seconds, cause); ties in the order
+    of a run's life."""
+    found = [(v, c) for c, v in g.lost.items() if v >= 1.0]
+    return sorted(found, key=lambda vc: (-vc[0], LOST_CAUSES.index(vc[1])))[:most]
+
+
 def line(g: Goodput, most: int = 3) -> str:
     """`goodput 91 %: 4m restarts, 2m redone` (the largest losses of at least a second)."""
     pct = int(g.ettr * 100 + 0.5) if g.wall_s > 0 else 0
-    losses = sorted(((v, c) for c, v in g.lost.items() if v >= 1.0), reverse=True)[:most]
+    losses = largest(g, most)
     text = f"goodput {pct} %"
     if losses:
         text += ": " + ", ".join(f"{short(v)} {WORDS[c]}" for v, c in losses)

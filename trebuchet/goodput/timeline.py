@@ -77,7 +77,7 @@ def _from_files(tl: Timeline, run_dir: Path) -> None:
     except OSError:
         names = []
     for name in names:
-        n = name[len("attempt-"):] if name.startswith("attempt-") else ""
+        n = name[len("attempt-") :] if name.startswith("attempt-") else ""
         if not n.isdigit() or len(n) > 6:
             continue
         adir = run_dir / name

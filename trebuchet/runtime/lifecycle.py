@@ -9,6 +9,7 @@ Stdlib only, Python >= 3.8: it ships in the runtime file with Slurm's controller
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import time
@@ -553,10 +554,9 @@ class JobController:
         self.no_progress = 0 if kept else self.no_progress + 1
         from .records import write_text
 
-        try:
-            write_text(os.path.join(self.settings.run_dir, NO_PROGRESS_FILE), f"{self.no_progress}\n")
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            path = os.path.join(self.settings.run_dir, NO_PROGRESS_FILE)
+            write_text(path, f"{self.no_progress}\n")
 
     def drain(self) -> None:
         try:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Iterator, List, NamedTuple, Optional
+from typing import Iterator, NamedTuple
 
 from .regular import open_fd
 
@@ -36,7 +36,7 @@ class Mark(NamedTuple):
 
     t: float
     kind: str
-    n: Optional[float]
+    n: float | None
 
 
 def marks_path(adir: str, name: str) -> str:
@@ -60,7 +60,7 @@ def _tail(path: str) -> bytes:
         os.close(fd)
 
 
-def _number(word: object) -> Optional[float]:
+def _number(word: object) -> float | None:
     """A finite float from a word or JSON value; None otherwise (bools are no numbers)."""
     if isinstance(word, bool):
         return None
@@ -71,9 +71,9 @@ def _number(word: object) -> Optional[float]:
     return value if math.isfinite(value) else None
 
 
-def parse_marks(data: bytes) -> List[Mark]:
+def parse_marks(data: bytes) -> list[Mark]:
     """The marks of a marks file's bytes: lines `<time> <kind> [<n>]`; others skipped."""
-    out: List[Mark] = []
+    out: list[Mark] = []
     for raw in data.split(b"\n"):
         words = raw.split()
         if len(words) < 2 or len(words) > 3 or len(raw) > 200:
@@ -89,9 +89,9 @@ def parse_marks(data: bytes) -> List[Mark]:
     return out
 
 
-def parse_points(data: bytes) -> List[Mark]:
+def parse_points(data: bytes) -> list[Mark]:
     """The steps of a metrics file's bytes (runtime/metrics.py: `{"t": .., "s": ..}`)."""
-    out: List[Mark] = []
+    out: list[Mark] = []
     for raw in data.split(b"\n"):
         if not raw.startswith(b"{") or len(raw) > (1 << 16):
             continue
@@ -117,10 +117,10 @@ def _files(folder: str) -> Iterator[str]:
             yield os.path.join(folder, name)
 
 
-def attempt_marks(adir: str) -> List[Mark]:
+def attempt_marks(adir: str) -> list[Mark]:
     """Every rank's marks of one attempt, in time order; the metrics' steps when no rank
     marked a step."""
-    marks: List[Mark] = []
+    marks: list[Mark] = []
     for path in _files(os.path.join(adir, MARKS_DIR)):
         marks += parse_marks(_tail(path))
     if not any(m.kind == STEP for m in marks):
@@ -131,10 +131,10 @@ def attempt_marks(adir: str) -> List[Mark]:
     return marks
 
 
-def folder_checkpoints(folder: str) -> List[Mark]:
+def folder_checkpoints(folder: str) -> list[Mark]:
     """The checkpoint folder's entries as checkpoints at their mtime (a temporary or
     hidden one, starting with '.', is not one yet), in time order."""
-    out: List[Mark] = []
+    out: list[Mark] = []
     for path in _files(folder):
         try:
             mtime = os.stat(path).st_mtime
@@ -158,13 +158,13 @@ def checkpoint_folder(run_dir: str) -> str:
     return os.path.join(run_dir, "checkpoints")
 
 
-def progressed(run_dir: str, attempt: int, started: float) -> Optional[bool]:
+def progressed(run_dir: str, attempt: int, started: float) -> bool | None:
     """Did attempt `attempt` (started at wall time `started`) keep any work: a checkpoint
     past the run's last one before it (a marked checkpoint of a higher step, or an entry of
     the checkpoint folder written since it started)? None when the run has shown no
     checkpoint at all: then nothing says what progress is, and `retries` alone rule."""
     adir = os.path.join(run_dir, f"attempt-{attempt}")
-    before: List[Mark] = []
+    before: list[Mark] = []
     for a in range(attempt):
         before += [m for m in attempt_marks(os.path.join(run_dir, f"attempt-{a}"))
                    if m.kind == CHECKPOINT]  # fmt: skip

@@ -25,7 +25,7 @@ KILL_AT = int(os.environ.get("KILL_AT", "25"))
 EVERY = 10
 rank, attempt = int(os.environ["RANK"]), int(os.environ["TREB_ATTEMPT"])
 ckpt_dir = os.environ["TREB_CHECKPOINT_DIR"]
-clock = open(os.path.join(os.environ["CLOCK_DIR"], f"clock-{attempt}-{rank}"), "a")
+clock = open(os.path.join(os.environ["CLOCK_DIR"], f"clock-{attempt}-{rank}"), "a")  # noqa: SIM115 (open for the process's life)
 
 
 def note(what: str, step: int) -> None:
@@ -47,7 +47,9 @@ signal.signal(signal.SIGUSR2, lambda *_: None)
 signal.set_wakeup_fd(w_fd, warn_on_full_buffer=False)
 threading.Thread(target=on_signal, daemon=True).start()
 dist.init_process_group("gloo")
-saved = sorted(int(n[5:-3]) for n in os.listdir(ckpt_dir) if n.startswith("ckpt-") and n.endswith(".pt"))
+saved = sorted(
+    int(n[5:-3]) for n in os.listdir(ckpt_dir) if n.startswith("ckpt-") and n.endswith(".pt")
+)
 step = saved[-1] if saved else 0
 w = torch.load(os.path.join(ckpt_dir, f"ckpt-{step}.pt")) if saved else torch.zeros(1)
 while step < STEPS:
