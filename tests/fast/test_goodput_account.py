@@ -261,3 +261,23 @@ def test_the_dashboard_bar_is_the_split(tmp_path: Path) -> None:
     widths = {c: float(w) for c, w in re.findall(r'data-cause="(\w+)"[^>]*width:([\d.]+)%', html)}
     assert widths == {"productive": 60.0, "queued": 10.0, "startup": 20.0, "teardown": 10.0}
     assert "goodput 60 %: 2s startup, 1s queued, 1s teardown" in html
+
+
+def test_a_long_marks_file_keeps_its_first_step_and_no_line_cut_in_half(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file past what is read keeps its beginning (the attempt's first step: its startup)
+    and its end (the last checkpoint and step); a line cut where the reading starts or
+    stops is dropped, never read as another time (`...6533085.5 step 12`)."""
+    from trebuchet.runtime import marks
+
+    monkeypatch.setattr(marks, "READ_MAX", 200)
+    monkeypatch.setattr(marks, "HEAD_MAX", 100)
+    adir = tmp_path / "attempt-0"
+    rows = [f"{1796533000.5 + i} step {i}" for i in range(1, 200)]
+    marks_file(adir, "rank-0", rows)
+    got = attempt_marks(str(adir))
+    assert got[0] == (1796533001.5, "step", 1.0)
+    assert got[-1] == (1796533199.5, "step", 199.0)
+    assert all(m.t == 1796533000.5 + m.n for m in got)  # each a whole line
+    assert len(got) < 199

@@ -10,8 +10,9 @@ Without marks, the readers fall back on what treb records anyway: the metrics po
 entries of the checkpoint folder (each one's mtime a checkpoint's time).
 
 Total and bounded: any bytes in these files give marks or nothing, never an exception;
-a time or number that is not finite is dropped; at most `READ_MAX` bytes of a file
-(its end) and `ENTRIES_MAX` entries of the checkpoint folder are read.
+a time or number that is not finite is dropped; of a file longer than `READ_MAX`, its
+first `HEAD_MAX` and last `READ_MAX` bytes are read, whole lines only, and at most
+`ENTRIES_MAX` entries of the checkpoint folder.
 Stdlib only: it ships in the runtime file.
 """
 
@@ -28,6 +29,7 @@ MARKS_DIR = "marks"
 STEP, CHECKPOINT = "step", "checkpoint"
 KINDS = (STEP, CHECKPOINT)
 READ_MAX = 4 << 20  # bytes of a marks or metrics file read, its end
+HEAD_MAX = 64 << 10  # ... and of its beginning, when it is longer
 ENTRIES_MAX = 4096  # entries of the checkpoint folder looked at
 
 
@@ -44,20 +46,27 @@ def marks_path(adir: str, name: str) -> str:
     return os.path.join(adir, MARKS_DIR, name)
 
 
-def _tail(path: str) -> bytes:
-    """The last READ_MAX bytes of a regular file; b"" when there is none."""
+def _ends(path: str) -> bytes:
+    """A regular file's whole lines: all of it, or past READ_MAX bytes its first HEAD_MAX
+    and last READ_MAX bytes (the attempt's first step; its last checkpoint and step),
+    each without the line cut where it starts or stops; b"" when there is none."""
     try:
         fd = open_fd(path)
     except OSError:
         return b""
     try:
         size = os.fstat(fd).st_size
-        start = max(0, size - READ_MAX)
-        return os.pread(fd, READ_MAX, start)
+        if size <= READ_MAX:
+            return os.pread(fd, READ_MAX, 0)
+        head = os.pread(fd, HEAD_MAX, 0)
+        tail = os.pread(fd, READ_MAX, size - READ_MAX)
     except OSError:
         return b""
     finally:
         os.close(fd)
+    head = head[: head.rfind(b"\n") + 1]  # the cut line of each part dropped
+    tail = tail[tail.find(b"\n") + 1 :] if b"\n" in tail else b""
+    return head + tail
 
 
 def _number(word: object) -> float | None:
@@ -122,11 +131,11 @@ def attempt_marks(adir: str) -> list[Mark]:
     marked a step."""
     marks: list[Mark] = []
     for path in _files(os.path.join(adir, MARKS_DIR)):
-        marks += parse_marks(_tail(path))
+        marks += parse_marks(_ends(path))
     if not any(m.kind == STEP for m in marks):
         for path in _files(os.path.join(adir, "metrics")):
             if path.endswith(".jsonl"):
-                marks += parse_points(_tail(path))
+                marks += parse_points(_ends(path))
     marks.sort(key=lambda m: m.t)
     return marks
 
@@ -150,7 +159,7 @@ def checkpoint_folder(run_dir: str) -> str:
     """The run's `TREB_CHECKPOINT_DIR` (the job's `checkpoint_dir`, else <run>/checkpoints)."""
     for name in ("job.json", "plan.json"):
         try:
-            data = json.loads(_tail(os.path.join(run_dir, name)) or b"null")
+            data = json.loads(_ends(os.path.join(run_dir, name)) or b"null")
         except (ValueError, RecursionError):
             continue
         if isinstance(data, dict) and isinstance(data.get("checkpoint_dir"), str):
