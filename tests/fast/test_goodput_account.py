@@ -281,3 +281,21 @@ def test_a_long_marks_file_keeps_its_first_step_and_no_line_cut_in_half(
     assert got[-1] == (1796533199.5, "step", 199.0)
     assert all(m.t == 1796533000.5 + m.n for m in got)  # each a whole line
     assert len(got) < 199
+
+
+def test_a_checkpoint_in_the_middle_of_a_long_marks_file_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between a file's ends only checkpoint lines are read (the cost stays that of its
+    ends), and none of them is lost."""
+    from trebuchet.runtime import marks
+
+    monkeypatch.setattr(marks, "SCAN", 300)
+    adir = tmp_path / "attempt-0"
+    rows = [f"{1000.0 + i} step {i}" for i in range(1, 400)]
+    rows.insert(200, "1199.5 checkpoint 199")
+    marks_file(adir, "rank-0", rows)
+    got = attempt_marks(str(adir))
+    assert [(m.t, m.n) for m in got if m.kind == "checkpoint"] == [(1199.5, 199.0)]
+    assert (got[0].n, got[-1].n) == (1.0, 399.0)
+    assert len(got) < 100

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from typing import Iterator, NamedTuple
 
 from .regular import open_fd
@@ -126,16 +127,38 @@ def _files(folder: str) -> Iterator[str]:
             yield os.path.join(folder, name)
 
 
+SCAN = 64 << 10  # bytes of a file's beginning and end read line by line
+_CHECKPOINT_LINE = re.compile(rb"^[^\n]* checkpoint[^\n]*$", re.MULTILINE)
+
+
+def _file_marks(data: bytes, points: bool) -> list[Mark]:
+    """A file's marks at the cost of its ends: every line of its first and last SCAN
+    bytes (the first step, the last ones), and of the middle only the checkpoint lines
+    (found by one regex scan, in C); the steps between are not needed."""
+    parse = parse_points if points else parse_marks
+    if len(data) <= 2 * SCAN:
+        return parse(data)
+    head = data[:SCAN]
+    head = head[: head.rfind(b"\n") + 1]
+    tail = data[-SCAN:]
+    tail = tail[tail.find(b"\n") + 1 :]
+    out = parse(head) + parse(tail)
+    if not points:
+        middle = data[len(head) : len(data) - len(tail)]
+        out += parse_marks(b"\n".join(_CHECKPOINT_LINE.findall(middle)))
+    return out
+
+
 def attempt_marks(adir: str) -> list[Mark]:
     """Every rank's marks of one attempt, in time order; the metrics' steps when no rank
     marked a step."""
     marks: list[Mark] = []
     for path in _files(os.path.join(adir, MARKS_DIR)):
-        marks += parse_marks(_ends(path))
+        marks += _file_marks(_ends(path), points=False)
     if not any(m.kind == STEP for m in marks):
         for path in _files(os.path.join(adir, "metrics")):
             if path.endswith(".jsonl"):
-                marks += parse_points(_ends(path))
+                marks += _file_marks(_ends(path), points=True)
     marks.sort(key=lambda m: m.t)
     return marks
 
