@@ -181,15 +181,16 @@ def total(items: list[Goodput]) -> Goodput:
 
 
 def short(seconds: float) -> str:
-    """'4m', '12s', '2h05m', '1d3h': a cause's time in the summary line."""
+    """'12s', '4m' (whole minutes under an hour), then as tables say it ('2h05m'): a
+    cause's time in the summary line."""
     s = int(round(seconds))
     if s < 60:
         return f"{s}s"
     if s < 3600:
         return f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600}h"
+    from trebuchet.spec.duration import human
+
+    return human(s)
 
 
 WORDS = {QUEUED: "queued", ENVIRONMENT: "environment", STARTUP: "startup",
