@@ -299,3 +299,24 @@ def test_a_checkpoint_in_the_middle_of_a_long_marks_file_is_found(
     assert [(m.t, m.n) for m in got if m.kind == "checkpoint"] == [(1199.5, 199.0)]
     assert (got[0].n, got[-1].n) == (1.0, 399.0)
     assert len(got) < 100
+
+
+def test_slurm_records_attempts_in_files_and_their_hang_still_counts(tmp_path: Path) -> None:
+    """Slurm's job controller writes attempt.json, not attempt events; the hang event of
+    such an attempt is its hang all the same (the Slurm test cluster counted it 0 s)."""
+    run = tmp_path / "run"
+    write_events(run, events(
+        (0, "submitted", {}),
+        (40, "hang", {"attempt": 1, "action": "retry", "last_progress": 31.0}),
+        (60, "run_ended", {"state": "SUCCEEDED"}),
+    ))  # fmt: skip
+    for n, (start, end, state) in enumerate([(1, 20, "FAILED"), (21, 45, "FAILED"),
+                                             (46, 59, "SUCCEEDED")]):  # fmt: skip
+        (run / f"attempt-{n}").mkdir(parents=True)
+        (run / f"attempt-{n}" / "attempt.json").write_text(json.dumps(
+            {"attempt": n, "started_at": start, "ended_at": end, "state": state}))  # fmt: skip
+    marks_file(run / "attempt-1", "rank-0", ["25 step 1", "30 step 2", "28 checkpoint 1"])
+    rows = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    g = account(load(run, "r", rows), now=1e9)
+    assert g.seconds["hang"] == 40 - 30  # from the last step before it
+    assert g.seconds["redone"] >= 30 - 28

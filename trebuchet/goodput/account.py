@@ -55,6 +55,8 @@ class Timeline:
     attempts: list[Attempt] = field(default_factory=list)
     name: str = ""
     state: str = ""
+    # hang and node_lost events by attempt, until the attempts are known (timeline.py)
+    pending: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 @dataclass

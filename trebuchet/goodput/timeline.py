@@ -15,7 +15,7 @@ from typing import Any
 
 from trebuchet.goodput.account import Attempt, Timeline
 from trebuchet.runtime import marks as rmarks
-from trebuchet.runtime.records import FIRST, read_json
+from trebuchet.runtime.records import AFTER, FIRST, read_json
 
 
 def _num(value: Any) -> float | None:
@@ -53,19 +53,32 @@ def from_events(run: str, events: list[dict[str, Any]]) -> Timeline:
             a = _attempt_of(attempts, e)
             if a is not None:
                 a.end, a.state = t, str(e.get("state") or "FAILED")
-        elif kind == "hang" and e.get("action") != "warn":
-            a = _attempt_of(attempts, e)
-            if a is not None and a.hang_acted is None:
-                a.hang_from, a.hang_acted = _num(e.get("last_progress")), t
-        elif kind == "node_lost" and not e.get("after_first_failure"):
-            a = _attempt_of(attempts, e)
-            if a is not None and a.lost_detected is None:
-                a.lost_from, a.lost_detected = _num(e.get("last_seen")), t
-                a.node = str(e.get("host") or e.get("node") or "") or None
+        elif kind in ("hang", "node_lost"):
+            n = _int(e.get("attempt"))
+            if n is not None:  # applied once the attempts are known (Slurm: attempt.json)
+                tl.pending.setdefault(n, []).append(e)
         elif kind == "run_ended":
             tl.ended, tl.state = t, str(e.get("state") or "")
     tl.attempts = list(attempts.values())
+    apply_pending(tl)
     return tl
+
+
+def apply_pending(tl: Timeline) -> None:
+    """The hang and node_lost events of the attempts now known, applied (and let go)."""
+    for a in tl.attempts:
+        for e in tl.pending.pop(a.n, ()):
+            _apply(a, e)
+
+
+def _apply(a: Attempt, e: dict[str, Any]) -> None:
+    """A hang or node_lost event on its attempt: where the time went while it lasted."""
+    t = _num(e.get("time"))
+    if e.get("event") == "hang" and e.get("action") != "warn" and a.hang_acted is None:
+        a.hang_from, a.hang_acted = _num(e.get("last_progress")), t
+    elif e.get("event") == "node_lost" and not e.get(AFTER) and a.lost_detected is None:
+        a.lost_from, a.lost_detected = _num(e.get("last_seen")), t
+        a.node = str(e.get("host") or e.get("node") or "")[:200] or None
 
 
 def _from_files(tl: Timeline, run_dir: Path) -> None:
@@ -90,7 +103,7 @@ def _from_files(tl: Timeline, run_dir: Path) -> None:
         if isinstance(rec, dict) and a.end is None and _num(rec.get("ended_at")) is not None:
             a.end, a.state = float(rec["ended_at"]), str(rec.get("state") or "FAILED")
         ff = read_json(str(adir / FIRST), 1 << 20)
-        if isinstance(ff, dict) and not ff.get("after_first_failure"):
+        if isinstance(ff, dict) and not ff.get(AFTER):
             a.failed_at = _num(ff.get("ended_at"))
             if a.node is None:
                 node = _int(ff.get("node"))
@@ -131,6 +144,7 @@ def load(run_dir: Path, run: str, events: list[dict[str, Any]]) -> Timeline:
     """The run's timeline from its folder and its events (store.files.read_events)."""
     tl = from_events(run, events)
     _from_files(tl, run_dir)
+    apply_pending(tl)
     _checkpoints(tl, run_dir)
     for a in tl.attempts:
         _hang_start(a)
