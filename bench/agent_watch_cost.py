@@ -1,5 +1,5 @@
-"""What progress parsing (runtime/eta.py) and GPU sampling (runtime/gpu.py) cost a node agent,
-in CPU seconds per second of the agent's own process (one node).
+"""What progress parsing (runtime/watch/eta.py) and GPU sampling (runtime/watch/gpu.py) cost a
+node agent, in CPU seconds per second of the agent's own process (one node).
 
 Each measurement is a fresh process running one runtime Agent (what a node runs: the
 Slurm task's, the ssh/SkyPilot/Kubernetes node agent, one of the local supervisor's) over
@@ -56,7 +56,7 @@ echo "1, 85, 39000, 81559"
 
 def one(variant: str, seconds: float, rate: float, flood: bool) -> float:
     """The agent's CPU seconds per second for one variant (run in this process)."""
-    from trebuchet.runtime.agent import Agent, Proc
+    from trebuchet.runtime.node.agent import Agent, Proc
 
     tmp = Path(tempfile.mkdtemp(prefix="treb-watch-cost-"))
     adir = tmp / "run" / "attempt-0"

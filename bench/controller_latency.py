@@ -1,4 +1,4 @@
-"""The job controller's two clocks on an engine (runtime/lifecycle.py), from the run's own
+"""The job controller's two clocks on an engine (runtime/job/life.py), from the run's own
 records, as a user would read them:
 
 - retry: a rank of attempt 0 exits 3 (2 nodes x 2 ranks, `retries: 1`); seconds from its

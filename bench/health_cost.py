@@ -1,4 +1,4 @@
-"""The nodes' health checks' cost per attempt (runtime/health.py; issue 23: well under a
+"""The nodes' health checks' cost per attempt (runtime/node/health.py; issue 23: well under a
 second). Each node runs them at once before its ranks, so an attempt pays one node's time.
 
 Measured here, per node: the built-in checks (runtime, disk, shared, master) through
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trebuchet.runtime import health  # noqa: E402
+from trebuchet.runtime.node import health  # noqa: E402
 
 SMI = "#!/bin/sh\n# STAND-IN nvidia-smi (bench/health_cost.py)\n" + "".join(
     f'echo "GPU {i}: NVIDIA H100 (UUID: GPU-{i})"\n' for i in range(8)

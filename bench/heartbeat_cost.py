@@ -1,4 +1,4 @@
-"""The agents' heartbeat on the job controller's CPU (runtime/agent_link.py).
+"""The agents' heartbeat on the job controller's CPU (runtime/job/link.py).
 
 A controller process holds the Hub and nothing else; a second process holds N agent Links
 (each beating every BEAT_S from its own thread, as the Slurm task agents do). After a

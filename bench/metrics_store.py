@@ -1,6 +1,6 @@
 """The metrics store stays bounded: ingest a generated metrics file of N values.
 
-Writes one agent-format file (`attempt-0/metrics/rank-0.jsonl`, runtime/metrics.py) with
+Writes one agent-format file (`attempt-0/metrics/rank-0.jsonl`, runtime/watch/metric_reader.py) with
 `--values` values over `--names` metric names (one line a step holding every name), ingests
 it into a fresh store in two halves (as `treb metrics` would during and after a run), and
 reports the ingest time, the rows kept, the store's size on disk and the file's size.

@@ -29,7 +29,7 @@ BIN = str(Path(sys.executable).parent)
 
 def run_cgroups() -> set[str]:
     """Every run's cgroup (`treb-<run id>`) on this machine's cgroup2 mounts."""
-    from trebuchet.runtime.contain import cgroup2_mounts
+    from trebuchet.runtime.process.contain import cgroup2_mounts
 
     found = set()
     for _root, mount in cgroup2_mounts():

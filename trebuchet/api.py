@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.errors import RunFailed, UserError
-from trebuchet.runtime.regular import read_text
+from trebuchet.runtime.rundir.regular import read_text
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.states import SUCCEEDED, TERMINAL, describe_failure
 

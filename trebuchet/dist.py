@@ -1,8 +1,8 @@
 """`trebuchet.dist`: helpers for the user's program.
 
 - `init_env()`: the rank variables for a script that srun, mpirun or SkyPilot started
-  directly. The contract itself lives in trebuchet/runtime/contract.py (one place for every
-  launcher); this module keeps the public name.
+  directly. The contract itself lives in trebuchet/runtime/contracts/rank_env.py (one place
+  for every launcher); this module keeps the public name.
 - `heartbeat()`: tell the launcher this rank is making progress without printing (a run is
   hung when no rank made progress for `hang_timeout`: docs/hangs.md).
 - `mark("step", n)` / `mark("checkpoint", n)`: exact step and checkpoint marks for the
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from trebuchet.runtime.contract import (
+from trebuchet.runtime.contracts.rank_env import (
     _expand_builtin,
     expand_hostlist,
     init_env,
@@ -79,7 +79,7 @@ def enable_stacks() -> bool:
     global _stacks_file
     import faulthandler
 
-    from trebuchet.runtime.stacks import STACKS_SIGNAL
+    from trebuchet.runtime.watch.stacks import STACKS_SIGNAL
 
     path = os.environ.get("TREB_STACKS_FILE")
     if not path:

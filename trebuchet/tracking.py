@@ -8,14 +8,14 @@ Who logs what:
 - the local supervisor at the end of a run, or `treb` when it follows or refreshes a run
   that ended elsewhere (`close`): metrics from the store, the diagnosis of a run that did
   not succeed, the final status; the sweep's parent once all its points ended.
-- the Slurm job controller (runtime/tracking.py `mark`): the final status as soon as the
+- the Slurm job controller (runtime/publish/trackers.py `mark`): the final status as soon as the
   job ends, also when nobody follows it, and RUNNING again after a requeue.
 
 Nothing here fails or holds up a run: a run's requests have a deadline all together (5 s
 at submission, 3 s at the end; a server that trickles its answer is left behind at it), a
 tracker that fails is a warning and a `tracking_failed` event, and a server that did not
 answer is not asked again by this process. What did not get through is kept in the run's
-`tracking-pending.json` (runtime/tracking.py) and sent by the next `treb` that refreshes
+`tracking-pending.json` (runtime/publish/trackers.py) and sent by the next `treb` that refreshes
 runs (`retry_pending`), the status first. It imports neither mlflow nor wandb, nor
 pydantic.
 """
@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trebuchet.errors import UserError
-from trebuchet.runtime import tracking as rt
-from trebuchet.runtime.mlflow_rest import Mlflow, MlflowError, metric, usable_uri
-from trebuchet.runtime.records import read_json
-from trebuchet.runtime.regular import read_text
+from trebuchet.runtime.publish import trackers as rt
+from trebuchet.runtime.publish.mlflow_rest import Mlflow, MlflowError, metric, usable_uri
+from trebuchet.runtime.rundir.records import read_json
+from trebuchet.runtime.rundir.regular import read_text
 from trebuchet.store.files import append_event, write_json
 from trebuchet.store.states import CANCELLED, SUCCEEDED, TERMINAL
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TrebFn, write_spec
-from trebuchet.runtime import records
+from trebuchet.runtime.rundir import records
 
 RANK = """
 import json, os, sys

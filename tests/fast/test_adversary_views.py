@@ -10,7 +10,7 @@ import pytest
 
 from tests.fast.test_metrics_parts import jsonl, make_run
 from trebuchet.cli.main import main
-from trebuchet.runtime import metrics as rm
+from trebuchet.runtime.watch import metric_reader as rm
 from trebuchet.store import lifecycle
 from trebuchet.store import metrics as sm
 from trebuchet.store.db import Store

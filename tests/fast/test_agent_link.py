@@ -1,4 +1,4 @@
-"""The agents' line to the Slurm job controller (runtime/agent_link.py), over real sockets:
+"""The agents' line to the Slurm job controller (runtime/job/link.py), over real sockets:
 the attempt ends early only when every agent of it said so, with the right token."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from trebuchet.runtime import agent_link
+from trebuchet.runtime.job import link as agent_link
 
 
 @pytest.fixture()
@@ -94,7 +94,7 @@ def test_beating_agents_stay_alive(hub, monkeypatch):
 
 
 def test_an_agent_notices_a_controller_that_stopped_answering(hub, monkeypatch):
-    """Slurm's batch host lost (runtime/batchloss.py): the controller answers every line that
+    """Slurm's batch host lost (runtime/job/batchloss.py): the controller answers every line that
     carries its token, also an older attempt's; silent for the timeout, it is lost, once."""
     h, _ = hub
     monkeypatch.setattr(agent_link, "BEAT_S", 0.05)

@@ -40,7 +40,7 @@ def task_job(run_dir: Path, workdir: Path, launcher: str, ppn: int, command: lis
 
 def controller_wrote(run_dir: Path, job_id: str) -> None:
     """What the job controller writes before its step, which the agent's health checks
-    read (runtime/health.py: the run directory is the shared one)."""
+    read (runtime/node/health.py: the run directory is the shared one)."""
     (run_dir / "attempt-0" / "attempt.json").write_text(json.dumps({"job_id": job_id,
                                                                     "attempt": 0}))  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""runtime/contain.py: finding cgroup v2 from the mount table, and a real cgroup's life
+"""runtime/process/contain.py: finding cgroup v2 from the mount table, and a real cgroup's life
 (started inside, kill with or without cgroup.kill, removal) where this host allows it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trebuchet.runtime import contain
+from trebuchet.runtime.process import contain
 
 HYBRID = """\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755

@@ -14,9 +14,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trebuchet.runtime import records, retry_codes
-from trebuchet.runtime.contracts import FirstFailure
-from trebuchet.runtime.lifecycle import JobController, Settings
+from trebuchet.runtime.contracts.schema import FirstFailure
+from trebuchet.runtime.job import retry_codes
+from trebuchet.runtime.job.life import JobController, Settings
+from trebuchet.runtime.rundir import records
 
 
 def rank(r: int, code: int, at: float, **more: Any) -> FirstFailure:

@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from trebuchet.runtime.lines import CAP, CUT, inert
+from trebuchet.runtime.watch.display_lines import CAP, CUT, inert
 from trebuchet.view.follow import KEEP_TAIL, Follower
 from trebuchet.view.live import View
 

@@ -1,5 +1,5 @@
 """The goodput accounting (trebuchet/goodput/) on recorded timelines, and the no-progress
-rule (runtime/lifecycle.next_step, runtime/marks.progressed) that stops a run whose
+rule (runtime/job/life.next_step, runtime/watch/marks.progressed) that stops a run whose
 attempts keep no work. Real files in a temporary run folder; no process is started."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from trebuchet.goodput.account import LOST_CAUSES, Attempt, Timeline, account, line
 from trebuchet.goodput.timeline import from_events, load
-from trebuchet.runtime import lifecycle
-from trebuchet.runtime.lifecycle import END, NO_PROGRESS, RETRY, next_step
-from trebuchet.runtime.marks import attempt_marks, parse_marks, parse_points, progressed
+from trebuchet.runtime.job import life as lifecycle
+from trebuchet.runtime.job.life import END, NO_PROGRESS, RETRY, next_step
+from trebuchet.runtime.watch.marks import attempt_marks, parse_marks, parse_points, progressed
 
 RETRY_ALL = {"name": "any", "pattern": "boom", "action": "retry", "max_retries": 50}
 
@@ -167,7 +167,7 @@ def test_metrics_points_stand_for_steps_when_none_is_marked(tmp_path: Path) -> N
     assert [(m.t, m.n) for m in attempt_marks(str(adir))] == [(5.0, 1.0), (6.0, 2.0)]
 
 
-# -- retries that know when to stop (runtime/lifecycle.py) --------------------------------
+# -- retries that know when to stop (runtime/job/life.py) --------------------------------
 
 
 def test_attempts_without_progress_end_the_run_however_many_retries_remain(
@@ -269,7 +269,7 @@ def test_a_long_marks_file_keeps_its_first_step_and_no_line_cut_in_half(
     """A file past what is read keeps its beginning (the attempt's first step: its startup)
     and its end (the last checkpoint and step); a line cut where the reading starts or
     stops is dropped, never read as another time (`...6533085.5 step 12`)."""
-    from trebuchet.runtime import marks
+    from trebuchet.runtime.watch import marks
 
     monkeypatch.setattr(marks, "READ_MAX", 200)
     monkeypatch.setattr(marks, "HEAD_MAX", 100)
@@ -288,7 +288,7 @@ def test_a_checkpoint_in_the_middle_of_a_long_marks_file_is_found(
 ) -> None:
     """Between a file's ends only checkpoint lines are read (the cost stays that of its
     ends), and none of them is lost."""
-    from trebuchet.runtime import marks
+    from trebuchet.runtime.watch import marks
 
     monkeypatch.setattr(marks, "SCAN", 300)
     adir = tmp_path / "attempt-0"

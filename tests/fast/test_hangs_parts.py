@@ -19,7 +19,9 @@ import yaml
 from tests.conftest import REPO, needs, needs_program
 from trebuchet.cli.main import main
 from trebuchet.diagnose import hang as dhang
-from trebuchet.runtime import hang, progress, stacks
+from trebuchet.runtime.watch import activity as progress
+from trebuchet.runtime.watch import hung as hang
+from trebuchet.runtime.watch import stacks
 
 PY = sys.executable
 

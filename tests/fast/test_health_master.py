@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from tests.conftest import REPO
-from trebuchet.runtime.health import check_master
+from trebuchet.runtime.node.health import check_master
 
 
 def test_the_master_check_sends_nothing_to_a_listening_rank() -> None:
@@ -33,7 +33,7 @@ def test_a_master_that_does_not_resolve_is_unhealthy() -> None:
 def test_a_master_without_a_route_is_unhealthy() -> None:
     """A node with no route to MASTER_ADDR: a network namespace of its own (loopback only)."""
     code = (
-        "from trebuchet.runtime.health import check_master; "
+        "from trebuchet.runtime.node.health import check_master; "
         "print(check_master('192.0.2.1', '29500', wait=0))"
     )
     done = subprocess.run(

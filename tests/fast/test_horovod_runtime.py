@@ -1,4 +1,4 @@
-"""runtime/horovod.py without horovod: horovodrun's command line from the spec's HOROVOD_*
+"""runtime/node/horovodrun.py without horovod: horovodrun's command line from the spec's HOROVOD_*
 env, the refusals of bad values, the interface toward a peer (this machine's real
 interfaces), a rank's cascade after another's failure, a node waiting for its ranks."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trebuchet.runtime import horovod
+from trebuchet.runtime.node import horovodrun as horovod
 
 
 def test_horovodrun_argv_as_determined_starts_it() -> None:

@@ -581,7 +581,7 @@ def test_sbatch_args_that_are_fine_pass(tmp_path: Path, treb: TrebFn) -> None:
 def test_runtime_policy_match_is_bounded_in_time(tmp_path: Path) -> None:
     """A pattern that slipped past validation (polynomial, or exponential written by hand
     in a job file) cannot hold up the supervisor: the child is killed, no policy applies."""
-    from trebuchet.runtime.policies import match
+    from trebuchet.runtime.watch.log_policies import match
 
     log = tmp_path / "rank-0.log"
     log.write_text("a" * 64 + "b\nCUDA out of memory\n")
@@ -596,7 +596,7 @@ def test_the_controllers_matcher_serves_a_run_and_is_replaced_after_a_timeout(
     """The job controller's matcher (started while an attempt runs, so that a retry does
     not wait for an interpreter) answers search after search in one child; a search that
     times out kills it, and the next one starts another; closing it leaves no process."""
-    from trebuchet.runtime.policies import Matcher, match
+    from trebuchet.runtime.watch.log_policies import Matcher, match
 
     log = tmp_path / "rank-0.log"
     log.write_text("a" * 64 + "b\nOSError: Address already in use\n")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from trebuchet.runtime.lifecycle import Ending, JobController, Settings
+from trebuchet.runtime.job.life import Ending, JobController, Settings
 
 PORT = {"name": "port_in_use", "pattern": "Address already in use", "action": "retry",
         "max_retries": 1}  # fmt: skip

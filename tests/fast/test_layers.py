@@ -148,3 +148,27 @@ def test_only_front_doors_import_front_doors() -> None:
 def test_runtime_imports_only_itself() -> None:
     outs = edges().get("runtime", {})
     assert not outs, {b: w[:3] for b, w in outs.items()}
+
+
+# runtime/'s sub-packages by role, lowest first: each imports only those before it.
+RUNTIME_ROLES = ["contracts", "rundir", "process", "watch", "publish", "job", "node", "slurm"]
+
+
+def test_runtime_roles_import_only_the_roles_before_them() -> None:
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "trebuchet" / "runtime"
+    bad = []
+    for role in RUNTIME_ROLES:
+        for path in sorted((root / role).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.ImportFrom) or node.level < 2:
+                    continue  # level 1: the same role
+                target = (node.module or node.names[0].name).split(".")[0]
+                if target in RUNTIME_ROLES and (
+                    RUNTIME_ROLES.index(target) >= RUNTIME_ROLES.index(role)
+                ):
+                    bad.append(f"runtime/{role}/{path.name}:{node.lineno} imports {target}")
+    assert not bad, "\n".join(bad)
+    assert sorted(p.name for p in root.glob("*.py")) == [
+        "__init__.py", "__main__.py", "command_line.py"]  # fmt: skip

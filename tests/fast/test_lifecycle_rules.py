@@ -1,4 +1,4 @@
-"""The job's life decided once (runtime/lifecycle.py): what follows an attempt and the clock
+"""The job's life decided once (runtime/job/life.py): what follows an attempt and the clock
 of one attempt, for the local supervisor, the ssh supervisor and Slurm's controller alike.
 
 Why these tests: the three used to carry their own retry rule and timeout clock, and they
@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from trebuchet.runtime import contracts as states
-from trebuchet.runtime import lifecycle, policies
-from trebuchet.runtime.lifecycle import END, REQUEUE, RETRY, AttemptClock, next_step
+from trebuchet.runtime.contracts import schema as states
+from trebuchet.runtime.job import life as lifecycle
+from trebuchet.runtime.job.life import END, REQUEUE, RETRY, AttemptClock, next_step
+from trebuchet.runtime.watch import log_policies as policies
 
 PORT = {"name": "port_in_use", "pattern": "Address already in use", "action": "retry",
         "max_retries": 2}  # fmt: skip

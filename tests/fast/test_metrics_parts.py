@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from trebuchet.cli.main import main
-from trebuchet.runtime import metrics as rm
-from trebuchet.runtime import progress
+from trebuchet.runtime.watch import activity as progress
+from trebuchet.runtime.watch import metric_reader as rm
 from trebuchet.store import lifecycle
 from trebuchet.store import metrics as sm
 from trebuchet.store.db import RunRecord, Store

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from trebuchet.backends.ssh.run import Node
-from trebuchet.runtime import nodeloss, nodeset
-from trebuchet.runtime.records import first_failure
+from trebuchet.runtime.job import nodeloss, nodeset
+from trebuchet.runtime.rundir.records import first_failure
 
 
 def agent(tmp_path: Path, command: str, **extra: object) -> subprocess.Popen[bytes]:

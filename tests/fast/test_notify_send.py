@@ -1,4 +1,4 @@
-"""The webhook sender (runtime/notify.py) against a real local HTTP receiver
+"""The webhook sender (runtime/publish/webhooks.py) against a real local HTTP receiver
 (tests/slow_http.py's Hook): what a hostile or broken receiver can and cannot do.
 
 Why: a webhook carries a signature and sometimes a secret URL. A redirect must never take
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import needs_program
 from tests.slow_http import Hook, wait_until
-from trebuchet.runtime import notify
+from trebuchet.runtime.publish import webhooks as notify
 
 KEY = "a-key-only-the-environment-holds"
 TOKEN = "XXXXSECRETXXXX"

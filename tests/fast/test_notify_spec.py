@@ -1,4 +1,4 @@
-"""`notify:` webhooks in the spec, and the bodies the controller sends (runtime/notify.py).
+"""`notify:` webhooks in the spec, and the bodies the controller sends (runtime/publish/webhooks.py).
 
 Why: a webhook's key must never be written in a spec (it would reach the run directory),
 a URL must be http(s), an event name must be one the controller sends, and a log pattern
@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trebuchet.errors import SpecError
-from trebuchet.runtime import notify
+from trebuchet.runtime.publish import webhooks as notify
 from trebuchet.spec.load import load_spec
 
 BASE = "name: hooked\ncommand: echo hi\nnotify:\n"

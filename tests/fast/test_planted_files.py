@@ -62,9 +62,11 @@ def test_runtime_readers_of_planted_files_end(tmp_path: Path, kind: str) -> None
         plant(run / name, kind)
     out = ends(f"""
         import types
-        from trebuchet.runtime import controller, health, horovod, nodeset, selfrequeue
+        from trebuchet.runtime.job import nodeset, selfrequeue
+        from trebuchet.runtime.node import health, horovodrun as horovod
+        from trebuchet.runtime.slurm import step
         run = {str(run)!r}
-        print(controller.Controller.granted(types.SimpleNamespace(run_dir=run)))
+        print(step.Controller.granted(types.SimpleNamespace(run_dir=run)))
         print(nodeset.excluded(run))
         where = health.Where(run, run + "/attempt-0", 0, 0, "h", run, {{}})
         print(health.check_shared(where, None, token="t0k"))
@@ -79,7 +81,10 @@ def test_runtime_job_file_planted_is_a_clear_error(tmp_path: Path, kind: str) ->
     """The job file a (requeued) controller or node agent starts from is in the run
     directory: unreadable, it is named (exit 2), never waited on."""
     plant(tmp_path / "job.json", kind)
-    out = ends(f"from trebuchet.runtime import main; main._job({str(tmp_path / 'job.json')!r})", 2)
+    out = ends(
+        f"from trebuchet.runtime import command_line; command_line._job({str(tmp_path / 'job.json')!r})",
+        2,
+    )
     assert "cannot read the job file" in out, out
 
 
@@ -99,20 +104,21 @@ def test_treb_readers_of_planted_files_end(tmp_path: Path, kind: str) -> None:
         import types
         from pathlib import Path
         from trebuchet.backends.slurm import state
-        from trebuchet.cli import fault_cmd
+        from trebuchet.backends.ssh import fault as ssh_fault
+        from trebuchet.runtime.node import fault
         from trebuchet.diagnose import codepaths
         from trebuchet.launcher import snapshot
         from trebuchet.store import rebuild
         run = Path({str(run)!r})
         print(rebuild._json(run / "attempt-0" / "rank-0.json"), rebuild._events(run),
               rebuild._spec(run))
-        print(fault_cmd._rank_record(run, 0), fault_cmd._latest_attempt_record(run))
+        print(fault.attempt_file(str(run), "rank-0.json"), fault.attempt_file(str(run), "attempt.json"))
         print(snapshot.why_missing(run, ["No such file or directory: 'x.py'"]))
         print(state.read_job_files(run))
         print(codepaths.CodeMap.for_run(str(run)))
         from trebuchet.diagnose import hang, sources
         from trebuchet.launcher import rank_wrapper
-        from trebuchet.runtime import gpu, metrics
+        from trebuchet.runtime.watch import gpu, metric_reader as metrics
         print(hang.read(run / "attempt-0"), hang.warned_lines(str(run), 0))
         print(sources.error_file_lines(str(run / "attempt-0" / "error.json")))
         print(sources.run_dir_case(run))
@@ -123,7 +129,7 @@ def test_treb_readers_of_planted_files_end(tmp_path: Path, kind: str) -> None:
         print(node_logs.write(run, 0, {{"node-0.log": "pod log"}}))
         assert (run / "attempt-0" / "node-0.log").read_text() == "pod log"
         try:
-            fault_cmd._nodes_of(types.SimpleNamespace(run_dir=str(run), backend="ssh"))
+            ssh_fault.nodes(types.SimpleNamespace(run_dir=str(run)))
         except Exception as exc:  # UserError: named, not a traceback
             print(type(exc).__name__, exc)
     """)

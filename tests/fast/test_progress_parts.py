@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from trebuchet.runtime import eta, gpu
-from trebuchet.runtime.lines import Splitter
+from trebuchet.runtime.watch import eta, gpu
+from trebuchet.runtime.watch.display_lines import Splitter
 from trebuchet.view import dedup
 
 

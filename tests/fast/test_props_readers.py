@@ -2,7 +2,7 @@
 parser, the progress/ETA readers, the log-line splitter, `--dedup`, the diagnosis readers
 and the store's writes of metrics. Any text or bytes in (lone surrogates, C0/C1 controls,
 NUL, ESC/OSC, U+2028, brackets): no exception, finite numbers, and what a view shows is
-text a terminal shows as text (runtime/lines.py `shown`, `inert`)."""
+text a terminal shows as text (runtime/watch/display_lines.py `shown`, `inert`)."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from trebuchet.runtime import eta
-from trebuchet.runtime import metrics as rm
-from trebuchet.runtime.lines import CAP, CUT, Splitter, inert, shown
-from trebuchet.runtime.progress import Progress
+from trebuchet.runtime.watch import eta
+from trebuchet.runtime.watch import metric_reader as rm
+from trebuchet.runtime.watch.activity import Progress
+from trebuchet.runtime.watch.display_lines import CAP, CUT, Splitter, inert, shown
 from trebuchet.view import dedup
 
 # Characters a rank may print that a terminal, SQLite or UTF-8 takes badly.

@@ -1,7 +1,7 @@
 """Issue 23's health checks and retry by cause, in milliseconds: the spec's new fields
 (bad input named by file, line and field, exit 2), the one rule's exit-code branch
-(runtime/lifecycle.next_step with runtime/retry_codes.py), and each node health check
-(runtime/health.py) on this machine. The same on the real engines: test_recovery_local.py
+(runtime/lifecycle.next_step with runtime/job/retry_codes.py), and each node health check
+(runtime/node/health.py) on this machine. The same on the real engines: test_recovery_local.py
 (local runs, faults), tests/integration/test_node_health.py (Slurm, ssh).
 
 No GPU exists here: the GPU check runs against a STAND-IN `nvidia-smi` (a shell script
@@ -17,8 +17,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import write_spec
-from trebuchet.runtime import health, lifecycle, policies, retry_codes
-from trebuchet.runtime.lifecycle import END, RETRY, next_step
+from trebuchet.runtime.job import life as lifecycle
+from trebuchet.runtime.job import retry_codes
+from trebuchet.runtime.job.life import END, RETRY, next_step
+from trebuchet.runtime.node import health
+from trebuchet.runtime.watch import log_policies as policies
 
 PORT = {"name": "port_in_use", "pattern": "Address already in use", "action": "retry",
         "max_retries": 2}  # fmt: skip
@@ -217,7 +220,7 @@ def test_an_unhealthy_node_is_recorded_as_a_lost_one(tmp_path: Path) -> None:
         "node-1",
         why,
     )
-    from trebuchet.runtime import nodeset
+    from trebuchet.runtime.job import nodeset
 
     assert nodeset.excluded(w.run_dir) == {"node-1": why}
     events = [json.loads(ln) for ln in (Path(w.run_dir) / "events.jsonl").read_text().splitlines()]

@@ -1,6 +1,6 @@
 """A rank can replace its log (or any file of its run directory) with a FIFO or a link to
 a device: every reader of such a file returns at once, as for a missing file, because it
-opens through runtime/regular.py. Each reader runs in a thread with a hang guard; the
+opens through runtime/rundir/regular.py. Each reader runs in a thread with a hang guard; the
 guard opens the FIFO's other end afterwards so that a blocked reader is released."""
 
 from __future__ import annotations
@@ -14,9 +14,12 @@ from typing import Any
 
 import pytest
 
-from trebuchet.runtime import policies, progress, records, stacks
-from trebuchet.runtime.logcopy import _Stream
-from trebuchet.runtime.regular import NotRegular, open_regular, read_text
+from trebuchet.runtime.node.logcopy import _Stream
+from trebuchet.runtime.rundir import records
+from trebuchet.runtime.rundir.regular import NotRegular, open_regular, read_text
+from trebuchet.runtime.watch import activity as progress
+from trebuchet.runtime.watch import log_policies as policies
+from trebuchet.runtime.watch import stacks
 
 GUARD_S = 10.0
 

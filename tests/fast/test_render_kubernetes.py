@@ -552,7 +552,7 @@ def _pod_obj(name: str, index: int, attempt: int, phase: str, exit_code: int | N
 
 
 # What a pod's log holds: its node agent's output, rank lines labelled `[node:local]`
-# (runtime/logcopy.py), the agent's own notes unlabelled.
+# (runtime/node/logcopy.py), the agent's own notes unlabelled.
 POD1_ATTEMPT0 = (
     "[1:0] step 1\n[1:1] step 1\n[1:1] CUDA error: out of memory\ntreb: rank 3 (1:1) failed\n"
 )

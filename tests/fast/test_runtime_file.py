@@ -24,7 +24,7 @@ def test_runs_share_one_cached_archive(treb_home: Path, tmp_path: Path) -> None:
     assert (treb_home / "cache").stat().st_mode & 0o777 == 0o700
     # the same sources as an archive built in memory: the cache changes nothing but speed
     assert _sources_in(first.read_bytes()) == _sources_in(runtime_file._built()[1])
-    assert "treb_runtime/agent.py" in _sources_in(first.read_bytes())
+    assert "treb_runtime/node/agent.py" in _sources_in(first.read_bytes())
 
 
 def _sources_in(archive: bytes) -> dict[str, bytes]:

@@ -208,7 +208,7 @@ def test_parse_squeue_and_states() -> None:
 
 
 def test_a_lost_node_is_the_root_cause_before_its_peers_failures() -> None:
-    from trebuchet.runtime.records import first_failure
+    from trebuchet.runtime.rundir.records import first_failure
 
     peer = {"label": "rank 0", "rank": 0, "node": 0, "exit_code": 1, "ended_at": 5.0}
     lost = {"label": "node_lost", "rank": None, "node": 1, "exit_code": 1, "ended_at": 9.0,

@@ -1,5 +1,5 @@
 """`treb run`'s rule for what is a spec and what is a command (cli/specless.py), and the
-node agent's line for a launcher missing on a node (runtime/unstarted.py) as the diagnosis
+node agent's line for a launcher missing on a node (runtime/process/unstarted.py) as the diagnosis
 reads it. The launches themselves: tests/integration/test_specless.py."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from trebuchet.cli import specless
 from trebuchet.cli.main import build_parser
 from trebuchet.diagnose import catalog
 from trebuchet.errors import UserError
-from trebuchet.runtime import unstarted
+from trebuchet.runtime.process import unstarted
 
 
 def split(*words: str) -> tuple[list[str], list[str] | None]:

@@ -24,8 +24,8 @@ from trebuchet.backends.ssh import engine
 from trebuchet.backends.ssh import run as session
 from trebuchet.backends.ssh import script as node_side
 from trebuchet.diagnose.report import diagnose_run, two_lines
-from trebuchet.runtime import node as node_verb
-from trebuchet.runtime.procs import processes_of_run
+from trebuchet.runtime.node import per_node as node_verb
+from trebuchet.runtime.process.procs import processes_of_run
 
 
 def _info(tmp_path: Path, setup: list[str]) -> dict:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from trebuchet.runtime.procs import hostname, start_time
+from trebuchet.runtime.process.procs import hostname, start_time
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.paths import runs_dir
 

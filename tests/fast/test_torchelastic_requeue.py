@@ -1,6 +1,6 @@
-"""Issue 28: torchrun's variables under every launcher (runtime/contract.py), a rank's @record
+"""Issue 28: torchrun's variables under every launcher (runtime/contracts/rank_env.py), a rank's @record
 error file in the diagnosis (diagnose/errorfile.py), and trainers that requeue their own
-Slurm job: the `scontrol` the ranks find first (runtime/selfrequeue.py) and the preflight
+Slurm job: the `scontrol` the ranks find first (runtime/job/selfrequeue.py) and the preflight
 warning (preflight/requeue.py). The real runs are in tests/integration/test_torchelastic.py."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from tests.conftest import write_spec
 from trebuchet.backends import get_backend
 from trebuchet.diagnose import errorfile
 from trebuchet.preflight import preflight
-from trebuchet.runtime import contract, selfrequeue
+from trebuchet.runtime.contracts import rank_env as contract
+from trebuchet.runtime.job import selfrequeue
 from trebuchet.spec.load import load_spec
 
 STACK = (

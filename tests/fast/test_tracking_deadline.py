@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.slow_http import RUN_ID, Canned
-from trebuchet.runtime import tracking as rt
-from trebuchet.runtime.mlflow_rest import Mlflow, MlflowError
+from trebuchet.runtime.publish import trackers as rt
+from trebuchet.runtime.publish.mlflow_rest import Mlflow, MlflowError
 
 
 @pytest.fixture

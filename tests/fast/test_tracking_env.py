@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from trebuchet.errors import SpecError, UserError
-from trebuchet.runtime.tracking import rank_env
+from trebuchet.runtime.publish.trackers import rank_env
 from trebuchet.spec.load import load_spec
 from trebuchet.tracking import mlflow_target
 

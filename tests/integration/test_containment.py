@@ -2,7 +2,7 @@
 double-forks, calls setsid and execs `env -i sleep` (no TREB_RUN_ID, not in the rank's
 process group or session, re-parented away from the rank).
 
-Each case runs twice: with the run's cgroup v2 (runtime/contain.py; skipped where this host
+Each case runs twice: with the run's cgroup v2 (runtime/process/contain.py; skipped where this host
 has no writable cgroup v2), and with the fallback forced by TREB_TEST_NO_CGROUP=1, a variable
 that exists for tests only (process groups, the TREB_RUN_ID scan, the supervisor as child
 subreaper). Survivors are read from the process table by the pids the daemons wrote; every
@@ -47,7 +47,7 @@ exec sleep 300
 
 
 def _cgroup_v2_writable() -> bool:
-    from trebuchet.runtime.contain import candidates
+    from trebuchet.runtime.process.contain import candidates
 
     return any(os.access(os.path.join(d, "cgroup.procs"), os.W_OK) for d in candidates())
 

@@ -212,7 +212,7 @@ def test_a_stalled_stack_tool_never_delays_the_action(treb, tmp_path) -> None:
     hang's action back by the config's bound at most (hang.STACKS_WAIT_S: the dumps end
     within stacks.DUMP_DEADLINE_S). A behaviour bound (15 s, the bug gave 45 s), not a
     timing of the machine."""
-    from trebuchet.runtime.hang import STACKS_WAIT_S
+    from trebuchet.runtime.watch.hung import STACKS_WAIT_S
 
     stall = tmp_path / "py-spy"
     stall.write_text("#!/bin/sh\nexec sleep 300\n")

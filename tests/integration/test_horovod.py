@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import REPO, TrebFn, needs, status_json, write_spec
 from tests.integration.slurm_support import records, slurm_conf, status, streb  # noqa: F401
 from tests.integration.test_ssh_runs import assert_nothing_left, ssh_config, wait_for  # noqa: F401
-from trebuchet.runtime.procs import processes_of_run
+from trebuchet.runtime.process.procs import processes_of_run
 
 pytestmark = [pytest.mark.integration]
 

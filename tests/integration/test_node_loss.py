@@ -1,12 +1,12 @@
 """A node lost while its ranks run, on the real test cluster (issue 23, its first part:
 the loss noticed in seconds and named). Every process in the second node's network
 namespace is killed after its link is taken down, as when a machine dies: no FIN, no
-error from srun. Before the agents' heartbeat (runtime/agent_link.py) the run stayed
+error from srun. Before the agents' heartbeat (runtime/job/link.py) the run stayed
 RUNNING without a word until Slurm gave up on the node (SlurmdTimeout, 300 s by default).
 
 Without a spare or a node range a lost node ends the run FAILED with its cause, retries or
 not; with `spare_nodes` the next attempt runs on the survivors and a spare, and with
-`nodes: MIN:MAX` on fewer nodes, resuming from the checkpoint (runtime/nodeset.py).
+`nodes: MIN:MAX` on fewer nodes, resuming from the checkpoint (runtime/job/nodeset.py).
 """
 
 # ruff: noqa: F811 (pytest fixtures imported from slurm_support are named as arguments)
@@ -210,7 +210,7 @@ def test_the_batch_hosts_loss_requeues_the_job_and_the_run_goes_on(
 ) -> None:
     """Node 0 runs the job controller: when it dies, nothing of the job there can notice,
     and with --no-kill Slurm keeps the job RUNNING without its batch script. The agents on
-    the other node notice that the controller stopped answering (runtime/batchloss.py), say
+    the other node notice that the controller stopped answering (runtime/job/batchloss.py), say
     so and requeue the job; its restart runs the next attempt, on nodes Slurm still has,
     from the checkpoint."""
     (tmp_path / "train.py").write_text(TRAIN)

@@ -5,7 +5,7 @@ failing rank and the diagnosis' category.
 
 Why: each engine used to carry its own job controller, and they had drifted apart (a
 `timeout` Slurm did not hold per attempt, log policies it skipped after `pre`, ssh that ran
-no `pre` at all). The job's life is decided once now (runtime/lifecycle.py); this matrix
+no `pre` at all). The job's life is decided once now (runtime/job/life.py); this matrix
 keeps it so. The cases of an engine run at once (detached), so the matrix costs about as
 long as its slowest case. A hang with `on_hang: retry` is in the same matrix by other
 tests, each asserting [FAILED (hang), SUCCEEDED]: test_hangs.py (local),

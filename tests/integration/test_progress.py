@@ -157,7 +157,7 @@ def test_attached_run_dedups_with_treb_dedup(treb, tmp_path: Path) -> None:
 STAND_IN = """#!/bin/sh
 # STAND-IN for nvidia-smi (tests/integration/test_progress.py): no GPU exists here.
 # Answers the agent's query for 4 GPUs, utilisation from $STANDIN_GPU_UTIL_FILE, and the
-# health check's `-L` (runtime/health.py) with the same 4.
+# health check's `-L` (runtime/node/health.py) with the same 4.
 if [ "$1" = -L ]; then
     for i in 0 1 2 3; do echo "GPU $i: STAND-IN GPU (UUID: GPU-0000000$i)"; done; exit 0
 fi

@@ -3,7 +3,7 @@
 host dies as a machine does: its link taken down first (nothing it sends gets out), then
 every process in its network namespace SIGKILLed (its sshd, the node agent, the rank). No
 FIN reaches the supervisor's ssh client: the agents' heartbeat on the session's stdout
-(runtime/nodeloss.py) decides, after node_timeout.
+(runtime/job/nodeloss.py) decides, after node_timeout.
 
 The run directory is shared (the hosts share this machine's disk, detected as such), so
 TREB_CHECKPOINT_DIR is the same folder for every host, as a real cluster's shared storage.

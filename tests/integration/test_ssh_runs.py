@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, TrebFn, in_ci, needs, status_json, write_spec
-from trebuchet.runtime.procs import processes_of_run
+from trebuchet.runtime.process.procs import processes_of_run
 from trebuchet.store.files import read_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.ssh]
@@ -205,7 +205,7 @@ def test_retries_and_log_policies_as_locally(treb: TrebFn, ssh_config: str, tmp_
 def test_hang_is_found_and_retried_with_every_ranks_stack(
     treb: TrebFn, ssh_config: str, tmp_path: Path
 ) -> None:
-    """hang_timeout on ssh: each host's agent watches its ranks (runtime/node.py); rank 3
+    """hang_timeout on ssh: each host's agent watches its ranks (runtime/node/per_node.py); rank 3
     on ts2 sleeps while the others wait in all_reduce. on_hang: retry sends the checkpoint
     signal, tears the attempt down after the grace period and retries; the stacks of all 4
     ranks come back from both hosts (copy path), and the diagnosis sees the whole run."""

@@ -11,8 +11,10 @@ time (`treb ps` refreshes runs through them).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trebuchet.errors import UserError
 from trebuchet.launcher.submitted import Submitted as Submitted
 from trebuchet.launcher.submitted import SweepSubmitted as SweepSubmitted
 
@@ -46,6 +48,13 @@ class Backend(ABC):
     shared_run_dir: ClassVar[bool] = False
     # submit_sweep is implemented: a sweep's points are submitted in one call.
     sweeps: ClassVar[bool] = False
+    # The ranks run inside the engine's Slurm job and see its environment (SLURM_*): the
+    # trainers' own Slurm handlers (Lightning's auto-requeue) turn on there.
+    slurm_environment: ClassVar[bool] = False
+    # fault_nodes and inject_fault are implemented (`treb fault`).
+    faults: ClassVar[bool] = False
+    # check_nodes is implemented (`treb check --nodes N`).
+    node_checks: ClassVar[bool] = False
     # Ids of the findings `preflight` reports that are not in preflight/findings.py's
     # CHECKS, with what each catches: a spec may name them in `ignore_checks`.
     check_ids: ClassVar[dict[str, str]] = {}
@@ -72,6 +81,21 @@ class Backend(ABC):
         """Stop the run wherever it executes."""
 
     # -- what an engine may add (the defaults hold for an engine without it) -------------
+    def fault_nodes(self, run: RunRecord) -> list[str]:
+        """`treb fault`: the run's nodes as this engine names them now, node 0 first."""
+        raise UserError(f"treb fault: not on {self.name} (an engine without fault injection)")
+
+    def inject_fault(self, run: RunRecord, action: str, target: str | None, node: int | None,
+                     host: str | None) -> int:  # fmt: skip
+        """`treb fault`: the fault on this engine's node; 0 when something was hit."""
+        raise UserError(f"treb fault: not on {self.name} (an engine without fault injection)")
+
+    def check_nodes(self, folder: Path, n: int, conf: dict[str, Any], workdir: str, spec: Any,
+                    token: str) -> list[dict[str, Any]]:  # fmt: skip
+        """`treb check --nodes N`: the health checks on N of this engine's nodes now, one
+        result each (runtime/node/health.py's), with `folder` as their run directory."""
+        raise UserError(f"treb check --nodes: not on {self.name}")
+
     def handover(self, sub: Submission, hooks: Hooks | None = None) -> None:
         """`treb run` attached, a single run: the engine may replace the calling process by
         the run's own lean follower (it never returns then; the local engine does, so that

@@ -21,8 +21,8 @@ from trebuchet.envs.build import run_prefix
 from trebuchet.envs.recipe import Recipe
 from trebuchet.errors import UserError
 from trebuchet.launcher.plan import command_argv, profiled
-from trebuchet.runtime.contracts import JobFile
-from trebuchet.runtime.task import NO_PYTHON
+from trebuchet.runtime.contracts.schema import JobFile
+from trebuchet.runtime.node.task import NO_PYTHON
 
 if TYPE_CHECKING:
     from trebuchet.spec.load import LoadedSpec
@@ -62,12 +62,12 @@ def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> JobFile:
             job[name] = getattr(spec, name)
     from trebuchet.launcher.recovery import exit_code_rules, health_fields
 
-    rules = exit_code_rules(spec)  # only when set (runtime/retry_codes.py)
+    rules = exit_code_rules(spec)  # only when set (runtime/job/retry_codes.py)
     if "no_retry_exit_codes" in rules:
         job["no_retry_exit_codes"] = rules["no_retry_exit_codes"]
     if "retry_exit_codes" in rules:
         job["retry_exit_codes"] = rules["retry_exit_codes"]
-    health = health_fields(spec)  # the nodes' checks (runtime/health.py), only when set
+    health = health_fields(spec)  # the nodes' checks (runtime/node/health.py), only when set
     if "health_check" in health:
         job["health_check"] = health["health_check"]
         job["health_check_timeout"] = health["health_check_timeout"]
@@ -81,7 +81,7 @@ def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> JobFile:
         job["hang_timeout"], job["on_hang"] = hang, spec.on_hang
     from trebuchet.spec import readers
 
-    if readers.needed(spec):  # only when not the defaults (runtime/metrics.py, gpu.py)
+    if readers.needed(spec):  # only when not the defaults (runtime/watch/metric_reader.py, gpu.py)
         job["metrics"] = readers.reader_config(spec)
     return job
 
@@ -124,7 +124,7 @@ def job_text(job: JobFile) -> str:
 
 def refuse_spares(spec: Any, loaded: LoadedSpec, engine: str) -> None:
     """Spare nodes and node ranges need the controller to choose each attempt's nodes
-    (runtime/nodeset.py: Slurm, ssh, local); an engine that places nodes itself says no
+    (runtime/job/nodeset.py: Slurm, ssh, local); an engine that places nodes itself says no
     rather than ignore them."""
     if spec.spare_nodes:
         raise loaded.refusal("spare_nodes", f"not supported on {engine} (docs/recovery.md)")
@@ -138,7 +138,7 @@ def check_node_engine(
 ) -> None:
     """What the node verb does not run on an engine that starts one process per node.
     `loaded`: the spec, whose refusals name the field's line (a bare source: the file).
-    `horovod`: the engine gives node 0's horovodrun the hosts (ssh: runtime/horovod.py)."""
+    `horovod`: the engine gives node 0's horovodrun the hosts (ssh: runtime/node/horovodrun.py)."""
 
     def refuse(field: str, why: str) -> UserError:
         if isinstance(loaded, str):
@@ -146,7 +146,7 @@ def check_node_engine(
         return loaded.refusal(field, why)
 
     if spec.launcher == "horovod" and horovod:
-        from trebuchet.runtime.horovod import env_problem
+        from trebuchet.runtime.node.horovodrun import env_problem
 
         bad = env_problem(dict(spec.env))
         if bad:

@@ -3,7 +3,7 @@
 Why: on SkyPilot and Kubernetes the ranks' own log files stay on the nodes (a node-local
 run directory that goes with the node); what the engine keeps is each node agent's
 stdout, where the agent copies every rank's lines with their label (`[1:0] text`,
-runtime/logcopy.py). Splitting that stream by label into `attempt-<n>/rank-<r>.log` in
+runtime/node/logcopy.py). Splitting that stream by label into `attempt-<n>/rank-<r>.log` in
 the run directory on this machine lets `treb logs` (filters, `-f`, `--tail`),
 `treb diagnose` and `treb results` read those runs like any other. Lines without a label
 (the agent's `treb:` notes, the environment build) go to `attempt-<n>/agent-node-<k>.log`.
@@ -18,7 +18,7 @@ import os
 import re
 from pathlib import Path
 
-from trebuchet.runtime.regular import open_regular
+from trebuchet.runtime.rundir.regular import open_regular
 
 LABEL = re.compile(r"^\[(\d+)(?::(\d+))?\] ?(.*)$")
 

@@ -86,7 +86,7 @@ def check_index(home: Path) -> bool:
 
 def _still_running() -> None:
     """A run supervised right now writes its end into the index it opened (the old one)."""
-    from trebuchet.runtime.procs import alive
+    from trebuchet.runtime.process.procs import alive
     from trebuchet.store.db import Store
 
     store = Store()

@@ -16,7 +16,7 @@ from typing import Any
 
 from trebuchet.goodput import Goodput, of_run, total
 from trebuchet.goodput.account import LOST_CAUSES, PRODUCTIVE, WORDS, largest, short
-from trebuchet.runtime.lines import shown
+from trebuchet.runtime.watch.display_lines import shown
 from trebuchet.store.db import RunFilter, RunRecord, Store
 
 

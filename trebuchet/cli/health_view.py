@@ -1,4 +1,4 @@
-"""The nodes' health checks as `treb status` shows them (runtime/health.py writes
+"""The nodes' health checks as `treb status` shows them (runtime/node/health.py writes
 `attempt-N/health-<node>.json` before each attempt's ranks)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from trebuchet.runtime.health import summary
+from trebuchet.runtime.node.health import summary
 
 
 def health_json(run_dir: str) -> dict[str, list[dict[str, Any]]]:

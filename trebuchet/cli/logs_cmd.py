@@ -13,7 +13,7 @@ from pathlib import Path
 from trebuchet.backends import get_backend
 from trebuchet.errors import UserError
 from trebuchet.runner import refresh
-from trebuchet.runtime.regular import open_regular
+from trebuchet.runtime.rundir.regular import open_regular
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.view.follow import Follower, Out
 

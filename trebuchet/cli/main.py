@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
 def _say(error: object) -> None:
     """An error on stderr, each of its lines shown as text: it may quote a file name, an
     argument or a line that a user or a program wrote (ESC, OSC, lone surrogates)."""
-    from trebuchet.runtime.lines import shown
+    from trebuchet.runtime.watch.display_lines import shown
 
     text = "\n".join(shown(line, tab=True) for line in str(error).split("\n"))
     print(f"treb: {text}", file=sys.stderr)

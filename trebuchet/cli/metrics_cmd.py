@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from trebuchet.results.perfcsv import cell
-from trebuchet.runtime.lines import shown
+from trebuchet.runtime.watch.display_lines import shown
 from trebuchet.store.db import RunRecord, Store
 
 BLOCKS = "▁▂▃▄▅▆▇█"

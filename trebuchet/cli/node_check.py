@@ -1,5 +1,5 @@
 """`treb check --nodes N [SPEC] --on local|slurm`: the nodes' health checks
-(runtime/health.py, the same the node agents run before every attempt's ranks) on N
+(runtime/node/health.py, the same the node agents run before every attempt's ranks) on N
 nodes now, each node's result printed. Exit 0 when every node is healthy, 1 when one is
 not (or gave no result), 2 on bad input (no node, an engine without it, srun refusing
 the request or finding no N free nodes within WAIT_S).
@@ -17,18 +17,11 @@ import json
 import os
 import secrets
 import shutil
-import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 from trebuchet.errors import UserError
-from trebuchet.runtime import health
-from trebuchet.runtime.contract import node_vars
-
-ENGINES = ("local", "slurm")
-SRUN_TIMEOUT_S = 600.0
-WAIT_S = 60  # srun --immediate: N free nodes within this, else no check (exit 2, said why)
+from trebuchet.runtime.node import health
 
 
 def _conf(args: argparse.Namespace) -> tuple[dict[str, Any], str, Any]:
@@ -42,58 +35,16 @@ def _conf(args: argparse.Namespace) -> tuple[dict[str, Any], str, Any]:
     return health_fields(loaded.spec), str(loaded.workdir), loaded.spec
 
 
-def _local(folder: Path, n: int, conf: dict[str, Any], workdir: str, token: str) -> list[dict]:
-    from trebuchet.launcher.plan import free_port
-
-    port = str(free_port())
-    out = []
-    for node in range(n):
-        env = {**os.environ, **node_vars(node, n), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": port, "TREB_CHECKPOINT_DIR": str(folder / "checkpoints")}  # fmt: skip
-        where = health.Where(str(folder), str(folder / "attempt-0"), 0, node, f"node-{node}",
-                             workdir, env)  # fmt: skip
-        checks = health.run_checks(where, conf, token=token)
-        out.append({"node": node, "host": where.host, "healthy": all(c.ok for c in checks),
-                    "seconds": round(sum(c.seconds for c in checks), 6),
-                    "checks": [c._asdict() for c in checks]})  # fmt: skip
-    return out
-
-
-def _slurm(folder: Path, n: int, spec: Any, token: str) -> list[dict]:
-    from trebuchet.launcher.runtime_file import ship
-
-    runtime = ship(folder)
-    argv = ["srun", f"--nodes={n}", "--ntasks-per-node=1", "--quiet",
-            f"--immediate={WAIT_S}", f"--job-name=treb-check-{folder.name}"]  # fmt: skip
-    partition = getattr(getattr(spec, "slurm", None), "partition", None)
-    if partition:
-        argv.append(f"--partition={partition}")
-    argv += ["python3", "-S", str(runtime), "health", str(folder), token]
-    try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=SRUN_TIMEOUT_S)
-    except FileNotFoundError:
-        raise UserError("treb check --nodes --on slurm: srun is not on PATH") from None
-    except subprocess.TimeoutExpired:
-        raise UserError(f"treb check --nodes: srun gave no answer in {SRUN_TIMEOUT_S:g}s") from None
-    found = []
-    for line in res.stdout.splitlines():
-        if line.startswith("treb-health "):
-            try:
-                found.append(json.loads(line.split(" ", 1)[1]))
-            except ValueError:
-                continue
-    if not found:
-        said = (res.stderr.strip().splitlines() or [f"srun exited {res.returncode}"])[-1]
-        raise UserError(f"treb check --nodes {n} --on slurm: no node answered: {said}")
-    return sorted(found, key=lambda r: int(r.get("node") or 0))
-
-
 def main(args: argparse.Namespace) -> int:
     n = args.nodes
     if n < 1:
         raise UserError("treb check --nodes: at least 1")
-    if args.on not in ENGINES:
-        raise UserError(f"treb check --nodes: --on {' or '.join(ENGINES)} (not {args.on})")
+    from trebuchet.backends import get_backend, names
+
+    engine = get_backend(args.on)
+    if not engine.node_checks:
+        able = [n for n in names() if get_backend(n).node_checks]
+        raise UserError(f"treb check --nodes: --on {' or '.join(able)} (not {args.on})")
     conf, workdir, spec = _conf(args)
     from trebuchet.store.paths import treb_home
 
@@ -104,10 +55,7 @@ def main(args: argparse.Namespace) -> int:
         (folder / health.TOKEN_FILE).write_text(token + "\n")
         (folder / "health.json").write_text(json.dumps({**conf, "workdir": workdir}))
         t0 = time.monotonic()
-        if args.on == "local":
-            found = _local(folder, n, conf, workdir, token)
-        else:
-            found = _slurm(folder, n, spec, token)
+        found = engine.check_nodes(folder, n, conf, workdir, spec, token)
         took = time.monotonic() - t0
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -1,6 +1,6 @@
 """A run's progress, ETA and GPU use as the verbs and the dashboard show them.
 
-The node agents record them (runtime/eta.py: `<run dir>/progress.json`; runtime/gpu.py:
+The node agents record them (runtime/watch/eta.py: `<run dir>/progress.json`; runtime/watch/gpu.py:
 `attempt-<n>/gpu/node-<k>.json`); this reads those records. Where an engine's agents keep
 their records on their nodes (ssh, SkyPilot, Kubernetes: only the logs come back), the
 progress is read from the tail of the first rank's log with the same parser.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from trebuchet.runtime import eta, gpu
-from trebuchet.runtime.metrics import read_config
+from trebuchet.runtime.watch import eta, gpu
+from trebuchet.runtime.watch.metric_reader import read_config
 from trebuchet.store.db import RunRecord
 
 KEYS = ("step", "total", "fraction", "rate", "eta_s")

@@ -7,7 +7,7 @@ import json
 
 from trebuchet.cli.filters import parse_states, parse_when
 from trebuchet.errors import UserError
-from trebuchet.runtime.lines import shown
+from trebuchet.runtime.watch.display_lines import shown
 from trebuchet.store.db import RunFilter, Store
 
 RECENT = 20
@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
         for r in runs
     ]  # fmt: skip
     headers = ["ID", "NAME", "BACKEND", "STATE", "SHAPE", "ATTEMPT", "AGE", "DURATION"]
-    if any(progress.values()):  # a run that prints its progress (runtime/eta.py)
+    if any(progress.values()):  # a run that prints its progress (runtime/watch/eta.py)
         headers += ["PROGRESS", "ETA"]
         for row, r in zip(rows, runs, strict=True):
             row += [progress_text(progress.get(r.id)), eta_text(progress.get(r.id))]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.diagnose.codepaths import CodeMap
-from trebuchet.runtime.lines import shown
+from trebuchet.runtime.watch.display_lines import shown
 from trebuchet.spec.duration import human
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.states import describe_failure
@@ -48,7 +48,7 @@ def diagnosis_json(store: Store | None, rec: RunRecord) -> dict[str, Any] | None
 
 
 def tail_text(path: Path, lines: int = TAIL_LINES) -> list[str]:
-    from trebuchet.runtime.regular import open_regular
+    from trebuchet.runtime.rundir.regular import open_regular
 
     try:
         with open_regular(path) as fh:  # a rank's FIFO never freezes the summary

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from trebuchet.errors import UserError
-from trebuchet.runtime.records import read_json
+from trebuchet.runtime.rundir.records import read_json
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.paths import run_dir
 

@@ -26,7 +26,7 @@ def targets(store: Store, refs: list[str]) -> list[RunRecord]:
 def stop(store: Store, rec: RunRecord) -> RunRecord:
     """Cancel an active run and wait until nothing of it writes into its directory."""
     from trebuchet.backends import get_backend
-    from trebuchet.runtime.procs import alive
+    from trebuchet.runtime.process.procs import alive
 
     get_backend(rec.backend).cancel(store, rec)
     deadline = time.monotonic() + 30

@@ -1,6 +1,6 @@
 """`treb stacks [RUN]`: the Python stacks of every rank of a running run, grouped.
 
-It asks the run's node agents for their ranks' stacks (runtime/stacks.py: a request file in
+It asks the run's node agents for their ranks' stacks (runtime/watch/stacks.py: a request file in
 the attempt's directory, which every agent looks at each step), waits for them (at most
 --wait seconds) and prints them, ranks with the same stack once. The run goes on. It works
 where this machine sees the run directory of every node: local runs, Slurm, and ssh runs
@@ -21,7 +21,8 @@ def main(args: argparse.Namespace) -> int:
     from trebuchet.backends import get_backend
     from trebuchet.diagnose.hang import grouped_text, read_stacks
     from trebuchet.runner import refresh
-    from trebuchet.runtime import hang, stacks
+    from trebuchet.runtime.watch import hung as hang
+    from trebuchet.runtime.watch import stacks
     from trebuchet.store.db import Store
 
     store = Store()
@@ -63,8 +64,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _text(path: str) -> str:
-    """A stack file's text ('' when it is gone or not a regular file: runtime/regular.py)."""
-    from trebuchet.runtime.regular import read_text
+    """A stack file's text ('' when it is gone or not a regular file: runtime/rundir/regular.py)."""
+    from trebuchet.runtime.rundir.regular import read_text
 
     try:
         return read_text(path)

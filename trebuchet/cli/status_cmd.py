@@ -16,7 +16,7 @@ from trebuchet.cli.report import diagnosis_json, diagnosis_lines, goodput_json, 
 from trebuchet.cli.table import markup as m
 from trebuchet.errors import UserError
 from trebuchet.runner import refresh
-from trebuchet.runtime.lines import shown
+from trebuchet.runtime.watch.display_lines import shown
 from trebuchet.spec.duration import human
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.states import describe_failure, describe_waiting

@@ -2,7 +2,7 @@
 
 rich renders a 1,000-row table in over a second; this prints it in milliseconds. Colour
 only when writing to a terminal (and NO_COLOR is unset). Every cell is shown as text
-(runtime/lines.py `shown`): a name or a cause that came from a rank's output never
+(runtime/watch/display_lines.py `shown`): a name or a cause that came from a rank's output never
 reaches the terminal raw; `markup` does the same for what rich prints.
 """
 
@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from trebuchet.runtime.lines import shown
+from trebuchet.runtime.watch.display_lines import shown
 
 ANSI = {"green": "32", "red": "31", "yellow": "33", "magenta": "35", "cyan": "36", "blue": "34"}
 

@@ -2,7 +2,7 @@
 
 Each run: state, attempt, shape, age, its latest metrics with their rate (steps a second
 over the last minute), and one line per node: each rank's state and how long ago it last
-wrote (the agent's progress records, runtime/progress.py). On a terminal it redraws with
+wrote (the agent's progress records, runtime/watch/activity.py). On a terminal it redraws with
 rich on the alternate screen (works over SSH and in tmux) until q or Ctrl+C; stdin is put
 in cbreak mode only for that time. When stdout is not a terminal, or with --once, it
 prints one plain snapshot and exits.
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from trebuchet.runtime.lines import shown
+from trebuchet.runtime.watch.display_lines import shown
 from trebuchet.store.db import RunRecord, Store
 
 RECENT_S = 600  # --all: runs that ended this recently

@@ -246,7 +246,7 @@ RULES: tuple[Rule, ...] = (
           r"|MASTER_ADDR|MASTER_PORT)'|must be launched with (?:torchrun|a launcher)"),
     _rule("missing_module", CAUSE, r"ModuleNotFoundError: No module named|ImportError: "
           r"|cannot open shared object file|undefined symbol: |GLIBC_[\d.]+' not found"),
-    # the node agent's own line (runtime/unstarted.py), a shell's for a launcher by name
+    # the node agent's own line (runtime/process/unstarted.py), a shell's for a launcher by name
     _rule("launcher_missing", CAUSE, r"^treb: (?:torchrun|mpirun|horovodrun) not found on "
           r"\S+ \(node \d+\)|\b(?:torchrun|mpirun"
           r"|horovodrun): (?:command )?not found$|command not found: (?:torchrun|mpirun"

@@ -11,7 +11,7 @@ import filecmp
 import re
 from pathlib import Path
 
-from trebuchet.runtime.records import read_json
+from trebuchet.runtime.rundir.records import read_json
 
 
 class CodeMap:

@@ -307,7 +307,7 @@ def _hang_diag(case: Case) -> Diagnosis | None:
 
 
 def _idle_gpu_diag(case: Case) -> Diagnosis | None:
-    """An attempt the job controller stopped for idle GPUs (runtime/gpu.py's idle_gpu
+    """An attempt the job controller stopped for idle GPUs (runtime/watch/gpu.py's idle_gpu
     event, action fail): what the rule saw."""
     run = case.run or {}
     if not run.get("run_dir") or run.get("state") in ("SUCCEEDED", "RUNNING", "PENDING"):
@@ -489,7 +489,7 @@ def _decide(case: Case) -> Diagnosis:
         _finish(d, case, first)
         return d
     if first is not None and first.label in ("node_unhealthy", "node_lost"):
-        d = _node_diag(first, case)  # runtime/health.py, runtime/nodeloss.py
+        d = _node_diag(first, case)  # runtime/node/health.py, runtime/job/nodeloss.py
         _finish(d, case, first)
         return d
     if first is not None and first.label == "setup":

@@ -1,7 +1,7 @@
 """A rank's structured error: the JSON torch's `@record` writes to TORCHELASTIC_ERROR_FILE
 (`{"message": {"message": "ValueError: ...", "extraInfo": {"py_callstack": "Traceback ...",
 "timestamp": "1700000000"}}}`), which trebuchet points at `attempt-<n>/errors/rank-<r>.json`
-under every launcher (runtime/contract.py).
+under every launcher (runtime/contracts/rank_env.py).
 
 Why: the log may be cut, interleaved or flooded; the error file holds the exact exception
 and its traceback, so the diagnosis quotes them as the rank raised them. Read defensively:
@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trebuchet.runtime.contract import error_file
-from trebuchet.runtime.regular import open_regular
+from trebuchet.runtime.contracts.rank_env import error_file
+from trebuchet.runtime.rundir.regular import open_regular
 
 MAX_BYTES = 1 << 20  # a traceback is a few KiB; anything bigger is cut, not read whole
 MESSAGE_MAX = 500

@@ -16,7 +16,7 @@ not found there"), and names the rank that went silent first from the progress t
 which is the one that stopped the others when they wait for it in a collective.
 
 Stdlib and the runtime only (the local supervisor imports it to print a hang as it
-happens); files a rank can reach are read as regular files only (runtime/regular.py).
+happens); files a rank can reach are read as regular files only (runtime/rundir/regular.py).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trebuchet.runtime.records import read_json
-from trebuchet.runtime.regular import open_regular, read_text
+from trebuchet.runtime.rundir.records import read_json
+from trebuchet.runtime.rundir.regular import open_regular, read_text
 
 HOST = re.compile(r"^# host (\S+)", re.M)
 TRIED = re.compile(r"^# tried: (.*)$", re.M)

@@ -1,6 +1,6 @@
 """Diagnosis as text (two lines for `treb run` and `treb status`, the full report for
 `treb diagnose`) and the entry points the CLI calls. The text quotes the ranks' output:
-each line is shown as text (runtime/lines.py `shown`), never raw."""
+each line is shown as text (runtime/watch/display_lines.py `shown`), never raw."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from trebuchet.diagnose import catalog
 from trebuchet.diagnose.codepaths import CodeMap
 from trebuchet.diagnose.engine import Diagnosis, decide
 from trebuchet.diagnose.sources import paths_case, run_case
-from trebuchet.runtime.lines import shown
+from trebuchet.runtime.watch.display_lines import shown
 
 EVIDENCE_MAX = 8
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from trebuchet.diagnose import catalog
 from trebuchet.diagnose.lines import parse
-from trebuchet.runtime.regular import open_regular
+from trebuchet.runtime.rundir.regular import open_regular
 
 CHUNK = 64 << 10
 QUIET = 16 << 10  # this much output without an error before the first one: episode found

@@ -23,8 +23,8 @@ from trebuchet.diagnose import scan as scanner
 from trebuchet.diagnose.classify import Finding
 from trebuchet.diagnose.errorfile import RankError
 from trebuchet.diagnose.lines import LogLine, parse
-from trebuchet.runtime.records import read_json
-from trebuchet.runtime.regular import read_text
+from trebuchet.runtime.rundir.records import read_json
+from trebuchet.runtime.rundir.regular import read_text
 
 NODE_CAUSES = ("node_lost", "node_unhealthy")  # a node's, not a process's: no rank's log
 
@@ -495,7 +495,7 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
         case.first_failure = 0
         return case
     if ff and ff.get("label") in NODE_CAUSES:  # a node's loss or failed health checks
-        log = adir / f"health-{ff.get('node')}.log"  # (runtime/nodeloss.py, health.py)
+        log = adir / f"health-{ff.get('node')}.log"  # (runtime/job/nodeloss.py, health.py)
         if ff.get("label") == "node_lost":
             log = Path(str(ff.get("log") or adir / f"ssh-{ff.get('node')}.log"))
         case.units = [Unit(rank=None, node=str(ff.get("node")), exit_code=1,
@@ -587,7 +587,7 @@ def _unstarted(
     adir: Path, outcomes: dict[str, dict[str, Any]], ppn: int, launcher: str
 ) -> list[Unit]:
     """A node whose launcher (torchrun, mpirun, horovodrun) failed before any of its ranks
-    started (not found on the node: runtime/unstarted.py): the launcher's own log is the
+    started (not found on the node: runtime/process/unstarted.py): the launcher's own log is the
     evidence, as a unit of its own (rank None)."""
     if launcher not in ("torchrun", "mpirun", "horovod"):
         return []

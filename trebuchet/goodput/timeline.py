@@ -1,7 +1,7 @@
 """A run's timeline for the goodput accounting, from what treb records on every engine:
 events.jsonl (submission, environment, attempts, hangs, lost nodes, the end), each
 attempt's attempt.json and first-failure (Slurm's controller writes those rather than
-events), result.json, the ranks' marks or metrics steps (runtime/marks.py) and the
+events), result.json, the ranks' marks or metrics steps (runtime/watch/marks.py) and the
 checkpoint folder's entries. Reads each file once; a record that is missing or malformed
 leaves its part out, never an exception.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.goodput.account import Attempt, Timeline
-from trebuchet.runtime import marks as rmarks
-from trebuchet.runtime.records import AFTER, FIRST, read_json
+from trebuchet.runtime.rundir.records import AFTER, FIRST, read_json
+from trebuchet.runtime.watch import marks as rmarks
 
 
 def _num(value: Any) -> float | None:

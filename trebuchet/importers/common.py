@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.errors import UserError
-from trebuchet.runtime.lines import inert
+from trebuchet.runtime.rundir.regular import NotRegular, open_regular
+from trebuchet.runtime.watch.display_lines import inert
 from trebuchet.spec.dump import dump_yaml
 
 NOT_CARRIED = "not carried over"
@@ -148,11 +149,11 @@ SPEC_ORDER = (
 def read_text(p: Path, what: str, max_bytes: int = 1 << 20) -> str:
     """A file's text; a named error for what cannot be `what` (a device, a FIFO, a binary,
     text that is not UTF-8, a huge file), read without ever holding more than max_bytes."""
-    try:
-        if not p.is_file():
-            raise UserError(f"{p}: not a regular file")
-        with open(p, "rb") as f:
+    try:  # opened without a wait and checked on the descriptor: a FIFO never blocks
+        with open_regular(p) as f:
             data = f.read(max_bytes + 1)
+    except NotRegular:
+        raise UserError(f"{p}: not a regular file") from None
     except OSError as exc:
         raise UserError(f"{p}: cannot read: {exc}") from None
     if len(data) > max_bytes:

@@ -32,7 +32,7 @@ from trebuchet.importers.common import (
 from trebuchet.importers.oracle import ADDR, HOST, JOB_ID, PYTHONS, Call, Recording
 from trebuchet.importers.statement import ASSIGNMENT, Simple, command_word
 from trebuchet.importers.statement import split as split_simple
-from trebuchet.runtime.contract import NODE_NAMES, RANK_NAMES
+from trebuchet.runtime.contracts.rank_env import NODE_NAMES, RANK_NAMES
 from trebuchet.spec.duration import parse_duration
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trebuchet.runtime.contracts import FirstFailure, Hang
+from trebuchet.runtime.contracts.schema import FirstFailure, Hang
 from trebuchet.store import lifecycle
 from trebuchet.store.db import Store
 from trebuchet.store.files import append_event
@@ -55,7 +55,7 @@ class IndexRecords:
         if self.hang_lines is not None:
             lines = self.hang_lines(adir)
         else:
-            from trebuchet.runtime.hang import describe
+            from trebuchet.runtime.watch.hung import describe
 
             lines = [describe(info)]
         for line in lines:

@@ -1,18 +1,17 @@
-"""The local engine's node health checks: runtime/health.py's, once per simulated node
+"""The local engine's node health checks: runtime/node/health.py's, once per simulated node
 before each attempt's ranks start (the supervisor drives its node agents in-process, so
 it runs their checks too), under the simulated nodes' names (sim_nodes.py: node-0, ...)."""
 
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
-from trebuchet.runtime import health
-from trebuchet.runtime.agent import Agent
-from trebuchet.runtime.contracts import FirstFailure
-from trebuchet.runtime.records import read_json
+from trebuchet.runtime.contracts.schema import FirstFailure
+from trebuchet.runtime.node import health
+from trebuchet.runtime.node.agent import Agent
+from trebuchet.runtime.rundir.records import read_json
 
 
 def check_nodes(run_dir: str, adir: Path, attempt: int, agents: list[Agent], conf: dict[str, Any],
@@ -28,6 +27,8 @@ def check_nodes(run_dir: str, adir: Path, attempt: int, agents: list[Agent], con
         wheres.append(health.Where(run_dir, str(adir), attempt, node, name,
                                    p.cwd or os.getcwd(), p.env))  # fmt: skip
     if len(wheres) > 1 and conf.get("health_check"):
+        from concurrent.futures import ThreadPoolExecutor  # here: +1 MiB for every run
+
         with ThreadPoolExecutor(len(wheres)) as pool:
             verdicts = list(pool.map(lambda w: health.gate(w, conf), wheres))
     else:

@@ -20,9 +20,9 @@ from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS
 from trebuchet.launcher.recovery import exit_code_rules, health_fields
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
 from trebuchet.plain import field, record
-from trebuchet.runtime.contract import elastic_vars, node_vars, omp_threads, rank_vars
-from trebuchet.runtime.contracts import LogPolicy
-from trebuchet.runtime.horovod import horovodrun_argv
+from trebuchet.runtime.contracts.rank_env import elastic_vars, node_vars, omp_threads, rank_vars
+from trebuchet.runtime.contracts.schema import LogPolicy
+from trebuchet.runtime.node.horovodrun import horovodrun_argv
 
 # profile: nsys wraps each selected rank (RANK is known inside the rank, under any launcher).
 NSYS_OPTIONS = "--trace=cuda,nvtx,osrt,cudnn,cublas --sample=none --force-overwrite=true"
@@ -76,7 +76,7 @@ class Plan:
     grace_period: float = 5.0
     checkpoint_signal: str = "SIGUSR2"
     warning_seconds: float | None = None
-    hang_timeout: float | None = None  # runtime/hang.py; None: off
+    hang_timeout: float | None = None  # runtime/watch/hung.py; None: off
     on_hang: str = "fail"
     log_policies: list[LogPolicy] = field(default_factory=list)
     exit_codes: dict[str, list[int]] = field(default_factory=dict)  # launcher/recovery.py

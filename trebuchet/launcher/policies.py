@@ -3,7 +3,7 @@
 A CUDA out-of-memory error will not go away by retrying (no_retry); a flaky node or a
 port taken by someone else may (retry, bounded). The user's policies are checked first,
 then these defaults unless the spec turns them off. Matching them against logs is the
-runtime's (trebuchet/runtime/policies.py), and what follows a failed attempt the job
+runtime's (trebuchet/runtime/watch/log_policies.py), and what follows a failed attempt the job
 controller's (runtime/lifecycle.next_step): the same on every engine.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trebuchet.runtime.contracts import LogPolicy
+from trebuchet.runtime.contracts.schema import LogPolicy
 
 DEFAULT_POLICIES: list[LogPolicy] = [
     {"name": "gpu-oom", "action": "no_retry",

@@ -2,7 +2,7 @@
 
 Why: under those launchers trebuchet starts one agent per node (or one mpirun), and an
 agent's exit code says only that some worker failed. Each worker therefore runs the
-runtime's `worker` (trebuchet/runtime/task.py) around its rank, which writes the rank's
+runtime's `worker` (trebuchet/runtime/node/task.py) around its rank, which writes the rank's
 outcome to `attempt-<n>/rank-<r>.json`. The supervisor reads those records to name the rank
 that failed first, with its exit code, and to tell it from the ranks the agent stopped.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import cast
 
-from trebuchet.runtime.contracts import Outcome
-from trebuchet.runtime.records import read_json
+from trebuchet.runtime.contracts.schema import Outcome
+from trebuchet.runtime.rundir.records import read_json
 
 # Launchers with agents: trebuchet supervises the agent, each worker records itself.
 AGENT_LAUNCHERS = ("torchrun", "mpirun", "horovod")

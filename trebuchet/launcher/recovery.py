@@ -1,6 +1,6 @@
 """The spec's recovery fields as every engine's job file and the local plan carry them:
-the exit-code rules (runtime/retry_codes.py) and the node health checks' settings
-(runtime/health.py). One place, so that the engines hand the runtime the same values."""
+the exit-code rules (runtime/job/retry_codes.py) and the node health checks' settings
+(runtime/node/health.py). One place, so that the engines hand the runtime the same values."""
 
 from __future__ import annotations
 

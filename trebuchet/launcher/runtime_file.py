@@ -29,7 +29,12 @@ MAIN = 'import runpy\n\nrunpy.run_module("treb_runtime", run_name="__main__", al
 
 def _sources() -> list[tuple[str, bytes]]:
     folder = Path(runtime.__file__).parent
-    return [(p.name, p.read_bytes()) for p in sorted(folder.glob("*.py"))]
+    return [(p.relative_to(folder).as_posix(), p.read_bytes()) for p in _files(folder)]
+
+
+def _files(folder: Path) -> list[Path]:
+    """The runtime's modules, its sub-packages' included, in a stable order."""
+    return sorted(folder.rglob("*.py"), key=lambda p: p.relative_to(folder).as_posix())
 
 
 def _bytecode(name: str, data: bytes) -> bytes:
@@ -70,9 +75,9 @@ def _cache_key() -> str:
 
     folder = Path(runtime.__file__).parent
     digest = hashlib.sha256(f"{sys.implementation.cache_tag} {runtime.VERSION}".encode())
-    for path in sorted(folder.glob("*.py")):
+    for path in _files(folder):
         st = path.stat()
-        digest.update(f"{path.name} {st.st_size} {st.st_mtime_ns}\n".encode())
+        digest.update(f"{path.relative_to(folder)} {st.st_size} {st.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
 
 

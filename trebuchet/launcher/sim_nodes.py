@@ -7,7 +7,7 @@ the run's TREB_RUN_ID and the node's NODE_RANK (what `treb fault RUN kill-node N
 `kill -9`, finds with the node's ranks) and lives until the supervisor closes its stdin.
 A keeper that dies on its own is that node's death, which the engine sees at once (its
 exit, no heartbeat needed): the node's ranks are killed too (a dead node runs nothing),
-the loss is recorded as on every engine (runtime/nodeloss.py: `lost-<node>.json`, the
+the loss is recorded as on every engine (runtime/job/nodeloss.py: `lost-<node>.json`, the
 event, the exclusion), and the next attempt runs on the nodes left plus a spare.
 
 Simulated nodes are named node-0, node-1, ... (the spares after the first `nodes`); an
@@ -25,11 +25,11 @@ import time
 from typing import TYPE_CHECKING
 
 from trebuchet.launcher.plan import ProcPlan
-from trebuchet.runtime import nodeloss
-from trebuchet.runtime.records import append_event, exit_fields
+from trebuchet.runtime.job import nodeloss
+from trebuchet.runtime.rundir.records import append_event, exit_fields
 
 if TYPE_CHECKING:
-    from trebuchet.runtime.contracts import FirstFailure
+    from trebuchet.runtime.contracts.schema import FirstFailure
 
 SHRINKS = ("native", "none")  # launchers whose ranks the plan places one by one
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from trebuchet.errors import UserError
 from trebuchet.plain import field, record
-from trebuchet.runtime.records import read_json
+from trebuchet.runtime.rundir.records import read_json
 from trebuchet.store.paths import treb_home
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from trebuchet.errors import SpecError, UserError
 from trebuchet.launcher.snapshot import earlier_run, reuse, take, venv_note
 from trebuchet.plain import asdict, field, record
-from trebuchet.runtime.records import sync
+from trebuchet.runtime.rundir.records import sync
 from trebuchet.spec import resolved
 from trebuchet.spec.duration import parse_size
 from trebuchet.spec.load import LoadedSpec
@@ -46,7 +46,7 @@ def new_run_id() -> str:
 def check_secrets(loaded: LoadedSpec, environ: dict[str, str] | os._Environ) -> None:
     hooks = getattr(loaded.spec, "notify", None)
     if hooks:  # a webhook's URL kept in a secret: what the controller will send to
-        from trebuchet.runtime.notify import unsendable
+        from trebuchet.runtime.publish.webhooks import unsendable
 
         bad = [(i, unsendable(h.url, environ)) for i, h in enumerate(hooks)]
         located = loaded.located

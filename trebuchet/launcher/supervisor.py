@@ -2,7 +2,7 @@
 
 It is the attached `treb run` itself, or a small background process for detached runs
 (`python -m trebuchet.cli.supervise RUN_DIR`). It imports neither torch nor pydantic.
-Every rank runs in the run's cgroup v2 where one can be created (runtime/contain.py), in
+Every rank runs in the run's cgroup v2 where one can be created (runtime/process/contain.py), in
 its own process group, and dies with the supervisor (PDEATHSIG and the watchdog); at the
 end of each attempt everything left in the cgroup, every process still carrying the run's
 TREB_RUN_ID and every orphan the supervisor adopted as a subreaper is killed, so a run
@@ -28,11 +28,13 @@ from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
 from trebuchet.launcher.sim_nodes import SHRINKS, Keepers, names
 from trebuchet.launcher.submitted import Submitted
 from trebuchet.launcher.watchdog import Watchdog
-from trebuchet.runtime import contain, records, secrets, tracking
-from trebuchet.runtime.agent import Agent, Proc
-from trebuchet.runtime.contracts import FirstFailure
-from trebuchet.runtime.lifecycle import Ending, JobController, Settings
-from trebuchet.runtime.procs import (
+from trebuchet.runtime.contracts import secrets
+from trebuchet.runtime.contracts.schema import FirstFailure
+from trebuchet.runtime.job.life import Ending, JobController, Settings
+from trebuchet.runtime.job.retry_codes import NOT_A_PROGRAM as LOST_LABELS
+from trebuchet.runtime.node.agent import Agent, Proc
+from trebuchet.runtime.process import contain
+from trebuchet.runtime.process.procs import (
     alive,
     become_subreaper,
     children,
@@ -41,8 +43,9 @@ from trebuchet.runtime.procs import (
     signal_pid,
     start_time,
 )
-from trebuchet.runtime.records import sync
-from trebuchet.runtime.retry_codes import NOT_A_PROGRAM as LOST_LABELS
+from trebuchet.runtime.publish import trackers as tracking
+from trebuchet.runtime.rundir import records
+from trebuchet.runtime.rundir.records import sync
 from trebuchet.store import lifecycle
 from trebuchet.store.db import Store
 from trebuchet.store.files import append_event, read_json
@@ -229,7 +232,7 @@ class Supervisor:
         self._say(f"environment {recipe.name} {verb} in {time.time() - t0:.2f}s")
         return None
 
-    # -- Nodes (runtime/lifecycle.py): this engine's side of each attempt -------------------
+    # -- Nodes (runtime/job/life.py): this engine's side of each attempt -------------------
     def attempt_facts(self, attempt: int) -> dict[str, Any]:
         contain.enter_early(self.cgroup)  # (begun in run() already, unless it built an env)
         port = self.plan.master_port
@@ -251,7 +254,7 @@ class Supervisor:
         self.agents = self._agents(plans, adir, attempt, self.port)
         held = self.keepers.active if self.keepers is not None else None
         sick = check_nodes(str(self.run_dir), adir, attempt, self.agents, self.plan.health, held)
-        if sick is not None:  # no rank starts; the node is lost (runtime/health.py)
+        if sick is not None:  # no rank starts; the node is lost (runtime/node/health.py)
             self._say(str(sick.get("message")))
             self.agents = []
             self.job.failure(sick, stop=False)

@@ -21,8 +21,7 @@ from trebuchet.store.files import append_event
 from trebuchet.store.states import CANCELLED
 
 POLL_S = 1.0  # a look at the index (one read per dependency)
-REFRESH_S = 10.0  # the engines asked about dependencies this machine does not supervise
-LOCAL = ("local", "ssh")  # engines whose supervisors write the index themselves
+REFRESH_S = 10.0  # the engines asked about the dependencies (a local one: is its supervisor alive)
 
 Refresh = Callable[[Store, list[RunRecord]], None]
 
@@ -49,7 +48,7 @@ def wait(store: Store, run_id: str, run_dir: Path, refresh: Refresh | None = Non
             return True
         if refresh is not None and time.monotonic() - asked >= REFRESH_S:
             asked = time.monotonic()
-            others = [store.get(d["run"]) for d in deps if d.get("backend") not in LOCAL]
+            others = [store.get(d["run"]) for d in deps]
             active = [r for r in others if r is not None and r.active]
             if active:
                 refresh(store, active)
@@ -59,7 +58,7 @@ def wait(store: Store, run_id: str, run_dir: Path, refresh: Refresh | None = Non
 
 def _notify(run_dir: Path, why: str) -> None:
     """The spec's webhooks that asked for `cancelled` hear of it, as from a controller."""
-    from trebuchet.runtime.lifecycle import notifier
+    from trebuchet.runtime.job.life import notifier
 
     sender = notifier(str(run_dir))
     if sender is not None:

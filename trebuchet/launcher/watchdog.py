@@ -25,7 +25,7 @@ class Watchdog:
     def __init__(self, run_id: str, run_dir: str) -> None:
         import subprocess
 
-        from trebuchet.runtime.procs import python_s
+        from trebuchet.runtime.process.procs import python_s
 
         self.proc = subprocess.Popen(
             python_s(__name__, "main", run_id, run_dir),
@@ -100,8 +100,8 @@ def main(run_id: str, run_dir: str) -> int:
     import os
     import signal
 
-    from trebuchet.runtime.contain import end_run
-    from trebuchet.runtime.procs import alive, descendants, signal_group, signal_pid
+    from trebuchet.runtime.process.contain import end_run
+    from trebuchet.runtime.process.procs import alive, descendants, signal_group, signal_pid
 
     for pgid in groups:
         signal_group(pgid, signal.SIGKILL)

@@ -9,7 +9,6 @@ their own `preflight` (each knows its image field and its storage field).
 
 from __future__ import annotations
 
-import ast
 import sys
 from pathlib import Path
 
@@ -25,6 +24,8 @@ def third_party_imports(ws: list[str], workdir: Path) -> list[str]:
     """Modules outside the standard library that the command's Python script imports at
     its top level (imports inside a function or a `try` are optional: not counted), less
     those the workdir itself holds."""
+    import ast  # here: only engines whose nodes start bare read the script
+
     script = next((w for w in ws if w.endswith(".py") and not w.startswith("-")), None)
     if script is None:
         return []

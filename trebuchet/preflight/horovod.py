@@ -10,7 +10,6 @@ by horovodrun's path, size and mtime: once per install, whatever the TREB_HOME.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -40,6 +39,8 @@ def cache_dir() -> Path:
 
 def check_build_output(exe: str) -> str | None:
     """horovodrun --check-build's output, from the cache when this horovodrun was asked."""
+    import hashlib  # here: OpenSSL costs every `treb run` ~4 MiB, only horovod needs it
+
     from trebuchet.store.files import write_atomic
 
     st = os.stat(exe)

@@ -3,7 +3,7 @@
 Lightning's SLURMEnvironment (auto_requeue, on by default under Slurm) catches SIGUSR1,
 saves `hpc_ckpt_<n>.ckpt` and runs `scontrol requeue` from rank 0; submitit's handlers do
 the same on SIGUSR2. Under trebuchet the job controller makes that requeue its own (the
-ranks' `scontrol requeue` is handed to it: runtime/selfrequeue.py), so it happens once and
+ranks' `scontrol requeue` is handed to it: runtime/job/selfrequeue.py), so it happens once and
 counts as an attempt. What can still go wrong is in the spec: a checkpoint signal the
 trainer does not handle (no checkpoint before the limit), or `retries: 0` (no attempt left:
 the requeue is refused and the run ends at its time limit). Found from the command's Python
@@ -45,7 +45,7 @@ def _script(ws: list[str], workdir: Path) -> str:
 
 
 def self_requeue(ctx: Context) -> list[Finding]:
-    if ctx.engine.name != "slurm":  # only Slurm's environment turns these handlers on
+    if not ctx.engine.slurm_environment:  # only Slurm's environment turns these handlers on
         return []
     ws = words(command_text(ctx.spec.command))
     workdir = ctx.loaded.workdir

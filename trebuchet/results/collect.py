@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.results import parse, table
-from trebuchet.runtime.procs import hostname
-from trebuchet.runtime.records import read_json
-from trebuchet.runtime.regular import read_text
+from trebuchet.runtime.process.procs import hostname
+from trebuchet.runtime.rundir.records import read_json
+from trebuchet.runtime.rundir.regular import read_text
 
 RANKS = ("rank0", "sum", "mean")
 DEFAULT_FILE = "results.csv"

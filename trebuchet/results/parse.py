@@ -18,8 +18,8 @@ import re
 from pathlib import Path
 
 from trebuchet.plain import field, record
-from trebuchet.runtime.metrics import NUMBER, PERF  # one reading, also the agents'
-from trebuchet.runtime.regular import open_regular
+from trebuchet.runtime.rundir.regular import open_regular
+from trebuchet.runtime.watch.metric_reader import NUMBER, PERF  # one reading, also the agents'
 
 HF = re.compile(rb"train_samples_per_second['\"]?\s*[:=]\s*(?P<value>" + NUMBER + rb")")
 CHUNK = 4 << 20

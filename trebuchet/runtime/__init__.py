@@ -7,12 +7,12 @@ every engine. It is stdlib only and runs on Python >= 3.8, because it runs where
 is not installed (a Slurm node, a container image): `treb` ships it into the run directory
 as one file, `treb-runtime-<version>-<hash>.pyz` (trebuchet/launcher/runtime_file.py).
 
-Modules: contract (rank variables), records (atomic JSON, outcome records), procs (process
-groups, signals, subreaper), contain (a local run's cgroup v2, or the fallback), policies
-(log policies), agent (a node's or a task's processes), task (a Slurm task, a
-torchrun/mpirun worker, a pre/post command), node (one node of an engine that starts one
-process per node: SkyPilot, Kubernetes), logcopy (the ranks' logs on a node's stdout),
-controller (a Slurm job's attempts), main (the command line of the .pyz).
+Sub-packages by role (docs/architecture.md), each importing only those before it here:
+contracts (what processes hand each other), rundir (the run directory's files), process
+(process groups, signals, containment), watch (what watches a run: metrics, progress,
+hangs, stacks, GPUs), publish (webhooks, trackers), job (the job's life, once for every
+engine), node (what runs on a node: the agent, its ranks, health checks), slurm (Slurm's
+batch step); command_line is the .pyz's command line.
 Imports inside the package are relative: in the .pyz it is not called `trebuchet.runtime`.
 """
 

@@ -8,6 +8,6 @@ if sys.version_info < (3, 8):  # noqa: UP036 - this check is for the nodes' inte
     )
     sys.exit(127)
 
-from .main import main  # noqa: E402
+from .command_line import main  # noqa: E402
 
 sys.exit(main())

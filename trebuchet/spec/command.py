@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from trebuchet.runtime.contract import NODE_NAMES, RANK_NAMES
+from trebuchet.runtime.contracts.rank_env import NODE_NAMES, RANK_NAMES
 
 # What bash's expansion of a command is made of, as far as trebuchet can tell: $NAME and
 # the positional $@ $* $1..$9 (none in a rank's bash -c); ${NAME}, and ${NAME<op>word}

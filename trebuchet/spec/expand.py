@@ -75,7 +75,7 @@ def expand_tree(
         return items, errors
     if isinstance(data, str) and "${" in data:
         # Secrets may be referenced from env values only, where they resolve at launch,
-        # and as a webhook's URL, resolved when it is sent (runtime/notify.py).
+        # and as a webhook's URL, resolved when it is sent (runtime/publish/webhooks.py).
         defer = path[:1] == ("env",) or (path[:1] == ("notify",) and path[-1:] == ("url",))
         try:
             return expand_text(data, environ, secrets, defer=defer), errors

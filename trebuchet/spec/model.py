@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from trebuchet.runtime.contract import NODE_NAMES, RANK_NAMES
+from trebuchet.runtime.contracts.rank_env import NODE_NAMES, RANK_NAMES
 from trebuchet.spec.duration import ALLOWED as DURATION_ALLOWED
 from trebuchet.spec.duration import parse_duration, parse_size
 from trebuchet.spec.facts import EnvironmentFacts, SpecFacts
@@ -288,7 +288,7 @@ class LogPolicy(Block):
     @field_validator("pattern")
     @classmethod
     def _regex(cls, v: str) -> str:
-        from trebuchet.runtime.policies import unsafe_pattern
+        from trebuchet.runtime.watch.log_policies import unsafe_pattern
 
         why = unsafe_pattern(v)
         if why:

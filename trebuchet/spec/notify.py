@@ -1,6 +1,6 @@
 """The spec's `notify:` webhooks (docs/notify.md): where a run's start, end, hang and log
 patterns are POSTed, signed with a key the spec names but never holds. Sent by the job
-controller (runtime/notify.py); validated here, so a bad URL, an unknown event or a key
+controller (runtime/publish/webhooks.py); validated here, so a bad URL, an unknown event or a key
 written in the spec is refused before anything runs (file:line, exit 2)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from trebuchet.runtime.contracts import NOTIFY_EVENTS as EVENTS
-from trebuchet.runtime.notify import SECRET_REF, url_problem
+from trebuchet.runtime.contracts.schema import NOTIFY_EVENTS as EVENTS
+from trebuchet.runtime.publish.webhooks import SECRET_REF, url_problem
 
 MAX_URL = 2048
 MAX_HOOKS = 32
@@ -59,7 +59,7 @@ class Webhook(BaseModel):
     @field_validator("on")
     @classmethod
     def _on(cls, v: list[Any]) -> list[Any]:
-        from trebuchet.runtime.policies import unsafe_pattern
+        from trebuchet.runtime.watch.log_policies import unsafe_pattern
 
         out: list[Any] = []
         for item in v:

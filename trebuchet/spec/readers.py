@@ -1,8 +1,8 @@
 """What the node agent's readers take from a spec, as plain data: `metrics.json`.
 
-The agent's one log reader feeds the metrics (runtime/metrics.py) and the first rank's
-progress (runtime/eta.py); its GPU sampler and the job controller's idle-GPU rule read
-runtime/gpu.py's part. They all read one file, written at submission in the run directory
+The agent's one log reader feeds the metrics (runtime/watch/metric_reader.py) and the first rank's
+progress (runtime/watch/eta.py); its GPU sampler and the job controller's idle-GPU rule read
+runtime/watch/gpu.py's part. They all read one file, written at submission in the run directory
 (and, for the engines whose nodes have their own run directory, carried in the job file):
 the spec's `metrics:` block, plus `gpus` (gpus_per_node), `idle_gpu_timeout` (seconds)
 and `idle_gpu_action`.

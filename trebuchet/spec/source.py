@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
 from trebuchet.errors import UserError
 from trebuchet.plain import field, record
+from trebuchet.runtime.rundir.regular import NotRegular, open_regular
 
 Path_ = tuple[str | int, ...]
 
@@ -41,24 +41,21 @@ class Located:
 
 def read_spec(path: Path) -> str:
     """The text of a spec file: a regular file of at most MAX_SPEC_BYTES, UTF-8."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:  # regular files only, opened without a wait (runtime/rundir/regular.py)
+        with open_regular(path) as fh:
+            data = fh.read(MAX_SPEC_BYTES + 1)
     except FileNotFoundError:
         raise UserError(f"{path}: no such spec file") from None
-    except OSError as exc:  # a symlink loop, a name too long, permissions, a directory
+    except IsADirectoryError:
+        raise UserError(f"{path}: cannot read spec: it is a directory") from None
+    except NotRegular:
+        if os.path.isdir(path):
+            raise UserError(f"{path}: cannot read spec: it is a directory") from None
+        raise UserError(
+            f"{path}: cannot read spec: not a regular file (a FIFO or device)"
+        ) from None
+    except OSError as exc:  # a symlink loop, a name too long, permissions
         raise UserError(f"{path}: cannot read spec: {exc.strerror or exc}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise UserError(f"{path}: cannot read spec: it is a directory")
-        if not stat.S_ISREG(mode):
-            raise UserError(f"{path}: cannot read spec: not a regular file (a FIFO or device)")
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = fh.read(MAX_SPEC_BYTES + 1)
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read spec: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
     if len(data) > MAX_SPEC_BYTES:
         raise UserError(f"{path}: the spec is larger than {MAX_SPEC_BYTES >> 20} MiB")
     try:

@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from trebuchet.errors import UserError
-from trebuchet.runtime.records import read_json, write_json
+from trebuchet.runtime.rundir.records import read_json, write_json
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.states import SUCCEEDED, TERMINAL
 

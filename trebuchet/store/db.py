@@ -28,7 +28,7 @@ from typing import Any
 
 from trebuchet.errors import StateError, UserError
 from trebuchet.plain import field, fields, record
-from trebuchet.runtime.contracts import FirstFailure, Outcome
+from trebuchet.runtime.contracts.schema import FirstFailure, Outcome
 from trebuchet.store.paths import RUN_ID_RE, db_path, home_path
 from trebuchet.store.states import ACTIVE
 
@@ -440,7 +440,7 @@ class Store:
         return self.write_state(run_id, only_if_active, **values)
 
     def write_state(self, run_id: str, only_if_active: bool = False, **values: Any) -> bool:
-        """update_run for store/lifecycle.py alone: a new state only as runtime/contracts.py
+        """update_run for store/lifecycle.py alone: a new state only as runtime/contracts/schema.py
         allows (a finished run keeps its end)."""
         for key in JSON_COLUMNS:
             if values.get(key) is not None:
@@ -450,7 +450,9 @@ class Store:
         active = ", ".join(f"'{s}'" for s in sorted(ACTIVE))
         if only_if_active:
             sql += f" AND state IN ({active})"
-        elif "state" in values:  # only the moves runtime/contracts.py allows: an end is final
+        elif (
+            "state" in values
+        ):  # only the moves runtime/contracts/schema.py allows: an end is final
             sql += f" AND (state = :state OR state IN ({active}))"
         cur = self.conn.execute(sql, {**values, "_id": run_id})
         if cur.rowcount > 0 and values.get("state") == "LOST":

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trebuchet.runtime import records, regular
+from trebuchet.runtime.rundir import records, regular
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o600, durable: bool = True) -> None:

@@ -4,7 +4,7 @@ events.jsonl first, then the index follows that event, by the same rule a rebuil
 does not, and no code but this module writes the state columns (Store.update_run refuses
 them; tests/fast/test_state_writer.py keeps it so).
 
-The events and the run and attempt states are runtime/contracts.py's; `columns` says which
+The events and the run and attempt states are runtime/contracts/schema.py's; `columns` says which
 run columns an event sets, `record` writes one.
 """
 
@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trebuchet.runtime import contracts
-from trebuchet.runtime.procs import hostname, start_time
+from trebuchet.runtime.contracts import schema as contracts
+from trebuchet.runtime.process.procs import hostname, start_time
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event, refused_submission
 from trebuchet.store.states import FAILED, LOST, RETRYING, RUNNING, TERMINAL

@@ -1,7 +1,7 @@
 """The runs' metrics in the store: ingested from the files the node agents write, bounded.
 
 The agents append points to `attempt-<n>/metrics/<rank-r|node-n>.jsonl` in the run
-directory (runtime/metrics.py); never SQLite from a compute node. The submitting side
+directory (runtime/watch/metric_reader.py); never SQLite from a compute node. The submitting side
 reads what is new in each file (`metric_files` remembers the offset of the last whole
 line) when `treb metrics`, `treb status`, `treb top` or a refresh look at a run, and when
 an attached run ends, and keeps it in one table, `metrics` (run_id, name, step, value,
@@ -12,13 +12,13 @@ over its history: the n-th point of a series is kept when n is a multiple of the
 stride, and the stride doubles (dropping every other kept row) whenever the rows would
 pass the cap. The last point of each series is kept apart (`metric_series`), so the last
 value is always exact. 10 million values of one series leave 4096 rows. A run keeps at
-most `MAX_NAMES` distinct names (runtime/metrics.py): the values of later names are
+most `MAX_NAMES` distinct names (runtime/watch/metric_reader.py): the values of later names are
 counted, not stored, and the first time the cap is hit the run's events.jsonl says so
-(`metrics_capped`). A name is stored as a terminal shows it (runtime/lines.py `shown`: a
-lone surrogate, which SQLite refuses, as \\ud800; ESC as ^[). A value that is not a finite
-number is never stored (SQLite keeps NaN as NULL, and `inf` broke every reader): counted
-too. `dropped()` has both counts, for `treb metrics` and the run's summary; the readers
-skip what an older index stored.
+(`metrics_capped`). A name is stored as a terminal shows it
+(runtime/watch/display_lines.py `shown`: a lone surrogate, which SQLite refuses, as \\ud800;
+ESC as ^[). A value that is not a finite number is never stored (SQLite keeps NaN as NULL,
+and `inf` broke every reader): counted too. `dropped()` has both counts, for `treb metrics`
+and the run's summary; the readers skip what an older index stored.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.plain import record
-from trebuchet.runtime.lines import shown
-from trebuchet.runtime.metrics import MAX_NAMES
-from trebuchet.runtime.regular import open_regular
+from trebuchet.runtime.rundir.regular import open_regular
+from trebuchet.runtime.watch.display_lines import shown
+from trebuchet.runtime.watch.metric_reader import MAX_NAMES
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event
 
@@ -117,7 +117,7 @@ def files(run_dir: str) -> list[tuple[str, int]]:
             continue
         for name in names:
             stem, _, num = name.removesuffix(".jsonl").partition("-")
-            # gpu-<node>: the node's GPU samples (runtime/gpu.py; the rank column: the node)
+            # gpu-<node>: the node's GPU samples (runtime/watch/gpu.py; the rank column: the node)
             if name.endswith(".jsonl") and stem in ("rank", "node", "gpu") and _digits(num):
                 out.append((f"{attempt}/metrics/{name}", int(num)))
     return out
@@ -218,7 +218,7 @@ def _decode(line: bytes, points: dict[str, list[Point]], dropped: dict[str, int]
         extra = rec.get("x") or {}
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return
-    if isinstance(extra, dict):  # what the agent dropped (runtime/metrics.py)
+    if isinstance(extra, dict):  # what the agent dropped (runtime/watch/metric_reader.py)
         for what in (NONFINITE, NAMES):
             n = extra.get(what)
             if isinstance(n, int) and not isinstance(n, bool) and 0 < n < 1 << 53:

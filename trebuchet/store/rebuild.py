@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from trebuchet import registry
-from trebuchet.runtime.contracts import FirstFailure, Outcome, allowed
-from trebuchet.runtime.records import cause, first_failure, read_json
-from trebuchet.runtime.regular import read_text
+from trebuchet.runtime.contracts.schema import FirstFailure, Outcome, allowed
+from trebuchet.runtime.rundir.records import cause, first_failure, read_json
+from trebuchet.runtime.rundir.regular import read_text
 from trebuchet.store.db import SCHEMA, RunRecord, Store, header_problem, proc_row
 from trebuchet.store.files import read_events
 from trebuchet.store.lifecycle import columns

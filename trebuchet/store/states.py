@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from trebuchet.runtime import contracts
-from trebuchet.runtime.contracts import FirstFailure
-from trebuchet.runtime.records import first_failure  # noqa: F401 (one definition, shared)
+from trebuchet.runtime.contracts import schema as contracts
+from trebuchet.runtime.contracts.schema import FirstFailure
+from trebuchet.runtime.rundir.records import first_failure  # noqa: F401 (one definition, shared)
 
 PENDING = "PENDING"
 RUNNING = "RUNNING"
@@ -17,7 +17,7 @@ TIMEOUT = "TIMEOUT"
 CANCELLED = "CANCELLED"
 LOST = "LOST"
 
-# which are active and which final, and the moves between them: runtime/contracts.py
+# which are active and which final, and the moves between them: runtime/contracts/schema.py
 ACTIVE = frozenset(contracts.ACTIVE)
 TERMINAL = frozenset(contracts.TERMINAL)
 

@@ -1,8 +1,8 @@
 """A rank's log as server-sent events: the last lines, then what is written, until the run
 ends. Reads are bounded (CHUNK per read; a backlog over SKIP_OVER is skipped with a note),
-lines are made inert (runtime/lines.py) and sent as text: the page shows them with
+lines are made inert (runtime/watch/display_lines.py) and sent as text: the page shows them with
 textContent, never as HTML. A log replaced by a FIFO or a device is not read
-(runtime/regular.py): it would hold the server."""
+(runtime/rundir/regular.py): it would hold the server."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from trebuchet.runtime.lines import Splitter, inert
-from trebuchet.runtime.regular import open_regular
+from trebuchet.runtime.rundir.regular import open_regular
+from trebuchet.runtime.watch.display_lines import Splitter, inert
 
 CHUNK = 64 * 1024
 START_BACK = 64 * 1024  # the first view: about the last 64 KiB of the file

@@ -251,7 +251,7 @@ def _results(store: Store, rec: RunRecord) -> str:
 
 
 def _spec_text(run_dir: Path) -> str:
-    from trebuchet.runtime.regular import read_text
+    from trebuchet.runtime.rundir.regular import read_text
 
     try:  # a regular file only: a rank may have put a FIFO in its place
         text = read_text(run_dir / "spec.yaml", SPEC_MAX + 1)
@@ -278,7 +278,7 @@ def _progress(rec: RunRecord) -> str:
 
 
 def _gpus(rec: RunRecord) -> str:
-    """The latest sample of each GPU of the current attempt (runtime/gpu.py), a table."""
+    """The latest sample of each GPU of the current attempt (runtime/watch/gpu.py), a table."""
     from trebuchet.cli.progress import gpu_use
 
     rows = gpu_use(rec)
@@ -325,7 +325,7 @@ def _hang(rec: RunRecord, attempts: list[dict]) -> tuple[str, tuple[int, int] | 
     dumped) as HTML: what `treb status` says of it, the stuck rank and every rank's
     stack, grouped as `treb stacks` groups them; and (attempt, rank) of the stuck rank."""
     from trebuchet.diagnose.hang import grouped_text, hang_lines, read
-    from trebuchet.runtime.regular import read_text
+    from trebuchet.runtime.rundir.regular import read_text
 
     numbers = sorted({a["attempt"] for a in attempts} | {rec.attempt}, reverse=True)
     for n in numbers:

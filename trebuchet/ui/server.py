@@ -7,7 +7,7 @@ import socket
 import sys
 
 from trebuchet.errors import UserError
-from trebuchet.runtime.procs import hostname
+from trebuchet.runtime.process.procs import hostname
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -24,8 +24,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
-from trebuchet.runtime.lines import Splitter
-from trebuchet.runtime.regular import open_regular
+from trebuchet.runtime.rundir.regular import open_regular
+from trebuchet.runtime.watch.display_lines import Splitter
 from trebuchet.view.follow import Out
 
 WINDOW_S = 2.0

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from trebuchet.runtime.lines import Splitter
-from trebuchet.runtime.regular import open_regular
+from trebuchet.runtime.rundir.regular import open_regular
+from trebuchet.runtime.watch.display_lines import Splitter
 
 STALE_PARTIAL_S = 1.0
 READ = 1 << 20

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from trebuchet.runtime.lines import inert
+from trebuchet.runtime.watch.display_lines import inert
 from trebuchet.view.dedup import Dedup, key_of
 from trebuchet.view.follow import Follower, Out
 

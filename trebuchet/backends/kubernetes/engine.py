@@ -10,7 +10,7 @@ completion index. The ConfigMap (mounted at /treb) holds the runtime archive, jo
 the code snapshot (code.py; or the image holds the code, `kubernetes.code_dir`).
 The pod command places the node, unpacks the code into /treb-code, builds the spec's
 environment there (node_setup.py) and starts the node agent, which runs the node's ranks
-as on every engine (trebuchet/runtime/node.py). Retries are the Job's, per index
+as on every engine (trebuchet/runtime/node/per_node.py). Retries are the Job's, per index
 (backoffLimitPerIndex); TREB_ATTEMPT is the index's failure count, from the pod's
 annotation. GPUs are requested as nvidia.com/gpu, or amd.com/gpu with gpu_vendor: amd;
 CPUs and memory as the `kubernetes:` block says (one CPU per rank by default); /dev/shm
@@ -45,7 +45,7 @@ from trebuchet.backends.kubernetes.code import ARCHIVE, CODE_DIR, CONFIGMAP_MAX,
 from trebuchet.backends.node_setup import check_files, setup_lines
 from trebuchet.errors import UserError
 from trebuchet.launcher.runtime_file import archive
-from trebuchet.runtime.contract import DEFAULT_MASTER_PORT
+from trebuchet.runtime.contracts.rank_env import DEFAULT_MASTER_PORT
 from trebuchet.store import lifecycle
 from trebuchet.store.states import (
     FAILED,

@@ -7,26 +7,24 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from trebuchet.backends.base import Backend, SubmissionPoint, Submitted, SweepSubmitted
+from trebuchet.backends.base import SubmissionPoint, Submitted, SweepSubmitted
+from trebuchet.backends.supervised_here import SupervisedHere
 from trebuchet.envs import gpus
 from trebuchet.envs.build import missing_tool
 from trebuchet.envs.recipe import recipe_for
 from trebuchet.envs.wrap import engine_problem
-from trebuchet.errors import UserError
 from trebuchet.launcher.plan import Placement, Plan, describe, local_plan
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS
 from trebuchet.launcher.runtime_file import ship
-from trebuchet.runtime.contain import end_run
-from trebuchet.runtime.procs import alive, hostname, start_time
+from trebuchet.runtime.process.procs import hostname, start_time
 from trebuchet.store import lifecycle
 from trebuchet.store.db import RunRecord, Store
-from trebuchet.store.files import read_json, write_json
+from trebuchet.store.files import write_json
 from trebuchet.store.paths import runs_dir
-from trebuchet.store.states import CANCELLED, LOST, PENDING, TERMINAL
+from trebuchet.store.states import CANCELLED, PENDING
 
 if TYPE_CHECKING:  # `treb ps` refreshes local runs: it must not import pydantic
     from trebuchet.envs.recipe import Recipe
@@ -34,16 +32,15 @@ if TYPE_CHECKING:  # `treb ps` refreshes local runs: it must not import pydantic
     from trebuchet.launcher.submit import Submission
     from trebuchet.spec.load import LoadedSpec
 
-# A PENDING run without a supervisor this long after its creation is lost, unless it is a
-# sweep point whose driver is alive (queued for its turn); TREB_ORPHAN_PENDING_S for tests.
-ORPHAN_PENDING_S = 60.0
 # The supervisor process's module: a front door, where its Hooks are wired.
 SUPERVISOR = "trebuchet.cli.supervise"
 HANDOVER_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
-class LocalBackend(Backend):
+class LocalBackend(SupervisedHere):
     name = "local"
+    faults = True
+    node_checks = True
     remote = False
     sweeps = True
 
@@ -86,7 +83,7 @@ class LocalBackend(Backend):
             )
             raise loaded.refusal("launcher", f"{launcher_exe} is not on PATH; install {how}")
         if spec.launcher == "horovod":
-            from trebuchet.runtime.horovod import env_problem
+            from trebuchet.runtime.node.horovodrun import env_problem
 
             bad = env_problem(dict(spec.env))
             if bad:
@@ -188,29 +185,27 @@ class LocalBackend(Backend):
 
         return submit_local(self, sweep_id, points, attach)
 
-    def refresh(self, store: Store, runs: list[RunRecord]) -> None:
-        """Active runs whose supervisor vanished without an outcome become LOST."""
-        me = hostname()
-        now = time.time()
-        drivers: dict[str, bool] = {}  # sweep id -> its driver is alive (asked once)
-        for rec in runs:
-            if not rec.active or (rec.host and rec.host != me):
-                continue
-            if rec.supervisor_pid is None:
-                if now - rec.created_at < orphan_pending_s():
-                    continue
-                if rec.sweep_id and _queued(rec.sweep_id, drivers):
-                    continue
-            elif alive(rec.supervisor_pid, rec.supervisor_start):
-                continue
-            fresh = store.get(rec.id)  # it may have finished since it was read
-            if not fresh or not fresh.active:
-                continue
-            last = fresh.last_seen or fresh.started_at or fresh.created_at
-            reason = "supervisor gone" + end_leftovers(rec)
-            if lifecycle.ended(store, rec.id, LOST, reason, "lost", when=last):
-                store.set_attempt(rec.id, fresh.attempt, reason=reason)
-                rec.state = LOST
+    def fault_nodes(self, run: RunRecord) -> list[str]:
+        from trebuchet.backends.local import fault
+
+        return fault.nodes(run)
+
+    def inject_fault(self, run: RunRecord, action: str, target: str | None, node: int | None,
+                     host: str | None) -> int:  # fmt: skip
+        from trebuchet.backends.local import fault
+
+        return fault.inject(run, action, target, node)
+
+    def check_nodes(self, folder: Path, n: int, conf: dict[str, Any], workdir: str, spec: Any,
+                    token: str) -> list[dict[str, Any]]:  # fmt: skip
+        from trebuchet.backends.local.node_check import check
+
+        return check(folder, n, conf, workdir, token)
+
+    def sweep_queued(self, sweep_id: str) -> bool:
+        from trebuchet.backends.local.sweep import driver_alive
+
+        return driver_alive(sweep_id)
 
     def cancel_sweep(self, store: Store, runs: list[RunRecord]) -> None:
         """Points not started yet are cancelled first, so the driver starts no more."""
@@ -218,53 +213,6 @@ class LocalBackend(Backend):
             if r.state == PENDING and not r.supervisor_pid:
                 lifecycle.ended(store, r.id, CANCELLED, "cancelled before it started")
         super().cancel_sweep(store, runs)
-
-    def cancel(self, store: Store, run: RunRecord) -> None:
-        if run.host and run.host != hostname():
-            raise UserError(f"run {run.id} is supervised on host {run.host}; cancel it there")
-        if run.supervisor_pid and alive(run.supervisor_pid, run.supervisor_start):
-            os.kill(run.supervisor_pid, 15)
-            plan = read_json(Path(run.run_dir) / "plan.json") or {}
-            deadline = time.time() + float(plan.get("grace_period", 5.0)) + 15
-            while time.time() < deadline:
-                rec = store.get(run.id)
-                if rec is None or rec.state in TERMINAL:
-                    return
-                if not alive(run.supervisor_pid, run.supervisor_start):
-                    break  # it died of the SIGTERM before it could record anything
-                time.sleep(0.05)
-            else:
-                raise UserError(f"run {run.id} did not stop within the grace period")
-        end_leftovers(run)  # what a supervisor that is gone left running
-        lifecycle.ended(store, run.id, CANCELLED, "treb cancel")
-
-
-def orphan_pending_s() -> float:
-    try:
-        return float(os.environ.get("TREB_ORPHAN_PENDING_S", ORPHAN_PENDING_S))
-    except ValueError:
-        return ORPHAN_PENDING_S
-
-
-def _queued(sweep_id: str, drivers: dict[str, bool]) -> bool:
-    """A sweep point waiting for its turn: its sweep's driver is alive."""
-    if sweep_id not in drivers:
-        from trebuchet.backends.local.sweep import driver_alive
-
-        drivers[sweep_id] = driver_alive(sweep_id)
-    return drivers[sweep_id]
-
-
-def end_leftovers(run: RunRecord) -> str:
-    """SIGKILL the processes of a run whose supervisor is gone (its watchdog too, or they
-    would be gone): from the run's cgroup, else by TREB_RUN_ID. Says what was ended."""
-    found = end_run(run.id, run.run_dir, {os.getpid()})
-    by = (("in its cgroup", found["cgroup"]), ("by TREB_RUN_ID", found["scan"]))
-    ways = [f"{how} (pids {', '.join(map(str, pids))})" for how, pids in by if pids]
-    if not ways:
-        return ""
-    n = len(found["cgroup"]) + len(found["scan"])
-    return f" and so was its watchdog: {n} leftover process(es) ended, found {' and '.join(ways)}"
 
 
 def start_supervisor(store: Store, run_id: str, run_dir: Path) -> int:

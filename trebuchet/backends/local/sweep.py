@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trebuchet.runtime.procs import alive, start_time
+from trebuchet.runtime.process.procs import alive, start_time
 from trebuchet.spec.sweep import point_text
 from trebuchet.store import lifecycle
 from trebuchet.store.files import read_json, write_json

@@ -2,7 +2,7 @@
 
 The task's `run:` section only places the node (NODE_RANK, NUM_NODES, MASTER_ADDR from
 SkyPilot's variables) and starts trebuchet's node agent, which runs the node's ranks as on
-every engine (trebuchet/runtime/node.py). The agent and its job file travel with the task
+every engine (trebuchet/runtime/node/per_node.py). The agent and its job file travel with the task
 as `file_mounts`: from the run directory to `~/.trebuchet/runtime/<archive>` and
 `~/.trebuchet/runs/<run id>/job.json` on every node.
 
@@ -37,8 +37,8 @@ from trebuchet.backends.node_setup import check_files, setup_lines
 from trebuchet.errors import UserError
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
 from trebuchet.preflight.findings import WARNING
-from trebuchet.runtime.contract import DEFAULT_MASTER_PORT
-from trebuchet.runtime.contracts import JobFile
+from trebuchet.runtime.contracts.rank_env import DEFAULT_MASTER_PORT
+from trebuchet.runtime.contracts.schema import JobFile
 from trebuchet.store import lifecycle
 
 if TYPE_CHECKING:

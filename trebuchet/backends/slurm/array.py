@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from trebuchet.backends.slurm.script import _directive, q, sbatch_lines, write_job
 from trebuchet.errors import TrebError, UserError
-from trebuchet.runtime.procs import hostname
+from trebuchet.runtime.process.procs import hostname
 from trebuchet.spec.sweep import point_text
 from trebuchet.store import lifecycle
 from trebuchet.store.files import append_event, write_atomic

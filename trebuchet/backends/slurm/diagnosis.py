@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trebuchet.runtime.regular import open_regular, read_text
+from trebuchet.runtime.rundir.regular import open_regular, read_text
 
 # The start of the reason call_sbatch (engine.py) records for a refused job or job array.
 REFUSED = "sbatch refused"

@@ -1,6 +1,6 @@
 """The Slurm engine: render an sbatch script, submit it, follow it, cancel it.
 
-Why it is shaped this way: the job itself writes every outcome (runtime/controller.py) into the
+Why it is shaped this way: the job itself writes every outcome (runtime/slurm/step.py) into the
 run directory on the shared filesystem, so following a run costs one squeue call per poll
 for all of the user's active runs (never one per run, never sacct unless Slurm keeps no
 other trace) plus reading small files; `treb logs -f` reads the rank logs directly.
@@ -24,7 +24,7 @@ from trebuchet.backends.slurm.script import CONTROL, problems, render_all, write
 from trebuchet.envs.build import BuildError, ensure, missing_tool
 from trebuchet.envs.recipe import Recipe, recipe_for
 from trebuchet.errors import SpecError, TrebError, UserError
-from trebuchet.runtime.procs import hostname
+from trebuchet.runtime.process.procs import hostname
 from trebuchet.store import lifecycle
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event, write_atomic
@@ -69,8 +69,11 @@ def call_sbatch(path: Path, cwd: Path, what: str) -> tuple[str | None, str]:
 
 class SlurmBackend(Backend):
     name = "slurm"
+    faults = True
+    node_checks = True
     sweeps = True
     shared_run_dir = True  # TREB_HOME must be on the shared filesystem
+    slurm_environment = True
 
     def __init__(self) -> None:
         self.cancel_signal: int | None = None
@@ -97,8 +100,8 @@ class SlurmBackend(Backend):
     def _check_spec(self, loaded: LoadedSpec) -> None:
         spec = loaded.spec
         env = spec.environment
-        if spec.launcher == "horovod":  # placed by Slurm as mpirun is (runtime/horovod.py)
-            from trebuchet.runtime.horovod import slurm_problem
+        if spec.launcher == "horovod":  # placed by Slurm as mpirun is (runtime/node/horovodrun.py)
+            from trebuchet.runtime.node.horovodrun import slurm_problem
 
             bad = slurm_problem(dict(spec.env))
             if bad:
@@ -477,6 +480,23 @@ class SlurmBackend(Backend):
             raise UserError(f"scancel failed: {exc}") from None
         if res.returncode != 0 and "Invalid job id" not in res.stderr:
             raise UserError(f"scancel {rec.backend_id} failed: {res.stderr.strip()}")
+
+    def fault_nodes(self, run: RunRecord) -> list[str]:
+        from trebuchet.backends.slurm import fault
+
+        return fault.nodes(run)
+
+    def inject_fault(self, run: RunRecord, action: str, target: str | None, node: int | None,
+                     host: str | None) -> int:  # fmt: skip
+        from trebuchet.backends.slurm import fault
+
+        return fault.inject(run, action, target, host)
+
+    def check_nodes(self, folder: Path, n: int, conf: dict[str, Any], workdir: str, spec: Any,
+                    token: str) -> list[dict[str, Any]]:  # fmt: skip
+        from trebuchet.backends.slurm.node_check import check
+
+        return check(folder, n, spec, token)
 
     def cancel(self, store: Store, run: RunRecord) -> None:
         if run.sweep_id and "_" in (run.backend_id or ""):  # a task of a sweep's job array

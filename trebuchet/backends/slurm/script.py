@@ -28,7 +28,7 @@ from trebuchet.backends.slurm.checks import TIME_ALLOWED, slurm_seconds, time_ar
 from trebuchet.envs.recipe import Recipe
 from trebuchet.launcher.policies import policies_for
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
-from trebuchet.runtime.contracts import JobFile
+from trebuchet.runtime.contracts.schema import JobFile
 from trebuchet.spec.duration import MAX_SECONDS, slurm_time
 from trebuchet.store.files import write_atomic
 

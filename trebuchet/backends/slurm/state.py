@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from trebuchet.runtime.contracts import Outcome
-from trebuchet.runtime.records import read_json
+from trebuchet.runtime.contracts.schema import Outcome
+from trebuchet.runtime.rundir.records import read_json
 from trebuchet.store.states import (
     CANCELLED,
     FAILED,
@@ -44,7 +44,7 @@ ENDED_STATES = {
     "SPECIAL_EXIT": (FAILED, "special exit"),
     "REVOKED": (CANCELLED, "revoked (federation)"),
 }
-RECORD_RE = re.compile(r"^(rank|node|lost)-(\d+)\.json$")  # lost: runtime/agent_link.py
+RECORD_RE = re.compile(r"^(rank|node|lost)-(\d+)\.json$")  # lost: runtime/job/link.py
 
 
 @dataclass

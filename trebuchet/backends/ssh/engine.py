@@ -12,7 +12,7 @@ tar over the connection). Per attempt: `ssh HOST bash -c SCRIPT` on every host, 
 placing the node (NODE_RANK by host order, MASTER_ADDR node 0's address as ssh's config
 resolves it), running `ssh.setup` (errexit and pipefail, its output in
 attempt-<n>/setup-node-<i>.log: a failing line fails the node before any rank starts, named
-with its output) and exec'ing the runtime's `node` verb (runtime/node.py: ranks, records,
+with its output) and exec'ing the runtime's `node` verb (runtime/node/per_node.py: ranks, records,
 first failure within the node, timeout, and what the ranks left behind). Every value in
 SCRIPT is shlex-quoted; secrets travel on the session's stdin, never on a command line.
 The session's stdin is also the agent's lifeline: its end (cancel closes it; the
@@ -29,7 +29,7 @@ and the agent said. A host whose agent fails first names the attempt's root caus
 rank's record, with the host); a dropped connection is named as such.
 
 A host is lost when its session says nothing, not even the agent's heartbeat, for
-node_timeout, or ends without the agent's last word (runtime/nodeloss.py): the run holds
+node_timeout, or ends without the agent's last word (runtime/job/nodeloss.py): the run holds
 the first `nodes` hosts and the next `spare_nodes` as spares, and the attempt after a loss
 runs on the hosts not excluded (run.py, SshRun.choose_hosts; docs/recovery.md).
 """
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trebuchet.backends.base import Backend, Submitted
+from trebuchet.backends.base import Submitted
 from trebuchet.backends.job_file import (
     check_node_engine,
     engine_options,
@@ -54,9 +54,10 @@ from trebuchet.backends.job_file import (
     node_job,
     uses_secret,
 )
+from trebuchet.backends.supervised_here import SupervisedHere
 from trebuchet.errors import UserError
-from trebuchet.runtime.procs import hostname
-from trebuchet.runtime.regular import read_text
+from trebuchet.runtime.process.procs import hostname
+from trebuchet.runtime.rundir.regular import read_text
 
 if TYPE_CHECKING:
     from trebuchet.backends.ssh.options import Ssh
@@ -107,8 +108,9 @@ def hosts(loaded: LoadedSpec) -> list[Host]:
     return out
 
 
-class SshBackend(Backend):
+class SshBackend(SupervisedHere):
     name = "ssh"
+    faults = True
 
     def _hosts(self, loaded: LoadedSpec) -> list[Host]:
         """The hosts the run holds: the first `nodes`, then `spare_nodes` spares."""
@@ -323,17 +325,16 @@ class SshBackend(Backend):
         info = read_json(Path(run.run_dir) / "ssh.json") or {}
         return info.get("remote_run_dir") == run.run_dir and info.get("remote_root") is None
 
-    def refresh(self, store: Store, runs: list[RunRecord]) -> None:
-        """As locally: a run whose supervisor vanished without an outcome is LOST."""
-        from trebuchet.backends.local.engine import BACKEND as LOCAL
+    def fault_nodes(self, run: RunRecord) -> list[str]:
+        from trebuchet.backends.ssh import fault
 
-        LOCAL.refresh(store, runs)
+        return fault.nodes(run)
 
-    def cancel(self, store: Store, run: RunRecord) -> None:
-        """As locally: SIGTERM to the supervisor, which closes every host's session."""
-        from trebuchet.backends.local.engine import BACKEND as LOCAL
+    def inject_fault(self, run: RunRecord, action: str, target: str | None, node: int | None,
+                     host: str | None) -> int:  # fmt: skip
+        from trebuchet.backends.ssh import fault
 
-        LOCAL.cancel(store, run)
+        return fault.inject(run, action, target, node, host)
 
 
 def setup_where(loaded: LoadedSpec, count: int) -> list[str]:
@@ -366,7 +367,7 @@ def _start_detached(store: Store, run_id: str, run_dir: Path) -> None:
         )
     finally:
         os.close(log)
-    from trebuchet.runtime.procs import start_time
+    from trebuchet.runtime.process.procs import start_time
 
     store.update_run(
         run_id,

@@ -12,7 +12,7 @@ import os
 import re
 import subprocess
 
-from trebuchet.runtime.contracts import HorovodHosts
+from trebuchet.runtime.contracts.schema import HorovodHosts
 
 
 def resolve(ssh: list[str], host: str) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """The ssh engine's supervisor: one run's sessions to its hosts, driven by the one job
-controller (runtime/lifecycle.py) as its Nodes and Records. Connections opened in parallel
+controller (runtime/job/life.py) as its Nodes and Records. Connections opened in parallel
 and shared, the run's files copied where the run directory is not shared, an ssh session per
 host and attempt (its stdin the agent's lifeline), logs split back per rank while they
 run, records fetched when a node ends, a dropped connection named as such.
@@ -27,13 +27,14 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
-from trebuchet.runtime import health, nodeloss, nodeset
-from trebuchet.runtime.agent_link import NODE_TIMEOUT_S
-from trebuchet.runtime.contracts import FirstFailure, Outcome
-from trebuchet.runtime.hang import expected_names
-from trebuchet.runtime.lifecycle import Ending, JobController, Settings
-from trebuchet.runtime.records import attempt_logs, cause, first_failure
-from trebuchet.runtime.regular import read_text
+from trebuchet.runtime.contracts.schema import FirstFailure, Outcome
+from trebuchet.runtime.job import nodeloss, nodeset
+from trebuchet.runtime.job.life import Ending, JobController, Settings
+from trebuchet.runtime.job.link import NODE_TIMEOUT_S
+from trebuchet.runtime.node import health
+from trebuchet.runtime.rundir.records import attempt_logs, cause, first_failure
+from trebuchet.runtime.rundir.regular import read_text
+from trebuchet.runtime.watch.hung import expected_names
 from trebuchet.store import lifecycle
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ _LABEL = re.compile(rb"\[(\d+)(?::(\d+))?\] ")
 
 
 def merge_hang(adir: Path, expected: list[str]) -> bool:
-    """Whether a node's hang watch stopped the attempt (runtime/node.py: each node watches
+    """Whether a node's hang watch stopped the attempt (runtime/node/per_node.py: each node watches
     its own ranks and dumps their stacks). Its hang.json then covers every rank whose stacks
     came back, from any node, so the diagnosis sees the whole run, not one node's ranks."""
     from trebuchet.store.files import read_json, write_json
@@ -377,7 +378,7 @@ class SshRun:
         finally:
             self.disconnect()
 
-    # -- Nodes (runtime/lifecycle.py): this engine's side of each attempt -----------------
+    # -- Nodes (runtime/job/life.py): this engine's side of each attempt -----------------
     def prepare(self) -> FirstFailure | None:
         """Connections to every host, then the run's files where they are not shared. A
         cancel meanwhile stops there: the first attempt then starts nothing and ends
@@ -416,7 +417,7 @@ class SshRun:
 
     def choose_hosts(self) -> None:
         """After a lost node: the held hosts not excluded (a spare in, or fewer down to
-        min_nodes: runtime/nodeset.py), NODE_RANK by their order, the master node 0's."""
+        min_nodes: runtime/job/nodeset.py), NODE_RANK by their order, the master node 0's."""
         info = self.info
         before = self.active
         choice = nodeloss.next_nodes(str(self.run_dir), info["hosts"], int(info.get("nodes")
@@ -818,7 +819,9 @@ class SshRun:
             return "CANCELLED", None
         if reason == "timeout":  # the controller's clock (setup, `pre`, a late agent)
             return "TIMEOUT", None
-        if reason == "idle_gpu":  # the controller's idle-GPU rule stopped them (runtime/gpu.py)
+        if (
+            reason == "idle_gpu"
+        ):  # the controller's idle-GPU rule stopped them (runtime/watch/gpu.py)
             return "FAILED", None
         if first is None:
             return ("FAILED" if reason == "post" else "SUCCEEDED"), None

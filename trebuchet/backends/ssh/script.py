@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from typing import TYPE_CHECKING, Any
 
-from trebuchet.runtime.task import NO_PYTHON
+from trebuchet.runtime.node.task import NO_PYTHON
 
 if TYPE_CHECKING:
     pass

@@ -1,0 +1,1 @@
+"""The job's life above its node agents, decided once for every engine."""

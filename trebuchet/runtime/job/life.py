@@ -1,0 +1,611 @@
+"""The job's life above its node agents, decided once for every engine: what follows an
+attempt (retry here, requeue, or the end) and the clock of one attempt (the spec's
+`timeout` and its warning). The local supervisor, the ssh supervisor and Slurm's job
+controller each drive their own processes and keep their own records, but they ask this
+module, so that the same spec and the same outcome mean the same next step everywhere.
+
+Stdlib only, Python >= 3.8: it ships in the runtime file with Slurm's controller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import time
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Protocol, Sequence
+
+from ..contracts import schema as contracts
+from ..rundir.records import claim_first
+from ..watch import log_policies as policies
+from .retry_codes import cause_code
+from .retry_codes import verdict as retry_codes_verdict
+
+if TYPE_CHECKING:
+    from os import PathLike
+
+    from ..contracts.schema import FirstFailure, Hang, LogPolicy
+    from ..publish.webhooks import Notifier
+
+# What follows an attempt
+RETRY = "retry"  # another attempt, here and now
+REQUEUE = "requeue"  # another attempt in a new allocation (the engine's own limit is near)
+END = "end"  # the run ends with this attempt's state
+EXIT_CODE = "exit_code"  # a Decision's verdict: the exit-code rules ended the run
+NO_PROGRESS = "no_progress"  # a Decision's verdict: attempts in a row kept no work
+NO_PROGRESS_DEFAULT = 3  # the spec's max_attempts_without_progress (NVIDIA's launcher's)
+
+
+class Decision(NamedTuple):
+    """What follows an attempt, and the log policy that decided it (None: none matched)."""
+
+    action: str  # RETRY, REQUEUE or END
+    verdict: str  # policies.NO_MATCH, RETRY, FINAL or EXHAUSTED
+    policy: LogPolicy | None
+    line: str
+
+
+def next_step(
+    state: str,
+    attempt: int,
+    retries: int,
+    log_policies: list[LogPolicy],
+    logs: Iterable[str | PathLike[str]],
+    granted: dict[str, int],
+    *,
+    on_hang: str | None = None,
+    cancelled: bool = False,
+    limit_near: bool = False,
+    matcher: policies.Matcher | None = None,
+    exit_code: int | None = None,
+    no_retry_codes: Sequence[int] = (),
+    retry_codes: Sequence[int] | None = None,
+    no_progress: int = 0,
+    max_no_progress: int = 0,
+) -> Decision:
+    """After attempt `attempt` (from 0) ended `state`, the one rule:
+
+    - a cancel, a success or a lost run ends it;
+    - the spec's `retries` count the attempts no retry policy granted (`granted`, kept by
+      the caller, is updated here when a retry policy grants one);
+    - a hung attempt (`on_hang`: its action) is retried only under on_hang: retry;
+    - a timed-out one by `retries` alone: in a new allocation when the engine's own time
+      limit is near (`limit_near`: Slurm's warning), else here;
+    - a failed one as the first matching log policy says (no_retry ends it, retry grants
+      an attempt up to its max_retries), then by `retries`; with the engine's limit near,
+      none (no policy is consulted);
+    - before the log policies, the exit-code rules (runtime/job/retry_codes.py): `exit_code`
+      (the first failure's, None for a lost node) in `no_retry_codes`, or not in
+      `retry_codes` when given, ends the run (verdict EXIT_CODE, `line` says why);
+    - before anything that could retry, `no_progress` attempts in a row (this one the
+      last) that kept no work end the run once they reach `max_no_progress` (the spec's
+      max_attempts_without_progress; 0: never), however many retries remain (verdict
+      NO_PROGRESS)."""
+    if cancelled or state not in contracts.RETRIABLE:
+        return Decision(END, policies.NO_MATCH, None, "")
+    if max_no_progress and no_progress >= max_no_progress:
+        line = (f"{no_progress} attempts in a row kept no work (no checkpoint past the last "
+                f"one): max_attempts_without_progress is {max_no_progress}")  # fmt: skip
+        return Decision(END, NO_PROGRESS, {"name": NO_PROGRESS, "action": "no_retry"}, line)
+    normal_left = attempt - sum(granted.values()) < retries
+    if on_hang is not None:
+        go = on_hang == "retry" and normal_left
+        return Decision(RETRY if go else END, policies.NO_MATCH, None, "")
+    if state == "TIMEOUT":
+        again = REQUEUE if limit_near else RETRY
+        return Decision(again if normal_left else END, policies.NO_MATCH, None, "")
+    if limit_near:  # the ranks failed as the allocation ends: no policy, no retry here
+        return Decision(END, policies.NO_MATCH, None, "")
+    by_code = retry_codes_verdict(exit_code, no_retry_codes, retry_codes)
+    if by_code is not None:
+        return Decision(END, EXIT_CODE, {"name": by_code[0], "action": "no_retry"}, by_code[1])
+    verdict, policy, line = policies.decide(log_policies, logs, granted, matcher)
+    if verdict == policies.RETRY or (verdict != policies.FINAL and normal_left):
+        return Decision(RETRY, verdict, policy, line)
+    return Decision(END, verdict, policy, line)
+
+
+def max_attempts(retries: int, granted: dict[str, int]) -> int:
+    """The attempts the run may have now: retries + 1 and what the log policies granted."""
+    return retries + 1 + sum(granted.values())
+
+
+class AttemptClock:
+    """The spec's `timeout` of one attempt, counted from its start (before `pre`), with the
+    checkpoint signal `warning` seconds before it; monotonic seconds. Each event is due once:
+    the caller acts when `warn_due` or `expired` first answers True."""
+
+    def __init__(self, started: float, timeout: float | None, warning: float | None) -> None:
+        self.timeout_at = started + float(timeout) if timeout else None
+        warn = self.timeout_at - float(warning) if self.timeout_at and warning else None
+        self.warn_at = warn
+        due = (("warn", self.warn_at), ("expire", self.timeout_at))
+        self._pending = {name: at for name, at in due if at is not None}  # not yet fired
+
+    def _fire(self, name: str, at: float | None) -> bool:
+        when = self._pending.get(name)
+        if when is None or (time.monotonic() if at is None else at) < when:
+            return False
+        del self._pending[name]
+        return True
+
+    def warn_due(self, at: float | None = None) -> bool:
+        return self._fire("warn", at)
+
+    def expired(self, at: float | None = None) -> bool:
+        return self._fire("expire", at)
+
+    def wait(self, cap: float, at: float | None = None) -> float:
+        """How long a supervision loop may sleep: `cap`, less when an event is due sooner."""
+        at = time.monotonic() if at is None else at
+        return max(0.0, min([cap, *(when - at for when in self._pending.values())]))
+
+
+# -- the job controller ---------------------------------------------------------------------
+# Why one class: the attempt loop (prepare, pre, start, watch, post, outcome, the next step)
+# and the watch loop (first failure, cancel, the timeout and its warning, the hang watch, the
+# heartbeat) are the same job's life whatever starts the processes. An engine gives the
+# controller its Nodes (how this engine starts, signals, stops and reads an attempt's
+# processes) and its Records (where the run's state goes); the controller decides.
+
+
+class Settings(NamedTuple):
+    """What the controller reads of the spec (plain values: the runtime has no models)."""
+
+    retries: int
+    log_policies: list[LogPolicy]
+    on_hang: str
+    hang_timeout: float | None  # None: no hang watch here (or the nodes watch themselves)
+    timeout: float | None  # None: no timeout here (or the nodes hold it themselves)
+    warning: float | None
+    checkpoint_signal: int
+    grace: float
+    shape: tuple[str, int, int]  # launcher, nodes, ranks per node: the hang watch's names
+    run_dir: str
+    no_retry_exit_codes: Sequence[int] = ()  # runtime/job/retry_codes.py
+    retry_exit_codes: Sequence[int] | None = None
+
+
+class Ending(NamedTuple):
+    """An attempt's end as its engine reads it, after every process ended."""
+
+    state: str
+    reason: str | None
+    hung: bool = False  # the nodes' own hang watch stopped it (engines whose nodes watch)
+    limit_near: bool = False  # the engine's own time limit is near (Slurm's warning)
+    engine_ended: bool = False  # the engine is ending the job: no record, no next attempt
+    final: bool = False  # no next attempt can help (a lost node and no spare): the run ends
+
+
+class Nodes(Protocol):
+    """An engine's side of an attempt: its node agents (in this process, over ssh, ...)."""
+
+    def prepare(self) -> FirstFailure | None:
+        """Before the first attempt (an environment, connections, copies); the cause of a
+        failure that ends the run, or None."""
+
+    def attempt_facts(self, attempt: int) -> dict[str, Any]:
+        """What attempt_started records beside the attempt (its master port, ...)."""
+
+    def pre_post(self, when: str, attempt: int) -> bool:
+        """The spec's pre/post command on every node; False when one failed."""
+
+    def start(self, attempt: int) -> None:
+        """Start the attempt's processes on every node."""
+
+    def poll(self) -> bool:
+        """One step: reap, act on the nodes' own news; True while a process runs."""
+
+    def checkpoint(self, signum: int) -> int:
+        """`signum` to the ranks that handle it; how many got it."""
+
+    def stop(self) -> None:
+        """End the attempt: SIGTERM, the grace period, SIGKILL (idempotent)."""
+
+    def kill(self) -> None:
+        """End the attempt now (a second cancel)."""
+
+    def tick(self) -> None:
+        """Per loop step, the engine's own upkeep (adopted orphans, host messages)."""
+
+    def after(self, attempt: int, reason: str | None) -> None:
+        """Once every process ended, before `post` (strays killed, logs fetched)."""
+
+    def ending(self, attempt: int, reason: str | None) -> Ending:
+        """The attempt's state and reason from its records (`reason`: why the controller
+        stopped it, if it did)."""
+
+    def logs(self, attempt: int, cause: FirstFailure | None) -> list[str]:
+        """The logs the log policies read after a failed attempt, the failing one's first."""
+
+    def exit_code(self) -> int:
+        """The run's exit code when no first failure says it."""
+
+    def requeue(self) -> None:
+        """The next attempt in a new allocation (only asked when an Ending said limit_near)."""
+
+
+class Records(Protocol):
+    """Where a run's state goes (the run index and events.jsonl; Slurm: the run's files)."""
+
+    def say(self, text: str) -> None: ...
+    def event(self, kind: str, **fields: Any) -> None: ...
+    def attempt_started(self, attempt: int, started_at: float, **facts: Any) -> None: ...
+    def attempt_stopped(self, attempt: int, state: str, reason: str) -> None: ...
+    def attempt_ended(self, attempt: int, state: str, reason: str | None) -> None: ...
+    def first_failure(self, cause: FirstFailure) -> None: ...
+    def hang(self, attempt: int, info: Hang, action: str) -> None: ...
+    def log_policy(self, attempt: int, name: str, action: str, line: str) -> None: ...
+    def max_attempts(self, count: int, granted: dict[str, int]) -> None: ...
+    def retrying(self, attempt: int) -> None: ...
+    def run_ended(self, state: str, cause: FirstFailure | None, exit_code: int) -> None: ...
+    def heartbeat(self) -> None: ...
+
+
+HEARTBEAT_S = 5.0
+
+
+class JobController:
+    """One job's attempts, from the first to the run's end (see the comment above)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        nodes: Nodes,
+        records: Records,
+        granted: dict[str, int] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.nodes = nodes
+        self.records = records
+        self.attempt = 0
+        self.cancel_signal: int | None = None  # the signal that cancelled the run
+        self.force_kill = False  # a second cancel: no more grace
+        self.first_failure: FirstFailure | None = None  # this attempt's root cause
+        self.failed = False  # a process failed on its own (its cause may come later)
+        self.stopping = False  # the controller stopped this attempt (stop)
+        self.hang: Hang | None = None  # this attempt's hang, when it stops it
+        self.idle_stop = False  # idle_gpu_action fail stopped this attempt (runtime/watch/gpu.py)
+        self.hang_stop_at: float | None = None  # on_hang retry: the teardown, after grace
+        self.warned = False  # the timeout's warning was sent in this attempt
+        self.warned_stop = False  # a rank died of the checkpoint signal after it
+        self.granted = dict(granted or {})  # retries the log policies granted, by name
+        self.ending = Ending("FAILED", None)  # the last attempt's
+        self.started_at = 0.0  # the attempt's start, wall time (the no-progress rule's)
+        spec = spec_of(settings.run_dir)
+        limit = spec.get("max_attempts_without_progress", NO_PROGRESS_DEFAULT)
+        self.max_no_progress = limit if type(limit) is int and limit >= 0 else 0
+        self.no_progress = no_progress_count(settings.run_dir)  # kept across a requeue
+        # the log policies' search, started while an attempt runs (off a retry's path)
+        self.matcher = policies.Matcher() if settings.log_policies else None
+        self.notifier = notifier(settings.run_dir)  # the spec's webhooks, or None
+        self.wake_r, self.wake_w = os.pipe()  # signal handlers' wake-up (set_wakeup_fd)
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+
+    # -- what the engine tells the controller ----------------------------------------------
+    def cancel(self, signum: int) -> None:
+        """A stop signal to the supervising process: cancel; a second one kills."""
+        if self.cancel_signal is not None:
+            self.force_kill = True
+        self.cancel_signal = signum
+
+    def failure(self, cause: FirstFailure | None, stop: bool = True) -> None:
+        """The attempt's first process to fail on its own (any node): the root cause (its
+        record may come later: None). The engine's nodes stop their own; the controller
+        stops the others (`stop=False`: a pre/post command, every node's runs to its end)."""
+        if self.failed:
+            return
+        self.failed = True
+        if cause is not None:
+            self.settle(cause)
+        if stop:
+            self.stop()
+
+    def settle(self, cause: FirstFailure) -> FirstFailure:
+        """The one place that records the attempt's first failure: the first cause given
+        wins, here and in the attempt's folder (records.claim_first: a second writer, even
+        another process, is refused), and every rule (exit codes, log policies, node loss,
+        preemption) reads it. A later cause is refused, unless it is the same failure with
+        more known of it (its log, fetched later), which only fills in what was missing."""
+        held = self.first_failure
+        if held is None:
+            mine: FirstFailure = {**cause, "attempt": self.attempt}
+            held = claim_first(self.attempt_dir(self.attempt), mine)
+        elif same_failure(held, cause) and set(cause) - set(held):
+            held = {**cause, **held}
+        else:
+            return held
+        self.first_failure = held
+        self.records.first_failure(held)
+        return held
+
+    def stopped_by_warning(self, returncode: int | None) -> bool:
+        """After the timeout's warning, a rank that died of the checkpoint signal was
+        stopped by it: part of the timeout, not a failure."""
+        if self.warned and returncode == -self.settings.checkpoint_signal:
+            self.warned_stop = True
+            return True
+        return False
+
+    @property
+    def settled(self) -> bool:
+        """The attempt is failing or being stopped (a first failure, a hang, the timeout, a
+        cancel): a node lost from now on is no cause (nodeloss.record's `after`)."""
+        return self.failed or self.stopping or self.hang is not None
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.nodes.stop()
+        self.records.event("teardown", attempt=self.attempt)
+
+    # -- the job ---------------------------------------------------------------------------
+    def run(self, first: int = 0) -> str:
+        """Every attempt from `first` (a requeued job's restart), then the run's end; the
+        final state."""
+        try:
+            return self._run(first)
+        finally:
+            if self.matcher is not None:
+                self.matcher.close()
+            if self.notifier is not None:  # the run's end waited for it; else (an error) not
+                self.notifier.close(wait=0.0)
+
+    def _run(self, first: int) -> str:
+        state = "FAILED"
+        cause = self.nodes.prepare()
+        if cause is None:
+            attempt = first
+            while True:
+                state = self.run_attempt(attempt)
+                action = self.next_action(state, attempt)
+                if action == REQUEUE:
+                    self.nodes.requeue()  # returns only when the engine refused it
+                if action != RETRY:
+                    break
+                self.records.say(
+                    f"attempt {attempt + 1} {state}; retrying as attempt {attempt + 2}"
+                )
+                self.records.retrying(attempt + 1)
+                attempt += 1
+            cause = self.first_failure
+        code = cause.get("exit_code") if cause else None
+        if code is None:
+            code = self.nodes.exit_code()
+        self.records.run_ended(state, cause, code)
+        if self.notifier is not None:  # the webhooks, once the state is recorded; bounded
+            from ..publish.webhooks import cause_text
+
+            why = cause_text(cause) or (self.ending.reason or "")
+            self.notifier.event(state.lower(), state, why, exit_code=code)
+            self.notifier.close()
+        return state
+
+    def next_action(self, state: str, attempt: int) -> str:
+        """What follows the attempt (the one rule, next_step), a matching log policy
+        recorded: RETRY, REQUEUE or END."""
+        cause, s = self.first_failure, self.settings
+        code = None
+        if state == "FAILED" and (s.no_retry_exit_codes or s.retry_exit_codes is not None):
+            code = cause_code(cause, self.attempt_dir(attempt))
+        if state in contracts.RETRIABLE and self.max_no_progress:
+            self.count_progress(attempt)
+        decision = next_step(
+            state, attempt, self.settings.retries, self.settings.log_policies,
+            self.nodes.logs(attempt, cause) if state == "FAILED" else [], self.granted,
+            on_hang=self.settings.on_hang if self.hang is not None else None,
+            cancelled=(self.cancel_signal is not None or self.ending.engine_ended
+                       or self.ending.final or self.idle_stop),
+            limit_near=self.ending.limit_near, matcher=self.matcher, exit_code=code,
+            no_retry_codes=s.no_retry_exit_codes, retry_codes=s.retry_exit_codes,
+            no_progress=self.no_progress, max_no_progress=self.max_no_progress,
+        )  # fmt: skip
+        if decision.verdict == NO_PROGRESS:
+            self.records.event(NO_PROGRESS, attempt=attempt, attempts=self.no_progress,
+                               limit=self.max_no_progress)  # fmt: skip
+        if decision.policy is not None:
+            name, action = decision.policy["name"], decision.policy["action"]
+            self.records.log_policy(attempt, name, action, decision.line)
+        if decision.verdict == policies.RETRY:
+            count = max_attempts(self.settings.retries, self.granted)
+            self.records.max_attempts(count, self.granted)
+        return decision.action
+
+    def run_attempt(self, attempt: int) -> str:
+        self.attempt = attempt
+        self.first_failure, self.failed, self.hang, self.hang_stop_at = None, False, None, None
+        self.idle_stop = self.stopping = False
+        self.warned = self.warned_stop = False
+        started, clock_start = time.time(), time.monotonic()  # the record's; the timeout's
+        self.started_at = started
+        self.records.attempt_started(attempt, started, **self.nodes.attempt_facts(attempt))
+        if self.notifier is not None:
+            if attempt == 0:
+                self.notifier.event("started", "RUNNING", attempt=0)
+            self.notifier.attempt(attempt, self.attempt_dir(attempt))
+        self.ending = Ending("FAILED", "pre")
+        if not self.nodes.pre_post("pre", attempt):
+            self.records.attempt_stopped(attempt, "FAILED", "pre")
+            return "CANCELLED" if self.cancel_signal is not None else "FAILED"
+        self.nodes.start(attempt)
+        reason = self.watch(attempt, started, clock_start)
+        if self.notifier is not None:
+            self.notifier.end_attempt()
+        self.nodes.after(attempt, reason)
+        if not self.nodes.pre_post("post", attempt) and reason is None:
+            reason = "post"
+        end = self.ending = self.nodes.ending(attempt, reason)
+        if end.hung:
+            self.hang = {}  # the nodes' own hang watch stopped it (their hang.json says it)
+            if self.notifier is not None:  # known here only now (ssh: the hosts watch)
+                self.notifier.event("hung", "RUNNING", end.reason or "hang", attempt=attempt)
+        if not end.engine_ended:
+            self.records.attempt_ended(attempt, end.state, end.reason)
+        return end.state
+
+    def watch(self, attempt: int, started: float, clock_start: float) -> str | None:
+        """Wait for every process of the attempt; why the controller stopped it, if it did.
+        The timeout counts on the monotonic clock from the attempt's start (`clock_start`):
+        a jump of the wall clock neither ends nor stretches it."""
+        s = self.settings
+        reason: str | None = "failure" if self.failed else None
+        clock = AttemptClock(clock_start, s.timeout, s.warning)
+        watch = None
+        from ..watch.gpu import idle_watch  # idle GPUs: None unless the spec asks
+
+        idle = idle_watch(s.run_dir, self.attempt_dir(attempt), started)
+        if s.hang_timeout:
+            from ..watch.hung import HangWatch, expected_names
+
+            names = expected_names(*s.shape)
+            watch = HangWatch(self.attempt_dir(attempt), s.hang_timeout, s.on_hang, names,
+                              started)  # fmt: skip
+        beat = time.monotonic() + HEARTBEAT_S
+        while True:
+            alive = self.nodes.poll()
+            if not alive:  # all ended: their records say how (a clock read now, e.g. after
+                self.nodes.tick()  # this process was stopped, would call them a timeout)
+                if reason is None and (self.failed or self.cancel_signal is not None):
+                    reason = "failure" if self.failed else "cancel"
+                return reason
+            if reason is None and idle is not None and idle.step(self.records, attempt):
+                reason, self.idle_stop = "idle_gpu", True
+                self.stop()
+            if reason is None and watch is not None:
+                found = watch.step()
+                if found is not None and self.on_hang(attempt, found):
+                    reason = "hang"
+            if reason is None and self.failed:
+                reason = "failure"
+            if reason is None and self.warned_stop:  # a rank did not handle the warning
+                reason = "timeout"
+                self.stop()
+            if reason is None and self.cancel_signal is not None:
+                reason = "cancel"
+                self.stop()
+            if reason is None and clock.warn_due():
+                self.warned = True
+                sent = self.nodes.checkpoint(s.checkpoint_signal)
+                self.records.event("timeout_warning", attempt=attempt, delivered=sent,
+                                   signal=signal_name(s.checkpoint_signal))  # fmt: skip
+                if not sent:
+                    self.records.say(f"timeout near: no rank handles "
+                                     f"{signal_name(s.checkpoint_signal)}, so none was sent; "
+                                     "the ranks run on to the timeout")  # fmt: skip
+            if reason is None and clock.expired():
+                reason = "timeout"
+                self.stop()
+            if self.hang_stop_at is not None and time.monotonic() >= self.hang_stop_at:
+                self.hang_stop_at = None
+                self.stop()
+            if self.force_kill:
+                self.nodes.kill()
+            self.nodes.tick()
+            if time.monotonic() >= beat:
+                beat = time.monotonic() + HEARTBEAT_S
+                self.records.heartbeat()
+            if self.matcher is not None and self.failed:
+                # The log policies' matcher starts at the first failure, during the
+                # teardown (its interpreter would cost a healthy run ~12 MiB throughout).
+                self.matcher.start()
+            select.select([self.wake_r], [], [], 0.2 if reason else clock.wait(0.2))
+            self.drain()
+
+    def on_hang(self, attempt: int, info: Hang) -> bool:
+        """A hang, its stacks in (runtime/watch/hung.py): recorded and said, then on_hang: warn
+        goes on; fail stops the attempt; retry sends the checkpoint signal first and gives
+        the handlers the grace period before the teardown. True when it stops the attempt."""
+        action = self.settings.on_hang
+        self.records.event("hang", attempt=attempt, action=action,
+                           last_progress=info["last_progress"], detected_at=info["detected_at"],
+                           stacks=len(info["stacks"]))  # fmt: skip
+        self.records.hang(attempt, info, action)
+        if self.notifier is not None:
+            from ..watch.hung import describe
+
+            self.notifier.event("hung", "RUNNING", describe(info), attempt=attempt,
+                                action=action)  # fmt: skip
+        if action == "warn":
+            return False
+        self.hang = info
+        if action == "retry":
+            self.warned = True  # a rank the checkpoint signal ends was stopped by it
+            if self.nodes.checkpoint(self.settings.checkpoint_signal):
+                self.hang_stop_at = time.monotonic() + self.settings.grace
+                return True
+        self.stop()
+        return True
+
+    def attempt_dir(self, attempt: int) -> str:
+        return os.path.join(self.settings.run_dir, f"attempt-{attempt}")
+
+    def count_progress(self, attempt: int) -> None:
+        """After a failed, timed-out or hung attempt: one more in a row that kept no work,
+        or the count back to 0 (runtime/watch/marks.progressed; a run that never showed a
+        checkpoint leaves it as it is). Kept in the run's `no-progress` file, so that a
+        requeued Slurm job goes on counting."""
+        from ..watch.marks import progressed
+
+        kept = progressed(self.settings.run_dir, attempt, self.started_at)
+        if kept is None:
+            return
+        self.no_progress = 0 if kept else self.no_progress + 1
+        from ..rundir.records import write_text
+
+        with contextlib.suppress(OSError):
+            path = os.path.join(self.settings.run_dir, NO_PROGRESS_FILE)
+            write_text(path, f"{self.no_progress}\n")
+
+    def drain(self) -> None:
+        try:
+            while os.read(self.wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+
+def same_failure(a: FirstFailure, b: FirstFailure) -> bool:
+    """Two records of one failure: the same process (label, rank, node) in the same attempt."""
+    keys = ("label", "rank", "node")
+    return all(a.get(k) == b.get(k) for k in keys) and a.get("attempt", b.get("attempt")) == \
+        b.get("attempt", a.get("attempt"))  # fmt: skip
+
+
+NO_PROGRESS_FILE = "no-progress"
+
+
+def no_progress_count(run_dir: str) -> int:
+    """The attempts in a row that kept no work so far (a requeued job's restart reads it)."""
+    from ..rundir.regular import read_text
+
+    try:
+        text = read_text(os.path.join(run_dir, NO_PROGRESS_FILE), 64).strip()
+    except OSError:
+        return 0
+    return int(text) if text.isdigit() and len(text) < 8 else 0
+
+
+def spec_of(run_dir: str) -> dict[str, Any]:
+    """The run's spec.json (written at submission on every engine); {} when unreadable."""
+    from ..rundir.records import read_json
+
+    spec = read_json(os.path.join(run_dir, "spec.json"))
+    return spec if isinstance(spec, dict) else {}
+
+
+def notifier(run_dir: str) -> Notifier | None:
+    """The notifier of the spec's `notify:` webhooks (its spec.json, written at submission
+    on every engine); None without any, and then runtime/publish/webhooks.py is not even
+    imported."""
+    spec = spec_of(run_dir)
+    if not spec.get("notify"):
+        return None
+    from ..publish.webhooks import Notifier
+
+    return Notifier(os.path.abspath(run_dir), spec)
+
+
+def signal_name(signum: int) -> str:
+    import signal
+
+    return signal.Signals(signum).name

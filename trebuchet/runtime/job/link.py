@@ -1,0 +1,332 @@
+"""The node agents' line to the job controller, one TCP connection per agent of an
+attempt's step to the controller's host. Over it an agent says that it started (`hello`,
+with its host), that it is alive (`beat`, every BEAT_S from a thread of its own), and once
+its records are written, that it ended and with which code (`ended`). With it the
+controller:
+
+- goes on as soon as every agent has ended, instead of waiting for the engine to report
+  the step's end (srun does so 0.1-0.15 s after its last task exited: most of a retry's
+  time inside an allocation);
+- notices a lost node within seconds: an agent that said hello and then stays silent for
+  the spec's `node_timeout` without saying it ended (Slurm itself would notice only after
+  SlurmdTimeout, 300 s by default, and srun would wait for that node's tasks until then).
+
+A connection carries a random token that only the step's environment holds, so no other
+process can end an attempt or keep a node alive. An agent that cannot reach the
+controller goes on without the line: the controller then waits for the step as before.
+
+Stdlib only, Python >= 3.8 (it ships in the runtime file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import selectors
+import socket
+import threading
+import time
+from typing import Callable, NamedTuple
+
+ENV = "TREB_CONTROLLER_LINK"  # host:port:token, in the step's environment
+CONNECT_S = 1.0  # an agent gives up on the link (and goes on without it) after this
+BEAT_S = 2.0  # an agent's heartbeat; node_timeout is several of them
+NODE_TIMEOUT_S = 10.0  # the spec's node_timeout when it says none
+LINE_MAX = 256
+BACKLOG = 4096
+ACK = b"ok\n"  # the controller's answer to each line that carries the token
+
+
+class Lost(NamedTuple):
+    """A node whose agents fell silent: its host and when it was last heard (wall clock)."""
+
+    host: str
+    last_seen: float
+    silent: float  # seconds
+
+
+class _Task:
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.heard = time.monotonic()
+        self.heard_wall = time.time()
+        self.code: int | None = None  # said when it ended
+
+
+class Hub:
+    """The controller's end: a listening socket and a thread that reads the agents' lines.
+    `expect(attempt, tasks)` before each step; then `ended()` and `lost()`."""
+
+    def __init__(self, wake_fd: int) -> None:
+        import secrets  # here: the agents, which only report, never pay its import
+
+        self.wake_fd = wake_fd  # written when the attempt's last agent ended
+        self.token = secrets.token_hex(16)
+        _more_files()
+        # A backlog for every agent of a large job connecting at once (the kernel caps it at
+        # net.core.somaxconn): with listen()'s default of 128, agents past it waited out
+        # SYN retries and went on without the link (bench/fleet_sim.py: 4 of 1,024).
+        self.server = socket.create_server(("", 0), family=socket.AF_INET, backlog=BACKLOG)
+        self.server.setblocking(False)
+        self.port = self.server.getsockname()[1]
+        self.lock = threading.Lock()
+        self.attempt = -1
+        self.count = 0  # the step's tasks
+        self.tasks: dict[str, _Task] = {}  # this attempt's, by task id
+        self.ended_count = 0  # of this attempt's tasks (counted: no scan per `ended` line)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.server, selectors.EVENT_READ, None)
+        self.buffers: dict[socket.socket, bytes] = {}
+        self.closed = False
+        threading.Thread(target=self._serve, name="agent-link", daemon=True).start()
+
+    def address(self, host: str) -> str:
+        return f"{host}:{self.port}:{self.token}"
+
+    def expect(self, attempt: int, tasks: int) -> None:
+        with self.lock:
+            self.attempt, self.count, self.tasks, self.ended_count = attempt, tasks, {}, 0
+
+    def ended(self) -> int | None:
+        """The step's exit code as srun would give it (the highest of its tasks') once every
+        agent of the current attempt said it ended; None before."""
+        with self.lock:
+            if self.count <= 0 or self.ended_count < self.count:
+                return None  # polled by the controller's loop: no scan until all ended
+            return max(t.code for t in self.tasks.values() if t.code is not None)
+
+    def lost(self, timeout: float) -> list[Lost]:
+        """The nodes of this attempt with an agent that said hello, has not ended and has
+        been silent for longer than `timeout`; the longest silent first."""
+        now = time.monotonic()
+        found: dict[str, Lost] = {}
+        with self.lock:
+            for task in self.tasks.values():
+                silent = now - task.heard
+                if task.code is None and silent > timeout:
+                    seen = found.get(task.host)
+                    if seen is None or silent > seen.silent:
+                        found[task.host] = Lost(task.host, task.heard_wall, silent)
+        return sorted(found.values(), key=lambda lost: -lost.silent)
+
+    def settled(self, lost: list[str]) -> bool:
+        """Every agent of this attempt ended, but those on the `lost` hosts."""
+        with self.lock:
+            gone = [t for t in self.tasks.values() if t.code is not None or t.host in lost]
+            return len(gone) >= self.count > 0
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self.server.close()
+
+    def _serve(self) -> None:
+        while not self.closed:
+            try:
+                events = self.sel.select(timeout=1.0)
+            except (OSError, ValueError):
+                return
+            for key, _ in events:
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                if sock is self.server:
+                    self._accept()
+                else:
+                    self._read(sock)
+
+    def _accept(self) -> None:
+        """Every connection waiting (thousands arrive together when a large step starts)."""
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:  # none left (BlockingIOError), or out of descriptors
+                return
+            conn.setblocking(False)
+            self.buffers[conn] = b""
+            self.sel.register(conn, selectors.EVENT_READ, None)
+
+    def _read(self, conn: socket.socket) -> None:
+        try:
+            data = conn.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        buf = self.buffers.get(conn, b"") + data
+        *lines, rest = buf.split(b"\n")
+        for line in lines:
+            if self._line(line.decode("ascii", "replace").split()):
+                with contextlib.suppress(OSError):  # the agent's sign that this end lives
+                    conn.send(ACK)
+        if not data or len(rest) > LINE_MAX:
+            self.sel.unregister(conn)
+            self.buffers.pop(conn, None)
+            conn.close()
+            return
+        self.buffers[conn] = rest
+
+    def _line(self, words: list[str]) -> bool:
+        """One line read; True when it carries the token (it is answered, whatever its
+        attempt: the agents notice a controller that stopped answering)."""
+        # "<what> <token> <attempt> <task> <host|code|->"
+        if len(words) != 5 or words[1] != self.token:
+            return False
+        what, attempt_text, task_id, value = words[0], words[2], words[3], words[4]
+        try:
+            attempt = int(attempt_text)
+        except ValueError:
+            return True
+        done = False
+        with self.lock:
+            if attempt != self.attempt:
+                return True
+            task = self.tasks.get(task_id)
+            if what == "hello" and task is None:
+                self.tasks[task_id] = _Task(value)
+            elif task is not None and what in ("beat", "ended"):
+                task.heard, task.heard_wall = time.monotonic(), time.time()
+            if what == "ended":
+                try:
+                    code = int(value)
+                except ValueError:
+                    return True
+                if task is None:  # no hello came (an older agent): the end counts anyway
+                    task = self.tasks[task_id] = _Task("?")
+                if task.code is None:
+                    task.code = code
+                    self.ended_count += 1
+                    done = self.ended_count == self.count
+        if done:
+            with contextlib.suppress(OSError):
+                os.write(self.wake_fd, b"\0")
+        return True
+
+
+def _more_files() -> None:
+    """The controller holds a descriptor per agent: its soft limit raised to the hard one
+    (a batch step inherits the login shell's, often 1,024, below a job of 1,024 tasks)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def parse(value: str) -> tuple[str, int, str] | None:
+    """host:port:token (the host may hold colons: an IPv6 address) or None."""
+    parts = value.rsplit(":", 2)
+    if len(parts) != 3 or not parts[0] or not parts[2]:
+        return None
+    try:
+        return parts[0], int(parts[1]), parts[2]
+    except ValueError:
+        return None
+
+
+def encode(what: str, token: str, attempt: int, task: str, value: str) -> bytes:
+    """One line of the protocol, as Hub._line reads it."""
+    return f"{what} {token} {attempt} {task} {value}\n".encode("ascii", "replace")
+
+
+class Link:
+    """The agent's end: hello at the start, a heartbeat thread, `ended` as the last word.
+    Every send is best effort: the link never delays or fails the agent."""
+
+    def __init__(self, sock: socket.socket | None, token: str, attempt: int, task: str,
+                 on_lost: Callable[[float], None] | None = None,
+                 timeout: float = NODE_TIMEOUT_S) -> None:  # fmt: skip
+        self.sock, self.token, self.attempt, self.task = sock, token, attempt, task
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        # the controller's answers: silent for `timeout`, its node is lost (`on_lost`,
+        # with when it was last heard); Slurm's batch host (runtime/job/batchloss.py)
+        self.on_lost, self.timeout = on_lost, timeout
+        self.heard, self.heard_wall = time.monotonic(), time.time()
+        if sock is not None:
+            threading.Thread(target=self._beat, name="agent-beat", daemon=True).start()
+
+    def _send(self, what: str, value: str) -> bool:
+        line = encode(what, self.token, self.attempt, self.task, value)
+        with self.lock:
+            if self.sock is None:
+                return False
+            try:
+                self.sock.sendall(line)
+                return True
+            except OSError:
+                with contextlib.suppress(OSError):
+                    self.sock.close()
+                self.sock = None
+                return False
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(BEAT_S):
+            sent = self._send("beat", "-")
+            self._answers()
+            if self.on_lost is not None and time.monotonic() - self.heard > self.timeout:
+                if not self.stopped.is_set():
+                    self.on_lost(self.heard_wall)
+                return
+            if not sent and self.on_lost is None:
+                return
+
+    def _answers(self) -> None:
+        """The controller's answers so far, without waiting."""
+        with self.lock:
+            while self.sock is not None:
+                try:  # (the socket has a timeout for sendall: recv only what is there)
+                    if not select.select([self.sock], [], [], 0)[0]:
+                        return
+                    data = self.sock.recv(4096)
+                except (BlockingIOError, InterruptedError, TimeoutError):
+                    return
+                except (OSError, ValueError):
+                    data = b""
+                if not data:  # the controller's end closed: no more answers
+                    self.sock.close()
+                    self.sock = None
+                    return
+                self.heard, self.heard_wall = time.monotonic(), time.time()
+
+    def ended(self, code: int) -> None:
+        """The agent's last word: its records are written and it exits with `code`."""
+        self.stopped.set()
+        if not self._send("ended", str(code)):  # a link lost on the way: one more try
+            report_ended(self.attempt, self.task, code)
+        with self.lock, contextlib.suppress(OSError):
+            if self.sock is not None:
+                self.sock.close()
+
+
+def open_link(attempt: int, task: str, host: str,
+              on_lost: Callable[[float], None] | None = None,
+              timeout: float = NODE_TIMEOUT_S) -> Link | None:  # fmt: skip
+    """The agent's link to its controller (None: no controller asked for one); `on_lost`:
+    called (from the heartbeat's thread) once the controller stayed silent `timeout`."""
+    target = parse(os.environ.get(ENV, ""))
+    if target is None:
+        return None
+    address, port, token = target
+    try:
+        sock: socket.socket | None = socket.create_connection((address, port), CONNECT_S)
+    except OSError:
+        sock = None
+    link = Link(sock, token, attempt, task, on_lost if sock is not None else None, timeout)
+    link._send("hello", host.replace(" ", "_") or "?")
+    return link
+
+
+def report_ended(attempt: int, task: str, code: int) -> None:
+    """The end said on a connection of its own (an agent whose link broke). Best effort
+    within CONNECT_S; the controller falls back on the step's end without it."""
+    target = parse(os.environ.get(ENV, ""))
+    if target is None:
+        return
+    host, port, token = target
+    line = encode("ended", token, attempt, task, str(code))
+    with contextlib.suppress(OSError), socket.create_connection((host, port), CONNECT_S) as sock:
+        sock.sendall(line)

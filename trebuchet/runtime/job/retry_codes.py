@@ -1,0 +1,68 @@
+"""Retry by cause: the spec's `no_retry_exit_codes` and `retry_exit_codes` (SkyPilot's
+recover_on_exit_codes, NVRx's "do not requeue" code), applied by the one rule
+(lifecycle.next_step) before the log policies and `retries`.
+
+Why exit codes: a program knows when another attempt cannot help (bad data, a config
+error) and says so with its exit status, cheaper than a log pattern. The rules can only
+end a run, never grant it more attempts: a code that passes them is retried (or not) by
+the log policies and `retries` as before. Only a process's own exit counts: a lost or
+unhealthy node, a preemption, a hang or a timeout is no program's answer.
+
+Stdlib only, Python >= 3.8 (runtime file).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Sequence
+
+from ..rundir.records import attempt_records, claimed_first, first_failure, read_json
+
+PREEMPTED = "preempted"  # (JSON) runtime/node/fault.py writes it in the attempt's folder; no .json
+# name: not an outcome record
+
+if TYPE_CHECKING:
+    from ..contracts.schema import FirstFailure
+
+NOT_A_PROGRAM = ("node_lost", "node_unhealthy")  # causes without a program's exit status
+NO_RETRY = "no_retry_exit_codes"
+ONLY_RETRY = "retry_exit_codes"
+
+
+def verdict(
+    code: int | None, no_retry: Sequence[int], only: Sequence[int] | None
+) -> tuple[str, str] | None:
+    """(rule, why) when the rules end the run after a failure with exit code `code`
+    (None: not a program's exit, no rule applies); else None."""
+    if code is None:
+        return None
+    if code in no_retry:
+        return NO_RETRY, f"exit code {code} is in no_retry_exit_codes"
+    if only is not None and code not in only:
+        codes = ", ".join(map(str, only)) or "none"
+        return ONLY_RETRY, f"exit code {code} is not in retry_exit_codes ({codes})"
+    return None
+
+
+def cause_code(cause: FirstFailure | None, adir: str) -> int | None:
+    """The exit code the rules judge: the attempt's first failure's (the controller's, or
+    else the one on record in `adir`: records.claim_first, then the records Slurm's agents
+    write), None when it is no program's exit: a lost or unhealthy node, or a process that
+    ended after a preemption began (runtime/node/fault.py), which `retries` decide."""
+    if cause is None:
+        cause = claimed_first(adir) or first_failure(attempt_records(adir))
+    if not cause or cause.get("label") in NOT_A_PROGRAM or preempted(cause, adir):
+        return None
+    code = cause.get("exit_code")
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
+def preempted(cause: FirstFailure, adir: str) -> bool:
+    """The failure ended once a preemption of its attempt had begun (its record, written
+    before the first signal: fault.PREEMPTED)."""
+    mark = read_json(os.path.join(adir, PREEMPTED))
+    began = mark.get("time") if isinstance(mark, dict) else None
+    ended = cause.get("ended_at")
+    if not isinstance(began, (int, float)) or isinstance(began, bool):
+        return False
+    return not isinstance(ended, (int, float)) or ended >= began

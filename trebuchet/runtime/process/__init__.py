@@ -1,0 +1,1 @@
+"""Processes: identity, groups, signals, containment, and why one could not start."""

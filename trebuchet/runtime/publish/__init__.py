@@ -1,0 +1,1 @@
+"""What a run tells the world: webhooks and experiment trackers."""

@@ -1,0 +1,287 @@
+"""Files the runtime writes into the run directory: never half written (temp file, then
+rename), so `treb status` on another machine reads the old record or the new one."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import json
+import math
+import os
+import re
+import signal
+import stat
+import time
+from typing import TYPE_CHECKING, Any, cast
+
+from .regular import NotRegular, read_text
+
+if TYPE_CHECKING:
+    from ..contracts.schema import FirstFailure, Outcome
+
+
+def now() -> float:
+    return time.time()
+
+
+def write_text(path: str, text: str, mode: int = 0o600, durable: bool = True) -> None:
+    """Replace `path` with `text` in one rename (private to the user: 0600)."""
+    write_bytes(path, text.encode(), mode, durable)
+
+
+_TMP_COUNT = itertools.count()
+
+
+def write_bytes(path: str, data: bytes, mode: int = 0o600, durable: bool = True) -> None:
+    """Replace `path` with `data` in one rename (a temp file of this process beside it;
+    not `tempfile`, whose imports would slow every agent's start). Readers see the old
+    bytes or the new, never a part. `durable=False` skips the fsync: for a record that a
+    later one replaces within the run (a rank's RUNNING record): 32 ranks' fsyncs were
+    ~0.1 s of a 32-rank start, and after an OS crash such a file is at worst unreadable,
+    which readers take as absent."""
+    folder, base = os.path.split(path)
+    tmp = os.path.join(folder, f".{base}.{os.getpid()}.{next(_TMP_COUNT)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def sync(paths: list[str]) -> None:
+    """fsync files written with `durable=False`, then their folders (the renames): issued
+    together, the first one's journal commit carries most of the others. A file that is
+    gone (its run directory removed) is skipped."""
+    for path in [*paths, *sorted({os.path.dirname(p) for p in paths})]:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def write_json(path: str, data: Any, durable: bool = True) -> None:
+    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n", durable=durable)
+
+
+def read_json(path: str, limit: int = -1) -> Any:
+    """The JSON in `path` (its first `limit` bytes; -1: all); None when it is absent or
+    unreadable: not a regular file (a rank's FIFO never blocks), no JSON, or nested past
+    the recursion limit (RecursionError)."""
+    try:
+        return json.loads(read_text(path, limit))
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def append_event(run_dir: str, event: str, **fields: Any) -> None:
+    """One line of `events.jsonl` (O_APPEND: lines of concurrent writers do not mix)."""
+    line = json.dumps({"time": now(), "event": event, **fields}, sort_keys=True) + "\n"
+    path = os.path.join(run_dir, "events.jsonl")
+    fd = writable_fd(path)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def writable_fd(path: str, truncate: bool = False) -> int:
+    """`path` opened for appending (or emptied), a regular file: a rank can reach the run
+    directory and put a FIFO there, whose opening for writing waited forever for a reader
+    (the run never ended). Without waiting (O_NONBLOCK); anything but a regular file is
+    removed and the file made again, once; raises OSError (NotRegular) when it is not one
+    even then."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if truncate else os.O_APPEND)
+    flags |= os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(2):
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as exc:  # ENXIO: a FIFO without a reader
+            if exc.errno != errno.ENXIO:
+                raise
+        else:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return fd
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    raise NotRegular(f"{path}: not a regular file")
+
+
+def exit_fields(returncode: int) -> tuple[int, str | None]:
+    """A Popen returncode as a record says it: exit code (128 + n for signal n, as a shell
+    reports it) and the signal's name."""
+    if returncode >= 0:
+        return returncode, None
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"SIG{-returncode}"
+    return 128 - returncode, name
+
+
+def attempt_logs(adir: str, first: str | None = None) -> list[str]:
+    """What the log policies read after a failed attempt: its rank logs, then its node
+    agents' logs, the failing process's (`first`) ahead of them when it is one of them."""
+    names = sorted(os.listdir(adir))
+    logs = [os.path.join(adir, name) for pattern in (r"rank-\d+\.log", r"node-\d+\.log")
+            for name in names if re.fullmatch(pattern, name)]  # fmt: skip
+    if first in logs:
+        logs.insert(0, logs.pop(logs.index(first)))
+    return logs
+
+
+# An outcome record's fields and their types (contracts.Outcome). The records lie in the
+# attempt's folder, which a rank can reach (it runs in the run directory, and its
+# TORCHELASTIC_ERROR_FILE is there): what is read back is checked field by field, so a
+# record a rank wrote over (`{"exit_code": 1e30, "attempt": "z", "rank": {}}`) never
+# reaches a rule, SQLite or a view as anything but what the fields allow.
+_INT = (int,)
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "label": (str,), "rank": _INT, "node": _INT, "local_rank": _INT, "pid": _INT,
+    "exit_code": _INT, "signal": (str,), "started_at": (int, float), "ended_at": (int, float),
+    "stopped_by_launcher": (bool,), "state": (str,), "log": (str,), "host": (str,),
+    "attempt": _INT, "job_id": (str,), "step_id": (str,), "message": (str,),
+    "after_first_failure": (bool,),
+}  # fmt: skip
+_WHO = ("rank", "node", "local_rank", "exit_code", "signal")  # the views read them all
+TEXT_MAX = 4096  # a message or path in a record, at most (a cause is one line or a few)
+INT_MAX = 1 << 31  # an exit code, rank, node, pid or attempt: what an INTEGER column holds
+
+
+def _fits(value: Any, kinds: tuple[type, ...]) -> bool:
+    """A value of one of `kinds` as a record field holds it: a bool only where bool is
+    meant, an int within INT_MAX, a finite float."""
+    if isinstance(value, bool):
+        return bool in kinds
+    if isinstance(value, int):
+        return -INT_MAX < value < INT_MAX
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def outcome(rec: Any) -> Outcome | None:
+    """`rec` (JSON read back) as an outcome record: the known fields of the right type
+    (bool is no int; numbers finite, ints within INT_MAX; text cut at TEXT_MAX), the
+    others dropped; the process fields the views name present (None when unknown); None
+    when it is not a record at all (no label)."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("label"), str):
+        return None
+    out: dict[str, Any] = {}
+    for key, value in rec.items():
+        kinds = _FIELDS.get(key)
+        if kinds is None or not isinstance(value, kinds):
+            continue
+        if not _fits(value, kinds):
+            continue
+        out[key] = value[:TEXT_MAX] if isinstance(value, str) else value
+    for key in _WHO:
+        out.setdefault(key, None)
+    return cast("Outcome", out)
+
+
+FIRST = "first-failure"  # an attempt's first failure (JSON), written once (claim_first); not
+# a .json name: the readers of an attempt's outcome records (*.json) must not count it twice
+
+
+def claim_first(adir: str, cause: FirstFailure) -> FirstFailure:
+    """Record `cause` as the attempt's first failure unless one is on record already; the
+    one on record. Written to a temp file, then linked to its name: link() refuses an
+    existing name, so of two writers (or a later event) the first wins, and a reader sees
+    the whole record or none."""
+    path = os.path.join(adir, FIRST)
+    tmp = os.path.join(adir, f".{FIRST}.{os.getpid()}.{next(_TMP_COUNT)}.tmp")
+    try:
+        write_json(tmp, cause)
+        os.link(tmp, path)
+    except FileExistsError:
+        return outcome(read_json(path)) or cause
+    except OSError:  # the folder is gone (the run removed): the caller's copy stands
+        return cause
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return cause
+
+
+def claimed_first(adir: str) -> FirstFailure | None:
+    """The attempt's first failure as claim_first recorded it; None when none was."""
+    return outcome(read_json(os.path.join(adir, FIRST)))
+
+
+def cause(
+    label: str,
+    exit_code: int,
+    attempt: int,
+    node: int | None = None,
+    message: str | None = None,
+    log: str | None = None,
+    host: str | None = None,
+) -> FirstFailure:
+    """A run's first failure that no process record says (an environment build, a full
+    disk, an ssh connection, a node agent without a rank's record): the fields of a rank's
+    record, rank and signal None, then what is known of message, log and host."""
+    ff: FirstFailure = {"label": label, "rank": None, "node": node, "local_rank": None,
+                        "exit_code": exit_code, "signal": None, "ended_at": now(),
+                        "attempt": attempt}  # fmt: skip
+    if message is not None:
+        ff["message"] = message
+    if log is not None:
+        ff["log"] = log
+    if host is not None:
+        ff["host"] = host
+    return ff
+
+
+def attempt_records(adir: str) -> list[Outcome]:
+    """The outcome records in an attempt's folder (rank-N, node-N, lost-N, ... .json; not
+    attempt.json nor the first failure's own record), by name; none when the folder is
+    gone."""
+    try:
+        names = sorted(os.listdir(adir))
+    except OSError:
+        return []
+    out: list[Outcome] = []
+    for name in names:
+        rec = outcome(read_json(os.path.join(adir, name))) if name.endswith(".json") else None
+        if rec is not None and name not in ("attempt.json", FIRST):
+            out.append(rec)
+    return out
+
+
+AFTER = "after_first_failure"  # a record of a node lost once the attempt had failed
+
+
+def first_failure(records: list[Outcome]) -> FirstFailure | None:
+    """The earliest non-zero outcome that was not a cascade (a process stopped by its
+    launcher, the teardown or the engine, or a node lost after the attempt's first failure
+    was known: AFTER); a rank's record before a node agent's; a lost node before all (its
+    peers' ranks fail because it is gone)."""
+    failed = [
+        r for r in records
+        if r.get("exit_code") not in (None, 0) and not r.get("stopped_by_launcher")
+        and not r.get(AFTER)
+    ]  # fmt: skip
+    if not failed:
+        return None
+    return min(
+        failed,
+        key=lambda r: (
+            r.get("label") not in ("node_lost", "node_unhealthy"),
+            r.get("rank") is None,
+            r.get("ended_at") or 0.0,
+        ),
+    )

@@ -1,0 +1,1 @@
+"""Slurm's batch step: the job controller as it runs inside a Slurm job."""

@@ -1,0 +1,831 @@
+"""The job controller on Slurm: what happens once per job, in the batch step.
+
+Attempts (each one srun step of node agents, with the spec's pre/post commands around it),
+retries within the allocation, log policies, the spec's `timeout` per attempt (as the local
+supervisor: the checkpoint signal `warning` seconds before it, then the ranks stopped, the
+attempt TIMEOUT and retried here when attempts remain), the job's time-limit warning
+(Slurm's `--signal=B:SIG@warning` with `slurm.time`: the checkpoint signal to every rank,
+then a requeue before the limit when attempts remain), requeue by Slurm, and the records
+`treb` reads without sacct:
+`attempt-<n>/attempt.json` and `result.json`. A requeued job starts this again from the
+top; the attempt directories already present say which attempt it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..contracts import rank_env as contract
+from ..job import life as lifecycle
+from ..job import link as agent_link
+from ..job import nodeloss, selfrequeue
+from ..node.agent import Agent
+from ..node.task import PYTHON_GUARD
+from ..process import procs
+from ..publish import trackers as tracking
+from ..rundir.records import (
+    append_event,
+    attempt_logs,
+    attempt_records,
+    first_failure,
+    now,
+    read_json,
+    write_json,
+    write_text,
+)
+from ..rundir.regular import read_text
+from ..watch import hung as hang
+
+if TYPE_CHECKING:
+    from ..contracts.schema import AttemptRecord, FirstFailure, Hang, JobFile, Result
+
+REQUEUE_WAIT_S = 600  # after `scontrol requeue`, Slurm ends this step well before this
+ENDING_WAIT_S = 120  # Slurm's SIGTERM (then its SIGKILL, after KillWait) comes well before this
+# squeue's states of a job that goes on; any other, while this batch step runs, means that
+# Slurm is ending it (COMPLETING, REQUEUED, CANCELLED, PREEMPTED, ...)
+GOING_ON = {"RUNNING", "SIGNALING", "RESIZING", "STAGE_OUT"}
+
+
+def log(text: str) -> None:
+    """A line of batch.log (Slurm's --output of the batch step)."""
+    print(f"[treb {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+def time_left(job_id: str) -> int:
+    """Seconds until the job's time limit (squeue %L: [D-][H:]M:S); 0 when unknown."""
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%L"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", out)
+    if not m:
+        return 0
+    d, h, mi, s = (int(x) if x else 0 for x in m.groups())
+    return d * 86400 + h * 3600 + mi * 60 + s
+
+
+class Controller:
+    """Slurm's side of the job controller (runtime/lifecycle.JobController, which decides
+    the attempts, the timeout and the hang watch): its Nodes (each attempt one srun step of
+    node agents, or the job's only task in this process) and its Records (attempt.json,
+    result.json, batch.log); and what only Slurm has: the job's own time limit (the warning
+    and the requeue), Slurm ending the job (SIGTERM), a requeued job's restart."""
+
+    def __init__(self, job: JobFile, job_path: str, runtime: str) -> None:
+        self.job = job
+        self.job_path = job_path
+        self.runtime = runtime  # this .pyz: what the srun steps start on every node
+        self.run_dir: str = job["run_dir"]
+        self.job_id = os.environ.get("SLURM_JOB_ID", "")
+        self.sig = job["checkpoint_signal"]  # e.g. SIGUSR2
+        self.attempt = 0
+        self.adir = ""
+        self.t0: float | None = None
+        self.step: subprocess.Popen[bytes] | None = None
+        # steps whose agents all said they ended (agent_link) while srun still reports the
+        # step's end: the next attempt does not wait for it; reaped at the job's end
+        self.finishing: list[subprocess.Popen[bytes]] = []
+        self.link: agent_link.Hub | None = None
+        self.stepped = False  # a task step already ran in this allocation
+        self.node_timeout = float(job.get("node_timeout") or agent_link.NODE_TIMEOUT_S)
+        self.lost: str | None = None  # this attempt's lost node, as said (node_lost: ...)
+        self.lost_kill_at: float | None = None  # then srun is ended at this time
+        self.lost_after = False  # ... lost after the attempt's first failure: not its cause
+        self.lost_hosts: list[str] = []
+        self.scancels: list[subprocess.Popen[bytes]] = []  # signals on their way (signal_steps)
+        self.hosts: list[str] = []  # the allocation's nodes, in order
+        self.use: list[str] = []  # this attempt's (nodeset.choose): the first is the master
+        self.inline: Agent | None = None  # the job's only task, run here (job["inline"])
+        self.signaller: subprocess.Popen[bytes] | None = None  # delivers the warning
+        self.rc = 0  # the attempt's step (or inline agent) exit status
+        self.step_rc: int | None = None
+        self.warned = self.requeued = self.terminating = False
+        self.requeue_at: float | None = None
+        self.scontrol = "scontrol"  # the real one: the ranks' PATH has selfrequeue's first
+        self.state, self.reason = "", ""
+        self._signals: list[int] = []
+        self.lc = lifecycle.JobController(settings(job, self.run_dir), self, self,
+                                          granted=self.granted())  # fmt: skip
+
+    # -- records -------------------------------------------------------------------------
+    def granted(self) -> dict[str, int]:
+        """The retries each log policy granted so far, kept in `policy-retries` (one name a
+        line) so that a requeued job keeps the count."""
+        try:  # a regular file only: the run directory is the ranks' too
+            used = read_text(os.path.join(self.run_dir, "policy-retries"), 1 << 20).splitlines()
+        except OSError:
+            used = []
+        return {name: used.count(name) for name in set(used)}
+
+    def attempts_allowed(self) -> int:
+        """retries + 1 and the attempts the log policies granted so far."""
+        return lifecycle.max_attempts(int(self.job["max_attempts"]) - 1, self.lc.granted)
+
+    def max_attempts(self, count: int, granted: dict[str, int]) -> None:
+        """Records: the log policies' grants, kept in `policy-retries` (one name a line) so
+        that a requeued job keeps the count."""
+        text = "".join(f"{name}\n" * n for name, n in sorted(granted.items()))
+        write_text(os.path.join(self.run_dir, "policy-retries"), text)
+
+    def attempt_json(self, state: str, reason: str, ended: float | None, source: str) -> None:
+        master = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
+        record: AttemptRecord = {
+            "attempt": self.attempt, "state": state, "reason": reason, "started_at": self.t0,
+            "ended_at": ended, "source": source, "job_id": self.job_id,
+            "restart_count": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+            "nodes": ",".join(self.use) or os.environ.get("SLURM_JOB_NODELIST", ""),
+            "master": master,
+            "srun_exit": self.step_rc, "max_attempts": self.attempts_allowed(),
+        }  # fmt: skip
+        write_json(os.path.join(self.adir, "attempt.json"), record)
+
+    def result(self, state: str, reason: str, source: str) -> None:
+        end: Result = {"state": state, "reason": reason, "source": source,
+                       "attempt": self.attempt, "exit_code": self.step_rc, "ended_at": now(),
+                       "job_id": self.job_id}  # fmt: skip
+        write_json(os.path.join(self.run_dir, "result.json"), end)
+        # The MLflow run's status now, also when nobody follows the job (bounded: a
+        # server that does not answer costs 2 x END_TIMEOUT_S, an event, nothing else).
+        tracking.mark(self.run_dir, state, reason)
+
+    def die(self, why: str) -> int:
+        """The job cannot start: say why where `treb status` finds it."""
+        log(f"error: {why}")
+        self.result("FAILED", why, "batch")
+        return 2
+
+    # -- Records (runtime/job/life.py): the job controller's records on Slurm -----------
+    def say(self, text: str) -> None:
+        log(text)
+
+    def event(self, kind: str, **fields: Any) -> None:
+        append_event(self.run_dir, kind, **fields)
+
+    def attempt_started(self, attempt: int, started_at: float, **facts: Any) -> None:
+        self.attempt = attempt
+        self.adir = os.path.join(self.run_dir, f"attempt-{attempt}")
+        os.makedirs(self.adir, mode=0o700, exist_ok=True)
+        os.environ["TREB_ATTEMPT"] = str(attempt)
+        self.t0, self.step_rc = started_at, None
+        self.lost = self.lost_kill_at = None
+        self.lost_after = False  # this attempt's lost node was lost after its first failure
+        self.attempt_json("RUNNING", "", None, "batch")
+        log(
+            f"attempt {attempt + 1} of {self.attempts_allowed()}: "
+            f"{len(self.use) or self.job['nodes']} node(s) "
+            f"{','.join(self.use) or os.environ.get('SLURM_JOB_NODELIST', '')}, master "
+            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        )
+
+    def attempt_stopped(self, attempt: int, state: str, reason: str) -> None:
+        self.state, self.reason = state, reason
+        if not self.terminating:
+            self.attempt_json(state, reason, now(), "batch")
+
+    def attempt_ended(self, attempt: int, state: str, reason: str | None) -> None:
+        self.state, self.reason = state, reason or ""
+        self.attempt_json(state, self.reason, now(), "batch")
+
+    def first_failure(self, cause: FirstFailure) -> None:
+        """The agents' records say it; `treb` reads them (slurm_state.py)."""
+
+    def hang(self, attempt: int, info: Hang, action: str) -> None:
+        log(f"{hang.describe(info)}; on_hang: {action}")
+
+    def log_policy(self, attempt: int, name: str, action: str, line: str) -> None:
+        log(f"log policy {name} ({action}) matched: {line}")
+        append_event(self.run_dir, "log_policy", attempt=attempt, policy=name, action=action,
+                     line=line)  # fmt: skip
+        self.reason = f"{name}: {action}"
+        self.attempt_json(self.state, self.reason, now(), "batch")
+
+    def retrying(self, attempt: int) -> None:
+        """Said in batch.log by the controller; the next attempt.json follows."""
+
+    def run_ended(self, state: str, cause: FirstFailure | None, exit_code: int) -> None:
+        if self.terminating:  # on_term wrote result.json when Slurm began ending the job
+            return
+        self.state = state
+        self.result(state, self.reason, "batch")
+        run = self.job["run_id"]
+        log(f"run {run}: {state}" + (f" ({self.reason})" if self.reason else ""))
+
+    def heartbeat(self) -> None:
+        """`treb` follows the job through squeue and these files: nothing to beat."""
+
+    # -- Nodes (runtime/job/life.py): each attempt's srun step -------------------------
+    def prepare(self) -> FirstFailure | None:
+        return None  # resume() and setup() ran before the controller (run)
+
+    def attempt_facts(self, attempt: int) -> dict[str, Any]:
+        self.choose_nodes()
+        return {}
+
+    def choose_nodes(self) -> None:
+        """This attempt's nodes (runtime/job/nodeset.py): the first `nodes` of the allocation
+        that no attempt lost or found unhealthy, fewer down to min_nodes; the master is the
+        first of them. The job's ranks per node, hang watch and steps follow."""
+        if self.job.get("inline") or not self.hosts:
+            return
+        want = int(self.job["nodes"])
+        got = nodeloss.next_nodes(self.run_dir, self.hosts, want, self.job.get("min_nodes"))
+        self.use = got.hosts or self.hosts[:want]  # none left: ending() said so already
+        if "MASTER_ADDR" not in self.job["spec_env"]:
+            os.environ["MASTER_ADDR"] = self.use[0]
+        shape = self.lc.settings.shape
+        self.lc.settings = self.lc.settings._replace(shape=(shape[0], len(self.use), shape[2]))
+
+    def step_args(self, base: list[str]) -> list[str]:
+        """An srun step's flags on this attempt's nodes: as rendered when they are the whole
+        allocation, else with their count, tasks and names (--nodelist)."""
+        if not self.use or (self.use == self.hosts and len(self.use) == int(self.job["nodes"])):
+            return base
+        n = len(self.use)
+        per_node = next((int(a.split("=", 1)[1]) for a in base
+                         if a.startswith("--ntasks-per-node=")), 1)  # fmt: skip
+        out = [a for a in base if not a.startswith(("--nodes=", "--ntasks="))]
+        return [f"--nodes={n}", f"--ntasks={n * per_node}", f"--nodelist={','.join(self.use)}",
+                *out]  # fmt: skip
+
+    def pre_post(self, when: str, attempt: int) -> bool:
+        """The spec's pre/post command once per node (an srun step)."""
+        if not self.job.get(when) or self.terminating:
+            return True
+        self.step = self.srun(self.step_args(self.job["srun_hook"]), "hook", when)
+        try:
+            while self.step.poll() is None:
+                self._tick()
+                select.select([self.lc.wake_r], [], [], 0.2)
+                self.lc.drain()
+            self._handle_signals()
+            rc = self.step.returncode
+        finally:
+            self.step = None
+        if rc != 0:
+            log(f"{when} command failed on a node (exit {rc}): see {self.adir}/{when}-node-*.log")
+        return rc == 0
+
+    def start(self, attempt: int) -> None:
+        if self.job.get("inline"):
+            from ..node.task import slurm_agent
+
+            # The job's only task (one node, one task, no srun needs: slurm_script's
+            # `inline`) run by an agent in this process: no second interpreter, no srun
+            # step; the same records. Signals stay the controller's.
+            self.inline = slurm_agent(self.job, inline=True)
+            self.inline.start_all()
+        else:
+            args = self.step_args(self.job["srun"])
+            if self.link is not None:
+                self.link.expect(attempt, step_tasks(args))
+            self.finishing = [p for p in self.finishing if p.poll() is None]
+            # a retry: the previous step may still hold its CPUs while srun reports its end
+            # (or slurmctld has not yet taken them back): without --overlap srun would wait
+            overlap = ["--overlap"] if self.finishing or self.stepped else []
+            self.stepped = True
+            self.step = self.srun([*args, *overlap], "task")
+
+    def poll(self) -> bool:
+        self._tick()
+        if self.inline is not None:
+            alive = self.inline.poll()
+            self.rc = self.inline.exit_code()
+        elif self.step is not None:
+            alive = self.step.poll() is None
+            self.rc = self.step.returncode or 0
+            code = self.link.ended() if alive and self.link is not None else None
+            if code is not None:  # every agent's records are in: srun's report is late
+                self.finishing.append(self.step)
+                alive, self.rc = False, code
+        else:
+            alive = False
+        if not alive:
+            self._handle_signals()
+        return alive
+
+    def checkpoint(self, signum: int) -> int:
+        """The checkpoint signal to the ranks that handle it: for the timeout's warning or
+        on_hang retry. A step's count is not known here (its own step delivers it): 1."""
+        if self.terminating:
+            return 0
+        if self.lc.hang is not None:  # the agents count no rank it ends as a failure
+            write_text(os.path.join(self.adir, "teardown"), "hang\n")
+            why = "hang: on_hang retry"
+        else:
+            why = f"timeout in {float(self.job.get('warning') or 0):g}s"
+        return self.send_checkpoint(why)
+
+    def stop(self) -> None:
+        """The teardown marker (the agents count no rank failure), then a SIGTERM to the
+        agents, which stop their ranks with the grace period."""
+        if self.terminating:
+            return
+        label = "hang" if self.lc.hang is not None else "timeout"
+        label = "idle_gpu" if self.lc.idle_stop else label
+        label = "node_lost" if self.lost and not self.lost_after else label
+        if self.adir:
+            write_text(os.path.join(self.adir, "teardown"), label + "\n")
+        if label == "timeout":
+            log(f"timeout ({self.job.get('timeout') or 0:g}s): stopping the ranks "
+                f"(grace {self.job['grace']}s)")  # fmt: skip
+        self.stop_ranks(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.stop_ranks(signal.SIGKILL)
+
+    def tick(self) -> None:
+        """Signals and the requeue timer are looked at in poll (each loop step)."""
+
+    def after(self, attempt: int, reason: str | None) -> None:
+        """Whether Slurm is ending the job (its SIGTERM may come after the ranks died)."""
+        self.step = self.inline = None
+        self.requeue_at = None
+        if not self.terminating:
+            self.job_requeue()  # a rank asked, then ended: the requeue, not a failure
+        if not self.terminating and self.rc != 0 and reason not in ("hang", "timeout", "idle_gpu"):
+            self.ended_by_slurm()
+
+    def ending(self, attempt: int, reason: str | None) -> lifecycle.Ending:
+        if self.terminating:
+            return lifecycle.Ending(self.state or "CANCELLED", self.reason, engine_ended=True)
+        rc = self.rc
+        self.step_rc = rc if rc >= 0 else 128 - rc
+        if self.lost and not self.lost_after:  # the attempt failed with it (its first
+            # failure); another on other nodes, if any are left
+            self.state, self.reason = "FAILED", self.lost
+            left = self.nodes_left()
+            if left:
+                log(f"the next attempt cannot run: {left}")
+                return lifecycle.Ending("FAILED", f"{self.lost}; {left}", final=True)
+            return lifecycle.Ending("FAILED", self.lost)
+        if reason in ("hang", "idle_gpu"):
+            state, why = "FAILED", reason
+        elif reason == "timeout" or (rc != 0 and self.lc.warned and self.died_of_warning()):
+            state, why = "TIMEOUT", "timeout"  # the spec's timeout, as locally
+        elif rc == 0:
+            state, why = "SUCCEEDED", ""
+        elif self.warned:
+            state, why = "TIMEOUT", f"time limit: ranks stopped after {self.sig}"
+        else:
+            state, why = "FAILED", self.failure_reason()
+        if reason == "post" and state == "SUCCEEDED":
+            state, why = "FAILED", "post"
+        self.state, self.reason = state, why
+        left = self.nodes_left() if state == "FAILED" else ""
+        if left:  # e.g. a node's health check excluded it (runtime/node/health.py)
+            log(f"the next attempt cannot run: {left}")
+            return lifecycle.Ending(state, f"{why}; {left}", final=True)
+        return lifecycle.Ending(state, why, limit_near=self.warned)
+
+    def nodes_left(self) -> str:
+        """Why no next attempt can run on the allocation's nodes (too many excluded); ""
+        when one can."""
+        if self.job.get("inline") or not self.hosts:
+            return ""
+        nodes = nodeloss.next_nodes(self.run_dir, self.hosts, int(self.job["nodes"]),
+                                    self.job.get("min_nodes"))  # fmt: skip
+        return nodes.why_not
+
+    def logs(self, attempt: int, cause: FirstFailure | None) -> list[str]:
+        return attempt_logs(self.adir)  # the agents' records name the cause, not the index
+
+    def exit_code(self) -> int:
+        return self.step_rc or 0
+
+    # -- signals -------------------------------------------------------------------------
+    def install_signals(self) -> None:
+        for sig in (signal.SIGTERM, getattr(signal, self.sig)):
+            signal.signal(sig, lambda signum, _f: self._signals.append(signum))
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self.lc.wake_w, warn_on_full_buffer=False)
+
+    def _handle_signals(self) -> None:
+        while self._signals:
+            if self._signals.pop(0) == signal.SIGTERM:
+                self.on_term()
+            else:
+                self.on_warning()
+
+    def _tick(self) -> None:
+        """While the attempt's processes run: signals, the warning's step, the requeue
+        timer (the job controller sleeps and watches the rest)."""
+        self._handle_signals()
+        if self.signaller is not None and self.signaller.poll() is not None:
+            if self.signaller.returncode != 0:
+                log(f"the {self.sig} step failed (srun exit {self.signaller.returncode})")
+            self.signaller = None
+        self.scancels = [p for p in self.scancels if p.poll() is None]
+        self.watch_nodes()
+        if not self.requeued and not self.terminating:
+            self.job_requeue()
+        due = self.requeue_at is not None and time.monotonic() >= self.requeue_at
+        if due and not self.terminating:
+            self.requeue_at = None
+            self.requeue()
+
+    def watch_nodes(self) -> None:
+        """A node whose agents fell silent for node_timeout (agent_link) ends the attempt
+        with that cause. srun would wait for the lost node's tasks until Slurm gives up on
+        the node (SlurmdTimeout): it is ended once the other agents ended (at the latest
+        after their grace period)."""
+        if self.link is None or self.step is None or self.terminating:
+            return
+        if self.lost is None:
+            gone = self.link.lost(self.node_timeout)
+            if gone:
+                self.lost_hosts = [lost.host for lost in gone]
+                self.on_node_lost(gone[0])
+        elif self.lost_kill_at is not None:
+            settled = self.link.settled(self.lost_hosts)
+            if not settled and time.monotonic() < self.lost_kill_at:
+                return
+            self.lost_kill_at = None
+            why = "the other nodes' agents ended" if settled else "the grace period is over"
+            log(f"{why}; srun still waits for the lost node's tasks: ending it")
+            with contextlib.suppress(OSError):
+                self.step.kill()
+
+    def on_node_lost(self, lost: agent_link.Lost) -> None:
+        """The cause on record (runtime/job/nodeloss.py: lost-<node>.json, which `treb` reads as
+        the attempt's first failure, the event, the node's exclusion), then the attempt's
+        teardown on the other nodes."""
+        self.lost = nodeloss.silent(lost.host, self.node_timeout, lost.last_seen)
+        log(self.lost)
+        where = self.use or self.hosts  # the node's NODE_RANK in this attempt
+        node = where.index(lost.host) if lost.host in where else len(where)
+        # Lost during a teardown (an agent's rank failed first: its marker; or the
+        # controller's own stop: a hang, the timeout, a cancel): excluded, srun ended, but
+        # no cause: the first failure (or the hang, the timeout) stays the attempt's
+        self.lost_after = self.lc.settled or os.path.exists(os.path.join(self.adir, "teardown"))
+        nodeloss.record(self.run_dir, self.attempt, node, lost.host, self.lost, lost.last_seen,
+                        after=self.lost_after)  # fmt: skip
+        self.lost_kill_at = time.monotonic() + float(self.job["grace"]) + 2.0
+        if not self.lost_after:
+            self.lc.failure(None)
+
+    def on_warning(self) -> None:
+        """Slurm's --signal=B:SIG@warning (with slurm.time): ask every rank to checkpoint,
+        and requeue before the limit when another attempt is allowed."""
+        if self.warned:
+            return
+        self.warned = True
+        self.send_checkpoint("time limit near")
+        running = self.step is not None or self.inline is not None
+        if self.attempt + 1 < self.attempts_allowed() and running:
+            margin = int(self.job["requeue_margin"])
+            left = time_left(self.job_id)
+            left = left - margin if left > margin + 1 else 1
+            log(f"requeueing when the ranks stop, at the latest in {left}s")
+            self.requeue_at = time.monotonic() + left
+
+    def send_checkpoint(self, why: str) -> int:
+        """The checkpoint signal to the ranks that handle it: the inline agent picks them
+        itself; for an srun step, one more step (one task per node) does. Not `scancel
+        --signal`: Slurm would signal every process of the step, and kill those without a
+        handler. How many got it (1 for a step: its own step delivers it)."""
+        if self.inline is not None:
+            sent = len(self.inline.signal_all(getattr(signal, self.sig)))
+            log(f"{why}: {self.sig} to the {sent} process(es) that handle it")
+            return sent
+        if self.step is not None:
+            log(f"{why}: {self.sig} to the ranks that handle it (checkpoint now)")
+            n = int(self.job["nodes"])
+            argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1"]
+            argv += ["--overlap", "--export=ALL", "sh", "-c", PYTHON_GUARD, "treb-agent"]
+            argv += [self.runtime, "signal", self.sig, self.job_path]
+            with contextlib.suppress(OSError):
+                self.signaller = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+                return 1  # its own step delivers it: the count is not known here
+        return 0
+
+    def on_term(self) -> None:
+        """Cancelled, time limit, preemption, requeue: record why, at once (Slurm's SIGKILL
+        follows after KillWait)."""
+        if self.requeued or self.terminating:
+            return
+        self.terminating = True
+        self.lc.cancel(signal.SIGTERM)  # the controller stops; the records are written here
+        state, reason = "CANCELLED", ""
+        if os.path.exists(os.path.join(self.run_dir, "cancel-requested")):
+            reason = "cancelled (treb cancel)"
+        else:
+            info = self.slurm_state()[0]
+            if "TimeLimit" in info or (not info and self.warned):
+                state, reason = "TIMEOUT", "time limit"
+            else:
+                reason = (
+                    f"stopped by Slurm ({info or 'state unknown'}): scancel, preemption "
+                    "or node failure"
+                )
+        self.state, self.reason = state, reason
+        log(reason)
+        if self.inline is not None:  # Slurm signals the batch step's processes: KILL at grace
+            self.inline.teardown()
+        if self.adir:
+            self.attempt_json(state, reason, now(), "signal")
+        self.result(state, reason, "signal")
+
+    def slurm_state(self) -> tuple[str, bool]:
+        """squeue's '%T %r' of this job ('COMPLETING None'; '' when squeue does not answer),
+        and whether squeue was killed: Slurm's sweep over the job's processes takes it too."""
+        try:
+            res = subprocess.run(
+                ["squeue", "-h", "-j", self.job_id, "-o", "%T %r"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return "", False
+        return (res.stdout.strip() if res.returncode == 0 else ""), res.returncode < 0
+
+    def ended_by_slurm(self) -> bool:
+        """Did the attempt's processes stop because Slurm ends the job (requeue, preemption,
+        scancel)? Slurm marks the job first, then signals every process in it, so the ranks
+        can die before this process sees its own SIGTERM. Then wait for that signal (on_term
+        records why) rather than count a failure and retry inside a job that is going away."""
+        self._handle_signals()
+        if self.terminating:
+            return True
+        info, killed = self.slurm_state()
+        state = info.split(" ")[0]
+        if not killed and (not state or state in GOING_ON):
+            return False
+        log(f"the ranks stopped as Slurm ends the job ({state or 'squeue killed'}): waiting")
+        end = time.monotonic() + ENDING_WAIT_S
+        while not self.terminating and time.monotonic() < end:
+            select.select([self.lc.wake_r], [], [], 1.0)
+            self.lc.drain()
+            self._handle_signals()
+        return self.terminating
+
+    def job_requeue(self) -> None:
+        """A rank asked Slurm to requeue the job (`scontrol requeue`: Lightning's SLURM
+        auto-requeue, submitit; selfrequeue.py hands it here): requeue it as this
+        controller's own requeue when an attempt is left, else say why not (the job goes on,
+        to its time limit)."""
+        who = selfrequeue.asked(self.run_dir)
+        if who is None:
+            return
+        allowed = self.attempts_allowed()
+        append_event(self.run_dir, "job_requeue", attempt=self.attempt, who=who,
+                     granted=self.attempt + 1 < allowed)  # fmt: skip
+        if self.attempt + 1 >= allowed:
+            log(f"{who} asked to requeue the job (scontrol requeue), but no attempt is left "
+                f"(retries: {allowed - 1}): not requeued; raise `retries` to let it")  # fmt: skip
+            return
+        log(f"{who} asked to requeue the job (scontrol requeue): trebuchet requeues it")
+        limit = f"time limit: {self.sig} sent, " if self.warned else ""
+        self.requeue(f"{limit}requeued at the job's request ({who}: scontrol requeue)",
+                     "TIMEOUT" if self.warned else "FAILED")  # fmt: skip
+
+    def requeue(self, why: str | None = None, state: str = "TIMEOUT") -> None:
+        """Nodes: a new allocation (and time limit) for the next attempt, same job id;
+        returns only when Slurm refused it. `why`: the attempt's reason (default: the
+        time limit's requeue)."""
+        self.requeued = True
+        self.attempt_json(
+            state,
+            why or f"time limit: {self.sig} sent, job requeued for attempt {self.attempt + 2}",
+            now(),
+            "batch",
+        )
+        log(f"requeueing job {self.job_id} for attempt {self.attempt + 2}")
+        if subprocess.run([self.scontrol, "requeue", self.job_id]).returncode == 0:
+            self._sleep(REQUEUE_WAIT_S)  # Slurm ends this step; the next start goes on
+            sys.exit(0)
+        self.requeued = False
+        log("scontrol requeue failed: no further attempt")
+        self.attempt_json("TIMEOUT", "time limit (requeue failed)", now(), "batch")
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            select.select([self.lc.wake_r], [], [], min(1.0, end - time.monotonic()))
+            self.lc.drain()
+            self._signals.clear()
+
+    # -- steps ---------------------------------------------------------------------------
+    def srun(self, srun_args: list[str], *words: str) -> subprocess.Popen[bytes]:
+        """One srun step of node agents."""
+        argv = ["srun", *srun_args, "sh", "-c", PYTHON_GUARD, "treb-agent", self.runtime,
+                *words, self.job_path]  # fmt: skip
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+
+    def stop_ranks(self, sig: int) -> None:
+        """`sig` to the attempt's agents (SIGTERM: their teardown, with the grace period)."""
+        if self.inline is not None:
+            if sig == signal.SIGTERM:
+                self.term_inline(self.inline)
+            else:
+                self.inline.signal_all(sig)
+        elif self.step is not None:
+            self.signal_steps(sig)
+
+    @staticmethod
+    def term_inline(agent: Agent) -> None:
+        """The inline agent's teardown, with the SIGTERM that Slurm sends to an srun step's
+        processes: its agent does not forward TERM (forward_term=False), so without this
+        the rank would get only the SIGKILL after the grace period."""
+        agent.teardown()
+        for p in agent.procs:
+            if p.alive and p.popen is not None:
+                procs.signal_group(p.popen.pid, signal.SIGTERM)
+
+    def signal_steps(self, sig: int) -> None:
+        """A signal to every process of the job's running srun steps (`scancel --signal`:
+        the agents then stop their ranks with the grace period; srun itself would answer a
+        TERM with a forced termination)."""
+        try:
+            out = subprocess.run(
+                ["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i"],
+                capture_output=True, text=True, timeout=30,
+            ).stdout.split()  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            out = []
+        steps = [s for s in out if re.fullmatch(r"\d+\.\d+", s)]
+        name = signal.Signals(sig).name[3:]
+        for step in steps:  # not waited for: slurmctld answers only once every node did
+            # (MessageTimeout, 10 s, for a node that is gone); reaped in _tick
+            self.scancels.append(subprocess.Popen(["scancel", f"--signal={name}", step],
+                                                  stderr=subprocess.DEVNULL))  # fmt: skip
+        if not steps and self.step is not None:  # srun forwards it to every task
+            with contextlib.suppress(OSError):
+                self.step.send_signal(sig)
+
+    def first_failed(self) -> FirstFailure | None:
+        """The attempt's first process that failed on its own, from its records."""
+        first = first_failure(attempt_records(self.adir))
+        return first if isinstance(first, dict) else None
+
+    def died_of_warning(self) -> bool:
+        """After the timeout's warning, a rank that died of the checkpoint signal ends the
+        attempt as the timeout would (as locally): part of the timeout, not a failure."""
+        first = self.first_failed()
+        return first is not None and first.get("signal") == self.sig
+
+    def failure_reason(self) -> str:
+        """Why the attempt failed, from its records: the first process that failed on its
+        own ('rank 1 on tn2 exited with code 4'). srun's code is not it: srun returns the
+        highest code of its tasks, e.g. 143 of a rank it stopped after the real failure."""
+        first = self.first_failed()
+        if first is None:
+            return f"srun exited with code {self.step_rc}"
+        if first.get("label") == "node_unhealthy":  # its message names the check (health.py)
+            return str(first.get("message"))
+        who = f"rank {first['rank']}" if first.get("rank") is not None else str(first["label"])
+        how = (
+            f"was killed by {first['signal']}"
+            if first.get("signal")
+            else (f"exited with code {first['exit_code']}")
+        )
+        return f"{who} on {first.get('host', '?')} {how}"
+
+    # -- the job -------------------------------------------------------------------------
+    def resume(self) -> int | None:
+        """Which attempt this start of the job runs; an exit code when none is left."""
+        while os.path.isdir(os.path.join(self.run_dir, f"attempt-{self.attempt}")):
+            self.attempt += 1
+        if self.attempt == 0:
+            return None
+        self.attempt -= 1
+        self.adir = os.path.join(self.run_dir, f"attempt-{self.attempt}")
+        prev = read_json(os.path.join(self.adir, "attempt.json")) or {"state": "RUNNING"}
+        # Ended while running (no record, or the guess of the SIGTERM trap): this restart
+        # shows that Slurm requeued the job.
+        if prev.get("state") == "RUNNING" or prev.get("source") == "signal":
+            self.t0 = prev.get("started_at")
+            lost = self.first_failed()  # the batch host's loss, as its agents said it
+            why = lost.get("message") if lost and lost.get("label") == "node_lost" else None
+            self.attempt_json(
+                "FAILED",
+                str(why or "requeued by Slurm (preemption, node failure or scontrol requeue)"),
+                now(),
+                "batch",
+            )
+        self.attempt += 1
+        for name in ("result.json", "cancel-requested"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.run_dir, name))
+        log(f"job {self.job_id} restarted (restart {os.environ.get('SLURM_RESTART_COUNT', 0)})")
+        tracking.mark(self.run_dir, "RUNNING", "requeued")  # the same MLflow run goes on
+        if self.attempt >= self.attempts_allowed():
+            self.result(
+                "FAILED",
+                f"requeued after attempt {self.attempt}, but no attempt "
+                f"is left (retries: {int(self.job['max_attempts']) - 1})",
+                "batch",
+            )
+            return 1
+        return None
+
+    def setup(self) -> int | None:
+        """The job's environment: workdir, secrets, the rendezvous address; an exit code
+        when the job cannot start."""
+        job = self.job
+        try:
+            os.chdir(job["workdir"])
+        except OSError:
+            return self.die(f"cannot enter the workdir {job['workdir']} on {os.uname()[1]}")
+        for name in job["secrets"]:
+            if name not in os.environ:
+                return self.die(
+                    f"secret {name} is not in the job's environment (sbatch "
+                    "exports the submitting environment; was it set there?)"
+                )
+        nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
+        hosts = [nodelist] if re.fullmatch(r"[^,\[\]\s]+", nodelist) else []  # one plain name
+        try:
+            hosts = (
+                hosts
+                or subprocess.run(
+                    ["scontrol", "show", "hostnames", nodelist],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    timeout=60,
+                ).stdout.split()
+            )
+        except (OSError, subprocess.SubprocessError):
+            return self.die("scontrol show hostnames failed")
+        self.hosts = hosts
+        # The first node is the master; the port comes from the job id (the contract's
+        # formula), so two jobs sharing a node do not collide. The spec's env wins.
+        ours = {
+            "TREB_RUN_ID": job["run_id"],
+            "TREB_RUN_DIR": self.run_dir,
+            "TREB_WORKDIR": job["workdir"],
+            "TREB_CODE_DIR": job["workdir"],
+            "TREB_CHECKPOINT_DIR": os.path.join(self.run_dir, "checkpoints"),
+            "PYTHONUNBUFFERED": "1",
+            "MASTER_ADDR": hosts[0] if hosts else "",
+            "MASTER_PORT": str(job["master_port"] or contract.slurm_master_port(self.job_id)),
+        }
+        # The trackers' ids (tracking.json, written at submission): the same on every
+        # attempt and requeue, so the ranks' own mlflow/wandb calls continue one run.
+        ours.update(tracking.rank_env(tracking.load(self.run_dir)))
+        for name, value in ours.items():
+            if name not in job["spec_env"]:
+                os.environ[name] = value
+        self.scontrol = selfrequeue.install(self.run_dir)  # a rank's requeue comes here
+        return None
+
+    def open_link(self) -> None:
+        """The agents' line to this process (agent_link), through the steps' environment;
+        without it (no socket here) the attempts end when srun says so."""
+        try:
+            self.link = agent_link.Hub(self.lc.wake_w)
+        except OSError as exc:
+            log(f"no agent link ({exc}): each attempt waits for its srun step's end")
+            return
+        os.environ[agent_link.ENV] = self.link.address(os.uname().nodename)
+
+    def run(self) -> int:
+        self.install_signals()
+        code = self.resume()
+        if code is None:
+            code = self.setup()
+        if code is not None:
+            return code
+        if not self.job.get("inline"):
+            self.open_link()
+        state = self.lc.run(first=self.attempt)
+        for step in [*self.finishing, *self.scancels]:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                step.wait(timeout=30)
+        if self.terminating:
+            return 143
+        return 0 if state == "SUCCEEDED" else 1
+
+
+def step_tasks(srun_args: list[str]) -> int:
+    """The tasks of an srun step (its --ntasks); 0 when not said (no early end then)."""
+    for arg in srun_args:
+        if arg.startswith("--ntasks="):
+            with contextlib.suppress(ValueError):
+                return int(arg.split("=", 1)[1])
+    return 0
+
+
+def settings(job: JobFile, run_dir: str) -> lifecycle.Settings:
+    """What the job controller reads of job.json."""
+    hung = job.get("hang_timeout")
+    return lifecycle.Settings(
+        retries=int(job["max_attempts"]) - 1, log_policies=job["policies"],
+        on_hang=job.get("on_hang") or "fail", hang_timeout=float(hung) if hung else None,
+        timeout=job.get("timeout"), warning=job.get("warning"),
+        checkpoint_signal=int(getattr(signal, job["checkpoint_signal"])),
+        grace=float(job["grace"]), shape=(job["launcher"], int(job["nodes"]), int(job["ppn"])),
+        run_dir=run_dir, no_retry_exit_codes=job.get("no_retry_exit_codes", []),
+        retry_exit_codes=job.get("retry_exit_codes"),
+    )  # fmt: skip

@@ -1,0 +1,153 @@
+"""The agent's log reader: when each of its ranks last made progress, and its last line.
+
+One reader per agent, stepped from its poll at most once a second (`STEP_S`). For each
+tracked process it reads the new bytes of its log (regular files only, at most
+`CHUNK` bytes a step: a rank that writes faster is skipped to the end of its log, its
+progress is plain anyway), splits them into lines (lines.py) and hands each line to
+`on_line` (the hook the metrics of issue 14 hang off; None: unused). It also looks at the
+rank's heartbeat file (`$TREB_HEARTBEAT`, touched by `trebuchet.dist.heartbeat()`).
+
+When a rank's progress advances, the reader records it where the deciding side (the local
+supervisor, the Slurm controller: runtime/watch/hung.py) reads it on every engine:
+`attempt-<n>/progress/<name>`, whose mtime is the last progress and whose content is the
+last line (at most `LINE_MAX` bytes; user output that is already in the log).
+
+Never blocking: a stat and at most one bounded read per file and step, no pipes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+from ..rundir.records import writable_fd
+from ..rundir.regular import open_fd
+from .display_lines import Splitter
+
+STEP_S = 1.0
+CHUNK = 256 << 10  # bytes read per file and step at most (~0.7 ms of splitting)
+LINE_MAX = 512
+LINE_CAP = 16 << 10  # lines handed to on_line (a metrics line may be long: metrics.py)
+PROGRESS_DIR = "progress"
+HEARTBEAT_SUFFIX = ".heartbeat"
+
+OnLine = Callable[[str, bytes], None]  # (process name: rank-3, line)
+
+
+def progress_dir(adir: str) -> str:
+    return os.path.join(adir, PROGRESS_DIR)
+
+
+def heartbeat_path(adir: str, name: str) -> str:
+    """The file `$TREB_HEARTBEAT` names for one rank (the contract sets it)."""
+    return os.path.join(progress_dir(adir), name + HEARTBEAT_SUFFIX)
+
+
+class Tracked:
+    """One process's log, heartbeat and last progress."""
+
+    def __init__(self, name: str, log: str, heartbeat: str) -> None:
+        self.name = name
+        self.log = log
+        self.heartbeat = heartbeat
+        self.offset = 0
+        self.splitter = Splitter(cap=LINE_CAP)
+        self.beat_mtime = 0.0
+        self.last_progress: float | None = None
+        self.last_line = b""
+        self.dirty = False  # progress not yet recorded
+
+
+class Progress:
+    """The progress of an agent's processes (see the module's docstring)."""
+
+    def __init__(self, adir: str, on_line: OnLine | None = None) -> None:
+        self.adir = adir
+        self.on_line = on_line
+        self.tracked: list[Tracked] = []
+        self.next_step = 0.0
+        self._dir_made = False
+
+    def track(self, name: str) -> str:
+        """Follow the process `name` (its log is `<adir>/<name>.log`); returns the path of
+        its heartbeat file, for `$TREB_HEARTBEAT`."""
+        beat = heartbeat_path(self.adir, name)
+        self.tracked.append(Tracked(name, os.path.join(self.adir, name + ".log"), beat))
+        return beat
+
+    def step(self, force: bool = False) -> None:
+        """Read what is new, at most once a second (`force`: now, e.g. at the end)."""
+        mono = time.monotonic()
+        if not force and mono < self.next_step:
+            return
+        self.next_step = mono + STEP_S
+        wall = time.time()
+        for t in self.tracked:
+            self._read(t, wall)
+            self._beat(t, wall)
+            if t.dirty:
+                self._record(t)
+
+    def _read(self, t: Tracked, wall: float) -> None:
+        try:
+            fd = open_fd(t.log)  # a regular file only: never a FIFO (regular.py)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            if st.st_size < t.offset:  # truncated: start again
+                t.offset = 0
+                t.splitter.reset()
+            if st.st_size == t.offset:
+                return
+            if st.st_size - t.offset > CHUNK:  # more than a step reads: to the end
+                t.offset = st.st_size - CHUNK
+                t.splitter.reset()
+            data = os.pread(fd, CHUNK, t.offset)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+        if not data:
+            return
+        t.offset += len(data)
+        lines = t.splitter.feed(data)
+        if lines:
+            t.last_line = lines[-1]
+            if self.on_line is not None:
+                for line in lines:
+                    self.on_line(t.name, line)
+        elif t.splitter.partial_len:  # a line in the making (a progress bar without \r)
+            t.last_line = b"".join(t.splitter.partial)[-LINE_MAX:]
+        t.last_progress = wall
+        t.dirty = True
+
+    def _beat(self, t: Tracked, wall: float) -> None:
+        try:
+            mtime = os.stat(t.heartbeat).st_mtime
+        except OSError:
+            return
+        if mtime > t.beat_mtime:
+            t.beat_mtime = mtime
+            t.last_progress = max(t.last_progress or 0.0, min(mtime, wall))
+            t.dirty = True
+
+    def _record(self, t: Tracked) -> None:
+        """progress/<name>: mtime = the last progress, content = the last line."""
+        folder = progress_dir(self.adir)
+        path = os.path.join(folder, t.name)
+        try:
+            if not self._dir_made:
+                os.makedirs(folder, mode=0o700, exist_ok=True)
+                self._dir_made = True
+            fd = writable_fd(path, truncate=True)  # a rank's FIFO there is replaced
+            try:
+                os.write(fd, t.last_line[-LINE_MAX:] + b"\n")
+            finally:
+                os.close(fd)
+            stamp = t.last_progress or time.time()
+            os.utime(path, (stamp, stamp))
+        except OSError:
+            return
+        t.dirty = False

@@ -1,0 +1,239 @@
+"""Log policies applied to a failed attempt's logs: the first policy whose pattern occurs
+decides (no_retry: final; retry: another attempt, bounded). The same code runs in the local
+supervisor and in the Slurm job controller, so a pattern means the same everywhere
+(Python's `re`, multiline).
+
+A pattern is input from the spec, and Python's `re` backtracks: `(a+)+$` takes exponential
+time on one line of a's. So unsafe_pattern() refuses, at validation, the forms that
+backtrack exponentially (a repeat inside an unbounded repeat, an unbounded repeat of an
+alternation), and match() runs the search in a child interpreter killed after
+MATCH_TIMEOUT_S, so that no pattern (a polynomial `.*.*.*x` over a 4 MiB line included)
+can hold up supervision. Stdlib only, Python >= 3.8: no re2 where the runtime runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import select
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any, Iterable
+
+from ..process import procs
+from ..rundir.regular import open_regular
+
+if TYPE_CHECKING:
+    from os import PathLike
+
+    from ..contracts.schema import LogPolicy
+
+SCAN_BYTES = 4 << 20  # the end of each log holds the error; a huge log is not read whole
+MATCH_TIMEOUT_S = 10.0
+MAX_PATTERN = 1000  # characters
+_BIG_REPEAT = 100  # a repeat allowing more than this many copies counts as unbounded
+
+
+def unsafe_pattern(pattern: str) -> str | None:
+    """Why `pattern` cannot be a log policy (invalid, too long, exponential), or None."""
+    if len(pattern) > MAX_PATTERN:
+        return f"longer than {MAX_PATTERN} characters"
+    try:
+        re.compile(pattern, re.M)
+    except (re.error, RecursionError, OverflowError) as exc:
+        return f"not a valid regular expression: {exc}"
+    try:
+        from re import _parser as parser  # type: ignore[attr-defined]  # Python >= 3.11
+    except ImportError:  # pragma: no cover - Python < 3.11
+        import sre_parse as parser
+    try:
+        tree = parser.parse(pattern, re.M)
+    except Exception:  # noqa: BLE001 - compiled above, so only a parser difference
+        return None
+    if _exponential(tree, inside_unbounded=False):
+        return (
+            "can backtrack for ever (a repeat inside an unbounded repeat, such as (a+)+, or "
+            "a repeated alternation, such as (a|ab)*): write it without the nesting"
+        )
+    return None
+
+
+def _exponential(items: Any, inside_unbounded: bool) -> bool:
+    """True when a repeat (or an alternation) sits inside an unbounded repeat."""
+    for op, av in items:
+        name = getattr(op, "name", str(op))
+        if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            if inside_unbounded and av[1] > 1:
+                return True
+            if _exponential(av[2], inside_unbounded or av[1] > _BIG_REPEAT):
+                return True
+            continue
+        if name == "BRANCH" and inside_unbounded:
+            return True
+        if any(_exponential(b, inside_unbounded) for b in _bodies(name, av)):
+            return True
+    return False
+
+
+def _bodies(name: str, av: Any) -> list[Any]:
+    """The sub-patterns of one parsed item (sre_parse's layout, Python 3.8 to 3.13)."""
+    if name == "BRANCH":
+        return list(av[1])
+    if name == "SUBPATTERN":
+        return [av[-1]]
+    if name in ("ASSERT", "ASSERT_NOT"):
+        return [av[1]]
+    if name == "ATOMIC_GROUP":
+        return [av]
+    if name == "GROUPREF_EXISTS":
+        return [b for b in av[1:] if b is not None]
+    return []
+
+
+def _tail(path: str) -> str:
+    try:
+        with open_regular(path) as fh:  # a rank's FIFO never holds the supervisor
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - SCAN_BYTES))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _search(patterns: list[str], paths: list[str]) -> tuple[int, str] | None:
+    """(index of the first pattern found in any log, its line), unbounded in time."""
+    texts = [_tail(p) for p in paths]
+    for i, pattern in enumerate(patterns):
+        rx = re.compile(pattern, re.M)
+        for text in texts:
+            m = rx.search(text)
+            if m:
+                start = text.rfind("\n", 0, m.start()) + 1
+                end = text.find("\n", m.end())
+                return i, text[start : end if end >= 0 else len(text)].strip()[:300]
+    return None
+
+
+class Matcher:
+    """The child interpreter that searches the logs, one JSON request and answer a line.
+    The job controller starts it while an attempt runs (`start`), so that a retry does not
+    wait for a fresh interpreter (~40 ms); one that does not answer in time is killed and
+    the next search starts another. It ends with its stdin: when the controller does.
+    SERVE: the child's function (notify.py's log watch serves its own requests)."""
+
+    SERVE = (__name__, "_serve")
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen(
+                procs.python_s(*self.SERVE), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+
+    def search(self, request: str, timeout: float) -> Any:
+        """The child's answer to `request`; TimeoutError or OSError when it gives none."""
+        self.start()
+        proc = self.proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(request.encode() + b"\n")
+            proc.stdin.flush()
+            if not select.select([proc.stdout], [], [], timeout)[0]:
+                raise TimeoutError(f"no answer within {timeout:g} s")
+            line = proc.stdout.readline()  # one write of one short line: whole
+            if not line:
+                raise OSError("the matcher ended")
+            return json.loads(line)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+            self.proc.wait()
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+            self.proc = None
+
+
+def match(
+    policies: list[LogPolicy],
+    logs: Iterable[str | PathLike[str]],
+    timeout: float = MATCH_TIMEOUT_S,
+    matcher: Matcher | None = None,
+) -> tuple[LogPolicy, str] | None:
+    """The first policy (in order) whose pattern occurs in any log, with the matching line;
+    searched by `matcher` (a new one when None), killed after `timeout` (then: no match)."""
+    paths = [str(p) for p in logs]
+    if not policies or not paths:
+        return None
+    request = json.dumps({"patterns": [p["pattern"] for p in policies], "paths": paths})
+    own = matcher is None
+    child = Matcher() if matcher is None else matcher
+    try:
+        found = child.search(request, timeout)
+    except TimeoutError:
+        sys.stderr.write(f"treb: log policies: no answer within {timeout:g} s; none applied\n")
+        return None
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"treb: log policies could not be matched: {exc}\n")
+        return None
+    finally:
+        if own:
+            child.close()
+    if not found:
+        return None
+    return policies[found[0]], found[1]
+
+
+def _serve() -> None:
+    """The child's side of Matcher.search: a JSON request a line on stdin, each answered
+    with one line on stdout, until stdin ends."""
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            found = _search(request["patterns"], request["paths"])
+        except Exception:  # noqa: BLE001 - a bad request gets no match, the child lives on
+            found = None
+        sys.stdout.write(json.dumps(found) + "\n")
+        sys.stdout.flush()
+
+
+RETRY, FINAL, EXHAUSTED, NO_MATCH = "retry", "final", "exhausted", "no match"
+
+
+def decide(
+    policies: list[LogPolicy],
+    logs: Iterable[str | PathLike[str]],
+    granted: dict[str, int],
+    matcher: Matcher | None = None,
+) -> tuple[str, LogPolicy | None, str]:
+    """After a failed attempt, what the log policies say: (verdict, policy, line).
+
+    RETRY: a retry policy matched and grants one more attempt (counted in `granted`, which
+    the caller keeps: in memory locally, in a file on Slurm where a requeue restarts the
+    job); FINAL: a no_retry policy matched; EXHAUSTED: a retry policy matched but has
+    granted all it may (then the spec's retries decide, as for NO_MATCH)."""
+    found = match(policies, logs, matcher=matcher)
+    if not found:
+        return NO_MATCH, None, ""
+    policy, line = found
+    if policy["action"] != "retry":
+        return FINAL, policy, line
+    name = policy["name"]
+    if granted.get(name, 0) >= int(policy.get("max_retries", 3)):
+        return EXHAUSTED, policy, line
+    granted[name] = granted.get(name, 0) + 1
+    return RETRY, policy, line

@@ -1,0 +1,381 @@
+"""Metrics from rank log lines, read on the node by the agent's one log reader.
+
+`parse(line, config)` turns one display line (runtime/watch/display_lines.py) into metric
+values, with no side effect; `Metrics` is the agent's `on_line` hook
+(runtime/watch/activity.py): it keeps the chosen ranks' lines (rank 0 by default) and appends
+their points to
+`attempt-<n>/metrics/<name>.jsonl`, one JSON object a line:
+`{"t": wall time, "s": step, "m": {"loss": 2.1, ...}}`. The submitting side ingests
+those files into the run store (store/metrics.py); SQLite is never written from a node.
+
+What a line may hold, tried in this order (the first that yields a value wins):
+- `performance: <number> <metric>` (the results' reading, results/parse.py uses PERF);
+- a JSON object (`{"step": 10, "loss": 2.1}`), also after a prefix such as a logger's;
+- a Python dict literal as the HuggingFace Trainer prints it (`{'loss': 2.1, 'epoch':
+  0.5}`), read with ast.literal_eval on at most `LITERAL_MAX` bytes, never eval;
+- the spec's `patterns` (regexes whose named groups are metrics, `step` the step);
+- `key=value` / `key: value` pairs after the spec's `prefix` (none by default).
+The step is the value of `step` (or global_step, iteration, iter) when the line has
+one, else the last step an earlier line of the rank gave, else a per-name count (the
+HuggingFace Trainer's dicts have none). Numbers only: booleans, NaN strings and text are skipped.
+A name is kept as a terminal shows it (`lines.shown`: ESC as ^[, a lone surrogate as
+\\ud800), so no name can break SQLite, a view or a terminal, and the line's other values stay.
+
+Total: whatever a rank prints, a line yields points or nothing, never an exception (the
+reader runs inside the agent, whose death would end the run). A `{...}` nested deeper
+than `DEPTH_MAX` is not decoded (json and ast recurse), and a number that is no finite
+float (`1e999`, a 400-digit integer, NaN, Infinity) is dropped and counted: the point
+line carries `"x": {"nonfinite": n}`, and the store says how many (store/metrics.py).
+
+Bounded: a line is at most what the reader hands over (`progress.LINE_CAP`); a process
+writes at most `MAX_NAMES` distinct names (the values of later ones are counted in
+`"x": {"names": n}`, not written); a file past `SOFT_MAX` bytes keeps one point a name
+every `THIN_S` seconds, and stops at `HARD_MAX`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from typing import Any, Dict
+
+from ..rundir.records import read_json, writable_fd
+from .display_lines import shown
+
+NUMBER = rb"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
+PERF = re.compile(
+    rb"performance:\s*(?P<value>" + NUMBER + rb")\s*(?:/\s*[A-Za-z%][\w%]*)?\s*,?\s*"
+    rb"(?P<metric>[A-Za-z_%][\w./%-]*)"
+)
+_PAIR = re.compile(rb"(?P<key>[A-Za-z_][\w./-]*)\s*[=:]\s*(?P<value>" + NUMBER + rb")(?![\w.])")
+_ANSI = re.compile(rb"\^\[\[[0-9;]*[A-Za-z]")  # colours, as lines.inert shows ESC
+_NOT_BRACKET = re.compile(rb"[^\[\]{}()]+")
+# The Trainer's repr of a diverged value (`'loss': nan`): no literal; read as one that is
+# not finite (dropped and counted), so the line's other values stay.
+_BARE = re.compile(r"(?<=[:,\[(]\s)(-?)(?:nan|inf)(?=\s*[,}\])])")
+# An integer longer than this is no finite float (10**309 is not): read as inf, dropped and
+# counted, never handed to int() (Python refuses 4,300 digits: the line would be lost).
+INT_DIGITS = 310
+_LONG_INT = re.compile(rf"(?<![\w.])\d{{{INT_DIGITS + 1},}}(?![\w.])")
+STEP_KEYS = ("step", "global_step", "iteration", "iter")
+LITERAL_MAX = 16 << 10
+DEPTH_MAX = 32  # nesting of a `{...}` decoded at most (json and ast recurse per level)
+NAME_MAX = 100
+MAX_NAMES = 256  # distinct metric names a process writes, and a run keeps (docs/metrics.md)
+METRICS_DIR = "metrics"
+SOFT_MAX = 64 << 20
+HARD_MAX = 256 << 20
+THIN_S = 10.0
+
+Values = Dict[str, float]
+
+
+class Config:
+    """The spec's `metrics:` block as the runtime reads it from the plan or job file."""
+
+    def __init__(
+        self,
+        ranks: Any = None,
+        prefix: str | None = None,
+        patterns: list[str] | None = None,
+        enabled: bool = True,
+    ) -> None:
+        self.ranks = "all" if ranks == "all" else set(ranks if ranks is not None else [0])
+        self.enabled = enabled and self.ranks != set()
+        self.prefix = prefix.encode() if prefix else None
+        self.patterns = [re.compile(p.encode()) for p in patterns or []]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> Config:
+        data = data or {}
+        return cls(
+            data.get("ranks"), data.get("prefix"), data.get("patterns"), data.get("enabled", True)
+        )
+
+    def wants(self, name: str) -> bool:
+        """Whether the process `name` (rank-3, node-0) is read for metrics."""
+        if not self.enabled:
+            return False
+        kind, _, num = name.partition("-")
+        if kind not in ("rank", "node") or not num.isdigit():
+            return False
+        return self.ranks == "all" or int(num) in self.ranks
+
+
+def _number(v: Any) -> float | None:
+    """A JSON or literal number as a float: inf when it does not fit (dropped later)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        return float(v)
+    except OverflowError:  # an int of hundreds of digits
+        return math.inf if v > 0 else -math.inf
+
+
+def _finite(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
+
+
+def _too_deep(part: bytes) -> bool:
+    """Whether a `{...}` may nest deeper than DEPTH_MAX: brackets in strings count too
+    (a metrics line has none to speak of), so one linear pass decides."""
+    if part.count(b"{") + part.count(b"[") + part.count(b"(") <= DEPTH_MAX:
+        return False
+    depth = 0
+    for c in _NOT_BRACKET.sub(b"", part):
+        depth += 1 if c in b"[{(" else -1
+        if depth > DEPTH_MAX:
+            return True
+    return False
+
+
+def _from_mapping(d: Any) -> tuple[float | None, Values]:
+    """(step, values) of a decoded dict: its numeric top-level entries."""
+    if not isinstance(d, dict):
+        return None, {}
+    step = None
+    values: Values = {}
+    for k, v in d.items():
+        f = _number(v)
+        if f is None or not isinstance(k, str) or not k or len(k) > NAME_MAX:
+            continue
+        if k in STEP_KEYS and step is None:
+            step = f
+        else:
+            values[shown(k)] = f  # a JSON key may hold ESC, NUL or a lone surrogate
+    return step, values
+
+
+def _dict_part(line: bytes) -> bytes | None:
+    """The `{...}` that ends the line (after a logger's prefix or a progress bar)."""
+    if not line.endswith(b"}"):
+        return None
+    start = line.find(b"{")
+    return line[start:] if start >= 0 else None
+
+
+def parse(line: bytes, config: Config | None = None) -> tuple[float | None, Values]:
+    """(step or None, {name: value}) of one log line; ({} when it holds no metric)."""
+    step, values, _ = read(line, config)
+    return step, values
+
+
+def read(line: bytes, config: Config | None = None) -> tuple[float | None, Values, int]:
+    """parse(), and how many values it dropped as not finite; never raises."""
+    step, raw = _parse(line, config)
+    values = {k: v for k, v in raw.items() if math.isfinite(v)}
+    return _finite(step), values, len(raw) - len(values)
+
+
+def _parse(line: bytes, config: Config | None) -> tuple[float | None, Values]:
+    """The first reading that yields values, not finite ones included."""
+    if b"^[" in line:
+        line = _ANSI.sub(b"", line)
+    line = line.strip()
+    if b"performance:" in line:
+        m = PERF.search(line)
+        if m:
+            return None, {m["metric"].decode(errors="replace")[:NAME_MAX]: float(m["value"])}
+    part = _dict_part(line)
+    if part is not None and len(part) <= LITERAL_MAX and not _too_deep(part):
+        step, values = _decoded(part)
+        if values:
+            return step, values
+    if config is not None:
+        for rx in config.patterns:
+            m = rx.search(line)
+            if m:
+                step, values = _groups(m)
+                if values:
+                    return step, values
+        if config.prefix is not None:
+            at = line.find(config.prefix)
+            if at >= 0:
+                return _pairs(line[at + len(config.prefix) :])
+    return None, {}
+
+
+def _int(text: str) -> float:
+    """json's reading of an integer: inf past INT_DIGITS digits (_LONG_INT)."""
+    if len(text.lstrip("-")) > INT_DIGITS:
+        return -math.inf if text.startswith("-") else math.inf
+    return int(text)
+
+
+def _decoded(part: bytes) -> tuple[float | None, Values]:
+    text = part.decode(errors="replace")
+    try:
+        data = json.loads(text, parse_int=_int)
+    except (ValueError, RecursionError, MemoryError):
+        if "'" not in text:
+            return None, {}
+        try:  # the HuggingFace Trainer's repr of a dict: literals only, bounded above
+            import ast  # here: only a dict printed as a repr pays for it
+
+            data = ast.literal_eval(_LONG_INT.sub("1e999", _BARE.sub(r"\g<1>1e999", text)))
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None, {}
+    return _from_mapping(data)
+
+
+def _groups(m: re.Match[bytes]) -> tuple[float | None, Values]:
+    step = None
+    values: Values = {}
+    for k, v in m.groupdict().items():
+        try:
+            f = float(v) if v is not None else None
+        except (ValueError, TypeError):
+            continue
+        if f is None:
+            continue
+        if k == "step":
+            step = f
+        else:
+            values[k] = f
+    return step, values
+
+
+def _pairs(text: bytes) -> tuple[float | None, Values]:
+    step = None
+    values: Values = {}
+    for m in _PAIR.finditer(text):
+        key = m["key"].decode()[:NAME_MAX]
+        f = float(m["value"])
+        if key in STEP_KEYS and step is None:
+            step = f
+        else:
+            values[key] = f
+    return step, values
+
+
+def metrics_dir(adir: str) -> str:
+    return os.path.join(adir, METRICS_DIR)
+
+
+class Writer:
+    """One process's metric points, appended to its .jsonl (bounded: module docstring)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = -1
+        try:
+            self.size = os.path.getsize(path)  # an agent started again on the same file
+        except OSError:
+            self.size = 0
+        self.counts: dict[str, int] = {}  # points per name: the step of a stepless line
+        self.last: dict[str, float] = {}  # per name, wall time of the last point (thinning)
+        self.step: float | None = None  # the last step a line gave
+        self.nonfinite = 0  # values dropped (not finite) since the last line written
+        self.over_names = 0  # values of names past MAX_NAMES since the last line written
+
+    def add(self, step: float | None, values: Values, wall: float, nonfinite: int = 0) -> None:
+        self.nonfinite += nonfinite
+        new = [k for k in values if k not in self.counts]
+        if len(self.counts) + len(new) > MAX_NAMES:  # past the cap: counted, not written
+            over = new[MAX_NAMES - len(self.counts) :]
+            self.over_names += len(over)
+            values = {k: v for k, v in values.items() if k not in over}
+        if not values:
+            return
+        if self.size >= HARD_MAX:
+            return
+        if self.size >= SOFT_MAX:
+            values = {k: v for k, v in values.items() if wall - self.last.get(k, 0.0) >= THIN_S}
+            if not values:
+                return
+        if step is None:  # the rank's last step, else how many points the names had
+            step = (
+                self.step if self.step is not None else max(self.counts.get(k, 0) for k in values)
+            )
+        else:
+            self.step = step
+        for k in values:
+            self.counts[k] = self.counts.get(k, 0) + 1
+            self.last[k] = wall
+        s = int(step) if float(step).is_integer() else step
+        self._write({"t": round(wall, 3), "s": s, "m": values})
+
+    def _write(self, point: dict[str, Any]) -> None:
+        """One line; the values dropped since the last one ride along (`x`)."""
+        if self.nonfinite or self.over_names:
+            point["x"] = {"nonfinite": self.nonfinite, "names": self.over_names}
+        data = (json.dumps(point) + "\n").encode()
+        try:
+            if self.fd < 0:
+                self.fd = writable_fd(self.path)  # a rank's FIFO there is replaced
+            os.write(self.fd, data)
+        except OSError:
+            return
+        self.size += len(data)
+        self.nonfinite = self.over_names = 0
+
+    def close(self) -> None:
+        if (self.nonfinite or self.over_names) and self.size < HARD_MAX:
+            self._write({"t": round(time.time(), 3), "s": self.step or 0, "m": {}})
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Metrics:
+    """The agent's per-line hook: parse the chosen ranks' lines, write their points."""
+
+    def __init__(self, adir: str, config: Config) -> None:
+        self.folder = metrics_dir(adir)
+        self.config = config
+        self.writers: dict[str, Writer | None] = {}
+
+    def __call__(self, name: str, line: bytes) -> None:
+        try:
+            writer = self.writers[name]
+        except KeyError:
+            writer = self._writer(name) if self.config.wants(name) else None
+            self.writers[name] = writer
+        if writer is None:
+            return
+        try:
+            step, values, dropped = read(line, self.config)
+        except Exception:  # noqa: BLE001 - read() is total; a line never stops the agent
+            return
+        if values or dropped:
+            writer.add(step, values, time.time(), dropped)
+
+    def close(self) -> None:
+        """Close the files (a later line opens its file again)."""
+        for w in self.writers.values():
+            if w is not None:
+                w.close()
+
+    def _writer(self, name: str) -> Writer | None:
+        try:
+            os.makedirs(self.folder, mode=0o700, exist_ok=True)
+        except OSError:
+            return None
+        return Writer(os.path.join(self.folder, name + ".jsonl"))
+
+
+CONFIG_FILE = "metrics.json"  # in the run directory, written at submission
+
+
+def read_config(adir: str) -> dict[str, Any] | None:
+    """The run's `metrics.json` beside an attempt directory (also what the agent's other
+    readers take: progress.py's ETA, gpu.py); None when absent or unreadable."""
+    # regular files only: a rank can put a FIFO there (regular.py)
+    data = read_json(os.path.join(os.path.dirname(adir.rstrip("/")), CONFIG_FILE))
+    return data if isinstance(data, dict) else None
+
+
+def hook(adir: str, data: dict[str, Any] | None = None) -> Metrics | None:
+    """The agent's on_line for an attempt directory: the run's `metrics.json` (`data`,
+    else read here; absent or unreadable: the defaults, rank 0); None when the spec turned
+    metrics off."""
+    if data is None:
+        data = read_config(adir)
+    try:
+        config = Config.from_json(data if isinstance(data, dict) else None)
+    except (TypeError, ValueError, re.error):
+        config = Config()
+    return Metrics(adir, config) if config.enabled else None
