@@ -8,7 +8,6 @@ parts add up to `wall_s` (docs/goodput.md says what each one means).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 # The causes, in the order of a run's life (docs/goodput.md)
@@ -26,51 +25,55 @@ LOST_CAUSES = (QUEUED, ENVIRONMENT, STARTUP, REDONE, RESTART, HANG, NODE_LOSS, T
 ENDED_BADLY = ("FAILED", "TIMEOUT", "LOST", "CANCELLED")
 
 
-@dataclass
 class Attempt:
-    """One attempt as recorded: its window, how it ended, and what its ranks marked."""
+    """One attempt as recorded: its window, how it ended, and what its ranks marked.
+    (Plain classes, not dataclasses: the end-of-run line must not import them, a second
+    `treb run` imports no more than it needs: test_spec_cache.)"""
 
-    n: int
-    start: float
-    end: float | None  # None: still running
-    state: str = "RUNNING"
-    steps: list[float] = field(default_factory=list)  # step times, any order
-    checkpoints: list[float] = field(default_factory=list)  # checkpoint times, any order
-    failed_at: float | None = None  # the first failure's end (a rank's death)
-    node: str | None = None  # the node of the first failure (or the lost one)
-    hang_from: float | None = None  # a hang: the last progress ...
-    hang_acted: float | None = None  # ... and when it was acted on
-    lost_from: float | None = None  # a lost node: last seen ...
-    lost_detected: float | None = None  # ... and when the loss was declared
+    def __init__(
+        self, n: int, start: float, end: float | None, state: str = "RUNNING",
+        steps: list[float] | None = None, checkpoints: list[float] | None = None,
+        failed_at: float | None = None, node: str | None = None,
+        hang_from: float | None = None, hang_acted: float | None = None,
+        lost_from: float | None = None, lost_detected: float | None = None,
+    ) -> None:  # fmt: skip
+        self.n, self.start, self.end, self.state = n, start, end, state  # end None: running
+        self.steps = steps if steps is not None else []  # step times, any order
+        self.checkpoints = checkpoints if checkpoints is not None else []  # any order
+        self.failed_at = failed_at  # the first failure's end (a rank's death)
+        self.node = node  # the node of the first failure (or the lost one)
+        self.hang_from, self.hang_acted = hang_from, hang_acted  # last progress, acted on
+        self.lost_from, self.lost_detected = lost_from, lost_detected  # last seen, declared
 
 
-@dataclass
 class Timeline:
     """A run as recorded (timeline.py): submission, environment build, attempts, end."""
 
-    run: str
-    submitted: float
-    ended: float | None  # None: still going (accounted up to `now`)
-    environment_s: float = 0.0
-    attempts: list[Attempt] = field(default_factory=list)
-    name: str = ""
-    state: str = ""
-    # hang and node_lost events by attempt, until the attempts are known (timeline.py)
-    pending: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    def __init__(
+        self, run: str, submitted: float, ended: float | None, environment_s: float = 0.0,
+        attempts: list[Attempt] | None = None, name: str = "", state: str = "",
+    ) -> None:  # fmt: skip
+        self.run, self.submitted = run, submitted
+        self.ended = ended  # None: still going (accounted up to `now`)
+        self.environment_s = environment_s
+        self.attempts = attempts if attempts is not None else []
+        self.name, self.state = name, state
+        # hang and node_lost events by attempt, until the attempts are known (timeline.py)
+        self.pending: dict[int, list[dict[str, Any]]] = {}
 
 
-@dataclass
 class Goodput:
     """The split of one run's wall time (seconds by cause) and where the losses were."""
 
-    run: str
-    wall_s: float
-    seconds: dict[str, float]  # every cause, PRODUCTIVE included; they add up to wall_s
-    by_node: dict[str, float]  # lost seconds a node's failure caused (redone, hang, ...)
-    attempts: int
-    name: str = ""
-    state: str = ""
-    marks: bool = False  # steps were seen (else the attempts' time is startup/teardown)
+    def __init__(
+        self, run: str, wall_s: float, seconds: dict[str, float], by_node: dict[str, float],
+        attempts: int, name: str = "", state: str = "", marks: bool = False,
+    ) -> None:  # fmt: skip
+        self.run, self.wall_s, self.attempts = run, wall_s, attempts
+        self.seconds = seconds  # every cause, PRODUCTIVE included; they add up to wall_s
+        self.by_node = by_node  # lost seconds a node's failure caused (redone, hang, ...)
+        self.name, self.state = name, state
+        self.marks = marks  # steps were seen (else each attempt's window stands for them)
 
     @property
     def productive_s(self) -> float:
