@@ -22,6 +22,8 @@ VERBS = {
     "stacks": "the Python stacks of every rank of a running run (py-spy), grouped",
     "results": "performance results of runs (table, madengine perf.csv)",
     "metrics": "a run's metrics from its logs: last values and a small plot (--json, --csv)",
+    "goodput": "where runs' wall time went (training kept, restarts, redone work, hangs...) "
+    "and their effective training time ratio",
     "top": "active runs, live: state, ranks, attempt, latest metrics and their rate",
     "build": "build or refresh the spec's environment now",
     "import": "a spec from an sbatch script, AI Runtime YAML, madengine card or NeMo config",
@@ -306,6 +308,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="every stored point, as JSON")
     fmt.add_argument("--csv", action="store_true", help="every stored point, as CSV on stdout")
+    p = add("goodput")
+    p.add_argument("runs", nargs="*", metavar="RUN", help="run ids or prefixes (default: latest)")
+    p.add_argument(
+        "--since", metavar="AGE", help="every run created since then (7d, 12h, or an ISO date)"
+    )
+    p.add_argument(
+        "--by",
+        choices=["cause", "node", "run"],
+        default="run",
+        help="a row per run (default), per cause over all, or per node",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable, per run and total")
     p = add("top")
     p.add_argument("--interval", "-n", type=float, default=2.0, metavar="S",
                    help="seconds between refreshes (default 2)")  # fmt: skip

@@ -114,6 +114,7 @@ def final_summary(store: Store, rec: RunRecord, colour: bool = False) -> str:
                 out += [f"  {line}" for line in tail]
     elif rec.state != "SUCCEEDED":
         out.append(f"see `treb status {rec.id}` and `treb logs {rec.id}`")
+    out += goodput_lines(rec)
     out += diagnosis_lines(store, rec)
     out += results_lines(store, rec)
     out += metrics_lines(store, rec)
@@ -134,6 +135,27 @@ def final_summary(store: Store, rec: RunRecord, colour: bool = False) -> str:
                 + line[len(INDENT) + len(label) :]
             )
     return "\n".join(text)
+
+
+def goodput_lines(rec: RunRecord) -> list[str]:
+    """'goodput 91 %: 4m restarts, 2m redone' (docs/goodput.md); a run whose records
+    cannot be read never hides the rest."""
+    try:
+        from trebuchet.goodput import line, of_run
+
+        return [line(of_run(rec))]
+    except Exception as exc:  # noqa: BLE001 - the run's own outcome must still be reported
+        return [f"goodput unavailable: {exc!r}"]
+
+
+def goodput_json(rec: RunRecord) -> dict[str, Any] | None:
+    """The run's goodput for `treb status --json` (docs/goodput.md)."""
+    try:
+        from trebuchet.goodput import of_run
+
+        return of_run(rec).to_json()
+    except Exception as exc:  # noqa: BLE001
+        return {"error": repr(exc)}
 
 
 def metrics_lines(store: Store, rec: RunRecord) -> list[str]:

@@ -808,8 +808,8 @@ class SshRun:
                 fh.close()
 
     def fetch(self, node: Node, adir: Path) -> None:
-        """The node's attempt folder (records, exact logs, stacks, metrics) from its host,
-        into `adir`."""
+        """The node's attempt folder (records, exact logs, stacks, metrics, the ranks' goodput
+        marks) from its host, into `adir`."""
         remote = f"{self.info['remote_run_dir']}/{adir.name}"
         cmd = f"tar -C {shlex.quote(remote)} -cf - ."
         try:
@@ -824,8 +824,10 @@ class SshRun:
         with tarfile.open(fileobj=io.BytesIO(out.stdout)) as tar:
             for member in tar.getmembers():
                 name = member.name.removeprefix("./")
-                if not member.isfile() or not re.fullmatch(r"((stacks|metrics)/)?[\w.-]+", name):
-                    continue  # the folder's files, stacks, metrics (no paths from the host)
+                if not member.isfile() or not re.fullmatch(
+                    r"((stacks|metrics|marks)/)?[\w.-]+", name
+                ):  # the folder's files, stacks, metrics, marks (no paths from the host)
+                    continue
                 data = tar.extractfile(member).read()  # type: ignore[union-attr]
                 path = adir / name
                 path.parent.mkdir(mode=0o700, exist_ok=True)
