@@ -14,6 +14,7 @@ from pathlib import Path
 
 from trebuchet.backends.ssh.run import Node
 from trebuchet.runtime.job import nodeloss, nodeset
+from trebuchet.runtime.node import barrier
 from trebuchet.runtime.rundir.records import first_failure
 
 
@@ -41,10 +42,14 @@ def session(proc: subprocess.Popen[bytes], tmp_path: Path) -> tuple[Node, list[b
     supervisor's reader takes them; every line, in order."""
     node = Node(0, "h1", proc, open(tmp_path / "ssh-0.log", "wb"))  # noqa: SIM115
     node.setup_done = True  # the script's markers came before the agent
-    assert proc.stdout is not None
-    lines = list(proc.stdout)
-    for line in lines:
+    assert proc.stdout is not None and proc.stdin is not None
+    lines = []
+    for line in proc.stdout:  # the go once its checks passed, as the supervisor says it
+        lines.append(line)
         node.hear(line)
+        if line.rstrip(b"\n") == barrier.HEALTHY.encode():
+            proc.stdin.write(f"{barrier.GO}\n".encode())
+            proc.stdin.flush()
     node.returncode = proc.wait(30)
     node.log.close()
     return node, lines

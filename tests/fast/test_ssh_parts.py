@@ -24,6 +24,7 @@ from trebuchet.backends.ssh import engine
 from trebuchet.backends.ssh import run as session
 from trebuchet.backends.ssh import script as node_side
 from trebuchet.diagnose.report import diagnose_run, two_lines
+from trebuchet.runtime.node import barrier
 from trebuchet.runtime.node import per_node as node_verb
 from trebuchet.runtime.process.procs import processes_of_run
 
@@ -255,7 +256,12 @@ def test_the_node_agent_ends_strays_over_ssh_only(tmp_path: Path) -> None:
         assert agent.stdin is not None and agent.stdout is not None
         agent.stdin.write("{}\n")  # the secrets' line; stdin stays open: the session's
         agent.stdin.flush()
-        out = agent.stdout.read()
+        out = ""
+        for line in agent.stdout:  # the go once its checks passed, as the supervisor says it
+            out += line
+            if line.rstrip("\n") == barrier.HEALTHY:
+                agent.stdin.write(f"{barrier.GO}\n")
+                agent.stdin.flush()
         assert agent.wait(60) == 0, out
         agent.stdin.close()
         assert "1 process(es) the ranks left behind were killed" in out, out
