@@ -121,17 +121,20 @@ class RankStack:
 
 def parse(text: str) -> tuple[str, list[Frame]]:
     """(method, the main thread's frames innermost first) of one stack file."""
-    method = "none"
-    m = re.search(r"^# request \S+ method (\S+(?: --native| --nonblocking)?)", text, re.M)
+    method, pid = "none", ""
+    m = re.search(r"^# request \S+ method (\S+(?: --native| --nonblocking)?)(?: pid (\d+))?",
+                  text, re.M)  # fmt: skip
     if m:
-        method = m.group(1)
+        method, pid = m.group(1), m.group(2) or ""
     threads: list[tuple[str, list[Frame]]] = []
+    ids: list[str] = []
     for raw in text.splitlines():
         if raw.startswith("#"):
             continue
         t = PYSPY_THREAD.match(raw) or FH_THREAD.match(raw)
         if t:
             threads.append((t.groupdict().get("name") or "", []))
+            ids.append(t["id"])
             continue
         if not threads:
             continue
@@ -146,7 +149,10 @@ def parse(text: str) -> tuple[str, list[Frame]]:
         f = NATIVE_FRAME.match(raw)
         if f:
             threads[-1][1].append(Frame(f["func"], lib=f["lib"]))
-    main = next((fr for name, fr in threads if name == "MainThread"), None)
+    # the main thread's id is the pid (a rank can name any thread MainThread)
+    main = next((fr for i, (_, fr) in zip(ids, threads, strict=True) if pid and i == pid), None)
+    if main is None:
+        main = next((fr for name, fr in threads if name == "MainThread"), None)
     if main is None:  # faulthandler: the thread whose outermost Python frame is <module>
         main = next((fr for _, fr in threads if any(x.func == "<module>" for x in fr)), None)
     if main is None:
