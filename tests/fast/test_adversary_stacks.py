@@ -111,3 +111,32 @@ def test_a_thread_named_mainthread_is_not_taken_for_the_main_one(tmp_path, spy) 
         proc.wait()
     [rs] = dhang.read_stacks(tmp_path)
     assert rs.where == "worker.py:8", (tmp_path / "stacks" / "rank-0.txt").read_text()
+
+
+def test_a_py_spy_that_never_returns_leaves_no_process(tmp_path: Path, monkeypatch) -> None:
+    """A stand-in for py-spy (a script on $TREB_PY_SPY) that starts a child and never
+    returns: the dump ends at its deadline, saying so, and the child goes with it.
+    Before: the script was killed, its child left running (one per rank and hang)."""
+    fake = tmp_path / "py-spy"
+    fake.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {tmp_path}/child\nwait\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("TREB_PY_SPY", str(fake))
+    monkeypatch.setattr(stacks, "DUMP_DEADLINE_S", 2.0)
+    (tmp_path / "d").mkdir()
+    text, rs = dump_of(tmp_path / "d", ["x", "MainThread"])
+    assert "no answer within" in text and rs.method == "none", text
+    child = int((tmp_path / "child").read_text())
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{child}") and _state(child) != "Z":
+        if time.monotonic() > deadline:
+            os.kill(child, 9)
+            raise AssertionError(f"py-spy's child {child} outlived the dump")
+        time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""

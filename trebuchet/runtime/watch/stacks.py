@@ -155,7 +155,8 @@ class Dump:
             try:
                 self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd,
                                               stderr=subprocess.STDOUT, close_fds=True,
-                                              env={**os.environ, **PY_SPY_ENV})  # fmt: skip
+                                              env={**os.environ, **PY_SPY_ENV},
+                                              start_new_session=True)  # fmt: skip
             except OSError as exc:
                 self.tried.append(f"{argv[0]}: {exc.strerror}")
                 self.popen = None
@@ -196,8 +197,7 @@ class Dump:
                 return False
             how = " ".join(["py-spy dump", *(a for a in self.argv if a in FLAGS)])
             if rc is None:
-                self.popen.kill()
-                self.popen.wait()
+                _kill(self.popen)
                 self.tried.append(f"{how}: no answer within {DUMP_DEADLINE_S:g}s")
             text = _read(self.out, JSON_MAX)
             dumped = render(text, self.pid) if rc == 0 else None
@@ -236,8 +236,16 @@ class Dump:
 
     def cancel(self) -> None:
         if self.popen is not None and self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait()
+            _kill(self.popen)
+
+
+def _kill(popen: subprocess.Popen[bytes]) -> None:
+    """py-spy and whatever it started (its own session: a stand-in script's children
+    too), killed and waited for."""
+    with contextlib.suppress(OSError):
+        os.killpg(popen.pid, signal.SIGKILL)
+    popen.kill()
+    popen.wait()
 
 
 def pyspy_reason(text: str) -> str:
