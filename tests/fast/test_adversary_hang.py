@@ -135,3 +135,22 @@ def test_a_user_frame_in_a_huge_file_is_read_bounded(tmp_path: Path) -> None:
     text = stack("sleep", 12).replace("/venv/lib/python3.11/site-packages/torch/x.py", str(big))
     adir = attempt(tmp_path, TRAINER, {0: text, 1: stack("all_reduce", 14)})
     assert dhang.read(adir).ranks[0].what  # no MemoryError, in bounded time
+
+
+def test_every_rank_stopped_is_said_stopped(tmp_path: Path) -> None:
+    """Both ranks SIGSTOPped (a debugger on the job, `kill -STOP` of its group): no rank
+    is named, and the line says they are stopped. Before: 'all 2 ranks wait in all_gather
+    (train.py:78)', the stop unsaid (the first group never said its state)."""
+    files = {0: stack("all_gather", 78, stopped=True), 1: stack("all_gather", 78, stopped=True)}
+    adir = attempt(tmp_path, TRAINER, files)
+    assert dhang.read(adir).line == (
+        "hang: all 2 ranks wait in all_gather (train.py:78), stopped (SIGSTOP or a debugger)"
+    )
+    assert diagnosed(adir)["rank"] is None
+    files = {0: stack("sleep", 59, stopped=True), 1: stack("all_gather", 77, stopped=True)}
+    adir = attempt(tmp_path / "apart", TRAINER, files)
+    assert dhang.read(adir).line.startswith(
+        "hang: rank 1 waits in all_gather (train.py:77), stopped (SIGSTOP or a debugger); "
+        "rank 0 is in sleep (train.py:59), stopped"
+    )
+    assert diagnosed(adir)["rank"] == 0

@@ -380,18 +380,18 @@ def _grouped(ranks: list[RankStack], total: int) -> tuple[list[str], set[str]]:
         native = ""
         if members[0].native and what not in COLLECTIVES and "::" in members[0].native:
             native = f" [native: {members[0].native}]"
+        state = ", stopped (SIGSTOP or a debugger)" if halted else ""  # the first group too
         if i == 0 and len(ordered) > 1 and len(members) == 1:
-            parts.append(f"{members[0].label} waits in {what}{at}{native}")
+            parts.append(f"{members[0].label} waits in {what}{at}{native}{state}")
         elif i == 0 and len(ordered) > 1:
-            parts.append(f"{len(members)} of {total} ranks wait in {what}{at}{native}")
+            parts.append(f"{len(members)} of {total} ranks wait in {what}{at}{native}{state}")
         elif i == 0:
             every = "all" if len(members) == total else f"{len(members)} of"
-            parts.append(f"{every} {total} ranks wait in {what}{at}{native}")
+            parts.append(f"{every} {total} ranks wait in {what}{at}{native}{state}")
         else:
             verb = "is" if len(members) == 1 else "are"
             silent = [m.silent for m in members if m.silent is not None]
             quiet = f", silent for {_human(max(silent))}" if silent else ""
-            state = ", stopped (SIGSTOP or a debugger)" if halted else ""
             parts.append(f"{_names(members)} {verb} in {what}{at}{native}{state}{quiet}")
     if len(ordered) > 4:
         parts.append(f"{len(ordered) - 4} more group(s)")
