@@ -71,3 +71,36 @@ def test_treb_stacks_shows_a_rank_s_escapes_inert(treb, tmp_path) -> None:
         assert "^[]0;pwned^G^[[2J" in out.stdout, out.stdout
     finally:
         treb("cancel", st["id"], timeout=120)
+
+
+THREE = """\
+import os, time
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+t = torch.ones(1)
+dist.all_reduce(t)
+print("ready", flush=True)
+if rank == 0:
+    dist.all_reduce(t)  # waits for ranks 1 and 2
+else:
+    time.sleep(300)  # THREE-SLEEP
+"""
+
+
+def test_three_ranks_two_outside_the_collective_do_not_blame_the_waiting_one(treb, tmp_path):
+    """Real gloo ranks: 1 and 2 sleep at one line, rank 0 waits for them in all_reduce.
+    Before: 'hang on rank 0' (its stack was the one that differed)."""
+    needs_program("py-spy")
+    pytest.importorskip("torch")
+    (tmp_path / "three.py").write_text(THREE)
+    spec = write_spec(tmp_path, f"command: [{PY}, three.py]\nprocs_per_node: 3\n"
+                                "hang_timeout: 6s\non_hang: fail\ngrace_period: 1s\n")  # fmt: skip
+    res = treb("run", str(spec), timeout=240)
+    assert res.returncode == 1, res.stderr[-3000:]
+    st = status_json(treb)
+    assert [(a["state"], a["reason"]) for a in st["attempts"]] == [("FAILED", "hang")], st
+    diag = treb("diagnose", st["id"]).stdout
+    assert "ranks 1, 2 are in time.sleep (three.py:12)" in diag, diag
+    assert st["diagnosis"]["root_cause"]["rank"] != 0, st["diagnosis"]
