@@ -37,9 +37,10 @@ def spy(monkeypatch) -> None:
     monkeypatch.setenv("TREB_PY_SPY", stacks.find_py_spy() or needs_program("py-spy"))
 
 
-def dump_of(tmp_path: Path, argv: list[str]) -> tuple[str, dhang.RankStack]:
+def dump_of(tmp_path: Path, argv: list[str], code: str = HANGS) -> tuple[str, dhang.RankStack]:
+    """A real Dump (to its end) of a Python program that prints 'ready' and hangs."""
     (tmp_path / "stacks").mkdir()
-    (tmp_path / "hangs.py").write_text(HANGS)
+    (tmp_path / "hangs.py").write_text(code)
     proc = subprocess.Popen([PY, str(tmp_path / "hangs.py"), *argv], stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
@@ -96,21 +97,8 @@ hang_here()
 def test_a_thread_named_mainthread_is_not_taken_for_the_main_one(tmp_path, spy) -> None:
     """A rank names a worker thread 'MainThread' (and its own something else): the main
     thread is the one whose id is the pid. Before: the worker's stack read as the rank's."""
-    (tmp_path / "stacks").mkdir()
-    (tmp_path / "worker.py").write_text(WORKER)
-    proc = subprocess.Popen([PY, str(tmp_path / "worker.py")], stdout=subprocess.PIPE)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
-        d = stacks.Dump(str(tmp_path), "rank-0", proc.pid, "1.0-1")
-        deadline = time.monotonic() + 30
-        while not d.step():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-    finally:
-        proc.kill()
-        proc.wait()
-    [rs] = dhang.read_stacks(tmp_path)
-    assert rs.where == "worker.py:8", (tmp_path / "stacks" / "rank-0.txt").read_text()
+    text, rs = dump_of(tmp_path, [], WORKER)
+    assert rs.where == "hangs.py:8", text
 
 
 def test_a_py_spy_that_never_returns_leaves_no_process(tmp_path: Path, monkeypatch) -> None:
