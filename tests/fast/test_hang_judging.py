@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import needs_program
@@ -270,7 +270,7 @@ SAID = LINE.map(str.strip).filter(
 )  # fmt: skip
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(st.lists(LINE, max_size=8), SAID, st.lists(SAID, max_size=4), st.booleans())
 def test_py_spy_reason_properties(before: list, error: str, causes: list, trace: bool) -> None:
     """Any output: one line as the views show text (runtime/watch/display_lines.shown), at most

@@ -41,6 +41,7 @@ from typing import Any
 
 from trebuchet.runtime.rundir.records import read_json
 from trebuchet.runtime.rundir.regular import open_regular, read_text
+from trebuchet.runtime.watch.display_lines import shown
 
 HOST = re.compile(r"^# host (\S+)", re.M)
 TRIED = re.compile(r"^# tried: (.*)$", re.M)
@@ -48,6 +49,12 @@ SILENT_GAP_S = 2.0  # a rank silent this much longer than every other went silen
 HABIT_EVENTS = 3  # a rank progressed this many times before its silence can be judged
 HABIT_FACTOR = 3.0  # ... and was quiet this many times its usual gap
 STOPPED = re.compile(r"^# state stopped\s*$", re.M)
+# The stack files (and hang.json's names) of an attempt: a rank can write the folder, so a
+# name that is none of these (rank-², rank-x.txt) is no rank.
+NAME = re.compile(r"^(rank|node)-(0|[1-9][0-9]{0,6})$")
+STACK_MAX = 4 << 20  # a stack file's bytes read (a rank can make one a sparse 64 GiB)
+SILENCE_MAX = 1e9  # seconds: a planted time in hang.json says no more than this
+SOURCE_MAX = 1 << 20  # the bytes of a user's source file looked through for its line
 # Native frames of a rank that waits for its peers (DDP's reducer, gloo, NCCL).
 NATIVE_COLLECTIVE = re.compile(r"c10d::|gloo::|nccl|ProcessGroup", re.I)
 PY_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]*?):(?P<line>\d+)\)\s*$")
@@ -114,17 +121,20 @@ class RankStack:
 
 def parse(text: str) -> tuple[str, list[Frame]]:
     """(method, the main thread's frames innermost first) of one stack file."""
-    method = "none"
-    m = re.search(r"^# request \S+ method (\S+(?: --native| --nonblocking)?)", text, re.M)
+    method, pid = "none", ""
+    m = re.search(r"^# request \S+ method (\S+(?: --native| --nonblocking)?)(?: pid (\d+))?",
+                  text, re.M)  # fmt: skip
     if m:
-        method = m.group(1)
+        method, pid = m.group(1), m.group(2) or ""
     threads: list[tuple[str, list[Frame]]] = []
+    ids: list[str] = []
     for raw in text.splitlines():
         if raw.startswith("#"):
             continue
         t = PYSPY_THREAD.match(raw) or FH_THREAD.match(raw)
         if t:
             threads.append((t.groupdict().get("name") or "", []))
+            ids.append(t["id"])
             continue
         if not threads:
             continue
@@ -139,7 +149,10 @@ def parse(text: str) -> tuple[str, list[Frame]]:
         f = NATIVE_FRAME.match(raw)
         if f:
             threads[-1][1].append(Frame(f["func"], lib=f["lib"]))
-    main = next((fr for name, fr in threads if name == "MainThread"), None)
+    # the main thread's id is the pid (a rank can name any thread MainThread)
+    main = next((fr for i, (_, fr) in zip(ids, threads, strict=True) if pid and i == pid), None)
+    if main is None:
+        main = next((fr for name, fr in threads if name == "MainThread"), None)
     if main is None:  # faulthandler: the thread whose outermost Python frame is <module>
         main = next((fr for _, fr in threads if any(x.func == "<module>" for x in fr)), None)
     if main is None:
@@ -151,15 +164,16 @@ def _source_call(frame: Frame) -> str | None:
     """The call on a user frame's line (`time.sleep` of `time.sleep(3600)`)."""
     try:
         with open_regular(frame.file) as fh:
-            for i, raw in enumerate(fh, 1):
-                if i == frame.line:
-                    text = raw.decode(errors="replace")
-                    for name in CALL.findall(text.strip()):
-                        if name not in NOT_CALLS:
-                            return name
-                    return None
+            head = fh.read(SOURCE_MAX)  # a path in a stack file: any file, any size
     except OSError:
         return None
+    lines = head.split(b"\n", frame.line)
+    if frame.line < 1 or len(lines) < frame.line:
+        return None
+    text = lines[frame.line - 1][:4096].decode(errors="replace")
+    for name in CALL.findall(text.strip()):
+        if name not in NOT_CALLS:
+            return name
     return None
 
 
@@ -186,10 +200,10 @@ def read_stacks(adir: Path, names: list[str] | None = None) -> list[RankStack]:
     files = sorted(folder.glob("*.txt")) if folder.is_dir() else []
     out = []
     for path in files:
-        if names is not None and path.stem not in names:
+        if not NAME.match(path.stem) or (names is not None and path.stem not in names):
             continue
         try:
-            text = read_text(path)
+            text = read_text(path, STACK_MAX)
         except OSError:
             continue
         method, frames = parse(text)
@@ -221,14 +235,14 @@ def _order(rs: RankStack) -> tuple[int, int]:
 def _names(ranks: list[RankStack]) -> str:
     nums = [r.name.partition("-")[2] for r in ranks]
     kind = ranks[0].name.partition("-")[0]
-    shown = ", ".join(nums[:8]) + (f" and {len(nums) - 8} more" if len(nums) > 8 else "")
-    return f"{kind}{'s' if len(nums) > 1 else ''} {shown}"
+    listed = ", ".join(nums[:8]) + (f" and {len(nums) - 8} more" if len(nums) > 8 else "")
+    return f"{kind}{'s' if len(nums) > 1 else ''} {listed}"
 
 
 def _human(seconds: float) -> str:
     from trebuchet.spec.duration import human
 
-    return human(max(0.0, seconds))
+    return human(min(max(0.0, seconds), 1e9)) if math.isfinite(seconds) else "?"
 
 
 def summary(
@@ -305,7 +319,11 @@ def _field(habit: Any, key: str) -> float | None:
     value = habit.get(key) if isinstance(habit, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        value = float(value)  # an int past a float's range: OverflowError
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _count(habit: Any) -> int:
@@ -338,6 +356,8 @@ def stuck(ranks: list[RankStack], first: Silent | None) -> RankStack | None:
     for r in with_stacks:
         groups.setdefault((r.what, r.where), []).append(r)
     singles = [g[0] for g in groups.values() if len(g) == 1]
+    if apart:  # some are outside a collective: one waiting in it is no cause, but their victim
+        singles = [r for r in singles if not r.waits]
     if len(groups) > 1 and len(singles) == 1:
         return singles[0]
     if first is not None:  # no stacks tell: the progress times do
@@ -360,18 +380,18 @@ def _grouped(ranks: list[RankStack], total: int) -> tuple[list[str], set[str]]:
         native = ""
         if members[0].native and what not in COLLECTIVES and "::" in members[0].native:
             native = f" [native: {members[0].native}]"
+        state = ", stopped (SIGSTOP or a debugger)" if halted else ""  # the first group too
         if i == 0 and len(ordered) > 1 and len(members) == 1:
-            parts.append(f"{members[0].label} waits in {what}{at}{native}")
+            parts.append(f"{members[0].label} waits in {what}{at}{native}{state}")
         elif i == 0 and len(ordered) > 1:
-            parts.append(f"{len(members)} of {total} ranks wait in {what}{at}{native}")
+            parts.append(f"{len(members)} of {total} ranks wait in {what}{at}{native}{state}")
         elif i == 0:
             every = "all" if len(members) == total else f"{len(members)} of"
-            parts.append(f"{every} {total} ranks wait in {what}{at}{native}")
+            parts.append(f"{every} {total} ranks wait in {what}{at}{native}{state}")
         else:
             verb = "is" if len(members) == 1 else "are"
             silent = [m.silent for m in members if m.silent is not None]
             quiet = f", silent for {_human(max(silent))}" if silent else ""
-            state = ", stopped (SIGSTOP or a debugger)" if halted else ""
             parts.append(f"{_names(members)} {verb} in {what}{at}{native}{state}{quiet}")
     if len(ordered) > 4:
         parts.append(f"{len(ordered) - 4} more group(s)")
@@ -391,14 +411,15 @@ class Hang:
 def read(adir: Path) -> Hang | None:
     """The attempt's hang (hang.json and its stacks), or None when it had none."""
     adir = Path(adir)
-    info = read_json(str(adir / "hang.json"))
-    if not isinstance(info, dict):
+    info = _clean(read_json(str(adir / "hang.json")), adir / "hang.json")
+    if info is None:
         return None
-    expected = [str(n) for n in info.get("expected") or []]
-    ranks = read_stacks(adir, info.get("stacks") or None)
-    detected = float(info.get("detected_at") or time.time())
-    started = float(info.get("last_progress") or detected)
-    habits = info.get("habits") if isinstance(info.get("habits"), dict) else None
+    expected = info["expected"]
+    # the stacks of the attempt's ranks only: a rank can put a file of any name there
+    asked = [n for n in info["stacks"] if n in expected] if expected else info["stacks"]
+    ranks = read_stacks(adir, asked or (expected or None))
+    detected, started = info["detected_at"], info["last_progress"]
+    habits = info["habits"]
     silence = {n: _silent(adir, n, detected, started, habits) for n in expected}
     for r in ranks:
         r.silent = silence.get(r.name, _silent(adir, r.name, detected, started, habits))
@@ -409,6 +430,40 @@ def read(adir: Path) -> Hang | None:
     return Hang(info, ranks, line, odd, str(adir / "stacks"))
 
 
+def _clean(raw: Any, path: Path) -> dict[str, Any] | None:
+    """hang.json's fields as the readers use them, whatever a rank wrote there (it is in
+    the attempt's folder): finite times (else the file's own time), a known action, rank
+    names only; None when it is no hang record at all."""
+    if not isinstance(raw, dict):
+        return None
+
+    def num(key: str) -> float | None:
+        return _field(raw, key)
+
+    def names(key: str) -> list[str]:
+        value = raw.get(key)
+        if not isinstance(value, list):
+            return []
+        return [n for n in value if isinstance(n, str) and NAME.match(n)]
+
+    try:
+        made = path.stat().st_mtime
+    except OSError:
+        made = time.time()
+    detected = num("detected_at")
+    detected = made if detected is None else detected
+    last = num("last_progress")
+    last = detected if last is None else min(last, detected)
+    timeout = num("hang_timeout")
+    action = raw.get("action")
+    habits = raw.get("habits")
+    return {**raw, "detected_at": detected, "last_progress": last,
+            "hang_timeout": timeout if timeout is not None and timeout >= 0 else None,
+            "action": action if action in ("fail", "retry", "warn") else "fail",
+            "expected": names("expected"), "stacks": names("stacks"),
+            "habits": habits if isinstance(habits, dict) else None}  # fmt: skip
+
+
 def _silent(
     adir: Path, name: str, detected: float, started: float, habits: Habits | None = None
 ) -> float:
@@ -417,13 +472,12 @@ def _silent(
     it is stopped), else its progress file's mtime; without either, since the attempt's
     last progress."""
     seen = _field((habits or {}).get(name), "last")
-    if seen is not None:
-        return detected - min(seen, detected)
-    try:
-        last = min((adir / "progress" / name).stat().st_mtime, detected)
-    except OSError:
-        last = min(started, detected)
-    return detected - last
+    if seen is None:
+        try:
+            seen = (adir / "progress" / name).stat().st_mtime
+        except OSError:
+            seen = started
+    return min(detected - min(seen, detected), SILENCE_MAX)  # planted times: still finite
 
 
 def hang_lines(adir: Path) -> list[str]:
@@ -431,14 +485,15 @@ def hang_lines(adir: Path) -> list[str]:
     h = read(adir)
     if h is None:
         return []
-    action = h.info.get("action", "fail")
-    silent = float(h.info["detected_at"]) - float(h.info["last_progress"])
+    action = h.info["action"]
+    silent = h.info["detected_at"] - h.info["last_progress"]
+    limit = h.info["hang_timeout"]
     then = {"fail": "the run is stopped", "retry": "the attempt is stopped and retried",
             "warn": "the run goes on (on_hang: warn)"}.get(action, "")  # fmt: skip
     return [
         h.line,
         f"no rank made progress for {_human(silent)} (hang_timeout "
-        f"{float(h.info['hang_timeout']):g}s): {then}; stacks in {h.stacks_dir}",
+        f"{'?' if limit is None else f'{limit:g}'}s): {then}; stacks in {h.stacks_dir}",
     ]
 
 
@@ -460,7 +515,7 @@ def grouped_text(ranks: list[RankStack], texts: dict[str, str]) -> str:
         body = [ln for ln in texts.get(first.name, "").splitlines() if not ln.startswith("# ")]
         out += ["   " + ln for ln in body if ln.strip()]
         out.append("")
-    return "\n".join(out)
+    return "\n".join(shown(ln) for ln in out)
 
 
 def for_run(run: dict[str, Any]) -> dict[str, Any] | None:
@@ -487,6 +542,6 @@ def for_run(run: dict[str, Any]) -> dict[str, Any] | None:
 def warned_lines(run_dir: str, attempt: int) -> list[str]:
     """The hang an attempt that goes on reported (on_hang: warn), for `treb status`."""
     adir = Path(run_dir) / f"attempt-{attempt}"
-    info = read_json(str(adir / "hang.json"))
-    action = info.get("action") if isinstance(info, dict) else None
+    info = _clean(read_json(str(adir / "hang.json")), adir / "hang.json")
+    action = info["action"] if info is not None else None
     return [f"warning: {line}" for line in hang_lines(adir)] if action == "warn" else []

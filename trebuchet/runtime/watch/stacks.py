@@ -25,6 +25,7 @@ a few seconds at most. A failed py-spy is said with its own reason (`pyspy_reaso
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -47,6 +48,8 @@ FLAGS = ("--native", "--nonblocking")  # the py-spy options a file's method name
 DUMP_DEADLINE_S = 6.0  # one process's dump, every method together (a hung py-spy too)
 FAULTHANDLER_WAIT_S = 3.0
 REASON_MAX = 300
+JSON_MAX = 16 << 20  # py-spy's JSON dump read (its threads' frames, as fields)
+FIELD_MAX = 1000  # a name's or file's characters in a stack file
 CAUSE_NUMBER = re.compile(r"^\d+: ")
 # py-spy prints Rust's backtrace under its error when the environment asks for one
 PY_SPY_ENV = {"RUST_BACKTRACE": "0", "RUST_LIB_BACKTRACE": "0"}
@@ -130,7 +133,9 @@ class Dump:
         self.stopped = stopped(pid)  # SIGSTOP (`treb fault hang-rank`), a debugger
         spy = find_py_spy()
         if spy:
-            base = [spy, "dump", "--full-filenames", "--pid", str(pid)]
+            # --json: a thread name or a command line holds any text (lines like py-spy's
+            # own too); its JSON keeps them fields, which the file shows inert (render)
+            base = [spy, "dump", "--json", "--full-filenames", "--pid", str(pid)]
             quiet = [*base, "--nonblocking"]  # reads the memory, never suspends the process
             self.methods = [quiet] if self.stopped else [[*base, "--native"], base, quiet]
         else:
@@ -150,7 +155,8 @@ class Dump:
             try:
                 self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd,
                                               stderr=subprocess.STDOUT, close_fds=True,
-                                              env={**os.environ, **PY_SPY_ENV})  # fmt: skip
+                                              env={**os.environ, **PY_SPY_ENV},
+                                              start_new_session=True)  # fmt: skip
             except OSError as exc:
                 self.tried.append(f"{argv[0]}: {exc.strerror}")
                 self.popen = None
@@ -191,13 +197,16 @@ class Dump:
                 return False
             how = " ".join(["py-spy dump", *(a for a in self.argv if a in FLAGS)])
             if rc is None:
-                self.popen.kill()
-                self.popen.wait()
+                _kill(self.popen)
                 self.tried.append(f"{how}: no answer within {DUMP_DEADLINE_S:g}s")
-            text = _read(self.out)
-            if rc == 0 and text.strip():
-                return self._finish(how.replace(" dump", ""), text)
-            if rc is not None:
+            text = _read(self.out, JSON_MAX)
+            dumped = render(text, self.pid) if rc == 0 else None
+            if dumped:
+                return self._finish(how.replace(" dump", ""), dumped)
+            if rc == 0:
+                said = pyspy_reason(text)[:120]
+                self.tried.append(f"{how}: not a py-spy dump" + (f" ({said})" if said else ""))
+            elif rc is not None:
                 self.tried.append(f"{how}: {pyspy_reason(text) or f'exit code {rc}'}")
             self._next()
             return self.done
@@ -227,8 +236,16 @@ class Dump:
 
     def cancel(self) -> None:
         if self.popen is not None and self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait()
+            _kill(self.popen)
+
+
+def _kill(popen: subprocess.Popen[bytes]) -> None:
+    """py-spy and whatever it started (its own session: a stand-in script's children
+    too), killed and waited for."""
+    with contextlib.suppress(OSError):
+        os.killpg(popen.pid, signal.SIGKILL)
+    popen.kill()
+    popen.wait()
 
 
 def pyspy_reason(text: str) -> str:
@@ -255,9 +272,42 @@ def pyspy_reason(text: str) -> str:
     return shown(": ".join(p for p in parts if p))[:REASON_MAX]
 
 
-def _read(path: str) -> str:
+def render(text: str, pid: int) -> str:
+    """py-spy's JSON dump as its text dump (`Thread T (idle): "name"`, then the frames
+    innermost first, `func (file:line)` or a native `func (lib)`), the main thread (its
+    id is the pid) first, every field one inert line (display_lines.shown); '' when
+    `text` is no such dump (a stand-in's garbage, a truncated one)."""
+    at = text.find("[")
     try:
-        return read_text(path, 4 << 20)
+        data, _ = json.JSONDecoder().raw_decode(text, at) if at >= 0 else (None, 0)
+    except (ValueError, RecursionError):
+        return ""
+    if not isinstance(data, list) or not data:
+        return ""
+    threads = [t for t in data if isinstance(t, dict) and isinstance(t.get("frames"), list)]
+    threads.sort(key=lambda t: t.get("os_thread_id") != pid)
+    out = []
+    for t in threads:
+        tid = t.get("os_thread_id") or t.get("thread_id")
+        state = ("active" if t.get("active") else "idle") + ("+gil" if t.get("owns_gil") else "")
+        name = t.get("thread_name")
+        out.append(f"Thread {_field(tid)} ({state})" + (f': "{_field(name)}"' if name else ""))
+        for f in t["frames"]:
+            if not isinstance(f, dict):
+                continue
+            line = f.get("line")
+            at_line = f":{line}" if isinstance(line, int) and line > 0 else ""
+            out.append(f"    {_field(f.get('name'))} ({_field(f.get('filename'))}{at_line})")
+    return "\n".join(out) + "\n" if out else ""
+
+
+def _field(value: object) -> str:
+    return shown(str(value))[:FIELD_MAX]
+
+
+def _read(path: str, limit: int = 4 << 20) -> str:
+    try:
+        return read_text(path, limit)
     except OSError:
         return ""
 
