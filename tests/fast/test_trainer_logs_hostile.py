@@ -1,0 +1,128 @@
+"""Issue 38's readers against a hostile rank (adversary): quoted values that are no number,
+lines that cost the square of their length to a careless regex, a printed `Total
+optimization steps` that would silence the training loop's bar, bars whose total changes
+on every line, epochs that go backwards, and clocks that do not move. Every reader stays
+total, linear and finite. (No timing assertion: the lines below made the old regexes take
+minutes, so the old code did not finish these tests.)"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trebuchet.runtime.watch import eta
+from trebuchet.runtime.watch import metric_reader as rm
+
+BAR = b" 45%|####      | 450/1000 [00:10<00:12, 43.2it/s]"
+
+
+def test_a_storm_of_digit_runs_before_a_rate_is_read_in_linear_work() -> None:
+    """`111...1 /s` at the bar scan's length, redrawn 300 times (a \\r storm): the rate's
+    regex tried every digit as its start, each scanning to the run's end (0.27 s a line)."""
+    storm = b"1" * (rm.SCAN_BAR - 8) + b" /s"
+    for _ in range(300):
+        assert rm.read(storm) == (None, {}, 0)
+    assert rm.read(b"Epoch 0:  50%|#| 4/8 [00:01<00:01, 3.2it/s, loss=0.5]") == (
+        4.0,
+        {"loss": 0.5},
+        0,
+    )
+
+
+def test_a_long_word_after_the_prefix_is_read_in_linear_work() -> None:
+    """A spec's `prefix`, then one word as long as a line the reader hands over: the pair
+    regex's key ran to the word's end from each of its letters (10 s a line)."""
+    config = rm.Config(prefix="metrics:")
+    word = b"metrics: " + b"a" * (16 << 10)
+    for _ in range(4):
+        assert rm.read(word, config) == (None, {}, 0)
+    assert rm.read(b"metrics: step=3 loss=0.5", config) == (3.0, {"loss": 0.5}, 0)
+
+
+def test_a_bar_named_by_a_run_of_spaces_is_read_in_linear_work(tmp_path: Path) -> None:
+    """A validation bar padded with 1,900 spaces, redrawn 300 times, never the main one:
+    the percentage's regex began at each space (0.1 s a line, every line of a step)."""
+    adir = tmp_path / "attempt-0"
+    adir.mkdir()
+    e = eta.Eta(str(adir))
+    e("rank-0", BAR)
+    e.flush()
+    for _ in range(300):
+        e("rank-0", b"Validation" + b" " * 1900 + b"| 1/2000 [00:01<00:01]")
+    e.flush()
+    assert eta.read(str(tmp_path))["step"] == 450
+
+
+def test_a_printed_total_never_silences_the_training_bar() -> None:
+    """The Trainer's `Total optimization steps` as a rank could print it (a fake, 0, -5,
+    1e999, 2,000 digits): the bar that runs is still read, and no dict reads 1/1."""
+    for total in (b"5", b"0", b"-5", b"1e999", b"9" * 2000, b",", b"1.5"):
+        p = eta.Parser()
+        p.parse(b"  Total optimization steps = " + total)
+        reading, _ = p.parse(BAR)
+        assert reading is not None and (reading["step"], reading["total"]) == (450, 1000), total
+        p.parse(b"  Num update steps per epoch = 100")
+        reading, _ = p.parse(b"{'loss': '1', 'epoch': '0.5'}")
+        assert reading is None or reading["total"] not in (1.0, math.inf), (total, reading)
+
+
+def test_the_trainers_total_still_rules_out_an_evaluation_bar() -> None:
+    p = eta.Parser()
+    p.parse(b"  Total optimization steps = 60")
+    assert p.parse(b" 50%|#####     | 30/60 [00:10<00:10, 3.0it/s]")[0]["step"] == 30
+    assert p.parse(b" 90%|######### | 900/1000 [00:01<00:00, 900it/s]")[0] is None
+
+
+LINE = st.one_of(
+    st.builds(
+        lambda n, t, name: b"%s %d%%|#| %d/%d [00:01<00:02, 3.0it/s]" % (name, 50, n, t),
+        st.integers(0, 10**18),
+        st.integers(0, 10**18),
+        st.sampled_from([b"", b"Training", b"Validation", b"Epoch 3:"]),
+    ),  # fmt: skip
+    st.builds(
+        lambda v: b"  Total optimization steps = " + v,
+        st.sampled_from([b"0", b"-5", b"1e999", b"9" * 400, b"60", b"1,000", b"x"]),
+    ),
+    st.builds(
+        lambda v: b"  Num update steps per epoch = " + v,
+        st.sampled_from([b"0", b"1e999", b"9" * 400, b"10"]),
+    ),
+    st.builds(
+        lambda e: b"{'loss': '1.0', 'epoch': '%s'}" % e,
+        st.sampled_from([b"-1", b"nan", b"inf", b"1e999", b"9" * 5000, b"0.5", b"3"]),
+    ),
+    st.builds(lambda s, t: b"step %d/%d" % (s, t), st.integers(0, 10**20), st.integers(0, 10**20)),
+    st.binary(max_size=40),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(LINE, max_size=6), max_size=8), st.booleans())
+def test_any_steps_of_hostile_progress_lines_keep_the_record_finite(
+    tmp_path_factory, steps: list[list[bytes]], same_clock: bool
+) -> None:
+    """Any reader steps of such lines, with or without a clock that moves between readings:
+    no exception, and the record's figures are finite, non-negative, a fraction at most 1."""
+    run = tmp_path_factory.mktemp("run")
+    adir = run / "attempt-2"
+    adir.mkdir()
+    e = eta.Eta(str(adir))
+    for lines in steps:
+        for line in lines:
+            e("rank-0", line)
+        if same_clock and e.samples:  # every reading at the same instant
+            e.samples = [(e.samples[0][0], s) for _, s in e.samples]
+        e.flush()
+        got = eta.read(str(run), 2)
+        if got is None:
+            continue
+        raw = json.loads((run / eta.FILE).read_text())
+        for k in ("step", "total", "fraction", "rate", "eta_s", "gap_s", "stalled_s"):
+            v = got.get(k)
+            assert v is None or (math.isfinite(v) and v >= 0), (k, raw)
+        assert got["fraction"] is None or got["fraction"] <= 1
