@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trebuchet.results import parse as results
 from trebuchet.runtime.watch import eta
 from trebuchet.runtime.watch import metric_reader as rm
+from trebuchet.runtime.watch.display_lines import shown
 
 BAR = b" 45%|####      | 450/1000 [00:10<00:12, 43.2it/s]"
 
@@ -126,3 +129,56 @@ def test_any_steps_of_hostile_progress_lines_keep_the_record_finite(
             v = got.get(k)
             assert v is None or (math.isfinite(v) and v >= 0), (k, raw)
         assert got["fraction"] is None or got["fraction"] <= 1
+
+
+HOSTILE = st.one_of(
+    st.sampled_from(["1e999", "9" * 5000, "-0", "0x10", "1_000", " 1 ", "NaN", "inf", "-inf",
+                     "1e308", "", "\x1b[31m1", "1\ud800"]),  # fmt: skip
+    st.floats().map(lambda v: f"{v:.4g}"),
+    st.text(max_size=20),
+)
+NAME = st.one_of(st.sampled_from(["loss", "epoch", "step", "\x1b]0;x\x07", "\ud800", "a\u202eb"]),
+                 st.text(max_size=12))  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(NAME, HOSTILE, min_size=1, max_size=6), st.booleans(), st.text(max_size=20))
+def test_any_quoted_values_and_keys_in_either_form_stay_finite_and_inert(
+    d: dict, as_json: bool, before: str
+) -> None:
+    """A Trainer 5-like dict (or a JSON line) of any names and any quoted values, after any
+    prefix: a number is read only where the string is one, the step and values are finite,
+    and every name is inert (shown as a terminal shows it)."""
+    text = before + (json.dumps(d) if as_json else repr(d))
+    step, values, dropped = rm.read(text.encode("utf-8", "surrogatepass"))
+    assert step is None or math.isfinite(step)
+    assert dropped >= 0 and all(math.isfinite(v) for v in values.values())
+    assert all(shown(k) == k for k in values)
+
+
+def test_deep_and_long_dicts_are_no_values() -> None:
+    deep = b"{'a': " * 10_000 + b"'1'" + b"}" * 10_000
+    long = b"{" + b", ".join(b"'k%d': '%d'" % (i, i) for i in range(100_000)) + b"}"
+    for line in (deep, long, b"{'epoch': '" + b"9" * 5000 + b"', 'loss': '1'}"):
+        step, values, _ = rm.read(line)
+        assert step is None or math.isfinite(step)
+        assert all(math.isfinite(v) for v in values.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(HOSTILE, st.sampled_from(["'", '"', ""]), st.binary(max_size=30))
+def test_results_read_any_quoted_samples_per_second(tmp_path_factory, v: str, q: str,
+                                                    noise: bytes) -> None:  # fmt: skip
+    """`'train_samples_per_second': '<anything>'`: the number when the quoted text is one and
+    finite, else no value; never an exception."""
+    log = tmp_path_factory.mktemp("r") / "rank-0.log"
+    line = f"{{'train_runtime': '25.42', 'train_samples_per_second': {q}{v}{q}}}"
+    log.write_bytes(noise + b"\n" + line.encode("utf-8", "surrogatepass") + b"\n")
+    got = results.hf_samples_per_second(log)
+    assert got is None or (math.isfinite(got.value) and got.metric == "samples_per_second")
+    try:
+        want = float(v) if re.fullmatch(rm.NUMBER.decode(), v) else None
+    except ValueError:
+        want = None
+    if want is not None and math.isfinite(want) and b"samples_per_second" not in noise:
+        assert got is not None and got.value == want
