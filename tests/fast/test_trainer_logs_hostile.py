@@ -56,6 +56,7 @@ def test_a_bar_named_by_a_run_of_spaces_is_read_in_linear_work(tmp_path: Path) -
     e.flush()
     for _ in range(300):
         e("rank-0", b"Validation" + b" " * 1900 + b"| 1/2000 [00:01<00:01]")
+        e("rank-0", b"Total train batch size" + b" " * 2000 + b" = ")  # read at once
     e.flush()
     assert eta.read(str(tmp_path))["step"] == 450
 
@@ -132,8 +133,23 @@ def test_any_steps_of_hostile_progress_lines_keep_the_record_finite(
 
 
 HOSTILE = st.one_of(
-    st.sampled_from(["1e999", "9" * 5000, "-0", "0x10", "1_000", " 1 ", "NaN", "inf", "-inf",
-                     "1e308", "", "\x1b[31m1", "1\ud800"]),  # fmt: skip
+    st.sampled_from(
+        [
+            "1e999",
+            "9" * 5000,
+            "-0",
+            "0x10",
+            "1_000",
+            " 1 ",
+            "NaN",
+            "inf",
+            "-inf",
+            "1e308",
+            "",
+            "\x1b[31m1",
+            "1\ud800",
+        ]
+    ),  # fmt: skip
     st.floats().map(lambda v: f"{v:.4g}"),
     st.text(max_size=20),
 )

@@ -16,7 +16,7 @@ from tests.conftest import status_json, write_spec
 
 pytestmark = pytest.mark.integration
 
-JOB = r'''
+JOB = r"""
 import os, sys, time
 from pathlib import Path
 ck = Path(sys.argv[1])
@@ -43,7 +43,7 @@ for n in range(start + 1, 301):
         out.write(storm)
     bar(n, "10.0")
     time.sleep(0.1)
-'''
+"""
 
 
 def watch(treb, run: str, until, timeout: float = 120) -> dict:

@@ -69,11 +69,12 @@ _HF_KEY = re.compile(  # transformers 5 quotes its values: 'epoch': '0.5'
 )
 # A count is the whole number: `= 1e999` is no 1, `= 1.5` no 1 (_count: finite, not 0)
 _COUNT = rb"\s*=\s*(\d[\d,]*)(?![\w.])"
+_NUMBER_AFTER_EQ = rb"=\s*(\d[\d,]*)(?![\w.])"
 _HF_TOTAL = re.compile(rb"Total optimization steps" + _COUNT)
 _HF_EPOCHS = re.compile(rb"Num Epochs" + _COUNT)
 _HF_PER_EPOCH = re.compile(rb"Num update steps per epoch" + _COUNT)  # transformers 5
 _HF_EXAMPLES = re.compile(rb"Num examples" + _COUNT)  # and the next, 4's per epoch
-_HF_BATCH = re.compile(rb"Total train batch size[^=]*" + _COUNT)
+_HF_BATCH = re.compile(rb"Total train batch size[^=]*" + _NUMBER_AFTER_EQ)  # [^=]* ends at =
 # `45%|####  ` before a bar's `| n/total` (no leading \s*: tried from each space of a long
 # run, it cost the run's square; the name is stripped after)
 _PCT = re.compile(rb"\d{1,3}%\s*\|[^|]*$")
