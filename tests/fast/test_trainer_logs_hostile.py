@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trebuchet.cli.top_cmd import progress_cell
 from trebuchet.results import parse as results
 from trebuchet.runtime.watch import eta
 from trebuchet.runtime.watch import metric_reader as rm
@@ -198,3 +200,17 @@ def test_results_read_any_quoted_samples_per_second(tmp_path_factory, v: str, q:
         want = None
     if want is not None and math.isfinite(want) and b"samples_per_second" not in noise:
         assert got is not None and got.value == want
+
+
+def test_counts_past_what_a_float_counts_are_no_progress(tmp_path: Path) -> None:
+    """A bar's total, or its time left, of 290 digits (finite, so it passed), or a record a
+    rank wrote with such figures: no reading, so `treb ps` / `top` cells stay short."""
+    p = eta.Parser()
+    assert p.parse(b" 50%|#| 5/" + b"9" * 290 + b" [00:01<00:01, 3.0it/s]")[0] is None
+    assert p.parse(b" 50%|#| 5/10 [00:01<" + b"9" * 290 + b", 3.0it/s]")[1] is None
+    now = time.time()
+    record = {"attempt": 0, "step": 1e299, "total": 1e299, "fraction": 1, "rate": 1e-299,
+              "eta_s": 9e299, "t": now, "moved": now, "gap_s": 1.0}  # fmt: skip
+    (tmp_path / eta.FILE).write_text(json.dumps(record))
+    got = eta.read(str(tmp_path))
+    assert len(progress_cell(got)) < 40, progress_cell(got)

@@ -245,11 +245,15 @@ def figures(reading: Reading, rate: float | None, left: float | None) -> dict[st
     }  # fmt: skip
 
 
+COUNT_MAX = float(1 << 53)  # past it a float counts no step exactly: no figure, a long cell
+
+
 def _sane(v: Any) -> bool:
-    """None, or a finite non-negative number (a step, total, rate or seconds left)."""
+    """None, or a non-negative number a float counts exactly (a step, total, rate or
+    seconds left: a rank's 290-digit total is finite, and no progress)."""
     if v is None:
         return True
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e300
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < COUNT_MAX
 
 
 def _plain(v: float | None) -> float | int | None:
