@@ -85,3 +85,27 @@ def test_hostile_rank_resumed_three_times_then_stalled(treb, tmp_path: Path) -> 
         assert "\x1b" not in text
     finally:
         treb("cancel", run)
+
+
+HEARTBEAT = r"""
+import sys, time
+while True:  # hung at the resumed step, a watchdog printing where it is
+    print("step 30/60", flush=True)
+    time.sleep(0.5)
+"""
+
+
+def test_a_step_printed_again_and_again_without_advancing_is_stalled(treb, tmp_path: Path) -> None:
+    """No step advanced this attempt, but the line is printed every 0.5 s: stalled after
+    STALL_MIN_S, as a silent run is (the record's `moved` was each reading's time)."""
+    (tmp_path / "job.py").write_text(HEARTBEAT)
+    res = treb("run", "-d", str(write_spec(tmp_path, "name: beat\ncommand: python job.py\n")))
+    assert res.returncode == 0, res.stderr
+    run = res.stdout.split()[0]
+    try:
+        got = watch(treb, run, lambda s: (s.get("progress") or {}).get("step") == 30)
+        assert got["progress"]["stalled_s"] is None
+        got = watch(treb, run, lambda s: s["progress"]["stalled_s"] is not None, timeout=45)
+        assert got["progress"]["eta_s"] is None and got["progress"]["stalled_s"] >= 15
+    finally:
+        treb("cancel", run)

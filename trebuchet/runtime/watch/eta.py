@@ -27,7 +27,8 @@ read it: `{attempt, step, total, fraction, rate (steps/s), eta_s, t, moved, gap_
 is the steps over the last `WINDOW_S` seconds of readings, from the first step this attempt
 made on (a resumed bar jumps to its checkpoint's step at once: tqdm's own rate counts that
 jump, and stays high); tqdm's own rate and time left only until there are two such readings.
-`moved` is when the step last advanced and `gap_s` the usual time between advances: a
+`moved` is when the step last advanced (else the attempt's first reading: a step printed
+again and again is no advance) and `gap_s` the usual time between advances: a
 reader finds the run stalled (`stalled_s`, no ETA) when no step came for `STALL_GAPS` such
 gaps and at least `STALL_MIN_S` seconds, instead of counting the ETA down to 0.
 `from_log_tail` reads the same from the tail of a log, for engines whose agents' files stay
@@ -276,6 +277,7 @@ class Eta:
         self.samples: list[tuple[float, float]] = []  # (wall, step) over the window
         self.first: float | None = None  # the step first read this attempt (resume: a jump)
         self.moves: list[float] = []  # when the step advanced (the last ones)
+        self.since: float | None = None  # the first reading's time: `moved` before an advance
         self.lines: list[bytes] = []  # the first rank's lines of this reader step
 
     def __call__(self, name: str, line: bytes) -> None:
@@ -300,6 +302,8 @@ class Eta:
         else:
             return
         now = time.time()
+        if self.since is None:
+            self.since = now
         self._sample(now, self.reading["step"])
         rate = None
         if len(self.samples) >= 2:
@@ -316,7 +320,7 @@ class Eta:
             else None
         )
         record = {"attempt": self.attempt, "t": round(now, 3),
-                  "moved": round(self.moves[-1], 3) if self.moves else round(now, 3),
+                  "moved": round(self.moves[-1] if self.moves else self.since, 3),
                   "gap_s": None if gap is None else round(gap, 3),
                   **figures(self.reading, rate, left)}  # fmt: skip
         try:
