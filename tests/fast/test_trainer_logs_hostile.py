@@ -214,3 +214,28 @@ def test_counts_past_what_a_float_counts_are_no_progress(tmp_path: Path) -> None
     (tmp_path / eta.FILE).write_text(json.dumps(record))
     got = eta.read(str(tmp_path))
     assert len(progress_cell(got)) < 40, progress_cell(got)
+
+
+FIGURE = st.one_of(st.none(), st.booleans(), st.integers(-(10**400), 10**400),
+                   st.floats(), st.text(max_size=5), st.lists(st.integers(), max_size=2))  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["attempt", "step", "total", "fraction", "rate",
+                                        "eta_s", "t", "moved", "gap_s", "stalled_s"]),
+                       FIGURE), st.binary(max_size=300))  # fmt: skip
+def test_any_progress_record_or_log_tail_reads_finite(tmp_path_factory, record: dict,
+                                                      log: bytes) -> None:  # fmt: skip
+    """progress.json as a rank could write it, and any log tail: read without exception,
+    figures finite and non-negative, the views' cells plain text."""
+    run = tmp_path_factory.mktemp("run")
+    text = json.dumps(record, default=str).replace("Infinity", "1e999")
+    (run / eta.FILE).write_text(text)
+    (run / "rank-0.log").write_bytes(log)
+    for got in (eta.read(str(run)), eta.from_log_tail(str(run / "rank-0.log"))):
+        if got is None:
+            continue
+        for k in ("step", "total", "fraction", "rate", "eta_s", "stalled_s"):
+            v = got.get(k)
+            assert v is None or (math.isfinite(v) and 0 <= v < 2**53), (k, v)
+        assert progress_cell(got).isprintable()
