@@ -12,8 +12,9 @@ launcher starts one process per node) and finds how far the run is:
   `{'loss': ..., 'epoch': 0.5}` (5 prints `'epoch': '0.5'`): step = epoch x steps an epoch;
 - the spec's `metrics.progress`, a regex with the named groups `step` and `total`.
 The run's progress is the training loop's bar, not whichever bar drew last: a bar of one
-item (a checkpoint's `Writing model shards: 1/1`) is none, a bar whose total is not the
-Trainer's `Total optimization steps` is another loop's (evaluation), a bar named for such a
+item (a checkpoint's `Writing model shards: 1/1`) is none, once the Trainer's bar (of its
+`Total optimization steps`) runs a bar of another total is another loop's (evaluation: a
+printed total no bar has hides nothing), a bar named for such a
 loop (`Sanity Checking`, `Validation`, `Testing`, ...: `OTHER_LOOPS`) is none, and otherwise
 the main bar is the one with the largest total seen (Lightning's `Epoch N` bars are one).
 Each parser looks for a cheap marker (`/`, `epoch`, `steps =`) before any regex, and only
@@ -26,7 +27,8 @@ read it: `{attempt, step, total, fraction, rate (steps/s), eta_s, t, moved, gap_
 is the steps over the last `WINDOW_S` seconds of readings, from the first step this attempt
 made on (a resumed bar jumps to its checkpoint's step at once: tqdm's own rate counts that
 jump, and stays high); tqdm's own rate and time left only until there are two such readings.
-`moved` is when the step last advanced and `gap_s` the usual time between advances: a
+`moved` is when the step last advanced (else the attempt's first reading: a step printed
+again and again is no advance) and `gap_s` the usual time between advances: a
 reader finds the run stalled (`stalled_s`, no ETA) when no step came for `STALL_GAPS` such
 gaps and at least `STALL_MIN_S` seconds, instead of counting the ETA down to 0.
 `from_log_tail` reads the same from the tail of a log, for engines whose agents' files stay
@@ -66,12 +68,17 @@ _STEP = re.compile(
 _HF_KEY = re.compile(  # transformers 5 quotes its values: 'epoch': '0.5'
     rb"""['"](epoch|step|global_step|max_steps|num_train_epochs)['"]\s*:\s*['"]?(""" + _NUM + rb")"
 )
-_HF_TOTAL = re.compile(rb"Total optimization steps\s*=\s*([\d,]+)")
-_HF_EPOCHS = re.compile(rb"Num Epochs\s*=\s*([\d,]+)")
-_HF_PER_EPOCH = re.compile(rb"Num update steps per epoch\s*=\s*([\d,]+)")  # transformers 5
-_HF_EXAMPLES = re.compile(rb"Num examples\s*=\s*([\d,]+)")  # and the next, 4's per epoch
-_HF_BATCH = re.compile(rb"Total train batch size[^=]*=\s*([\d,]+)")
-_PCT = re.compile(rb"\s*\d{1,3}%\s*\|[^|]*$")  # `: 45%|####  ` before a bar's `| n/total`
+# A count is the whole number: `= 1e999` is no 1, `= 1.5` no 1 (_count: finite, not 0)
+_COUNT = rb"\s*=\s*(\d[\d,]*)(?![\w.])"
+_NUMBER_AFTER_EQ = rb"=\s*(\d[\d,]*)(?![\w.])"
+_HF_TOTAL = re.compile(rb"Total optimization steps" + _COUNT)
+_HF_EPOCHS = re.compile(rb"Num Epochs" + _COUNT)
+_HF_PER_EPOCH = re.compile(rb"Num update steps per epoch" + _COUNT)  # transformers 5
+_HF_EXAMPLES = re.compile(rb"Num examples" + _COUNT)  # and the next, 4's per epoch
+_HF_BATCH = re.compile(rb"Total train batch size[^=]*" + _NUMBER_AFTER_EQ)  # [^=]* ends at =
+# `45%|####  ` before a bar's `| n/total` (no leading \s*: tried from each space of a long
+# run, it cost the run's square; the name is stripped after)
+_PCT = re.compile(rb"\d{1,3}%\s*\|[^|]*$")
 _DIGITS = re.compile(rb"\d+")
 # Bars of the loops beside training (Lightning's sanity check, validation, test, predict;
 # evaluation): never the run's progress.
@@ -95,6 +102,12 @@ def _seconds(clock: bytes) -> float | None:
     for p in parts:
         total = total * 60 + p
     return float(total)
+
+
+def _count(m: re.Match[bytes]) -> float | None:
+    """A Trainer's count (`1,000`): None when 0 or past what a float holds."""
+    v = float(m[1].replace(b",", b""))
+    return v if v and _sane(v) else None
 
 
 class Parser:
@@ -157,17 +170,19 @@ class Parser:
         ):
             m = rx.search(head)
             if m:
-                setattr(self, attr, float(m[1].replace(b",", b"")) or None)
+                setattr(self, attr, _count(m))
         m = _HF_BATCH.search(head)
-        if m and self.hf_examples and self.hf_per_epoch is None:
-            batch = float(m[1].replace(b",", b""))
-            self.hf_per_epoch = -(-self.hf_examples // batch) if batch else None
+        batch = _count(m) if m else None
+        if batch and self.hf_examples and self.hf_per_epoch is None:
+            self.hf_per_epoch = -(-self.hf_examples // batch)
 
     def _is_main(self, before: bytes, m: re.Match[bytes]) -> bool:
         """Whether a bar is the training loop's (module docstring): it becomes the main one
         when it is the first, or longer than the main one."""
         total = _scaled(m[3], m[4])
-        if total <= 1 or (self.hf_total and total != self.hf_total):
+        if total <= 1 or (
+            self.main is not None and self.main[1] == self.hf_total != total
+        ):  # another loop's, once the Trainer's bar runs: a printed total cannot stop it
             return False
         name = _DIGITS.sub(b"#", _PCT.sub(b"", before).strip()[-80:])
         if OTHER_LOOPS.search(name):
@@ -231,11 +246,15 @@ def figures(reading: Reading, rate: float | None, left: float | None) -> dict[st
     }  # fmt: skip
 
 
+COUNT_MAX = float(1 << 53)  # past it a float counts no step exactly: no figure, a long cell
+
+
 def _sane(v: Any) -> bool:
-    """None, or a finite non-negative number (a step, total, rate or seconds left)."""
+    """None, or a non-negative number a float counts exactly (a step, total, rate or
+    seconds left: a rank's 290-digit total is finite, and no progress)."""
     if v is None:
         return True
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e300
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < COUNT_MAX
 
 
 def _plain(v: float | None) -> float | int | None:
@@ -258,6 +277,7 @@ class Eta:
         self.samples: list[tuple[float, float]] = []  # (wall, step) over the window
         self.first: float | None = None  # the step first read this attempt (resume: a jump)
         self.moves: list[float] = []  # when the step advanced (the last ones)
+        self.since: float | None = None  # the first reading's time: `moved` before an advance
         self.lines: list[bytes] = []  # the first rank's lines of this reader step
 
     def __call__(self, name: str, line: bytes) -> None:
@@ -282,6 +302,8 @@ class Eta:
         else:
             return
         now = time.time()
+        if self.since is None:
+            self.since = now
         self._sample(now, self.reading["step"])
         rate = None
         if len(self.samples) >= 2:
@@ -298,7 +320,7 @@ class Eta:
             else None
         )
         record = {"attempt": self.attempt, "t": round(now, 3),
-                  "moved": round(self.moves[-1], 3) if self.moves else round(now, 3),
+                  "moved": round(self.moves[-1] if self.moves else self.since, 3),
                   "gap_s": None if gap is None else round(gap, 3),
                   **figures(self.reading, rate, left)}  # fmt: skip
         try:

@@ -57,7 +57,11 @@ PERF = re.compile(
     rb"performance:\s*(?P<value>" + NUMBER + rb")\s*(?:/\s*[A-Za-z%][\w%]*)?\s*,?\s*"
     rb"(?P<metric>[A-Za-z_%][\w./%-]*)"
 )
-_PAIR = re.compile(rb"(?P<key>[A-Za-z_][\w./-]*)\s*[=:]\s*(?P<value>" + NUMBER + rb")(?![\w.])")
+# A key starts a word and is at most NAME_MAX long: tried from each letter of a long word,
+# to its end, it cost the word's square (a 16 KiB word: seconds).
+_PAIR = re.compile(
+    rb"(?<![\w./-])(?P<key>[A-Za-z_][\w./-]{0,99})\s*[=:]\s*(?P<value>" + NUMBER + rb")(?![\w.])"
+)
 _ANSI = re.compile(rb"\^\[\[[0-9;]*[A-Za-z]")  # colours, as lines.inert shows ESC
 _NOT_BRACKET = re.compile(rb"[^\[\]{}()]+")
 # The Trainer's repr of a diverged value (`'loss': nan`): no literal; read as one that is
@@ -71,8 +75,9 @@ STEP_KEYS = ("step", "global_step", "iteration", "iter")
 EPOCH_KEY = "epoch"  # the step when a dict has no step key, kept as a value too
 _NUMERIC = re.compile(NUMBER.decode() + r"|[+-]?(?:nan|inf|infinity)", re.I)
 _PREFIX_STEP = re.compile(rb"(?i)\b(?:step|epoch|iter|iteration)\b\s*[:=#]?\s*(\d{1,15})\b")
-# A bar's rate (`3.2it/s`, `1.5s/it`, `12.0 samples/s`): its metrics follow it.
-_RATE = re.compile(rb"\d(?:[\d.]*)\s*(?:[kMG]?it/s|s/it|\?it/s)")
+# A bar's rate (`3.2it/s`, `1.5s/it`, `12.0 samples/s`): its metrics follow it. It starts
+# where a run of digits does: tried from each digit of a long run, it cost the run's square.
+_RATE = re.compile(rb"(?<![\d.])\d[\d.]*\s*(?:[kMG]?it/s|s/it|\?it/s)")
 _BAR_N = re.compile(rb"(\d{1,15})/(\d{1,15})(?=[\s\[|])")
 _BAR_EPOCH = re.compile(rb"\bEpoch (\d{1,15})\b")
 _KEY = rb"([A-Za-z_][\w./-]{0,99})"
