@@ -236,3 +236,27 @@ def test_a_forged_ssh_record_never_crashes_the_listing(tmp_path_factory: Any, ss
     for line in outputs.lines(run):  # the views make each line safe with shown()
         assert "\n" not in shown(line)
     json.dumps(outputs.written(run))
+
+
+def test_a_rerun_copies_only_the_snapshots_own_files_whatever_the_manifest_says(
+    tmp_path: Path,
+) -> None:
+    """snapshot-files.json forged by a rank: names with `..`, absolute ones, and one through
+    a symlink the rank made to a folder outside. A rerun's copy (snapshot.reuse) takes only
+    files inside the earlier code/ and writes only inside its own."""
+    from trebuchet.launcher.snapshot import reuse
+
+    run, code = snapshot_run(tmp_path, {"train.py": "x"})
+    secret = tmp_path / "outside"
+    secret.mkdir()
+    (secret / "key").write_text("private")
+    (run / "notes.txt").write_text("the earlier run's own file")
+    (code / "link").symlink_to(secret)
+    forged = {"train.py": [1, 1], "../notes.txt": [1, 1], str(secret / "key"): [1, 1],
+              "link/key": [1, 1], "": [0, 0], "./../notes.txt": [1, 1]}  # fmt: skip
+    (run / outputs.MANIFEST).write_text(json.dumps(forged))
+    new = tmp_path / "new"
+    new.mkdir()
+    reuse(run, new / "code")
+    assert sorted(os.listdir(new)) == ["code"]  # nothing written beside the copy
+    assert sorted(os.listdir(new / "code")) == ["train.py"]
