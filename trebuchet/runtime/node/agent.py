@@ -29,6 +29,7 @@ from ..rundir.records import exit_fields, now, sync, writable_fd, write_json
 from ..watch import eta, gpu
 from ..watch import metric_reader as metrics
 from ..watch.activity import Progress
+from ..watch.marks import marks_path
 from ..watch.stacks import Stacks, faulthandler_path
 
 if TYPE_CHECKING:
@@ -150,6 +151,7 @@ class Agent:
         self.gpus = gpu.sampler(attempt_dir, conf, procs_)  # the node's GPUs, if asked for
         on_line = eta.chain(self.eta, self.metrics)
         self.progress = Progress(attempt_dir, on_line=on_line)  # the agent's log reader
+        self.marks_made = False  # attempt-<n>/marks, made at the first tracked start
         self.stacks = Stacks(attempt_dir)
 
     # -- signals (a standalone agent; in the local supervisor, the supervisor has them) ---
@@ -169,6 +171,10 @@ class Agent:
 
     def _on_stop(self, signum: int, _frame: object) -> None:
         self._stop = signum if self._stop in (None, signal.SIGINT) else self._stop
+
+    def stop_requested(self) -> bool:
+        """A stop signal came and no poll took it yet (before the start: none starts)."""
+        return self._stop is not None
 
     def _on_forward(self, signum: int, _frame: object) -> None:
         self._forward.append(signum)
@@ -211,6 +217,10 @@ class Agent:
         if p.tracked:  # the contract's per-rank paths (trebuchet.dist.heartbeat/enable_stacks)
             p.env["TREB_HEARTBEAT"] = self.progress.track(p.name)
             p.env["TREB_STACKS_FILE"] = faulthandler_path(self.adir, p.name)
+            p.env["TREB_MARKS"] = marks_path(self.adir, p.name)  # trebuchet.dist.mark
+            if not self.marks_made:
+                os.makedirs(os.path.dirname(p.env["TREB_MARKS"]), mode=0o700, exist_ok=True)
+                self.marks_made = True
             elastic = contract.attempt_elastic_vars(p.env, self.adir, p.name)
             if elastic:  # torch's @record opens the file, in a folder that must exist
                 folder = os.path.dirname(elastic["TORCHELASTIC_ERROR_FILE"])
