@@ -165,13 +165,19 @@ def start(
         attach = attach and not waits  # a run that waits is detached: it outlives this one
         takeover = attach and handover is not None
         sub = prepare(checked.points[0][1], checked.on, store, checked.resume, not takeover)
-        if waits:
-            checked.add_warning(_record_after(sub, waits))
-        for text in sub.warnings:
-            checked.add_warning(f"warning: {text}")
-        tracking.open_run(sub, checked.add_warning)
-        if announce:
-            announce(sub)
+        try:
+            if waits:
+                checked.add_warning(_record_after(sub, waits))
+            for text in sub.warnings:
+                checked.add_warning(f"warning: {text}")
+            tracking.open_run(sub, checked.add_warning)
+            if announce:
+                announce(sub)
+        except BaseException:  # Ctrl+C before any supervisor has it: no run PENDING forever
+            from trebuchet.launcher.submit import forget
+
+            forget(store, sub.record.id)
+            raise
         if takeover:
             engine.handover(sub, handover)
             sub.sync()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -110,3 +111,152 @@ def test_any_file_name_is_found_and_shown_on_one_line(tmp_path_factory, names: l
     for line in outputs.lines(run):
         text = shown(line)
         assert "\n" not in text and "\x1b" not in text and "\u2028" not in text
+
+
+def test_a_tree_deeper_than_the_recursion_limit_never_crashes_the_listing(tmp_path: Path) -> None:
+    """A rank that nests 1200 folders (os.walk recursed, and `treb status` died of a
+    RecursionError traceback)."""
+    run, code = snapshot_run(tmp_path, {"train.py": "x"})
+    here = os.getcwd()
+    try:
+        os.chdir(code)
+        for _ in range(1200):
+            os.mkdir("a")
+            os.chdir("a")
+        Path("deep.txt").write_text("x")
+    finally:
+        os.chdir(here)
+    try:
+        found = outputs.written(run)
+        assert found is not None and found["count"] == 1
+        assert found["new"][0].endswith("/a/deep.txt")
+        assert outputs.lines(run)[1] == f"  {code}/a/ (1 file)"
+    finally:  # pytest's own rmtree recurses too
+        unnest(code / "a")
+
+
+def unnest(top: Path) -> None:
+    """Remove a chain of nested folders `a/a/a/...` without recursion."""
+    here = os.getcwd()
+    depth = 0
+    try:
+        os.chdir(top)
+        while os.path.isdir("a"):
+            os.chdir("a")
+            depth += 1
+        for name in os.listdir("."):
+            os.unlink(name)
+        for _ in range(depth):
+            os.chdir("..")
+            os.rmdir("a")
+    finally:
+        os.chdir(here)
+    top.rmdir()
+
+
+def test_empty_folders_count_toward_the_walk_bound(tmp_path: Path, monkeypatch: Any) -> None:
+    """Folders are entries too: a rank that makes a million empty folders must not make the
+    summary or `treb status` walk them all (only files were counted)."""
+    run, code = snapshot_run(tmp_path, {"train.py": "x"})
+    for i in range(60):
+        (code / f"empty{i:03}").mkdir()
+    monkeypatch.setattr(outputs, "MAX_WALKED", 30)
+    found = outputs.written(run)
+    assert found is not None and found["truncated"] is True
+    assert outputs.lines(run)[-1].endswith(f"too many entries to look through: `ls {code}`")
+
+
+def test_a_forged_snapshot_path_never_lists_outside_the_run(tmp_path: Path) -> None:
+    """snapshot.json sits where a rank can write: its `path` pointing at another folder
+    (or being no string) must not make treb list (or crash on) that folder."""
+    run, code = snapshot_run(tmp_path, {"train.py": "x"})
+    (code / "out.txt").write_text("mine")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("s")
+    for forged in (str(outside), "/", 123, ["x"]):
+        (run / "snapshot.json").write_text(json.dumps({"path": forged, "source": "/p"}))
+        found = outputs.written(run)
+        assert found is not None and found["new"] == ["out.txt"], forged
+        assert found["dir"] == str(code)
+
+
+def test_a_huge_forged_manifest_is_not_read_whole(tmp_path: Path) -> None:
+    """A rank replaces snapshot-files.json by a 1 GiB file: the listing reads a bounded
+    prefix (it was read whole into memory)."""
+    import tracemalloc
+
+    run, _ = snapshot_run(tmp_path, {"train.py": "x"})
+    with open(run / outputs.MANIFEST, "wb") as fh:
+        fh.truncate(1 << 30)  # sparse: no disk used
+    tracemalloc.start()
+    try:
+        outputs.lines(run)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 200 << 20
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    snap=st.one_of(st.text(), st.dictionaries(st.text(max_size=8), st.from_type(object))),
+    manifest=st.text(max_size=200),
+    ssh=st.text(max_size=200),
+)
+def test_any_run_directory_records_never_crash_the_listing(
+    tmp_path_factory: Any, snap: Any, manifest: str, ssh: str
+) -> None:
+    """snapshot.json, snapshot-files.json and ssh.json as a rank may leave them (any text,
+    NaN, 1e999, huge ints, wrong types): lines() and written() answer, never raise."""
+    run, _ = snapshot_run(tmp_path_factory.mktemp("r"), {"train.py": "x"})
+    for name, text in (("snapshot.json", snap), (outputs.MANIFEST, manifest), ("ssh.json", ssh)):
+        if not isinstance(text, str):
+            text = json.dumps(text, default=repr)
+        (run / name).write_text(text, errors="surrogateescape")
+    outputs.lines(run)
+    json.dumps(outputs.written(run))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    ssh=st.fixed_dictionaries(
+        {
+            "remote_root": st.one_of(st.text(), st.integers(), st.none(), st.floats()),
+            "remote_run_dir": st.one_of(st.text(), st.integers(), st.floats(), st.lists(st.text())),
+            "hosts": st.one_of(st.text(), st.integers(), st.lists(st.text()), st.none()),
+            "nodes": st.one_of(st.text(), st.integers(), st.floats(), st.none()),
+        }
+    )
+)
+def test_a_forged_ssh_record_never_crashes_the_listing(tmp_path_factory: Any, ssh: Any) -> None:
+    """ssh.json's fields of any type (NaN, 1e999, "abc" nodes, a number for a path)."""
+    run, _ = snapshot_run(tmp_path_factory.mktemp("r"), {"train.py": "x"})
+    (run / "ssh.json").write_text(json.dumps(ssh))
+    for line in outputs.lines(run):  # the views make each line safe with shown()
+        assert "\n" not in shown(line)
+    json.dumps(outputs.written(run))
+
+
+def test_a_rerun_copies_only_the_snapshots_own_files_whatever_the_manifest_says(
+    tmp_path: Path,
+) -> None:
+    """snapshot-files.json forged by a rank: names with `..`, absolute ones, and one through
+    a symlink the rank made to a folder outside. A rerun's copy (snapshot.reuse) takes only
+    files inside the earlier code/ and writes only inside its own."""
+    from trebuchet.launcher.snapshot import reuse
+
+    run, code = snapshot_run(tmp_path, {"train.py": "x"})
+    secret = tmp_path / "outside"
+    secret.mkdir()
+    (secret / "key").write_text("private")
+    (run / "notes.txt").write_text("the earlier run's own file")
+    (code / "link").symlink_to(secret)
+    forged = {"train.py": [1, 1], "../notes.txt": [1, 1], str(secret / "key"): [1, 1],
+              "link/key": [1, 1], "": [0, 0], "./../notes.txt": [1, 1]}  # fmt: skip
+    (run / outputs.MANIFEST).write_text(json.dumps(forged))
+    new = tmp_path / "new"
+    new.mkdir()
+    reuse(run, new / "code")
+    assert sorted(os.listdir(new)) == ["code"]  # nothing written beside the copy
+    assert sorted(os.listdir(new / "code")) == ["train.py"]

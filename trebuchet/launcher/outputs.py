@@ -26,6 +26,8 @@ MANIFEST = "snapshot-files.json"
 MAX_LISTED = 2000  # a run writing more is summed up, never listed in full
 MAX_WALKED = 100_000  # entries looked at: a huge tree never stalls status or the summary
 SHOWN = 6  # top-level entries named on a line
+RECORD_LIMIT = 1 << 20  # snapshot.json, ssh.json: treb writes a few KiB; a rank may not
+MANIFEST_LIMIT = 64 << 20  # ~100 bytes a file: far past any snapshot's size limit
 
 
 def manifest(code: Path) -> dict[str, list[int]]:
@@ -35,23 +37,33 @@ def manifest(code: Path) -> dict[str, list[int]]:
 
 
 def _walk(code: Path) -> tuple[dict[str, os.stat_result], bool]:
-    """Every file under `code` (symlinks as links, never followed), bounded."""
+    """Every file under `code` (symlinks as links, never followed), bounded: every entry,
+    folders too, counts toward MAX_WALKED (a million empty folders never stall the summary),
+    and the walk keeps its own stack (a tree 1200 folders deep made os.walk recurse past
+    Python's limit: `treb status` died of a RecursionError)."""
     found: dict[str, os.stat_result] = {}
     seen = 0
-    for root, dirs, names in os.walk(code):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]  # the imports' bytecode: no output
-        rel_root = os.path.relpath(root, code)
-        for n in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
-            seen += 1
-            if seen > MAX_WALKED:
-                return found, True
-            rel = n if rel_root == "." else f"{rel_root}/{n}"
-            try:
-                st = os.lstat(os.path.join(root, n))
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
-                found[rel] = st
+    stack = [""]
+    while stack:
+        rel_root = stack.pop()
+        try:
+            with os.scandir(os.path.join(code, rel_root)) as entries:
+                for entry in entries:
+                    seen += 1
+                    if seen > MAX_WALKED:
+                        return found, True
+                    rel = f"{rel_root}/{entry.name}" if rel_root else entry.name
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        if entry.name != "__pycache__":  # the imports' bytecode: no output
+                            stack.append(rel)
+                    elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                        found[rel] = st
+        except OSError:  # unreadable, gone, or a path too long: what it holds is not listed
+            continue
     return found, False
 
 
@@ -60,18 +72,19 @@ def written(run_dir: str | Path) -> dict[str, Any] | None:
     {"dir", "source", "new", "changed", "bytes", "truncated"}; or {"remote": [host:path...]}
     where they ran in the hosts' own copies; None without a snapshot (or nothing to say)."""
     run_dir = Path(run_dir)
-    snap = read_json(str(run_dir / "snapshot.json"))
+    snap = read_json(str(run_dir / "snapshot.json"), RECORD_LIMIT)
     if not isinstance(snap, dict) or not snap.get("path"):
         return None
-    ssh = read_json(str(run_dir / "ssh.json"))
-    if isinstance(ssh, dict) and ssh.get("remote_root") and ssh.get("remote_run_dir"):
-        where = f"{ssh['remote_run_dir'].rstrip('/')}/code"
-        hosts = (ssh.get("hosts") or [])[: max(1, int(ssh.get("nodes") or 1))]
-        return {"dir": None, "source": snap.get("source"),
-                "remote": [f"{h}:{where}" for h in hosts]}  # fmt: skip
-    known = read_json(str(run_dir / MANIFEST))
-    code = Path(snap["path"])
-    if not isinstance(known, dict) or not code.is_dir():
+    source = snap.get("source") if isinstance(snap.get("source"), str) else None
+    ssh = read_json(str(run_dir / "ssh.json"), RECORD_LIMIT)
+    remote = _remote(ssh) if isinstance(ssh, dict) else None
+    if remote is not None:
+        return {"dir": None, "source": source, "remote": remote}
+    known = read_json(str(run_dir / MANIFEST), MANIFEST_LIMIT)
+    # the snapshot is always the run's code/: snapshot.json is where a rank can write, and
+    # a `path` it forged must not make treb list another folder
+    code = run_dir / "code"
+    if not isinstance(known, dict) or not code.is_dir() or code.is_symlink():
         return None
     files, truncated = _walk(code)
     new: list[str] = []
@@ -85,10 +98,24 @@ def written(run_dir: str | Path) -> dict[str, Any] | None:
         size += st.st_size
     listed = len(new) + len(changed)
     return {
-        "dir": str(code), "source": snap.get("source"), "new": new[:MAX_LISTED],
+        "dir": str(code), "source": source, "new": new[:MAX_LISTED],
         "changed": changed[:MAX_LISTED], "count": listed, "bytes": size,
         "truncated": truncated or listed > MAX_LISTED,
     }  # fmt: skip
+
+
+def _remote(ssh: dict[str, Any]) -> list[str] | None:
+    """host:path of each host's copy of the code, where ssh ran without a shared run
+    directory; None otherwise (or when ssh.json's fields are not what treb wrote)."""
+    root, where, hosts = ssh.get("remote_root"), ssh.get("remote_run_dir"), ssh.get("hosts")
+    if not (root and isinstance(where, str) and where):
+        return None
+    hosts = [h for h in hosts if isinstance(h, str)] if isinstance(hosts, list) else []
+    if not hosts:
+        return None
+    nodes = ssh.get("nodes")
+    count = nodes if isinstance(nodes, int) and 1 <= nodes <= len(hosts) else len(hosts)
+    return [f"{h}:{where.rstrip('/')}/code" for h in hosts[: max(1, count)]]
 
 
 def grouped(paths: list[str]) -> list[str]:
@@ -117,6 +144,9 @@ def lines(run_dir: str | Path) -> list[str]:
             + ", ".join(found["remote"])
         ]
     if not found["count"]:
+        if found["truncated"]:  # nothing new among the entries looked at; more not looked at
+            return [f"outputs: the code snapshot the ranks ran in holds too many entries to "
+                    f"look through: `ls {found['dir']}`"]  # fmt: skip
         return []
     entries = grouped(sorted(found["new"] + found["changed"]))
     out = [

@@ -347,6 +347,26 @@ def earlier_run(workdir: Path) -> Path | None:
     return run if (run / "snapshot.json").is_file() else None
 
 
+def inside(code: Path, names: dict[str, object]) -> list[str]:
+    """The manifest's names that are paths inside `code`: a rank can rewrite the manifest,
+    and a name with `..`, an absolute one, or one through a symlink the rank made would
+    copy from (or write to) another folder, or refuse the rerun (an empty name)."""
+    top = os.path.realpath(code)
+    ok: dict[str, bool] = {}  # by parent folder: one realpath each
+    out = []
+    for name in names:
+        parts = name.split("/")
+        if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            continue
+        folder = "/".join(parts[:-1])
+        if folder not in ok:
+            real = os.path.realpath(os.path.join(code, folder))
+            ok[folder] = real == top or real.startswith(top + "/")
+        if ok[folder]:
+            out.append(name)
+    return sorted(out)
+
+
 def reuse(run: Path, dest: Path) -> tuple[Snapshot, str]:
     """An earlier run's snapshot copied as it is, with its facts (commit, dirty) and the
     workdir it came from: a rerun runs the same code, and its paths map to the same files;
@@ -358,7 +378,7 @@ def reuse(run: Path, dest: Path) -> tuple[Snapshot, str]:
         raise UserError(f"{run / 'snapshot.json'}: unreadable, so its snapshot is not reused")
     known = read_json(str(run / MANIFEST))
     if isinstance(known, dict):  # the code only: not what the earlier run wrote there
-        copy_files(run / "code", sorted(known), dest, Snapshot(path=""))
+        copy_files(run / "code", inside(run / "code", known), dest, Snapshot(path=""))
     else:  # a run from before the manifest
         shutil.copytree(run / "code", dest, symlinks=True)
     info = Snapshot(

@@ -85,11 +85,22 @@ def prepare(
             continue
     else:  # pragma: no cover - 5 collisions of 32 random bits
         raise UserError("could not allocate a run id")
-    try:  # a run directory without its record is never left behind
-        return _record(loaded, backend, store, rid, path, resume, durable)
-    except BaseException:
+    try:  # a run directory without its record is never left behind, nor a record without
+        return _record(loaded, backend, store, rid, path, resume, durable)  # its directory
+    except BaseException:  # (Ctrl+C just after the row was written: PENDING forever)
         shutil.rmtree(path, ignore_errors=True)
+        forget(store, rid)
         raise
+
+
+def forget(store: Store, rid: str) -> None:
+    """The rows of a run that never reached a supervisor (Ctrl+C while it was recorded)."""
+    from contextlib import suppress
+
+    from trebuchet.store.remove import remove_run
+
+    with suppress(OSError, UserError):  # the interrupt that brought us here is the news
+        remove_run(store, rid)
 
 
 def _record(

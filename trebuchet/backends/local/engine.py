@@ -162,10 +162,10 @@ class LocalBackend(SupervisedHere):
         the spec models (their ~20 MiB would stay resident for the whole run). Stop signals
         are blocked until the supervisor has its handlers (the mask survives the exec), so a
         Ctrl+C in between still cancels the run."""
-        plan = self.write_plan(sub, durable=False)
+        signal.pthread_sigmask(signal.SIG_BLOCK, HANDOVER_SIGNALS)  # before the plan: a
+        plan = self.write_plan(sub, durable=False)  # Ctrl+C while it is written still cancels
         sys.stdout.flush()
         sys.stderr.flush()
-        signal.pthread_sigmask(signal.SIG_BLOCK, HANDOVER_SIGNALS)
         argv = [sys.executable, "-m", SUPERVISOR, "--attached",
                 "--profile", sub.loaded.spec.profile, str(sub.run_dir)]  # fmt: skip
         from trebuchet.spec.cache import always
