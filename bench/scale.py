@@ -11,8 +11,9 @@ For each node count N (x P ranks per node), one run of `treb run --detach` with
            and `top --once` over the run's N x P rank logs, each once, the run live
   retry    one rank told to fail (SIGUSR1) -> every rank of attempt 1 running
   rundir   bytes and files the run wrote to its run directory (after its cancel)
-On Slurm (--on slurm) each treb round alternates with a plain `sbatch --wrap "srun ..."` of
-the same shape starting the same program: its submission -> every rank running.
+On Slurm (--on slurm) --rounds treb launches (the first one the full round above, the
+others launch only) alternate with as many plain `sbatch --wrap "srun ..."` of the same
+shape starting the same program (submission -> every rank running); medians.
 Then a fitted line (least squares, figure = a + b x nodes) per figure.
 
 Usage:
@@ -143,7 +144,10 @@ def dir_size(d: Path) -> tuple[int, int]:
     return size, files
 
 
-def treb_round(work: Path, env: dict[str, str], args: argparse.Namespace, n: int) -> dict:
+def treb_round(
+    work: Path, env: dict[str, str], args: argparse.Namespace, n: int, full: bool = True
+) -> dict:
+    """One run: its launch, and when `full` the steady run, the views, a retry, its files."""
     st = work / f"st-{n}-{time.time_ns()}"
     st.mkdir()
     spec = work / "spec" / "job.yaml"
@@ -156,16 +160,20 @@ def treb_round(work: Path, env: dict[str, str], args: argparse.Namespace, n: int
     run = rec["id"]
     wait(lambda: len(stamps(st, 0)) == world, 600, f"{world} ranks of attempt 0")
     got: dict = {"launch s": max(t for t, _ in stamps(st, 0).values()) - t0}
+    run_dir = Path(env["TREB_HOME"]) / "runs" / run
+    if not full:
+        sh([*TREB, "cancel", run], env)
+        wait(lambda: '"run_ended"' in (run_dir / "events.jsonl").read_text(), 300, "the cancel")
+        return got
     # Steady: whose CPU and memory
     if args.on == "local":
         groups = {"supervisor": [int(rec["supervisor_pid"])]}
     else:
         groups = {
-            "controller": procs_matching([str(Path(env["TREB_HOME"])), "controller"]),
-            "agent": procs_matching([str(Path(env["TREB_HOME"])), "agent"]),
+            "controller": procs_matching([str(Path(env["TREB_HOME"])), " controller "]),
+            "agent": procs_matching([str(Path(env["TREB_HOME"])), " task "]),
         }
     got |= steady(groups, args.steady)
-    run_dir = Path(env["TREB_HOME"]) / "runs" / run
     for name, argv in VIEWS.items():
         argv = [a.format(run=run) for a in argv]
         t1 = time.perf_counter()
@@ -218,7 +226,8 @@ def main() -> None:
     ap.add_argument("--nodes", default="16,32,64,128", help="comma-separated node counts")
     ap.add_argument("--procs", type=int, default=4, help="ranks per node")
     ap.add_argument("--steady", type=float, default=60.0, help="seconds of steady run")
-    ap.add_argument("--srun-rounds", type=int, default=1, help="Slurm: srun rounds per size")
+    ap.add_argument("--rounds", type=int, default=3, help="Slurm: launches (treb and srun, "
+                    "alternated) per size; medians")  # fmt: skip
     ap.add_argument("--partition", default="big")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
@@ -229,18 +238,23 @@ def main() -> None:
     env["PYTHONPATH"] = str(REPO)
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     rows: dict[int, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="treb-bench-scale-", dir=REPO / ".bench-tmp"
-                                     if (REPO / ".bench-tmp").is_dir() else None) as tmp:  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="treb-bench-scale-") as tmp:
         work = Path(tmp)
         (work / "spec").mkdir()
         env["TREB_HOME"] = str(work / "home")
         for n in sizes:
-            if args.on == "slurm":
-                srun = [srun_round(work, env, args, n)]
-                row = treb_round(work, env, args, n)
-                for _ in range(args.srun_rounds - 1):
+            if args.on == "slurm":  # alternated: srun, treb, srun, treb (launch only), ...
+                srun: list[float] = []
+                launches: list[float] = []
+                row = {}
+                for i in range(args.rounds):
                     srun.append(srun_round(work, env, args, n))
+                    got = treb_round(work, env, args, n, full=i == 0)
+                    launches.append(got["launch s"])
+                    row = row or got
+                row["launch s"] = statistics.median(launches)
                 row["srun launch s"] = statistics.median(srun)
+                row["treb - srun s"] = row["launch s"] - row["srun launch s"]
             else:
                 row = treb_round(work, env, args, n)
             rows[n] = row

@@ -138,6 +138,9 @@ class Agent:
         self.first_failure: Proc | None = None
         self.kill_at: float | None = None
         self._unsynced: list[str] = []  # ENDED records not yet fsynced (sync_records)
+        # True where one loop drives many agents (the local supervisor): it syncs all their
+        # records at once when all have ended (take_unsynced), not each agent its own
+        self.defer_sync = False
         self._stop = False
         self._forward: list[int] = []
         self._wake_r = -1
@@ -254,8 +257,12 @@ class Agent:
         records: ~3 ms instead of ~15 ms idle; on a busy machine the inline fsyncs took
         ~300 ms, during which nothing was reaped). Called for the first failure (the root
         cause is on disk at once) and when the last process has ended."""
-        sync(self._unsynced)
-        self._unsynced = []
+        sync(self.take_unsynced())
+
+    def take_unsynced(self) -> list[str]:
+        """The ENDED records written and not yet synced (for the caller to sync)."""
+        paths, self._unsynced = self._unsynced, []
+        return paths
 
     def teardown(self) -> None:
         """SIGTERM every live process (unless the engine does), SIGKILL after the grace."""
@@ -326,7 +333,8 @@ class Agent:
         live = {p.name: p.pid for p in self.procs if p.tracked and p.alive and p.pid}
         self.stacks.step(live)
         if not alive:
-            self.sync_records()
+            if not self.defer_sync:
+                self.sync_records()
             self.stacks.close()
             if self.metrics is not None:
                 self.metrics.close()
