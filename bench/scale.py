@@ -4,6 +4,8 @@ test cluster, with ranks that cost almost nothing (bench/tiny_rank.sh).
 For each node count N (x P ranks per node), one run of `treb run --detach` with
 `retries: 1`:
   launch   submission -> every rank of attempt 0 running (the last readiness stamp)
+  cpu to launch  the CPU seconds the supervisor (local), the controller and one node agent
+           (Slurm, the mean of the agents) had spent once every rank ran
   steady   the supervisor's (local) or job controller's (Slurm) CPU share and resident memory
            over --steady seconds of a run whose ranks only sleep; on Slurm also the node
            agents' (the largest RSS and the mean CPU of one)
@@ -173,6 +175,9 @@ def treb_round(
             "controller": procs_matching([str(Path(env["TREB_HOME"])), " controller "]),
             "agent": procs_matching([str(Path(env["TREB_HOME"])), " task "]),
         }
+    for g, ps in groups.items():  # CPU spent up to all ranks running (its start's cost)
+        cpu = [proc_times(p)[0] for p in ps if os.path.exists(f"/proc/{p}")]
+        got[f"{g} cpu to launch s"] = statistics.mean(cpu) if cpu else float("nan")
     got |= steady(groups, args.steady)
     for name, argv in VIEWS.items():
         argv = [a.format(run=run) for a in argv]
