@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
+from common import machine, wait  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "bench" / "tiny_rank.sh"
@@ -62,15 +62,6 @@ def sh(argv: list[str], env: dict[str, str], timeout: float = 600) -> str:
     if res.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed: {res.stdout[-800:]}{res.stderr[-1500:]}")
     return res.stdout
-
-
-def wait(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise SystemExit(f"timed out waiting for {what}")
 
 
 def stamps(d: Path, attempt: int) -> dict[int, tuple[float, int]]:
