@@ -15,8 +15,11 @@ child=
 trap 'kill "$child" 2>/dev/null; echo "rank $rank failing" >&2; exit 1' USR1
 trap 'trap "" TERM; echo "rank $rank hangs" >&2' USR2
 trap 'kill "$child" 2>/dev/null; exit 143' TERM
+# The sleep holds none of the rank's stdio and lasts 30 s: where the rank itself is SIGKILLed
+# (Slurm's KillWait on a busy machine) before its trap ends it, an orphaned sleep that held
+# the step's output open kept the step alive (slurmstepd "Abandoning IO", the node drained).
 while :; do
-    sleep 3600 &
+    sleep 30 </dev/null >/dev/null 2>&1 &
     child=$!
     wait "$child"
 done
