@@ -169,6 +169,7 @@ def treb_round(
     for g, ps in groups.items():  # CPU spent up to all ranks running (its start's cost)
         cpu = [proc_times(p)[0] for p in ps if os.path.exists(f"/proc/{p}")]
         got[f"{g} cpu to launch s"] = statistics.mean(cpu) if cpu else float("nan")
+        got[f"{g} processes"] = len(ps)
     got |= steady(groups, args.steady)
     for name, argv in VIEWS.items():
         argv = [a.format(run=run) for a in argv]
