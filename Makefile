@@ -36,6 +36,24 @@ $(LIGHTNING_STAMP): $(STAMP)
 	$(PY) -m pip install -q '$(LIGHTNING)' torch==2.13.0
 	touch $@
 
+# The trainers users run, pinned (tests/integration/test_trainers.py): transformers 5 and
+# Accelerate in the project's venv, torch pinned so pip keeps the CPU build; the last
+# transformers 4.x in a venv of its own (TREB_HF4_PYTHON), as a user still on 4.x has it.
+# pip, not uv, installs torch there: pip is what finds this machine's CPU wheel of it.
+HF := transformers==5.25.0 accelerate==1.16.0
+HF_STAMP := $(VENV)/.installed-transformers-5.25.0
+HF4_VENV := .venv-hf4
+HF4 := transformers==4.57.6
+
+$(HF_STAMP): $(STAMP)
+	$(PY) -m pip install -q $(HF) torch==2.13.0
+	touch $@
+
+$(HF4_VENV)/.installed-4.57.6: $(STAMP)
+	$(VENV)/bin/uv venv -q --allow-existing --seed -p $(PY) $(HF4_VENV)
+	$(HF4_VENV)/bin/python -m pip install -q '$(HF4)' accelerate==1.16.0 torch==2.13.0
+	touch $@
+
 # A real Horovod for `launcher: horovod` (tests/integration/test_horovod.py): 0.28.1 is
 # source-only; scripts/horovod-wheel builds it once against the venv's torch (cached in
 # ~/.cache/trebuchet/wheels by horovod, torch, python and MPI; 3-5 minutes) and installs it.
@@ -65,10 +83,11 @@ $(STAMP): pyproject.toml examples/digits-ddp/requirements.txt
 # ask for: tests/conftest.py) mostly wait on Slurm, the others run on this machine. All
 # three always run; any fails it.
 TEST_ENV = PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TREB_SKYPILOT_PYTHON="$(CURDIR)/$(SKY_VENV)/bin/python" \
-	TREB_MLFLOW_PYTHON="$(CURDIR)/$(MLFLOW_VENV)/bin/python"
+	TREB_MLFLOW_PYTHON="$(CURDIR)/$(MLFLOW_VENV)/bin/python" \
+	TREB_HF4_PYTHON="$(CURDIR)/$(HF4_VENV)/bin/python"
 
 test: $(STAMP) $(SKY_VENV)/.installed-0.14.1 $(MLFLOW_VENV)/.installed-3.17.2 $(LIGHTNING_STAMP) \
-		$(HOROVOD_STAMP)
+		$(HOROVOD_STAMP) $(HF_STAMP) $(HF4_VENV)/.installed-4.57.6
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
@@ -122,4 +141,4 @@ bench-ssh: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/with-ssh-hosts $(PY) bench/ssh_launch.py
 
 clean:
-	rm -rf $(VENV) $(SKY_VENV) $(MLFLOW_VENV) .pytest_cache .mypy_cache
+	rm -rf $(VENV) $(SKY_VENV) $(MLFLOW_VENV) $(HF4_VENV) .pytest_cache .mypy_cache

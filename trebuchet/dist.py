@@ -5,6 +5,10 @@
   for every launcher); this module keeps the public name.
 - `heartbeat()`: tell the launcher this rank is making progress without printing (a run is
   hung when no rank made progress for `hang_timeout`: docs/hangs.md).
+- `mark("step", n)` / `mark("checkpoint", n)`: exact step and checkpoint marks for the
+  goodput accounting and the no-progress rule (docs/goodput.md); without trebuchet
+  installed the same is one line:
+  `open(os.environ["TREB_MARKS"], "a").write(f"{time.time()} step {n}\\n")`.
 - `enable_stacks()`: let the launcher dump this rank's Python stacks through faulthandler
   where py-spy is not installed (or not allowed to ptrace).
 """
@@ -25,6 +29,7 @@ __all__ = [
     "expand_hostlist",
     "heartbeat",
     "init_env",
+    "mark",
     "slurm_master_port",
     "_expand_builtin",
 ]
@@ -44,6 +49,23 @@ def heartbeat() -> None:
                 pass
         except OSError:
             pass
+    except OSError:
+        pass
+
+
+def mark(kind: str, n: float | None = None) -> None:
+    """Append `<time> <kind> <n>` to `$TREB_MARKS` (a no-op outside trebuchet): `kind` is
+    "step" or "checkpoint" (call it once the checkpoint is on disk). One short append a
+    call; never raises."""
+    path = os.environ.get("TREB_MARKS")
+    if not path or kind not in ("step", "checkpoint"):
+        return
+    import time
+
+    tail = "" if n is None else f" {n}"
+    try:
+        with open(path, "a") as fh:
+            fh.write(f"{time.time():.6f} {kind}{tail}\n")
     except OSError:
         pass
 

@@ -20,7 +20,7 @@ def test_categories_are_the_issues_names() -> None:
         "port_in_use",
         "network_unreachable", "missing_module", "bad_command", "launcher_missing",
         "missing_file", "disk_full",
-        "environment_build", "setup_failed", "node_unhealthy", "node_lost", "launch_env_missing", "segfault", "aborted", "time_limit",
+        "environment_build", "setup_failed", "node_unhealthy", "node_lost", "launch_env_missing", "segfault", "aborted", "exit_abort", "time_limit",
         "node_failure", "scheduler_refusal", "cancelled", "unknown",
     )  # fmt: skip
     assert all(catalog.REMEDIES[c] and "\n" not in catalog.REMEDIES[c] for c in catalog.CATEGORIES)

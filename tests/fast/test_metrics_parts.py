@@ -29,7 +29,7 @@ from trebuchet.store.db import RunRecord, Store
         (b"[2] performance: 95.2/s, tokens_per_sec", None, {"tokens_per_sec": 95.2}),
         (b'{"step": 10, "loss": 2.1, "done": true, "tag": "x"}', 10, {"loss": 2.1}),
         (b'INFO 12:00 {"global_step": 3, "lr": 1e-4}', 3, {"lr": 1e-4}),
-        (b"{'loss': 2.1, 'learning_rate': 5e-05, 'epoch': 0.5}", None,
+        (b"{'loss': 2.1, 'learning_rate': 5e-05, 'epoch': 0.5}", 0.5,
          {"loss": 2.1, "learning_rate": 5e-05, "epoch": 0.5}),
         (b" 10%|#  | 5/50 [00:01<00:10, 4.1it/s]{'loss': 1.5, 'grad_norm': 0.25}", None,
          {"loss": 1.5, "grad_norm": 0.25}),

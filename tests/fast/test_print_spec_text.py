@@ -45,13 +45,18 @@ def printed(*args: str) -> tuple[int, str, str]:
 
 
 def loads_back(here: Path, text: str, args: list[str]) -> None:
-    """The saved spec loads with treb's loader: the same argv, only name and command, and
-    its comment lines are comments (nothing between them read as YAML)."""
+    """The saved spec loads with treb's loader: the same argv, only name, command and
+    snapshot (false: it runs in place, as the launch did), and its comment lines are
+    comments (nothing between them read as YAML)."""
     path = here / "job.yaml"
     path.write_bytes(text.encode("utf-8"))
     loaded = load_spec(path, cached=False)
     assert loaded.spec.command == ["python", "train.py", *args]
-    assert loaded.located is not None and set(loaded.located.data) == {"name", "command"}
+    assert loaded.located is not None and set(loaded.located.data) == {
+        "name",
+        "command",
+        "snapshot",
+    }
     assert loaded.spec.retries == 0
     head = text.split("\nname:", 1)[0].split("\n")
     assert all(line.startswith("# ") and line.isprintable() for line in head), head

@@ -16,7 +16,7 @@ from trebuchet.launcher.submit import prepare
 from trebuchet.spec.load import load_spec
 from trebuchet.store.db import Store
 
-FILES = ["snapshot.json", "spec.yaml", "spec.json", "metrics.json"]
+FILES = ["snapshot.json", "snapshot-files.json", "spec.yaml", "spec.json", "metrics.json"]
 
 
 def _loaded(tmp_path: Path):

@@ -64,8 +64,8 @@ def test_python_exception_names_rank_frame_and_cascade(treb, tmp_path: Path) -> 
     data = diagnose(treb)
     assert [role(data, r) for r in (0, 1, 3)] == ["stopped"] * 3
     # the two lines at the end of the attached run, and in `treb status`
-    assert "treb: cause: python_exception on rank 2 (node 1): ValueError" in res.stderr
-    assert "treb: fix:" in res.stderr
+    assert "  cause: python_exception on rank 2 (node 1): ValueError" in res.stderr
+    assert "  fix:" in res.stderr
     rid = status_json(treb)["id"]
     assert f"(`treb logs {rid} --rank 2` has its whole output)" in res.stderr  # filled in
     assert "cause: python_exception on rank 2" in treb("status").stdout
@@ -180,7 +180,7 @@ def test_rank_that_never_joins_init_is_named(treb, tmp_path: Path) -> None:
     assert "rank 1 never joined" in root["summary"]
     assert any("loading a huge shard" in e for e in root["evidence"])
     assert role(data, 1) == "root_cause"
-    assert "treb: cause: collective_timeout on rank 1" in res.stderr
+    assert "  cause: collective_timeout on rank 1" in res.stderr
 
 
 def test_rank_0_that_never_hosts_the_rendezvous_is_named(treb, tmp_path: Path) -> None:
@@ -235,7 +235,7 @@ def test_time_limit(treb, tmp_path: Path) -> None:
     root = diagnose(treb)["root_cause"]
     assert root["category"] == "time_limit" and root["rank"] is None
     assert "time limit" in root["summary"]
-    assert "treb: cause: time_limit" in res.stderr
+    assert "  cause: time_limit" in res.stderr
     assert "no rank had written anything for the last" in root["summary"], root
     assert "likely hung" in root["summary"] and "likely hung" in res.stderr
     assert any(e.startswith("last output: rank") and e.endswith(": working")
@@ -292,7 +292,7 @@ def test_environment_build_with_a_package_not_in_the_registry(treb, tmp_path: Pa
     assert root["category"] == "environment_build", root
     assert "treb-no-such-package-xyz was not found in the package index" in root["summary"]
     assert any("pip install" in e for e in root["evidence"])  # uv pip, or pip without uv
-    assert "treb: cause: environment_build: the environment build failed" in res.stderr
+    assert "  cause: environment_build: the environment build failed" in res.stderr
     assert "environment.requirements" in root["remedy"]
 
 

@@ -153,7 +153,7 @@ def test_a_failed_run_on_the_slurm_backend(slurm_env, treb, tmp_path: Path) -> N
     res = treb("run", str(spec), "--on", "slurm", env={"SLURM_CONF": slurm_env["SLURM_CONF"]},
                timeout=300)  # fmt: skip
     assert res.returncode == 1, res.stderr[-2000:]
-    assert "treb: cause: python_exception on rank 2 (node tn2)" in res.stderr
+    assert "  cause: python_exception on rank 2 (node tn2)" in res.stderr
     out = treb("diagnose", "--json", env={"SLURM_CONF": slurm_env["SLURM_CONF"]})
     root = json.loads(out.stdout)["root_cause"]
     assert (root["category"], root["rank"], root["node"]) == ("python_exception", 2, "tn2")

@@ -43,7 +43,7 @@ def test_digits_ddp_loss_and_accuracy_are_metrics(launcher: str, treb) -> None:
     perf = float(re.search(r"^\[0:0\] performance: ([0-9.]+) samples_per_second", res.stdout,
                            re.M)[1])  # fmt: skip
     assert sorted(printed) == [1, 2, 3, 4, 5, 6]
-    assert "treb: metrics: accuracy" in res.stderr  # the attached run's summary names them
+    assert "  metrics: accuracy" in res.stderr  # the attached run's summary names them
     got = json.loads(treb("metrics", "--json").stdout)["metrics"]
     assert {int(s): v for s, v, _ in got["loss"]["points"]} == printed
     assert got["accuracy"]["last"]["value"] == accuracy

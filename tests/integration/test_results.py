@@ -33,7 +33,7 @@ def test_digits_ddp_two_runs_compared_and_perf_csv(treb, tmp_path: Path) -> None
     for _ in range(2):
         res = treb("run", str(DIGITS), "-o", "command=python train.py --epochs 2", timeout=300)
         assert res.returncode == 0, res.stderr
-        assert re.search(r"treb: performance: [\d.]+ samples_per_second \(digits-ddp, rank 0\)",
+        assert re.search(r"  performance: [\d.]+ samples_per_second \(digits-ddp, rank 0\)",
                          res.stderr)  # fmt: skip
         ids.append(status_json(treb)["id"])
     rows = results(treb, *ids)

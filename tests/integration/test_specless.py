@@ -108,10 +108,10 @@ def test_print_spec_loads_back_and_runs(treb: TrebFn, tmp_path: Path) -> None:
         (["allreduce.py", "-n", "2"], None),  # not an error: -n is the script's
         (["job.yaml", "--", "ls"], "job.yaml and a command after --"),
         (["job.yaml", "allreduce.py"], "give a spec (.yaml) or a command, not both"),
-        (["--node_rank", "1", "allreduce.py"], "treb starts every node itself"),
-        (["--log-dir", "x", "allreduce.py"], "every rank's log is kept in the run directory"),
-        (["--nproc-per-node", "gpu", "allreduce.py"], "'gpu' is not a whole number"),
-        (["--nnodes", "1:4", "allreduce.py"], "elastic ranges (MIN:MAX) are not supported"),
+        (["--node_rank", "1", "allreduce.py"], "--node-rank 1 with --nnodes 1: node ranks are"),
+        (["--nproc-per-node", "xpu", "allreduce.py"], "no XPU on this machine"),
+        (["--nproc-per-node", "x", "allreduce.py"], "Unsupported nproc_per_node value"),
+        (["--nnodes", "2:20:30", "allreduce.py"], "give N or MIN:MAX"),
         (["--standalone", "--nnodes", "2", "allreduce.py"], "--standalone is one node"),
         (["-n", "2", "missing.py"], "missing.py: no such file in"),
         (["--"], "nothing after --"),
@@ -145,7 +145,7 @@ def test_torchrun_missing_locally_is_named(treb: TrebFn, tmp_path: Path) -> None
     res = treb("run", "-n", "2", "-o", "launcher=torchrun", "-o", "env.PATH=/usr/bin:/bin",
                "--", sys.executable, "allreduce.py", cwd=w, timeout=GUARD_S)  # fmt: skip
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
-    assert re.search(r"^treb: cause: launcher_missing: treb: torchrun not found on \S+ \(node "
+    assert re.search(r"^  cause: launcher_missing: treb: torchrun not found on \S+ \(node "
                      r"0\): not on its PATH, which was \S*/usr/bin:/bin$", res.stderr, re.M), res.stderr  # fmt: skip
     st = treb("status")
     assert "cause: launcher_missing" in st.stdout and "env.PATH" in st.stdout, st.stdout

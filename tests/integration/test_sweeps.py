@@ -81,7 +81,7 @@ def test_a_bad_point_fails_the_whole_sweep_before_anything_runs(
 
 def test_detached_sweep_can_be_cancelled(treb, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "command: 'sleep 30'\n")
-    res = treb("run", str(spec), "-m", "-o", "env.A=1,2,3", "--detach")
+    res = treb("run", str(spec), "--multirun", "-o", "env.A=1,2,3", "--detach")
     assert res.returncode == 0, res.stderr
     sweep_id = res.stdout.strip()
     deadline = time.monotonic() + 30

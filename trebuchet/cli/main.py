@@ -22,6 +22,8 @@ VERBS = {
     "stacks": "the Python stacks of every rank of a running run (py-spy), grouped",
     "results": "performance results of runs (table, madengine perf.csv)",
     "metrics": "a run's metrics from its logs: last values and a small plot (--json, --csv)",
+    "goodput": "where runs' wall time went (training kept, restarts, redone work, hangs...) "
+    "and their effective training time ratio",
     "top": "active runs, live: state, ranks, attempt, latest metrics and their rate",
     "build": "build or refresh the spec's environment now",
     "import": "a spec from an sbatch script, AI Runtime YAML, madengine card or NeMo config",
@@ -89,10 +91,11 @@ SWEEP_HELP = (
 )
 
 
-def _add_sweep_flag(p: argparse.ArgumentParser) -> None:
-    """--sweep (-m, --multirun): a comma in an -o value separates sweep values."""
+def _add_sweep_flag(p: argparse.ArgumentParser, short: bool = True) -> None:
+    """--sweep (-m, --multirun): a comma in an -o value separates sweep values. `treb run`
+    has no -m: there it is torchrun's --module (cli/torchrun_flags.py)."""
     p.add_argument(
-        "--sweep", "-m", "--multirun", dest="sweep", action="store_true",
+        "--sweep", *(["-m"] if short else []), "--multirun", dest="sweep", action="store_true",
         help="a comma in an -o value separates sweep values: one run per combination",
     )  # fmt: skip
 
@@ -153,7 +156,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     p = add("run")
     _add_spec_args(p, optional=True)
-    _add_sweep_flag(p)
+    _add_sweep_flag(p, short=False)
     _add_run_flags(p)
     if only in (None, "run"):
         from trebuchet.cli import specless
@@ -305,6 +308,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="every stored point, as JSON")
     fmt.add_argument("--csv", action="store_true", help="every stored point, as CSV on stdout")
+    p = add("goodput")
+    p.add_argument("runs", nargs="*", metavar="RUN", help="run ids or prefixes (default: latest)")
+    p.add_argument(
+        "--since", metavar="AGE", help="every run created since then (7d, 12h, or an ISO date)"
+    )
+    p.add_argument(
+        "--by",
+        choices=["cause", "node", "run"],
+        default="run",
+        help="a row per run (default), per cause over all, or per node",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable, per run and total")
     p = add("top")
     p.add_argument("--interval", "-n", type=float, default=2.0, metavar="S",
                    help="seconds between refreshes (default 2)")  # fmt: skip
@@ -339,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
     words = sys.argv[1:] if argv is None else argv
+    if words and not words[0].startswith("-") and words[0] not in VERBS:
+        _say(unknown_verb(words[0]))
+        return 2
     parser = build_parser(words[0] if words and words[0] in VERBS else None)
     if words[:1] == ["run"]:  # a command instead of a spec: cli/specless.py
         from trebuchet.cli import specless
@@ -378,6 +396,18 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _say(err)
         return err.exit_code
+
+
+def unknown_verb(word: str) -> str:
+    """A word where a verb belongs: the closest verb, not argparse's list of every verb."""
+    import difflib
+
+    if word.endswith((".yaml", ".yml", ".py")):  # a spec or a script: `treb run` was meant
+        return f"unknown verb {word!r}; did you mean `treb run {word}`?"
+    close = difflib.get_close_matches(word, VERBS, n=1, cutoff=0.6)
+    if close:
+        return f"unknown verb {word!r}; did you mean {close[0]!r}?"
+    return f"unknown verb {word!r}; `treb --help` lists the verbs"
 
 
 def _say(error: object) -> None:

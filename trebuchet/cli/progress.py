@@ -15,12 +15,13 @@ from trebuchet.runtime.watch import eta, gpu
 from trebuchet.runtime.watch.metric_reader import read_config
 from trebuchet.store.db import RunRecord
 
-KEYS = ("step", "total", "fraction", "rate", "eta_s")
+KEYS = ("step", "total", "fraction", "rate", "eta_s", "stalled_s")
 
 
 def progress_of(rec: RunRecord) -> dict[str, Any] | None:
-    """{step, total, fraction, rate, eta_s} of the run's current attempt, or None. The ETA
-    counts down from the reading; an ended run has none."""
+    """{step, total, fraction, rate, eta_s, stalled_s} of the run's current attempt, or None.
+    The ETA counts down from the reading, and is none once the run stalled (stalled_s: the
+    seconds since its last step); an ended run has neither."""
     adir = os.path.join(rec.run_dir, f"attempt-{rec.attempt}")
     found = eta.read(rec.run_dir, rec.attempt)
     if found is None:
@@ -34,7 +35,7 @@ def progress_of(rec: RunRecord) -> dict[str, Any] | None:
         return None
     out = {k: found.get(k) for k in KEYS}
     if not rec.active:
-        out["eta_s"] = None
+        out["eta_s"] = out["stalled_s"] = None
     return out
 
 
@@ -58,6 +59,9 @@ def progress_text(p: dict[str, Any] | None) -> str:
 
 
 def eta_text(p: dict[str, Any] | None) -> str:
+    """`12m05s`; `stalled 45s` when no step came for a while; `-` when unknown."""
+    if p and p.get("stalled_s") is not None:
+        return f"stalled {short(float(p['stalled_s']))}"
     if not p or p.get("eta_s") is None:
         return "-"
     return short(float(p["eta_s"]))
@@ -109,7 +113,9 @@ def progress_lines(rec: RunRecord) -> list[str]:
         text = f"progress {progress_text(p)}"
         if p.get("rate"):
             text += f", {float(p['rate']):.3g} steps/s"
-        if p.get("eta_s") is not None:
+        if p.get("stalled_s") is not None:
+            text += f", stalled: no step for {short(float(p['stalled_s']))}"
+        elif p.get("eta_s") is not None:
             text += f", ETA {short(float(p['eta_s']))}"
         out.append(text)
     gpus = gpu_use(rec)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trebuchet.diagnose.codepaths import CodeMap
+from trebuchet.launcher.outputs import lines as output_lines
 from trebuchet.runtime.watch.display_lines import shown
 from trebuchet.spec.duration import human
 from trebuchet.store.db import RunRecord, Store
@@ -63,32 +64,98 @@ def tail_text(path: Path, lines: int = TAIL_LINES) -> list[str]:
     ]
 
 
-def final_summary(store: Store, rec: RunRecord) -> str:
-    out = [f"treb: run {rec.id} ({rec.name}) {rec.state} after {human(rec.duration)}"]
+# The summary's colours (SGR), only on a terminal and never under NO_COLOR (no-color.org):
+# plain codes, not rich, whose import would cost every attached run ~50 ms at its end.
+RED, GREEN, YELLOW, BOLD, RESET = "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[1m", "\x1b[0m"
+STATE_COLOURS = {"SUCCEEDED": GREEN, "FAILED": RED, "TIMEOUT": RED, "LOST": RED,
+                 "CANCELLED": YELLOW}  # fmt: skip
+LABEL_COLOURS = {"cause:": RED, "fix:": GREEN, "error:": RED}
+INDENT = "  "
+
+
+def colour_wanted(stream: Any) -> bool:
+    """Colour on `stream`: a terminal, NO_COLOR unset or empty, TERM not dumb."""
+    import os
+
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # a closed stream
+        return False
+
+
+def _paint(text: str, colour: str, on: bool) -> str:
+    return f"{BOLD}{colour}{text}{RESET}" if on else text
+
+
+def final_summary(store: Store, rec: RunRecord, colour: bool = False) -> str:
+    """The end of an attached run: one `treb:` line with the final state, then what
+    explains it, indented (the cause and its fix without a `treb:` before each line).
+    Every line is shown as text first (it quotes the ranks' output); colour after."""
+    head = f"treb: run {rec.id} ({rec.name}) {rec.state} after {human(rec.duration)}"
     if rec.max_attempts > 1 or rec.attempt:
-        out[0] += f", attempt {rec.attempt + 1} of {rec.max_attempts}"
+        head += f", attempt {rec.attempt + 1} of {rec.max_attempts}"
+    out: list[str] = []
     if rec.first_failure:
         ff = rec.first_failure
         stopped = [p for p in store.procs(rec.id, ff.get("attempt")) if p["stopped_by_launcher"]]
-        out.append(f"treb: first failure: {describe_failure(ff)}")
+        out.append(f"first failure: {describe_failure(ff)}")
         if stopped:
-            out.append(
-                f"treb: {len(stopped)} other process(es) were stopped by the launcher after it"
-            )
+            out.append(f"{len(stopped)} other process(es) were stopped by the launcher after it")
         log = ff.get("log")
         if log:
             tail = tail_text(Path(log))
             code = CodeMap.for_run(rec.run_dir)  # tracebacks name the user's files
             tail = code.lines(tail) if code else tail
             if tail:
-                out.append(f"treb: last lines of {log}:")
-                out += [f"    {line}" for line in tail]
+                out.append(f"last lines of {log}:")
+                out += [f"  {line}" for line in tail]
     elif rec.state != "SUCCEEDED":
-        out.append(f"treb: see `treb status {rec.id}` and `treb logs {rec.id}`")
-    out += [f"treb: {line}" for line in diagnosis_lines(store, rec)]
-    out += [f"treb: {line}" for line in results_lines(store, rec)]
-    out += [f"treb: {line}" for line in metrics_lines(store, rec)]
-    return "\n".join(shown(line, tab=True) for line in out)
+        out.append(f"see `treb status {rec.id}` and `treb logs {rec.id}`")
+    out += goodput_lines(rec)
+    out += diagnosis_lines(store, rec)
+    out += results_lines(store, rec)
+    out += metrics_lines(store, rec)
+    out += output_lines(rec.run_dir)  # in the code snapshot
+    text = [shown(head, tab=True)] + [INDENT + shown(line, tab=True) for line in out]
+    if not colour:
+        return "\n".join(text)
+    state = f" {rec.state} after "
+    text[0] = text[0].replace(
+        state, f" {_paint(rec.state, STATE_COLOURS.get(rec.state, ''), True)} after ", 1
+    )
+    for i, line in enumerate(text[1:], 1):
+        label = line[len(INDENT) :].split(" ", 1)[0]
+        if label in LABEL_COLOURS:
+            text[i] = (
+                INDENT
+                + _paint(label, LABEL_COLOURS[label], True)
+                + line[len(INDENT) + len(label) :]
+            )
+    return "\n".join(text)
+
+
+def goodput_lines(rec: RunRecord) -> list[str]:
+    """'goodput 91 %: 4m restarts, 2m redone' (docs/goodput.md); a run whose records
+    cannot be read never hides the rest."""
+    try:
+        from trebuchet.goodput import line, of_run
+
+        return [line(of_run(rec))]
+    except Exception as exc:  # noqa: BLE001 - the run's own outcome must still be reported
+        return [f"goodput unavailable: {exc!r}"]
+
+
+def goodput_json(rec: RunRecord) -> dict[str, Any] | None:
+    """The run's goodput for `treb status --json` (docs/goodput.md)."""
+    try:
+        from trebuchet.goodput import of_run
+
+        return of_run(rec).to_json()
+    except Exception as exc:  # noqa: BLE001
+        return {"error": repr(exc)}
 
 
 def metrics_lines(store: Store, rec: RunRecord) -> list[str]:
@@ -135,7 +202,7 @@ def attached_end(store: Store, result: Any, run_dir: Path, profile: str) -> int:
 
     rec = store.get(result.run_id)
     if rec is not None:
-        print(final_summary(store, rec), file=sys.stderr)
+        print(final_summary(store, rec, colour_wanted(sys.stderr)), file=sys.stderr)
     if profile != "none":
         print(f"treb: profiles ({profile}) in {run_dir / 'profile'}", file=sys.stderr)
     return exit_code(result)

@@ -1,10 +1,12 @@
 """`treb results [RUN...] [--csv FILE] [--all] [--json]`: performance rows of finished runs.
 
 Without RUN: the recent runs (--all: every run), oldest first, so each row's change is
-against the one above it of the same workload and metric. With RUNs: those, in the order
-given; two runs of one workload print their relative change. --csv writes madengine
-perf.csv-compatible rows (see docs/results.md). --metric NAME (repeatable) adds each run's
-last value of that metric (docs/metrics.md), compared like performance between two runs.
+against the one above it of the same workload, metric and shape (nodes x processes per
+node): a change of shape is no change of the code, and is not compared. With RUNs:
+those, in the order given; two runs of one workload and shape print their relative change.
+--csv writes madengine perf.csv-compatible rows (see docs/results.md). --metric NAME
+(repeatable) adds each run's last value of that metric (docs/metrics.md), compared like
+performance between two runs.
 """
 
 from __future__ import annotations
@@ -73,6 +75,13 @@ def main(args: argparse.Namespace) -> int:
     if not args.csv or sys.stdout.isatty():
         show(rows, args.metric or [])
     workloads = {r["workload"] for r in rows}
+    shapes = [next((perfcsv.shape(r) for r in rows if r["run_id"] == rec.id), None)
+              for rec in recs]  # fmt: skip
+    if args.runs and len(recs) == 2 and shapes[0] != shapes[1]:
+        print(f"no change computed: {recs[0].id} ran {shapes[0]}, {recs[1].id} ran "
+              f"{shapes[1]}; only runs of the same shape (nodes x processes per node) "
+              "are compared")  # fmt: skip
+        return 0
     if args.runs and len(recs) == 2 and len(workloads) == 1 and len(rows) >= 2:
         last = rows[-1]
         if last.get("relative_change") is not None:

@@ -39,8 +39,11 @@ def main(args: argparse.Namespace) -> int:
     elif getattr(args, "print_spec", False):
         raise specless.usage("--print-spec prints the spec a command makes; a spec file is "
                              "one already (as it ran: the run directory's spec.yaml)")  # fmt: skip
-    elif getattr(args, "no_python", False):
-        raise specless.usage("--no-python applies to a command, not to a spec")
+    elif getattr(args, "no_python", False) or getattr(args, "run_path", False):
+        raise specless.usage("--no-python and --run-path apply to a command, not to a spec")
+    elif getattr(args, "module", False):
+        raise specless.usage("-m/--module (torchrun's) applies to a command: treb run -m "
+                             "MODULE ARG...; a sweep is --sweep (or --multirun)")  # fmt: skip
     started = runner.launch(
         source, args.on, overrides, attach=not args.detach, preflight=not args.no_check,
         multirun=args.sweep, warn=warn, announce=None if args.detach else announce, handover=HOOKS,

@@ -5,133 +5,44 @@
 
 Which words are the command (one rule, checked in this order):
 1. everything after `--`;
-2. else, from the first word that is not an option and ends in `.py`: that script and
-   every word after it, options included, as torchrun reads them;
+2. else, from the first word that is not an option and ends in `.py` (or any such word
+   after torchrun's -m, --no-python or --run-path, or with their PET_ variables set): that
+   program and every word after it, options included, as torchrun reads them;
 3. else the first such word is a SPEC, as always, and the words after it are treb's.
 A command whose first word ends in `.py` runs as `python SCRIPT ARG...` (torchrun's
-default; `--no-python` runs it as is). A SPEC and a command together, or an option treb
-does not know before the command, is refused (exit 2).
+default; `--no-python` runs it as is, `-m` as `python -m MODULE`). A SPEC and a command
+together, or an option treb does not know before the command, is refused (exit 2).
 
 The command becomes a spec in memory ({name, command} and the flags as `-o` overrides),
 loaded by the same model and checks as a YAML spec (runner.launch), and recorded with the
 run as any spec is (the run directory's spec.yaml: `treb rerun`, `status`, `render RUN`).
-torchrun's flags (-n/--nproc-per-node, --nnodes, --max-restarts, --master-port) are
-overrides with a spec too. `--print-spec` prints the spec as YAML instead of running it.
+torchrun's flags (every one of torch 2.13's, cli/torchrun_flags.py) are overrides with a
+spec too. `--print-spec` prints the spec as YAML instead of running it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 PYTHON = "python"  # as a spec's `python train.py`: the one on the ranks' PATH
 
-# torchrun's rendezvous options: treb starts every node itself and sets MASTER_ADDR (the
-# first node) and MASTER_PORT (--master-port, or a free port per attempt).
-RDZV = ("rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf", "master-addr", "run-id")
-# torchrun options that have no place here, and why (refused, exit 2).
-REFUSED = {
-    "node-rank": "treb starts every node itself: run `treb run` once, with --nnodes N and "
-    "--on slurm or --on ssh, not once per node",
-    "log-dir": "every rank's log is kept in the run directory (`treb logs RUN --rank R`)",
-    "redirects": "every rank's output goes to its own log (`treb logs`)",
-    "tee": "every rank's output goes to its own log and the terminal",
-    "local-ranks-filter": "`treb logs RUN --rank R` shows one rank",
-    "role": "not supported",
-    "monitor-interval": "treb's node agent watches the ranks itself",
-    "start-method": "not supported",
-    "local-addr": "not supported",
-    "module": "treb's -m is --sweep: write `treb run -- python -m MODULE ARG...`",
-}
-
-
-def _count(low: int, what: str) -> Any:
-    def parse(text: str) -> int:
-        if ":" in text and what == "nodes":
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: elastic ranges (MIN:MAX) are not supported, treb starts a fixed "
-                "number of nodes: give one number"
-            )
-        try:
-            value = int(text)
-        except ValueError:
-            hint = (
-                " (torchrun's gpu/auto: give the number; with GPUs, -o gpus_per_node=N alone "
-                "starts one rank per GPU)"
-                if text in ("gpu", "auto", "cpu")
-                else ""
-            )
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number{hint}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{text!r}: must be >= {low}")
-        return value
-
-    return parse
-
-
-def _tagged(name: str) -> Callable[[str], tuple[str, str]]:
-    """A rendezvous option's value, kept with its name for the note that it is ignored."""
-    return lambda value: (name, value)
-
 
 def add_flags(p: argparse.ArgumentParser) -> None:
-    """`treb run`'s torchrun-style flags (with a spec: overrides of its fields)."""
+    """`treb run`'s torchrun flags (torchrun_flags.py; with a spec: overrides of its fields)."""
+    from trebuchet.cli import torchrun_flags
+
     g = p.add_argument_group("torchrun's flags (a launch without a spec; with one: overrides)")
-    g.add_argument(
-        "-n",
-        "--nproc-per-node",
-        "--nproc_per_node",
-        dest="nproc",
-        metavar="P",
-        type=_count(1, "ranks"),
-        help="ranks per node (procs_per_node)",
-    )
-    g.add_argument("--nnodes", type=_count(1, "nodes"), metavar="N", help="nodes (nodes)")
-    g.add_argument(
-        "--max-restarts",
-        "--max_restarts",
-        dest="max_restarts",
-        metavar="R",
-        type=_count(0, "retries"),
-        help="extra attempts after a failed one (retries)",
-    )
-    g.add_argument(
-        "--master-port",
-        "--master_port",
-        dest="master_port",
-        metavar="PORT",
-        type=_count(1, "port"),
-        help="a fixed MASTER_PORT (master_port)",
-    )
-    g.add_argument("--standalone", action="store_true", help="one node (as torchrun's)")
-    g.add_argument(
-        "--no-python",
-        "--no_python",
-        dest="no_python",
-        action="store_true",
-        help="run a COMMAND ending in .py as it is, not with python",
-    )
-    for name in RDZV:
-        g.add_argument(
-            f"--{name}",
-            f"--{name.replace('-', '_')}",
-            dest="rdzv",
-            metavar="V",
-            action="append",
-            type=_tagged(name),
-            help=argparse.SUPPRESS,
-        )
+    torchrun_flags.add_flags(g)
     g.add_argument(
         "--print-spec",
         action="store_true",
         help="print the spec this launch makes, as YAML, and exit without running",
     )
-    p.set_defaults(command=None, rdzv=[], typed=[])
+    p.set_defaults(command=None, typed=[])
 
 
 def verb_parser(parser: argparse.ArgumentParser, verb: str) -> argparse.ArgumentParser:
@@ -160,9 +71,6 @@ def _option(p: argparse.ArgumentParser, word: str) -> tuple[argparse.Action | No
 
 def _unknown(p: argparse.ArgumentParser, word: str) -> str:
     name = word.partition("=")[0]
-    bare = name.lstrip("-").replace("_", "-")
-    if bare in REFUSED:
-        return f"{name} (torchrun's): {REFUSED[bare]}"
     import difflib
 
     known = [o for o in p._option_string_actions if o.startswith("--")]
@@ -176,7 +84,11 @@ def _unknown(p: argparse.ArgumentParser, word: str) -> str:
 
 def split(p: argparse.ArgumentParser, words: list[str]) -> tuple[list[str], list[str] | None]:
     """(`run` and treb's words, the command or None): the rule in this module's doc."""
+    from trebuchet.cli.torchrun_flags import PROGRAM_FLAGS, pet_switch
+
     head, spec, i = [words[0]], None, 1
+    # -m, --no-python, --run-path (or their PET_ variables): the first word is the program
+    program = any(pet_switch(d) for d in PROGRAM_FLAGS)
     while i < len(words):
         word = words[i]
         if word == "--":
@@ -191,12 +103,13 @@ def split(p: argparse.ArgumentParser, words: list[str]) -> tuple[list[str], list
             if action is None:
                 p.error(_unknown(p, word))
             head.append(word)
+            program = program or action.dest in PROGRAM_FLAGS
             if action.nargs != 0 and not inline and i + 1 < len(words):
                 head.append(words[i + 1])
                 i += 1
             i += 1
             continue
-        if spec is None and not word.lower().endswith(".py"):
+        if spec is None and not program and not word.lower().endswith(".py"):
             spec = word
             head.append(word)
             i += 1
@@ -214,25 +127,16 @@ def split(p: argparse.ArgumentParser, words: list[str]) -> tuple[list[str], list
 
 
 def flag_overrides(args: argparse.Namespace) -> list[str]:
-    """torchrun's flags as `-o` overrides (they apply to a spec too); notes on stderr."""
-    out = []
-    nnodes = getattr(args, "nnodes", None)
-    if getattr(args, "standalone", False):
-        if nnodes not in (None, 1):
-            raise usage(f"--standalone and --nnodes {nnodes}: --standalone is one node")
-        nnodes = 1
-    for key, value in (("nodes", nnodes), ("procs_per_node", getattr(args, "nproc", None)),
-                       ("retries", getattr(args, "max_restarts", None)),
-                       ("master_port", getattr(args, "master_port", None))):  # fmt: skip
-        if value is not None:
-            out.append(f"{key}={value}")
-    rdzv = getattr(args, "rdzv", None) or []
-    if rdzv:
-        given = " ".join(f"--{n} {shlex.quote(v)}" for n, v in rdzv)
-        print(f"treb: note: {given} ignored: treb starts every node itself (MASTER_ADDR: the "
-              "first node; MASTER_PORT: --master-port, or a free port per attempt)",
-              file=sys.stderr)  # fmt: skip
-    return out
+    """torchrun's flags as `-o` overrides (they apply to a spec too); notes on stderr; the
+    translation kept on `args.torchrun` for build() and the terminal view."""
+    from trebuchet.cli import torchrun_flags
+
+    specless = getattr(args, "command", None) is not None
+    t = torchrun_flags.translate(args, getattr(args, "on", None), specless)
+    args.torchrun = t
+    torchrun_flags.say(t.notes)
+    os.environ.update(t.env)  # the terminal view (view/live.py) and the plan read these
+    return t.overrides
 
 
 def usage(text: str) -> Exception:
@@ -284,12 +188,18 @@ def _outside(script: str, on: str | None) -> str:
 
 def build(args: argparse.Namespace) -> dict[str, Any]:
     """The spec of a command, as the fields a YAML spec would have (workdir: here)."""
+    from trebuchet.cli.torchrun_flags import Translated, wrap_command
     from trebuchet.spec.load import default_name
 
+    t: Translated = getattr(args, "torchrun", None) or Translated(
+        mode="as-is" if getattr(args, "no_python", False) else "python")  # fmt: skip
     command = list(args.command)
-    if args.no_python and not command[0].lower().endswith(".py"):
-        raise usage("--no-python: the command does not start with a .py script")
-    script = _script(command)
+    if t.mode == "module":  # torchrun -m: python -m MODULE ARG...
+        name = default_name(Path(command[0].rsplit(".", 1)[-1]))
+        return {"name": name, "command": wrap_command(t, [PYTHON, "-m", *command])}
+    script = _script(command) if t.mode != "as-is" or command[0].lower().endswith(".py") else None
+    if t.mode == "run-path":
+        script = command[0]
     if script is not None and not os.path.isfile(script):
         raise usage(
             f"{script}: no such file in {os.getcwd()} (the command runs in this folder, "
@@ -297,7 +207,8 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
         )
     if script is not None and not _inside(script, os.getcwd()):
         command[command.index(script)] = _outside(script, getattr(args, "on", None))
-    if command[0].lower().endswith(".py") and not args.no_python:
+    if t.mode in ("python", "run-path") and (t.mode == "run-path"
+                                             or command[0].lower().endswith(".py")):  # fmt: skip
         command = [PYTHON, *command]
     if script is not None:
         name = default_name(Path(script))
@@ -305,7 +216,10 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
         name = default_name(Path(command[2].rsplit(".", 1)[-1]))
     else:
         name = default_name(Path(os.path.basename(command[0])))
-    return {"name": name, "command": command}
+    from trebuchet.launcher.outputs import in_place  # runs in this folder, as torchrun
+
+    return {"name": name, "command": wrap_command(t, command),
+            **in_place(getattr(args, "on", None), os.getcwd())}  # fmt: skip
 
 
 def spec_yaml(data: dict[str, Any], validated: dict[str, Any], typed: list[str]) -> str:

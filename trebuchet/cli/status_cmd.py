@@ -12,9 +12,10 @@ from trebuchet.backends import get_backend
 from trebuchet.cli.common import STATE_STYLE, clock, console, state_cell
 from trebuchet.cli.health_view import health_json, health_lines
 from trebuchet.cli.progress import gpu_use, progress_lines, progress_of
-from trebuchet.cli.report import diagnosis_json, diagnosis_lines
+from trebuchet.cli.report import diagnosis_json, diagnosis_lines, goodput_json, goodput_lines
 from trebuchet.cli.table import markup as m
 from trebuchet.errors import UserError
+from trebuchet.launcher import outputs
 from trebuchet.runner import refresh
 from trebuchet.runtime.watch.display_lines import shown
 from trebuchet.spec.duration import human
@@ -54,6 +55,8 @@ def main(args: argparse.Namespace) -> int:
         out["progress"] = progress_of(rec)  # {step, total, fraction, rate, eta_s} or None
         out["gpus"] = gpu_use(rec)
         out["health"] = health_json(rec.run_dir)  # by attempt: each node's checks
+        out["outputs"] = outputs.written(rec.run_dir)  # what the ranks wrote in the snapshot
+        out["goodput"] = goodput_json(rec)  # where the wall time went (docs/goodput.md)
         print(json.dumps(out, indent=2))
         return 0
     from rich.table import Table
@@ -74,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     if rec.git_commit:
         dirty = " with uncommitted changes" if rec.git_dirty else ""
         con.print(f"  code    git {rec.git_commit[:12]}{dirty}")
-    for line in progress_lines(rec):
+    for line in [*progress_lines(rec), *goodput_lines(rec), *outputs.lines(rec.run_dir)]:
         con.print(f"  {shown(line)}", markup=False, highlight=False)
     if rec.active and rec.waiting:
         colour = "yellow" if rec.waiting.get("starts") else "red"
@@ -112,12 +115,13 @@ def main(args: argparse.Namespace) -> int:
         con.print(table)
     if procs:
         table = Table(box=None, pad_edge=False, title=None)
-        for col in ("ATTEMPT", "PROC", "RANK", "PID", "EXIT", "SIGNAL", "STOPPED", "LOG"):
+        for col in ("ATTEMPT", "PROC", "RANK", "HOST", "PID", "EXIT", "SIGNAL", "STOPPED", "LOG"):
             table.add_column(col, no_wrap=True)
-        for p in procs:
+        for p in procs:  # a pid means something on its host only
             table.add_row(*map(m, (
                 p["attempt"] + 1, p["label"], "-" if p["rank"] is None else p["rank"],
-                p["pid"] or "-", "-" if p["exit_code"] is None else p["exit_code"],
+                shown(p.get("host") or "-"), p["pid"] or "-",
+                "-" if p["exit_code"] is None else p["exit_code"],
                 p["signal"] or "-", "by launcher" if p["stopped_by_launcher"] else "-",
                 p.pop("log_name"),
             )))  # fmt: skip

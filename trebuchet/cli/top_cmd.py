@@ -114,11 +114,13 @@ def node_lines(store: Store, rec: RunRecord) -> list[str]:
 
 
 def progress_cell(p: dict[str, Any] | None) -> str:
-    """`45% 450/1000, ETA 12s` (cli/progress.py's texts)."""
+    """`45% 450/1000, ETA 12s`, or `, stalled 45s` (cli/progress.py's texts)."""
     from trebuchet.cli.progress import eta_text, progress_text
 
-    text = progress_text(p)
-    return text if eta_text(p) == "-" else f"{text}, ETA {eta_text(p)}"
+    text, eta = progress_text(p), eta_text(p)
+    if eta == "-":
+        return text
+    return f"{text}, {eta}" if eta.startswith("stalled") else f"{text}, ETA {eta}"
 
 
 def short_age(seconds: float) -> str:

@@ -108,6 +108,13 @@ REMEDIES: dict[str, str] = {
     "failed assertion, or a library giving up (NCCL's watchdog aborts a rank whose collective "
     "timed out: look for a timeout on the other ranks); fix what that message names, and rerun "
     "with PYTHONFAULTHANDLER=1 for the Python stack at the abort.",
+    "exit_abort": "The rank's program finished its work, then aborted as its process shut "
+    "down (SIGABRT, `terminate called without an active exception`): torch's process group "
+    "was still alive at exit, and its threads were torn down with the interpreter. Call "
+    "`torch.distributed.destroy_process_group()` at the end of the program, on every rank, "
+    "after the last collective. Until then the exit status is a failure (as under torchrun): "
+    "the run is FAILED and retries: starts it again; PYTHONFAULTHANDLER=1 in env: makes the "
+    "diagnosis certain (the Python stack at the abort is empty).",
     "time_limit": "The attempt reached its time limit: raise timeout: (or slurm.time), or save "
     "checkpoints on the warning signal (checkpoint_signal) and set retries: to resume.",
     "node_failure": "A node (or the process supervising the run) went away: resubmit; exclude "
@@ -157,6 +164,7 @@ TITLES: dict[str, str] = {
     "launch_env_missing": "script not started by a launcher",
     "segfault": "native crash (segmentation fault, illegal instruction, bus error)",
     "aborted": "aborted (SIGABRT: an uncaught C++ exception, a failed assertion)",
+    "exit_abort": "aborted at exit, after the program finished (no destroy_process_group())",
     "time_limit": "time limit reached",
     "node_failure": "node failure",
     "scheduler_refusal": "the scheduler refused the job",
@@ -282,7 +290,8 @@ RULES: tuple[Rule, ...] = (
     _rule("segfault", CAUSE, r"Segmentation fault|SIGSEGV|Illegal instruction|SIGILL|SIGBUS"
           r"|Bus error|Floating point exception|Signal (?:11|4|7|8) \(|Fatal Python error: "
           r"(?:Segmentation|Bus|Illegal|Floating)"),
-    _rule("aborted", TIMEOUT, r"terminate called after throwing|Fatal Python error: Aborted"
+    _rule("aborted", TIMEOUT, r"terminate called (?:after throwing|without an active "
+          r"exception)|Fatal Python error: Aborted"
           r"|SIGABRT|Signal 6 \(|Aborted \(core dumped\)"),
     _rule("scheduler_refusal", CAUSE, r"Batch job submission failed|Unable to allocate "
           r"resources|sbatch refused the job|Memory specification can not be satisfied"

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from trebuchet.diagnose import catalog
 from trebuchet.diagnose.catalog import CASCADE, CAUSE, TIMEOUT
-from trebuchet.diagnose.lines import LogLine, number
+from trebuchet.diagnose.lines import LogLine, number, parse
 
 FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
 NOT_USER = re.compile(r"site-packages|dist-packages|/lib(?:64)?/python\d|<frozen |/torch/")
@@ -130,6 +130,39 @@ def _exception_hit(
     evidence.append(exc.raw)
     missing = _missing(text) if category == "collective_timeout" else ()
     return Hit(category, strength, exc, _trim(text), evidence, frame_text, missing, chained)
+
+
+EXIT_ABORT = "terminate called without an active exception"
+FAULT_DUMP = re.compile(r"^Fatal Python error: Aborted\b")
+PY_FRAME = re.compile(r'^\s*File "[^"]*", line \d+')
+
+
+def exit_abort(lines: list[LogLine], last: list[str] | None = None) -> str | None:
+    """Whether an aborted process had finished its program: "certain", "likely" or None.
+
+    The sign is C++'s `terminate called without an active exception` (a thread object
+    destroyed while still running: torch's process group torn down with the interpreter)
+    as the rank's last words (`last`: the log's final lines, when known). faulthandler
+    (PYTHONFAULTHANDLER=1), when on, settles it: the Python stack it dumps at the abort
+    is empty (`<no Python frame>`) once main has returned, and has frames when the abort
+    came during the work (None). Without the dump it is "likely": a native thread that
+    calls std::terminate during the work prints the same words (rare; a Python error
+    before it is the cause instead, and is found first)."""
+    texts = [ln.text.strip() for ln in lines]
+    at = next((i for i in range(len(texts) - 1, -1, -1) if texts[i] == EXIT_ABORT), None)
+    if at is None:
+        return None
+    after = [t for t in texts[at + 1 :] if t]
+    dump = next((i for i, t in enumerate(after) if FAULT_DUMP.match(t)), None)
+    if dump is not None:
+        stack = after[dump + 1 :]
+        if any(PY_FRAME.match(t) for t in stack):
+            return None
+        return "certain" if "<no Python frame>" in stack else None
+    tail = [parse(t).text.strip() for t in last] if last is not None else texts
+    # the abort's words last (a shell's "Aborted (core dumped)" may follow)
+    tail = [t for t in tail if t and not re.search(r"\bAborted\b", t)]
+    return "likely" if tail and tail[-1] == EXIT_ABORT else None
 
 
 def classify(lines: list[LogLine], multi_host: bool | None = None) -> Finding:

@@ -30,7 +30,7 @@ from typing import Any
 
 from trebuchet.diagnose import catalog
 from trebuchet.diagnose.catalog import CASCADE, CAUSE, TIMEOUT
-from trebuchet.diagnose.classify import Finding, Hit, classify
+from trebuchet.diagnose.classify import Finding, Hit, classify, exit_abort
 from trebuchet.diagnose.errorfile import RankError
 from trebuchet.diagnose.sources import Case, Unit
 
@@ -112,6 +112,15 @@ def _victim(u: Unit, others_failed: bool) -> bool:
 def _ts(u: Unit) -> float:
     best = u.finding.best if u.finding else None
     return best.line.ts if best and best.line.ts else NO_TS
+
+
+def _exit_abort_summary(u: Unit, how: str) -> str:
+    """Why the abort is called one at exit (classify.exit_abort: how sure, and why)."""
+    sure = ("and an empty Python stack at the abort (faulthandler)" if how == "certain"
+            else "and no Python error before it")  # fmt: skip
+    return (f"{_who(u)} aborted (SIGABRT) in its process's shutdown, after its program had "
+            f"finished: `terminate called without an active exception` as its last words, "
+            f"{sure}")  # fmt: skip
 
 
 def _last_lines(u: Unit, n: int = 3) -> list[str]:
@@ -517,6 +526,9 @@ def _decide(case: Case) -> Diagnosis:
             if cat == "killed":
                 note = " with no launcher kill (the kernel OOM killer, or kill -9)"
             summary = f"{_who(first)} {how}{note}"
+            at_exit = exit_abort(first.lines, first.last_lines) if cat == "aborted" else None
+            if at_exit is not None:
+                cat, summary = "exit_abort", _exit_abort_summary(first, at_exit)
             evidence = [f"{_who(first)}: {catalog.exit_meaning(first.exit_code, sig)}"]
             evidence += [h.line.raw for h in (first.finding.hits if first.finding else [])][:2]
             evidence += [f"last line: {ln}" for ln in _last_lines(first, 2)]

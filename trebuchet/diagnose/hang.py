@@ -4,16 +4,26 @@ Each rank's file (`attempt-<n>/stacks/rank-<r>.txt`: py-spy's dump, or faulthand
 read down to its main thread's innermost frames: the innermost Python frame (`all_reduce`
 in torch), the innermost frame of the user's code (train.py:88) and the innermost native
 frame that says more than a libc wait (`c10d::Reducer::...`: DDP's backward waits there,
-not in a Python collective). Ranks are grouped by (what, where) and the grouping said in
-one line, the biggest group first:
+not in a Python collective). Ranks are grouped by (what, where, stopped) and the grouping
+said in one line, the ranks that wait in a collective first:
 
     hang: 3 of 4 ranks wait in all_reduce (train.py:14); rank 3 is in time.sleep
     (train.py:12), silent for 21s
 
+The rank named stuck (`stuck`), in this order: the one rank whose process was stopped
+(SIGSTOP: `treb fault hang-rank`, a debugger; its file says `# state stopped`); the one
+rank not in a collective while the others wait in one; the one rank whose stack differs
+from all others'; else the one that went silent first against its own pace.
+
 A rank without a stack (py-spy missing on its node, faulthandler not registered) is no
 group: the line says which node could not dump and why, once ("no stacks on tn2: py-spy
 not found there"), and names the rank that went silent first from the progress times,
-which is the one that stopped the others when they wait for it in a collective.
+which is the one that stopped the others when they wait for it in a collective. Silence
+is judged against each rank's own habit (hang.json `habits`, kept by the hang watch): a
+rank went silent first only when it had progressed at least HABIT_EVENTS times, for at
+least as long as it has now been quiet, and was quiet HABIT_FACTOR times its usual gap
+while the run still progressed. Under the HF Trainer only rank 0 prints: rank 1, quiet
+since its start, is then no suspect.
 
 Stdlib and the runtime only (the local supervisor imports it to print a hang as it
 happens); files a rank can reach are read as regular files only (runtime/rundir/regular.py).
@@ -21,6 +31,7 @@ happens); files a rank can reach are read as regular files only (runtime/rundir/
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -34,6 +45,11 @@ from trebuchet.runtime.rundir.regular import open_regular, read_text
 HOST = re.compile(r"^# host (\S+)", re.M)
 TRIED = re.compile(r"^# tried: (.*)$", re.M)
 SILENT_GAP_S = 2.0  # a rank silent this much longer than every other went silent first
+HABIT_EVENTS = 3  # a rank progressed this many times before its silence can be judged
+HABIT_FACTOR = 3.0  # ... and was quiet this many times its usual gap
+STOPPED = re.compile(r"^# state stopped\s*$", re.M)
+# Native frames of a rank that waits for its peers (DDP's reducer, gloo, NCCL).
+NATIVE_COLLECTIVE = re.compile(r"c10d::|gloo::|nccl|ProcessGroup", re.I)
 PY_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]*?):(?P<line>\d+)\)\s*$")
 NATIVE_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<lib>[^():]+)\)\s*$")
 FH_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
@@ -84,10 +100,16 @@ class RankStack:
     silent: float | None = None
     host: str = ""  # the node whose agent dumped it (older files: unknown)
     why: str = ""  # why there is no stack (method none)
+    stopped: bool = False  # its process was stopped (state T) when its stack was read
 
     @property
     def label(self) -> str:
         return self.name.replace("-", " ")
+
+    @property
+    def waits(self) -> bool:
+        """It waits for its peers: in a collective, or in DDP's reducer / gloo / NCCL."""
+        return self.what in COLLECTIVES or bool(NATIVE_COLLECTIVE.search(self.native))
 
 
 def parse(text: str) -> tuple[str, list[Frame]]:
@@ -172,7 +194,8 @@ def read_stacks(adir: Path, names: list[str] | None = None) -> list[RankStack]:
             continue
         method, frames = parse(text)
         host = HOST.search(text)
-        rs = RankStack(path.stem, method, frames, host=host.group(1) if host else "")
+        rs = RankStack(path.stem, method, frames, host=host.group(1) if host else "",
+                       stopped=bool(STOPPED.search(text)))  # fmt: skip
         rs.why = why_none(text) if method == "none" else ""
         analyse(rs)
         out.append(rs)
@@ -213,19 +236,22 @@ def summary(
     total: int,
     missing: list[str],
     silence: dict[str, float] | None = None,
+    habits: Habits | None = None,
 ) -> str:
-    """The one line: the biggest group waits; the others, with how long they were silent;
-    the nodes that gave no stacks, and then the rank that went silent first."""
+    """The one line: the ranks that wait in a collective (the biggest group of them); the
+    others, with how long they were silent; the nodes that gave no stacks, and then the
+    rank that went silent first (`habits`: judged against each rank's pace)."""
     parts, apart = _grouped([r for r in ranks if r.method != "none"], total)
     bare = [r for r in ranks if r.method == "none"]
     parts += _no_stacks(bare, every=len(bare) == total)
     if missing:
         parts.append(f"no stacks from {', '.join(missing[:8])}")
-    first = first_silent(silence or {})
+    first = first_silent(silence or {}, habits)
     if first is not None and first[0] not in apart:  # not already named with its silence
         name, gone, others = first
+        than = f" (the others {_human(others)} or less)" if others is not None else ""
         parts.append(f"{name.replace('-', ' ')} went silent first, {_human(gone)} before the "
-                     f"hang was seen (the others {_human(others)} or less)")  # fmt: skip
+                     f"hang was seen{than}")  # fmt: skip
     return "hang: " + "; ".join(parts)
 
 
@@ -242,29 +268,101 @@ def _no_stacks(bare: list[RankStack], every: bool) -> list[str]:
     return out
 
 
-def first_silent(silence: dict[str, float]) -> tuple[str, float, float] | None:
-    """(name, silent for, the others at most) of the rank silent SILENT_GAP_S longer than
-    every other one, from the progress times; None when none stands out."""
-    if len(silence) < 2:
+Habits = dict[str, dict[str, Any]]  # hang.json `habits`: {rank-0: {count, first, last, gap}}
+Silent = tuple[str, float, float | None]  # first_silent: name, silent for, the others at most
+
+
+def first_silent(silence: dict[str, float], habits: Habits | None = None) -> Silent | None:
+    """(name, silent for, the others at most) of the rank that went silent first, from
+    the progress times; None when none stands out. Without `habits` (older hang.json):
+    the rank silent SILENT_GAP_S longer than every other one. With them: among the ranks
+    that keep a pace (`paced`), the one quiet longest before the run's last progress,
+    SILENT_GAP_S longer than the next one; a rank that never printed is no suspect."""
+    if habits is None:
+        if len(silence) < 2:
+            return None
+        (name, top), (_, second) = sorted(silence.items(), key=lambda kv: (-kv[1], kv[0]))[:2]
+        return (name, top, second) if top - second >= SILENT_GAP_S else None
+    lasts = {n: _field(h, "last") for n, h in habits.items()}
+    if not any(v is not None for v in lasts.values()):
         return None
-    (name, top), (_, second) = sorted(silence.items(), key=lambda kv: (-kv[1], kv[0]))[:2]
-    return (name, top, second) if top - second >= SILENT_GAP_S else None
+    end = max(v for v in lasts.values() if v is not None)  # the run's last progress
+    quiet = {
+        n: end - (lasts[n] or 0.0) for n, h in habits.items() if n in silence and paced(h, end)
+    }
+    if not quiet:
+        return None
+    ordered = sorted(quiet.items(), key=lambda kv: (-kv[1], kv[0]))
+    name, top = ordered[0]
+    if len(ordered) > 1 and top - ordered[1][1] < SILENT_GAP_S:
+        return None
+    rest = [s for n, s in silence.items() if n != name and _count(habits.get(n)) >= HABIT_EVENTS]
+    return name, silence[name], (max(rest) if rest else None)
+
+
+def _field(habit: Any, key: str) -> float | None:
+    """A finite number of a habit (hang.json is in a folder ranks can write), else None."""
+    value = habit.get(key) if isinstance(habit, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _count(habit: Any) -> int:
+    return int(_field(habit, "count") or 0)
+
+
+def paced(habit: Any, end: float) -> bool:
+    """A rank whose silence at the run's last progress (`end`) breaks its own habit: it
+    progressed HABIT_EVENTS times or more, for at least as long as it has been quiet since,
+    and is quiet HABIT_FACTOR times its usual gap (and SILENT_GAP_S) or longer."""
+    count, first, last, gap = (_field(habit, k) for k in ("count", "first", "last", "gap"))
+    if count is None or first is None or last is None or gap is None:
+        return False
+    quiet = end - last
+    return (count >= HABIT_EVENTS and last - first >= quiet
+            and quiet >= max(SILENT_GAP_S, HABIT_FACTOR * gap))  # fmt: skip
+
+
+def stuck(ranks: list[RankStack], first: Silent | None) -> RankStack | None:
+    """The rank the stacks show stuck (see the module's docstring), else the one that went
+    silent first (`first`), else None."""
+    with_stacks = [r for r in ranks if r.method != "none"]
+    halted = [r for r in ranks if r.stopped]
+    if len(halted) == 1 and len(ranks) > 1:
+        return halted[0]
+    apart = [r for r in with_stacks if not r.waits]
+    if len(apart) == 1 and len(with_stacks) > 1:
+        return apart[0]
+    groups: dict[tuple[str, str], list[RankStack]] = {}
+    for r in with_stacks:
+        groups.setdefault((r.what, r.where), []).append(r)
+    singles = [g[0] for g in groups.values() if len(g) == 1]
+    if len(groups) > 1 and len(singles) == 1:
+        return singles[0]
+    if first is not None:  # no stacks tell: the progress times do
+        return next((r for r in ranks if r.name == first[0]), RankStack(first[0]))
+    return None
 
 
 def _grouped(ranks: list[RankStack], total: int) -> tuple[list[str], set[str]]:
-    """The groups of ranks with stacks, biggest first (at most four), and the names of the
-    ranks said apart from the first group, with their silence."""
-    groups: dict[tuple[str, str], list[RankStack]] = {}
+    """The groups of ranks with stacks (at most four): those that wait in a collective
+    first, the biggest first, a stopped rank on its own; and the names of the ranks said
+    apart from the first group, with their silence."""
+    groups: dict[tuple[str, str, bool], list[RankStack]] = {}
     for r in ranks:
-        groups.setdefault((r.what, r.where), []).append(r)
-    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), _order(kv[1][0])))
+        groups.setdefault((r.what, r.where, r.stopped), []).append(r)
+    ordered = sorted(groups.items(), key=lambda kv: (kv[0][2], not kv[1][0].waits,
+                                                     -len(kv[1]), _order(kv[1][0])))  # fmt: skip
     parts = []
-    for i, ((what, where), members) in enumerate(ordered[:4]):
+    for i, ((what, where, halted), members) in enumerate(ordered[:4]):
         at = f" ({where})" if where else ""
         native = ""
         if members[0].native and what not in COLLECTIVES and "::" in members[0].native:
             native = f" [native: {members[0].native}]"
-        if i == 0 and len(ordered) > 1:
+        if i == 0 and len(ordered) > 1 and len(members) == 1:
+            parts.append(f"{members[0].label} waits in {what}{at}{native}")
+        elif i == 0 and len(ordered) > 1:
             parts.append(f"{len(members)} of {total} ranks wait in {what}{at}{native}")
         elif i == 0:
             every = "all" if len(members) == total else f"{len(members)} of"
@@ -273,7 +371,8 @@ def _grouped(ranks: list[RankStack], total: int) -> tuple[list[str], set[str]]:
             verb = "is" if len(members) == 1 else "are"
             silent = [m.silent for m in members if m.silent is not None]
             quiet = f", silent for {_human(max(silent))}" if silent else ""
-            parts.append(f"{_names(members)} {verb} in {what}{at}{native}{quiet}")
+            state = ", stopped (SIGSTOP or a debugger)" if halted else ""
+            parts.append(f"{_names(members)} {verb} in {what}{at}{native}{state}{quiet}")
     if len(ordered) > 4:
         parts.append(f"{len(ordered) - 4} more group(s)")
     apart = {m.name for _, members in ordered[1:4] for m in members}
@@ -299,28 +398,27 @@ def read(adir: Path) -> Hang | None:
     ranks = read_stacks(adir, info.get("stacks") or None)
     detected = float(info.get("detected_at") or time.time())
     started = float(info.get("last_progress") or detected)
-    silence = {n: _silent(adir, n, detected, started) for n in expected}
+    habits = info.get("habits") if isinstance(info.get("habits"), dict) else None
+    silence = {n: _silent(adir, n, detected, started, habits) for n in expected}
     for r in ranks:
-        r.silent = silence.get(r.name, _silent(adir, r.name, detected, started))
+        r.silent = silence.get(r.name, _silent(adir, r.name, detected, started, habits))
     got = {r.name for r in ranks}
     missing = [n.replace("-", " ") for n in expected if n not in got]
-    line = summary(ranks, len(expected) or len(ranks), missing, silence)
-    groups: dict[tuple[str, str], list[RankStack]] = {}
-    for r in ranks:
-        groups.setdefault((r.what, r.where), []).append(r)
-    odd = None
-    singles = [g[0] for g in groups.values() if len(g) == 1]
-    if len(groups) > 1 and len(singles) == 1:
-        odd = singles[0]
-    first = first_silent(silence)
-    if odd is None and first is not None:  # no stacks tell: the progress times do
-        odd = next((r for r in ranks if r.name == first[0]), RankStack(first[0]))
+    line = summary(ranks, len(expected) or len(ranks), missing, silence, habits)
+    odd = stuck(ranks, first_silent(silence, habits))
     return Hang(info, ranks, line, odd, str(adir / "stacks"))
 
 
-def _silent(adir: Path, name: str, detected: float, started: float) -> float:
-    """How long `name` had made no progress when the hang was seen (its progress file's
-    mtime; without one, since the attempt's last progress)."""
+def _silent(
+    adir: Path, name: str, detected: float, started: float, habits: Habits | None = None
+) -> float:
+    """How long `name` had made no progress when the hang was seen: its last progress the
+    hang watch saw (`habits`; the progress file changes after, with what a rank prints as
+    it is stopped), else its progress file's mtime; without either, since the attempt's
+    last progress."""
+    seen = _field((habits or {}).get(name), "last")
+    if seen is not None:
+        return detected - min(seen, detected)
     try:
         last = min((adir / "progress" / name).stat().st_mtime, detected)
     except OSError:
@@ -346,14 +444,18 @@ def hang_lines(adir: Path) -> list[str]:
 
 def grouped_text(ranks: list[RankStack], texts: dict[str, str]) -> str:
     """`treb stacks`: ranks with the same main-thread stack once, the others after."""
-    groups: dict[tuple[tuple[str, str, int], ...], list[RankStack]] = {}
+    groups: dict[tuple[object, ...], list[RankStack]] = {}
     for r in ranks:
         key = tuple((f.func, f.file, f.line) for f in r.frames if not f.func.startswith("0x"))
-        groups.setdefault(key, []).append(r)
+        groups.setdefault((key, r.stopped, r.why), []).append(r)
     out = []
     for members in sorted(groups.values(), key=lambda g: (-len(g), _order(g[0]))):
         first = members[0]
-        out.append(f"== {_names(members)} ({first.method}): in {first.what}"
+        if first.method == "none":  # what was tried, and py-spy's own reason
+            out += [f"== {_names(members)}: no stacks: {first.why}", ""]
+            continue
+        state = ", stopped (SIGSTOP or a debugger)" if first.stopped else ""
+        out.append(f"== {_names(members)} ({first.method}{state}): in {first.what}"
                    + (f" ({first.where})" if first.where else ""))  # fmt: skip
         body = [ln for ln in texts.get(first.name, "").splitlines() if not ln.startswith("# ")]
         out += ["   " + ln for ln in body if ln.strip()]
@@ -372,8 +474,10 @@ def for_run(run: dict[str, Any]) -> dict[str, Any] | None:
     evidence = hang_lines(adir)[1:]
     for r in h.ranks:
         native = f" [native: {r.native}]" if r.native else ""
-        evidence.append(f"{r.label}: in {r.what} ({r.where or '?'}){native}, stacks by "
-                        f"{r.method}, silent for {_human(r.silent or 0.0)}")  # fmt: skip
+        state = ", stopped (SIGSTOP or a debugger)" if r.stopped else ""
+        how = f"stacks by {r.method}" if r.method != "none" else f"no stacks: {r.why}"
+        evidence.append(f"{r.label}: in {r.what} ({r.where or '?'}){native}{state}, {how}, "
+                        f"silent for {_human(r.silent or 0.0)}")  # fmt: skip
     rank = int(h.odd.name.partition("-")[2]) if h.odd and h.odd.name.startswith("rank-") else None
     log = str(adir / f"{h.odd.name}.log") if h.odd else None
     return {"summary": h.line.removeprefix("hang: "), "rank": rank, "evidence": evidence,

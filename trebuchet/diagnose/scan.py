@@ -35,7 +35,8 @@ KEYWORDS = (
 )  # fmt: skip
 # A header and how many following lines belong to it (frames, report fields).
 BLOCKS = ((b"traceback (most recent call last)", 120), (b"root cause (first observed", 60),
-          (b"failures:", 80), (b"what():", 2))  # fmt: skip
+          (b"failures:", 80), (b"what():", 2),
+          (b"fatal python error:", 40))  # fmt: skip  # faulthandler: the threads' stacks
 
 
 @dataclass

@@ -156,7 +156,9 @@ def local_plan(
     }
     if spec.launcher != "none" and "OMP_NUM_THREADS" not in environ:
         # Simulated nodes share this machine, so its CPUs are split over all local ranks.
-        base["OMP_NUM_THREADS"] = omp_threads(usable_cpus(), world)
+        # (a manual launch's node, --node-rank: this machine holds its own ranks only)
+        here = ppn if environ.get("TREB_NODE_RANK_ONLY") is not None else world
+        base["OMP_NUM_THREADS"] = omp_threads(usable_cpus(), here)
     recipe = place.recipe
     if recipe and recipe.kind == "venv":
         base["VIRTUAL_ENV"] = recipe.prefix
@@ -183,7 +185,12 @@ def local_plan(
     procs: list[ProcPlan] = []
     streams: list[list[str]] = []
     hooks: list[dict[str, Any]] = []
+    # torchrun's manual multi-node launch (`--nnodes N --node-rank K` typed on each machine,
+    # cli/torchrun_flags.py): this machine is node K of N and starts that node's ranks only.
+    only = environ.get("TREB_NODE_RANK_ONLY")
     for node in range(nodes):
+        if only is not None and only.isdigit() and node != int(only):
+            continue
         # What the spec's env sets wins over what trebuchet derives (GPU masks included).
         node_env = {
             **base, **node_vars(node, nodes),

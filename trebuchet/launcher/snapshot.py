@@ -25,6 +25,7 @@ import subprocess
 from pathlib import Path
 
 from trebuchet.errors import UserError
+from trebuchet.launcher.outputs import MANIFEST
 from trebuchet.plain import field, record
 from trebuchet.runtime.rundir.records import read_json
 from trebuchet.store.paths import treb_home
@@ -348,13 +349,18 @@ def earlier_run(workdir: Path) -> Path | None:
 
 def reuse(run: Path, dest: Path) -> tuple[Snapshot, str]:
     """An earlier run's snapshot copied as it is, with its facts (commit, dirty) and the
-    workdir it came from: a rerun runs the same code, and its paths map to the same files.
+    workdir it came from: a rerun runs the same code, and its paths map to the same files;
+    only the snapshot's own files (its manifest), not what the earlier run wrote there.
     (Taking it again would lose the git facts, and inside a repository that does not track
     TREB_HOME would leave every file out.)"""
     facts = read_json(str(run / "snapshot.json"))  # regular files only: a rank can reach it
     if not isinstance(facts, dict):
         raise UserError(f"{run / 'snapshot.json'}: unreadable, so its snapshot is not reused")
-    shutil.copytree(run / "code", dest, symlinks=True)
+    known = read_json(str(run / MANIFEST))
+    if isinstance(known, dict):  # the code only: not what the earlier run wrote there
+        copy_files(run / "code", sorted(known), dest, Snapshot(path=""))
+    else:  # a run from before the manifest
+        shutil.copytree(run / "code", dest, symlinks=True)
     info = Snapshot(
         path=str(dest), files=facts.get("files", 0), bytes=facts.get("bytes", 0),
         git_commit=facts.get("git_commit"), git_dirty=facts.get("git_dirty"),

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from trebuchet.errors import SpecError, UserError
+from trebuchet.launcher.outputs import MANIFEST, manifest
 from trebuchet.launcher.snapshot import earlier_run, reuse, take, venv_note
 from trebuchet.plain import asdict, field, record
 from trebuchet.runtime.rundir.records import sync
@@ -111,6 +112,8 @@ def _record(
         else:
             snap = take(loaded.workdir, path / "code", parse_size(spec.snapshot_max_size))
         write_json(path / "snapshot.json", {**asdict(snap), "source": source}, durable=False)
+        # what the ranks add to it is told apart from it at the end (launcher/outputs.py)
+        write_json(path / MANIFEST, manifest(Path(snap.path)), durable=False)
         git_commit, git_dirty = snap.git_commit, snap.git_dirty
         if snap.venvs and not earlier:
             warnings.append(venv_note(snap.venvs))
@@ -137,7 +140,8 @@ def _record(
 
     write_json(path / "metrics.json", reader_config(spec), durable=False)  # runtime/metrics, gpu
     # fsynced together: the first one's journal commit carries the others (records.sync)
-    written = [str(path / n) for n in ("snapshot.json", "spec.yaml", "spec.json", "metrics.json")]
+    names = ("snapshot.json", MANIFEST, "spec.yaml", "spec.json", "metrics.json")
+    written = [str(path / n) for n in names]
     if durable:
         sync(written)
         written = []

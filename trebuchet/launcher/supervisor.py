@@ -29,7 +29,7 @@ from trebuchet.launcher.sim_nodes import SHRINKS, Keepers, names
 from trebuchet.launcher.submitted import Submitted
 from trebuchet.launcher.watchdog import Watchdog
 from trebuchet.runtime.contracts import secrets
-from trebuchet.runtime.contracts.schema import FirstFailure
+from trebuchet.runtime.contracts.schema import FirstFailure, Outcome
 from trebuchet.runtime.job.life import Ending, JobController, Settings
 from trebuchet.runtime.job.retry_codes import NOT_A_PROGRAM as LOST_LABELS
 from trebuchet.runtime.node.agent import Agent, Proc
@@ -249,8 +249,15 @@ class Supervisor:
         adir = self.run_dir / f"attempt-{attempt}"
         plans = self.plan.procs
         if self.keepers is not None:  # the nodes left (a spare in; fewer: the world shrinks)
-            self.keepers.start(attempt)
+            before = list(self.keepers.active)
+            now = self.keepers.start(attempt)
             plans = self.keepers.plans(plans, self.plan.procs_per_node)
+            if attempt and now and now != before:  # said as over ssh (backends/ssh/run.py)
+                from trebuchet.runtime.job.nodeset import excluded
+
+                gone = ", ".join(excluded(str(self.run_dir)))
+                world = len(now) * self.plan.procs_per_node
+                self._say(f"nodes now: {', '.join(now)} (WORLD_SIZE {world}; excluded: {gone})")
         self.agents = self._agents(plans, adir, attempt, self.port)
         held = self.keepers.active if self.keepers is not None else None
         sick = check_nodes(str(self.run_dir), adir, attempt, self.agents, self.plan.health, held)
@@ -260,10 +267,16 @@ class Supervisor:
             self.job.failure(sick, stop=False)
             return
         self._start(self.agents)
-        self.store.set_procs(self.plan.run_id, attempt, [p.outcome() for p in self.procs])
+        self.store.set_procs(self.plan.run_id, attempt, self.outcomes())
         if self.view:
             for label, name in self.plan.streams:
                 self.view.add(label, adir / name)
+
+    def outcomes(self) -> list[Outcome]:
+        """The ranks' records as the store keeps them, with this machine's name: every
+        process row says its host (its pid means something there only)."""
+        host = os.uname().nodename
+        return [{**p.outcome(), "host": host} for p in self.procs]
 
     def poll(self) -> bool:
         if self.keepers is not None:
@@ -287,9 +300,16 @@ class Supervisor:
 
     def stop(self) -> None:
         """SIGTERM every live process group; each agent SIGKILLs what is left after the
-        grace period."""
+        grace period. A cancel by SIGINT (Ctrl+C) starts with SIGINT instead, as torchrun
+        hands Ctrl+C on: a Python rank's `except KeyboardInterrupt:` runs; SIGTERM follows
+        after the grace period, SIGKILL after another (Agent.teardown)."""
+        interrupt = self.job.cancel_signal == signal.SIGINT and not self.job.failed
+        if interrupt and self.agents:
+            g = self.plan.grace_period
+            self._say(f"interrupted: SIGINT to the ranks; SIGTERM to what still runs in {g:g}s, "
+                      f"SIGKILL in {2 * g:g}s; Ctrl+C again to kill them now")  # fmt: skip
         for agent in self.agents:
-            agent.teardown()
+            agent.teardown(signal.SIGINT if interrupt else signal.SIGTERM)
 
     def kill(self) -> None:
         for agent in self.agents:
@@ -308,7 +328,7 @@ class Supervisor:
         adir = self.run_dir / f"attempt-{attempt}"
         # the workers' own records too under an agent launcher (none for the native one)
         workers = rank_records(adir) if self.plan.launcher in AGENT_LAUNCHERS else []
-        records = [p.outcome() for p in self.procs] + workers
+        records = self.outcomes() + workers
         self.store.set_procs(self.plan.run_id, attempt, records, reason is not None)
         states: dict[str | None, str] = {
             "cancel": CANCELLED, "timeout": TIMEOUT, "failure": FAILED, "post": FAILED,

@@ -3,8 +3,9 @@
 `performance: <number> <metric>`: the first match in a log wins; the number may carry a
 sign, decimals and an exponent, and may be followed by a "/unit" or a comma before the
 metric (`performance: 1.2e3 samples_per_second`, `performance: 95.2/s, tokens_per_sec`).
-The HuggingFace Trainer's `'train_samples_per_second': 4.23` counts only when a log has no
-`performance:` line. A log is streamed in chunks and only lines that hold the marker are
+The HuggingFace Trainer's `'train_samples_per_second': 4.23` (transformers 4; 5 prints it as a
+string, `'train_samples_per_second': '4.23'`) counts only when a log has no `performance:`
+line. A log is streamed in chunks and only lines that hold the marker are
 matched, so a multi-gigabyte log costs one read and no decoding. A value that is not a
 finite number (`performance: 1e999`) is no value: it would poison every comparison.
 """
@@ -21,7 +22,9 @@ from trebuchet.plain import field, record
 from trebuchet.runtime.rundir.regular import open_regular
 from trebuchet.runtime.watch.metric_reader import NUMBER, PERF  # one reading, also the agents'
 
-HF = re.compile(rb"train_samples_per_second['\"]?\s*[:=]\s*(?P<value>" + NUMBER + rb")")
+HF = re.compile(
+    rb"train_samples_per_second['\"]?\s*[:=]\s*(?P<q>['\"]?)(?P<value>" + NUMBER + rb")(?P=q)"
+)
 CHUNK = 4 << 20
 REQUIRED = ("model", "performance", "metric")
 

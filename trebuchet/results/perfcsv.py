@@ -10,9 +10,10 @@ backend, procs_per_node, environment, ...) and the extra columns of the workload
 CSV.
 
 relative_change is a percentage: (value - baseline) / baseline * 100, the baseline being the
-previous successful row of the same model and metric among the rows shown (the first run
-given when two are compared). madengine's database keeps a per-architecture dict there;
-a plain number is what a CSV reader can plot.
+previous successful row of the same model, metric and shape (nodes x processes per node,
+GPUs per node) among the rows shown (the first run given when two are compared).
+madengine's database keeps a per-architecture dict there; a plain number is what a CSV
+reader can plot.
 """
 
 from __future__ import annotations
@@ -74,12 +75,21 @@ def number(v: Any) -> str:
     return str(v)
 
 
+def shape(row: dict[str, Any]) -> str:
+    """`NODESxPROCS` (`2x8`), with `, G GPUs/node` when the row's run asked for GPUs."""
+    text = f"{row.get('nnodes')}x{row.get('procs_per_node')}"
+    gpus = row.get("gpus_per_node")
+    return f"{text}, {gpus} GPUs/node" if gpus else text
+
+
 def relative_changes(rows: list[dict[str, Any]]) -> list[float | None]:
-    """Percent change of each row against the previous successful one of its model+metric."""
-    last: dict[tuple[str, str], float] = {}
+    """Percent change of each row against the previous successful one of its model, metric
+    and shape: a 1x2 run against a 1x1 one is no change of the code (+163.92% that was
+    the second process, not the commit)."""
+    last: dict[tuple[str, str, str], float] = {}
     out: list[float | None] = []
     for r in rows:
-        key = (r.get("model") or "", r.get("metric") or "")
+        key = (r.get("model") or "", r.get("metric") or "", shape(r))
         v = r.get("performance")
         base = last.get(key)
         out.append(None if v is None or not base else (v - base) / abs(base) * 100.0)

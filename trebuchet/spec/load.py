@@ -53,8 +53,28 @@ class LoadedSpec:
     def refusal(self, field: str, why: str) -> UserError:
         """An engine's refusal of a field (`skypilot.accelerators`), said as validation says
         its errors: `file:line: field: why`, the line of the field or the `-o` that set it.
-        The engines' one way to refuse a field, so none loses the line (exit 2)."""
-        return UserError(f"{self.where(*field.split('.'))}: {field}: {why}")
+        A field the file lacks is said where it would go: the line of its block, or the
+        file alone when the block is missing too (never the first line, `name:`, which
+        is not about it). The engines' one way to refuse a field (exit 2)."""
+        path = tuple(field.split("."))
+        if self.located is None:
+            return UserError(f"{self.source}: {field}: {why}")
+        if self.path is None and self.located.at(path) is None:  # a spec made from a command
+            return UserError(f"{field}: {why}; without a spec file: -o {field}=VALUE")
+        for n in range(len(path), 0, -1):
+            if self.located.at(path[:n]) is not None:
+                break
+        else:
+            n = 0
+        where = self.located.at(path[:n]) if n else None
+        if n == len(path):
+            return UserError(f"{where}: {field}: {why}")
+        if where is not None:
+            block = ".".join(path[:n])
+            missing = f"; the {block}: block there has no {path[n]}:"
+            return UserError(f"{where}: {field}: {why}{missing}")
+        hint = f"; the file has no {path[0]}: block" if len(path) > 1 else ""
+        return UserError(f"{self.source}: {field}: {why}{hint}")
 
 
 def default_name(path: Path | None) -> str:

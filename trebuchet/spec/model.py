@@ -376,6 +376,12 @@ class Spec(Block, SpecFacts):
         f"an integer between 0 and {MAX_RETRIES}", "extra attempts after a failed one",
         default=0, ge=0, le=MAX_RETRIES,
     )  # fmt: skip
+    max_attempts_without_progress: Int = allowed(
+        f"an integer between 0 and {MAX_RETRIES}",
+        "attempts in a row that keep no work (no checkpoint past the last one) end the run, "
+        "whatever retries remain; 0: never (docs/goodput.md)",
+        default=3, ge=0, le=MAX_RETRIES,
+    )  # fmt: skip
     timeout: Duration | None = allowed(DURATION_ALLOWED, "per-attempt time limit", default=None)
     timeout_warning: Duration | None = allowed(
         DURATION_ALLOWED,

@@ -27,6 +27,14 @@ class Located:
     source: str = "<spec>"
     origins: dict[Path_, str] = field(default_factory=dict)
 
+    def at(self, path: Path_) -> str | None:
+        """`file:line` of exactly `path` (or the `-o` that set it); None when the document
+        does not hold it."""
+        p = tuple(path)
+        if p in self.origins:
+            return self.origins[p]
+        return f"{self.source}:{self.lines[p]}" if p in self.lines else None
+
     def where(self, path: Path_) -> str:
         """`file:line` of `path`, or the `-o key=value` that set it."""
         p = tuple(path)

@@ -85,6 +85,7 @@ CREATE TABLE IF NOT EXISTS procs (
     signal TEXT,
     ended_at REAL,
     stopped_by_launcher INTEGER NOT NULL DEFAULT 0,
+    host TEXT,
     PRIMARY KEY (run_id, attempt, label)
 );
 """
@@ -98,6 +99,8 @@ ADDED_COLUMNS = {
     "last_seen": "REAL", "git_commit": "TEXT", "git_dirty": "INTEGER", "sweep_id": "TEXT",
     "params": "TEXT", "waiting": "TEXT",
 }  # fmt: skip
+# The procs table's, likewise (host: issue 35, every process row says where it ran).
+ADDED_PROC_COLUMNS = {"host": "TEXT"}
 # Columns that hold JSON (decoded in RunRecord).
 JSON_COLUMNS = ("first_failure", "waiting")
 # A run's state and when it began and ended: written only by store/lifecycle.record
@@ -221,7 +224,8 @@ def proc_row(rec: Outcome, attempt_ended: bool = False) -> dict[str, Any]:
             "local_rank": rec.get("local_rank"), "pid": rec.get("pid"),
             "exit_code": None if killed else rec.get("exit_code"),
             "signal": None if killed else rec.get("signal"), "ended_at": rec.get("ended_at"),
-            "stopped_by_launcher": int(bool(rec.get("stopped_by_launcher")) or killed)}  # fmt: skip
+            "stopped_by_launcher": int(bool(rec.get("stopped_by_launcher")) or killed),
+            "host": rec.get("host") if isinstance(rec.get("host"), str) else None}  # fmt: skip
 
 
 class StoreDamaged(StateError):
@@ -394,6 +398,13 @@ class Store:
                         for statement in SCHEMA.split(";"):
                             if statement.strip():
                                 c.execute(statement)
+                cols = {r[1] for r in self.conn.execute("PRAGMA table_info(procs)")}
+                if not set(ADDED_PROC_COLUMNS) <= cols:  # procs of an older build
+                    with self.transaction() as c:
+                        have = {r[1] for r in c.execute("PRAGMA table_info(procs)")}
+                        for name, kind in ADDED_PROC_COLUMNS.items():
+                            if name not in have:
+                                c.execute(f"ALTER TABLE procs ADD COLUMN {name} {kind}")
                 have = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master")}
                 if not {"runs_name"} <= have:
                     with self.transaction() as c:

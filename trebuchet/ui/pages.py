@@ -189,6 +189,41 @@ def _timeline(
     return "".join(parts)
 
 
+GOODPUT_COLOURS = {"productive": "#2e7d32", "queued": "#9e9e9e", "environment": "#795548",
+                   "startup": "#1976d2", "redone": "#e65100", "restart": "#f9a825",
+                   "hang": "#c62828", "node_loss": "#6a1b9a", "teardown": "#607d8b",
+                   "other": "#bdbdbd"}  # fmt: skip
+
+
+def _goodput(rec: RunRecord) -> str:
+    """A bar of where the run's wall time went (trebuchet/goodput/, docs/goodput.md), each
+    cause a segment as wide as its share, and the summary line under it."""
+    from trebuchet.goodput import line, of_run
+    from trebuchet.goodput.account import WORDS, short
+
+    try:
+        g = of_run(rec)
+    except Exception as exc:  # noqa: BLE001 - the page shows the rest
+        return f"<p class='muted' id='goodput'>goodput unavailable: {e(repr(exc))}</p>"
+    if g.wall_s <= 0:
+        return "<p class='muted' id='goodput'>no time recorded yet</p>"
+    segs = []
+    for cause, colour in GOODPUT_COLOURS.items():
+        v = g.seconds.get(cause, 0.0)
+        if v <= 0:
+            continue
+        word = WORDS.get(cause, "training kept")
+        tip = f"{word}: {short(v)} ({100 * v / g.wall_s:.1f} %)"
+        width = f"width:{100 * v / g.wall_s:.2f}%;background:{colour}"
+        segs.append(
+            f'<span class="gp-seg" data-cause="{cause}" title="{e(tip)}" style="{width}"></span>'
+        )
+    return (
+        f"<div id='goodput'><div class='gp-bar'>{''.join(segs)}</div>"
+        f"<p class='gp-line'>{e(line(g))}</p></div>"
+    )
+
+
 def _results(store: Store, rec: RunRecord) -> str:
     if rec.state in ACTIVE:
         return "<p class='muted'>results come when the run ends</p>"
@@ -423,6 +458,7 @@ def run_page(store: Store, rec: RunRecord, csrf: str) -> str:
         f"<h1>Run <span id='run-id'>{e(rec.id)}</span> <span class='name'>{e(rec.name)}</span></h1>"
         f"<div class='actions'>{''.join(actions)}</div><dl class='facts'>{dl}</dl>"
         f"{failure}{diagnosis}{hang}"
+        f"<h2>Goodput</h2>{_goodput(rec)}"
         f"<h2>Attempts</h2><div id='timeline'>{_timeline(rec, attempts, procs, stuck)}</div>"
         f"{_gpus(rec)}<h2>Logs</h2>{logs}<h2>Metrics</h2>{charts}"
         f"<h2>Results</h2>{_results(store, rec)}"

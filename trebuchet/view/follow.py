@@ -20,6 +20,7 @@ from typing import Protocol
 
 from trebuchet.runtime.rundir.regular import open_regular
 from trebuchet.runtime.watch.display_lines import Splitter
+from trebuchet.view.fold import Fold
 
 STALE_PARTIAL_S = 1.0
 READ = 1 << 20
@@ -62,8 +63,10 @@ class Follower:
         skip_over: int | None = None,
         redraw: bool = False,
         sink: Callable[[str, list[bytes]], None] | None = None,
+        fold: Fold | None = None,
     ) -> None:
         self.out: Out = out or sys.stdout.buffer
+        self.fold = fold  # the live view: knock-on tracebacks folded (view/fold.py)
         self.sink = sink  # instead of printing: (label, lines), e.g. dedup.py's grouping
         self.redraw = redraw  # \r overwrites (lines.Splitter): the live view's progress bars
         self.tails: dict[Path, _Tail] = {}
@@ -90,6 +93,9 @@ class Follower:
             if self.stop:
                 break
             total += self._pump_tail(t, now)
+        if self.fold is not None:
+            for path, lines in self.fold.due(now):
+                self._emit(self.tails[path], lines)
         self.out.flush()
         return total
 
@@ -100,6 +106,9 @@ class Follower:
                 break
             self._write(t, t.lines.flush())
             self._note(t, None)
+        if self.fold is not None and not self.stop:
+            for path, lines in self.fold.flush():
+                self._emit(self.tails[path], lines)
         self.out.flush()
 
     def _pump_tail(self, t: _Tail, now: float) -> int:
@@ -162,6 +171,11 @@ class Follower:
             t.noted_at = time.monotonic() if now is None else now
 
     def _write(self, t: _Tail, lines: list[bytes]) -> None:
+        if lines and self.fold is not None:
+            lines = self.fold.feed(t.path, lines, time.monotonic())
+        self._emit(t, lines)
+
+    def _emit(self, t: _Tail, lines: list[bytes]) -> None:
         if lines and self.sink is not None:
             self.sink(t.label, lines)
         elif lines:

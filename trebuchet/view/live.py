@@ -22,6 +22,7 @@ from pathlib import Path
 
 from trebuchet.runtime.watch.display_lines import inert
 from trebuchet.view.dedup import Dedup, key_of
+from trebuchet.view.fold import Fold
 from trebuchet.view.follow import Follower, Out
 
 POLL_S = 0.05
@@ -58,8 +59,15 @@ class View:
         # TREB_DEDUP=1: a line several ranks print about together, once ([0-3] ...)
         self.grouped = Dedup(self.out, []) if os.environ.get("TREB_DEDUP") == "1" else None
         sink = self._grouped if self.grouped is not None else None
+        # torchrun's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE and --local-ranks-filter
+        # (cli/torchrun_flags.py): how a rank's lines are labelled, which ranks are shown
+        self.template = os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+        shown = os.environ.get("TREB_LOCAL_RANKS_FILTER")
+        self.shown = {s.strip() for s in shown.split(",")} if shown else None
+        self.prefixes: dict[str, bytes] = {}
         # only the thread touches it; \r progress bars show their latest state
-        self.follower = Follower(self.out, skip_over=skip_over, redraw=True, sink=sink)
+        self.follower = Follower(self.out, prefix=self._prefix, skip_over=skip_over,
+                                 redraw=True, sink=sink, fold=Fold())  # fmt: skip
         self._inbox: queue.SimpleQueue[tuple[str, str, Path | None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._closing = False
@@ -71,8 +79,22 @@ class View:
         assert self.grouped is not None
         self.grouped.add(key, lines, time.monotonic())
 
+    def _prefix(self, label: str) -> bytes:
+        return self.prefixes.get(label) or f"[{label}] ".encode()
+
     def add(self, label: str, path: Path) -> None:
         """Show this log from now on (a log already shown is ignored)."""
+        node, colon, local = label.partition(":")
+        if colon and self.shown is not None and local not in self.shown:
+            return  # --local-ranks-filter: this rank's lines stay in its log only
+        if colon and self.template is not None:
+            from string import Template
+
+            rank = key_of(path)
+            text = Template(self.template).safe_substitute(
+                role_name=os.environ.get("TREB_ROLE_NAME", "default"), rank=rank,
+                local_rank=local)  # fmt: skip
+            self.prefixes[label] = inert(text.encode(errors="replace"))
         self._inbox.put(("add", label, path))
 
     def say(self, text: str) -> None:

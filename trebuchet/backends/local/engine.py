@@ -59,10 +59,15 @@ class LocalBackend(SupervisedHere):
             vendor, detected = gpus.detect()
         if spec.gpu_vendor != "auto":
             vendor = spec.gpu_vendor
+        # torchrun's manual launch (--node-rank, plan.py): this machine is one whole node
+        manual = os.environ.get("TREB_NODE_RANK_ONLY") is not None
         try:
             node_gpus = gpus.node_masks(
-                spec.gpus_per_node, gpus.existing_mask(vendor, os.environ), detected, spec.nodes
-            )
+                spec.gpus_per_node, gpus.existing_mask(vendor, os.environ), detected,
+                1 if manual else spec.nodes,
+            )  # fmt: skip
+            if manual:
+                node_gpus = node_gpus * spec.nodes
         except gpus.GpuError as exc:
             raise loaded.refusal("gpus_per_node", str(exc)) from None
         place = Placement(vendor, node_gpus, recipe_for(spec, loaded.base, vendor))

@@ -113,7 +113,10 @@ def base_ids(job_ids: list[str]) -> list[str]:
     return sorted({j.split("_", 1)[0] for j in job_ids})
 
 
-def squeue_jobs(job_ids: list[str], timeout: float = 30.0) -> dict[str, QueueInfo] | None:
+SQUEUE_TIMEOUT_S = 30.0  # squeue not answered by then: no answer (None), never a failure
+
+
+def squeue_jobs(job_ids: list[str], timeout: float | None = None) -> dict[str, QueueInfo] | None:
     """One squeue call for all these jobs (finished ones too, while Slurm keeps them).
 
     None when squeue cannot answer (no Slurm here, controller down): then no run's state
@@ -125,7 +128,12 @@ def squeue_jobs(job_ids: list[str], timeout: float = 30.0) -> dict[str, QueueInf
     cmd = ["squeue", "--noheader", "--array", "--states=all",
            f"--jobs={','.join(base_ids(job_ids))}", "--format=%i|%T|%r|%N|%P|%l"]  # fmt: skip
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=SQUEUE_TIMEOUT_S if timeout is None else timeout,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if res.returncode != 0:

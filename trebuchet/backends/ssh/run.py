@@ -31,7 +31,7 @@ from trebuchet.runtime.contracts.schema import FirstFailure, Outcome
 from trebuchet.runtime.job import nodeloss, nodeset
 from trebuchet.runtime.job.life import Ending, JobController, Settings
 from trebuchet.runtime.job.link import NODE_TIMEOUT_S
-from trebuchet.runtime.node import health
+from trebuchet.runtime.node import barrier, health
 from trebuchet.runtime.rundir.records import attempt_logs, cause, first_failure
 from trebuchet.runtime.rundir.regular import read_text
 from trebuchet.runtime.watch.hung import expected_names
@@ -59,6 +59,7 @@ from trebuchet.backends.ssh.script import (
 LOST = "connection lost"
 BEAT_LINE = nodeloss.BEAT.encode()
 ENDED_LINE = nodeloss.ENDED.encode() + b" "
+HEALTHY_LINE = barrier.HEALTHY.encode()
 STALL_S = 3.0  # a gap between two polls this long: this process was stopped, not the nodes
 _LABEL = re.compile(rb"\[(\d+)(?::(\d+))?\] ")
 
@@ -96,12 +97,25 @@ class Node:
         self.heard_wall = time.time()
         self.ended: int | None = None  # the agent's last word (nodeloss.ENDED), its code
         self.lost_cause: FirstFailure | None = None  # this node was lost (nodeloss.record)
+        self.healthy = False  # its agent's checks passed; it waits for the go (barrier.py)
 
-    def close_session(self) -> None:
-        """Close stdin: the remote agent stops its ranks (grace, then SIGKILL) and ends."""
+    def send(self, line: bytes) -> None:
+        """A line to the agent on its session's stdin (gone: its exit code says so)."""
+        if not self.closed and self.proc.stdin:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.write(line)
+                self.proc.stdin.flush()
+
+    def close_session(self, interrupt: bool = False) -> None:
+        """Close stdin: the remote agent stops its ranks (grace, then SIGKILL) and ends.
+        `interrupt` (Ctrl+C): INTERRUPT first, so that it stops them as torchrun does
+        (SIGINT, then SIGTERM after the grace, SIGKILL after another; runtime/node/per_node.py)."""
         if not self.closed and self.proc.stdin:
             self.closed = True
             with contextlib.suppress(OSError):
+                if interrupt and self.setup_done and not self.hook:
+                    self.proc.stdin.write(nodeloss.INTERRUPT)
+                    self.proc.stdin.flush()
                 self.proc.stdin.close()
 
     @property
@@ -119,6 +133,9 @@ class Node:
         self.heard, self.heard_wall = time.monotonic(), time.time()
         if line.startswith(BEAT_LINE):
             return line.rstrip(b"\r\n") == BEAT_LINE
+        if line.rstrip(b"\r\n") == HEALTHY_LINE:
+            self.healthy = True
+            return True
         if line.startswith(ENDED_LINE):
             code = line[len(ENDED_LINE) :].strip()
             if code.lstrip(b"-").isdigit():
@@ -168,6 +185,8 @@ class SshRun:
         self.remote_stops: list[subprocess.Popen] = []
         self.active: list[str] = attempt_hosts(self.info)  # this attempt's hosts, node 0 first
         self.last_poll = time.monotonic()  # a stalled supervisor heard nobody: not their fault
+        self.gate = threading.Lock()  # the go (barrier.py) and the stop: one at a time
+        self.go_sent = False  # this attempt's agents were told to start their ranks
         self.records = IndexRecords(store, self.rid, run_dir, self.say)
         self.job = JobController(settings(self.info, run_dir), self, self.records)
 
@@ -501,6 +520,7 @@ class SshRun:
     def start(self, attempt: int) -> None:
         adir = self.run_dir / f"attempt-{attempt}"
         self.first, self.kill_at, self.cancel_said, self.stopping = None, None, False, False
+        self.go_sent = False
         if self.cancelled or self.idle:  # cancelled before, or the time ran out in `pre`:
             self.nodes = []  # nothing starts; the controller ends the attempt
             return
@@ -508,10 +528,14 @@ class SshRun:
         secrets = {n: os.environ.get(n, "") for n in self.info["secrets"]}
         line = json.dumps(secrets).encode() + b"\n"
         self.nodes = []
+        nodes = []  # the go waits for all of them (release): the list is whole or empty
         for i, host in enumerate(self.active):
             log = open(adir / f"ssh-{i}.log", "ab")  # noqa: SIM115 - closed by after()
             script = node_script(self.info, i, attempt, elapsed=elapsed)
-            self.nodes.append(self.open_session(i, host, script, log, adir, line))
+            nodes.append(self.open_session(i, host, script, log, adir, line))
+        with self.gate:
+            self.nodes = nodes
+        self.release()
         if self.view:
             ppn = int(self.info["ppn"])
             for i in range(len(self.nodes)):
@@ -548,8 +572,22 @@ class SshRun:
                         what = LOST if n.lost else f"node agent exited {n.returncode}"
                         self.say(f"node {n.index} ({n.host}): {what}: stopping the others")
                     self.job.failure(None)  # its record comes with the attempt's folder
+        self.release()
         self.watch_beats()
         return any(n.returncode is None for n in self.nodes) or (self.idle and not self.stopping)
+
+    def release(self) -> None:
+        """Every node's checks passed (each agent said so, barrier.py): the go to all of
+        them at once, so that no rank starts while another node still checks. Called by the
+        reader that hears the last one, and by poll."""
+        with self.gate:
+            if self.go_sent or self.stopping or self.first is not None or not self.nodes:
+                return
+            if not all(n.healthy and n.returncode is None for n in self.nodes):
+                return
+            self.go_sent = True
+            for n in self.nodes:
+                n.send(f"{barrier.GO}\n".encode())
 
     def watch_beats(self) -> None:
         """A node whose agent said nothing (not even its heartbeat, every nodeloss.BEAT_S)
@@ -589,15 +627,18 @@ class SshRun:
         """Close every session: each agent stops its ranks (grace, SIGKILL) and ends; a
         session still in setup is ended on its host (SIGTERM to its process group); one
         still open after the grace period and 15 s is cut."""
-        self.stopping = True
+        with self.gate:  # no go after this: the waiting agents end without their ranks
+            self.stopping = True
         if self.cancelled and not self.cancel_said:
             self.cancel_said = True
             self.say("cancelling: closing every host's session")
+        interrupt = self.job.cancel_signal == signal.SIGINT and not self.job.failed
         for n in self.nodes:
-            n.close_session()
+            n.close_session(interrupt)
         self.stop_remote(self.nodes, "TERM")
-        if self.kill_at is None:
-            self.kill_at = time.monotonic() + self.info["grace_period"] + 15
+        if self.kill_at is None:  # an interrupt: SIGTERM after one grace, SIGKILL after two
+            grace = self.info["grace_period"] * (2 if interrupt else 1)
+            self.kill_at = time.monotonic() + grace + 15
 
     def stop_remote(self, sessions: list[Node], sig: str) -> None:
         """`sig` to the process group of each session no agent took over yet (setup, a
@@ -744,6 +785,8 @@ class SshRun:
                     node.log.flush()
                     continue
                 if node.hear(line):
+                    if node.healthy and not self.go_sent:
+                        self.release()
                     continue
                 m = _LABEL.match(line)
                 if not m:
@@ -765,8 +808,8 @@ class SshRun:
                 fh.close()
 
     def fetch(self, node: Node, adir: Path) -> None:
-        """The node's attempt folder (records, exact logs, stacks, metrics) from its host,
-        into `adir`."""
+        """The node's attempt folder (records, exact logs, stacks, metrics, the ranks' goodput
+        marks) from its host, into `adir`."""
         remote = f"{self.info['remote_run_dir']}/{adir.name}"
         cmd = f"tar -C {shlex.quote(remote)} -cf - ."
         try:
@@ -781,8 +824,10 @@ class SshRun:
         with tarfile.open(fileobj=io.BytesIO(out.stdout)) as tar:
             for member in tar.getmembers():
                 name = member.name.removeprefix("./")
-                if not member.isfile() or not re.fullmatch(r"((stacks|metrics)/)?[\w.-]+", name):
-                    continue  # the folder's files, stacks, metrics (no paths from the host)
+                if not member.isfile() or not re.fullmatch(
+                    r"((stacks|metrics|marks)/)?[\w.-]+", name
+                ):  # the folder's files, stacks, metrics, marks (no paths from the host)
+                    continue
                 data = tar.extractfile(member).read()  # type: ignore[union-attr]
                 path = adir / name
                 path.parent.mkdir(mode=0o700, exist_ok=True)

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 from typing import TYPE_CHECKING, Any
 
+from trebuchet.runtime.node.per_node import SETUP_ENV_FD, SETUP_ENV_VAR
 from trebuchet.runtime.node.task import NO_PYTHON
 
 if TYPE_CHECKING:
@@ -152,7 +153,11 @@ def node_script(
             'export TREB_SESSION_UPTIME="$_treb_up"',
             NO_PYTHON,
             f"echo {SETUP_DONE}",
-            f'exec python3 -S "$TREB_RUN_DIR"/{q(info["runtime"])} node "$TREB_RUN_DIR"/job.json',
+            # the environment setup made, as it is now: whatever runs `python3` (a pyenv
+            # shim prepends its own PATH) the agent gives its ranks this one (SETUP_ENV_FD)
+            f"export {SETUP_ENV_VAR}={SETUP_ENV_FD}",
+            f'exec python3 -S "$TREB_RUN_DIR"/{q(info["runtime"])} node "$TREB_RUN_DIR"/job.json'
+            f" {SETUP_ENV_FD}< <(env -0)",
         ]),
     ]  # fmt: skip
     return "\n".join(lines) + "\n"

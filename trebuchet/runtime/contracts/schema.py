@@ -164,6 +164,15 @@ class Result(TypedDict, total=False):
     job_id: str
 
 
+class Habit(TypedDict):
+    """A rank's progress as the hang watch saw it (runtime/hang.py Habits)."""
+
+    count: int  # how many times its progress advanced
+    first: float
+    last: float
+    gap: float | None  # the median gap between its progress times (None before two)
+
+
 class Hang(TypedDict, total=False):
     """`attempt-N/hang.json`: a hang the watch found, and whose stacks came in."""
 
@@ -177,6 +186,7 @@ class Hang(TypedDict, total=False):
     stacks_at: float
     stacks: list[str]
     missing_stacks: list[str]
+    habits: dict[str, Habit]  # each rank's pace before the hang (older files: none)
 
 
 # -- Events (events.jsonl) --------------------------------------------------------------

@@ -9,6 +9,7 @@ Stdlib only, Python >= 3.8: it ships in the runtime file with Slurm's controller
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import time
@@ -31,6 +32,8 @@ RETRY = "retry"  # another attempt, here and now
 REQUEUE = "requeue"  # another attempt in a new allocation (the engine's own limit is near)
 END = "end"  # the run ends with this attempt's state
 EXIT_CODE = "exit_code"  # a Decision's verdict: the exit-code rules ended the run
+NO_PROGRESS = "no_progress"  # a Decision's verdict: attempts in a row kept no work
+NO_PROGRESS_DEFAULT = 3  # the spec's max_attempts_without_progress (NVIDIA's launcher's)
 
 
 class Decision(NamedTuple):
@@ -57,6 +60,8 @@ def next_step(
     exit_code: int | None = None,
     no_retry_codes: Sequence[int] = (),
     retry_codes: Sequence[int] | None = None,
+    no_progress: int = 0,
+    max_no_progress: int = 0,
 ) -> Decision:
     """After attempt `attempt` (from 0) ended `state`, the one rule:
 
@@ -71,9 +76,18 @@ def next_step(
       none (no policy is consulted);
     - before the log policies, the exit-code rules (runtime/job/retry_codes.py): `exit_code`
       (the first failure's, None for a lost node) in `no_retry_codes`, or not in
-      `retry_codes` when given, ends the run (verdict EXIT_CODE, `line` says why)."""
+      `retry_codes` when given, or 126/127 (the command cannot start) unless `retry_codes`
+      names it, ends the run (verdict EXIT_CODE, `line` says why);
+    - before anything that could retry, `no_progress` attempts in a row (this one the
+      last) that kept no work end the run once they reach `max_no_progress` (the spec's
+      max_attempts_without_progress; 0: never), however many retries remain (verdict
+      NO_PROGRESS)."""
     if cancelled or state not in contracts.RETRIABLE:
         return Decision(END, policies.NO_MATCH, None, "")
+    if max_no_progress and no_progress >= max_no_progress:
+        line = (f"{no_progress} attempts in a row kept no work (no checkpoint past the last "
+                f"one): max_attempts_without_progress is {max_no_progress}")  # fmt: skip
+        return Decision(END, NO_PROGRESS, {"name": NO_PROGRESS, "action": "no_retry"}, line)
     normal_left = attempt - sum(granted.values()) < retries
     if on_hang is not None:
         go = on_hang == "retry" and normal_left
@@ -258,6 +272,11 @@ class JobController:
         self.warned_stop = False  # a rank died of the checkpoint signal after it
         self.granted = dict(granted or {})  # retries the log policies granted, by name
         self.ending = Ending("FAILED", None)  # the last attempt's
+        self.started_at = 0.0  # the attempt's start, wall time (the no-progress rule's)
+        spec = spec_of(settings.run_dir)
+        limit = spec.get("max_attempts_without_progress", NO_PROGRESS_DEFAULT)
+        self.max_no_progress = limit if type(limit) is int and limit >= 0 else 0
+        self.no_progress = no_progress_count(settings.run_dir)  # kept across a requeue
         # the log policies' search, started while an attempt runs (off a retry's path)
         self.matcher = policies.Matcher() if settings.log_policies else None
         self.notifier = notifier(settings.run_dir)  # the spec's webhooks, or None
@@ -368,8 +387,10 @@ class JobController:
         recorded: RETRY, REQUEUE or END."""
         cause, s = self.first_failure, self.settings
         code = None
-        if state == "FAILED" and (s.no_retry_exit_codes or s.retry_exit_codes is not None):
+        if state == "FAILED":  # the rules apply to every run: 126/127 (retry_codes.py)
             code = cause_code(cause, self.attempt_dir(attempt))
+        if state in contracts.RETRIABLE and self.max_no_progress:
+            self.count_progress(attempt)
         decision = next_step(
             state, attempt, self.settings.retries, self.settings.log_policies,
             self.nodes.logs(attempt, cause) if state == "FAILED" else [], self.granted,
@@ -378,7 +399,11 @@ class JobController:
                        or self.ending.final or self.idle_stop),
             limit_near=self.ending.limit_near, matcher=self.matcher, exit_code=code,
             no_retry_codes=s.no_retry_exit_codes, retry_codes=s.retry_exit_codes,
+            no_progress=self.no_progress, max_no_progress=self.max_no_progress,
         )  # fmt: skip
+        if decision.verdict == NO_PROGRESS:
+            self.records.event(NO_PROGRESS, attempt=attempt, attempts=self.no_progress,
+                               limit=self.max_no_progress)  # fmt: skip
         if decision.policy is not None:
             name, action = decision.policy["name"], decision.policy["action"]
             self.records.log_policy(attempt, name, action, decision.line)
@@ -393,6 +418,7 @@ class JobController:
         self.idle_stop = self.stopping = False
         self.warned = self.warned_stop = False
         started, clock_start = time.time(), time.monotonic()  # the record's; the timeout's
+        self.started_at = started
         self.records.attempt_started(attempt, started, **self.nodes.attempt_facts(attempt))
         if self.notifier is not None:
             if attempt == 0:
@@ -514,6 +540,23 @@ class JobController:
     def attempt_dir(self, attempt: int) -> str:
         return os.path.join(self.settings.run_dir, f"attempt-{attempt}")
 
+    def count_progress(self, attempt: int) -> None:
+        """After a failed, timed-out or hung attempt: one more in a row that kept no work,
+        or the count back to 0 (runtime/watch/marks.progressed; a run that never showed a
+        checkpoint leaves it as it is). Kept in the run's `no-progress` file, so that a
+        requeued Slurm job goes on counting."""
+        from ..watch.marks import progressed
+
+        kept = progressed(self.settings.run_dir, attempt, self.started_at)
+        if kept is None:
+            return
+        self.no_progress = 0 if kept else self.no_progress + 1
+        from ..rundir.records import write_text
+
+        with contextlib.suppress(OSError):
+            path = os.path.join(self.settings.run_dir, NO_PROGRESS_FILE)
+            write_text(path, f"{self.no_progress}\n")
+
     def drain(self) -> None:
         try:
             while os.read(self.wake_r, 512):
@@ -529,14 +572,34 @@ def same_failure(a: FirstFailure, b: FirstFailure) -> bool:
         b.get("attempt", a.get("attempt"))  # fmt: skip
 
 
+NO_PROGRESS_FILE = "no-progress"
+
+
+def no_progress_count(run_dir: str) -> int:
+    """The attempts in a row that kept no work so far (a requeued job's restart reads it)."""
+    from ..rundir.regular import read_text
+
+    try:
+        text = read_text(os.path.join(run_dir, NO_PROGRESS_FILE), 64).strip()
+    except OSError:
+        return 0
+    return int(text) if text.isdigit() and len(text) < 8 else 0
+
+
+def spec_of(run_dir: str) -> dict[str, Any]:
+    """The run's spec.json (written at submission on every engine); {} when unreadable."""
+    from ..rundir.records import read_json
+
+    spec = read_json(os.path.join(run_dir, "spec.json"))
+    return spec if isinstance(spec, dict) else {}
+
+
 def notifier(run_dir: str) -> Notifier | None:
     """The notifier of the spec's `notify:` webhooks (its spec.json, written at submission
     on every engine); None without any, and then runtime/publish/webhooks.py is not even
     imported."""
-    from ..rundir.records import read_json
-
-    spec = read_json(os.path.join(run_dir, "spec.json"))
-    if not isinstance(spec, dict) or not spec.get("notify"):
+    spec = spec_of(run_dir)
+    if not spec.get("notify"):
         return None
     from ..publish.webhooks import Notifier
 

@@ -1,8 +1,9 @@
 """The node agents' line to the job controller, one TCP connection per agent of an
 attempt's step to the controller's host. Over it an agent says that it started (`hello`,
-with its host), that it is alive (`beat`, every BEAT_S from a thread of its own), and once
-its records are written, that it ended and with which code (`ended`). With it the
-controller:
+with its host), that it is alive (`beat`, every BEAT_S from a thread of its own), that its
+node's health checks passed (`health`: it then waits for the controller's `go`, sent
+once every task of the step said so: barrier.py), and once its records are written, that
+it ended and with which code (`ended`). With it the controller:
 
 - goes on as soon as every agent has ended, instead of waiting for the engine to report
   the step's end (srun does so 0.1-0.15 s after its last task exited: most of a retry's
@@ -36,6 +37,7 @@ NODE_TIMEOUT_S = 10.0  # the spec's node_timeout when it says none
 LINE_MAX = 256
 BACKLOG = 4096
 ACK = b"ok\n"  # the controller's answer to each line that carries the token
+GO = b"go\n"  # every task's node is healthy: start the ranks (barrier.py)
 
 
 class Lost(NamedTuple):
@@ -52,6 +54,7 @@ class _Task:
         self.heard = time.monotonic()
         self.heard_wall = time.time()
         self.code: int | None = None  # said when it ended
+        self.conn: socket.socket | None = None  # where its `health` came: the go goes there
 
 
 class Hub:
@@ -75,6 +78,7 @@ class Hub:
         self.count = 0  # the step's tasks
         self.tasks: dict[str, _Task] = {}  # this attempt's, by task id
         self.ended_count = 0  # of this attempt's tasks (counted: no scan per `ended` line)
+        self.healthy_count = 0  # of this attempt's tasks that said their node is healthy
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.server, selectors.EVENT_READ, None)
         self.buffers: dict[socket.socket, bytes] = {}
@@ -87,6 +91,7 @@ class Hub:
     def expect(self, attempt: int, tasks: int) -> None:
         with self.lock:
             self.attempt, self.count, self.tasks, self.ended_count = attempt, tasks, {}, 0
+            self.healthy_count = 0
 
     def ended(self) -> int | None:
         """The step's exit code as srun would give it (the highest of its tasks') once every
@@ -156,7 +161,7 @@ class Hub:
         buf = self.buffers.get(conn, b"") + data
         *lines, rest = buf.split(b"\n")
         for line in lines:
-            if self._line(line.decode("ascii", "replace").split()):
+            if self._line(line.decode("ascii", "replace").split(), conn):
                 with contextlib.suppress(OSError):  # the agent's sign that this end lives
                     conn.send(ACK)
         if not data or len(rest) > LINE_MAX:
@@ -166,7 +171,7 @@ class Hub:
             return
         self.buffers[conn] = rest
 
-    def _line(self, words: list[str]) -> bool:
+    def _line(self, words: list[str], conn: socket.socket | None = None) -> bool:
         """One line read; True when it carries the token (it is answered, whatever its
         attempt: the agents notice a controller that stopped answering)."""
         # "<what> <token> <attempt> <task> <host|code|->"
@@ -184,8 +189,10 @@ class Hub:
             task = self.tasks.get(task_id)
             if what == "hello" and task is None:
                 self.tasks[task_id] = _Task(value)
-            elif task is not None and what in ("beat", "ended"):
+            elif task is not None and what in ("beat", "ended", "health"):
                 task.heard, task.heard_wall = time.monotonic(), time.time()
+            if what == "health" and task is not None and value == "ok" and conn is not None:
+                self._healthy(task, conn)
             if what == "ended":
                 try:
                     code = int(value)
@@ -201,6 +208,20 @@ class Hub:
             with contextlib.suppress(OSError):
                 os.write(self.wake_fd, b"\0")
         return True
+
+    def _healthy(self, task: _Task, conn: socket.socket) -> None:
+        """A task's node is healthy (under the lock). Once every task of the step said so:
+        the go to each (barrier.py), one scan; a task that says it after that, at once."""
+        if task.conn is not None:
+            return
+        task.conn = conn
+        self.healthy_count += 1
+        if self.healthy_count < self.count:
+            return
+        for each in self.tasks.values() if self.healthy_count == self.count else [task]:
+            if each.conn is not None:
+                with contextlib.suppress(OSError):
+                    each.conn.send(GO)
 
 
 def _more_files() -> None:
@@ -246,6 +267,8 @@ class Link:
         # with when it was last heard); Slurm's batch host (runtime/job/batchloss.py)
         self.on_lost, self.timeout = on_lost, timeout
         self.heard, self.heard_wall = time.monotonic(), time.time()
+        self.go = threading.Event()  # the controller's go came (barrier.py)
+        self._said = b""  # the end of its answers, for a `go` split across reads
         if sock is not None:
             threading.Thread(target=self._beat, name="agent-beat", daemon=True).start()
 
@@ -274,13 +297,14 @@ class Link:
             if not sent and self.on_lost is None:
                 return
 
-    def _answers(self) -> None:
-        """The controller's answers so far, without waiting."""
+    def _answers(self, wait: float = 0.0) -> None:
+        """The controller's answers so far, waiting up to `wait` for the first."""
         with self.lock:
             while self.sock is not None:
                 try:  # (the socket has a timeout for sendall: recv only what is there)
-                    if not select.select([self.sock], [], [], 0)[0]:
+                    if not select.select([self.sock], [], [], wait)[0]:
                         return
+                    wait = 0.0
                     data = self.sock.recv(4096)
                 except (BlockingIOError, InterruptedError, TimeoutError):
                     return
@@ -291,6 +315,19 @@ class Link:
                     self.sock = None
                     return
                 self.heard, self.heard_wall = time.monotonic(), time.time()
+                self._said = (self._said + data)[-64:]
+                if b"\n" + GO in b"\n" + self._said:
+                    self.go.set()
+
+    def healthy(self) -> bool:
+        """This task's node passed its checks; False when there is no link to say it on."""
+        return self._send("health", "ok")
+
+    def wait_go(self, wait: float) -> bool | None:
+        """True once the controller said go; None before it (within `wait` seconds)."""
+        if not self.go.is_set():
+            self._answers(wait)
+        return True if self.go.is_set() else None
 
     def ended(self, code: int) -> None:
         """The agent's last word: its records are written and it exits with `code`."""

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 LABEL = "node_lost"
 BEAT = "treb-beat"  # the agent is alive (a line of its own on the session's stdout)
+INTERRUPT = b"\x03"  # on a session's stdin (ssh): the controller got Ctrl+C (node/per_node.py)
 ENDED = "treb-ended"  # `treb-ended <code>`: the agent's records are written, it exits
 BEAT_S = 2.0  # as agent_link's: node_timeout (at least 5 s) is several of them
 

@@ -1,6 +1,6 @@
 """Retry by cause: the spec's `no_retry_exit_codes` and `retry_exit_codes` (SkyPilot's
 recover_on_exit_codes, NVRx's "do not requeue" code), applied by the one rule
-(lifecycle.next_step) before the log policies and `retries`.
+(job/life.next_step) before the log policies and `retries`.
 
 Why exit codes: a program knows when another attempt cannot help (bad data, a config
 error) and says so with its exit status, cheaper than a log pattern. The rules can only
@@ -27,17 +27,28 @@ if TYPE_CHECKING:
 NOT_A_PROGRAM = ("node_lost", "node_unhealthy")  # causes without a program's exit status
 NO_RETRY = "no_retry_exit_codes"
 ONLY_RETRY = "retry_exit_codes"
+# The shell's "cannot start" statuses (POSIX: 126 found but not executable, 127 not found):
+# the next attempt runs the same command line on the same PATH, so it cannot start either.
+# Not retried unless `retry_exit_codes` names the code (a PATH a `pre` hook repairs).
+CANNOT_START = {126: "not executable", 127: "command not found"}
+CANNOT_START_RULE = "command_cannot_start"
 
 
 def verdict(
     code: int | None, no_retry: Sequence[int], only: Sequence[int] | None
 ) -> tuple[str, str] | None:
     """(rule, why) when the rules end the run after a failure with exit code `code`
-    (None: not a program's exit, no rule applies); else None."""
+    (None: not a program's exit, no rule applies); else None. 126 and 127 end it unless
+    `only` names them (CANNOT_START)."""
     if code is None:
         return None
     if code in no_retry:
         return NO_RETRY, f"exit code {code} is in no_retry_exit_codes"
+    if code in CANNOT_START and (only is None or code not in only):
+        return CANNOT_START_RULE, (
+            f"exit code {code} ({CANNOT_START[code]}): the command cannot start, so another "
+            f"attempt would not either; not retried (retry_exit_codes: [{code}] retries it)"
+        )
     if only is not None and code not in only:
         codes = ", ".join(map(str, only)) or "none"
         return ONLY_RETRY, f"exit code {code} is not in retry_exit_codes ({codes})"

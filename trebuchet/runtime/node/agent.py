@@ -7,7 +7,9 @@ itself, so nothing is lost if the agent dies) and its own outcome record
 process to fail is the root cause: the agent tells the engine (`on_failure`: on Slurm a
 teardown marker and a TERM to the whole step) and stops the others (SIGTERM, then SIGKILL
 after the grace period); those are recorded `stopped_by_launcher`, never as a cause.
-TERM/INT/HUP sent to the agent stop everything the same way; the checkpoint signals
+TERM/HUP sent to the agent stop everything the same way; INT (Ctrl+C, or torchrun forwarding
+it) is handed on as torchrun hands it on: SIGINT first (a Python rank's KeyboardInterrupt),
+SIGTERM to what still runs after the grace period, SIGKILL after another; the checkpoint signals
 (USR1/USR2) are forwarded, only to the processes that handle them (signal_all), or, on
 Slurm, ignored (the controller delivers them by the same rule, task.deliver).
 """
@@ -27,6 +29,7 @@ from ..rundir.records import exit_fields, now, sync, writable_fd, write_json
 from ..watch import eta, gpu
 from ..watch import metric_reader as metrics
 from ..watch.activity import Progress
+from ..watch.marks import marks_path
 from ..watch.stacks import Stacks, faulthandler_path
 
 if TYPE_CHECKING:
@@ -137,11 +140,12 @@ class Agent:
         self.stop_on_failure = True  # pre/post commands: every node's runs to its end
         self.first_failure: Proc | None = None
         self.kill_at: float | None = None
+        self.term_at: float | None = None  # an interrupt's SIGTERM step (teardown)
         self._unsynced: list[str] = []  # ENDED records not yet fsynced (sync_records)
         # True where one loop drives many agents (the local supervisor): it syncs all their
         # records at once when all have ended (take_unsynced), not each agent its own
         self.defer_sync = False
-        self._stop = False
+        self._stop: int | None = None  # the stop signal this agent received
         self._forward: list[int] = []
         self._wake_r = -1
         conf = metrics.read_config(attempt_dir) or {}  # the run's metrics.json
@@ -150,6 +154,7 @@ class Agent:
         self.gpus = gpu.sampler(attempt_dir, conf, procs_)  # the node's GPUs, if asked for
         on_line = eta.chain(self.eta, self.metrics)
         self.progress = Progress(attempt_dir, on_line=on_line)  # the agent's log reader
+        self.marks_made = False  # attempt-<n>/marks, made at the first tracked start
         self.stacks = Stacks(attempt_dir)
 
     # -- signals (a standalone agent; in the local supervisor, the supervisor has them) ---
@@ -167,8 +172,12 @@ class Agent:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
 
-    def _on_stop(self, _signum: int, _frame: object) -> None:
-        self._stop = True
+    def _on_stop(self, signum: int, _frame: object) -> None:
+        self._stop = signum if self._stop in (None, signal.SIGINT) else self._stop
+
+    def stop_requested(self) -> bool:
+        """A stop signal came and no poll took it yet (before the start: none starts)."""
+        return self._stop is not None
 
     def _on_forward(self, signum: int, _frame: object) -> None:
         self._forward.append(signum)
@@ -211,6 +220,10 @@ class Agent:
         if p.tracked:  # the contract's per-rank paths (trebuchet.dist.heartbeat/enable_stacks)
             p.env["TREB_HEARTBEAT"] = self.progress.track(p.name)
             p.env["TREB_STACKS_FILE"] = faulthandler_path(self.adir, p.name)
+            p.env["TREB_MARKS"] = marks_path(self.adir, p.name)  # trebuchet.dist.mark
+            if not self.marks_made:
+                os.makedirs(os.path.dirname(p.env["TREB_MARKS"]), mode=0o700, exist_ok=True)
+                self.marks_made = True
             elastic = contract.attempt_elastic_vars(p.env, self.adir, p.name)
             if elastic:  # torch's @record opens the file, in a folder that must exist
                 folder = os.path.dirname(elastic["TORCHELASTIC_ERROR_FILE"])
@@ -264,15 +277,25 @@ class Agent:
         paths, self._unsynced = self._unsynced, []
         return paths
 
-    def teardown(self) -> None:
-        """SIGTERM every live process (unless the engine does), SIGKILL after the grace."""
+    def teardown(self, first: int = signal.SIGTERM) -> None:
+        """SIGTERM every live process group (unless the engine does), SIGKILL after the
+        grace. `first` SIGINT (an interrupt, as torchrun delivers Ctrl+C: its
+        PContext.close(SIGINT) signals each worker's group): SIGINT now, the SIGTERM after
+        the grace period to what still runs, the SIGKILL after another one."""
+        interrupt = first == signal.SIGINT and self.kill_at is None
+        sig = signal.SIGINT if interrupt else signal.SIGTERM
         for p in self.procs:
             if p.alive:
                 p.stopped = True
                 if self.forward_term and p.popen:
-                    procs.signal_group(p.popen.pid, signal.SIGTERM)
-        if self.kill_at is None:
+                    procs.signal_group(p.popen.pid, sig)
+        if interrupt:
+            self.term_at = time.monotonic() + self.grace
+            self.kill_at = self.term_at + self.grace
+        elif self.kill_at is None:
             self.kill_at = time.monotonic() + self.grace
+        else:  # a SIGTERM now (a second stop): no SIGTERM step left to wait for
+            self.term_at = None
 
     def _reap(self) -> None:
         for p in self.procs:
@@ -318,11 +341,16 @@ class Agent:
         then the bounded rest (progress at most once a second, a stacks request).
         True while a process is alive."""
         self._reap()
-        if self._stop:
-            self._stop = False
-            self.teardown()
+        if self._stop is not None:
+            first, self._stop = self._stop, None
+            self.teardown(first)
         while self._forward:
             self.signal_all(self._forward.pop(0))
+        if self.term_at is not None and time.monotonic() >= self.term_at:
+            self.term_at = None
+            for p in self.procs:
+                if p.alive and p.popen and self.forward_term:
+                    procs.signal_group(p.popen.pid, signal.SIGTERM)
         if self.kill_at is not None and time.monotonic() >= self.kill_at:
             self.kill()
         alive = any(p.alive for p in self.procs)

@@ -22,8 +22,10 @@ The checks (each cheap; together a few milliseconds without the spec's own):
   variables; non-zero or past health_check_timeout is unhealthy; its output goes to
   `attempt-N/health-<node>.log`.
 
-Results: `attempt-N/health-<node>.json` (written, then renamed). An unhealthy node starts
-no rank; it is then handled as a lost node: `attempt-N/lost-<node>.json` with label
+Results: `attempt-N/health-<node>.json` (written, then renamed). A healthy node's agent
+then waits for every node's verdict before it starts a rank (barrier.py: no rank runs
+while another node still checks). An unhealthy node starts no rank, nor does any other;
+it is then handled as a lost node: `attempt-N/lost-<node>.json` with label
 `node_unhealthy` and a message naming the failing check, the `node_unhealthy` event and
 the node's exclusion for the rest of the run: nodeloss.record, the one path of a lost
 node's record (the engines' first failure, `treb status`, `treb diagnose` read it).
@@ -46,6 +48,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 from ..job import nodeloss, nodeset
 from ..rundir.records import read_json, write_json, write_text
 from ..rundir.regular import read_text
+from . import barrier
 
 MIN_FREE_BYTES = 1 << 20  # a full disk: under 1 MiB free in the run dir, workdir, checkpoints
 MASTER_WAIT_S = 30.0  # a master not reached is tried again this long (its pod may start)
@@ -286,15 +289,16 @@ def run_checks(where: Where, conf: Mapping[str, Any], slurm_job: str | None = No
     return checks
 
 
-def record(where: Where, checks: list[Check]) -> str | None:
-    """health-<node>.json; for an unhealthy node also its lost-<node>.json (node_unhealthy),
-    the event and its exclusion. The failure's message, or None when healthy."""
+def record(where: Where, checks: list[Check], extra: Mapping[str, Any] | None = None) -> str | None:
+    """health-<node>.json (with `extra`: Slurm's step, barrier.py); for an unhealthy node
+    also its lost-<node>.json (node_unhealthy), the event and its exclusion. The failure's
+    message, or None when healthy."""
     failed = [c for c in checks if not c.ok]
     rec: dict[str, Any] = {
         "node": where.node, "host": where.host, "attempt": where.attempt,
         "healthy": not failed, "checked_at": time.time(),
         "seconds": round(sum(c.seconds for c in checks), 6),
-        "checks": [c._asdict() for c in checks],
+        "checks": [c._asdict() for c in checks], **(extra or {}),
     }  # fmt: skip
     write_json(os.path.join(where.adir, f"health-{where.node}.json"), rec)
     if not failed:
@@ -307,11 +311,13 @@ def record(where: Where, checks: list[Check]) -> str | None:
     return message
 
 
-def gate(where: Where, conf: Mapping[str, Any], slurm_job: str | None = None) -> str | None:
+def gate(where: Where, conf: Mapping[str, Any], slurm_job: str | None = None,
+         extra: Mapping[str, Any] | None = None) -> str | None:  # fmt: skip
     """The node agent's step before its ranks: the checks and their records; None when
-    the node is healthy, else why it is not (the agent then starts no rank)."""
+    the node is healthy, else why it is not (the agent then starts no rank; a healthy one
+    waits for every node's verdict: barrier.py)."""
     os.makedirs(where.adir, mode=0o700, exist_ok=True)
-    return record(where, run_checks(where, conf, slurm_job))
+    return record(where, run_checks(where, conf, slurm_job), extra)
 
 
 def wait_verdict(adir: str, node: int, attempt: int, limit: float) -> str | None:
@@ -378,7 +384,7 @@ def slurm_gate(job: Mapping[str, Any]) -> str | None:
     if int(env.get("SLURM_LOCALID") or 0) != 0:
         limit = float(job.get("health_check_timeout") or 0) + GPU_LIST_S + 30.0
         return wait_verdict(adir, node, attempt, limit)
-    return gate(where, job, env.get("SLURM_JOB_ID") or None)
+    return gate(where, job, env.get("SLURM_JOB_ID") or None, {"step": barrier.step_id()})
 
 
 def on_demand(args: list[str]) -> int:

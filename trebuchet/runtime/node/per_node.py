@@ -49,7 +49,7 @@ from ..process import procs
 from ..rundir.records import write_json
 from ..watch import hung as hang
 from ..watch import metric_reader as metrics
-from . import health
+from . import barrier, health
 from .agent import Agent, Proc
 from .logcopy import LogCopy
 from .task import none_proc, self_argv, torchrun_proc
@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 
 PLACEMENT = ("NODE_RANK", "NUM_NODES", "MASTER_ADDR", "MASTER_PORT", "TREB_RUN_ID", "TREB_RUN_DIR")
 TIMEOUT_EXIT = 124
+SETUP_ENV_VAR = "TREB_SETUP_ENV_FD"  # ssh: the fd of the environment setup made (`env -0`)
+SETUP_ENV_FD = 8
 HANG_EXIT = 1  # the engine's retries (backoffLimitPerIndex, max_restarts) take it from here
 
 
@@ -198,6 +200,38 @@ class Limit:
         return False
 
 
+def setup_environ() -> bool:
+    """Over ssh: this process's environment becomes the one the session's shell had
+    after ssh.setup, read (NUL-separated, `env -0`) from the fd it names: what started
+    this interpreter may have changed it (a pyenv shim prepends its versions' folders to
+    PATH, and its PYENV_VERSION), and the ranks must find what setup made (its venv's
+    python3 and tools). Nothing read (no `env -0` on the host): left as it is. Whether
+    the environment was restored."""
+    fd_text = os.environ.pop(SETUP_ENV_VAR, "")
+    if not fd_text.isdigit():
+        return False
+    data = bytearray()
+    with contextlib.suppress(OSError):
+        fd = int(fd_text)
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+        os.close(fd)
+    made: dict[bytes, bytes] = {}
+    for item in bytes(data).split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key and key != SETUP_ENV_VAR.encode():
+            made[key] = value
+    if b"PATH" not in made:
+        return False
+    for key in [k for k in os.environb if k not in made]:
+        del os.environb[key]
+    os.environb.update(made)
+    return True
+
+
 def elapsed_before() -> float:
     """The attempt's seconds before this agent started, as the ssh session's script says
     (TREB_ATTEMPT_ELAPSED before the session, then the host's uptime since it began:
@@ -224,10 +258,13 @@ def end_strays(run_id: str, node: int) -> list[int]:
     return found
 
 
-def session_stdin() -> str | None:
+def session_stdin(gate: barrier.Gate) -> str | None:
     """TREB_NODE_STDIN=1 (the ssh engine): read the secrets' line, then watch stdin in a
-    thread that sends this process SIGTERM at its end. Why not wait for SIGHUP: without a
-    terminal, sshd sends none when the connection goes. Returns why stdin is unusable."""
+    thread: the controller's GO line opens `gate` (barrier.py); nodeloss.INTERRUPT (Ctrl+C on
+    the controller) sends this process SIGINT (the agent then stops its ranks as torchrun
+    does, SIGINT first); the end of stdin sends it SIGTERM (and closes the gate: no rank
+    starts), unless an interrupt came first. Why not wait for SIGHUP: without a terminal,
+    sshd sends none when the connection goes. Returns why stdin is unusable."""
     if os.environ.get("TREB_NODE_STDIN") != "1":
         return None
     line = b""
@@ -245,10 +282,22 @@ def session_stdin() -> str | None:
     os.environ.update({str(k): str(v) for k, v in values.items()})
 
     def watch() -> None:  # the raw fd: a buffered reader's lock would block the exit
+        said = b""
+        interrupted = False
         with contextlib.suppress(OSError):
-            while os.read(0, 4096):
-                pass
-        os.kill(os.getpid(), signal.SIGTERM)
+            while True:
+                chunk = os.read(0, 4096)
+                if not chunk:
+                    break
+                if nodeloss.INTERRUPT in chunk and not interrupted:  # Ctrl+C on the controller
+                    interrupted = True
+                    os.kill(os.getpid(), signal.SIGINT)  # the agent: SIGINT, TERM, KILL
+                said = (said + chunk)[-64:]
+                if f"\n{barrier.GO}\n".encode() in b"\n" + said:
+                    gate.say(True)
+        gate.say(False)
+        if not interrupted:  # after an interrupt the agent's own schedule ends the ranks
+            os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="treb-session", daemon=True).start()
     return None
@@ -263,6 +312,9 @@ def node(job: JobFile) -> int:
     try:
         code = _node(job, early)
         return code
+    except KeyboardInterrupt:  # an interrupt before the agent took its signals: no rank ran
+        code = 130
+        return code
     finally:
         if early is not None:
             early.stop()
@@ -272,8 +324,10 @@ def node(job: JobFile) -> int:
 
 def _node(job: JobFile, early: nodeloss.EarlyBeat | None = None) -> int:
     over_ssh = os.environ.get("TREB_NODE_STDIN") == "1"
+    setup_environ()
     elapsed = elapsed_before()
-    why = session_stdin() or missing_placement(dict(os.environ))
+    gate = barrier.Gate()
+    why = session_stdin(gate) or missing_placement(dict(os.environ))
     if why:
         say(f"node: {why}")
         return 2
@@ -344,6 +398,10 @@ def _node(job: JobFile, early: nodeloss.EarlyBeat | None = None) -> int:
                 agent.teardown()
 
     agent.install_signals()
+    if over_ssh:  # every node's checks end before any rank starts (barrier.py)
+        os.write(1, f"{barrier.HEALTHY}\n".encode())
+        if not gate.wait(agent.stop_requested):
+            return 128 + signal.SIGTERM  # stopped before its ranks: none started
     beat = (f"{nodeloss.BEAT}\n".encode(), nodeloss.BEAT_S) if over_ssh else None
     if early is not None:  # the log copy's thread beats from now on
         early.stop()

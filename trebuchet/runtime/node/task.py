@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..contracts import rank_env as contract
@@ -22,7 +23,7 @@ from ..job import link as agent_link
 from ..process import procs
 from ..rundir.records import attempt_records, write_bytes, write_text
 from ..rundir.regular import open_regular
-from . import health
+from . import barrier, health
 from .agent import STOP_EXIT_CODES, Agent, Proc
 
 if TYPE_CHECKING:
@@ -131,10 +132,28 @@ def slurm_task(job: JobFile) -> int:
         print(f"[treb] {unhealthy}", file=sys.stderr, flush=True)
         if _int_env("SLURM_LOCALID") == 0:
             slurm_teardown(_attempt_dir(job)[1], health.LABEL)
+    elif not torn_down:  # every node's checks end before any rank starts (barrier.py)
+        torn_down = not slurm_go(job, link, agent)
     code = 128 + signal.SIGTERM if torn_down else 1 if unhealthy else agent.run()
     if link is not None:
         link.ended(code)
     return code
+
+
+def slurm_go(job: JobFile, link: agent_link.Link | None, agent: Agent) -> bool:
+    """This task's node is healthy: say so to the controller and wait for its go, given
+    once every task of the step said it (barrier.py). False: stopped meanwhile (an
+    unhealthy node's teardown, a cancel), the rank must not start."""
+    attempt, adir = _attempt_dir(job)
+    said = link is not None and link.healthy()
+
+    def go(wait: float) -> bool | None:
+        if not said or link is None:
+            time.sleep(wait)
+            return None
+        return link.wait_go(wait)
+
+    return barrier.slurm_wait(go, adir, attempt, _int_env("SLURM_NNODES", 1), agent.stop_requested)
 
 
 def slurm_agent(job: JobFile, inline: bool = False) -> Agent:

@@ -9,6 +9,11 @@ On a hang the watcher asks every agent for its ranks' stacks (runtime/watch/stac
 for them (bounded), writes `attempt-<n>/hang.json` (the figures, which ranks answered)
 and says so; what to do then (on_hang: fail, retry, warn) is the caller's, since stopping
 differs per engine. With warn, it watches again once some rank progresses.
+
+The watch also keeps each rank's habit (`Habits`: how often its progress advanced, since
+when, its usual gap) and writes it into hang.json, so that the diagnosis judges a rank's
+silence against its own pace: under the HF Trainer only rank 0 prints, and rank 1, silent
+since its start, did not go "silent first" (diagnose/hang.py).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from . import stacks
 from .activity import HEARTBEAT_SUFFIX, progress_dir
 
 if TYPE_CHECKING:
-    from ..contracts.schema import Hang
+    from ..contracts.schema import Habit, Hang
 
 CHECK_S = 1.0
 # The action (teardown, retry) waits for the stacks at most this long after the hang is
@@ -31,22 +36,61 @@ CHECK_S = 1.0
 STACKS_WAIT_S = 8.0
 
 
-def last_progress(adir: str, started: float) -> float:
-    """The newest progress of any rank of the attempt (its start before any)."""
-    newest = started
+HABIT_KEEP = 64  # the progress times kept per rank: its usual gap is their median gap
+
+
+def progress_times(adir: str) -> dict[str, float]:
+    """Each rank's last progress ({rank-3: mtime of progress/rank-3})."""
     folder = progress_dir(adir)
     try:
         names = os.listdir(folder)
     except OSError:
-        return newest
+        return {}
+    out = {}
     for name in names:
         if name.endswith(HEARTBEAT_SUFFIX) or name.startswith("."):
             continue
         try:
-            newest = max(newest, os.stat(os.path.join(folder, name)).st_mtime)
+            out[name] = os.stat(os.path.join(folder, name)).st_mtime
         except OSError:
             continue
-    return newest
+    return out
+
+
+def last_progress(adir: str, started: float) -> float:
+    """The newest progress of any rank of the attempt (its start before any)."""
+    return max([started, *progress_times(adir).values()])
+
+
+class Habits:
+    """Each rank's progress as the watch saw it (once a second): how many times it
+    advanced, the first and last time, and the last HABIT_KEEP times (for its usual gap)."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, list[float]] = {}
+        self.count: dict[str, int] = {}
+        self.first: dict[str, float] = {}
+
+    def update(self, times: dict[str, float]) -> None:
+        for name, t in times.items():
+            seen = self.times.setdefault(name, [])
+            if seen and t <= seen[-1]:
+                continue
+            seen.append(t)
+            del seen[:-HABIT_KEEP]
+            self.count[name] = self.count.get(name, 0) + 1
+            self.first.setdefault(name, t)
+
+    def record(self) -> dict[str, Habit]:
+        """{name: {count, first, last, gap}} for hang.json (gap: the median gap between
+        its progress times, None before two)."""
+        out: dict[str, Habit] = {}
+        for name, seen in self.times.items():
+            gaps = sorted(b - a for a, b in zip(seen, seen[1:]))
+            gap = gaps[len(gaps) // 2] if gaps else None
+            out[name] = {"count": self.count[name], "first": self.first[name],
+                         "last": seen[-1], "gap": gap}  # fmt: skip
+        return out
 
 
 def is_hung(last: float, timeout: float, now: float) -> bool:
@@ -69,6 +113,7 @@ class HangWatch:
         self.info: Hang = {}
         self.stacks_deadline = 0.0
         self.warned_at: float | None = None  # warn: watching again after progress
+        self.habits = Habits()
 
     def step(self) -> Hang | None:
         """None, or once per hang the hang's record (written to hang.json) when its stacks
@@ -83,7 +128,9 @@ class HangWatch:
             return None
         self.next_check = mono + CHECK_S
         now = time.time()
-        last = last_progress(self.adir, self.started)
+        times = progress_times(self.adir)
+        self.habits.update(times)
+        last = max([self.started, *times.values()])
         if self.warned_at is not None:
             if last <= self.warned_at:
                 return None  # still the hang already reported
@@ -93,6 +140,7 @@ class HangWatch:
         self.info = {
             "attempt_dir": self.adir, "hang_timeout": self.timeout, "action": self.action,
             "last_progress": last, "detected_at": now, "expected": self.expected,
+            "habits": self.habits.record(),
         }  # fmt: skip
         self.rid = stacks.request(self.adir)
         self.info["stacks_requested_at"] = time.time()

@@ -11,13 +11,20 @@ those files into the run store (store/metrics.py); SQLite is never written from 
 What a line may hold, tried in this order (the first that yields a value wins):
 - `performance: <number> <metric>` (the results' reading, results/parse.py uses PERF);
 - a JSON object (`{"step": 10, "loss": 2.1}`), also after a prefix such as a logger's;
-- a Python dict literal as the HuggingFace Trainer prints it (`{'loss': 2.1, 'epoch':
-  0.5}`), read with ast.literal_eval on at most `LITERAL_MAX` bytes, never eval;
+- a Python dict literal as the HuggingFace Trainer prints it: transformers 4 its floats
+  (`{'loss': 2.1, 'epoch': 0.5}`), transformers 5 each float as a string of 4 significant
+  digits (`{'loss': '2.1', 'epoch': '0.5'}`); read with ast.literal_eval on at most
+  `LITERAL_MAX` bytes, never eval; a string that holds just a number is that number;
 - the spec's `patterns` (regexes whose named groups are metrics, `step` the step);
+- a progress bar's metrics: tqdm's postfix (`... 4/8 [00:01<00:01, 3.2it/s, loss=0.5]`,
+  Lightning's TQDMProgressBar) or rich's (`Epoch 1/9 ━━ 4/8 0:00:01 • 0:00:01 3.2it/s
+  train_loss: 0.5`, Lightning's RichProgressBar); `v_num` is the logger's version, no metric;
 - `key=value` / `key: value` pairs after the spec's `prefix` (none by default).
-The step is the value of `step` (or global_step, iteration, iter) when the line has
-one, else the last step an earlier line of the rank gave, else a per-name count (the
-HuggingFace Trainer's dicts have none). Numbers only: booleans, NaN strings and text are skipped.
+The step is the value of `step` (or global_step, iteration, iter) when the line has one,
+else a dict's `epoch` (the Trainer's dicts carry no step), else an `epoch N` / `step N`
+before the dict (Accelerate's examples print `epoch 3: {'accuracy': 0.9}`), else a
+Lightning bar's global batch (`Epoch E` and `n/N`: E*N + n), else the last step an earlier
+line of the rank gave, else a per-name count. Numbers only: booleans and text are skipped.
 A name is kept as a terminal shows it (`lines.shown`: ESC as ^[, a lone surrogate as
 \\ud800), so no name can break SQLite, a view or a terminal, and the line's other values stay.
 
@@ -61,7 +68,20 @@ _BARE = re.compile(r"(?<=[:,\[(]\s)(-?)(?:nan|inf)(?=\s*[,}\])])")
 INT_DIGITS = 310
 _LONG_INT = re.compile(rf"(?<![\w.])\d{{{INT_DIGITS + 1},}}(?![\w.])")
 STEP_KEYS = ("step", "global_step", "iteration", "iter")
+EPOCH_KEY = "epoch"  # the step when a dict has no step key, kept as a value too
+_NUMERIC = re.compile(NUMBER.decode() + r"|[+-]?(?:nan|inf|infinity)", re.I)
+_PREFIX_STEP = re.compile(rb"(?i)\b(?:step|epoch|iter|iteration)\b\s*[:=#]?\s*(\d{1,15})\b")
+# A bar's rate (`3.2it/s`, `1.5s/it`, `12.0 samples/s`): its metrics follow it.
+_RATE = re.compile(rb"\d(?:[\d.]*)\s*(?:[kMG]?it/s|s/it|\?it/s)")
+_BAR_N = re.compile(rb"(\d{1,15})/(\d{1,15})(?=[\s\[|])")
+_BAR_EPOCH = re.compile(rb"\bEpoch (\d{1,15})\b")
+_KEY = rb"([A-Za-z_][\w./-]{0,99})"
+_BAR_ITEM = re.compile(rb"\s*" + _KEY + rb"=(" + NUMBER + rb")\s*")
+_RICH_ITEM = re.compile(_KEY + rb":\s*(" + NUMBER + rb")(?=\s|$)")
+_RICH_ITEMS = re.compile(rb"(?:\s+" + _KEY + rb":\s*" + NUMBER + rb")+\s*")
+BAR_SKIP = ("v_num",)  # Lightning's bar: the logger's version, not a metric
 LITERAL_MAX = 16 << 10
+SCAN_BAR = 2048  # bytes of a line's end a bar's metrics are looked for in
 DEPTH_MAX = 32  # nesting of a `{...}` decoded at most (json and ast recurse per level)
 NAME_MAX = 100
 MAX_NAMES = 256  # distinct metric names a process writes, and a run keeps (docs/metrics.md)
@@ -106,7 +126,12 @@ class Config:
 
 
 def _number(v: Any) -> float | None:
-    """A JSON or literal number as a float: inf when it does not fit (dropped later)."""
+    """A JSON or literal number as a float: inf when it does not fit (dropped later); a
+    string that holds just a number (transformers 5's `'loss': '2.1'`, `'nan'`) too."""
+    if isinstance(v, str):
+        if len(v) > 400 or not _NUMERIC.fullmatch(v.strip()):
+            return None
+        return float(v.strip())
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     try:
@@ -146,6 +171,8 @@ def _from_mapping(d: Any) -> tuple[float | None, Values]:
             step = f
         else:
             values[shown(k)] = f  # a JSON key may hold ESC, NUL or a lone surrogate
+    if step is None and EPOCH_KEY in values:
+        step = values[EPOCH_KEY]
     return step, values
 
 
@@ -183,6 +210,9 @@ def _parse(line: bytes, config: Config | None) -> tuple[float | None, Values]:
     if part is not None and len(part) <= LITERAL_MAX and not _too_deep(part):
         step, values = _decoded(part)
         if values:
+            if step is None:  # `epoch 3: {...}`: the step before the dict
+                found = _PREFIX_STEP.findall(line[: len(line) - len(part)][-200:])
+                step = float(found[-1]) if found else None
             return step, values
     if config is not None:
         for rx in config.patterns:
@@ -191,10 +221,14 @@ def _parse(line: bytes, config: Config | None) -> tuple[float | None, Values]:
                 step, values = _groups(m)
                 if values:
                     return step, values
-        if config.prefix is not None:
-            at = line.find(config.prefix)
-            if at >= 0:
-                return _pairs(line[at + len(config.prefix) :])
+    if b"/s" in line or b"s/it" in line:
+        step, values = _bar(line)
+        if values:
+            return step, values
+    if config is not None and config.prefix is not None:
+        at = line.find(config.prefix)
+        if at >= 0:
+            return _pairs(line[at + len(config.prefix) :])
     return None, {}
 
 
@@ -219,6 +253,39 @@ def _decoded(part: bytes) -> tuple[float | None, Values]:
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return None, {}
     return _from_mapping(data)
+
+
+def _bar(line: bytes) -> tuple[float | None, Values]:
+    """A progress bar's metrics, after its rate: tqdm's postfix (`, k=v, ...]`) or rich's
+    columns (`k: v k: v` to the line's end, nothing else); the step is the bar's `n`, plus
+    `Epoch E` times its total when the bar names its epoch."""
+    tail = line[-SCAN_BAR:]
+    rate = _RATE.search(tail)  # the bar's (its first): text printed after it cannot pose as one
+    if rate is None:
+        return None, {}
+    at = rate.end()
+    after = tail[at:]
+    if after.startswith(b","):  # tqdm: the postfix ends at the bracket
+        end = after.find(b"]")
+        items = after[1:end].split(b",") if end > 0 else []
+        found = [_BAR_ITEM.fullmatch(i) for i in items]
+        if not found or None in found:
+            return None, {}
+        pairs = [(m[1], m[2]) for m in found if m is not None]
+    elif _RICH_ITEMS.fullmatch(after):
+        pairs = [(m[1], m[2]) for m in _RICH_ITEM.finditer(after)]
+    else:
+        return None, {}
+    values = {k.decode(): float(v) for k, v in pairs if k.decode() not in BAR_SKIP}
+    if not values:
+        return None, {}
+    step = None
+    counts = _BAR_N.findall(tail[:at])
+    if counts:
+        n, total = (float(x) for x in counts[-1])
+        epoch = _BAR_EPOCH.search(tail[:at])
+        step = n + (float(epoch[1]) * total if epoch else 0.0)
+    return step, values
 
 
 def _groups(m: re.Match[bytes]) -> tuple[float | None, Values]:

@@ -12,18 +12,21 @@ How: `py-spy dump --pid P --native` (py-spy on PATH, beside sys.executable, or
 `$TREB_PY_SPY`; native frames tell where a rank waits inside C++: DDP's reducer, a NCCL
 kernel); without --native when that fails; then with --nonblocking (read without
 suspending the process: the only way into a stopped one, which a suspending py-spy cannot
-attach to, so a stopped rank gets it first); else faulthandler, when the program called
-`trebuchet.dist.enable_stacks()` (the agent sees the handler in /proc/<pid>/status
-SigCgt): the agent sends `STACKS_SIGNAL` and takes what the program wrote. py-spy runs as
-a child of the agent, never waited for: supervision goes on meanwhile. Every rank's dump
-runs at once and each has DUMP_DEADLINE_S in all, whatever its methods, so that what
-waits for the stacks (the hang watch: hang.STACKS_WAIT_S) waits a few seconds at most.
+attach to, so a stopped rank gets it first, and its file says `# state stopped`); else
+faulthandler, when the program called `trebuchet.dist.enable_stacks()` (the agent sees
+the handler in /proc/<pid>/status SigCgt): the agent sends `STACKS_SIGNAL` and takes what
+the program wrote. py-spy runs as a child of the agent, never waited for: supervision goes
+on meanwhile. Every rank's dump runs at once and each has DUMP_DEADLINE_S in all, whatever
+its methods, so that what waits for the stacks (the hang watch: hang.STACKS_WAIT_S) waits
+a few seconds at most. A failed py-spy is said with its own reason (`pyspy_reason`: its
+`Error:` line and the causes under it), never the last line of a Rust backtrace.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +36,7 @@ import time
 from ..process.procs import handles, hostname, stopped
 from ..rundir.records import writable_fd, write_text
 from ..rundir.regular import open_regular, read_text
+from .display_lines import shown
 
 STACKS_DIR = "stacks"
 REQUEST = "request"
@@ -42,6 +46,10 @@ STACKS_SIGNAL = signal.SIGWINCH
 FLAGS = ("--native", "--nonblocking")  # the py-spy options a file's method names
 DUMP_DEADLINE_S = 6.0  # one process's dump, every method together (a hung py-spy too)
 FAULTHANDLER_WAIT_S = 3.0
+REASON_MAX = 300
+CAUSE_NUMBER = re.compile(r"^\d+: ")
+# py-spy prints Rust's backtrace under its error when the environment asks for one
+PY_SPY_ENV = {"RUST_BACKTRACE": "0", "RUST_LIB_BACKTRACE": "0"}
 
 
 def stacks_dir(adir: str) -> str:
@@ -119,11 +127,12 @@ class Dump:
         self.methods: list[list[str]] = []
         self.fh_size = 0
         self.ends = time.monotonic() + DUMP_DEADLINE_S  # every method's, together
+        self.stopped = stopped(pid)  # SIGSTOP (`treb fault hang-rank`), a debugger
         spy = find_py_spy()
         if spy:
             base = [spy, "dump", "--full-filenames", "--pid", str(pid)]
             quiet = [*base, "--nonblocking"]  # reads the memory, never suspends the process
-            self.methods = [quiet] if stopped(pid) else [[*base, "--native"], base, quiet]
+            self.methods = [quiet] if self.stopped else [[*base, "--native"], base, quiet]
         else:
             self.tried.append("py-spy not found (install py-spy on the nodes)")
         self.fh_started = False
@@ -140,7 +149,8 @@ class Dump:
             fd = writable_fd(self.out, truncate=True)  # a rank's FIFO there is replaced
             try:
                 self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd,
-                                              stderr=subprocess.STDOUT, close_fds=True)  # fmt: skip
+                                              stderr=subprocess.STDOUT, close_fds=True,
+                                              env={**os.environ, **PY_SPY_ENV})  # fmt: skip
             except OSError as exc:
                 self.tried.append(f"{argv[0]}: {exc.strerror}")
                 self.popen = None
@@ -188,8 +198,7 @@ class Dump:
             if rc == 0 and text.strip():
                 return self._finish(how.replace(" dump", ""), text)
             if rc is not None:
-                last = text.strip().splitlines()[-1:] or [f"exit code {rc}"]
-                self.tried.append(f"{how}: {last[0][:200]}")
+                self.tried.append(f"{how}: {pyspy_reason(text) or f'exit code {rc}'}")
             self._next()
             return self.done
         if self.fh_started:
@@ -203,6 +212,9 @@ class Dump:
 
     def _finish(self, method: str, text: str) -> bool:
         header = [f"# request {self.rid} method {method} pid {self.pid}", f"# host {hostname()}"]
+        self.stopped = self.stopped or stopped(self.pid)  # a stop that came during the dump
+        if self.stopped:
+            header.append("# state stopped")
         header += [f"# tried: {t}" for t in self.tried]
         if method == "none":
             header.append("# no stacks: py-spy was not usable and faulthandler not registered")
@@ -217,6 +229,30 @@ class Dump:
         if self.popen is not None and self.popen.poll() is None:
             self.popen.kill()
             self.popen.wait()
+
+
+def pyspy_reason(text: str) -> str:
+    """py-spy's own reason for a failed dump, one shown line: its last `Error:` line and
+    the causes listed under it ("Failed to get stack traces: Failed to suspend process:
+    unexpected waitpid result ..."), without a Rust backtrace; else its last line; '' when
+    it said nothing."""
+    lines = [ln.strip() for ln in text.splitlines()]
+    at = max((i for i, ln in enumerate(lines) if ln[:6].lower() == "error:"), default=None)
+    if at is None:
+        said = [ln for ln in lines if ln]
+        return shown(said[-1])[:REASON_MAX] if said else ""
+    parts = [lines[at][6:].strip()]
+    causes = False
+    for ln in lines[at + 1 :]:
+        if ln == "Caused by:":
+            causes = True
+        elif ln.startswith("Stack backtrace:") or (ln and not causes):
+            break
+        elif ln:
+            cause = CAUSE_NUMBER.sub("", ln, count=1)
+            if cause != parts[-1]:  # io errors are listed twice ("No such file ... (os error 2)")
+                parts.append(cause)
+    return shown(": ".join(p for p in parts if p))[:REASON_MAX]
 
 
 def _read(path: str) -> str:

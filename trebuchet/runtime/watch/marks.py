@@ -1,0 +1,211 @@
+"""Step and checkpoint marks: what a rank says of its own training, and the checkpoints
+seen in `TREB_CHECKPOINT_DIR`, read by the goodput accounting (trebuchet/goodput/) and by
+the rule that stops a run whose attempts make no progress (job/life.next_step).
+
+A rank may mark its steps and checkpoints exactly with one line of stdlib Python
+(`trebuchet.dist.mark("step", n)` does it): it appends `<unix time> <kind> <n>` to the
+file `$TREB_MARKS` (`attempt-<n>/marks/<rank name>`, which the agent sets for every rank).
+Without marks, the readers fall back on what treb records anyway: the metrics points
+(`attempt-<n>/metrics/*.jsonl`, whose `t` and `s` are a step's time and number) and the
+entries of the checkpoint folder (each one's mtime a checkpoint's time).
+
+Total and bounded: any bytes in these files give marks or nothing, never an exception;
+a time or number that is not finite is dropped; of a file longer than `READ_MAX`, its
+first `HEAD_MAX` and last `READ_MAX` bytes are read, whole lines only, and at most
+`ENTRIES_MAX` entries of the checkpoint folder.
+Stdlib only: it ships in the runtime file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from typing import Iterator, NamedTuple
+
+from ..rundir.regular import open_fd
+
+MARKS_DIR = "marks"
+STEP, CHECKPOINT = "step", "checkpoint"
+KINDS = (STEP, CHECKPOINT)
+READ_MAX = 4 << 20  # bytes of a marks or metrics file read, its end
+HEAD_MAX = 64 << 10  # ... and of its beginning, when it is longer
+ENTRIES_MAX = 4096  # entries of the checkpoint folder looked at
+
+
+class Mark(NamedTuple):
+    """One mark: its wall time, kind (step or checkpoint) and number (None: not given)."""
+
+    t: float
+    kind: str
+    n: float | None
+
+
+def marks_path(adir: str, name: str) -> str:
+    """The file `$TREB_MARKS` names for one rank (the agent sets it)."""
+    return os.path.join(adir, MARKS_DIR, name)
+
+
+def _ends(path: str) -> bytes:
+    """A regular file's whole lines: all of it, or past READ_MAX bytes its first HEAD_MAX
+    and last READ_MAX bytes (the attempt's first step; its last checkpoint and step),
+    each without the line cut where it starts or stops; b"" when there is none."""
+    try:
+        fd = open_fd(path)
+    except OSError:
+        return b""
+    try:
+        size = os.fstat(fd).st_size
+        if size <= READ_MAX:
+            return os.pread(fd, READ_MAX, 0)
+        head = os.pread(fd, HEAD_MAX, 0)
+        tail = os.pread(fd, READ_MAX, size - READ_MAX)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+    head = head[: head.rfind(b"\n") + 1]  # the cut line of each part dropped
+    tail = tail[tail.find(b"\n") + 1 :] if b"\n" in tail else b""
+    return head + tail
+
+
+def _number(word: object) -> float | None:
+    """A finite float from a word or JSON value; None otherwise (bools are no numbers)."""
+    if isinstance(word, bool):
+        return None
+    try:
+        value = float(word)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def parse_marks(data: bytes) -> list[Mark]:
+    """The marks of a marks file's bytes: lines `<time> <kind> [<n>]`; others skipped."""
+    out: list[Mark] = []
+    for raw in data.split(b"\n"):
+        words = raw.split()
+        if len(words) < 2 or len(words) > 3 or len(raw) > 200:
+            continue
+        t = _number(words[0].decode("ascii", "replace"))
+        kind = words[1].decode("ascii", "replace").lower()
+        if t is None or t < 0 or kind not in KINDS:
+            continue
+        n = _number(words[2].decode("ascii", "replace")) if len(words) == 3 else None
+        if len(words) == 3 and n is None:
+            continue
+        out.append(Mark(t, kind, n))
+    return out
+
+
+def parse_points(data: bytes) -> list[Mark]:
+    """The steps of a metrics file's bytes (watch/metric_reader.py: `{"t": .., "s": ..}`)."""
+    out: list[Mark] = []
+    for raw in data.split(b"\n"):
+        if not raw.startswith(b"{") or len(raw) > (1 << 16):
+            continue
+        try:
+            point = json.loads(raw)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(point, dict):
+            continue
+        t, s = _number(point.get("t")), _number(point.get("s"))
+        if t is not None and t >= 0:
+            out.append(Mark(t, STEP, s))
+    return out
+
+
+def _files(folder: str) -> Iterator[str]:
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return
+    for name in names[:ENTRIES_MAX]:
+        if not name.startswith("."):
+            yield os.path.join(folder, name)
+
+
+SCAN = 64 << 10  # bytes of a file's beginning and end read line by line
+_CHECKPOINT_LINE = re.compile(rb"^[^\n]* checkpoint[^\n]*$", re.MULTILINE)
+
+
+def _file_marks(data: bytes, points: bool) -> list[Mark]:
+    """A file's marks at the cost of its ends: every line of its first and last SCAN
+    bytes (the first step, the last ones), and of the middle only the checkpoint lines
+    (found by one regex scan, in C); the steps between are not needed."""
+    parse = parse_points if points else parse_marks
+    if len(data) <= 2 * SCAN:
+        return parse(data)
+    head = data[:SCAN]
+    head = head[: head.rfind(b"\n") + 1]
+    tail = data[-SCAN:]
+    tail = tail[tail.find(b"\n") + 1 :]
+    out = parse(head) + parse(tail)
+    if not points:
+        middle = data[len(head) : len(data) - len(tail)]
+        out += parse_marks(b"\n".join(_CHECKPOINT_LINE.findall(middle)))
+    return out
+
+
+def attempt_marks(adir: str) -> list[Mark]:
+    """Every rank's marks of one attempt, in time order; the metrics' steps when no rank
+    marked a step."""
+    marks: list[Mark] = []
+    for path in _files(os.path.join(adir, MARKS_DIR)):
+        marks += _file_marks(_ends(path), points=False)
+    if not any(m.kind == STEP for m in marks):
+        for path in _files(os.path.join(adir, "metrics")):
+            if path.endswith(".jsonl"):
+                marks += _file_marks(_ends(path), points=True)
+    marks.sort(key=lambda m: m.t)
+    return marks
+
+
+def folder_checkpoints(folder: str) -> list[Mark]:
+    """The checkpoint folder's entries as checkpoints at their mtime (a temporary or
+    hidden one, starting with '.', is not one yet), in time order."""
+    out: list[Mark] = []
+    for path in _files(folder):
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            continue
+        if math.isfinite(mtime):
+            out.append(Mark(mtime, CHECKPOINT, None))
+    out.sort(key=lambda m: m.t)
+    return out
+
+
+def checkpoint_folder(run_dir: str) -> str:
+    """The run's `TREB_CHECKPOINT_DIR` (the job's `checkpoint_dir`, else <run>/checkpoints)."""
+    for name in ("job.json", "plan.json"):
+        try:
+            data = json.loads(_ends(os.path.join(run_dir, name)) or b"null")
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("checkpoint_dir"), str):
+            return str(data["checkpoint_dir"])
+    return os.path.join(run_dir, "checkpoints")
+
+
+def progressed(run_dir: str, attempt: int, started: float) -> bool | None:
+    """Did attempt `attempt` (started at wall time `started`) keep any work: a checkpoint
+    past the run's last one before it (a marked checkpoint of a higher step, or an entry of
+    the checkpoint folder written since it started)? None when the run has shown no
+    checkpoint at all: then nothing says what progress is, and `retries` alone rule."""
+    adir = os.path.join(run_dir, f"attempt-{attempt}")
+    before: list[Mark] = []
+    for a in range(attempt):
+        before += [m for m in attempt_marks(os.path.join(run_dir, f"attempt-{a}"))
+                   if m.kind == CHECKPOINT]  # fmt: skip
+    mine = [m for m in attempt_marks(adir) if m.kind == CHECKPOINT]
+    folder = folder_checkpoints(checkpoint_folder(run_dir))
+    if not (before or mine or folder):
+        return None
+    best = max((m.n for m in before if m.n is not None), default=None)
+    for m in mine:
+        if m.n is None or best is None or m.n > best:
+            return True
+    return any(m.t >= started for m in folder)
