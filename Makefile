@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml examples/digits-ddp/requirements.txt | cksum | cut -d' ' -f1)
 
-.PHONY: test test-fast lint bench bench-slurm bench-ssh clean
+.PHONY: test test-fast lint bench bench-slurm bench-scale bench-ssh clean
 
 # SkyPilot's own task parser checks `treb render --on skypilot` (about 300 MB, so in a venv of
 # its own and not in the `test` extra); uv builds it in seconds.
@@ -120,6 +120,21 @@ bench-slurm: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/with-slurm-cluster $(PY) bench/slurm_submit.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/with-slurm-cluster $(PY) bench/slurm_scale.py
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/with-slurm-cluster $(PY) bench/controller_latency.py --on slurm --nodes 2
+
+# treb at scale (issue 36, docs/scale.md): the controller's link against 4,096 simulated
+# agents; the local engine at 16..128 simulated nodes x 4 ranks; the Slurm test cluster at
+# 8..64 nodes x 8 ranks (one cluster of each size, brought up and taken down around it),
+# each against `srun` starting the same tiny rank (bench/tiny_rank.sh) in the same shape.
+SCALE_SLURM_NODES ?= 8 16 32 64
+bench-scale: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/fleet_sim.py --agents 4096
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/scale.py --on local --nodes 16,32,64,128 \
+		--procs 4 --steady 60
+	for n in $(SCALE_SLURM_NODES); do \
+		PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TREB_SLURM_NODES=$$n scripts/with-slurm-cluster \
+			$(PY) bench/scale.py --on slurm --nodes $$n --procs 8 --steady 30 \
+			--rounds 3 || exit 1; \
+	done
 
 # `treb run --on ssh` against a hand-written ssh loop, on the ssh test hosts.
 bench-ssh: $(STAMP)

@@ -6,7 +6,7 @@ import os
 import statistics
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 def time_cmd(
@@ -34,6 +34,16 @@ def alternate(
         for name, argv in cmds.items():
             times[name].append(time_cmd(argv, env, cwd))
     return times
+
+
+def wait(cond: Callable[[], object], timeout: float, what: str) -> None:
+    """Until cond() is true, polled every 50 ms; exits naming `what` after `timeout` s."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"timed out waiting for {what}")
 
 
 def median(xs: list[float]) -> float:

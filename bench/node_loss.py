@@ -28,6 +28,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests/dead_machine.py
+sys.path.insert(0, str(REPO / "bench"))
+from common import wait  # noqa: E402
+
 from tests.dead_machine import kill_namespace  # noqa: E402
 
 HOSTS_SH = REPO / "tests" / "ssh_hosts" / "hosts.sh"
@@ -42,15 +45,6 @@ os.replace(path + ".tmp", path)
 
 def sh(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), capture_output=True, text=True, env=env, timeout=300)
-
-
-def wait(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise SystemExit(f"timed out waiting for {what}")
 
 
 def kill_host(name: str) -> None:

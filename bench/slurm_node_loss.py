@@ -1,8 +1,9 @@
 """Time from a node's death to all ranks of the next attempt running (issue 23), and from
 the loss's detection (the `node_lost` event) to that restart alone, on Slurm.
 
-On the Slurm test cluster (`big` partition): a run with `nodes: 2`, `spare_nodes: 1`,
-`retries: 1`; once both ranks run (each writes the time it started into a shared folder),
+On the Slurm test cluster (`big` partition): a run with `nodes: 2` (--nodes), `spare_nodes:
+1`, `retries: 1`, ranks of bench/tiny_rank.sh; once all ranks run (each writes the time it
+started into a shared folder),
 the attempt's second node dies as a machine does: its link down, then every process in its
 namespace SIGKILLed (slurmd, the step, the agent, the rank). The next attempt's ranks (on
 the first node and the spare) write their start times; the round's figures are the last of
@@ -11,6 +12,8 @@ brought back (`cluster.sh up`, `scontrol update State=RESUME`). Medians of ROUND
 
 Usage (root): scripts/with-slurm-cluster python bench/slurm_node_loss.py [--rounds 5]
     [--node-timeout 5]
+  at scale: TREB_SLURM_NODES=33 scripts/with-slurm-cluster python bench/slurm_node_loss.py \
+    --nodes 32 --procs 8 --rounds 1
 """
 
 from __future__ import annotations
@@ -30,13 +33,7 @@ sys.path.insert(0, str(REPO))  # tests/dead_machine.py
 from tests.dead_machine import kill_namespace  # noqa: E402
 
 CLUSTER = REPO / "tests" / "slurm_cluster" / "cluster.sh"
-STAMP = """import os, time
-path = os.path.join(os.environ["STAMPS"], f"{os.environ['TREB_ATTEMPT']}-{os.environ['RANK']}")
-with open(path + ".tmp", "w") as fh:
-    fh.write(repr(time.time()))
-os.replace(path + ".tmp", path)
-time.sleep(600)
-"""
+TINY = REPO / "bench" / "tiny_rank.sh"  # writes STAMPS/<attempt>-<rank>: "<time> <pid>"
 
 
 def treb(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -64,28 +61,36 @@ def bring_back(name: str) -> None:
                    capture_output=True, timeout=60)  # fmt: skip
 
 
-def one_round(work: Path, node_timeout: float) -> tuple[float, float]:
+def ready(stamps: Path, attempt: int) -> list[float]:
+    return [float(p.read_text().split()[0]) for p in stamps.glob(f"{attempt}-*")
+            if not p.name.endswith(".tmp")]  # fmt: skip
+
+
+def one_round(work: Path, node_timeout: float, nodes: int, procs: int) -> tuple[float, float]:
     home, stamps = work / "home", work / "stamps"
     stamps.mkdir(parents=True)
-    (work / "stamp.py").write_text(STAMP)
+    world = nodes * procs
     (work / "job.yaml").write_text(
-        f"name: node-loss\ncommand: python3 {work / 'stamp.py'}\nnodes: 2\nspare_nodes: 1\n"
-        f"retries: 1\nnode_timeout: {node_timeout:g}s\nenv:\n  STAMPS: {stamps}\n"
-        "slurm:\n  partition: big\n"
+        f"name: node-loss\ncommand: bash {TINY}\nnodes: {nodes}\nprocs_per_node: {procs}\n"
+        f"spare_nodes: 1\nretries: 1\nnode_timeout: {node_timeout:g}s\nsnapshot: false\n"
+        f"env:\n  STAMPS: {stamps}\nslurm:\n  partition: big\n"
     )
     res = treb(home, "run", str(work / "job.yaml"), "--on", "slurm", "--detach")
     if res.returncode != 0:
         raise SystemExit(res.stderr)
     rid = res.stdout.strip()
     run_dir = home / "runs" / rid
-    wait("the first attempt's ranks", lambda: len(list(stamps.glob("0-*"))) == 2)
+    wait("the first attempt's ranks", lambda: len(ready(stamps, 0)) == world, 600)
     first = json.loads((run_dir / "attempt-0" / "attempt.json").read_text())["nodes"]
+    if "[" in first:  # a hostlist
+        first = ",".join(subprocess.run(["scontrol", "show", "hostnames", first],
+                                        capture_output=True, text=True).stdout.split())  # fmt: skip
     victim = first.split(",")[1]
     killed = time.time()
     kill_node(victim)
     try:
-        wait("the next attempt's ranks", lambda: len(list(stamps.glob("1-*"))) == 2)
-        started = max(float(p.read_text()) for p in stamps.glob("1-*"))
+        wait("the next attempt's ranks", lambda: len(ready(stamps, 1)) == world, 600)
+        started = max(ready(stamps, 1))
         events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
         detected = next(float(e["time"]) for e in events if e.get("event") == "node_lost")
     finally:
@@ -98,16 +103,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--node-timeout", type=float, default=5.0)
+    ap.add_argument("--nodes", type=int, default=2, help="plus one spare (issue 36: 32, 64)")
+    ap.add_argument("--procs", type=int, default=1, help="ranks per node")
     args = ap.parse_args()
     deaths, restarts = [], []
     for n in range(args.rounds):
         with tempfile.TemporaryDirectory(prefix="treb-node-loss-", dir="/var/tmp") as tmp:
-            death, restart = one_round(Path(tmp), args.node_timeout)
+            death, restart = one_round(Path(tmp), args.node_timeout, args.nodes, args.procs)
         deaths.append(death)
         restarts.append(restart)
         print(f"round {n + 1}: death -> next attempt's ranks running {death:.2f}s, "
               f"detection -> running {restart:.2f}s", flush=True)  # fmt: skip
-    print(f"slurm, node_timeout {args.node_timeout:g}s, median of {args.rounds}: death -> "
+    print(f"slurm, {args.nodes} nodes x {args.procs} + 1 spare, node_timeout "
+          f"{args.node_timeout:g}s, median of {args.rounds}: death -> "
           f"ranks running {statistics.median(deaths):.2f}s, detection -> ranks running "
           f"{statistics.median(restarts):.2f}s")  # fmt: skip
 

@@ -290,7 +290,10 @@ class Supervisor:
                     self.agents[k].kill(stopped=True)
                 if not after:
                     self.job.failure(lost)
-        return any([agent.poll() for agent in self.agents])
+        alive = any([agent.poll() for agent in self.agents])
+        if not alive:  # all their ENDED records at once: the attempt's folder synced once
+            sync([path for agent in self.agents for path in agent.take_unsynced()])
+        return alive
 
     def checkpoint(self, signum: int) -> int:
         return self.signal_ranks(signum)
@@ -396,7 +399,7 @@ class Supervisor:
                         record=record, launcher=launcher, cwd=p.cwd)  # fmt: skip
             by_node.setdefault(p.node, []).append(proc)
         watch = self.watchdog.watch if self.watchdog else None
-        return [
+        agents = [
             Agent(
                 procs,
                 str(adir),
@@ -409,6 +412,9 @@ class Supervisor:
             )  # fmt: skip
             for _, procs in sorted(by_node.items())
         ]
+        for agent in agents:  # synced together by poll: per node, the same folder again
+            agent.defer_sync = True
+        return agents
 
     def _start(self, agents: list[Agent]) -> None:
         """Start every agent's processes, then tell the watchdog their groups at once."""
@@ -435,6 +441,7 @@ class Supervisor:
                     agent.kill(stopped=True)
             select.select([self.job.wake_r], [], [], 0.1)
             self.job.drain()
+        sync([path for agent in agents for path in agent.take_unsynced()])
         ok = all(p.returncode == 0 for agent in agents for p in agent.procs)
         append_event(self.run_dir, f"{when}_hooks", attempt=attempt, ok=ok)
         if not ok:

@@ -142,6 +142,9 @@ class Agent:
         self.kill_at: float | None = None
         self.term_at: float | None = None  # an interrupt's SIGTERM step (teardown)
         self._unsynced: list[str] = []  # ENDED records not yet fsynced (sync_records)
+        # True where one loop drives many agents (the local supervisor): it syncs all their
+        # records at once when all have ended (take_unsynced), not each agent its own
+        self.defer_sync = False
         self._stop: int | None = None  # the stop signal this agent received
         self._forward: list[int] = []
         self._wake_r = -1
@@ -267,8 +270,12 @@ class Agent:
         records: ~3 ms instead of ~15 ms idle; on a busy machine the inline fsyncs took
         ~300 ms, during which nothing was reaped). Called for the first failure (the root
         cause is on disk at once) and when the last process has ended."""
-        sync(self._unsynced)
-        self._unsynced = []
+        sync(self.take_unsynced())
+
+    def take_unsynced(self) -> list[str]:
+        """The ENDED records written and not yet synced (for the caller to sync)."""
+        paths, self._unsynced = self._unsynced, []
+        return paths
 
     def teardown(self, first: int = signal.SIGTERM) -> None:
         """SIGTERM every live process group (unless the engine does), SIGKILL after the
@@ -354,7 +361,8 @@ class Agent:
         live = {p.name: p.pid for p in self.procs if p.tracked and p.alive and p.pid}
         self.stacks.step(live)
         if not alive:
-            self.sync_records()
+            if not self.defer_sync:
+                self.sync_records()
             self.stacks.close()
             if self.metrics is not None:
                 self.metrics.close()

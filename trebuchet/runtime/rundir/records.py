@@ -57,21 +57,49 @@ def write_bytes(path: str, data: bytes, mode: int = 0o600, durable: bool = True)
         raise
 
 
+SYNC_THREADS = 16
+
+
 def sync(paths: list[str]) -> None:
-    """fsync files written with `durable=False`, then their folders (the renames): issued
-    together, the first one's journal commit carries most of the others. A file that is
-    gone (its run directory removed) is skipped."""
-    for path in [*paths, *sorted({os.path.dirname(p) for p in paths})]:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+    """fsync files written with `durable=False`, then their folders (the renames). Many
+    files are synced from up to SYNC_THREADS threads side by side: one after another, each
+    waited for a journal commit of its own (512 records of a 128-node local run: 2.5 s, on
+    the retry's critical path); issued together, one commit carries many (0.1-0.2 s). A
+    file that is gone (its run directory removed) is skipped."""
+    _fsync_all(paths)
+    _fsync_all(sorted({os.path.dirname(p) for p in paths}))
+
+
+def _fsync_all(paths: list[str]) -> None:
+    if len(paths) <= 2:
+        _fsync_each(paths)
+        return
+    import threading  # here: an agent that never syncs many never pays for the import
+
+    n = min(SYNC_THREADS, len(paths))
+    threads = [threading.Thread(target=_fsync_each, args=(paths[k::n],)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _fsync_each(paths: list[str]) -> None:
+    for path in paths:
+        _fsync_path(path)
+
+
+def _fsync_path(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_json(path: str, data: Any, durable: bool = True) -> None:
