@@ -83,10 +83,10 @@ def test_snapshot_run_names_every_file_it_wrote(treb: TrebFn, tmp_path: Path) ->
     assert out["new"] == ["checkpoints/step-0.pt", "checkpoints/step-1.pt", "out-0.txt",
                           "out-1.txt"] and out["changed"] == [] and out["count"] == 4  # fmt: skip
     said = [ln for ln in res.stderr.splitlines() if "outputs:" in ln or str(code) in ln]
-    assert said[0].startswith("treb: outputs: 4 file(s) written by relative path are in the "
+    assert said[0].lstrip().startswith("outputs: 4 file(s) written by relative path are in the "
                               f"code snapshot the ranks ran in, not in {w}")  # fmt: skip
-    assert f"treb:   {code}/checkpoints/ (2 files)" in res.stderr
-    assert f"treb:   {code}/out-0.txt" in res.stderr
+    assert f"    {code}/checkpoints/ (2 files)" in res.stderr
+    assert f"    {code}/out-0.txt" in res.stderr
     text = treb("status", st["id"]).stdout
     assert f"{code}/checkpoints/ (2 files)" in text and "outputs: 4 file(s)" in text
 
