@@ -13,6 +13,7 @@ prints its own progress lines. Imports are lazy: `treb ps` never gets here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -173,10 +174,11 @@ def start(
             tracking.open_run(sub, checked.add_warning)
             if announce:
                 announce(sub)
-        except BaseException:  # Ctrl+C before any supervisor has it: no run PENDING forever
-            from trebuchet.launcher.submit import forget
+        except BaseException:  # Ctrl+C before any supervisor has it: no run PENDING forever;
+            from trebuchet.store import lifecycle  # recorded (a tracker may hold it): CANCELLED
 
-            forget(store, sub.record.id)
+            with contextlib.suppress(Exception):
+                lifecycle.ended(store, sub.record.id, "CANCELLED", "cancelled before it started")
             raise
         if takeover:
             engine.handover(sub, handover)

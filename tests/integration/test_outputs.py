@@ -126,7 +126,7 @@ def test_slurm_snapshot_run_names_its_outputs(streb: TrebFn, tmp_path: Path) -> 
         "checkpoints/step-0.pt", "checkpoints/step-1.pt", "checkpoints/step-2.pt",
         "checkpoints/step-3.pt", "out-0.txt", "out-1.txt", "out-2.txt", "out-3.txt",
     ]  # fmt: skip
-    assert f"treb:   {code}/checkpoints/ (4 files)" in res.stderr
+    assert f"    {code}/checkpoints/ (4 files)" in res.stderr
     assert "outputs: 8 file(s)" in streb("status", st["id"]).stdout
 
 

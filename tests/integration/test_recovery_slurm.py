@@ -57,7 +57,10 @@ def test_an_unhealthy_node_starts_no_rank_and_is_named(streb, tmp_path: Path) ->
     assert (ff["label"], ff["host"]) == ("node_unhealthy", sick), ff
     assert f"user: health_check exited with code 3: no scratch on {sick}" in ff["message"]
     assert "rank-1" not in records(run_dir), records(run_dir)  # no rank started there
-    assert [(h["node"], h["healthy"]) for h in st["health"]["1"]] == [(0, True), (1, False)]
+    # node 0's checks may still be running when node 1's verdict stops the attempt (every
+    # node's checks end before any rank starts): its record, when it has one, is healthy
+    said = [(h["node"], h["healthy"]) for h in st["health"]["1"]]
+    assert (1, False) in said and set(said) <= {(0, True), (1, False)}, said
     assert (Path(run_dir) / "excluded-nodes").read_text().startswith(f"{sick}\t")
     shown = streb("status", st["id"])
     assert f"node 1 {sick}: UNHEALTHY (user: health_check exited with code 3" in shown.stdout

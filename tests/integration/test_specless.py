@@ -87,7 +87,7 @@ def test_print_spec_loads_back_and_runs(treb: TrebFn, tmp_path: Path) -> None:
                "-o", "env.MARK=kept", "--print-spec", "--", "python", "allreduce.py", "--k", "3",
                cwd=w)  # fmt: skip
     assert res.returncode == 0, res.stderr
-    assert "--rdzv-endpoint h:29400 ignored" in res.stderr
+    assert "--rdzv-endpoint h:29400: treb starts every node itself" in res.stderr
     assert not (Path(tmp_path / "treb-home") / "runs").exists() or not list(
         (tmp_path / "treb-home" / "runs").iterdir()
     )  # nothing was recorded

@@ -415,14 +415,15 @@ def test_failed_run_log_opens_the_failing_rank_and_never_says_following(ui: Env)
 
 HUNG = """\
 name: hung
-command: ["python", "-c", "import os, time\\nprint('start', flush=True)\\nif os.environ['RANK'] == '1':\\n    for i in range(8):\\n        print('step', i, flush=True); time.sleep(0.5)\\ntime.sleep(300)\\n"]
+command: ["python", "-c", "import os, time\\nprint('start', flush=True)\\nn = 16 if os.environ['RANK'] == '0' else 26\\nfor i in range(n):\\n    print('step', i, flush=True); time.sleep(0.5)\\ntime.sleep(300)\\n"]
 procs_per_node: 2
 hang_timeout: 3s
 """
 
 
 def test_hung_run_page_shows_the_stuck_rank_and_the_stacks(ui: Env) -> None:
-    """Rank 0 goes silent first, rank 1 3 s later: the hang stops the run. Its page says
+    """Rank 0 goes silent first (after 8 s of a step every 0.5 s: its habit), rank 1
+    5 s later: the hang stops the run. Its page says
     which rank is stuck, marks it in the timeline, shows every rank's stack and opens the
     stuck rank's log."""
     from selenium.webdriver.support.ui import Select

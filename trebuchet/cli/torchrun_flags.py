@@ -449,10 +449,13 @@ def wrap_command(t: Translated, command: list[str]) -> list[str]:
             for stream, fd, name in (("out", "1", "stdout"), ("err", "2", "stderr"))
             if stream in quiet
         )
+        # `sed -u ""` passes on whole lines only: the two tees share the rank's log, and a
+        # line the program wrote in two pieces (Python's unbuffered print) must not take
+        # the other stream's line between them (torchrun's tee is by lines too)
         if "out" in files - quiet:
-            line = f'{{ {line} | tee "$d/stdout.log"; exit ${{PIPESTATUS[0]}}; }}'
+            line = f'{{ {line} | tee "$d/stdout.log" | sed -u ""; exit ${{PIPESTATUS[0]}}; }}'
         if "err" in files - quiet:
-            line = (f'{{ {line} 2>&1 1>&3 3>&- | tee "$d/stderr.log" >&2 3>&-; '
+            line = (f'{{ {line} 2>&1 1>&3 3>&- | tee "$d/stderr.log" 3>&- | sed -u "" >&2 3>&-; '
                     "exit ${PIPESTATUS[0]}; } 3>&1")  # fmt: skip
         if line == '"$@"':
             line = 'exec "$@"'
