@@ -24,6 +24,8 @@ VERBS = {
     "metrics": "a run's metrics from its logs: last values and a small plot (--json, --csv)",
     "goodput": "where runs' wall time went (training kept, restarts, redone work, hangs...) "
     "and their effective training time ratio",
+    "nodes": "each node's history across runs (lost, unhealthy, hardware errors, straggler), "
+    "its score, and whether new runs avoid it; --clear HOST forgets it",
     "top": "active runs, live: state, ranks, attempt, latest metrics and their rate",
     "build": "build or refresh the spec's environment now",
     "import": "a spec from an sbatch script, AI Runtime YAML, madengine card or NeMo config",
@@ -320,6 +322,16 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         help="a row per run (default), per cause over all, or per node",
     )
     p.add_argument("--json", action="store_true", help="machine-readable, per run and total")
+    p = add("nodes")
+    p.add_argument("--json", action="store_true", help="machine-readable: one object per node")
+    p.add_argument(
+        "--clear",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="forget HOST's history up to now (repeatable): new runs use it again",
+    )
+    p.add_argument("--clear-all", action="store_true", help="forget every node's history")
     p = add("top")
     p.add_argument("--interval", "-n", type=float, default=2.0, metavar="S",
                    help="seconds between refreshes (default 2)")  # fmt: skip

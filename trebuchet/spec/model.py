@@ -70,6 +70,16 @@ Duration = Annotated[
     WithJsonSchema({"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string"}]}),
 ]
 EnvName = Annotated[str, Field(pattern=ENV_NAME_RE)]
+# a Slurm node or ssh host name as store/node_events.py takes it, or * (any)
+NodeName = Annotated[str, Field(pattern=r"^(?:\*|[A-Za-z0-9][A-Za-z0-9._-]{0,127})$")]
+
+
+def _comma_list(v: Any) -> Any:
+    """`-o allow_nodes=tn1,tn2` (a string) as the list it means."""
+    return [w.strip() for w in v.split(",") if w.strip()] if isinstance(v, str) else v
+
+
+NodeNames = Annotated[list[NodeName], BeforeValidator(_comma_list)]
 EnvValue = Annotated[str, BeforeValidator(_env_value)]
 
 
@@ -454,6 +464,12 @@ class Spec(Block, SpecFacts):
     health_check_timeout: Duration = allowed(
         DURATION_ALLOWED, "health_check fails when it runs longer than this", default=60.0
     )
+    allow_nodes: NodeNames = allowed(
+        'a list of node names (letters, digits, . _ -), or ["*"] for any',
+        "nodes this run may use even where their history across runs says to avoid them "
+        "(`treb nodes`; docs/nodes.md); a string is split at commas",
+        default_factory=list, max_length=4096,
+    )  # fmt: skip
     master_port: Int | None = allowed(
         "an integer between 1024 and 65535", "fixed MASTER_PORT", default=None, ge=1024, le=65535
     )

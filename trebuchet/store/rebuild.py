@@ -4,8 +4,9 @@ A run directory keeps the resolved spec (name, launcher, shape, retries), events
 (backend, submission, supervisor, attempts, end state, engine job ids), each process's
 outcome record (attempt-<n>/*.json), the snapshot's git facts and, where a controller runs
 in the job (Slurm), the job's attempt.json / result.json; sweeps/<id>.json gives a sweep
-point's id and parameters. That is all the index holds, so a damaged index loses nothing
-that is not recomputed.
+point's id and parameters; the nodes' marks are read from the same files (store/nodes.py),
+their clears from TREB_HOME/nodes-cleared.jsonl. That is all the index holds, so a damaged
+index loses nothing that is not recomputed.
 
 Nothing here knows an engine: an engine's submission event carries the run's `backend_id`
 (whatever its event is called). Run directories written before that field existed named
@@ -27,6 +28,7 @@ from trebuchet import registry
 from trebuchet.runtime.contracts.schema import FirstFailure, Outcome, allowed
 from trebuchet.runtime.rundir.records import cause, first_failure, read_json
 from trebuchet.runtime.rundir.regular import read_text
+from trebuchet.store import nodes
 from trebuchet.store.db import SCHEMA, RunRecord, Store, header_problem, proc_row
 from trebuchet.store.files import read_events
 from trebuchet.store.lifecycle import columns
@@ -236,6 +238,8 @@ def rebuild(home: Path) -> tuple[int, Path | None]:
                             cols,
                         )
                 count += 1
+        nodes.sync(store)  # each run's node marks, once (store/nodes.py)
+        nodes.restore_clears(store, home)
     finally:
         store.close()
     moved = None

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from trebuchet.backends.base import Backend, SpecPoint, SubmissionPoint, Submitted, SweepSubmitted
 from trebuchet.backends.slurm import dependency
 from trebuchet.backends.slurm import state as st
+from trebuchet.backends.slurm.avoid import exclude
 from trebuchet.backends.slurm.script import CONTROL, problems, render_all, write_job
 from trebuchet.envs.build import BuildError, ensure, missing_tool
 from trebuchet.envs.recipe import Recipe, recipe_for
@@ -161,6 +162,7 @@ class SlurmBackend(Backend):
         if loaded.after:
             dependency.refuse(loaded.after)
         deps = dependency.sbatch_lines(loaded.after or [])
+        deps += exclude(loaded.spec)[0]  # nodes with a bad history (docs/nodes.md)
         return render_all(loaded.spec, loaded.workdir, "RUN_ID", placeholder, self.recipe(loaded),
                           deps)  # fmt: skip
 
@@ -203,8 +205,11 @@ class SlurmBackend(Backend):
         deps = self._dependencies(sub)
         if deps is None:
             return Submitted(sub.record.id, CANCELLED)
+        avoid, hosts = exclude(spec, sub.store)  # nodes with a bad history (docs/nodes.md)
+        if hosts:
+            append_event(sub.run_dir, "nodes_avoided", hosts=hosts, how="sbatch --exclude")
         path = write_job(spec, workdir, sub.record.id, sub.run_dir, recipe,
-                         dependency.sbatch_lines(deps))  # fmt: skip
+                         dependency.sbatch_lines(deps) + avoid)  # fmt: skip
         job_id = self._sbatch(sub, path)
         sub.store.update_run(sub.record.id, backend_id=job_id, host=hostname())
         append_event(sub.run_dir, "sbatch", job_id=job_id, backend_id=job_id)

@@ -112,10 +112,15 @@ class SshBackend(SupervisedHere):
     name = "ssh"
     faults = True
 
-    def _hosts(self, loaded: LoadedSpec) -> list[Host]:
-        """The hosts the run holds: the first `nodes`, then `spare_nodes` spares."""
+    def _hosts(self, loaded: LoadedSpec, say: bool = False) -> list[Host]:
+        """The hosts the run holds: the first `nodes`, then `spare_nodes` spares, those
+        with a bad history across runs skipped when more are listed (avoid.py)."""
+        from trebuchet.backends.ssh.avoid import choose
+
         spec = loaded.spec
-        return self._all_hosts(loaded)[: spec.nodes + spec.spare_nodes]
+        found = self._all_hosts(loaded)
+        return choose(found, [h.name for h in found], spec.nodes + spec.spare_nodes,
+                      spec.allow_nodes, loaded.where("ssh", "hosts"), say)  # fmt: skip
 
     def _all_hosts(self, loaded: LoadedSpec) -> list[Host]:
         """Every host the spec names, checked (the first `nodes` are used)."""
@@ -175,7 +180,7 @@ class SshBackend(SupervisedHere):
 
         spec = loaded.spec
         sp: Ssh = engine_options(spec, "ssh")
-        names = [h.name for h in self._hosts(loaded)]
+        names = [h.name for h in self._hosts(loaded, say=True)]
         env = {k: v for k, v in spec.env.items() if not uses_secret(v, spec.secrets)}
         return {
             "run_id": run_id,

@@ -1,0 +1,310 @@
+"""Nodes remembered across runs (docs/nodes.md): each node's marks (lost, unhealthy,
+hardware-like failure, straggler) in TREB_HOME's index, a score that halves every
+half-life, and the nodes a new submission avoids (score at or past the threshold).
+
+The marks come from the run directories (node_events.py), read again whenever a run's
+events.jsonl grew, and kept once per (run, mark): so it does not matter how often a run is
+read, nor whether the index was rebuilt (store/rebuild.py reads every run the same way).
+`treb nodes --clear` is a time per node: marks before it no longer count. It is kept in
+the index and, so that a rebuilt index keeps it, in TREB_HOME/nodes-cleared.jsonl.
+A team sharing TREB_HOME shares all of it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trebuchet.errors import UserError
+from trebuchet.store import node_events
+from trebuchet.store.db import Store, explain
+from trebuchet.store.files import read_events
+from trebuchet.store.states import TERMINAL
+
+TABLES = """
+CREATE TABLE IF NOT EXISTS node_events (
+    run_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    host TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    time REAL NOT NULL,
+    detail TEXT,
+    PRIMARY KEY (run_id, key)
+);
+CREATE INDEX IF NOT EXISTS node_events_host ON node_events (host, time);
+CREATE TABLE IF NOT EXISTS node_scans (
+    run_id TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    done INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS node_clears (
+    host TEXT PRIMARY KEY,
+    time REAL NOT NULL
+);
+"""
+# What one mark weighs: a loss (or an unhealthy node, a hardware failure) is twice the
+# default threshold, so one keeps its node out for one half-life; a straggler, a quarter.
+WEIGHTS = {"lost": 2.0, "unhealthy": 2.0, "hardware": 2.0, "straggler": 0.5}
+HALF_LIFE_S = 24 * 3600.0
+THRESHOLD = 1.0
+HALF_LIFE_ENV, THRESHOLD_ENV = "TREB_NODE_HALF_LIFE", "TREB_NODE_THRESHOLD"
+CLEARS = "nodes-cleared.jsonl"
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How fast marks fade and how high a score keeps a node out (0 or less: never)."""
+
+    half_life_s: float = HALF_LIFE_S
+    threshold: float = THRESHOLD
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        """TREB_NODE_HALF_LIFE (90m, 24h, 7d, seconds) and TREB_NODE_THRESHOLD (a number;
+        0 or `off`: no node is ever avoided); a bad value is a named error."""
+        env = dict(os.environ if env is None else env)
+        half, limit = HALF_LIFE_S, THRESHOLD
+        text = env.get(HALF_LIFE_ENV, "").strip().lower()
+        if text:
+            half = _seconds(text)
+            if half is None:
+                raise UserError(f"{HALF_LIFE_ENV}={text!r}: expected a duration such as 12h, "
+                                "7d, 90m or a number of seconds")  # fmt: skip
+        text = env.get(THRESHOLD_ENV, "").strip().lower()
+        if text:
+            try:
+                limit = 0.0 if text == "off" else float(text)
+            except ValueError:
+                limit = math.nan
+            if not math.isfinite(limit):
+                raise UserError(f"{THRESHOLD_ENV}={text!r}: expected a number (0 or off: "
+                                "never avoid a node)")  # fmt: skip
+        return cls(half, limit)
+
+
+def _seconds(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        parts = re.findall(r"([0-9]+(?:\.[0-9]+)?)([smhd])", text)
+        if not parts or re.sub(r"[0-9]+(?:\.[0-9]+)?[smhd]", "", text):
+            return None
+        value = sum(float(n) * _UNITS[u] for n, u in parts)
+    return value if math.isfinite(value) and 0 < value <= 3650 * 86400 else None
+
+
+def decayed(weight: float, age_s: float, half_life_s: float) -> float:
+    """A mark's weight `age_s` seconds later (a mark from the future counts in full)."""
+    return weight * 0.5 ** (max(0.0, age_s) / half_life_s)
+
+
+@dataclass
+class Node:
+    """One node's history: its score now, its marks since the last clear, by kind."""
+
+    host: str
+    score: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)
+    last_time: float | None = None
+    last_kind: str | None = None
+    last_run: str | None = None
+    last_detail: str = ""
+    cleared: float | None = None
+    excluded: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "score": round(self.score, 4), "excluded": self.excluded,
+                "counts": {k: self.counts.get(k, 0) for k in node_events.KINDS},
+                "last": None if self.last_time is None else {
+                    "time": self.last_time, "kind": self.last_kind, "run": self.last_run,
+                    "detail": self.last_detail},
+                "cleared": self.cleared}  # fmt: skip
+
+
+def score(marks: Iterable[tuple[str, float]], now: float, settings: Settings) -> float:
+    """The sum of the marks' (kind, time) weights, each halved per half-life of its age."""
+    return sum(decayed(WEIGHTS.get(k, 0.0), now - t, settings.half_life_s) for k, t in marks)
+
+
+# -- the tables ------------------------------------------------------------------------------
+def _tables(store: Store) -> None:
+    have = store.conn.execute(
+        "SELECT COUNT(*) FROM sqlite_master WHERE name IN ('node_events', 'node_scans', "
+        "'node_clears')"
+    ).fetchone()[0]
+    if have < 3:
+        with store.transaction() as c:
+            for statement in TABLES.split(";"):
+                if statement.strip():
+                    c.execute(statement)
+
+
+def _guarded(store: Store) -> None:
+    """The tables, or the index's damage as a named error (StoreDamaged, exit 2)."""
+    try:
+        _tables(store)
+    except sqlite3.Error as exc:
+        raise explain(exc, store.path) or exc from None
+
+
+def _size(run_dir: Path) -> int:
+    try:
+        return os.stat(run_dir / "events.jsonl").st_size
+    except OSError:
+        return 0
+
+
+def record_run(store: Store, run_id: str, run_dir: Path, ended: bool) -> int:
+    """One run's marks into the index (each once); returns how many were new."""
+    found = node_events.of_run(run_dir, read_events(run_dir))
+    now = time.time()  # a mark dated in the future (a rank can write the events) is now
+    new = 0
+    with store.transaction() as c:
+        for ev in found:
+            cur = c.execute(
+                "INSERT OR IGNORE INTO node_events (run_id, key, host, kind, time, detail) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (run_id, ev.key, ev.host, ev.kind, min(ev.time, now), ev.detail),
+            )
+            new += cur.rowcount
+        c.execute(
+            "INSERT OR REPLACE INTO node_scans (run_id, size, done) VALUES (?, ?, ?)",
+            (run_id, _size(run_dir), int(ended)),
+        )
+    return new
+
+
+def sync(store: Store) -> int:
+    """Read the runs not read since they last changed (an ended run: once); new marks."""
+    _guarded(store)
+    rows = store.conn.execute(
+        "SELECT r.id, r.run_dir, r.state, s.size FROM runs r "
+        "LEFT JOIN node_scans s ON s.run_id = r.id WHERE s.done IS NULL OR s.done = 0"
+    ).fetchall()
+    new = 0
+    for run_id, run_dir, state, size in rows:
+        path = Path(run_dir)
+        ended = state in TERMINAL
+        if size is not None and not ended and size == _size(path):
+            continue  # a run still going whose events did not change
+        new += record_run(store, run_id, path, ended)
+    return new
+
+
+def clear(store: Store, hosts: list[str], when: float | None = None) -> None:
+    """Marks of these nodes up to now no longer count (kept in the index and in
+    TREB_HOME/nodes-cleared.jsonl, which a rebuild reads)."""
+    _guarded(store)
+    when = time.time() if when is None else when
+    with store.transaction() as c:
+        for host in hosts:
+            c.execute("INSERT OR REPLACE INTO node_clears (host, time) VALUES (?, ?)", (host, when))
+    fd = os.open(store.path.parent / CLEARS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, "".join(json.dumps({"host": h, "time": when}) + "\n" for h in hosts).encode())
+    finally:
+        os.close(fd)
+
+
+def restore_clears(store: Store, home: Path) -> int:
+    """The clears TREB_HOME/nodes-cleared.jsonl keeps (a rebuild); lines that are not a
+    valid host and time are skipped. Returns how many hosts have one."""
+    _guarded(store)
+    try:
+        text = (home / CLEARS).read_bytes()[-(4 << 20) :].decode("utf-8", "replace")
+    except OSError:
+        return 0
+    latest: dict[str, float] = {}
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(rec, dict):
+            continue
+        host, when = node_events.valid_host(rec.get("host")), rec.get("time")
+        if host and isinstance(when, (int, float)) and math.isfinite(when):
+            latest[host] = max(latest.get(host, 0.0), float(when))
+    with store.transaction() as c:
+        for host, when in latest.items():
+            c.execute("INSERT OR REPLACE INTO node_clears (host, time) VALUES (?, ?)", (host, when))
+    return len(latest)
+
+
+def nodes(store: Store, settings: Settings, now: float | None = None) -> list[Node]:
+    """Every node with a mark, highest score first (after sync: call it first)."""
+    _guarded(store)
+    now = time.time() if now is None else now
+    clears = dict(store.conn.execute("SELECT host, time FROM node_clears").fetchall())
+    out: dict[str, Node] = {}
+    marks: dict[str, list[tuple[str, float]]] = {}
+    rows = store.conn.execute(
+        "SELECT host, kind, time, run_id, detail FROM node_events ORDER BY time"
+    ).fetchall()
+    for host, kind, when, run_id, detail in rows:
+        node = out.setdefault(host, Node(host, cleared=clears.get(host)))
+        if node.cleared is not None and when <= node.cleared:
+            continue
+        node.counts[kind] = node.counts.get(kind, 0) + 1
+        node.last_time, node.last_kind, node.last_run = when, kind, run_id
+        node.last_detail = detail or ""
+        marks.setdefault(host, []).append((kind, when))
+    for node in out.values():
+        node.score = score(marks.get(node.host, []), now, settings)
+        node.excluded = settings.threshold > 0 and node.score >= settings.threshold
+    return sorted(out.values(), key=lambda n: (-n.score, n.host))
+
+
+def known_hosts(store: Store) -> list[str]:
+    _guarded(store)
+    return [r[0] for r in store.conn.execute("SELECT DISTINCT host FROM node_events ORDER BY host")]
+
+
+# -- what a submission avoids ------------------------------------------------------------------
+def avoided(allow: Iterable[str] = (), store: Store | None = None) -> list[Node]:
+    """The nodes a new submission keeps off (score at or past the threshold), except those
+    the spec allows (`allow_nodes`; `*`: all)."""
+    allowed = set(allow)
+    if "*" in allowed:
+        return []
+    settings = Settings.from_env()
+    if settings.threshold <= 0:
+        return []
+    own = store is None
+    store = store or Store()
+    try:
+        try:
+            sync(store)
+            return [n for n in nodes(store, settings) if n.excluded and n.host not in allowed]
+        except sqlite3.Error as exc:
+            raise explain(exc, store.path) or exc from None
+    finally:
+        if own:
+            store.close()
+
+
+def why(node: Node) -> str:
+    """`tn2 (score 2.0: 1 lost, last 12:01:07 in run 4f2a91c0)`."""
+    counts = ", ".join(f"{v} {k}" for k, v in node.counts.items() if v)
+    last = ""
+    if node.last_time is not None:
+        stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(node.last_time))
+        last = f", last {stamp} in run {node.last_run}"
+    return f"{node.host} (score {node.score:.1f}: {counts}{last})"
+
+
+def note(skipped: list[Node], how: str) -> str:
+    """The one line a submission says about the nodes it avoids."""
+    names = ", ".join(why(n) for n in skipped)
+    return (f"treb: avoiding {len(skipped)} node(s) with a bad history ({how}): {names}; "
+            "`treb nodes` shows why; allow_nodes: [HOST] in the spec (or -o allow_nodes=HOST) "
+            "uses one anyway, `treb nodes --clear HOST` forgets its history")  # fmt: skip
