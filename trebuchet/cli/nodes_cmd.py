@@ -48,7 +48,8 @@ def main(args: argparse.Namespace) -> int:
             last = f"cleared {time.strftime('%Y-%m-%d %H:%M', time.localtime(n.cleared))}"
         if n.last_time is not None:
             stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(n.last_time))
-            last = f"{stamp} {n.last_kind} (run {n.last_run}{', ' + n.last_detail if n.last_detail else ''})"
+            detail = f", {n.last_detail}" if n.last_detail else ""
+            last = f"{stamp} {n.last_kind} (run {n.last_run}{detail})"
         rows.append([n.host, f"{n.score:.2f}", "yes" if n.excluded else "no",
                      *(str(n.counts.get(k, 0)) for k in KINDS), last])  # fmt: skip
     print_table(["HOST", "SCORE", "EXCLUDED", *(k.upper() for k in KINDS), "LAST"], rows)

@@ -75,10 +75,11 @@ class Settings:
         half, limit = HALF_LIFE_S, THRESHOLD
         text = env.get(HALF_LIFE_ENV, "").strip().lower()
         if text:
-            half = _seconds(text)
-            if half is None:
+            given = _seconds(text)
+            if given is None:
                 raise UserError(f"{HALF_LIFE_ENV}={text!r}: expected a duration such as 12h, "
                                 "7d, 90m or a number of seconds")  # fmt: skip
+            half = given
         text = env.get(THRESHOLD_ENV, "").strip().lower()
         if text:
             try:
