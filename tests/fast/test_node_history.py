@@ -25,17 +25,19 @@ from trebuchet.store.nodes import HALF_LIFE_S, Settings, decayed, score
 NOW = time.time()
 
 
-def plant(run_id: str, events: list[Any], state: str = "FAILED", raw: bytes = b"") -> Path:
+def plant(run_id: str, events: list[Any], state: str = "FAILED", raw: bytes = b"",
+          backend: str = "slurm") -> Path:  # fmt: skip
     """A run as an engine leaves it: its directory with events.jsonl, and its index row."""
     from trebuchet.store.db import RunRecord, Store
     from trebuchet.store.paths import runs_dir
 
     run_dir = runs_dir() / run_id
     run_dir.mkdir()
+    events = [{"event": "submitted", "time": NOW - 100, "backend": backend}, *events]
     lines = b"".join(json.dumps(e).encode() + b"\n" for e in events)
     (run_dir / "events.jsonl").write_bytes(lines + raw)
     store = Store()
-    store.insert_run(RunRecord(id=run_id, name="x", backend="slurm", launcher="native",
+    store.insert_run(RunRecord(id=run_id, name="x", backend=backend, launcher="native",
                                state=state, nodes=2, procs_per_node=1, run_dir=str(run_dir),
                                created_at=NOW))  # fmt: skip
     store.close()
@@ -160,7 +162,8 @@ def test_a_rank_failing_with_an_xid_marks_its_host_and_a_record_never_names_the_
     (adir / "rank-1.log").write_text("x" * 100_000 + "\nNVRM: Xid (PCI:0000:3b:00): 79\n")
     found = node_events.of_run(run_dir, [])
     assert [(e.kind, e.host, e.detail) for e in found] == [
-        ("hardware", "tn2", "attempt 0, rank 1: xid")]
+        ("hardware", "tn2", "attempt 0, rank 1: xid")
+    ]
     (adir / "rank-1.log").unlink()
     os.mkfifo(adir / "rank-1.log")  # a FIFO in its place is not waited on
     assert node_events.of_run(run_dir, []) == []
@@ -198,6 +201,14 @@ def test_a_mark_dated_in_the_future_counts_as_now(treb: TrebFn) -> None:
     plant("aaaa0002", [lost("tn7", 1e15)])
     node = by_host(nodes_json(treb))["tn7"]
     assert node["score"] <= 2.0 and node["excluded"]
+
+
+def test_a_local_runs_simulated_nodes_are_no_machines_to_remember(treb: TrebFn) -> None:
+    """Locally node-0, node-1 are simulated nodes on this machine (launcher/sim_nodes.py):
+    `treb fault kill-node` there must not mark a host that Slurm or ssh might have."""
+    plant("aaaa0007", [lost("node-1")], backend="local")
+    plant("aaaa0008", [lost("tn1")], backend="ssh")
+    assert [n["host"] for n in nodes_json(treb)["nodes"]] == ["tn1"]
 
 
 def test_settings_change_the_score_and_the_verdict(treb: TrebFn) -> None:
@@ -246,7 +257,7 @@ def test_slurm_excludes_the_avoided_nodes_unless_the_spec_asks_for_them(
     assert "#SBATCH --exclude=tn3\n" in res.stdout, res.stdout
     res = _render(treb, tmp_path, base, "--on", "slurm", "-o", "allow_nodes=tn2,tn3")
     assert "--exclude" not in res.stdout and "avoiding" not in res.stderr, res.stdout
-    res = _render(treb, tmp_path, base, "--on", "slurm", "-o", "allow_nodes=[\"*\"]")
+    res = _render(treb, tmp_path, base, "--on", "slurm", "-o", 'allow_nodes=["*"]')
     assert "--exclude" not in res.stdout, res.stdout
     # the spec's own --exclude is kept in the line that comes last (sbatch takes the last);
     # a node its --nodelist names is never excluded (Slurm would refuse the job)

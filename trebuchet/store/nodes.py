@@ -188,15 +188,19 @@ def sync(store: Store) -> int:
     """Read the runs not read since they last changed (an ended run: once); new marks."""
     _guarded(store)
     rows = store.conn.execute(
-        "SELECT r.id, r.run_dir, r.state, s.size FROM runs r "
+        "SELECT r.id, r.run_dir, r.state, r.backend, s.size FROM runs r "
         "LEFT JOIN node_scans s ON s.run_id = r.id WHERE s.done IS NULL OR s.done = 0"
     ).fetchall()
     new = 0
-    for run_id, run_dir, state, size in rows:
+    for run_id, run_dir, state, backend, size in rows:
         path = Path(run_dir)
         ended = state in TERMINAL
         if size is not None and not ended and size == _size(path):
             continue  # a run still going whose events did not change
+        if backend == "local":  # its nodes are simulated (launcher/sim_nodes.py): no machine
+            store.conn.execute("INSERT OR REPLACE INTO node_scans (run_id, size, done) "
+                               "VALUES (?, 0, 1)", (run_id,))  # fmt: skip
+            continue
         new += record_run(store, run_id, path, ended)
     return new
 
