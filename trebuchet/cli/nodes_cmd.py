@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from trebuchet.errors import UserError
@@ -28,7 +29,8 @@ def main(args: argparse.Namespace) -> int:
         clear(store, hosts)
         for host in hosts:
             said = " (it had no history)" if host in unknown else ""
-            print(f"treb: node {host}: history cleared{said}; new runs may use it")
+            print(f"treb: node {host}: history cleared{said}; new runs may use it",
+                  file=sys.stderr if args.json else sys.stdout)  # fmt: skip
         if not args.json:
             return 0
     found = nodes(store, settings)
