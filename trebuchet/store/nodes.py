@@ -27,6 +27,7 @@ from trebuchet.errors import UserError
 from trebuchet.store import node_events
 from trebuchet.store.db import Store, explain
 from trebuchet.store.files import read_events
+from trebuchet.store.paths import home_path
 from trebuchet.store.states import TERMINAL
 
 TABLES = """
@@ -285,6 +286,8 @@ def avoided(allow: Iterable[str] = (), store: Store | None = None) -> list[Node]
     if settings.threshold <= 0:
         return []
     own = store is None
+    if own and not (home_path() / "runs.db").exists():
+        return []  # no run yet, so no history (a render creates no index)
     store = store or Store()
     try:
         try:
