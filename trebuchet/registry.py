@@ -34,11 +34,14 @@ class Registration:
     # "module:attribute" of its spec block's model, or the model; False: no block; None:
     # the engine's own `options` (importing the engine when a spec is loaded).
     options: Any = None
+    # whether its runs' node names are machines a later run may get again (store/nodes.py
+    # remembers them); False: simulated nodes, as the local engine's node-0, node-1
+    real_nodes: bool = True
 
 
 BUILTIN = (
     Registration(  # simulated nodes, here
-        "local", "trebuchet.backends.local.engine:BACKEND", False
+        "local", "trebuchet.backends.local.engine:BACKEND", False, real_nodes=False
     ),
     Registration(  # an sbatch script; submits, follows, cancels
         "slurm", "trebuchet.backends.slurm.engine:BACKEND", "trebuchet.backends.slurm.options:Slurm"

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trebuchet import registry
 from trebuchet.errors import UserError
 from trebuchet.store import node_events
 from trebuchet.store.db import Store, explain
@@ -193,12 +194,13 @@ def sync(store: Store) -> int:
         "LEFT JOIN node_scans s ON s.run_id = r.id WHERE s.done IS NULL OR s.done = 0"
     ).fetchall()
     new = 0
+    simulated = {r.name for r in registry.registry.values() if not r.real_nodes}
     for run_id, run_dir, state, backend, size in rows:
         path = Path(run_dir)
         ended = state in TERMINAL
         if size is not None and not ended and size == _size(path):
             continue  # a run still going whose events did not change
-        if backend == "local":  # its nodes are simulated (launcher/sim_nodes.py): no machine
+        if backend in simulated:  # its nodes are no machines (local's: launcher/sim_nodes.py)
             store.conn.execute("INSERT OR REPLACE INTO node_scans (run_id, size, done) "
                                "VALUES (?, 0, 1)", (run_id,))  # fmt: skip
             continue
