@@ -282,3 +282,6 @@ def test_ssh_skips_avoided_hosts_when_more_are_listed_and_names_them_when_not(
     res = _render(treb, tmp_path, spec.replace("nodes: 2", "nodes: 3") + "allow_nodes: [gpu1]\n",
                   "--on", "ssh")  # fmt: skip
     assert res.returncode == 0 and "me@gpu1" in res.stdout, res.stderr
+    assert treb("nodes", "--clear", "me@gpu1").returncode == 0  # the host, as listed
+    res = _render(treb, tmp_path, spec.replace("nodes: 2", "nodes: 3"), "--on", "ssh")
+    assert res.returncode == 0 and "avoiding" not in res.stderr, res.stderr

@@ -11,20 +11,21 @@ import time
 
 from trebuchet.errors import UserError
 from trebuchet.store.db import Store
-from trebuchet.store.node_events import KINDS, valid_host
+from trebuchet.store.node_events import KINDS, node_name
 from trebuchet.store.nodes import Settings, clear, known_hosts, nodes, sync
 
 
 def main(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     for host in args.clear:
-        if valid_host(host) is None:
+        if node_name(host) is None:
             raise UserError(f"--clear {host!r}: not a node name (letters, digits, . _ -; "
                             "not starting with - or .)")  # fmt: skip
     store = Store()
     sync(store)
     if args.clear or args.clear_all:
-        hosts = known_hosts(store) if args.clear_all else list(dict.fromkeys(args.clear))
+        given = [str(node_name(h)) for h in args.clear]  # ssh's user@host: the host
+        hosts = known_hosts(store) if args.clear_all else list(dict.fromkeys(given))
         unknown = [h for h in hosts if h not in known_hosts(store)]
         clear(store, hosts)
         for host in hosts:
