@@ -63,21 +63,27 @@ def test_schema_is_valid_json_schema_and_accepts_examples(capsys) -> None:
         jsonschema.validate({"command": "x", "nodez": 1}, schema)
 
 
-def test_plan_json_is_asdict(tmp_path: Path, treb_home: Path, monkeypatch) -> None:
-    """Plan.to_json skips asdict's deep copy (launch speed): the same data, and it reads back
-    as the same plan, for every launcher, with hooks and GPUs per node."""
-    from trebuchet.launcher.plan import Placement, Plan, local_plan
-    from trebuchet.plain import asdict
+def test_the_local_job_file_is_json_and_the_one_description(
+    tmp_path: Path, treb_home: Path, monkeypatch
+) -> None:
+    """The local engine's job.json is plain JSON (it reads back the same), and the job
+    controller's settings come from it as on every engine, for every launcher, with hooks
+    and GPUs per node."""
+    from trebuchet.backends.local.engine import LocalBackend
+    from trebuchet.launcher.plan import Placement
+    from trebuchet.runtime.job.life import settings
     from trebuchet.spec.load import load_spec
 
     monkeypatch.setenv("HF_TOKEN", "x")
-    (tmp_path / "job.yaml").write_text(SPEC + "pre: echo pre\npost: echo post\n")
+    (tmp_path / "job.yaml").write_text(SPEC + "pre: echo pre\npost: echo post\ntimeout: 1h\n")
     for launcher in ("native", "torchrun", "none"):
-        loaded = load_spec(tmp_path / "job.yaml", [f"launcher={launcher}"])
-        place = Placement(vendor="nvidia", node_gpus=[["0", "1"], ["2", "3"]])
-        plan = local_plan(loaded.spec, tmp_path, "RUN", tmp_path / "run", dict(os.environ), place)
-        data = plan.to_json()
-        assert data == asdict(plan)
-        assert json.loads(json.dumps(data)) == data
-        assert Plan.from_json(json.loads(json.dumps(data))) == plan
-        assert plan.hooks and len(plan.procs) >= 2
+        loaded = load_spec(tmp_path / "job.yaml", [f"launcher={launcher}", "retries=2"])
+        engine = LocalBackend()
+        engine._placements[id(loaded)] = Placement(
+            vendor="nvidia", node_gpus=[["0", "1"], ["2", "3"]]
+        )
+        job = engine.job_file(loaded, "RUN", tmp_path / "run")
+        assert json.loads(json.dumps(job)) == job
+        assert job["local"]["hooks"] and len(job["local"]["procs"]) >= 2
+        s = settings(job)
+        assert (s.retries, s.timeout, s.run_dir) == (2, 3600.0, str(tmp_path / "run"))

@@ -382,18 +382,25 @@ def _read_json(path: Path) -> Any:
 
 
 def is_run_dir(path: Path) -> bool:
-    """A trebuchet run directory (a Slurm run sbatch refused has no plan, no attempts, but
-    its events.jsonl)."""
+    """A trebuchet run directory (a Slurm run sbatch refused has no attempts, but its
+    job.json and events.jsonl)."""
     if not path.is_dir():
         return False
-    marks = ("plan.json", "events.jsonl")
+    marks = ("job.json", "events.jsonl")
     return any((path / m).is_file() for m in marks) or any(path.glob("attempt-*/"))
 
 
-def _gpus(run_dir: Path, plan: dict[str, Any]) -> int | None:
-    """GPUs per node the run had (the plan's TREB_NGPUS, else the resolved spec's
+def _job(run_dir: Path) -> dict[str, Any]:
+    """The run's job file (job.json), {} when absent or not an object."""
+    job = _read_json(run_dir / "job.json")
+    return job if isinstance(job, dict) else {}
+
+
+def _gpus(run_dir: Path, job: dict[str, Any]) -> int | None:
+    """GPUs per node the run had (a local run's TREB_NGPUS, else the resolved spec's
     gpus_per_node when it is a count); None when not known (gpus_per_node: -1 on Slurm)."""
-    procs = plan.get("procs") or []
+    local = job.get("local")
+    procs = (local.get("procs") if isinstance(local, dict) else None) or []
     ngpus = (procs[0].get("env") or {}).get("TREB_NGPUS") if procs else None
     if ngpus is not None and str(ngpus).isdigit():
         return int(ngpus)
@@ -463,15 +470,15 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
     ff = run.get("first_failure") or None
     attempt = ff.get("attempt", run.get("attempt", 0)) if ff else run.get("attempt", 0)
     adir = run_dir / f"attempt-{attempt}"
-    plan = _read_json(run_dir / "plan.json") or {}
+    job = _job(run_dir)
     case = Case(source=f"run {run.get('id', run_dir.name)}", run={**run, "attempt": attempt},
                 in_store=True)  # fmt: skip
     assert case.run is not None  # given just above
-    case.run["timeout"] = plan.get("timeout")
+    case.run["timeout"] = job.get("timeout")
     case.run["latest_attempt"] = run.get("attempt", 0)
-    case.run["gpus"] = _gpus(run_dir, plan)
-    launcher = run.get("launcher") or plan.get("launcher", "native")
-    ppn = int(run.get("procs_per_node") or plan.get("procs_per_node") or 1)
+    case.run["gpus"] = _gpus(run_dir, job)
+    launcher = run.get("launcher") or job.get("launcher", "native")
+    ppn = int(run.get("procs_per_node") or job.get("ppn") or 1)
     outcomes: dict[str, dict[str, Any]] = {}
     for p in sorted(adir.glob("*.json")) if adir.is_dir() else []:
         if OUTCOME.match(p.name):
@@ -634,7 +641,7 @@ def _remote(engine: str) -> bool:
 
 def run_dir_case(path: Path) -> Case:
     """A run directory given as a path (copied off a cluster, or without the store)."""
-    plan = _read_json(path / "plan.json") or {}
+    job = _job(path)
     attempts = sorted(int(p.name.split("-")[1]) for p in path.glob("attempt-*") if p.is_dir())
     attempt = attempts[-1] if attempts else 0
     first: dict[str, Any] | None = None
@@ -649,8 +656,8 @@ def run_dir_case(path: Path) -> Case:
     reason, engine = (None, None) if first else _event_reason(path)
     run = {
         "id": path.name, "run_dir": str(path), "attempt": attempt, "first_failure": first,
-        "launcher": plan.get("launcher", "native"), "procs_per_node": plan.get("procs_per_node"),
-        "state": "FAILED" if first or reason else None, "name": plan.get("run_id", path.name),
+        "launcher": job.get("launcher", "native"), "procs_per_node": job.get("ppn"),
+        "state": "FAILED" if first or reason else None, "name": job.get("run_id", path.name),
         "reason": reason,
         "backend": engine if reason else None,  # the engine's word on a run it refused
     }  # fmt: skip

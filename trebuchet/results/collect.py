@@ -124,8 +124,8 @@ def _csv_path(name: str, run_dir: Path, cwd: str | None, started: float | None) 
     return None
 
 
-def _environment(spec: dict[str, Any], plan: dict[str, Any]) -> tuple[str, str | None]:
-    env = plan.get("environment") or {}
+def _environment(spec: dict[str, Any], local: dict[str, Any]) -> tuple[str, str | None]:
+    env = local.get("environment") or {}
     block = spec.get("environment") or {}
     if block.get("bare_nodes_only") and not env:  # not built here: the submitting env ran it
         block = {}
@@ -164,11 +164,13 @@ def compute(store: Any, rec: Any) -> list[dict[str, Any]]:
     """The rows of one finished run (not stored)."""
     run_dir = Path(rec.run_dir)
     spec = _spec(run_dir)
-    plan = _read_json(run_dir / "plan.json") or {}
+    job = _read_json(run_dir / "job.json")
+    local = job.get("local") if isinstance(job, dict) else None  # launcher/plan.py
+    local = local if isinstance(local, dict) else {}
     file, how = options(spec)
     adir = run_dir / f"attempt-{rec.attempt}"
-    cwd = next((p.get("cwd") for p in plan.get("procs", []) if p.get("cwd")), spec.get("workdir"))
-    environment, image = _environment(spec, plan)
+    cwd = next((p.get("cwd") for p in local.get("procs", []) if p.get("cwd")), spec.get("workdir"))
+    environment, image = _environment(spec, local)
     build, test = _durations(store, rec, run_dir)
     gpn = spec.get("gpus_per_node")
     gpn = gpn if isinstance(gpn, int) else None

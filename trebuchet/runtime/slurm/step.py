@@ -114,7 +114,7 @@ class Controller:
         self.scontrol = "scontrol"  # the real one: the ranks' PATH has selfrequeue's first
         self.state, self.reason = "", ""
         self._signals: list[int] = []
-        self.lc = lifecycle.JobController(settings(job, self.run_dir), self, self,
+        self.lc = lifecycle.JobController(lifecycle.settings(job), self, self,
                                           granted=self.granted())  # fmt: skip
 
     # -- records -------------------------------------------------------------------------
@@ -815,17 +815,3 @@ def step_tasks(srun_args: list[str]) -> int:
             with contextlib.suppress(ValueError):
                 return int(arg.split("=", 1)[1])
     return 0
-
-
-def settings(job: JobFile, run_dir: str) -> lifecycle.Settings:
-    """What the job controller reads of job.json."""
-    hung = job.get("hang_timeout")
-    return lifecycle.Settings(
-        retries=int(job["max_attempts"]) - 1, log_policies=job["policies"],
-        on_hang=job.get("on_hang") or "fail", hang_timeout=float(hung) if hung else None,
-        timeout=job.get("timeout"), warning=job.get("warning"),
-        checkpoint_signal=int(getattr(signal, job["checkpoint_signal"])),
-        grace=float(job["grace"]), shape=(job["launcher"], int(job["nodes"]), int(job["ppn"])),
-        run_dir=run_dir, no_retry_exit_codes=job.get("no_retry_exit_codes", []),
-        retry_exit_codes=job.get("retry_exit_codes"),
-    )  # fmt: skip
