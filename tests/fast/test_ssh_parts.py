@@ -208,11 +208,20 @@ def test_connect_timeout_is_the_one_ssh_applies() -> None:
     assert node_side.connect_timeout(argv) == 3.0
 
 
-def test_the_controller_holds_the_timeout_the_agents_warn() -> None:
-    info = {"retries": 0, "grace_period": 2.0, "launcher": "native", "hosts": ["a"], "ppn": 1,
-            "timeout": 5.0}  # fmt: skip
-    s = session.settings(info, Path("/nonexistent"))
+def test_the_controller_holds_the_timeout_the_agents_warn(tmp_path: Path) -> None:
+    """ssh's job.json is the one the agents read and the controller's settings come from:
+    the agents watch for hangs and send the warning, the controller holds the timeout."""
+    from trebuchet.backends.ssh.engine import ssh_job
+    from trebuchet.runtime.job.life import settings
+    from trebuchet.spec.load import load_spec
+
+    (tmp_path / "job.yaml").write_text("command: x\ntimeout: 5s\ntimeout_warning: 2s\n"
+                                       "hang_timeout: 3s\ngrace_period: 1.5s\nretries: 2\n")  # fmt: skip
+    job = ssh_job(load_spec(tmp_path / "job.yaml").spec, "RUN", tmp_path / "run")
+    assert (job["timeout"], job["warning"], job["hang_timeout"]) == (5.0, 2.0, 3.0)  # agents'
+    s = settings(job)
     assert (s.timeout, s.warning, s.hang_timeout) == (5.0, None, None)
+    assert (s.retries, s.grace, s.run_dir) == (2, 1.5, str(tmp_path / "run"))
 
 
 def _sleeper(run_id: str, node: int) -> subprocess.Popen:

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
-from trebuchet.runtime.contracts.schema import FirstFailure, Outcome
+from trebuchet.runtime.contracts.schema import FirstFailure, JobFile, Outcome
 from trebuchet.runtime.job import nodeloss, nodeset
-from trebuchet.runtime.job.life import Ending, JobController, Settings
+from trebuchet.runtime.job.life import Ending, JobController, settings
 from trebuchet.runtime.job.link import NODE_TIMEOUT_S
 from trebuchet.runtime.node import barrier, health
 from trebuchet.runtime.rundir.records import attempt_logs, cause, first_failure
@@ -48,6 +48,7 @@ from trebuchet.backends.ssh.script import (
     SETUP_FAILED,
     SETUP_OUTPUT,
     SETUP_TAIL,
+    SshFacts,
     attempt_hosts,
     connect_timeout,
     master_address,
@@ -169,7 +170,8 @@ class SshRun:
         from trebuchet.store.files import read_json
 
         self.run_dir = run_dir
-        self.info: dict[str, Any] = read_json(run_dir / "ssh.json")
+        self.jobfile = cast(JobFile, read_json(run_dir / "job.json"))  # contracts.JobFile
+        self.info = cast(SshFacts, read_json(run_dir / "ssh.json"))  # this engine's facts
         self.store = store
         self.view = view
         self.rid = self.info["run_id"]
@@ -188,7 +190,7 @@ class SshRun:
         self.gate = threading.Lock()  # the go (barrier.py) and the stop: one at a time
         self.go_sent = False  # this attempt's agents were told to start their ranks
         self.records = IndexRecords(store, self.rid, run_dir, self.say)
-        self.job = JobController(settings(self.info, run_dir), self, self.records)
+        self.job = JobController(settings(self.jobfile), self, self.records)
 
     @property
     def cancel_signal(self) -> int | None:
@@ -439,8 +441,7 @@ class SshRun:
         min_nodes: runtime/job/nodeset.py), NODE_RANK by their order, the master node 0's."""
         info = self.info
         before = self.active
-        choice = nodeloss.next_nodes(str(self.run_dir), info["hosts"], int(info.get("nodes")
-                                     or len(info["hosts"])), info.get("min_nodes"))  # fmt: skip
+        choice = self.next_nodes()
         self.active = info["active"] = choice.hosts
         if not self.active or self.active == before:
             return
@@ -449,15 +450,21 @@ class SshRun:
         shape = self.job.settings.shape
         self.job.settings = self.job.settings._replace(shape=(shape[0], len(self.active),
                                                               shape[2]))  # fmt: skip
-        world = len(self.active) * int(info["ppn"])
+        world = len(self.active) * int(self.jobfile["ppn"])
         self.say(
             f"nodes now: {', '.join(self.active)} (MASTER_ADDR {info['master_addr']}, "
             f"WORLD_SIZE {world}; excluded: {', '.join(nodeset.excluded(str(self.run_dir)))})"
         )
 
+    def next_nodes(self) -> nodeset.Choice:
+        """The held hosts not excluded (runtime/job/nodeset.py), and why none can go on."""
+        hosts = self.info["hosts"]
+        want = int(self.info.get("nodes") or len(hosts))
+        return nodeloss.next_nodes(str(self.run_dir), hosts, want, self.jobfile.get("min_nodes"))
+
     def deadline(self) -> float | None:
         """When this attempt's `timeout` ends it (monotonic), or None."""
-        timeout = self.info.get("timeout")
+        timeout = self.jobfile.get("timeout")
         return self.clock_start + float(timeout) if timeout else None
 
     def pre_post(self, when: str, attempt: int) -> bool:
@@ -466,7 +473,7 @@ class SshRun:
         False when one failed. A cancel ends them (on the hosts too); so does the attempt's
         timeout during `pre`, which then starts nothing and ends TIMEOUT (the controller's
         clock)."""
-        command = self.info.get(when)
+        command = str(self.jobfile.get(when) or "")  # pre or post
         if not command or self.cancelled:
             return True
         adir = self.run_dir / f"attempt-{attempt}"
@@ -512,7 +519,7 @@ class SshRun:
             if why is not None:
                 self.stop_remote(sessions, "TERM")
                 if kill_at is None:
-                    kill_at = now + self.info["grace_period"] + 15
+                    kill_at = now + float(self.jobfile["grace"]) + 15
                 if self.job.force_kill or now > kill_at:
                     self.cut(sessions)
             self.nap(0.2 if why or deadline is None else min(0.2, deadline - now))
@@ -525,7 +532,7 @@ class SshRun:
             self.nodes = []  # nothing starts; the controller ends the attempt
             return
         elapsed = time.monotonic() - self.clock_start
-        secrets = {n: os.environ.get(n, "") for n in self.info["secrets"]}
+        secrets = {n: os.environ.get(n, "") for n in self.jobfile["secrets"]}
         line = json.dumps(secrets).encode() + b"\n"
         self.nodes = []
         nodes = []  # the go waits for all of them (release): the list is whole or empty
@@ -537,7 +544,7 @@ class SshRun:
             self.nodes = nodes
         self.release()
         if self.view:
-            ppn = int(self.info["ppn"])
+            ppn = int(self.jobfile["ppn"])
             for i in range(len(self.nodes)):
                 for local in range(ppn):
                     self.view.add(f"{i}:{local}", adir / f"rank-{i * ppn + local}.log")
@@ -600,7 +607,7 @@ class SshRun:
         self.last_poll = now
         if self.first is not None or self.stopping or self.cancelled:
             return
-        timeout = float(self.info.get("node_timeout") or NODE_TIMEOUT_S)
+        timeout = float(self.jobfile.get("node_timeout") or NODE_TIMEOUT_S)
         for n in self.nodes:
             if n.returncode is None and n.setup_done and n.ended is None \
                     and now - n.heard > timeout:  # fmt: skip
@@ -637,7 +644,7 @@ class SshRun:
             n.close_session(interrupt)
         self.stop_remote(self.nodes, "TERM")
         if self.kill_at is None:  # an interrupt: SIGTERM after one grace, SIGKILL after two
-            grace = self.info["grace_period"] * (2 if interrupt else 1)
+            grace = float(self.jobfile["grace"]) * (2 if interrupt else 1)
             self.kill_at = time.monotonic() + grace + 15
 
     def stop_remote(self, sessions: list[Node], sig: str) -> None:
@@ -703,9 +710,7 @@ class SshRun:
         lost = self.first.lost_cause if self.first is not None else None
         if state == "FAILED" and (lost is not None or nodeset.excluded(str(self.run_dir))):
             why = str(lost.get("message") or nodeloss.LABEL) if lost is not None else reason
-            left = nodeloss.next_nodes(str(self.run_dir), self.info["hosts"],
-                                       int(self.info.get("nodes") or len(self.info["hosts"])),
-                                       self.info.get("min_nodes"))  # fmt: skip
+            left = self.next_nodes()
             if left.why_not:  # a lost or unhealthy node, and too few left: no next attempt
                 self.say(f"no spare to go on with: {left.why_not}")
                 return Ending("FAILED", why, final=True)
@@ -770,7 +775,7 @@ class SshRun:
         line` to node-n.log, the rest (the agent's own `treb: ...` lines) to
         ssh-<node>.log and the terminal."""
         copy = self.info["remote_root"] is not None
-        ppn = int(self.info["ppn"])
+        ppn = int(self.jobfile["ppn"])
         files: dict[str, IO[bytes]] = {}
         assert node.proc.stdout is not None
         try:
@@ -878,7 +883,7 @@ class SshRun:
             return "FAILED", cause(f"node {first.index}", 255, attempt, first.index,
                                    host=first.host, log=log, message=what)  # fmt: skip
         mine = [r for r in records if (r.get("node") or 0) == first.index]
-        if self.info["launcher"] == "horovod":  # node 0's horovodrun ran every host's ranks
+        if self.jobfile["launcher"] == "horovod":  # node 0's horovodrun ran every host's ranks
             mine = records
         found = first_failure(mine) or first_failure(records)
         if first.returncode == 124 and found is None:
@@ -904,22 +909,6 @@ class SshRun:
         return cause("setup", code, attempt, n.index, host=n.host,
                      log=str(log if log.is_file() else adir / f"ssh-{n.index}.log"),
                      message=what)  # fmt: skip
-
-
-def settings(info: dict[str, Any], run_dir: Path) -> Settings:
-    """What the job controller reads of ssh.json: the node agents watch their own ranks
-    for hangs and send the timeout's warning; the controller holds the timeout itself, from
-    the attempt's start (`pre`, the sessions' setup, the agents: a slow setup counts, and a
-    session still in setup is ended on its host)."""
-    return Settings(
-        retries=info["retries"], log_policies=info.get("log_policies", []),
-        on_hang=info.get("on_hang") or "fail", hang_timeout=None, timeout=info.get("timeout"),
-        warning=None, checkpoint_signal=int(signal.SIGUSR2), grace=float(info["grace_period"]),
-        shape=(info["launcher"], len(attempt_hosts(info)), int(info["ppn"])),
-        run_dir=str(run_dir),
-        no_retry_exit_codes=info.get("exit_codes", {}).get("no_retry_exit_codes", []),
-        retry_exit_codes=info.get("exit_codes", {}).get("retry_exit_codes"),
-    )  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
