@@ -23,6 +23,7 @@ from tests.conftest import TrebFn, write_spec
 from trebuchet.backends.ssh import engine
 from trebuchet.backends.ssh import run as session
 from trebuchet.backends.ssh import script as node_side
+from trebuchet.backends.ssh.nodes import setup_text
 from trebuchet.diagnose.report import diagnose_run, two_lines
 from trebuchet.runtime.node import barrier
 from trebuchet.runtime.node import per_node as node_verb
@@ -104,19 +105,18 @@ def test_a_failing_setup_item_stops_the_node_before_the_agent(
 
 
 def test_setup_text_names_the_item_and_its_line(tmp_path: Path) -> None:
-    run = session.SshRun.__new__(session.SshRun)
-    run.info = _info(tmp_path, ["true", "source /x/activate\necho more"])
+    info = _info(tmp_path, ["true", "source /x/activate\necho more"])
     n = session.Node(1, "h1", None, None)  # type: ignore[arg-type]
     n.setup_failed = (2, 1)
     assert (
-        run.setup_text(n)
+        setup_text(info, n)
         == "ssh.setup failed at job.yaml:8 (`source /x/activate ...`), exit code 1"
     )
     n.setup_failed = (2, 0)
-    assert run.setup_text(n) == ("ssh.setup ended the shell at job.yaml:8 (`source /x/activate "
+    assert setup_text(info, n) == ("ssh.setup ended the shell at job.yaml:8 (`source /x/activate "
                                  "...`) before the node agent started")  # fmt: skip
     n.setup_failed = (0, 1)
-    assert run.setup_text(n) == "ssh.setup could not start (exit code 1)"
+    assert setup_text(info, n) == "ssh.setup could not start (exit code 1)"
 
 
 SPEC = """\
