@@ -64,9 +64,9 @@ def test_runtime_readers_of_planted_files_end(tmp_path: Path, kind: str) -> None
         import types
         from trebuchet.runtime.job import nodeset, selfrequeue
         from trebuchet.runtime.node import health, horovodrun as horovod
-        from trebuchet.runtime.slurm import step
+        from trebuchet.runtime.slurm.records import BatchRecords
         run = {str(run)!r}
-        print(step.Controller.granted(types.SimpleNamespace(run_dir=run)))
+        print(BatchRecords.granted(types.SimpleNamespace(run_dir=run)))
         print(nodeset.excluded(run))
         where = health.Where(run, run + "/attempt-0", 0, 0, "h", run, {{}})
         print(health.check_shared(where, None, token="t0k"))
