@@ -65,11 +65,11 @@ def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> JobFile:
     for name in ("spare_nodes", "min_nodes"):  # only when set (docs/recovery.md)
         if getattr(spec, name, None):
             job[name] = getattr(spec, name)
-    from trebuchet.launcher.recovery import exit_code_rules, health_fields
-
-    # only when set: the exit-code rules (runtime/job/retry_codes.py), the nodes' checks
-    # (runtime/node/health.py)
-    job.update(cast(JobFile, {**exit_code_rules(spec), **health_fields(spec)}))
+    if getattr(spec, "no_retry_exit_codes", None):  # only when set (runtime/job/retry_codes.py)
+        job["no_retry_exit_codes"] = list(spec.no_retry_exit_codes)
+    if getattr(spec, "retry_exit_codes", None) is not None:
+        job["retry_exit_codes"] = list(spec.retry_exit_codes)
+    job.update(cast(JobFile, health_fields(spec)))
     lost = getattr(spec, "node_timeout", None)
     if lost is not None and lost != 10.0:  # the runtime's default (agent_link.NODE_TIMEOUT_S)
         job["node_timeout"] = lost
@@ -81,6 +81,18 @@ def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> JobFile:
     if readers.needed(spec):  # only when not the defaults (runtime/watch/metric_reader.py, gpu.py)
         job["metrics"] = readers.reader_config(spec)
     return job
+
+
+def health_fields(spec: Any) -> dict[str, Any]:
+    """What the nodes' health checks need beyond the rank contract (runtime/node/health.py),
+    only when set: the spec's own check and its timeout, the GPUs a node must show."""
+    out: dict[str, Any] = {}
+    if getattr(spec, "health_check", None):
+        out["health_check"] = spec.health_check
+        out["health_check_timeout"] = float(spec.health_check_timeout)
+    if (getattr(spec, "gpus_per_node", 0) or 0) > 0:
+        out["gpus_per_node"] = int(spec.gpus_per_node)
+    return out
 
 
 def controller_job(spec: Any, run_id: str, run_dir: Path | str,

@@ -48,14 +48,8 @@ class Hosts:
     def opts(self, master: bool = False) -> list[str]:
         """ssh and its options, through this run's shared connections."""
         mode = ["-M", "-N", "-f"] if master else ["-o", "ControlMaster=auto"]
-        return [
-            *self.info["ssh"],
-            *mode,
-            "-o",
-            f"ControlPath={self.control}/%C",
-            "-o",
-            f"ControlPersist={PERSIST_S}",
-        ]
+        return [*self.info["ssh"], *mode, "-o", f"ControlPath={self.control}/%C",
+                "-o", f"ControlPersist={PERSIST_S}"]  # fmt: skip
 
     def ssh(self, host: str, *words: str) -> list[str]:
         return [*self.opts(), "--", host, *words]
@@ -69,7 +63,7 @@ class Hosts:
                 stdin=subprocess.PIPE if inputs else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-            )
+            )  # fmt: skip
             for a in argvs
         ]
         out: list[tuple] = [(-1, b"", "")] * len(procs)
@@ -107,7 +101,7 @@ class Hosts:
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=log,
-                )
+                )  # fmt: skip
                 for h, log in zip(hosts, logs, strict=True)
             ]
             deadline = time.monotonic() + limit
@@ -181,9 +175,8 @@ class Hosts:
                     tar.add(self.run_dir / f, arcname=f)
             data = buf.getvalue()
             cmd = f"mkdir -p {q(remote)} && tar -C {q(remote)} -xf -"
-            results = self.each(
-                [self.ssh(h, cmd) for h in info["hosts"]], [data] * len(info["hosts"])
-            )
+            results = self.each([self.ssh(h, cmd) for h in info["hosts"]],
+                                [data] * len(info["hosts"]))  # fmt: skip
             how = "tar"
         if self.cancelled:
             return None

@@ -192,7 +192,7 @@ def outcome(info: SshFacts, records: list[Outcome], first: Node | None, reason: 
         return "CANCELLED", None
     if reason == "timeout":  # the controller's clock (setup, `pre`, a late agent)
         return "TIMEOUT", None
-    if reason == "idle_gpu":  # the controller's idle-GPU rule stopped them (runtime/watch/gpu.py)
+    if reason == "idle_gpu":  # the controller's idle-GPU rule stopped them (watch/gpu.py)
         return "FAILED", None
     if first is None:
         return ("FAILED" if reason == "post" else "SUCCEEDED"), None
