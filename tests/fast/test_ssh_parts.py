@@ -319,3 +319,15 @@ def test_a_failed_setup_is_its_own_diagnosis(tmp_path: Path) -> None:
     from trebuchet.store.states import describe_failure
 
     assert describe_failure(ff) == message + " (no rank started)"
+
+
+def test_treb_fault_reads_the_hosts_of_ssh_json(tmp_path: Path) -> None:
+    """`treb fault` on ssh finds the attempt's hosts in ssh.json (the engine's facts), the
+    spares beyond `nodes` left out."""
+    import types
+
+    from trebuchet.backends.ssh import fault
+
+    info = {**_info(tmp_path, []), "hosts": ["h0", "h1", "h2"], "nodes": 2}
+    (tmp_path / "run" / "ssh.json").write_text(json.dumps(info))
+    assert fault.nodes(types.SimpleNamespace(run_dir=str(tmp_path / "run"))) == ["h0", "h1"]

@@ -20,7 +20,7 @@ from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
 from trebuchet.plain import field, record
 from trebuchet.runtime.contracts.rank_env import elastic_vars, node_vars, omp_threads, rank_vars
-from trebuchet.runtime.contracts.schema import Hook, JobFile, LocalPlan, ProcPlan
+from trebuchet.runtime.contracts.schema import JobFile, LocalPlan, ProcPlan
 from trebuchet.runtime.node.horovodrun import horovodrun_argv
 
 # profile: nsys wraps each selected rank (RANK is known inside the rank, under any launcher).
@@ -139,7 +139,7 @@ def local_plan(
 
     procs: list[ProcPlan] = []
     streams: list[list[str]] = []
-    hooks: list[Hook] = []
+    hooks: dict[str, list[ProcPlan]] = {}
     # torchrun's manual multi-node launch (`--nnodes N --node-rank K` typed on each machine,
     # cli/torchrun_flags.py): this machine is node K of N and starts that node's ranks only.
     only = environ.get("TREB_NODE_RANK_ONLY")
@@ -155,8 +155,9 @@ def local_plan(
             if text:
                 env = {**node_env, "LOCAL_WORLD_SIZE": str(ppn)}
                 argv = wrap(["bash", "-c", text], env, node, f"{when}{node}")
-                hooks.append({"when": when, "node": node, "argv": argv, "env": env,
-                              "cwd": str(workdir), "log": f"{when}-node-{node}.log"})  # fmt: skip
+                log = f"{when}-node-{node}.log"
+                hook = proc(f"{when}:{node}", node, None, None, argv, env, str(workdir), log)
+                hooks.setdefault(when, []).append(hook)
         if spec.launcher == "native":
             for local in range(ppn):
                 rank = node * ppn + local
@@ -240,9 +241,10 @@ def describe(job: JobFile, attempt: int = 0) -> str:
         lines.append(f"# environment: {env['kind']} {where} (stamp {env.get('stamp') or '-'})")
     if plan["path_prepend"]:
         lines.append(f"# PATH starts with {':'.join(plan['path_prepend'])}")
-    for h in plan["hooks"]:
-        lines.append(f"\n[{h['when']} node {h['node']}] cwd={shlex.quote(h['cwd'])}")
-        lines.append("  $ " + shlex.join(h["argv"]))
+    for when, hooks in plan["hooks"].items():
+        for h in hooks:
+            lines.append(f"\n[{when} node {h['node']}] cwd={shlex.quote(h['cwd'])}")
+            lines.append("  $ " + shlex.join(h["argv"]))
     for p in plan["procs"]:
         env = {**p["env"], "TREB_ATTEMPT": str(attempt)}
         env.update({name: "***" for name in job["secrets"]})

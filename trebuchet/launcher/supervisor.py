@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 from trebuchet.launcher.hooks import Hooks
 from trebuchet.launcher.index_records import IndexRecords
 from trebuchet.launcher.node_health import check_nodes
-from trebuchet.launcher.plan import free_port, proc
+from trebuchet.launcher.plan import free_port
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
 from trebuchet.launcher.sim_nodes import SHRINKS, Keepers, names
 from trebuchet.launcher.submitted import Submitted
@@ -428,11 +428,9 @@ class Supervisor:
 
     def _run_hooks(self, when: str, adir: Path, attempt: int) -> bool:
         """The spec's pre/post command on every node, in parallel; False if one failed."""
-        hooks = [h for h in self.local["hooks"] if h["when"] == when]
-        if not hooks:
+        plans = self.local["hooks"].get(when)
+        if not plans:
             return True
-        plans = [proc(f"{when}:{h['node']}", h["node"], None, None, h["argv"], h["env"],
-                      h["cwd"], h["log"]) for h in hooks]  # fmt: skip
         agents = self._agents(plans, adir, attempt, self.port)
         for agent in agents:  # every node's command runs to its end; the first failure counts
             agent.stop_on_failure = False

@@ -28,7 +28,7 @@ def ssh_info(run_dir: Path) -> SshFacts:
             and isinstance(info.get("remote_run_dir"), str)
             and isinstance(info.get("runtime"), str)):  # fmt: skip
         raise UserError(f"{run_dir / 'ssh.json'}: unreadable or incomplete (the run's ssh facts)")
-    return cast(SshFacts, info)
+    return cast("SshFacts", info)
 
 
 def nodes(run: RunRecord) -> list[str]:

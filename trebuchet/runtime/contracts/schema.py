@@ -113,24 +113,13 @@ class ProcPlan(TypedDict):
     log: str
 
 
-class Hook(TypedDict):
-    """The spec's pre or post command on one simulated node."""
-
-    when: str
-    node: int
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str
-    log: str
-
-
 class LocalPlan(TypedDict):
     """What the local engine adds: every process's argv and environment, computed once
     at submission (`treb render --on local` shows them)."""
 
     procs: list[ProcPlan]
     streams: list[list[str]]  # [label, log file name]
-    hooks: list[Hook]
+    hooks: dict[str, list[ProcPlan]]  # the spec's pre and post command on each node
     master_addr: str
     master_port: int
     port_auto: bool  # a fresh free port per attempt (a fixed master_port is kept)
