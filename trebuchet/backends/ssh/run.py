@@ -119,8 +119,6 @@ class SshRun:
     def cancelled(self) -> bool:
         return self.job.cancel_signal is not None
 
-    # -- ssh -----------------------------------------------------------------------------
-
     # -- the run -------------------------------------------------------------------------
     def run(self) -> str:
         from trebuchet.store.lifecycle import run_started
