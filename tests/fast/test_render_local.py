@@ -87,3 +87,37 @@ def test_the_local_job_file_is_json_and_the_one_description(
         assert job["local"]["hooks"] and len(job["local"]["procs"]) >= 2
         s = settings(job)
         assert (s.retries, s.timeout, s.run_dir) == (2, 3600.0, str(tmp_path / "run"))
+
+
+def test_one_spec_gives_the_job_controller_the_same_settings_on_every_engine(
+    tmp_path: Path, treb_home: Path
+) -> None:
+    """local, ssh and Slurm hand their job controllers one job file (contracts.JobFile)
+    read by one settings(): the same timeout, retries, grace (1.5 s, not rounded up to 2 on
+    Slurm as before), policies and exit-code rules; only where the warning and the hang
+    watch run differs (ssh's agents hold them)."""
+    from trebuchet.backends.local.engine import LocalBackend
+    from trebuchet.backends.slurm.script import job_file
+    from trebuchet.backends.ssh.engine import ssh_job
+    from trebuchet.runtime.job.life import settings
+    from trebuchet.spec.load import load_spec
+
+    (tmp_path / "job.yaml").write_text(
+        "command: x\ntimeout: 1h\ntimeout_warning: 60s\nhang_timeout: 5m\ngrace_period: 1.5s\n"
+        "retries: 2\nno_retry_exit_codes: [7]\n"
+    )
+    loaded = load_spec(tmp_path / "job.yaml")
+    run = tmp_path / "run"
+    jobs = {
+        "local": LocalBackend().job_file(loaded, "R", run),
+        "ssh": ssh_job(loaded.spec, "R", run),
+        "slurm": job_file(loaded.spec, tmp_path, "R", run),
+    }
+    got = {engine: settings(job) for engine, job in jobs.items()}
+    for engine, s in got.items():
+        same = (s.timeout, s.retries, s.grace, s.run_dir, list(s.no_retry_exit_codes))
+        assert same == (3600.0, 2, 1.5, str(run), [7]), engine
+        assert s.log_policies == got["local"].log_policies, engine
+    assert (got["slurm"].warning, got["slurm"].hang_timeout) == (60.0, 300.0)
+    assert (got["local"].warning, got["local"].hang_timeout) == (60.0, 300.0)
+    assert (got["ssh"].warning, got["ssh"].hang_timeout) == (None, None)
