@@ -148,7 +148,7 @@ def _segfault_run(tmp_path: Path, ngpus: str) -> dict:
     (adir / "rank-0.log").write_text("loading\n")
     (adir / "rank-0.json").write_text(json.dumps({"rank": 0, "node": 0, "exit_code": 139,
                                                   "signal": "SIGSEGV", "ended_at": 1.0}))  # fmt: skip
-    job = {"launcher": "native", "local": {"procs": [{"env": {"TREB_NGPUS": ngpus}}]}}
+    job = {"launcher": "native", "plan": {"procs": [{"env": {"TREB_NGPUS": ngpus}}]}}
     (run_dir / "job.json").write_text(json.dumps(job))
     ff = {"rank": 0, "node": 0, "exit_code": 139, "signal": "SIGSEGV", "attempt": 0}
     return {"id": "cd34", "run_dir": str(run_dir), "state": "FAILED", "attempt": 0,

@@ -84,7 +84,7 @@ def test_the_local_job_file_is_json_and_the_one_description(
         )
         job = engine.job_file(loaded, "RUN", tmp_path / "run")
         assert json.loads(json.dumps(job)) == job
-        assert job["local"]["hooks"] and len(job["local"]["procs"]) >= 2
+        assert job["plan"]["hooks"] and len(job["plan"]["procs"]) >= 2
         s = settings(job)
         assert (s.retries, s.timeout, s.run_dir) == (2, 3600.0, str(tmp_path / "run"))
 

@@ -39,9 +39,8 @@ def _info(tmp_path: Path, setup: list[str]) -> dict:
         "shared": "none", "remote_root": str(tmp_path), "workdir": str(run / "code"),
         "runtime": "treb-runtime.pyz", "master_addr": "10.0.0.1", "master_port": 16000,
         "env": {"WEIRD": "a 'b' $(touch x)"}, "setup": setup,
-        "setup_where": [f"job.yaml:{7 + i}" for i in range(len(setup))], "secrets": [],
-        "remote_run_dir": str(run), "remote_workdir": "code", "timeout": None,
-        "grace_period": 2.0, "retries": 0, "launcher": "native", "ppn": 1,
+        "setup_where": [f"job.yaml:{7 + i}" for i in range(len(setup))],
+        "remote_run_dir": str(run), "remote_workdir": "code", "nodes": 2,
     }  # fmt: skip
 
 

@@ -399,8 +399,8 @@ def _job(run_dir: Path) -> dict[str, Any]:
 def _gpus(run_dir: Path, job: dict[str, Any]) -> int | None:
     """GPUs per node the run had (a local run's TREB_NGPUS, else the resolved spec's
     gpus_per_node when it is a count); None when not known (gpus_per_node: -1 on Slurm)."""
-    local = job.get("local")
-    procs = (local.get("procs") if isinstance(local, dict) else None) or []
+    plan = job.get("plan")  # the processes, where the engine computed them (local)
+    procs = (plan.get("procs") if isinstance(plan, dict) else None) or []
     ngpus = (procs[0].get("env") or {}).get("TREB_NGPUS") if procs else None
     if ngpus is not None and str(ngpus).isdigit():
         return int(ngpus)

@@ -1,6 +1,6 @@
 """What each process of a local run gets: argv, environment, working directory, log file.
 
-The local engine's part of the job file (`job.json`'s `local`, contracts.LocalPlan): plain
+The local engine's part of the job file (`job.json`'s `plan`, contracts.LocalPlan): plain
 JSON, computed once at submission, so the supervisor that executes it needs neither
 pydantic nor the spec, and `treb render --on local` shows exactly it.
 """
@@ -230,7 +230,7 @@ def mpi_argv(
 
 def describe(job: JobFile, attempt: int = 0) -> str:
     """Human-readable plan: each process's command line and environment (secrets masked)."""
-    plan = job["local"]
+    plan = job["plan"]
     lines = [
         f"# {len(plan['procs'])} process(es), launcher {job['launcher']}, "
         f"{job['nodes']} node(s) x {job['ppn']}; inherits the submitting environment"

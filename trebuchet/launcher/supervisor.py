@@ -98,7 +98,7 @@ class Supervisor:
         hooks: Hooks | None = None,
     ) -> None:
         self.jobfile = job  # contracts.JobFile: what the job controller reads
-        self.local = job["local"]  # this engine's processes (launcher/plan.py)
+        self.local = job["plan"]  # this engine's processes (launcher/plan.py)
         self.hooks = hooks or Hooks()
         self._begun = begun  # the watchdog and cgroup, when the caller began them (begin)
         self.store = store
@@ -553,7 +553,7 @@ def begin(job: JobFile) -> Begun:
     the watchdog ends the run."""
     watchdog = Watchdog(job["run_id"], job["run_dir"])  # before the cgroup move (a fork waits)
     cgroup, how = contain.create(f"treb-{job['run_id']}")
-    if not job["local"]["environment"]:
+    if not job["plan"]["environment"]:
         contain.enter_early(cgroup)  # nothing forks until the first start
     return watchdog, cgroup, how
 

@@ -165,7 +165,7 @@ def compute(store: Any, rec: Any) -> list[dict[str, Any]]:
     run_dir = Path(rec.run_dir)
     spec = _spec(run_dir)
     job = _read_json(run_dir / "job.json")
-    local = job.get("local") if isinstance(job, dict) else None  # launcher/plan.py
+    local = job.get("plan") if isinstance(job, dict) else None  # launcher/plan.py
     local = local if isinstance(local, dict) else {}
     file, how = options(spec)
     adir = run_dir / f"attempt-{rec.attempt}"

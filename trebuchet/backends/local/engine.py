@@ -127,7 +127,7 @@ class LocalBackend(SupervisedHere):
         place = self.placement(loaded)
         job = controller_job(loaded.spec, run_id, run_dir)
         job["ppn"] = ranks_per_node(loaded.spec, place)
-        job["local"] = local_plan(loaded.spec, loaded.workdir, run_id, run_dir,
+        job["plan"] = local_plan(loaded.spec, loaded.workdir, run_id, run_dir,
                                   dict(os.environ), place)  # fmt: skip
         return job
 

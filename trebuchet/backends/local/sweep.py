@@ -44,7 +44,7 @@ def submit_local(
     for index, (point, sub) in enumerate(points):
         job = engine.write_plan(sub)
         runs.append({"index": index, "id": sub.record.id, "run_dir": str(sub.run_dir),
-                     "params": point, "streams": job["local"]["streams"]})  # fmt: skip
+                     "params": point, "streams": job["plan"]["streams"]})  # fmt: skip
     path = sweep_file(sweep_id)
     write_json(path, {"id": sweep_id, "parallel": parallel, "runs": runs})
     print(f"treb: sweep {sweep_id}: {len(runs)} runs, at most {parallel} at once", file=sys.stderr)

@@ -97,7 +97,7 @@ class JobFile(_JobCommon, total=False):
     mpi_env: list[str]
     inline: bool
     horovod: HorovodHosts  # launcher horovod over ssh (runtime/node/horovodrun.py)
-    local: LocalPlan  # the local engine's processes (launcher/plan.py)
+    plan: LocalPlan  # every process, computed at submission (the local engine's, plan.py)
 
 
 class ProcPlan(TypedDict):
