@@ -20,6 +20,7 @@ from typing import Any
 from trebuchet import registry
 from trebuchet.diagnose import errorfile
 from trebuchet.diagnose import scan as scanner
+from trebuchet.diagnose.catalog import SIGNAL_NAMES
 from trebuchet.diagnose.classify import Finding
 from trebuchet.diagnose.errorfile import RankError
 from trebuchet.diagnose.lines import LogLine, parse
@@ -49,7 +50,6 @@ SLURM_EVENT = re.compile(
 )
 NODE_FAIL = re.compile(r"Node failure on (?P<node>[\w.-]+)")
 SRUN_MARK = re.compile(r"^(?:srun|salloc|slurmstepd)[:-]|^\s*\d+: ", re.M)
-TORCHRUN_MARK = ("Root Cause (first observed failure)", "torch.distributed.elastic", "[default0]:")
 ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
 FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
 RANK_IN_NAME = (
@@ -58,8 +58,6 @@ RANK_IN_NAME = (
     re.compile(r"[-_.](\d+)\.(?:log|out|err|txt)$"),
 )
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
-SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
-                9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}  # fmt: skip
 
 
 @dataclass
