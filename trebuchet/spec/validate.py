@@ -5,6 +5,7 @@ Imported only when the spec cache has no entry: pydantic and the models cost ~0.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -104,13 +105,9 @@ def _walk(model: BaseModel, path: tuple[Any, ...], out: dict[str, tuple[str, lis
     return True
 
 
-_skips: dict[type, frozenset[tuple]] = {}
-
-
+@functools.cache
 def _skip(model: type[Spec]) -> frozenset[tuple]:
-    if model not in _skips:
-        _skips[model] = frozenset(not_expanded(model))
-    return _skips[model]
+    return frozenset(not_expanded(model))
 
 
 def _line_key(problem: str) -> tuple[int, str]:
