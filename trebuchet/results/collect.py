@@ -1,17 +1,11 @@
 """One finished run -> its result rows.
 
-Where the number comes from, in order: the results CSV named in the spec (`results.file`,
-default results.csv) found in the run directory (TREB_RUN_DIR) or the directory the ranks
-ran in, written during this run; else each rank's first `performance:` line, combined as
-the spec says (`results.ranks`: rank0, the default, sum for a throughput across ranks, or
-mean); else the HuggingFace Trainer's train_samples_per_second. A row's status is SUCCESS
-only when the run succeeded and a number was found, CANCELLED or LOST when the run ended so
-(neither succeeded nor failed), else FAILURE (table.status).
-
-The facts of the run come from the store and the run directory: workload, backend,
-launcher, shape, environment (its kind or image; `current` without one), the git commit
-recorded at submission (or, for older runs, the workdir's commit at the run's time), host,
-environment build and run durations.
+The number comes from the spec's results CSV written during this run (in the run directory
+or where the ranks ran), else the ranks' `performance:` lines combined as `results.ranks`
+says, else the HuggingFace Trainer's train_samples_per_second. A row is SUCCESS only when
+the run succeeded and a number was found (table.status). The run's facts come from the
+store and the run directory (the commit recorded at submission, or the workdir's for older
+runs).
 """
 
 from __future__ import annotations
