@@ -1,23 +1,13 @@
 """Experiment trackers on the submitting side (docs/tracking.md): the MLflow run (a parent
-per sweep) is created at submission, so that every rank of every attempt gets its id; the
-end of the run (status, metrics, diagnosis) is logged by whichever process sees it.
+per sweep) is created at submission so that every rank of every attempt gets its id; the
+run's end (status, metrics, diagnosis) is logged by whichever process sees it: the local
+supervisor, a `treb` that follows or refreshes the run, or the Slurm job controller
+(runtime/publish/trackers.py).
 
-Who logs what:
-- submission (`open_run`, `open_sweep`): experiment, run, params, tags, spec.yaml;
-  `tracking.json` in the run directory (W&B's ids too).
-- the local supervisor at the end of a run, or `treb` when it follows or refreshes a run
-  that ended elsewhere (`close`): metrics from the store, the diagnosis of a run that did
-  not succeed, the final status; the sweep's parent once all its points ended.
-- the Slurm job controller (runtime/publish/trackers.py `mark`): the final status as soon as the
-  job ends, also when nobody follows it, and RUNNING again after a requeue.
-
-Nothing here fails or holds up a run: a run's requests have a deadline all together (5 s
-at submission, 3 s at the end; a server that trickles its answer is left behind at it), a
-tracker that fails is a warning and a `tracking_failed` event, and a server that did not
-answer is not asked again by this process. What did not get through is kept in the run's
-`tracking-pending.json` (runtime/publish/trackers.py) and sent by the next `treb` that refreshes
-runs (`retry_pending`), the status first. It imports neither mlflow nor wandb, nor
-pydantic.
+Nothing here fails or holds up a run: requests share a deadline (5 s at submission, 3 s at
+the end), a failing tracker is a warning and a `tracking_failed` event, a server that did
+not answer is not asked again by this process, and what did not get through is kept in
+`tracking-pending.json` for the next `treb` (`retry_pending`). No mlflow, wandb or pydantic.
 """
 
 from __future__ import annotations
