@@ -19,7 +19,7 @@ from trebuchet.spec.expand import expand_tree
 from trebuchet.spec.frozen import key as model_key
 from trebuchet.spec.load import default_name
 from trebuchet.spec.model import Spec, engine_blocks, not_expanded, spec_model
-from trebuchet.spec.source import Located
+from trebuchet.spec.source import Located, shortened
 from trebuchet.spec.source import dotted as _dotted
 
 if TYPE_CHECKING:
@@ -204,11 +204,6 @@ def _allowed(path: tuple, top: type[BaseModel]) -> str | None:
     return extra.get("x-allowed") if isinstance(extra, dict) else None
 
 
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _problems(exc: ValidationError, located: Located, raw: dict, top: type[BaseModel]) -> list[str]:
     problems: list[str] = []
     seen: set[tuple] = set()
@@ -243,7 +238,7 @@ def _problems(exc: ValidationError, located: Located, raw: dict, top: type[BaseM
             detail = str(err["msg"]).removeprefix("Value error, ")
             if etype == "value_error" and not detail.startswith("bad ") and detail not in what:
                 hint += f" ({detail})"
-            shown = "a value not shown" if path and path[-1] == "secret" else _show(got)
+            shown = "a value not shown" if path and path[-1] == "secret" else shortened(repr(got))
             problems.append(f"{where}: {field}: must be {what}, got {shown}{hint}")
     return problems
 
