@@ -16,7 +16,7 @@ from typing import Any
 
 from trebuchet.errors import UserError
 from trebuchet.importers.common import ImportResult, env_or_secret, to_name
-from trebuchet.importers.yamlsrc import line_of, read_located
+from trebuchet.importers.yamlsrc import line_of, read_mapping
 
 LAUNCH = {
     "determined.launch.horovod": "horovod",
@@ -31,11 +31,7 @@ MAX_SLOTS = 65536
 
 
 def import_file(path: str | Path, **_: object) -> ImportResult:
-    p = Path(path)
-    loc = read_located(p)
-    data = loc.data
-    if not isinstance(data, dict):
-        raise UserError(f"{p}:1: a Determined experiment config must be a mapping")
+    p, loc, data = read_mapping(path, "a Determined experiment config")
     res = ImportResult("determined", str(p))
     spec = res.spec
 
