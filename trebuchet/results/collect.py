@@ -51,9 +51,7 @@ def _spec(run_dir: Path) -> dict[str, Any]:
         import yaml
 
         data = yaml.safe_load(read_text(run_dir / "spec.yaml"))
-    except (OSError, ValueError, ImportError):
-        return {}
-    except Exception:  # noqa: BLE001 - yaml.YAMLError: a damaged spec copy yields defaults
+    except Exception:  # noqa: BLE001 - unreadable, damaged (yaml.YAMLError) or no yaml: defaults
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -133,11 +131,10 @@ def _environment(spec: dict[str, Any], plan: dict[str, Any]) -> tuple[str, str |
 
 
 def _durations(store: Any, rec: Any, run_dir: Path) -> tuple[float | None, float | None]:
-    build = None
-    for ev in reversed([json.loads(x) for x in _lines(run_dir / "events.jsonl")]):
-        if ev.get("event") == "environment_ready" and ev.get("seconds") is not None:
-            build = float(ev["seconds"])
-            break
+    events = [json.loads(x) for x in _lines(run_dir / "events.jsonl")]
+    build = next((float(ev["seconds"]) for ev in reversed(events)
+                  if ev.get("event") == "environment_ready" and ev.get("seconds") is not None),
+                 None)  # fmt: skip
     attempt = next((a for a in store.attempts(rec.id) if a["attempt"] == rec.attempt), None)
     test = None
     if attempt and attempt.get("started_at") and attempt.get("ended_at"):

@@ -100,10 +100,7 @@ def perf_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, str
     header = MADENGINE + OURS + extras
     out = []
     for r, change in zip(rows, changes, strict=True):
-        row = {k: "" for k in header}
-        for k in header:
-            if k in r and k != "extra":
-                row[k] = number(r[k])
+        row = {k: number(r[k]) if k in r and k != "extra" else "" for k in header}
         row.update(engine_fields(r))
         for k in ("build_duration", "test_duration"):
             if r.get(k) is not None:

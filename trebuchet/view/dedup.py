@@ -12,6 +12,7 @@ A line finds its group in one step (`_Text`): walking the open groups was quadra
 from __future__ import annotations
 
 import heapq
+import itertools
 import os
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -30,14 +31,9 @@ BATCH = 4096  # lines of one log handed to Dedup.add at a time (written logs)
 def ranges(numbers: list[int]) -> str:
     """[0, 1, 2, 3, 6] -> `0-3,6`."""
     out: list[str] = []
-    nums = sorted(set(numbers))
-    i = 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
-        i = j + 1
+    for _, run in itertools.groupby(enumerate(sorted(set(numbers))), lambda p: p[1] - p[0]):
+        nums = [n for _, n in run]
+        out.append(str(nums[0]) if len(nums) == 1 else f"{nums[0]}-{nums[-1]}")
     return ",".join(out)
 
 
@@ -217,14 +213,14 @@ def written(
         batch.append(line)
     if batch:
         dedup.add(keys[last], batch, 0.0)
-    if follow_at is None:
-        for n, (path, _) in enumerate(files):
-            rest = _partial(path, ends[n])
-            if rest:
-                dedup.add(keys[n], [rest], 0.0)
-        dedup.flush(0.0, final=True)
+    if follow_at is not None:
+        dedup.follow(follow_at)
         return ends, dedup
-    dedup.follow(follow_at)
+    for n, (path, _) in enumerate(files):
+        rest = _partial(path, ends[n])
+        if rest:
+            dedup.add(keys[n], [rest], 0.0)
+    dedup.flush(0.0, final=True)
     return ends, dedup
 
 
