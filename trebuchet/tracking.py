@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -255,12 +256,10 @@ def claim(path: Path, owner: str = "") -> bool:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        if owner:
-            try:
-                return path.read_text() == owner
-            except OSError:
-                return False
-        return False
+        try:
+            return bool(owner) and path.read_text() == owner
+        except OSError:
+            return False
     except OSError:
         return False
     try:
@@ -484,23 +483,17 @@ def _metrics(store: Store, rec: RunRecord) -> tuple[list[dict[str, Any]], str]:
     lowest rank that has it; a note when none can be sent. The same list on every try (a
     point without a time gets the run's end), so a retry resumes where the last one
     stopped."""
-    fetch = getattr(store, "metrics", None)
-    if fetch is None:
-        return [], "this trebuchet has no metrics store: only the program's own logging"
-    try:
-        from trebuchet.store.metrics import ingest
-    except ImportError:  # pragma: no cover - a store without the ingest step
-        pass
-    else:
-        ingest(store, rec)
+    from trebuchet.store.metrics import ingest
+
+    ingest(store, rec)
     out: list[dict[str, Any]] = []
     fallback = rec.ended_at or rec.created_at
-    for name, points in sorted(fetch(rec.id).items()):
+    for name, points in sorted(store.metrics(rec.id).items()):
         for step, value, at in points:
             if value is None:
                 continue
             value = float(value)
-            if value != value or value in (float("inf"), float("-inf")):
+            if not math.isfinite(value):
                 continue  # JSON has no NaN or infinity; MLflow's REST API refuses them
             ms = int(float(at or fallback) * 1000)
             out.append(metric(str(name), value, int(step or 0), ms))
