@@ -79,12 +79,8 @@ class TokenGate:
         self.value = cookie_value(token)
 
     def _cookie_ok(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        for name, value in headers:
-            if name == b"cookie":
-                for key, got in cookies(value):
-                    if key == self.cookie and same(self.value, got):
-                        return True
-        return False
+        return any(key == self.cookie and same(self.value, got) for name, value in headers
+                   if name == b"cookie" for key, got in cookies(value))  # fmt: skip
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
