@@ -499,9 +499,12 @@ class Spec(Block, SpecFacts):
     @field_validator("command", mode="before")
     @classmethod
     def _command(cls, v: Any) -> Any:
-        if isinstance(v, str) and v.strip():
+        # blank is what bash splits words on: a command of U+00A0 is bash's to refuse (127)
+        if isinstance(v, str) and v.strip(" \t\n"):
             parts = [v]
-        elif isinstance(v, list) and v and all(isinstance(x, str) for x in v) and v[0].strip():
+        elif (
+            isinstance(v, list) and v and all(isinstance(x, str) for x in v) and v[0].strip(" \t\n")
+        ):
             parts = v
         else:
             raise ValueError("bad command")
