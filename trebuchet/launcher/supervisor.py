@@ -263,6 +263,7 @@ class Supervisor:
         sick = check_nodes(str(self.run_dir), adir, attempt, self.agents, self.plan.health, held)
         if sick is not None:  # no rank starts; the node is lost (runtime/node/health.py)
             self._say(str(sick.get("message")))
+            sync([path for agent in self.agents for path in agent.take_unsynced()])
             self.agents = []
             self.job.failure(sick, stop=False)
             return
