@@ -102,9 +102,9 @@ def main(run_id: str, run_dir: str, *told: str) -> int:
         if item.startswith("+") and item[1:].isdigit():
             groups.add(int(item[1:]))
         elif item.startswith("=") and "," in item:
-            pid, started = item[1:].split(",", 1)
-            if pid.isdigit():
-                adopted[int(pid)] = started
+            number, started = item[1:].split(",", 1)
+            if number.isdigit():
+                adopted[int(number)] = started
     # EOF without `done`: the supervisor vanished. End everything it started: the process
     # groups, then the run's cgroup and what carries its TREB_RUN_ID (daemons that left
     # their group); the cgroup is removed.
