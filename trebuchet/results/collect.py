@@ -215,7 +215,9 @@ def collect(store: Any, rec: Any, force: bool = False) -> list[dict[str, Any]]:
     try:
         from trebuchet.store.files import write_json
 
-        write_json(Path(rec.run_dir) / "results.json", rows)
+        # a copy of the table's rows, computed again from the logs if lost: not synced
+        # (an fsync on the attached run's way to its summary)
+        write_json(Path(rec.run_dir) / "results.json", rows, durable=False)
     except OSError:
         pass  # a read-only or vanished run dir: the table still has them
     return table.load(store.conn, rec.id)
