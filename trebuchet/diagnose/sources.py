@@ -20,6 +20,7 @@ from typing import Any
 from trebuchet import registry
 from trebuchet.diagnose import errorfile
 from trebuchet.diagnose import scan as scanner
+from trebuchet.diagnose.catalog import SIGNAL_NAMES
 from trebuchet.diagnose.classify import Finding
 from trebuchet.diagnose.errorfile import RankError
 from trebuchet.diagnose.lines import LogLine, parse
@@ -49,7 +50,6 @@ SLURM_EVENT = re.compile(
 )
 NODE_FAIL = re.compile(r"Node failure on (?P<node>[\w.-]+)")
 SRUN_MARK = re.compile(r"^(?:srun|salloc|slurmstepd)[:-]|^\s*\d+: ", re.M)
-TORCHRUN_MARK = ("Root Cause (first observed failure)", "torch.distributed.elastic", "[default0]:")
 ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
 FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
 RANK_IN_NAME = (
@@ -58,8 +58,6 @@ RANK_IN_NAME = (
     re.compile(r"[-_.](\d+)\.(?:log|out|err|txt)$"),
 )
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
-SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
-                9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}  # fmt: skip
 
 
 @dataclass
@@ -464,6 +462,29 @@ def _setup_unit(ff: dict[str, Any]) -> Unit:
                 order=0)  # fmt: skip
 
 
+def _before_ranks(run: dict[str, Any], ff: dict[str, Any] | None, adir: Path) -> Unit | None:
+    """The one unit of a run that failed before or beside its ranks: its environment build,
+    a node's setup, a node lost or unhealthy; None when the ranks' outcomes tell."""
+    label = ff.get("label") if ff else None
+    if ff and label == "environment":
+        msg = ff.get("message") or "environment build failed"
+        return _environment_unit(Path(ff["log"]), msg, ff.get("ended_at"))
+    if ff and label == "setup":
+        return _setup_unit(ff)
+    if ff and label in NODE_CAUSES:  # a node's loss or failed health checks
+        log = adir / f"health-{ff.get('node')}.log"  # (runtime/job/nodeloss.py, health.py)
+        if label == "node_lost":
+            log = Path(str(ff.get("log") or adir / f"ssh-{ff.get('node')}.log"))
+        return Unit(rank=None, node=str(ff.get("node")), exit_code=1, ended_at=ff.get("ended_at"),
+                    label=str(label), log=str(log) if log.is_file() else None)  # fmt: skip
+    reason = run.get("reason") or ""
+    env_log = adir.parent / "environment.log"
+    if not ff and reason.startswith("environment build failed") and env_log.is_file():
+        msg = reason.removeprefix("environment build failed").lstrip(": ") or "see its log"
+        return _environment_unit(env_log, msg, run.get("ended_at"))  # Slurm: built here
+    return None
+
+
 def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> Case:
     """A trebuchet run: `run` holds the RunRecord's fields (or what a run dir tells)."""
     run_dir = Path(run["run_dir"])
@@ -490,30 +511,9 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
             continue
         name = f"rank-{row['rank']}" if row.get("rank") is not None else f"node-{row['node']}"
         outcomes.setdefault(name, {**row, "stopped_by_launcher": bool(row["stopped_by_launcher"])})
-    reason = run.get("reason") or ""
-    env_log = run_dir / "environment.log"
-    if ff and ff.get("label") == "environment":
-        msg = ff.get("message") or "environment build failed"
-        case.units = [_environment_unit(Path(ff["log"]), msg, ff.get("ended_at"))]
-        case.first_failure = 0
-        return case
-    if ff and ff.get("label") == "setup":
-        case.units = [_setup_unit(ff)]
-        case.first_failure = 0
-        return case
-    if ff and ff.get("label") in NODE_CAUSES:  # a node's loss or failed health checks
-        log = adir / f"health-{ff.get('node')}.log"  # (runtime/job/nodeloss.py, health.py)
-        if ff.get("label") == "node_lost":
-            log = Path(str(ff.get("log") or adir / f"ssh-{ff.get('node')}.log"))
-        case.units = [Unit(rank=None, node=str(ff.get("node")), exit_code=1,
-                           ended_at=ff.get("ended_at"), label=str(ff.get("label")),
-                           log=str(log) if log.is_file() else None)]  # fmt: skip
-        case.first_failure = 0
-        return case
-    if not ff and reason.startswith("environment build failed") and env_log.is_file():
-        msg = reason.removeprefix("environment build failed").lstrip(": ") or "see its log"
-        case.units = [_environment_unit(env_log, msg, run.get("ended_at"))]  # Slurm: built here
-        case.first_failure = 0
+    before = _before_ranks(run, ff, adir)
+    if before is not None:
+        case.units, case.first_failure = [before], 0
         return case
     units: list[Unit] = []
     if launcher in ("torchrun", "none"):

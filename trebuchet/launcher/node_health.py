@@ -32,9 +32,11 @@ def check_nodes(run_dir: str, adir: Path, attempt: int, agents: list[Agent],
         from concurrent.futures import ThreadPoolExecutor  # here: +1 MiB for every run
 
         with ThreadPoolExecutor(len(wheres)) as pool:
-            verdicts = list(pool.map(lambda w: health.gate(w, conf), wheres))
+            verdicts = list(pool.map(lambda w: health.gate(w, conf, durable=False), wheres))
     else:
-        verdicts = [health.gate(w, conf) for w in wheres]
+        verdicts = [health.gate(w, conf, durable=False) for w in wheres]
+    for agent, where in zip(agents, wheres, strict=True):
+        agent.defer(os.path.join(where.adir, f"health-{where.node}.json"))
     for where, why in zip(wheres, verdicts, strict=True):
         if why is not None:
             rec = read_json(os.path.join(where.adir, f"lost-{where.node}.json"))

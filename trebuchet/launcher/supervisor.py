@@ -111,6 +111,7 @@ class Supervisor:
         self.subreaper = own_process and become_subreaper()
         self.cgroup: str | None = None
         self._adopted: set[int] = set()  # told to the watchdog
+        self._scanned = False  # the last _kill_strays scanned /proc for TREB_RUN_ID
         self.port = self.local["master_port"]
         # MLFLOW_RUN_ID, WANDB_RUN_ID...: the same for every attempt (docs/tracking.md)
         self.tracking_env = tracking.rank_env(tracking.load(job["run_dir"]))
@@ -169,7 +170,7 @@ class Supervisor:
             reserve.unlink(missing_ok=True)  # before the outcome is recorded (main)
             contain.leave_early(self.cgroup)  # an attempt that failed before its first start
             with contextlib.suppress(OSError):  # post's daemons; the cgroup goes
-                self._kill_strays(self.attempt, keep=False)
+                self._kill_strays(self.attempt, keep=False, scan=self._scan_again())
             self.watchdog.done()
             if self.local["environment"] and self.local["environment"].get("cleanup"):
                 from trebuchet.envs.build import remove
@@ -265,6 +266,7 @@ class Supervisor:
         sick = check_nodes(str(self.run_dir), adir, attempt, self.agents, self.jobfile, held)
         if sick is not None:  # no rank starts; the node is lost (runtime/node/health.py)
             self._say(str(sick.get("message")))
+            sync([path for agent in self.agents for path in agent.take_unsynced()])
             self.agents = []
             self.job.failure(sick, stop=False)
             return
@@ -468,11 +470,21 @@ class Supervisor:
         if self.view:
             self.view.say(text)
 
-    def _kill_strays(self, attempt: int, keep: bool = True) -> None:
+    def _scan_again(self) -> bool:
+        """Whether the run's end scans /proc for TREB_RUN_ID once more. Not when the last
+        attempt's end (after) scanned already, nothing of the run started since (no post
+        command) and the run has a cgroup, which holds whatever was started after that
+        scan: reading every process's environment again cost a few ms of the run's end
+        (~220 processes here; more on a desktop)."""
+        started_since = bool(self.local["hooks"].get("post"))
+        return self.cgroup is None or started_since or not self._scanned
+
+    def _kill_strays(self, attempt: int, keep: bool = True, scan: bool = True) -> None:
         """Anything of this run still alive (a daemon a rank left behind) is killed now:
-        the run's cgroup, what carries its TREB_RUN_ID, the orphans adopted as subreaper.
-        `keep` keeps the cgroup for the next attempt. The supervisor's own helpers stay:
-        the watchdog, the log policies' matcher, the webhooks' log watch."""
+        the run's cgroup, what carries its TREB_RUN_ID (unless not `scan`), the orphans
+        adopted as subreaper. `keep` keeps the cgroup for the next attempt. The
+        supervisor's own helpers stay: the watchdog, the log policies' matcher, the
+        webhooks' log watch."""
         me = os.getpid()
         matcher = self.job.matcher.pid if self.job.matcher is not None else None
         ours = {me, self.watchdog.pid if self.watchdog else -1, matcher or -1}
@@ -480,7 +492,9 @@ class Supervisor:
         adopted = []
         if self.subreaper:  # every child but ours: the ranks were reaped by now
             adopted = [p for p in children(me) if p not in ours and alive(p, None)]
-        found = contain.end_run(self.jobfile["run_id"], str(self.run_dir), ours, keep=keep)
+        rid = self.jobfile["run_id"]
+        found = contain.end_run(rid, str(self.run_dir), ours, keep=keep, scan=scan)
+        self._scanned = scan
         tree = [q for p in adopted for q in [p, *descendants(p)]]
         for pid in tree:
             signal_pid(pid, signal.SIGKILL)
