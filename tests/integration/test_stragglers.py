@@ -1,0 +1,66 @@
+"""Stragglers on real runs (docs/goodput.md#stragglers): lockstep training over gloo whose
+ranks mark their arrival at each step's all-reduce. A rank slowed by 50 % is named within
+20 steps (the script waits, after its 20th step, for the `straggler` event: no clock in the
+test); an even run of 200 fast steps names nobody."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, needs, status_json, write_spec
+
+pytestmark = pytest.mark.integration
+TRAIN = REPO / "tests" / "integration" / "scripts" / "straggle_train.py"
+
+
+def events(run_dir: str, kind: str) -> list[dict[str, Any]]:
+    lines = (Path(run_dir) / "events.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == kind]
+
+
+def slowed(treb: Callable[..., Any], tmp_path: Path, *on: str, procs: int = 2,
+           nodes: int = 1) -> dict[str, Any]:  # fmt: skip
+    """Rank 1 of `nodes` x `procs` takes 1.5x the others' time each step, for 20 steps:
+    named, in events.jsonl with its node and host, `status`, `status --json`."""
+    needs("torch")
+    spec = write_spec(tmp_path / "slow", f"command: [{sys.executable}, {TRAIN}, '20', '0.1', "
+                      f"'1', '1.5', '1']\nnodes: {nodes}\nprocs_per_node: {procs}\n")  # fmt: skip
+    res = treb("run", str(spec), *on, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "straggler named" in res.stdout + res.stderr
+    st = status_json(treb)
+    found = events(st["run_dir"], "straggler")
+    assert [e["rank"] for e in found] == [1], found
+    e = found[0]
+    assert {"event", "time", "rank", "node", "host", "score"} <= set(e)
+    assert e["node"] == 1 // procs and isinstance(e["host"], str) and e["host"]
+    assert 1.3 <= e["score"] < 3, e
+    named = st["stragglers"]["stragglers"]
+    assert [(s["rank"], s["node"], s["host"]) for s in named] == [(1, e["node"], e["host"])]
+    assert set(st["stragglers"]["ranks"]) == {str(r) for r in range(nodes * procs)}
+    text = treb("status").stdout
+    assert "straggler: rank 1 (node" in text, text
+    return st
+
+
+def test_slowed_rank_named_and_even_run_not(treb, tmp_path: Path) -> None:
+    st = slowed(treb, tmp_path)
+    top = treb("top", "--once", "--all")
+    assert "straggler: rank 1" in top.stdout, top.stdout
+    # an even run: 200 steps of 20 ms on every rank, nobody named
+    spec = write_spec(tmp_path / "even", f"command: [{sys.executable}, {TRAIN}, '200', "
+                      "'0.02', '-1', '1', '0']\nprocs_per_node: 2\n")  # fmt: skip
+    res = treb("run", str(spec), timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    even = status_json(treb)
+    assert even["id"] != st["id"]
+    assert events(even["run_dir"], "straggler") == []
+    assert even["stragglers"]["stragglers"] == []
+    assert set(even["stragglers"]["ranks"]) == {"0", "1"}  # both were scored
+    assert all(s < 1.3 for s in even["stragglers"]["ranks"].values()), even["stragglers"]
