@@ -1,7 +1,9 @@
 """Stragglers on real runs (docs/goodput.md#stragglers): lockstep training over gloo whose
 ranks mark their arrival at each step's all-reduce. A rank slowed by 50 % is named within
 20 steps (the script waits, after its 20th step, for the `straggler` event: no clock in the
-test); an even run of 200 fast steps names nobody."""
+test); an even run of 200 fast steps names nobody. The even run also prints the HuggingFace
+Trainer's checkpoint line at step 100 and fails at its end: the line alone is the
+checkpoint that keeps the first half of its training (goodput)."""
 
 from __future__ import annotations
 
@@ -55,12 +57,18 @@ def test_slowed_rank_named_and_even_run_not(treb, tmp_path: Path) -> None:
     assert "straggler: rank 1" in top.stdout, top.stdout
     # an even run: 200 steps of 20 ms on every rank, nobody named
     spec = write_spec(tmp_path / "even", f"command: [{sys.executable}, {TRAIN}, '200', "
-                      "'0.02', '-1', '1', '0']\nprocs_per_node: 2\n")  # fmt: skip
+                      "'0.02', '-1', '1', '0', '100', '1']\nprocs_per_node: 2\n")  # fmt: skip
     res = treb("run", str(spec), timeout=300)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
     even = status_json(treb)
     assert even["id"] != st["id"]
     assert events(even["run_dir"], "straggler") == []
     assert even["stragglers"]["stragglers"] == []
     assert set(even["stragglers"]["ranks"]) == {"0", "1"}  # both were scored
     assert all(s < 1.3 for s in even["stragglers"]["ranks"].values()), even["stragglers"]
+    # the logged checkpoint: a mark numbered 100, the training up to it kept, the rest redone
+    logged = (Path(even["run_dir"]) / "attempt-0" / "marks" / "rank-0.from-log").read_text()
+    assert logged.split()[1:] == ["checkpoint", "100"], logged
+    assert not any(Path(even["run_dir"], "checkpoints").glob("*"))  # no file said it
+    g = even["goodput"]
+    assert g["productive_s"] > 0 and g["lost"]["redone"] > 0, g
