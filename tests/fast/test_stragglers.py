@@ -246,3 +246,57 @@ def test_bad_settings_exit_2_naming_the_field(
     assert main(["render", str(spec)]) == 2
     err = capsys.readouterr().err
     assert f"{spec}:2:" in err and words in err and "Traceback" not in err, err
+
+
+def test_the_dashboard_and_status_name_it_after_the_fact(tmp_path: Path) -> None:
+    """No stragglers.json (an ssh run whose marks were fetched, a run before the watch):
+    the run page and `status` compute it from the marks; a host name with markup stays
+    text; a run whose ranks marked nothing shows nothing."""
+    from trebuchet.cli.report import straggler_json
+    from trebuchet.store.db import RunRecord
+    from trebuchet.ui.pages import _stragglers
+
+    run = tmp_path / "run"
+    lockstep(run / "attempt-0", 2, range(12), 1)
+    (run / "attempt-0" / "rank-1.json").write_text(json.dumps(
+        {"label": "rank-1", "rank": 1, "node": 0, "host": "<b>gpu-17</b>",
+         "state": "RUNNING"}))  # fmt: skip
+    rec = RunRecord(id="r1", name="x", backend="local", launcher="native", state="RUNNING",
+                    nodes=1, procs_per_node=2, run_dir=str(run), created_at=0.0)  # fmt: skip
+    html = _stragglers(rec)
+    assert "straggler: rank 1 (node 0, &lt;b&gt;gpu-17&lt;/b&gt;) takes 1." in html, html
+    data = straggler_json(rec)
+    assert data is not None and [s["rank"] for s in data["stragglers"]] == [1]
+    assert not (run / "attempt-0" / "stragglers.json").exists()  # a view writes nothing
+    empty = tmp_path / "empty"
+    (empty / "attempt-0").mkdir(parents=True)
+    rec2 = RunRecord(id="r2", name="x", backend="local", launcher="native", state="RUNNING",
+                     nodes=1, procs_per_node=2, run_dir=str(empty), created_at=0.0)  # fmt: skip
+    assert _stragglers(rec2) == "" and straggler_json(rec2) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0, 1e6), min_size=2, max_size=40))
+def test_the_peers_median_is_the_median_of_the_others(values: list[float]) -> None:
+    """The O(1) leave-one-out median equals the plain one, for every rank."""
+    s = sorted(values)
+    for at in range(len(s)):
+        assert straggler._median_without(s, at) == straggler._median(s[:at] + s[at + 1 :])
+
+
+def test_step_numbers_used_again_follow_the_order_they_were_marked(tmp_path: Path) -> None:
+    """A new epoch numbering its steps from 0 again: the latest marks are the steps, and
+    the slowed rank is named from them, not from the old epoch's higher numbers."""
+    t = lockstep(tmp_path, 3, range(30), None)
+    lockstep(tmp_path, 3, range(8), 0, start=t + 1)
+    w = StragglerWatch(str(tmp_path), 1.3, 1)
+    assert [f["rank"] for f in w.check(force=True)] == [0]
+
+
+def test_thousands_of_ranks_score_in_time(tmp_path: Path) -> None:
+    """4096 ranks x 12 steps: the peers' medians from one sort a step (the property above
+    holds them equal to the plain ones); the slow rank alone is named."""
+    rng = random.Random(1)
+    times = {str(r): [0.1 * rng.uniform(0.95, 1.05) * (1.5 if r == 77 else 1.0)
+                      for _ in range(12)] for r in range(4096)}  # fmt: skip
+    assert list(named(times, 1.3)) == ["77"]

@@ -22,10 +22,13 @@ once its score falls below halfway between 1 and the threshold. A node's score i
 worst rank's.
 
 Where: the job controller's watch loop (runtime/job/life.py) calls `StragglerWatch.step`
-at most every `CHECK_S` seconds, which reads what was appended to the attempt's marks
-files since (at most `READ_MAX` bytes a file a check, from its end when more came),
-keeps the last `KEEP` steps of each rank, and writes `attempt-<n>/stragglers.json`; a
-rank that becomes a straggler is one `straggler` event, one line, one webhook.
+at most every `CHECK_S` seconds (less often where a look took more than 2 % of that
+time: thousands of ranks, a slow shared file system), which reads what was appended to
+the attempt's marks files since (at most `READ_MAX` bytes a file a check, from its end
+when more came), keeps the last `KEEP` steps of each rank (in the order they were
+marked: a step number used again, a new epoch's, is the latest), and writes
+`attempt-<n>/stragglers.json`; a rank that becomes a straggler is one `straggler` event,
+one line, one webhook.
 `scores_of(adir)` computes the same from the files after the fact (status, the
 dashboard, ssh runs whose marks were fetched).
 
@@ -77,17 +80,29 @@ def step_scores(times: Mapping[str, Sequence[float | None]]) -> dict[str, list[f
     length = max((len(v) for v in times.values()), default=0)
     out: dict[str, list[float]] = {r: [] for r in ranks}
     for i in range(length):
-        known = {}
+        known = []
         for r in ranks:
             v = times[r][i] if i < len(times[r]) else None
             if v is not None and _fine(v):
-                known[r] = float(v)
+                known.append((float(v), r))
         if len(known) < 2:
             continue
-        for r, d in known.items():
-            others = [v for q, v in known.items() if q != r]
-            out[r].append((d + EPS) / (_median(others) + EPS))
+        known.sort()
+        values = [v for v, _ in known]
+        for at, (d, r) in enumerate(known):
+            out[r].append((d + EPS) / (_median_without(values, at) + EPS))
     return out
+
+
+def _median_without(s: Sequence[float], at: int) -> float:
+    """The median of the sorted `s` less its element `at`, in O(1) (thousands of ranks:
+    each rank's peers' median without sorting them again)."""
+    m = len(s) - 1
+
+    def pick(j: int) -> float:  # the j-th of the rest
+        return s[j if j < at else j + 1]
+
+    return pick(m // 2) if m % 2 else (pick(m // 2 - 1) + pick(m // 2)) / 2.0
 
 
 def score(times: Mapping[str, Sequence[float | None]], window: int = WINDOW) -> dict[str, float]:
@@ -120,10 +135,10 @@ class Rank:
         key = float(self.counts[kind]) if n is None else n
         self.counts[kind] += 1
         into = self.compute if kind == COMPUTE else self.step
+        into.pop(key, None)  # a number used again (a new epoch's): the latest, last
         into[key] = t
-        if len(into) > 2 * KEEP:  # the oldest keys go
-            for k in sorted(into)[: len(into) - KEEP]:
-                del into[k]
+        while len(into) > KEEP + 1:  # the keys marked longest ago go
+            del into[next(iter(into))]
 
 
 def durations(ranks: Mapping[str, Rank]) -> Durations:
@@ -131,21 +146,24 @@ def durations(ranks: Mapping[str, Rank]) -> Durations:
     rank has none): arrival less the step's start when any rank marks `compute`, else the
     interval between its own step marks (see the module's docstring)."""
     arrive = any(r.compute for r in ranks.values())
-    keys = sorted({k for r in ranks.values() for k in (r.compute if arrive else r.step)})
-    keys = keys[-(KEEP + 1) :]
+    first: dict[float, float] = {}  # each step key's earliest mark: steps in time order
+    for r in ranks.values():
+        for k, t in (r.compute if arrive else r.step).items():
+            first[k] = min(t, first.get(k, t))
+    keys = sorted(first, key=lambda k: (first[k], k))[-(KEEP + 1) :]
+    start: float | None = None
     out: Durations = {name: [] for name in ranks}
     for prev, key in zip(keys, keys[1:]):
         if arrive:  # the previous step let the last rank go at its latest mark
-            ends = [t for r in ranks.values() for t in (r.compute.get(prev), r.step.get(prev))
-                    if t is not None]  # fmt: skip
+            ends = [e for r in ranks.values() for e in (r.compute.get(prev), r.step.get(prev))
+                    if e is not None]  # fmt: skip
             start = max(ends) if ends else None
         for name, r in ranks.items():
             if arrive:
-                t = r.compute.get(key)
-                d = t - start if t is not None and start is not None else math.nan
+                t1, t0 = r.compute.get(key), start
             else:
-                t, t0 = r.step.get(key), r.step.get(prev)
-                d = t - t0 if t is not None and t0 is not None else math.nan
+                t1, t0 = r.step.get(key), r.step.get(prev)
+            d = t1 - t0 if t1 is not None and t0 is not None else math.nan
             out[name].append(d)
     return out
 
@@ -293,11 +311,12 @@ class StragglerWatch:
         mono = time.monotonic()
         if mono < self.next_check and not force:
             return []
-        self.next_check = mono + CHECK_S
         ranks = self.folder.read()
-        if len(ranks) < 2:
+        found = report(ranks, self.threshold, self.ppn) if len(ranks) >= 2 else None
+        # thousands of ranks: a look costs at most 2 % of the controller's time
+        self.next_check = time.monotonic() + max(CHECK_S, 50 * (time.monotonic() - mono))
+        if found is None:
             return []
-        found = report(ranks, self.threshold, self.ppn)
         leave = 1.0 + (self.threshold - 1.0) / 2.0
         new = [r for r in found["stragglers"] if r not in self.current]
         self.current = {r for r in self.current if found["ranks"].get(r, 0.0) >= leave}
