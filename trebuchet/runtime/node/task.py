@@ -170,27 +170,21 @@ def slurm_agent(job: JobFile, inline: bool = False) -> Agent:
         env["OMP_NUM_THREADS"] = contract.omp_threads(cpus, ppn)
     cmd = list(job["command"])
     worker = [*self_argv(), "worker", "--slurm", "--grace", str(job["grace"])]
-    if launcher == "native":
-        rank, local = _int_env("SLURM_PROCID"), _int_env("SLURM_LOCALID")
-        env.update(contract.rank_vars(rank, local, node, nnodes, ppn))
-        # srun is the launcher here: no TORCHELASTIC_RUN_ID (contract.elastic_vars)
-        env.update(contract.elastic_vars(None, int(job.get("max_attempts", 1)) - 1))
-        proc = Proc(f"rank-{rank}", f"{node}:{local}", cmd, env, rank, node, local)
+    if launcher == "native" and node_agent(job):  # this node's ranks, as srun would
+        ranks = [(node * ppn + local, local) for local in range(ppn)]
+        procs = native_procs(job, env, node, nnodes, ranks, None, slurm_tasks=True)
+    elif launcher == "native":  # srun started this rank as a task of its own (slurm.mpi)
+        ranks = [(_int_env("SLURM_PROCID"), _int_env("SLURM_LOCALID"))]
+        procs = native_procs(job, env, node, nnodes, ranks, None)
     elif launcher == "torchrun":
-        proc = torchrun_proc(env, node, nnodes, ppn, worker, cmd)
+        procs = [torchrun_proc(env, node, nnodes, ppn, worker, cmd)]
     elif launcher in ("mpirun", "horovod"):  # horovod: under mpirun (runtime/node/horovodrun.py)
-        proc = Proc(
-            f"node-{node}",
-            str(node),
-            _mpirun_argv(job, env, worker, cmd),
-            env,
-            node=node,
-            launcher=True,
-        )
+        argv = _mpirun_argv(job, env, worker, cmd)
+        procs = [Proc(f"node-{node}", str(node), argv, env, node=node, launcher=True)]
     else:  # none: the user's own launcher, once per node
-        proc = none_proc(env, node, ppn, cmd)
+        procs = [none_proc(env, node, ppn, cmd)]
     return Agent(
-        [proc],
+        procs,
         adir,
         job["workdir"],
         float(job["grace"]),
@@ -200,6 +194,34 @@ def slurm_agent(job: JobFile, inline: bool = False) -> Agent:
         on_failure=None if inline else lambda p: slurm_teardown(adir, p.label),
         stopped_elsewhere=slurm_stopped_elsewhere(job["run_dir"], adir),
     )
+
+
+def node_agent(job: JobFile) -> bool:
+    """Whether each task of the ranks' srun step is its node's agent, which starts all the
+    node's ranks (one task per node: issue 36), rather than one rank's (srun starts each
+    rank under `slurm.mpi`): as the step's own --ntasks-per-node says (backends/slurm)."""
+    per_task = [a for a in job.get("srun") or [] if a.startswith("--ntasks-per-node=")]
+    return bool(per_task) and per_task[0] == "--ntasks-per-node=1"
+
+
+def native_procs(job: JobFile, env: dict[str, str], node: int, nnodes: int,
+                 ranks: list[tuple[int, int]], elastic_id: str | None,
+                 slurm_tasks: bool = False) -> list[Proc]:  # fmt: skip
+    """launcher native: a process per (rank, local rank) with the rank contract, on every
+    engine's node agent. `elastic_id`: TORCHELASTIC_RUN_ID, None where srun's variables
+    say who the launcher is (Slurm: Lightning would otherwise take torchrun for it and drop
+    its SLURM auto-requeue); `slurm_tasks`: each rank also gets the SLURM_* variables of
+    the task srun would have started for it (contract.slurm_task_vars)."""
+    ppn, cmd = int(job["ppn"]), list(job["command"])
+    out = []
+    for rank, local in ranks:
+        renv = dict(env)
+        renv.update(contract.rank_vars(rank, local, node, nnodes, ppn))
+        renv.update(contract.elastic_vars(elastic_id, int(job.get("max_attempts", 1)) - 1))
+        if slurm_tasks:
+            renv.update(contract.slurm_task_vars(rank, local, node, nnodes, ppn))
+        out.append(Proc(f"rank-{rank}", f"{node}:{local}", cmd, renv, rank, node, local))
+    return out
 
 
 def torchrun_proc(
