@@ -18,6 +18,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -253,3 +254,56 @@ def test_a_node_agents_first_failure_stops_its_other_ranks_and_the_step(tmp_path
     assert recs[3]["stopped_by_launcher"] is True and recs[5]["stopped_by_launcher"] is True
     assert said.splitlines() == ["--signal=TERM 77.0"]  # the other nodes' agents, by Slurm
     assert (adir / "teardown").read_text().strip() == "1:1"
+
+
+def test_a_parked_node_agent_runs_the_next_attempt_in_its_step(tmp_path: Path) -> None:
+    """Issue 36: a retry without a new srun step. The agent (the real `task` verb) ends its
+    attempt on the link, parks, and on the controller's word (a real Hub here) runs the
+    next attempt's ranks itself: the same process starts both attempts' ranks."""
+    from trebuchet.runtime.job import link as agent_link
+
+    run_dir = tmp_path / "run"
+    for attempt in (0, 1):  # as the controller writes them before each attempt
+        (run_dir / f"attempt-{attempt}").mkdir(parents=True)
+        (run_dir / f"attempt-{attempt}" / "attempt.json").write_text(
+            json.dumps({"job_id": "77", "attempt": attempt}))  # fmt: skip
+    runtime = ship(run_dir)
+    srun = ["--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
+    show = 'echo "$TREB_ATTEMPT $SLURM_PROCID $PPID"; [ "$TREB_ATTEMPT" = 1 ] || exit 3'
+    job = task_job(run_dir, tmp_path, "native", 2, ["bash", "-c", show], srun=srun, grace=1,
+                   max_attempts=2)  # fmt: skip
+    r, w = os.pipe()
+    hub = agent_link.Hub(w)
+    try:
+        hub.expect(0, 1)
+        env = {
+            "PATH": os.environ["PATH"], "HOME": str(tmp_path), "TREB_RUN_DIR": str(run_dir),
+            "TREB_WORKDIR": str(tmp_path), "TREB_ATTEMPT": "0", "SLURM_JOB_ID": "77",
+            "SLURM_STEP_ID": "0", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
+            "SLURM_LOCALID": "0", "SLURM_NNODES": "1", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "1", agent_link.ENV: hub.address("127.0.0.1"),
+            agent_link.PARK_ENV: "1",
+        }  # fmt: skip
+        agent = subprocess.Popen([sys.executable, "-S", str(runtime), "task", str(job)],
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while hub.ended() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert hub.ended() == 3 and agent.poll() is None  # attempt 0 failed; the agent waits
+        assert hub.resume(1, 1)
+        while hub.ended() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert hub.ended() == 0
+        hub.release()
+        assert agent.wait(timeout=30) == 0, agent.communicate()
+    finally:
+        hub.close()
+        os.close(r)
+        os.close(w)
+    said = {(a, rank): (run_dir / f"attempt-{a}" / f"rank-{rank}.log").read_text().split()
+            for a in (0, 1) for rank in (0, 1)}  # fmt: skip
+    assert {k: v[:2] for k, v in said.items()} == {(a, r): [str(a), str(r)] for a, r in said}
+    assert len({v[2] for v in said.values()}) == 1  # one agent started all four
+    recs = {a: json.loads((run_dir / f"attempt-{a}" / "rank-1.json").read_text()) for a in (0, 1)}
+    assert recs[0]["exit_code"] == 3 and recs[1]["exit_code"] == 0
+    assert recs[1]["attempt"] == 1

@@ -112,16 +112,39 @@ def slurm_teardown(adir: str, label: str) -> None:
 
 def slurm_task(job: JobFile) -> int:
     """One task of the ranks' srun step, on the line to its controller (agent_link: its
-    heartbeat while it runs, its end once its records are written)."""
+    heartbeat while it runs, its end once its records are written). Where the controller
+    keeps the step (agent_link.PARK_ENV), the agent then waits for its word and runs the
+    next attempt's ranks in the same step (a retry without a new srun step: issue 36)."""
     task = os.environ.get("SLURM_PROCID", "?")
     host = os.environ.get("SLURMD_NODENAME") or os.uname().nodename  # Slurm's name for it
     attempt = _int_env("TREB_ATTEMPT")
     timeout = float(job.get("node_timeout") or agent_link.NODE_TIMEOUT_S)
+    park = os.environ.pop(agent_link.PARK_ENV, "") == "1"  # not the ranks' business
 
     def controller_lost(heard: float) -> None:  # Slurm's batch host died (batchloss.py)
         batchloss.on_lost(job, attempt, timeout, heard)
 
     link = agent_link.open_link(attempt, task, host, controller_lost, timeout)
+    while True:
+        code, healthy = slurm_attempt(job, link)
+        if link is None or not park or not healthy or link.sock is None:
+            break
+        link.park(code)  # the attempt's end, then the controller's word
+        following = link.wait_next(lambda: False)  # a TERM now is Slurm's: its KILL follows
+        if following is None:
+            link.close()
+            return code
+        attempt = following
+        os.environ["TREB_ATTEMPT"] = str(attempt)
+        link.next_attempt(attempt)
+    if link is not None:
+        link.ended(code)
+    return code
+
+
+def slurm_attempt(job: JobFile, link: agent_link.Link | None) -> tuple[int, bool]:
+    """This task's part of one attempt (TREB_ATTEMPT): its node's checks, the barrier, its
+    ranks to their end. Its exit code, and whether its node was healthy."""
     agent = slurm_agent(job)
     agent.install_signals()
     # A task that srun starts after the attempt's teardown (its TERM went to the tasks
@@ -135,9 +158,7 @@ def slurm_task(job: JobFile) -> int:
     elif not torn_down:  # every node's checks end before any rank starts (barrier.py)
         torn_down = not slurm_go(job, link, agent)
     code = 128 + signal.SIGTERM if torn_down else 1 if unhealthy else agent.run()
-    if link is not None:
-        link.ended(code)
-    return code
+    return code, unhealthy is None
 
 
 def slurm_go(job: JobFile, link: agent_link.Link | None, agent: Agent) -> bool:

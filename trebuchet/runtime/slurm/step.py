@@ -97,6 +97,7 @@ class Controller:
         self.finishing: list[subprocess.Popen[bytes]] = []
         self.link: agent_link.Hub | None = None
         self.stepped = False  # a task step already ran in this allocation
+        self.step_use: list[str] = []  # the nodes of the latest task step
         self.node_timeout = float(job.get("node_timeout") or agent_link.NODE_TIMEOUT_S)
         self.lost: str | None = None  # this attempt's lost node, as said (node_lost: ...)
         self.lost_kill_at: float | None = None  # then srun is ended at this time
@@ -286,7 +287,10 @@ class Controller:
             self.inline.start_all()
         else:
             args = self.step_args(self.job["srun"])
+            if self.resume_step(attempt, args):
+                return
             if self.link is not None:
+                self.link.release()  # the previous step's parked agents exit
                 self.link.expect(attempt, step_tasks(args))
             self.finishing = [p for p in self.finishing if p.poll() is None]
             # a retry: the previous step may still hold its CPUs while srun reports its end
@@ -294,6 +298,23 @@ class Controller:
             overlap = ["--overlap"] if self.finishing or self.stepped else []
             self.stepped = True
             self.step = self.srun([*args, *overlap], "task")
+            self.step_use = list(self.use)
+
+    def resume_step(self, attempt: int, args: list[str]) -> bool:
+        """The attempt on the previous attempt's node agents, parked in their srun step
+        (runtime/job/link.py): no new step, no new interpreter, so a retry in the same
+        allocation starts in well under a second. Only on the same nodes, once every agent
+        of the step parked and no signal of ours is still on its way to the step."""
+        parked = self.finishing[-1] if self.finishing else None
+        if (self.link is None or parked is None or parked.poll() is not None
+                or self.use != self.step_use or self.scancels):  # fmt: skip
+            return False
+        if not self.link.resume(attempt, step_tasks(args)):
+            return False
+        self.finishing.pop()
+        self.step = parked
+        log(f"attempt {attempt + 1}: on the node agents of the previous attempt's srun step")
+        return True
 
     def poll(self) -> bool:
         self._tick()
@@ -789,6 +810,10 @@ class Controller:
             log(f"no agent link ({exc}): each attempt waits for its srun step's end")
             return
         os.environ[agent_link.ENV] = self.link.address(os.uname().nodename)
+        if not self.job.get("pre") and not self.job.get("post"):
+            # the agents may wait for the next attempt in their step; not with pre/post,
+            # whose steps need the node's CPUs that a parked step (--whole) holds
+            os.environ[agent_link.PARK_ENV] = "1"
 
     def run(self) -> int:
         self.install_signals()
@@ -800,6 +825,8 @@ class Controller:
         if not self.job.get("inline"):
             self.open_link()
         state = self.lc.run(first=self.attempt)
+        if self.link is not None:
+            self.link.release()  # no attempt follows: the parked agents exit
         for step in [*self.finishing, *self.scancels]:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 step.wait(timeout=30)
