@@ -1,6 +1,7 @@
 """The job controller on Slurm: what happens once per job, in the batch step.
 
-Attempts (each one srun step of node agents, with the spec's pre/post commands around it),
+Attempts (an srun step of node agents, one per node; a retry on the same nodes runs on
+the previous attempt's agents, parked in their step; the spec's pre/post commands around),
 retries within the allocation, log policies, the spec's `timeout` per attempt (as the local
 supervisor: the checkpoint signal `warning` seconds before it, then the ranks stopped, the
 attempt TIMEOUT and retried here when attempts remain), the job's time-limit warning
