@@ -307,3 +307,22 @@ def test_a_parked_node_agent_runs_the_next_attempt_in_its_step(tmp_path: Path) -
     recs = {a: json.loads((run_dir / f"attempt-{a}" / "rank-1.json").read_text()) for a in (0, 1)}
     assert recs[0]["exit_code"] == 3 and recs[1]["exit_code"] == 0
     assert recs[1]["attempt"] == 1
+
+
+def test_which_steps_park_their_agents_for_the_next_attempt() -> None:
+    """One node agent per node parks (native, torchrun, none); not with pre/post (their
+    steps need the CPUs a parked step holds), not one agent per rank (slurm.mpi: PMIx wires
+    up a task once), not mpirun."""
+    from trebuchet.runtime.slurm.step import parks
+
+    per_node = ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--whole"]
+    per_rank = ["--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--mpi=pmix"]
+    cases = [({"launcher": "native", "srun": per_node}, True),
+             ({"launcher": "native", "srun": per_rank}, False),
+             ({"launcher": "torchrun", "srun": per_node}, True),
+             ({"launcher": "none", "srun": per_node}, True),
+             ({"launcher": "mpirun", "srun": per_node}, False),
+             ({"launcher": "native", "srun": per_node, "pre": "echo hi"}, False),
+             ({"launcher": "torchrun", "srun": per_node, "post": "echo bye"}, False)]  # fmt: skip
+    for job, expected in cases:
+        assert parks(job) is expected, job  # type: ignore[arg-type]

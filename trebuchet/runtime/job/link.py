@@ -123,10 +123,10 @@ class Hub:
             for task_id, (host, conn) in parked.items():
                 task = self.tasks[task_id] = _Task(host)
                 task.sock = conn
-                try:
+                # its end went away meanwhile: the others may already run the attempt, so
+                # it is this attempt's silent node (lost after node_timeout), not a new step
+                with contextlib.suppress(OSError):
                     conn.send(word)
-                except OSError:
-                    return False  # its end stopped meanwhile (it is lost: a new step)
             return True
 
     def release(self) -> None:

@@ -29,7 +29,7 @@ from ..job import life as lifecycle
 from ..job import link as agent_link
 from ..job import nodeloss, selfrequeue
 from ..node.agent import Agent
-from ..node.task import PYTHON_GUARD
+from ..node.task import PYTHON_GUARD, node_agent
 from ..process import procs
 from ..publish import trackers as tracking
 from ..rundir.records import (
@@ -308,7 +308,8 @@ class Controller:
         of the step parked and no signal of ours is still on its way to the step."""
         parked = self.finishing[-1] if self.finishing else None
         if (self.link is None or parked is None or parked.poll() is not None
-                or self.use != self.step_use or self.scancels):  # fmt: skip
+                or self.use != self.step_use
+                or any(p.poll() is None for p in self.scancels)):  # fmt: skip
             return False
         if not self.link.resume(attempt, step_tasks(args)):
             return False
@@ -811,9 +812,7 @@ class Controller:
             log(f"no agent link ({exc}): each attempt waits for its srun step's end")
             return
         os.environ[agent_link.ENV] = self.link.address(os.uname().nodename)
-        if not self.job.get("pre") and not self.job.get("post"):
-            # the agents may wait for the next attempt in their step; not with pre/post,
-            # whose steps need the node's CPUs that a parked step (--whole) holds
+        if parks(self.job):
             os.environ[agent_link.PARK_ENV] = "1"
 
     def run(self) -> int:
@@ -834,6 +833,18 @@ class Controller:
         if self.terminating:
             return 143
         return 0 if state == "SUCCEEDED" else 1
+
+
+def parks(job: JobFile) -> bool:
+    """Whether the agents wait in their step for the next attempt (runtime/job/link.py):
+    one node agent per node (native, torchrun, none). Not with pre/post, whose steps need
+    the node's CPUs that a parked step holds (--whole); not where srun starts each rank
+    (slurm.mpi: PMIx wires up a task once) nor under mpirun (its daemons' own steps)."""
+    if job.get("pre") or job.get("post"):
+        return False
+    return job["launcher"] in ("torchrun", "none") or (
+        job["launcher"] == "native" and node_agent(job)
+    )
 
 
 def step_tasks(srun_args: list[str]) -> int:
