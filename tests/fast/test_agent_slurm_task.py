@@ -256,6 +256,15 @@ def test_a_node_agents_first_failure_stops_its_other_ranks_and_the_step(tmp_path
     assert (adir / "teardown").read_text().strip() == "1:1"
 
 
+def alive(pid: int) -> bool:
+    """Not gone nor a zombie (a killed daemon waits for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_a_parked_node_agent_runs_the_next_attempt_in_its_step(tmp_path: Path) -> None:
     """Issue 36: a retry without a new srun step. The agent (the real `task` verb) ends its
     attempt on the link, parks, and on the controller's word (a real Hub here) runs the
@@ -269,7 +278,11 @@ def test_a_parked_node_agent_runs_the_next_attempt_in_its_step(tmp_path: Path) -
             json.dumps({"job_id": "77", "attempt": attempt}))  # fmt: skip
     runtime = ship(run_dir)
     srun = ["--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
-    show = 'echo "$TREB_ATTEMPT $SLURM_PROCID $PPID"; [ "$TREB_ATTEMPT" = 1 ] || exit 3'
+    # attempt 0 fails and leaves a daemon behind (out of its process group), as the step's
+    # end would have ended it
+    show = ('echo "$TREB_ATTEMPT $SLURM_PROCID $PPID"; [ "$TREB_ATTEMPT" = 1 ] && exit 0; '
+            '[ "$SLURM_PROCID" = 1 ] && { setsid sleep 300 & echo $! > "$TREB_RUN_DIR/stray"; '
+            '}; exit 3')  # fmt: skip
     job = task_job(run_dir, tmp_path, "native", 2, ["bash", "-c", show], srun=srun, grace=1,
                    max_attempts=2)  # fmt: skip
     r, w = os.pipe()
@@ -281,7 +294,7 @@ def test_a_parked_node_agent_runs_the_next_attempt_in_its_step(tmp_path: Path) -
             "TREB_WORKDIR": str(tmp_path), "TREB_ATTEMPT": "0", "SLURM_JOB_ID": "77",
             "SLURM_STEP_ID": "0", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
             "SLURM_LOCALID": "0", "SLURM_NNODES": "1", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": "1", agent_link.ENV: hub.address("127.0.0.1"),
+            "MASTER_PORT": "1", agent_link.ENV: hub.address("127.0.0.1"), "TREB_RUN_ID": "r1",
             agent_link.PARK_ENV: "1",
         }  # fmt: skip
         agent = subprocess.Popen([sys.executable, "-S", str(runtime), "task", str(job)],
@@ -290,6 +303,8 @@ def test_a_parked_node_agent_runs_the_next_attempt_in_its_step(tmp_path: Path) -
         while hub.ended() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         assert hub.ended() == 3 and agent.poll() is None  # attempt 0 failed; the agent waits
+        stray = int((run_dir / "stray").read_text())
+        assert not alive(stray), "the attempt's leftover outlived it in the parked step"
         assert hub.resume(1, 1)
         while hub.ended() is None and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -300,6 +315,9 @@ def test_a_parked_node_agent_runs_the_next_attempt_in_its_step(tmp_path: Path) -
         hub.close()
         os.close(r)
         os.close(w)
+        stray_file = run_dir / "stray"
+        if stray_file.exists() and alive(int(stray_file.read_text())):
+            os.kill(int(stray_file.read_text()), 9)  # this test's own daemon, by its pid
     said = {(a, rank): (run_dir / f"attempt-{a}" / f"rank-{rank}.log").read_text().split()
             for a in (0, 1) for rank in (0, 1)}  # fmt: skip
     assert {k: v[:2] for k, v in said.items()} == {(a, r): [str(a), str(r)] for a, r in said}

@@ -129,6 +129,11 @@ def slurm_task(job: JobFile) -> int:
         code, healthy = slurm_attempt(job, link)
         if link is None or not park or not healthy or link.sock is None:
             break
+        # what the ranks left behind (a daemon out of their process group) would outlive
+        # the attempt in a step that goes on: ended here, as the step's end would have
+        from .per_node import end_strays
+
+        end_strays(str(job["run_id"]), _int_env("SLURM_NODEID"))
         link.park(code)  # the attempt's end, then the controller's word
         following = link.wait_next(lambda: False)  # a TERM now is Slurm's: its KILL follows
         if following is None:
