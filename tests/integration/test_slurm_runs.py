@@ -341,6 +341,11 @@ def test_retry_resumes_from_the_checkpoint(streb) -> None:
     assert "resumed from epoch 2" in resumed and "epoch 4 loss" in resumed
     assert "epoch 1 loss" not in resumed  # attempt 1 did not start over
     assert (run_dir / "checkpoints" / "digits-ddp.pt").exists()
+    # the retry ran on the first attempt's node agents, in their srun step (issue 36)
+    steps = {records(run_dir, a)[f"rank-{r}"]["step_id"] for a in (0, 1) for r in range(4)}
+    assert len(steps) == 1, steps
+    assert "on the node agents of the previous attempt's srun step" in (
+        run_dir / "batch.log").read_text()  # fmt: skip
 
 
 def test_time_limits_timeout_and_requeue(limit_runs: LimitRuns) -> None:

@@ -1,7 +1,8 @@
 """The runtime's command line (`python3 treb-runtime-<version>-<hash>.pyz VERB ...`):
 
 controller JOB_JSON       a Slurm job's batch step (attempts, retries, requeue)
-task JOB_JSON             one task of the ranks' srun step (a rank, or a node's launcher)
+task JOB_JSON             one task of the ranks' srun step (a node's agent; a rank under
+                          native with slurm.mpi); parked, it runs the next attempts too
 hook pre|post JOB_JSON    the spec's pre/post command on one node
 worker [--slurm] [--grace S] [--mpi PPN] -- CMD...
                           one rank started by torchrun, mpirun or horovodrun

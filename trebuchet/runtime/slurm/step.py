@@ -1,6 +1,7 @@
 """The job controller on Slurm: what happens once per job, in the batch step.
 
-Attempts (each one srun step of node agents, with the spec's pre/post commands around it),
+Attempts (an srun step of node agents, one per node; a retry on the same nodes runs on
+the previous attempt's agents, parked in their step; the spec's pre/post commands around),
 retries within the allocation, log policies, the spec's `timeout` per attempt (as the local
 supervisor: the checkpoint signal `warning` seconds before it, then the ranks stopped, the
 attempt TIMEOUT and retried here when attempts remain), the job's time-limit warning
@@ -28,7 +29,7 @@ from ..job import life as lifecycle
 from ..job import link as agent_link
 from ..job import nodeloss, selfrequeue
 from ..node.agent import Agent
-from ..node.task import PYTHON_GUARD
+from ..node.task import PYTHON_GUARD, node_agent
 from ..process import procs
 from ..publish import trackers as tracking
 from ..rundir.records import (
@@ -97,6 +98,7 @@ class Controller:
         self.finishing: list[subprocess.Popen[bytes]] = []
         self.link: agent_link.Hub | None = None
         self.stepped = False  # a task step already ran in this allocation
+        self.step_use: list[str] = []  # the nodes of the latest task step
         self.node_timeout = float(job.get("node_timeout") or agent_link.NODE_TIMEOUT_S)
         self.lost: str | None = None  # this attempt's lost node, as said (node_lost: ...)
         self.lost_kill_at: float | None = None  # then srun is ended at this time
@@ -180,7 +182,10 @@ class Controller:
             self.inline.start_all()
         else:
             args = self.step_args(self.job["srun"])
+            if self.resume_step(attempt, args):
+                return
             if self.link is not None:
+                self.link.release()  # the previous step's parked agents exit
                 self.link.expect(attempt, step_tasks(args))
             self.finishing = [p for p in self.finishing if p.poll() is None]
             # a retry: the previous step may still hold its CPUs while srun reports its end
@@ -188,6 +193,24 @@ class Controller:
             overlap = ["--overlap"] if self.finishing or self.stepped else []
             self.stepped = True
             self.step = self.srun([*args, *overlap], "task")
+            self.step_use = list(self.use)
+
+    def resume_step(self, attempt: int, args: list[str]) -> bool:
+        """The attempt on the previous attempt's node agents, parked in their srun step
+        (runtime/job/link.py): no new step, no new interpreter, so a retry in the same
+        allocation starts in well under a second. Only on the same nodes, once every agent
+        of the step parked and no signal of ours is still on its way to the step."""
+        parked = self.finishing[-1] if self.finishing else None
+        if (self.link is None or parked is None or parked.poll() is not None
+                or self.use != self.step_use
+                or any(p.poll() is None for p in self.scancels)):  # fmt: skip
+            return False
+        if not self.link.resume(attempt, step_tasks(args)):
+            return False
+        self.finishing.pop()
+        self.step = parked
+        log(f"attempt {attempt + 1}: on the node agents of the previous attempt's srun step")
+        return True
 
     def poll(self) -> bool:
         self._tick()
@@ -683,6 +706,8 @@ class Controller:
             log(f"no agent link ({exc}): each attempt waits for its srun step's end")
             return
         os.environ[agent_link.ENV] = self.link.address(os.uname().nodename)
+        if parks(self.job):
+            os.environ[agent_link.PARK_ENV] = "1"
 
     def run(self) -> int:
         self.install_signals()
@@ -694,12 +719,26 @@ class Controller:
         if not self.job.get("inline"):
             self.open_link()
         state = self.lc.run(first=self.attempt)
+        if self.link is not None:
+            self.link.release()  # no attempt follows: the parked agents exit
         for step in [*self.finishing, *self.scancels]:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 step.wait(timeout=30)
         if self.terminating:
             return 143
         return 0 if state == "SUCCEEDED" else 1
+
+
+def parks(job: JobFile) -> bool:
+    """Whether the agents wait in their step for the next attempt (runtime/job/link.py):
+    one node agent per node (native, torchrun, none). Not with pre/post, whose steps need
+    the node's CPUs that a parked step holds (--whole); not where srun starts each rank
+    (slurm.mpi: PMIx wires up a task once) nor under mpirun (its daemons' own steps)."""
+    if job.get("pre") or job.get("post"):
+        return False
+    return job["launcher"] in ("torchrun", "none") or (
+        job["launcher"] == "native" and node_agent(job)
+    )
 
 
 def step_tasks(srun_args: list[str]) -> int:
