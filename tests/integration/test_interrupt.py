@@ -152,3 +152,41 @@ def test_ctrl_c_reaches_ranks_on_ssh_hosts(treb, ssh_config: str, tmp_path: Path
     st = status_json(treb)
     assert st["state"] == "CANCELLED" and st["first_failure"] is None
     assert_nothing_left(st["id"])
+
+
+def test_ctrl_c_while_a_retry_is_pending_says_an_attempt_failed(treb, tmp_path: Path) -> None:
+    """Attempt 1 fails; Ctrl+C comes while its retry is pending (attempt 2's `pre` runs, no
+    rank started): the run is CANCELLED, its first failure stays attempt 1's, attempt 2 is
+    recorded as cancelled after attempt 1 failed, and the cause says it (never "nothing
+    failed"); treb exits 130."""
+    gap = tmp_path / "in-gap"
+    spec = write_spec(tmp_path, (
+        "command: 'if [ \"$TREB_ATTEMPT\" = 0 ]; then echo failing; exit 3; fi; sleep 60'\n"
+        f"retries: 1\npre: 'if [ \"$TREB_ATTEMPT\" = 1 ]; then touch {gap}; sleep 60; fi'\n"
+    ))  # fmt: skip
+    cmd = [sys.executable, "-m", "trebuchet", "run", str(spec)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+                            start_new_session=True)  # fmt: skip
+    try:
+        wait_for(gap.exists, what="attempt 2's pre")
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    said = err.decode(errors="replace")
+    assert proc.returncode == 130, said
+    assert "nothing failed" not in said.lower() and "pre command failed" not in said, said
+    assert "attempt 1 FAILED (rank 0 (node 0) exited with code 3); its retry" in said, said
+    assert "cancelled after attempt 1 failed" in said, said
+    st = status_json(treb)
+    assert st["state"] == "CANCELLED", st
+    assert st["first_failure"]["attempt"] == 0 and st["first_failure"]["exit_code"] == 3
+    assert [(a["state"], a["reason"]) for a in st["attempts"]] == [
+        ("FAILED", "failure"),
+        ("CANCELLED", "cancelled after attempt 1 failed, before its ranks started"),
+    ]
+    res = treb("diagnose", "--json")
+    assert "nothing failed" not in res.stdout.lower(), res.stdout
+    assert "cancelled after attempt 1 failed" in res.stdout, res.stdout

@@ -212,10 +212,13 @@ class Controller:
     def retrying(self, attempt: int) -> None:
         """Said in batch.log by the controller; the next attempt.json follows."""
 
-    def run_ended(self, state: str, cause: FirstFailure | None, exit_code: int) -> None:
+    def run_ended(
+        self, state: str, cause: FirstFailure | None, exit_code: int, reason: str | None = None
+    ) -> None:
         if self.terminating:  # on_term wrote result.json when Slurm began ending the job
             return
         self.state = state
+        self.reason = reason or self.reason
         self.result(state, self.reason, "batch")
         run = self.job["run_id"]
         log(f"run {run}: {state}" + (f" ({self.reason})" if self.reason else ""))
