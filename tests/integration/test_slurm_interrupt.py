@@ -12,9 +12,6 @@ the real 2-node test cluster (issue 35).
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,69 +19,27 @@ import pytest
 
 from tests.conftest import TrebFn, write_spec
 from tests.integration.slurm_support import slurm_conf, status, streb  # noqa: F401 (fixtures)
-from tests.integration.test_ssh_runs import wait_for
+from tests.integration.test_interrupt import RANK_PY, interrupt
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
-# Even ranks save on KeyboardInterrupt (and die of it); rank 1 shrugs it off and ends on
-# SIGTERM; rank 3 shrugs off both and is killed. Each notes every stop signal it gets.
-RANK_PY = """\
-import os, signal, sys, time
-from pathlib import Path
 
-rank, out = int(os.environ["RANK"]), Path(os.environ["OUT"])
-
-def note(what):
-    with open(out / f"signals-{rank}", "a") as fh:
-        fh.write(what + "\\n")
-
-def on_term(signum, frame):
-    note("SIGTERM")
-    if rank == 1:
-        sys.exit(143)
-signal.signal(signal.SIGTERM, on_term)
-(out / f"up-{rank}").write_text("up")
-while True:
-    try:
-        while True:
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        note("SIGINT")
-        if rank % 2 == 0:
-            (out / f"saved-{rank}").write_text("checkpoint at interrupt\\n")
-            raise
-"""
-
-
-def _ctrl_c(spec: Path, ready: object, cwd: Path) -> tuple[int, str]:
-    """`treb run SPEC --on slurm` in a process group of its own (a terminal's foreground
-    job); once `ready()`, SIGINT to that group; (treb's exit code, what it said)."""
-    cmd = [sys.executable, "-m", "trebuchet", "run", str(spec), "--on", "slurm"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
-                            start_new_session=True)  # fmt: skip
-    try:
-        wait_for(ready, timeout=120, what="the job's ranks")  # type: ignore[arg-type]
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    said = err.decode(errors="replace")
-    sys.stderr.write(said)
-    return proc.returncode, said
+def _argv(spec: Path) -> list[str]:
+    return [sys.executable, "-m", "trebuchet", "run", str(spec), "--on", "slurm"]
 
 
 def test_ctrl_c_is_keyboard_interrupt_then_term_then_kill(streb: TrebFn, tmp_path: Path) -> None:
-    """2 nodes x 2 ranks: each rank gets SIGINT once (the even ones save their checkpoint),
-    SIGTERM after the grace period ends rank 1, SIGKILL after another ends rank 3; the run
-    is CANCELLED with no first failure, every rank stopped by the launcher; exit 130."""
+    """2 nodes x 2 ranks: each rank gets SIGINT once (ranks 0 and 2 save their checkpoint),
+    SIGTERM after the grace period ends rank 1, SIGKILL after another ends rank 3 (both
+    shrug KeyboardInterrupt off); the run is CANCELLED with no first failure, every rank
+    stopped by the launcher; exit 130."""
     out = tmp_path / "out"
     out.mkdir()
     (tmp_path / "rank.py").write_text(RANK_PY)
     spec = write_spec(tmp_path, f"name: interrupted\ncommand: OUT={out} exec python rank.py\n"
-                                "nodes: 2\nprocs_per_node: 2\ngrace_period: 2s\n")  # fmt: skip
-    code, said = _ctrl_c(spec, lambda: len(list(out.glob("up-*"))) == 4, tmp_path)
+                                "nodes: 2\nprocs_per_node: 2\ngrace_period: 2s\n"
+                                "env: {STUBBORN: '1,3'}\n")  # fmt: skip
+    code, said = interrupt(_argv(spec), lambda: len(list(out.glob("up-*"))) == 4, tmp_path)
     assert code == 130, said
     assert "interrupted: SIGINT to the ranks" in said, said
     for rank in (0, 2):
@@ -109,7 +64,7 @@ def test_ctrl_c_while_a_retry_is_pending(streb: TrebFn, tmp_path: Path) -> None:
         "command: 'if [ \"$TREB_ATTEMPT\" = 0 ]; then exit 3; fi; sleep 60'\n"
         f"pre: 'if [ \"$TREB_ATTEMPT\" = 1 ]; then touch {gap}; sleep 60; fi'\n"
     ))  # fmt: skip
-    code, said = _ctrl_c(spec, gap.exists, tmp_path)
+    code, said = interrupt(_argv(spec), gap.exists, tmp_path)
     assert code == 130, said
     assert "nothing failed" not in said.lower(), said
     assert "cancelled after attempt 1 failed" in said, said
