@@ -97,5 +97,7 @@ def test_ranks_see_the_setup_environment_past_a_pyenv_shim(streb: TrebFn, tmp_pa
     run_dir = Path(status(streb)["run_dir"])
     for rank in range(4):
         line = (run_dir / "attempt-0" / f"rank-{rank}.log").read_text().strip()
-        assert line.startswith(f"path={shim}:"), line  # setup's PATH, shim folder first
-        assert "/opt/shim-versions" not in line and "shimmed=no made=1" in line, line
+        path = line.removeprefix("path=").split(" ")[0].split(":")
+        # treb's own folder first (its scontrol, for a rank's requeue), then setup's PATH
+        assert path[0] == str(run_dir / "bin") and path[1] == str(shim), line
+        assert "/opt/shim-versions/bin" not in path and "shimmed=no made=1" in line, line
