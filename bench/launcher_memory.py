@@ -3,7 +3,7 @@
 Sums VmRSS of every process that is trebuchet's (the `treb run` process and what it started
 that runs trebuchet code: the watchdog, a detached supervisor) while two ranks sleep, and of
 torchrun's own process for the same two ranks. Ranks are excluded on both sides.
-Usage: python bench/launcher_memory.py [--repeats 5]  (target: treb <= 40 MiB)
+Usage: python bench/launcher_memory.py [--repeats 5]  (target: treb <= 26 MiB)
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Data classes for what `treb run` imports, without the dataclasses module.
 
-`import dataclasses` imports inspect, and with it ast, dis and tokenize: ~20 ms of every
-`treb run` here, all before its first rank starts, plus the code each @dataclass writes and
-compiles (~0.5 ms a class). `record` gives a class the same `__init__` (positional or
-keyword arguments, defaults, `field(default_factory=...)`), `__eq__`, `__hash__` and
-`__repr__`, made from its annotated fields without generating code; `frozen=True` refuses
-assignments. `asdict` and `fields` answer as dataclasses' do. Nothing more: no
-`__post_init__`, ordering, slots or inherited fields (tests/fast/test_plain.py holds each
-class to what @dataclass would give it). Modules off the launch path use dataclasses.
+`import dataclasses` pulls in inspect, ast, dis and tokenize (~20 ms of every `treb run`)
+and each @dataclass compiles code. `record` gives a class the same `__init__` (defaults,
+`field(default_factory=...)`), `__eq__`, `__hash__` and `__repr__` from its annotated fields
+without generating code; `frozen=True` refuses assignments; `asdict` and `fields` answer as
+dataclasses' do. Nothing more (tests/fast/test_plain.py holds each class to @dataclass).
 """
 
 from __future__ import annotations

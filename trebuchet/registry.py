@@ -1,19 +1,11 @@
 """Engines by name: which module holds each engine and its spec block, imported on first use.
 
 Below every other part (it imports none): the spec model asks it for the engines' blocks,
-backends/ for the engines themselves (get_backend). An engine is registered under a name
-with the `module:attribute` of its object (an instance of backends.base.Backend, or the
-class); the built-in engines are listed below, others come from installed packages through
-the `trebuchet.engines` entry point group, each registered as `register(entry_point.name,
-entry_point.value)`:
-
-    [project.entry-points."trebuchet.engines"]
-    myengine = "trebuchet_myengine:MyEngine"
-
-An engine's block of options in the spec (`slurm:`, ...) is its `options` model, or the
-`module:attribute` given at registration (the built-ins: their engine modules stay free
-of pydantic). Listing the names never imports an engine module; building the spec model
-imports the option models, and the modules of registered engines that name none.
+backends/ for the engines (get_backend). Built-in engines are listed below; others come
+from the `trebuchet.engines` entry point group (`myengine = "pkg:MyEngine"`), registered as
+`register(name, value)`. An engine's spec block is its `options` model or the
+`module:attribute` given here, so the built-in engine modules stay free of pydantic and
+listing the names never imports an engine.
 """
 
 from __future__ import annotations

@@ -2,13 +2,11 @@
 `trebuchet.launch()` alike:
 
     load (and every sweep point) -> preflight -> engine check -> prepare (record)
-    -> submit (a sweep: every point in one call, one job array on Slurm) -> follow (attached)
+    -> submit (a sweep: every point in one call) -> follow (attached)
 
-Why one module: the verbs and the API must refuse, record and start a run the same way
-(before, the sequence was written three times, and only the CLI saw the warnings). Every
-refusal comes before anything is recorded. Nothing here prints: warnings go to the caller's
-`warn` and onto the result (the CLI prints them, launch() keeps them on the Run); an engine
-prints its own progress lines. Imports are lazy: `treb ps` never gets here.
+Why one module: the verbs and the API must refuse, record and start a run the same way.
+Every refusal comes before anything is recorded; nothing here prints (warnings go to the
+caller's `warn`); imports are lazy, so `treb ps` never gets here.
 """
 
 from __future__ import annotations

@@ -1,29 +1,20 @@
 """Experiment trackers on the submitting side (docs/tracking.md): the MLflow run (a parent
-per sweep) is created at submission, so that every rank of every attempt gets its id; the
-end of the run (status, metrics, diagnosis) is logged by whichever process sees it.
+per sweep) is created at submission so that every rank of every attempt gets its id; the
+run's end (status, metrics, diagnosis) is logged by whichever process sees it: the local
+supervisor, a `treb` that follows or refreshes the run, or the Slurm job controller
+(runtime/publish/trackers.py).
 
-Who logs what:
-- submission (`open_run`, `open_sweep`): experiment, run, params, tags, spec.yaml;
-  `tracking.json` in the run directory (W&B's ids too).
-- the local supervisor at the end of a run, or `treb` when it follows or refreshes a run
-  that ended elsewhere (`close`): metrics from the store, the diagnosis of a run that did
-  not succeed, the final status; the sweep's parent once all its points ended.
-- the Slurm job controller (runtime/publish/trackers.py `mark`): the final status as soon as the
-  job ends, also when nobody follows it, and RUNNING again after a requeue.
-
-Nothing here fails or holds up a run: a run's requests have a deadline all together (5 s
-at submission, 3 s at the end; a server that trickles its answer is left behind at it), a
-tracker that fails is a warning and a `tracking_failed` event, and a server that did not
-answer is not asked again by this process. What did not get through is kept in the run's
-`tracking-pending.json` (runtime/publish/trackers.py) and sent by the next `treb` that refreshes
-runs (`retry_pending`), the status first. It imports neither mlflow nor wandb, nor
-pydantic.
+Nothing here fails or holds up a run: requests share a deadline (5 s at submission, 3 s at
+the end), a failing tracker is a warning and a `tracking_failed` event, a server that did
+not answer is not asked again by this process, and what did not get through is kept in
+`tracking-pending.json` for the next `treb` (`retry_pending`). No mlflow, wandb or pydantic.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -265,12 +256,10 @@ def claim(path: Path, owner: str = "") -> bool:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        if owner:
-            try:
-                return path.read_text() == owner
-            except OSError:
-                return False
-        return False
+        try:
+            return bool(owner) and path.read_text() == owner
+        except OSError:
+            return False
     except OSError:
         return False
     try:
@@ -494,23 +483,17 @@ def _metrics(store: Store, rec: RunRecord) -> tuple[list[dict[str, Any]], str]:
     lowest rank that has it; a note when none can be sent. The same list on every try (a
     point without a time gets the run's end), so a retry resumes where the last one
     stopped."""
-    fetch = getattr(store, "metrics", None)
-    if fetch is None:
-        return [], "this trebuchet has no metrics store: only the program's own logging"
-    try:
-        from trebuchet.store.metrics import ingest
-    except ImportError:  # pragma: no cover - a store without the ingest step
-        pass
-    else:
-        ingest(store, rec)
+    from trebuchet.store.metrics import ingest
+
+    ingest(store, rec)
     out: list[dict[str, Any]] = []
     fallback = rec.ended_at or rec.created_at
-    for name, points in sorted(fetch(rec.id).items()):
+    for name, points in sorted(store.metrics(rec.id).items()):
         for step, value, at in points:
             if value is None:
                 continue
             value = float(value)
-            if value != value or value in (float("inf"), float("-inf")):
+            if not math.isfinite(value):
                 continue  # JSON has no NaN or infinity; MLflow's REST API refuses them
             ms = int(float(at or fallback) * 1000)
             out.append(metric(str(name), value, int(step or 0), ms))

@@ -139,6 +139,37 @@ def test_end_run_reads_the_record_and_removes_the_cgroup(tmp_path: Path, monkeyp
         contain.remove(path)
 
 
+def test_end_run_without_scan_ends_the_cgroup_and_leaves_the_environment_alone(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """scan=False (the supervisor's last end_run, when the attempt's end scanned already
+    and a cgroup holds what started since): the cgroup's processes die, a process outside
+    it that carries the run's TREB_RUN_ID is not looked for; the default scan ends it."""
+    if not _writable():
+        pytest.skip("no writable cgroup v2 on this host")
+    monkeypatch.delenv(contain.NO_CGROUP_ENV, raising=False)
+    run_id = f"scan{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "TREB_RUN_ID": run_id}
+    outside = subprocess.Popen(["sleep", "3019"], env=env)
+    path, how = contain.create(f"treb-test-{uuid.uuid4().hex[:8]}")
+    contain.record(str(tmp_path), path, how)
+    with contain.inside(path):
+        inside = subprocess.Popen(["sleep", "3021"], env=env)
+    try:
+        found = contain.end_run(run_id, str(tmp_path), keep=True, scan=False)
+        assert found == {"cgroup": [inside.pid], "scan": []}
+        assert inside.wait(timeout=10) == -9 and outside.poll() is None
+        found = contain.end_run(run_id, str(tmp_path))
+        assert found == {"cgroup": [], "scan": [outside.pid]}
+        assert outside.wait(timeout=10) == -9
+    finally:
+        for proc in (inside, outside):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        contain.remove(path)
+
+
 def test_an_early_move_is_finished_by_inside_or_undone(monkeypatch) -> None:
     """enter_early (the supervisor, while it writes its records) moves this process into the
     cgroup in a thread; `inside` finishes it and starts processes there, and `leave_early`

@@ -115,7 +115,7 @@ def _timeout_run(tmp_path: Path, silent_s: float, ran_s: float, printed: bool = 
         (adir / f"rank-{r}.json").write_text(json.dumps({
             "rank": r, "node": 0, "local_rank": r, "exit_code": 140, "signal": "SIGUSR2",
             "started_at": start, "ended_at": end, "stopped_by_launcher": True}))  # fmt: skip
-    (run_dir / "plan.json").write_text(json.dumps({"timeout": ran_s, "launcher": "native"}))
+    (run_dir / "job.json").write_text(json.dumps({"timeout": ran_s, "launcher": "native"}))
     return {"id": "ab12", "run_dir": str(run_dir), "state": "TIMEOUT", "attempt": 0,
             "backend": "local", "ended_at": end}  # fmt: skip
 
@@ -148,8 +148,8 @@ def _segfault_run(tmp_path: Path, ngpus: str) -> dict:
     (adir / "rank-0.log").write_text("loading\n")
     (adir / "rank-0.json").write_text(json.dumps({"rank": 0, "node": 0, "exit_code": 139,
                                                   "signal": "SIGSEGV", "ended_at": 1.0}))  # fmt: skip
-    plan = {"launcher": "native", "procs": [{"env": {"TREB_NGPUS": ngpus}}]}
-    (run_dir / "plan.json").write_text(json.dumps(plan))
+    job = {"launcher": "native", "plan": {"procs": [{"env": {"TREB_NGPUS": ngpus}}]}}
+    (run_dir / "job.json").write_text(json.dumps(job))
     ff = {"rank": 0, "node": 0, "exit_code": 139, "signal": "SIGSEGV", "attempt": 0}
     return {"id": "cd34", "run_dir": str(run_dir), "state": "FAILED", "attempt": 0,
             "first_failure": ff, "backend": "local"}  # fmt: skip

@@ -329,3 +329,13 @@ def test_unquoted_expansions_split_as_bash_splits_them(capsys, tmp_path, monkeyp
         assert any(
             f"${name}: the script read it from the environment" in e for e in errtext.splitlines()
         )
+
+
+def test_usage_is_an_option_without_a_value() -> None:
+    """`--usage` takes no value (sbatch's and srun's, as oracle.SRUN_FLAGS says): the
+    option after it is read as its own, not as the value of --usage."""
+    from trebuchet.importers import sbatch
+
+    opts, rest = sbatch.parse_options(["--usage", "--nodes=2", "python", "x.py"], True)
+    assert [(name, value) for name, value, _ in opts] == [("usage", None), ("nodes", "2")]
+    assert rest == 2

@@ -64,9 +64,9 @@ def test_runtime_readers_of_planted_files_end(tmp_path: Path, kind: str) -> None
         import types
         from trebuchet.runtime.job import nodeset, selfrequeue
         from trebuchet.runtime.node import health, horovodrun as horovod
-        from trebuchet.runtime.slurm import step
+        from trebuchet.runtime.slurm.records import BatchRecords
         run = {str(run)!r}
-        print(step.Controller.granted(types.SimpleNamespace(run_dir=run)))
+        print(BatchRecords.granted(types.SimpleNamespace(run_dir=run)))
         print(nodeset.excluded(run))
         where = health.Where(run, run + "/attempt-0", 0, 0, "h", run, {{}})
         print(health.check_shared(where, None, token="t0k"))
@@ -91,11 +91,11 @@ def test_runtime_job_file_planted_is_a_clear_error(tmp_path: Path, kind: str) ->
 @pytest.mark.parametrize("kind", PLANTS)
 def test_treb_readers_of_planted_files_end(tmp_path: Path, kind: str) -> None:
     """treb's own readers of a run directory: the index rebuild, `treb fault`'s node and
-    rank records and ssh facts, diagnose's snapshot facts, hang record, error file and plan,
+    rank records and ssh facts, diagnose's snapshot facts, hang record, error file and job file,
     the Slurm job files, the rank records, the GPU and metrics settings, an engine's node
     log brought up to date (a FIFO there is replaced, never opened)."""
     run = tmp_path / "run"
-    for name in ("spec.yaml", "spec.json", "plan.json", "events.jsonl", "snapshot.json",
+    for name in ("spec.yaml", "spec.json", "job.json", "events.jsonl", "snapshot.json",
                  "ssh.json", "result.json", "metrics.json", "attempt-0/attempt.json",
                  "attempt-0/rank-0.json", "attempt-0/hang.json", "attempt-0/error.json",
                  "attempt-0/gpu/node-0.json", "attempt-0/node-0.log"):  # fmt: skip
@@ -161,8 +161,8 @@ def test_planted_run_files_break_no_view(treb: TrebFn, tmp_path: Path) -> None:
     run_id = json.loads(treb("ps", "--all", "--json").stdout)[0]["id"]
     run_dir = Path(json.loads(treb("status", run_id, "--json").stdout)["run_dir"])
     names = [p.relative_to(run_dir) for p in (*run_dir.glob("*.*"), *run_dir.glob("attempt-0/*"))
-             if p.suffix in (".json", ".jsonl", ".yaml") and p.name != "job.json"]  # fmt: skip
-    assert "snapshot.json" in map(str, names) and "plan.json" in map(str, names), names
+             if p.suffix in (".json", ".jsonl", ".yaml")]  # fmt: skip
+    assert "snapshot.json" in map(str, names) and "job.json" in map(str, names), names
     views = (
         ["status", run_id],
         ["status", run_id, "--json"],

@@ -63,21 +63,61 @@ def test_schema_is_valid_json_schema_and_accepts_examples(capsys) -> None:
         jsonschema.validate({"command": "x", "nodez": 1}, schema)
 
 
-def test_plan_json_is_asdict(tmp_path: Path, treb_home: Path, monkeypatch) -> None:
-    """Plan.to_json skips asdict's deep copy (launch speed): the same data, and it reads back
-    as the same plan, for every launcher, with hooks and GPUs per node."""
-    from trebuchet.launcher.plan import Placement, Plan, local_plan
-    from trebuchet.plain import asdict
+def test_the_local_job_file_is_json_and_the_one_description(
+    tmp_path: Path, treb_home: Path, monkeypatch
+) -> None:
+    """The local engine's job.json is plain JSON (it reads back the same), and the job
+    controller's settings come from it as on every engine, for every launcher, with hooks
+    and GPUs per node."""
+    from trebuchet.backends.local.engine import LocalBackend
+    from trebuchet.launcher.plan import Placement
+    from trebuchet.runtime.job.life import settings
     from trebuchet.spec.load import load_spec
 
     monkeypatch.setenv("HF_TOKEN", "x")
-    (tmp_path / "job.yaml").write_text(SPEC + "pre: echo pre\npost: echo post\n")
+    (tmp_path / "job.yaml").write_text(SPEC + "pre: echo pre\npost: echo post\ntimeout: 1h\n")
     for launcher in ("native", "torchrun", "none"):
-        loaded = load_spec(tmp_path / "job.yaml", [f"launcher={launcher}"])
-        place = Placement(vendor="nvidia", node_gpus=[["0", "1"], ["2", "3"]])
-        plan = local_plan(loaded.spec, tmp_path, "RUN", tmp_path / "run", dict(os.environ), place)
-        data = plan.to_json()
-        assert data == asdict(plan)
-        assert json.loads(json.dumps(data)) == data
-        assert Plan.from_json(json.loads(json.dumps(data))) == plan
-        assert plan.hooks and len(plan.procs) >= 2
+        loaded = load_spec(tmp_path / "job.yaml", [f"launcher={launcher}", "retries=2"])
+        engine = LocalBackend()
+        engine._placements[id(loaded)] = Placement(
+            vendor="nvidia", node_gpus=[["0", "1"], ["2", "3"]]
+        )
+        job = engine.job_file(loaded, "RUN", tmp_path / "run")
+        assert json.loads(json.dumps(job)) == job
+        assert job["plan"]["hooks"] and len(job["plan"]["procs"]) >= 2
+        s = settings(job)
+        assert (s.retries, s.timeout, s.run_dir) == (2, 3600.0, str(tmp_path / "run"))
+
+
+def test_one_spec_gives_the_job_controller_the_same_settings_on_every_engine(
+    tmp_path: Path, treb_home: Path
+) -> None:
+    """local, ssh and Slurm hand their job controllers one job file (contracts.JobFile)
+    read by one settings(): the same timeout, retries, grace (1.5 s, not rounded up to 2 on
+    Slurm as before), policies and exit-code rules; only where the warning and the hang
+    watch run differs (ssh's agents hold them)."""
+    from trebuchet.backends.local.engine import LocalBackend
+    from trebuchet.backends.slurm.script import job_file
+    from trebuchet.backends.ssh.engine import ssh_job
+    from trebuchet.runtime.job.life import settings
+    from trebuchet.spec.load import load_spec
+
+    (tmp_path / "job.yaml").write_text(
+        "command: x\ntimeout: 1h\ntimeout_warning: 60s\nhang_timeout: 5m\ngrace_period: 1.5s\n"
+        "retries: 2\nno_retry_exit_codes: [7]\n"
+    )
+    loaded = load_spec(tmp_path / "job.yaml")
+    run = tmp_path / "run"
+    jobs = {
+        "local": LocalBackend().job_file(loaded, "R", run),
+        "ssh": ssh_job(loaded.spec, "R", run),
+        "slurm": job_file(loaded.spec, tmp_path, "R", run),
+    }
+    got = {engine: settings(job) for engine, job in jobs.items()}
+    for engine, s in got.items():
+        same = (s.timeout, s.retries, s.grace, s.run_dir, list(s.no_retry_exit_codes))
+        assert same == (3600.0, 2, 1.5, str(run), [7]), engine
+        assert s.log_policies == got["local"].log_policies, engine
+    assert (got["slurm"].warning, got["slurm"].hang_timeout) == (60.0, 300.0)
+    assert (got["local"].warning, got["local"].hang_timeout) == (60.0, 300.0)
+    assert (got["ssh"].warning, got["ssh"].hang_timeout) == (None, None)

@@ -23,6 +23,7 @@ from tests.conftest import TrebFn, write_spec
 from trebuchet.backends.ssh import engine
 from trebuchet.backends.ssh import run as session
 from trebuchet.backends.ssh import script as node_side
+from trebuchet.backends.ssh.nodes import setup_text
 from trebuchet.diagnose.report import diagnose_run, two_lines
 from trebuchet.runtime.node import barrier
 from trebuchet.runtime.node import per_node as node_verb
@@ -38,9 +39,8 @@ def _info(tmp_path: Path, setup: list[str]) -> dict:
         "shared": "none", "remote_root": str(tmp_path), "workdir": str(run / "code"),
         "runtime": "treb-runtime.pyz", "master_addr": "10.0.0.1", "master_port": 16000,
         "env": {"WEIRD": "a 'b' $(touch x)"}, "setup": setup,
-        "setup_where": [f"job.yaml:{7 + i}" for i in range(len(setup))], "secrets": [],
-        "remote_run_dir": str(run), "remote_workdir": "code", "timeout": None,
-        "grace_period": 2.0, "retries": 0, "launcher": "native", "ppn": 1,
+        "setup_where": [f"job.yaml:{7 + i}" for i in range(len(setup))],
+        "remote_run_dir": str(run), "remote_workdir": "code", "nodes": 2,
     }  # fmt: skip
 
 
@@ -104,19 +104,18 @@ def test_a_failing_setup_item_stops_the_node_before_the_agent(
 
 
 def test_setup_text_names_the_item_and_its_line(tmp_path: Path) -> None:
-    run = session.SshRun.__new__(session.SshRun)
-    run.info = _info(tmp_path, ["true", "source /x/activate\necho more"])
+    info = _info(tmp_path, ["true", "source /x/activate\necho more"])
     n = session.Node(1, "h1", None, None)  # type: ignore[arg-type]
     n.setup_failed = (2, 1)
     assert (
-        run.setup_text(n)
+        setup_text(info, n)
         == "ssh.setup failed at job.yaml:8 (`source /x/activate ...`), exit code 1"
     )
     n.setup_failed = (2, 0)
-    assert run.setup_text(n) == ("ssh.setup ended the shell at job.yaml:8 (`source /x/activate "
+    assert setup_text(info, n) == ("ssh.setup ended the shell at job.yaml:8 (`source /x/activate "
                                  "...`) before the node agent started")  # fmt: skip
     n.setup_failed = (0, 1)
-    assert run.setup_text(n) == "ssh.setup could not start (exit code 1)"
+    assert setup_text(info, n) == "ssh.setup could not start (exit code 1)"
 
 
 SPEC = """\
@@ -208,11 +207,20 @@ def test_connect_timeout_is_the_one_ssh_applies() -> None:
     assert node_side.connect_timeout(argv) == 3.0
 
 
-def test_the_controller_holds_the_timeout_the_agents_warn() -> None:
-    info = {"retries": 0, "grace_period": 2.0, "launcher": "native", "hosts": ["a"], "ppn": 1,
-            "timeout": 5.0}  # fmt: skip
-    s = session.settings(info, Path("/nonexistent"))
+def test_the_controller_holds_the_timeout_the_agents_warn(tmp_path: Path) -> None:
+    """ssh's job.json is the one the agents read and the controller's settings come from:
+    the agents watch for hangs and send the warning, the controller holds the timeout."""
+    from trebuchet.backends.ssh.engine import ssh_job
+    from trebuchet.runtime.job.life import settings
+    from trebuchet.spec.load import load_spec
+
+    (tmp_path / "job.yaml").write_text("command: x\ntimeout: 5s\ntimeout_warning: 2s\n"
+                                       "hang_timeout: 3s\ngrace_period: 1.5s\nretries: 2\n")  # fmt: skip
+    job = ssh_job(load_spec(tmp_path / "job.yaml").spec, "RUN", tmp_path / "run")
+    assert (job["timeout"], job["warning"], job["hang_timeout"]) == (5.0, 2.0, 3.0)  # agents'
+    s = settings(job)
     assert (s.timeout, s.warning, s.hang_timeout) == (5.0, None, None)
+    assert (s.retries, s.grace, s.run_dir) == (2, 1.5, str(tmp_path / "run"))
 
 
 def _sleeper(run_id: str, node: int) -> subprocess.Popen:
@@ -310,3 +318,15 @@ def test_a_failed_setup_is_its_own_diagnosis(tmp_path: Path) -> None:
     from trebuchet.store.states import describe_failure
 
     assert describe_failure(ff) == message + " (no rank started)"
+
+
+def test_treb_fault_reads_the_hosts_of_ssh_json(tmp_path: Path) -> None:
+    """`treb fault` on ssh finds the attempt's hosts in ssh.json (the engine's facts), the
+    spares beyond `nodes` left out."""
+    import types
+
+    from trebuchet.backends.ssh import fault
+
+    info = {**_info(tmp_path, []), "hosts": ["h0", "h1", "h2"], "nodes": 2}
+    (tmp_path / "run" / "ssh.json").write_text(json.dumps(info))
+    assert fault.nodes(types.SimpleNamespace(run_dir=str(tmp_path / "run"))) == ["h0", "h1"]

@@ -15,14 +15,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from trebuchet.envs.build import run_prefix
 from trebuchet.envs.recipe import Recipe
 from trebuchet.errors import UserError
 from trebuchet.launcher.plan import command_argv, profiled
 from trebuchet.runtime.contracts.schema import JobFile
-from trebuchet.runtime.node.task import NO_PYTHON
 
 if TYPE_CHECKING:
     from trebuchet.spec.load import LoadedSpec
@@ -40,8 +39,14 @@ def command(spec: Any, recipe: Recipe | None = None) -> list[str]:
 
 
 def grace_seconds(spec: Any) -> int:
-    """The grace period in whole seconds (>= 1), as every agent applies it."""
+    """The grace period in whole seconds (>= 1): what an engine's own limits add for it."""
     return max(1, int(-(-getattr(spec, "grace_period", 5.0) // 1)))
+
+
+def grace(spec: Any) -> float:
+    """The grace period as the spec says it (a whole number as an int: `"grace": 5`)."""
+    g = float(getattr(spec, "grace_period", 5.0))
+    return int(g) if g.is_integer() else g
 
 
 def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> JobFile:
@@ -52,7 +57,7 @@ def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> JobFile:
         "nodes": spec.nodes,
         "ppn": spec.ranks_per_node,
         "command": command(spec, recipe),
-        "grace": grace_seconds(spec),
+        "grace": grace(spec),
         "checkpoint_signal": getattr(spec, "checkpoint_signal", "SIGUSR2"),
         "secrets": sorted(spec.secrets),
         "spec_env": sorted(spec.env),
@@ -60,19 +65,11 @@ def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> JobFile:
     for name in ("spare_nodes", "min_nodes"):  # only when set (docs/recovery.md)
         if getattr(spec, name, None):
             job[name] = getattr(spec, name)
-    from trebuchet.launcher.recovery import exit_code_rules, health_fields
-
-    rules = exit_code_rules(spec)  # only when set (runtime/job/retry_codes.py)
-    if "no_retry_exit_codes" in rules:
-        job["no_retry_exit_codes"] = rules["no_retry_exit_codes"]
-    if "retry_exit_codes" in rules:
-        job["retry_exit_codes"] = rules["retry_exit_codes"]
-    health = health_fields(spec)  # the nodes' checks (runtime/node/health.py), only when set
-    if "health_check" in health:
-        job["health_check"] = health["health_check"]
-        job["health_check_timeout"] = health["health_check_timeout"]
-    if "gpus_per_node" in health:
-        job["gpus_per_node"] = health["gpus_per_node"]
+    if getattr(spec, "no_retry_exit_codes", None):  # only when set (runtime/job/retry_codes.py)
+        job["no_retry_exit_codes"] = list(spec.no_retry_exit_codes)
+    if getattr(spec, "retry_exit_codes", None) is not None:
+        job["retry_exit_codes"] = list(spec.retry_exit_codes)
+    job.update(cast(JobFile, health_fields(spec)))
     lost = getattr(spec, "node_timeout", None)
     if lost is not None and lost != 10.0:  # the runtime's default (agent_link.NODE_TIMEOUT_S)
         job["node_timeout"] = lost
@@ -83,6 +80,34 @@ def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> JobFile:
 
     if readers.needed(spec):  # only when not the defaults (runtime/watch/metric_reader.py, gpu.py)
         job["metrics"] = readers.reader_config(spec)
+    return job
+
+
+def health_fields(spec: Any) -> dict[str, Any]:
+    """What the nodes' health checks need beyond the rank contract (runtime/node/health.py),
+    only when set: the spec's own check and its timeout, the GPUs a node must show."""
+    out: dict[str, Any] = {}
+    if getattr(spec, "health_check", None):
+        out["health_check"] = spec.health_check
+        out["health_check_timeout"] = float(spec.health_check_timeout)
+    if (getattr(spec, "gpus_per_node", 0) or 0) > 0:
+        out["gpus_per_node"] = int(spec.gpus_per_node)
+    return out
+
+
+def controller_job(spec: Any, run_id: str, run_dir: Path | str,
+                   recipe: Recipe | None = None) -> JobFile:  # fmt: skip
+    """The common values and what a job controller reads (runtime/job/life.py settings:
+    local, ssh, Slurm): the run directory, the attempts, the timeout and its warning (only
+    when set), the log policies, the spec's pre and post commands."""
+    from trebuchet.launcher.policies import policies_for
+
+    job = common(spec, run_id, recipe)
+    job["run_dir"], job["max_attempts"] = str(run_dir), spec.retries + 1
+    if spec.timeout:
+        job["timeout"], job["warning"] = spec.timeout, spec.warning_seconds
+    job["policies"] = policies_for(spec) if hasattr(spec, "log_policies") else []
+    job["pre"], job["post"] = getattr(spec, "pre", None) or "", getattr(spec, "post", None) or ""
     return job
 
 
@@ -98,14 +123,15 @@ def uses_secret(value: str, secrets: list[str]) -> bool:
     return any(m.group(1) in secrets for m in SECRET_REF.finditer(value))
 
 
-def node_job(spec: Any, run_id: str, checkpoint_dir: str | None = None) -> JobFile:
-    """What the runtime's `node` verb reads: the common values, the timeout and when to
-    send the checkpoint signal before it, the env values whose ${SECRET} the node expands
-    (the engine gives the node the secrets, never the manifest), profiling, and where
-    checkpoints go when the engine mounts storage for them (else the node-local run
+def node_job(spec: Any, run_id: str, checkpoint_dir: str | None = None,
+             job: JobFile | None = None) -> JobFile:  # fmt: skip
+    """What the runtime's `node` verb reads: the common values (or `job`), the timeout and
+    when to send the checkpoint signal before it, the env values whose ${SECRET} the node
+    expands (the engine gives the node the secrets, never the manifest), profiling, and
+    where checkpoints go when the engine mounts storage for them (else the node-local run
     directory's `checkpoints/`)."""
     secrets = list(spec.secrets)
-    job = common(spec, run_id)
+    job = common(spec, run_id) if job is None else job
     if checkpoint_dir:
         job["checkpoint_dir"] = checkpoint_dir
     job["timeout"], job["warning"] = spec.timeout, spec.warning_seconds
@@ -167,6 +193,8 @@ def start_lines(runtime: str, job: str) -> list[str]:
     """The last lines of an engine's node script: a clear error when the node has no
     python3, then the node agent in place of the shell (signals reach it directly).
     `runtime` and `job` are shell words (quoted by the caller)."""
+    from trebuchet.runtime.node.task import NO_PYTHON  # not on the local launch path
+
     return [NO_PYTHON, f"exec python3 -S {runtime} node {job}"]
 
 

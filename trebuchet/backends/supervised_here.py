@@ -66,8 +66,8 @@ class SupervisedHere(Backend):
             raise UserError(f"run {run.id} is supervised on host {run.host}; cancel it there")
         if run.supervisor_pid and alive(run.supervisor_pid, run.supervisor_start):
             os.kill(run.supervisor_pid, 15)
-            plan = read_json(Path(run.run_dir) / "plan.json") or {}
-            deadline = time.time() + float(plan.get("grace_period", 5.0)) + 15
+            job = read_json(Path(run.run_dir) / "job.json") or {}
+            deadline = time.time() + float(job.get("grace", 5.0)) + 15
             while time.time() < deadline:
                 rec = store.get(run.id)
                 if rec is None or rec.state in TERMINAL:

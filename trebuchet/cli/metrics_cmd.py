@@ -1,11 +1,9 @@
 """`treb metrics [RUN] [NAME...] [--rank R] [--json | --csv]`: a run's metrics.
 
-RUN omitted (or the first word names no run): the latest run.
-Reads what the node agents wrote since the last look into the store first
-(store/metrics.py), then prints each metric's last value, its step, how many points it
-had, its range and a sparkline of its history. --json and --csv print every stored point
-(a long series is thinned evenly: docs/metrics.md). Names are shown as text (runtime/
-lines.py `shown`: ESC as ^[), whatever a rank printed or an older index kept.
+RUN omitted (or the first word names no run): the latest run. What the node agents wrote is
+read into the store first; then each metric's last value, step, count, range and a
+sparkline. --json and --csv print every stored point (thinned: docs/metrics.md). Names are
+shown as text, whatever a rank printed.
 """
 
 from __future__ import annotations

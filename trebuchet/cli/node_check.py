@@ -28,7 +28,7 @@ def _conf(args: argparse.Namespace) -> tuple[dict[str, Any], str, Any]:
     """The spec's health settings and workdir (none without a spec), and the spec."""
     if not args.spec:
         return {}, os.getcwd(), None
-    from trebuchet.launcher.recovery import health_fields
+    from trebuchet.backends.job_file import health_fields
     from trebuchet.spec.load import load_spec
 
     loaded = load_spec(args.spec, args.override)

@@ -1,12 +1,9 @@
 """`treb results [RUN...] [--csv FILE] [--all] [--json]`: performance rows of finished runs.
 
-Without RUN: the recent runs (--all: every run), oldest first, so each row's change is
-against the one above it of the same workload, metric and shape (nodes x processes per
-node): a change of shape is no change of the code, and is not compared. With RUNs:
-those, in the order given; two runs of one workload and shape print their relative change.
---csv writes madengine perf.csv-compatible rows (see docs/results.md). --metric NAME
-(repeatable) adds each run's last value of that metric (docs/metrics.md), compared like
-performance between two runs.
+Without RUN: the recent runs, oldest first, each row's change against the one above of the
+same workload, metric and shape (a change of shape is no change of the code). With RUNs:
+those, in order. --csv writes madengine perf.csv rows; --metric NAME adds each run's last
+value of that metric (docs/results.md, docs/metrics.md).
 """
 
 from __future__ import annotations

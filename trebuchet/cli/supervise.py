@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from trebuchet.launcher.hooks import Hooks
 
 if TYPE_CHECKING:
-    from trebuchet.launcher.plan import Plan
     from trebuchet.launcher.submitted import Submitted
+    from trebuchet.runtime.contracts.schema import JobFile
     from trebuchet.store.db import RunRecord, Store
 
 
@@ -47,10 +47,10 @@ HOOKS = Hooks(hang_lines=_hang_lines, close_trackers=_close_trackers, end=_end,
               refresh=_refresh)  # fmt: skip
 
 
-def main(argv: list[str], plan: Plan | None = None, unsynced: list[str] | None = None) -> int:
+def main(argv: list[str], job: JobFile | None = None, unsynced: list[str] | None = None) -> int:
     from trebuchet.launcher.supervisor import main as supervise
 
-    return supervise(argv, plan, unsynced, HOOKS)
+    return supervise(argv, job, unsynced, HOOKS)
 
 
 if __name__ == "__main__":

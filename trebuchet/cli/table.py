@@ -25,10 +25,7 @@ def print_table(
     """Print rows aligned under headers; `colors[i]` colours row i's cell under STATE."""
     headers = [shown(h) for h in headers]
     rows = [[shown(str(c)) for c in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in rows:
-        for i, cell in enumerate(row):
-            widths[i] = max(widths[i], len(cell))
+    widths = [max(map(len, column)) for column in zip(headers, *rows, strict=True)]
     tty = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     state_col = list(headers).index("STATE") if "STATE" in headers else -1
     out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]

@@ -200,6 +200,8 @@ SIGNAL_CATEGORY = {
     "SIGKILL": "killed",
 }
 STOP_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
+SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
+                9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}  # fmt: skip
 
 
 def signal_of(exit_code: int | None, signal: str | None) -> str | None:
@@ -209,9 +211,7 @@ def signal_of(exit_code: int | None, signal: str | None) -> str | None:
     if exit_code is None:
         return None
     num = -exit_code if exit_code < 0 else exit_code - 128 if exit_code > 128 else None
-    names = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
-             9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}  # fmt: skip
-    return names.get(num) if num else None
+    return SIGNAL_NAMES.get(num) if num else None
 
 
 def exit_meaning(exit_code: int | None, signal: str | None = None) -> str:

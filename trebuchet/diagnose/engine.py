@@ -1,23 +1,15 @@
-"""Pick the root cause among the ranks.
+"""Pick the root cause among the ranks, in order:
+1. the run's state by itself (cancelled, time limit, supervisor lost), and what the
+   scheduler said about the whole job before any task failed;
+2. the first failing process, when its own log explains it;
+3. else its death by signal (SIGKILL with no launcher kill: the OOM killer; SIGSEGV...);
+4. else the earliest cause any rank's log shows (a rank can hit CUDA OOM and hang while
+   the others time out first);
+5. else a collective timeout, blamed on the rank that never joined when the logs tell;
+6. else the first failure's exit code and last error-looking lines (unknown).
 
-In order:
-1. what the run's state says by itself (cancelled, time limit, supervisor lost) and what
-   the scheduler said about the whole job before any task failed (Slurm's "DUE TO TIME
-   LIMIT", "NODE FAILURE", a plain "CANCELLED AT");
-2. the first failing process (the launcher's outcome records, torchrun's root cause,
-   srun's first "task N: Exited" line), when its own log explains it;
-3. otherwise a death by signal of that process (SIGKILL with no launcher kill: the OOM
-   killer; SIGSEGV, SIGILL, SIGBUS: a native crash);
-4. otherwise the earliest cause any rank's log shows (a rank can hit CUDA OOM and hang
-   while the others time out and exit first);
-5. otherwise a collective timeout, blamed on the rank that never joined when the logs
-   tell which one: the rank a timeout message names (a store key, "ncclUniqueId from [0]",
-   monitoredBarrier), the rank that never enqueued the collective, or the one rank whose
-   log stayed silent while the others timed out;
-6. otherwise the first failure's exit code, and its last error-looking lines (unknown).
-
-Ranks stopped by the launcher, or ended by SIGTERM after another rank failed, are the
-cascade and never the root cause.
+Ranks stopped by the launcher, or by SIGTERM after another failed, are the cascade and
+never the root cause.
 """
 
 from __future__ import annotations

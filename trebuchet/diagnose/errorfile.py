@@ -1,11 +1,8 @@
-"""A rank's structured error: the JSON torch's `@record` writes to TORCHELASTIC_ERROR_FILE
-(`{"message": {"message": "ValueError: ...", "extraInfo": {"py_callstack": "Traceback ...",
-"timestamp": "1700000000"}}}`), which trebuchet points at `attempt-<n>/errors/rank-<r>.json`
-under every launcher (runtime/contracts/rank_env.py).
+"""A rank's structured error: the JSON torch's `@record` writes to TORCHELASTIC_ERROR_FILE,
+which trebuchet points at `attempt-<n>/errors/rank-<r>.json` under every launcher.
 
-Why: the log may be cut, interleaved or flooded; the error file holds the exact exception
-and its traceback, so the diagnosis quotes them as the rank raised them. Read defensively:
-the file is written by user code (size capped, any shape, control characters shown).
+Why: a log may be cut, interleaved or flooded; the error file holds the exact exception and
+traceback. Read defensively: user code writes it (size capped, any shape, controls shown).
 """
 
 from __future__ import annotations

@@ -1,32 +1,21 @@
 """A hang in words: where each rank is stuck, from the stacks the agents dumped.
 
-Each rank's file (`attempt-<n>/stacks/rank-<r>.txt`: py-spy's dump, or faulthandler's) is
-read down to its main thread's innermost frames: the innermost Python frame (`all_reduce`
-in torch), the innermost frame of the user's code (train.py:88) and the innermost native
-frame that says more than a libc wait (`c10d::Reducer::...`: DDP's backward waits there,
-not in a Python collective). Ranks are grouped by (what, where, stopped) and the grouping
-said in one line, the ranks that wait in a collective first:
+Each rank's stack file (py-spy's or faulthandler's) is read down to its main thread's
+innermost Python frame, innermost user frame and innermost telling native frame (DDP's
+backward waits in `c10d::Reducer`, not in a Python collective). Ranks are grouped by (what,
+where, stopped), those waiting in a collective first, into one line:
 
     hang: 3 of 4 ranks wait in all_reduce (train.py:14); rank 3 is in time.sleep
     (train.py:12), silent for 21s
 
-The rank named stuck (`stuck`), in this order: the one rank whose process was stopped
-(SIGSTOP: `treb fault hang-rank`, a debugger; its file says `# state stopped`); the one
-rank not in a collective while the others wait in one; the one rank whose stack differs
-from all others'; else the one that went silent first against its own pace.
+The rank named stuck, in order: the one stopped rank (SIGSTOP, `# state stopped`); the one
+not in a collective while the others are; the one whose stack differs from all others';
+else the one that went silent first. A rank without a stack is named by node and reason
+once. Silence is judged against each rank's own habit (hang.json `habits`): so under the HF
+Trainer, where only rank 0 prints, a rank quiet since its start is no suspect.
 
-A rank without a stack (py-spy missing on its node, faulthandler not registered) is no
-group: the line says which node could not dump and why, once ("no stacks on tn2: py-spy
-not found there"), and names the rank that went silent first from the progress times,
-which is the one that stopped the others when they wait for it in a collective. Silence
-is judged against each rank's own habit (hang.json `habits`, kept by the hang watch): a
-rank went silent first only when it had progressed at least HABIT_EVENTS times, for at
-least as long as it has now been quiet, and was quiet HABIT_FACTOR times its usual gap
-while the run still progressed. Under the HF Trainer only rank 0 prints: rank 1, quiet
-since its start, is then no suspect.
-
-Stdlib and the runtime only (the local supervisor imports it to print a hang as it
-happens); files a rank can reach are read as regular files only (runtime/rundir/regular.py).
+Stdlib and the runtime only (the local supervisor prints a hang as it happens); files a
+rank can reach are read as regular files only.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """One log line as diagnosis sees it: who wrote it (a rank prefix) and when (a timestamp).
 
-Merged logs tag lines in several ways: torch's `[rank3]:`, torchrun --tee's `[default0]:`
-(a local rank), srun -l's `3: `, OpenMPI's `[1,3]<stderr>:`, Determined's `[rank=3] ` (and
-`[rank 3]`).
-A timestamp may come first (`2024-11-20 14:37:16 [rank3]: ...`), and glog-style lines of
-torch's C++ code carry `[E1129 09:55:18.260 file.cpp:12]`.
+Prefixes: torch's `[rank3]:`, torchrun --tee's `[default0]:` (a local rank), srun -l's
+`3: `, OpenMPI's `[1,3]<stderr>:`, Determined's `[rank=3] `; a timestamp may come first,
+and torch's C++ glog lines carry `[E1129 09:55:18.260 file.cpp:12]`.
 """
 
 from __future__ import annotations

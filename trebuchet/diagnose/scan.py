@@ -1,13 +1,9 @@
 """Read a log from its end and keep only the lines that can explain a failure.
 
-A failing job's story is at the end of each log: the first real error and the cascade it
-set off. So a log is read backwards in chunks (64 kB, then doubling) until the earliest
-error-looking line has a stretch of quiet output before it (or the file starts, or
-MAX_BYTES were read): a 2 GB directory of 256 rank logs costs tens of kilobytes per file.
-
-Candidate lines are found with bytes.find on a lowercased chunk (C speed), never with a
-regular expression over the whole text; only those lines are decoded and classified.
-Tracebacks and torchrun's failure report keep the lines that follow their header.
+A failing job's story is at the end of each log, so a log is read backwards in doubling
+chunks until its earliest error-looking line has quiet output before it (or MAX_BYTES):
+256 rank logs of 2 GB cost tens of kilobytes each. Candidates are found with bytes.find on
+a lowercased chunk, never a regex over the text; only they are decoded and classified.
 """
 
 from __future__ import annotations

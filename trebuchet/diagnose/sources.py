@@ -20,6 +20,7 @@ from typing import Any
 from trebuchet import registry
 from trebuchet.diagnose import errorfile
 from trebuchet.diagnose import scan as scanner
+from trebuchet.diagnose.catalog import SIGNAL_NAMES
 from trebuchet.diagnose.classify import Finding
 from trebuchet.diagnose.errorfile import RankError
 from trebuchet.diagnose.lines import LogLine, parse
@@ -49,7 +50,6 @@ SLURM_EVENT = re.compile(
 )
 NODE_FAIL = re.compile(r"Node failure on (?P<node>[\w.-]+)")
 SRUN_MARK = re.compile(r"^(?:srun|salloc|slurmstepd)[:-]|^\s*\d+: ", re.M)
-TORCHRUN_MARK = ("Root Cause (first observed failure)", "torch.distributed.elastic", "[default0]:")
 ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
 FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
 RANK_IN_NAME = (
@@ -58,8 +58,6 @@ RANK_IN_NAME = (
     re.compile(r"[-_.](\d+)\.(?:log|out|err|txt)$"),
 )
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
-SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
-                9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}  # fmt: skip
 
 
 @dataclass
@@ -382,18 +380,25 @@ def _read_json(path: Path) -> Any:
 
 
 def is_run_dir(path: Path) -> bool:
-    """A trebuchet run directory (a Slurm run sbatch refused has no plan, no attempts, but
-    its events.jsonl)."""
+    """A trebuchet run directory (a Slurm run sbatch refused has no attempts, but its
+    job.json and events.jsonl)."""
     if not path.is_dir():
         return False
-    marks = ("plan.json", "events.jsonl")
+    marks = ("job.json", "events.jsonl")
     return any((path / m).is_file() for m in marks) or any(path.glob("attempt-*/"))
 
 
-def _gpus(run_dir: Path, plan: dict[str, Any]) -> int | None:
-    """GPUs per node the run had (the plan's TREB_NGPUS, else the resolved spec's
+def _job(run_dir: Path) -> dict[str, Any]:
+    """The run's job file (job.json), {} when absent or not an object."""
+    job = _read_json(run_dir / "job.json")
+    return job if isinstance(job, dict) else {}
+
+
+def _gpus(run_dir: Path, job: dict[str, Any]) -> int | None:
+    """GPUs per node the run had (a local run's TREB_NGPUS, else the resolved spec's
     gpus_per_node when it is a count); None when not known (gpus_per_node: -1 on Slurm)."""
-    procs = plan.get("procs") or []
+    plan = job.get("plan")  # the processes, where the engine computed them (local)
+    procs = (plan.get("procs") if isinstance(plan, dict) else None) or []
     ngpus = (procs[0].get("env") or {}).get("TREB_NGPUS") if procs else None
     if ngpus is not None and str(ngpus).isdigit():
         return int(ngpus)
@@ -457,21 +462,44 @@ def _setup_unit(ff: dict[str, Any]) -> Unit:
                 order=0)  # fmt: skip
 
 
+def _before_ranks(run: dict[str, Any], ff: dict[str, Any] | None, adir: Path) -> Unit | None:
+    """The one unit of a run that failed before or beside its ranks: its environment build,
+    a node's setup, a node lost or unhealthy; None when the ranks' outcomes tell."""
+    label = ff.get("label") if ff else None
+    if ff and label == "environment":
+        msg = ff.get("message") or "environment build failed"
+        return _environment_unit(Path(ff["log"]), msg, ff.get("ended_at"))
+    if ff and label == "setup":
+        return _setup_unit(ff)
+    if ff and label in NODE_CAUSES:  # a node's loss or failed health checks
+        log = adir / f"health-{ff.get('node')}.log"  # (runtime/job/nodeloss.py, health.py)
+        if label == "node_lost":
+            log = Path(str(ff.get("log") or adir / f"ssh-{ff.get('node')}.log"))
+        return Unit(rank=None, node=str(ff.get("node")), exit_code=1, ended_at=ff.get("ended_at"),
+                    label=str(label), log=str(log) if log.is_file() else None)  # fmt: skip
+    reason = run.get("reason") or ""
+    env_log = adir.parent / "environment.log"
+    if not ff and reason.startswith("environment build failed") and env_log.is_file():
+        msg = reason.removeprefix("environment build failed").lstrip(": ") or "see its log"
+        return _environment_unit(env_log, msg, run.get("ended_at"))  # Slurm: built here
+    return None
+
+
 def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> Case:
     """A trebuchet run: `run` holds the RunRecord's fields (or what a run dir tells)."""
     run_dir = Path(run["run_dir"])
     ff = run.get("first_failure") or None
     attempt = ff.get("attempt", run.get("attempt", 0)) if ff else run.get("attempt", 0)
     adir = run_dir / f"attempt-{attempt}"
-    plan = _read_json(run_dir / "plan.json") or {}
+    job = _job(run_dir)
     case = Case(source=f"run {run.get('id', run_dir.name)}", run={**run, "attempt": attempt},
                 in_store=True)  # fmt: skip
     assert case.run is not None  # given just above
-    case.run["timeout"] = plan.get("timeout")
+    case.run["timeout"] = job.get("timeout")
     case.run["latest_attempt"] = run.get("attempt", 0)
-    case.run["gpus"] = _gpus(run_dir, plan)
-    launcher = run.get("launcher") or plan.get("launcher", "native")
-    ppn = int(run.get("procs_per_node") or plan.get("procs_per_node") or 1)
+    case.run["gpus"] = _gpus(run_dir, job)
+    launcher = run.get("launcher") or job.get("launcher", "native")
+    ppn = int(run.get("procs_per_node") or job.get("ppn") or 1)
     outcomes: dict[str, dict[str, Any]] = {}
     for p in sorted(adir.glob("*.json")) if adir.is_dir() else []:
         if OUTCOME.match(p.name):
@@ -483,30 +511,9 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
             continue
         name = f"rank-{row['rank']}" if row.get("rank") is not None else f"node-{row['node']}"
         outcomes.setdefault(name, {**row, "stopped_by_launcher": bool(row["stopped_by_launcher"])})
-    reason = run.get("reason") or ""
-    env_log = run_dir / "environment.log"
-    if ff and ff.get("label") == "environment":
-        msg = ff.get("message") or "environment build failed"
-        case.units = [_environment_unit(Path(ff["log"]), msg, ff.get("ended_at"))]
-        case.first_failure = 0
-        return case
-    if ff and ff.get("label") == "setup":
-        case.units = [_setup_unit(ff)]
-        case.first_failure = 0
-        return case
-    if ff and ff.get("label") in NODE_CAUSES:  # a node's loss or failed health checks
-        log = adir / f"health-{ff.get('node')}.log"  # (runtime/job/nodeloss.py, health.py)
-        if ff.get("label") == "node_lost":
-            log = Path(str(ff.get("log") or adir / f"ssh-{ff.get('node')}.log"))
-        case.units = [Unit(rank=None, node=str(ff.get("node")), exit_code=1,
-                           ended_at=ff.get("ended_at"), label=str(ff.get("label")),
-                           log=str(log) if log.is_file() else None)]  # fmt: skip
-        case.first_failure = 0
-        return case
-    if not ff and reason.startswith("environment build failed") and env_log.is_file():
-        msg = reason.removeprefix("environment build failed").lstrip(": ") or "see its log"
-        case.units = [_environment_unit(env_log, msg, run.get("ended_at"))]  # Slurm: built here
-        case.first_failure = 0
+    before = _before_ranks(run, ff, adir)
+    if before is not None:
+        case.units, case.first_failure = [before], 0
         return case
     units: list[Unit] = []
     if launcher in ("torchrun", "none"):
@@ -634,7 +641,7 @@ def _remote(engine: str) -> bool:
 
 def run_dir_case(path: Path) -> Case:
     """A run directory given as a path (copied off a cluster, or without the store)."""
-    plan = _read_json(path / "plan.json") or {}
+    job = _job(path)
     attempts = sorted(int(p.name.split("-")[1]) for p in path.glob("attempt-*") if p.is_dir())
     attempt = attempts[-1] if attempts else 0
     first: dict[str, Any] | None = None
@@ -649,8 +656,8 @@ def run_dir_case(path: Path) -> Case:
     reason, engine = (None, None) if first else _event_reason(path)
     run = {
         "id": path.name, "run_dir": str(path), "attempt": attempt, "first_failure": first,
-        "launcher": plan.get("launcher", "native"), "procs_per_node": plan.get("procs_per_node"),
-        "state": "FAILED" if first or reason else None, "name": plan.get("run_id", path.name),
+        "launcher": job.get("launcher", "native"), "procs_per_node": job.get("ppn"),
+        "state": "FAILED" if first or reason else None, "name": job.get("run_id", path.name),
         "reason": reason,
         "backend": engine if reason else None,  # the engine's word on a run it refused
     }  # fmt: skip

@@ -132,15 +132,10 @@ def _build_venv(r: Recipe, prefix: Path, log: IO[str]) -> None:
 def conda_commands(r: Recipe, prefix: Path) -> list[list[str]]:
     """The commands that create a conda prefix (micromamba, mamba or conda)."""
     exe = r.conda_bin or "conda"
-    is_conda = Path(exe).name == "conda"
     cmds = []
     if r.environment_file:
-        if is_conda:
-            cmds.append(
-                [exe, "env", "create", "--yes", "-p", str(prefix), "-f", r.environment_file]
-            )
-        else:
-            cmds.append([exe, "create", "--yes", "-p", str(prefix), "-f", r.environment_file])
+        create = [exe, "env", "create"] if Path(exe).name == "conda" else [exe, "create"]
+        cmds.append([*create, "--yes", "-p", str(prefix), "-f", r.environment_file])
     else:
         cmds.append([exe, "create", "--yes", "-p", str(prefix), f"python={r.python}", "pip"])
     run = run_prefix(r)

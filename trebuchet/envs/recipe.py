@@ -73,11 +73,7 @@ def find_uv() -> str | None:
 def find_conda(conda_bin: str | None) -> str | None:
     if conda_bin:
         return shutil.which(conda_bin) or (conda_bin if Path(conda_bin).is_file() else None)
-    for name in CONDA_SEARCH:
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
+    return next(filter(None, map(shutil.which, CONDA_SEARCH)), None)
 
 
 def recipe_for(spec: Any, base: Path, vendor: str) -> Recipe | None:
@@ -93,18 +89,20 @@ def recipe_for(spec: Any, base: Path, vendor: str) -> Recipe | None:
     if env.kind == "image":
         r.image, r.mounts = env.image, list(env.mounts)
         return r
+
+    def variant(rel: str) -> str:
+        return str(vendor_file((base / rel).resolve(), vendor))
+
     if isinstance(env.requirements, str):
-        r.requirements_file = str(vendor_file((base / env.requirements).resolve(), vendor))
+        r.requirements_file = variant(env.requirements)
     elif env.requirements:
         r.requirements = list(env.requirements)
     if env.setup:
-        r.setup = str(vendor_file((base / env.setup).resolve(), vendor))
+        r.setup = variant(env.setup)
     if env.kind == "conda":
         r.python = env.conda.python
         if env.conda.environment_file:
-            r.environment_file = str(
-                vendor_file((base / env.conda.environment_file).resolve(), vendor)
-            )
+            r.environment_file = variant(env.conda.environment_file)
         r.conda_bin = find_conda(env.conda.conda_bin)
         r.tool = Path(r.conda_bin).name if r.conda_bin else "conda"
     else:

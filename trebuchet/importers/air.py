@@ -13,17 +13,13 @@ from typing import Any
 
 from trebuchet.errors import UserError
 from trebuchet.importers.common import ImportResult, env_or_secret, to_name
-from trebuchet.importers.yamlsrc import line_of, read_located
+from trebuchet.importers.yamlsrc import line_of, read_mapping
 
 ACCEL = re.compile(r"GPU_(\d+)x([A-Za-z0-9_-]+)", re.IGNORECASE)
 
 
 def import_file(path: str | Path, **_: object) -> ImportResult:
-    p = Path(path)
-    loc = read_located(p)
-    data = loc.data
-    if not isinstance(data, dict):
-        raise UserError(f"{p}:1: an AI Runtime workload must be a mapping")
+    p, loc, data = read_mapping(path, "an AI Runtime workload")
     res = ImportResult("air", str(p))
     spec = res.spec
 

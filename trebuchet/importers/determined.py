@@ -1,14 +1,11 @@
 """`treb import determined`: the launch part of a Determined experiment config -> spec.
 
-Determined (seed 002) starts a trial's processes through a launch layer named in
-`entrypoint` (`python3 -m determined.launch.horovod [--autohorovod] -- CMD`): horovodrun
-over the trial's slots, its tensor-fusion `optimizations` as horovodrun's flags. What
-carries over: the command after the launch layer, `launcher: horovod` (torchrun for
-determined.launch.torch_distributed), `resources.slots_per_trial` as the ranks,
-`resources.native_parallel` (the code starts its own ranks: `launcher: none`),
-`max_restarts` as retries, the fusion optimizations as Horovod's own variables, the
-environment's variables and image. Everything else (searcher, hyperparameters, the Trial
-API, checkpoint storage, ...) is Determined's own and is named as not carried over.
+Determined starts a trial through the launch layer named in `entrypoint`
+(`python3 -m determined.launch.horovod -- CMD`). What carries over: the command after it,
+the launcher (horovod, or torchrun for torch_distributed), slots_per_trial as the ranks,
+native_parallel as launcher none, max_restarts as retries, the fusion optimizations as
+Horovod's variables, the environment's variables and image. The rest (searcher, Trial API,
+checkpoint storage...) is Determined's own and named as not carried over.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from typing import Any
 
 from trebuchet.errors import UserError
 from trebuchet.importers.common import ImportResult, env_or_secret, to_name
-from trebuchet.importers.yamlsrc import line_of, read_located
+from trebuchet.importers.yamlsrc import line_of, read_mapping
 
 LAUNCH = {
     "determined.launch.horovod": "horovod",
@@ -34,11 +31,7 @@ MAX_SLOTS = 65536
 
 
 def import_file(path: str | Path, **_: object) -> ImportResult:
-    p = Path(path)
-    loc = read_located(p)
-    data = loc.data
-    if not isinstance(data, dict):
-        raise UserError(f"{p}:1: a Determined experiment config must be a mapping")
+    p, loc, data = read_mapping(path, "a Determined experiment config")
     res = ImportResult("determined", str(p))
     spec = res.spec
 

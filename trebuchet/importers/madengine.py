@@ -1,12 +1,9 @@
 """`treb import madengine`: a model card from a models.json (chosen with --tags) -> spec.
 
-madengine runs the card's script once on this machine inside a conda prefix (bare metal)
-and lets the script start its own launcher, so the spec uses launcher `none`; the
-dependency recipe (conda_env, python_version, environment_file, requirements_file,
-setup_script) maps onto `environment`. What madengine scripts read is kept: the command
-sets MAD_RUNTIME_NGPUS (the resolved GPU count: trebuchet's TREB_NGPUS where the engine
-sets it, else the card's n_gpus; a value in the spec's env wins), and `multiple_results`
-becomes `results.file`, the CSV trebuchet reads as madengine did.
+madengine runs the card's script once per machine in a conda prefix and lets it start its
+own launcher: launcher `none`, the dependency recipe as `environment`. What its scripts
+read is kept: MAD_RUNTIME_NGPUS (TREB_NGPUS where the engine sets it, else n_gpus), and
+`multiple_results` as `results.file`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Any
 
 from trebuchet.errors import UserError
 from trebuchet.importers.common import ImportResult, env_or_secret, to_name
-from trebuchet.importers.yamlsrc import line_of, read_located
+from trebuchet.importers.yamlsrc import line_of, read_mapping
 
 DEFAULT_RECIPE = "nemo_automodel.recipes.llm.train_ft.TrainFinetuneRecipeForNextTokenPrediction"
 DEFAULT_REPO = "/opt/Automodel"
@@ -39,11 +39,7 @@ def _recipe(data: dict, override: str | None) -> tuple[str, bool]:
 
 
 def import_file(path: str | Path, recipe: str | None = None, **_: object) -> ImportResult:
-    p = Path(path)
-    loc = read_located(p)
-    data = loc.data
-    if not isinstance(data, dict):
-        raise UserError(f"{p}:1: a NeMo AutoModel config must be a mapping")
+    p, loc, data = read_mapping(path, "a NeMo AutoModel config")
     blocks = [k for k in ("slurm", "skypilot") if isinstance(data.get(k), dict)]
     if not blocks:
         raise UserError(f"{p}: no slurm: or skypilot: block (nothing says how to launch it)")

@@ -1,33 +1,20 @@
 """Bash as the oracle for `treb import sbatch`: run the batch script with bash itself in a
-sandbox and record what the ranks would have run.
+sandbox and record what the ranks would have run, instead of parsing shell.
 
-The sandbox (INNER below) is made in private user, mount, network, PID, IPC and UTS
-namespaces (`unshare`), before the script's first line: a new root on a tmpfs with /usr
-(and /bin, /lib...) read-only, an /etc of ETC_ALLOWED names only (no shadow, munge key, ssh
-host keys), a /dev of null, zero and urandom (no tty), a fresh /proc, an empty /tmp and HOME
-(at HOME's path; where the script lives in HOME, HOME's dotfiles are hidden), and the
-script's own folder copy-on-write: writes there and in /tmp succeed and are dropped, on one
-tmpfs of DISK_BYTES. Nothing else of the machine is there: no /root, /home, other Unix
-sockets, network (a down loopback). The old root is detached; the script then runs in a
-nested user and mount namespace (every mount locked: no remount, no bind that reaches out)
-with no capability and no_new_privs, at most MAX_PROCS processes (pid 1 ends the import past
-half of that), 1 GiB of address space each, 60 s. Its environment is fixed: PATH, HOME,
-SHELL, TMPDIR, ENV_ALLOWED and LC_* from the importing user, the simulated SLURM_* and the
-variables the script names (sbatch.py; credentials as markers). It is handed back as a tar
-of the record folder: regular files only, bounded (a FIFO or link the script planted there
-is never opened); notes are rows of fixed sentences (NOTES), so a row the script writes says
-nothing it could not have made treb say by running a command.
+The sandbox (INNER) is made in private user, mount, network, PID, IPC and UTS namespaces
+before the script's first line: a tmpfs root with the system folders read-only, an /etc of
+ETC_ALLOWED only, a minimal /dev, an empty HOME and /tmp, and the script's folder
+copy-on-write with credential files hidden; no network, no other sockets. The script runs
+in a nested user and mount namespace (mounts locked), with no capability, no_new_privs and
+bounded processes, memory, disk and time; its environment is fixed. What it hands back is a
+bounded tar of regular files, and notes are fixed sentences (NOTES), so nothing the script
+writes can make treb say more than running a command would. Where the sandbox cannot be
+made the import is refused: the script never runs outside it.
 
-The `#SBATCH` allocation is simulated (SLURM_* variables, `scontrol show hostnames`);
-`srun`, `torchrun`, `python`, `accelerate`, `deepspeed`, `mpirun` and the like are shims
-first on PATH that record their argv, environment and directory instead of running. A
-launcher called by path (`./venv/bin/torchrun`), also through a wrapper (`env`, `nice`,
-`nohup`, `exec`, `numactl`...), is caught by a DEBUG trap before bash runs it. `srun` then
-runs task 0 (and the allocation's last task) of its program in the sandbox, so what a
-`bash -c "..."` task body calls is recorded too. Where the sandbox cannot be made, the
-import is refused: the script is never run outside it. The round trip of the imported
-command (argv_in_sandbox) runs in the same sandbox, its values shell variables of the
-script inside, never a process's environment.
+The allocation is simulated (SLURM_*, `scontrol show hostnames`); srun, launchers and
+interpreters are shims first on PATH (or, called by path or through a wrapper, caught by a
+DEBUG trap) that record argv, environment and directory instead of running; srun runs task
+0 and the last task so a `bash -c` task body is recorded too.
 """
 
 from __future__ import annotations
@@ -290,14 +277,8 @@ set -T
 trap '__treb_l=$LINENO; __treb_dbg' DEBUG
 """
 
-INNER = r"""# trebuchet import sandbox. Stage "make" runs as root of fresh user, mount, PID,
-# network, IPC and UTS namespaces (capabilities over those only), before any of the script:
-# a new root on a tmpfs (system folders read-only, /etc only the names in TREB_ORACLE_ETC, a
-# minimal /dev, an empty HOME, the script's folder copy-on-write), pivoted into, old root
-# detached.
-# Stage "run" is pid 1 with no capability left; the script runs in one more user and mount
-# namespace (every mount locked), with no capability and no_new_privs, and ends with all it
-# started; pid 1 hands back the recording as a tar on stdout.
+INNER = r"""# trebuchet import sandbox: stage "make" builds the root (module docstring), stage
+# "run" is pid 1 and hands back the recording as a tar on stdout.
 set -u
 if [[ $1 == make ]]; then
   S=$2 sub=$3 run_dir=$4 script=$5 home=$6

@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import shlex
+import signal
 import string
 import subprocess
 from collections.abc import Callable
@@ -71,62 +72,18 @@ SHORT = {
     "K": "kill-on-bad-exit",
     "r": "relative",
 }
-FLAGS = {
-    "exclusive",
-    "requeue",
-    "no-requeue",
-    "overcommit",
-    "hold",
-    "wait",
-    "quiet",
-    "verbose",
-    "contiguous",
-    "use-min-nodes",
-    "spread-job",
-    "test-only",
-    "parsable",
-    "no-kill",
-    "oversubscribe",
-    "label",
-    "unbuffered",
-    "disable-status",
-    "preserve-env",
-    "no-allocate",
-    "pty",
-    "overlap",
-    "no-container-mount-home",
-    "container-mount-home",
-    "container-remap-root",
-    "no-container-remap-root",
-    "container-writable",
-    "container-readonly",
-    "no-container-entrypoint",
-    "container-entrypoint",
-    "help",
-    "version",
-    "ignore-pbs",
-    "kill-on-bad-exit",
-    "exact",
-    "whole",
-    "multi-prog",
-    "no-shell",
-    "container-save",
-    "nvmps",
-}
+# Options that take no value: srun's (oracle.SRUN_FLAGS) and sbatch's own.
+FLAGS = set(oracle.SRUN_FLAGS.split()) | {
+    "requeue", "no-requeue", "hold", "wait", "use-min-nodes", "spread-job", "parsable",
+    "ignore-pbs", "no-shell",
+}  # fmt: skip
+# --signal's names and numbers trebuchet can send as checkpoint_signal.
 SIGNALS = {
-    "USR1": "SIGUSR1",
-    "USR2": "SIGUSR2",
-    "TERM": "SIGTERM",
-    "INT": "SIGINT",
-    "HUP": "SIGHUP",
-    "QUIT": "SIGQUIT",
-    "10": "SIGUSR1",
-    "12": "SIGUSR2",
-    "15": "SIGTERM",
-    "2": "SIGINT",
-    "1": "SIGHUP",
-    "3": "SIGQUIT",
-}
+    key: sig.name
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
+                signal.SIGQUIT)
+    for key in (sig.name.removeprefix("SIG"), str(int(sig)))
+}  # fmt: skip
 
 
 def parse_options(
@@ -148,7 +105,7 @@ def parse_options(
                 i += 1
         elif tok.startswith("-") and len(tok) > 1 and tok != "-":
             name = SHORT.get(tok[1], tok[1])
-            if name in FLAGS or len(name) == 1 and tok[1] in "lukXEZKrhVvQ":
+            if name in FLAGS:
                 out.append((name, None, i))
             elif len(tok) > 2:
                 out.append((name, tok[2:].lstrip("="), i))

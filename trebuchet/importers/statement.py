@@ -1,11 +1,8 @@
-"""What surrounds the main srun on its statement, as the script wrote it: the simple commands
-of the statement, each with its words and redirections as written and the operator after
-it (`;`, `&&`, `|`...), so that `timeout 3600 srun ...; echo rc=$?` and
-`srun ... > train.log 2>&1` are carried or named, never dropped silently.
-
-bash has already run the statement (the oracle recorded the srun); this only splits its
-text, one pass over it: quotes, `$(...)`, backticks, `${...}`, comments, continuations and
-here-documents are skipped whole, never taken for operators.
+"""What surrounds the main srun on its statement, as the script wrote it: its simple
+commands, each with its words, redirections and the operator after it, so that
+`timeout 3600 srun ...; echo rc=$?` or `srun ... > train.log 2>&1` are carried or named,
+never dropped silently. bash already ran it; this only splits the text in one pass, skipping
+quotes, `$(...)`, backticks, `${...}`, comments and here-documents whole.
 """
 
 from __future__ import annotations

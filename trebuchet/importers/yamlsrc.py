@@ -19,6 +19,15 @@ def read_located(path: str | Path) -> Located:
         raise UserError("\n".join(exc.problems)) from None
 
 
+def read_mapping(path: str | Path, what: str) -> tuple[Path, Located, dict]:
+    """(path, located document, its mapping) of a config that must be a mapping."""
+    p = Path(path)
+    loc = read_located(p)
+    if not isinstance(loc.data, dict):
+        raise UserError(f"{p}:1: {what} must be a mapping")
+    return p, loc, loc.data
+
+
 def line_of(loc: Located, *path: Any) -> int | None:
     p = tuple(path)
     while p:

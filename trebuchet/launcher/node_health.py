@@ -5,6 +5,7 @@ it runs their checks too), under the simulated nodes' names (sim_nodes.py: node-
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -14,8 +15,9 @@ from trebuchet.runtime.node.agent import Agent
 from trebuchet.runtime.rundir.records import read_json
 
 
-def check_nodes(run_dir: str, adir: Path, attempt: int, agents: list[Agent], conf: dict[str, Any],
-                names: list[str] | None = None) -> FirstFailure | None:  # fmt: skip
+def check_nodes(run_dir: str, adir: Path, attempt: int, agents: list[Agent],
+                conf: Mapping[str, Any], names: list[str] | None = None,
+                ) -> FirstFailure | None:  # fmt: skip
     """Every simulated node's checks (in parallel: the spec's own check may take a
     while); the first unhealthy node's record (lost-<node>.json), or None. `names`: the
     attempt's simulated nodes by NODE_RANK (sim_nodes.py), else node-<NODE_RANK>."""
@@ -30,9 +32,11 @@ def check_nodes(run_dir: str, adir: Path, attempt: int, agents: list[Agent], con
         from concurrent.futures import ThreadPoolExecutor  # here: +1 MiB for every run
 
         with ThreadPoolExecutor(len(wheres)) as pool:
-            verdicts = list(pool.map(lambda w: health.gate(w, conf), wheres))
+            verdicts = list(pool.map(lambda w: health.gate(w, conf, durable=False), wheres))
     else:
-        verdicts = [health.gate(w, conf) for w in wheres]
+        verdicts = [health.gate(w, conf, durable=False) for w in wheres]
+    for agent, where in zip(agents, wheres, strict=True):
+        agent.defer(os.path.join(where.adir, f"health-{where.node}.json"))
     for where, why in zip(wheres, verdicts, strict=True):
         if why is not None:
             rec = read_json(os.path.join(where.adir, f"lost-{where.node}.json"))

@@ -1,7 +1,8 @@
-"""What each process of a run gets: argv, environment, working directory, log file.
+"""What each process of a local run gets: argv, environment, working directory, log file.
 
-The plan is plain JSON, computed once at submission, so the supervisor that executes it
-needs neither pydantic nor the spec, and `treb render --on local` shows exactly it.
+The local engine's part of the job file (`job.json`'s `plan`, contracts.LocalPlan): plain
+JSON, computed once at submission, so the supervisor that executes it needs neither
+pydantic nor the spec, and `treb render --on local` shows exactly it.
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ from typing import Any
 from trebuchet.envs.gpus import gpu_env
 from trebuchet.envs.recipe import Recipe
 from trebuchet.envs.wrap import wrap_argv
-from trebuchet.launcher.policies import policies_for
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS
-from trebuchet.launcher.recovery import exit_code_rules, health_fields
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
 from trebuchet.plain import field, record
 from trebuchet.runtime.contracts.rank_env import elastic_vars, node_vars, omp_threads, rank_vars
-from trebuchet.runtime.contracts.schema import LogPolicy
+from trebuchet.runtime.contracts.schema import JobFile, LocalPlan, ProcPlan
 from trebuchet.runtime.node.horovodrun import horovodrun_argv
 
 # profile: nsys wraps each selected rank (RANK is known inside the rank, under any launcher).
@@ -40,62 +39,6 @@ def profiled(spec: Any, argv: list[str]) -> list[str]:
     if spec.profile != "nsys":
         return argv
     return ["bash", "-c", NSYS_WRAPPER, "treb-nsys", *argv]
-
-
-@record
-class ProcPlan:
-    """One process the supervisor starts (a rank, or a per-node agent)."""
-
-    label: str
-    node: int
-    rank: int | None
-    local_rank: int | None
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str
-    log: str
-
-
-@record
-class Plan:
-    """Every process of one attempt, plus what the supervisor needs to run attempts."""
-
-    run_id: str
-    run_dir: str
-    launcher: str
-    nodes: int
-    procs_per_node: int
-    master_addr: str
-    master_port: int
-    retries: int
-    timeout: float | None
-    secrets: list[str]
-    procs: list[ProcPlan]
-    streams: list[list[str]] = field(default_factory=list)  # [label, log file name]
-    port_auto: bool = True  # a fresh free port per attempt (a fixed master_port is kept)
-    grace_period: float = 5.0
-    checkpoint_signal: str = "SIGUSR2"
-    warning_seconds: float | None = None
-    hang_timeout: float | None = None  # runtime/watch/hung.py; None: off
-    on_hang: str = "fail"
-    log_policies: list[LogPolicy] = field(default_factory=list)
-    exit_codes: dict[str, list[int]] = field(default_factory=dict)  # launcher/recovery.py
-    health: dict[str, Any] = field(default_factory=dict)  # recovery.health_fields
-    spare_nodes: int = 0  # simulated spares (launcher/sim_nodes.py)
-    min_nodes: int | None = None  # nodes: MIN:MAX, the fewest to go on with
-    hooks: list[dict[str, Any]] = field(default_factory=list)  # pre/post commands per node
-    environment: dict[str, Any] | None = None  # an envs.recipe.Recipe as JSON
-    path_prepend: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain data, as asdict() gives it but without its deep copy (~3 ms for 32 ranks):
-        every field is JSON data already, and the result is only written out."""
-        return {**vars(self), "procs": [dict(vars(p)) for p in self.procs]}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Plan:
-        procs = [ProcPlan(**p) for p in data["procs"]]
-        return cls(**{**data, "procs": procs})
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -118,6 +61,13 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def proc(label: str, node: int, rank: int | None, local_rank: int | None, argv: list[str],
+         env: dict[str, str], cwd: str, log: str) -> ProcPlan:  # fmt: skip
+    """One process of the plan."""
+    return {"label": label, "node": node, "rank": rank, "local_rank": local_rank,
+            "argv": argv, "env": env, "cwd": cwd, "log": log}  # fmt: skip
+
+
 def command_argv(command: str | list[str]) -> list[str]:
     """A string runs in bash (its $VARS expand on the node); a list runs as is."""
     return ["bash", "-c", command] if isinstance(command, str) else list(command)
@@ -132,16 +82,21 @@ class Placement:
     recipe: Recipe | None = None
 
 
+def ranks_per_node(spec: Any, place: Placement) -> int:
+    """The spec's, or one rank per visible GPU (gpus_per_node: -1, no procs_per_node)."""
+    if spec.procs_per_node is None and spec.gpus_per_node == -1 and place.node_gpus[0]:
+        return len(place.node_gpus[0])
+    return int(spec.ranks_per_node)
+
+
 def local_plan(
     spec: Any, workdir: Path, run_id: str, run_dir: Path, environ: dict[str, str],
     place: Placement | None = None,
-) -> Plan:  # fmt: skip
-    """The plan for the local backend: `nodes` simulated nodes on this machine."""
+) -> LocalPlan:  # fmt: skip
+    """Every process of the local engine's attempt."""
     place = place or Placement(node_gpus=[[] for _ in range(spec.nodes)])
     nodes = spec.nodes
-    ppn = spec.ranks_per_node
-    if spec.procs_per_node is None and spec.gpus_per_node == -1 and place.node_gpus[0]:
-        ppn = len(place.node_gpus[0])  # one rank per visible GPU
+    ppn = ranks_per_node(spec, place)
     world = nodes * ppn
     addr = spec.env.get("MASTER_ADDR", "127.0.0.1")
     port = spec.fixed_port or free_port("127.0.0.1")
@@ -184,7 +139,7 @@ def local_plan(
 
     procs: list[ProcPlan] = []
     streams: list[list[str]] = []
-    hooks: list[dict[str, Any]] = []
+    hooks: dict[str, list[ProcPlan]] = {}
     # torchrun's manual multi-node launch (`--nnodes N --node-rank K` typed on each machine,
     # cli/torchrun_flags.py): this machine is node K of N and starts that node's ranks only.
     only = environ.get("TREB_NODE_RANK_ONLY")
@@ -200,8 +155,9 @@ def local_plan(
             if text:
                 env = {**node_env, "LOCAL_WORLD_SIZE": str(ppn)}
                 argv = wrap(["bash", "-c", text], env, node, f"{when}{node}")
-                hooks.append({"when": when, "node": node, "argv": argv, "env": env,
-                              "cwd": str(workdir), "log": f"{when}-node-{node}.log"})  # fmt: skip
+                log = f"{when}-node-{node}.log"
+                hook = proc(f"{when}:{node}", node, None, None, argv, env, str(workdir), log)
+                hooks.setdefault(when, []).append(hook)
         if spec.launcher == "native":
             for local in range(ppn):
                 rank = node * ppn + local
@@ -210,7 +166,7 @@ def local_plan(
                 label = f"{node}:{local}"
                 argv = wrap(cmd, env, node, f"r{rank}")
                 procs.append(
-                    ProcPlan(label, node, rank, local, argv, env, str(workdir), f"rank-{rank}.log")
+                    proc(label, node, rank, local, argv, env, str(workdir), f"rank-{rank}.log")
                 )
                 streams.append([label, f"rank-{rank}.log"])
         elif spec.launcher == "torchrun":
@@ -221,9 +177,7 @@ def local_plan(
             ]  # fmt: skip
             argv = wrap(argv, node_env, node, f"n{node}")
             procs.append(
-                ProcPlan(
-                    f"{node}", node, None, None, argv, node_env, str(workdir), f"node-{node}.log"
-                )
+                proc(f"{node}", node, None, None, argv, node_env, str(workdir), f"node-{node}.log")
             )
             streams.append([f"{node}", f"node-{node}.log"])
             for local in range(ppn):
@@ -242,7 +196,7 @@ def local_plan(
                 argv = mpi_argv(spec.launcher, world, ["localhost"] * 1, world, env)
                 argv += [*worker, "--mpi", str(ppn), "--", *cmd]
                 argv = wrap(argv, env, node, "mpi")
-                procs.append(ProcPlan("0", 0, None, None, argv, env, str(workdir), "node-0.log"))
+                procs.append(proc("0", 0, None, None, argv, env, str(workdir), "node-0.log"))
                 streams.append(["0", "node-0.log"])
             for local in range(ppn):
                 streams.append([f"{node}:{local}", f"rank-{node * ppn + local}.log"])
@@ -250,22 +204,15 @@ def local_plan(
             env = {**node_env, "LOCAL_WORLD_SIZE": str(ppn)}
             argv = wrap(cmd, env, node, f"n{node}")
             procs.append(
-                ProcPlan(f"{node}", node, None, None, argv, env, str(workdir), f"node-{node}.log")
+                proc(f"{node}", node, None, None, argv, env, str(workdir), f"node-{node}.log")
             )
             streams.append([f"{node}", f"node-{node}.log"])
-    return Plan(
-        run_id=run_id, run_dir=str(run_dir), launcher=spec.launcher, nodes=nodes,
-        procs_per_node=ppn, master_addr=addr, master_port=port, retries=spec.retries,
-        timeout=spec.timeout, secrets=secret_names, procs=procs, streams=streams,
-        port_auto=spec.fixed_port is None, grace_period=spec.grace_period,
-        checkpoint_signal=spec.checkpoint_signal, warning_seconds=spec.warning_seconds,
-        hang_timeout=spec.hang_timeout, on_hang=spec.on_hang,
-        log_policies=policies_for(spec), hooks=hooks, exit_codes=exit_code_rules(spec),
-        health=health_fields(spec), spare_nodes=spec.spare_nodes,
-        min_nodes=spec.min_nodes,
-        environment=recipe.to_json() if recipe else None,
-        path_prepend=[f"{recipe.prefix}/bin"] if recipe and recipe.kind == "venv" else [],
-    )  # fmt: skip
+    return {
+        "procs": procs, "streams": streams, "hooks": hooks, "master_addr": addr,
+        "master_port": port, "port_auto": spec.fixed_port is None,
+        "environment": recipe.to_json() if recipe else None,
+        "path_prepend": [f"{recipe.prefix}/bin"] if recipe and recipe.kind == "venv" else [],
+    }  # fmt: skip
 
 
 def mpi_argv(
@@ -281,25 +228,28 @@ def mpi_argv(
     return argv
 
 
-def describe(plan: Plan, attempt: int = 0) -> str:
+def describe(job: JobFile, attempt: int = 0) -> str:
     """Human-readable plan: each process's command line and environment (secrets masked)."""
+    plan = job["plan"]
     lines = [
-        f"# {len(plan.procs)} process(es), launcher {plan.launcher}, "
-        f"{plan.nodes} node(s) x {plan.procs_per_node}; inherits the submitting environment"
+        f"# {len(plan['procs'])} process(es), launcher {job['launcher']}, "
+        f"{job['nodes']} node(s) x {job['ppn']}; inherits the submitting environment"
     ]
-    if plan.environment:
-        env = plan.environment
+    if plan["environment"]:
+        env = plan["environment"]
         where = env.get("image") or env.get("prefix")
         lines.append(f"# environment: {env['kind']} {where} (stamp {env.get('stamp') or '-'})")
-    if plan.path_prepend:
-        lines.append(f"# PATH starts with {':'.join(plan.path_prepend)}")
-    for h in plan.hooks:
-        lines.append(f"\n[{h['when']} node {h['node']}] cwd={shlex.quote(h['cwd'])}")
-        lines.append("  $ " + shlex.join(h["argv"]))
-    for p in plan.procs:
-        env = {**p.env, "TREB_ATTEMPT": str(attempt)}
-        env.update({name: "***" for name in plan.secrets})
-        lines.append(f"\n[{p.label}] cwd={shlex.quote(p.cwd)} log=attempt-{attempt}/{p.log}")
+    if plan["path_prepend"]:
+        lines.append(f"# PATH starts with {':'.join(plan['path_prepend'])}")
+    for when, hooks in plan["hooks"].items():
+        for h in hooks:
+            lines.append(f"\n[{when} node {h['node']}] cwd={shlex.quote(h['cwd'])}")
+            lines.append("  $ " + shlex.join(h["argv"]))
+    for p in plan["procs"]:
+        env = {**p["env"], "TREB_ATTEMPT": str(attempt)}
+        env.update({name: "***" for name in job["secrets"]})
+        where = f"cwd={shlex.quote(p['cwd'])} log=attempt-{attempt}/{p['log']}"
+        lines.append(f"\n[{p['label']}] {where}")
         lines += [f"  {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
-        lines.append("  $ " + shlex.join(p.argv))
+        lines.append("  $ " + shlex.join(p["argv"]))
     return "\n".join(lines) + "\n"

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from trebuchet.launcher.plan import ProcPlan
+from trebuchet.runtime.contracts.schema import ProcPlan
 from trebuchet.runtime.job import nodeloss
 from trebuchet.runtime.rundir.records import append_event, exit_fields
 
@@ -115,10 +115,9 @@ class Keepers:
             return procs
         world = {"WORLD_SIZE": str(k * ppn), "ROLE_WORLD_SIZE": str(k * ppn),
                  "GROUP_WORLD_SIZE": str(k), "NUM_NODES": str(k)}  # fmt: skip
-        out = []
+        out: list[ProcPlan] = []
         for p in procs:
-            if p.node < k:
-                env = {n: world.get(n, v) for n, v in p.env.items()}
-                out.append(ProcPlan(p.label, p.node, p.rank, p.local_rank, p.argv, env, p.cwd,
-                                    p.log))  # fmt: skip
+            if p["node"] < k:
+                env = {n: world.get(n, v) for n, v in p["env"].items()}
+                out.append({**p, "env": env})
         return out

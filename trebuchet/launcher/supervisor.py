@@ -1,4 +1,5 @@
-"""Runs a plan to its end: attempts, first-failure teardown, cancel, timeout, records.
+"""Runs a local job file (job.json) to its end: attempts, first-failure teardown, cancel,
+timeout, records.
 
 It is the attached `treb run` itself, or a small background process for detached runs
 (`python -m trebuchet.cli.supervise RUN_DIR`). It imports neither torch nor pydantic.
@@ -23,14 +24,14 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 from trebuchet.launcher.hooks import Hooks
 from trebuchet.launcher.index_records import IndexRecords
 from trebuchet.launcher.node_health import check_nodes
-from trebuchet.launcher.plan import Plan, ProcPlan, free_port
+from trebuchet.launcher.plan import free_port
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS, rank_records
 from trebuchet.launcher.sim_nodes import SHRINKS, Keepers, names
 from trebuchet.launcher.submitted import Submitted
 from trebuchet.launcher.watchdog import Watchdog
 from trebuchet.runtime.contracts import secrets
-from trebuchet.runtime.contracts.schema import FirstFailure, Outcome
-from trebuchet.runtime.job.life import Ending, JobController, Settings
+from trebuchet.runtime.contracts.schema import FirstFailure, JobFile, Outcome, ProcPlan
+from trebuchet.runtime.job.life import Ending, JobController, settings
 from trebuchet.runtime.job.retry_codes import NOT_A_PROGRAM as LOST_LABELS
 from trebuchet.runtime.node.agent import Agent, Proc
 from trebuchet.runtime.process import contain
@@ -89,19 +90,20 @@ class Supervisor:
 
     def __init__(
         self,
-        plan: Plan,
+        job: JobFile,
         store: Store,
         view: View | None = None,
         own_process: bool = False,
         begun: Begun | None = None,
         hooks: Hooks | None = None,
     ) -> None:
-        self.plan = plan
+        self.jobfile = job  # contracts.JobFile: what the job controller reads
+        self.local = job["plan"]  # this engine's processes (launcher/plan.py)
         self.hooks = hooks or Hooks()
         self._begun = begun  # the watchdog and cgroup, when the caller began them (begin)
         self.store = store
         self.view = view  # attached: the terminal view, a thread of its own
-        self.run_dir = Path(plan.run_dir)
+        self.run_dir = Path(job["run_dir"])
         self.agents: list[Agent] = []  # one per simulated node, this attempt's
         self.watchdog: Watchdog | None = None
         # A process of its own (not a caller's, whose other children are not the run's):
@@ -109,13 +111,14 @@ class Supervisor:
         self.subreaper = own_process and become_subreaper()
         self.cgroup: str | None = None
         self._adopted: set[int] = set()  # told to the watchdog
-        self.port = plan.master_port
+        self._scanned = False  # the last _kill_strays scanned /proc for TREB_RUN_ID
+        self.port = self.local["master_port"]
         # MLFLOW_RUN_ID, WANDB_RUN_ID...: the same for every attempt (docs/tracking.md)
-        self.tracking_env = tracking.rank_env(tracking.load(plan.run_dir))
-        self.records = IndexRecords(store, plan.run_id, self.run_dir, self._say,
+        self.tracking_env = tracking.rank_env(tracking.load(job["run_dir"]))
+        self.records = IndexRecords(store, job["run_id"], self.run_dir, self._say,
                                     self.hooks.hang_lines)  # fmt: skip
-        self.job = JobController(settings(plan), self, self.records)
-        self.keepers = keepers(plan)  # simulated nodes that can be lost (sim_nodes.py)
+        self.job = JobController(settings(job), self, self.records)
+        self.keepers = keepers(job)  # simulated nodes that can be lost (sim_nodes.py)
 
     @property
     def cancel_signal(self) -> int | None:
@@ -151,8 +154,8 @@ class Supervisor:
 
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> str:
-        rid = self.plan.run_id
-        self.watchdog, self.cgroup, how = self._begun or begin(self.plan)
+        rid = self.jobfile["run_id"]
+        self.watchdog, self.cgroup, how = self._begun or begin(self.jobfile)
         self._begun = None
         run_started(self.store, rid, cgroup=self.cgroup)
         contain.record(str(self.run_dir), self.cgroup, how)
@@ -167,13 +170,13 @@ class Supervisor:
             reserve.unlink(missing_ok=True)  # before the outcome is recorded (main)
             contain.leave_early(self.cgroup)  # an attempt that failed before its first start
             with contextlib.suppress(OSError):  # post's daemons; the cgroup goes
-                self._kill_strays(self.attempt, keep=False)
+                self._kill_strays(self.attempt, keep=False, scan=self._scan_again())
             self.watchdog.done()
-            if self.plan.environment and self.plan.environment.get("cleanup"):
+            if self.local["environment"] and self.local["environment"].get("cleanup"):
                 from trebuchet.envs.build import remove
                 from trebuchet.envs.recipe import Recipe
 
-                remove(Recipe.from_json(self.plan.environment))
+                remove(Recipe.from_json(self.local["environment"]))
         self.close_trackers()
         return state
 
@@ -189,7 +192,7 @@ class Supervisor:
         if not self.tracking_env or self.hooks.close_trackers is None:
             return
         try:
-            self.hooks.close_trackers(self.store, self.plan.run_id)
+            self.hooks.close_trackers(self.store, self.jobfile["run_id"])
         except Exception as exc:  # noqa: BLE001
             tracking.failed(str(self.run_dir), "mlflow", f"{type(exc).__name__}: {exc}")
 
@@ -199,16 +202,16 @@ class Supervisor:
         for agent in self.agents:
             agent.kill(stopped=True)
         exclude = {os.getpid(), self.watchdog.pid if self.watchdog else -1}
-        contain.end_run(self.plan.run_id, str(self.run_dir), exclude, keep=True)
+        contain.end_run(self.jobfile["run_id"], str(self.run_dir), exclude, keep=True)
 
     def prepare(self) -> FirstFailure | None:
         """Nodes: build or reuse the run's environment; the cause when that fails."""
-        if not self.plan.environment:
+        if not self.local["environment"]:
             return None
         from trebuchet.envs.build import BuildError, ensure
         from trebuchet.envs.recipe import Recipe
 
-        recipe = Recipe.from_json(self.plan.environment)
+        recipe = Recipe.from_json(self.local["environment"])
         log_path = self.run_dir / "environment.log"
         self._say(f"environment {recipe.name} ({recipe.kind}): checking")
         t0 = time.time()
@@ -218,7 +221,7 @@ class Supervisor:
         except (BuildError, OSError) as exc:
             cause = records.cause("environment", 1, 0, log=str(log_path), message=str(exc))
             self.store.set_attempt(
-                self.plan.run_id, 0, state=FAILED, started_at=t0, ended_at=time.time(),
+                self.jobfile["run_id"], 0, state=FAILED, started_at=t0, ended_at=time.time(),
                 reason="environment build failed",
             )  # fmt: skip
             append_event(self.run_dir, "environment_failed", error=str(exc))
@@ -235,9 +238,9 @@ class Supervisor:
     # -- Nodes (runtime/job/life.py): this engine's side of each attempt -------------------
     def attempt_facts(self, attempt: int) -> dict[str, Any]:
         contain.enter_early(self.cgroup)  # (begun in run() already, unless it built an env)
-        port = self.plan.master_port
-        if attempt and self.plan.port_auto:  # the old port may linger in TIME_WAIT
-            port = free_port(self.plan.master_addr)
+        port = self.local["master_port"]
+        if attempt and self.local["port_auto"]:  # the old port may linger in TIME_WAIT
+            port = free_port(self.local["master_addr"])
         self.port = port
         self.agents = []
         return {"master_port": port}
@@ -247,29 +250,30 @@ class Supervisor:
 
     def start(self, attempt: int) -> None:
         adir = self.run_dir / f"attempt-{attempt}"
-        plans = self.plan.procs
+        plans = self.local["procs"]
         if self.keepers is not None:  # the nodes left (a spare in; fewer: the world shrinks)
             before = list(self.keepers.active)
             now = self.keepers.start(attempt)
-            plans = self.keepers.plans(plans, self.plan.procs_per_node)
+            plans = self.keepers.plans(plans, int(self.jobfile["ppn"]))
             if attempt and now and now != before:  # said as over ssh (backends/ssh/run.py)
                 from trebuchet.runtime.job.nodeset import excluded
 
                 gone = ", ".join(excluded(str(self.run_dir)))
-                world = len(now) * self.plan.procs_per_node
+                world = len(now) * int(self.jobfile["ppn"])
                 self._say(f"nodes now: {', '.join(now)} (WORLD_SIZE {world}; excluded: {gone})")
         self.agents = self._agents(plans, adir, attempt, self.port)
         held = self.keepers.active if self.keepers is not None else None
-        sick = check_nodes(str(self.run_dir), adir, attempt, self.agents, self.plan.health, held)
+        sick = check_nodes(str(self.run_dir), adir, attempt, self.agents, self.jobfile, held)
         if sick is not None:  # no rank starts; the node is lost (runtime/node/health.py)
             self._say(str(sick.get("message")))
+            sync([path for agent in self.agents for path in agent.take_unsynced()])
             self.agents = []
             self.job.failure(sick, stop=False)
             return
         self._start(self.agents)
-        self.store.set_procs(self.plan.run_id, attempt, self.outcomes())
+        self.store.set_procs(self.jobfile["run_id"], attempt, self.outcomes())
         if self.view:
-            for label, name in self.plan.streams:
+            for label, name in self.local["streams"]:
                 self.view.add(label, adir / name)
 
     def outcomes(self) -> list[Outcome]:
@@ -305,7 +309,7 @@ class Supervisor:
         after the grace period, SIGKILL after another (Agent.teardown)."""
         interrupt = self.job.cancel_signal == signal.SIGINT and not self.job.failed
         if interrupt and self.agents:
-            g = self.plan.grace_period
+            g = float(self.jobfile["grace"])
             self._say(f"interrupted: SIGINT to the ranks; SIGTERM to what still runs in {g:g}s, "
                       f"SIGKILL in {2 * g:g}s; Ctrl+C again to kill them now")  # fmt: skip
         for agent in self.agents:
@@ -327,9 +331,9 @@ class Supervisor:
     def ending(self, attempt: int, reason: str | None) -> Ending:
         adir = self.run_dir / f"attempt-{attempt}"
         # the workers' own records too under an agent launcher (none for the native one)
-        workers = rank_records(adir) if self.plan.launcher in AGENT_LAUNCHERS else []
+        workers = rank_records(adir) if self.jobfile["launcher"] in AGENT_LAUNCHERS else []
         records = self.outcomes() + workers
-        self.store.set_procs(self.plan.run_id, attempt, records, reason is not None)
+        self.store.set_procs(self.jobfile["run_id"], attempt, records, reason is not None)
         states: dict[str | None, str] = {
             "cancel": CANCELLED, "timeout": TIMEOUT, "failure": FAILED, "post": FAILED,
             "hang": FAILED, "idle_gpu": FAILED,
@@ -358,8 +362,8 @@ class Supervisor:
 
     def logs(self, attempt: int, cause: FirstFailure | None) -> list[str]:
         adir = self.run_dir / f"attempt-{attempt}"
-        logs = [adir / p.log for p in self.plan.procs]
-        logs += [adir / name for _, name in self.plan.streams if adir / name not in logs]
+        logs = [adir / p["log"] for p in self.local["procs"]]
+        logs += [adir / name for _, name in self.local["streams"] if adir / name not in logs]
         if cause and cause.get("log"):
             logs.insert(0, Path(cause["log"]))
         return [str(path) for path in logs]
@@ -376,35 +380,36 @@ class Supervisor:
         """One node agent per simulated node, driven by this supervisor's loop."""
         by_node: dict[int, list[Proc]] = {}
         base = {**os.environ, **self.tracking_env, "TREB_ATTEMPT": str(attempt)}  # read once
-        if self.plan.path_prepend:
-            base["PATH"] = os.pathsep.join([*self.plan.path_prepend, os.environ.get("PATH", "")])
-        names = self.plan.secrets
+        prepend = self.local["path_prepend"]
+        if prepend:
+            base["PATH"] = os.pathsep.join([*prepend, os.environ.get("PATH", "")])
+        names = self.jobfile["secrets"]
         for p in plans:
             env = base.copy()
             env.update(
                 {k: secrets.resolve(v, names, os.environ) if names and "${" in v else v
-                 for k, v in p.env.items()}
+                 for k, v in p["env"].items()}
             )  # fmt: skip
             env["TREB_ATTEMPT"] = str(attempt)
-            if self.plan.path_prepend:
+            if self.local["path_prepend"]:
                 env["PATH"] = base["PATH"]
-            argv = list(p.argv)
-            if "MASTER_PORT" in p.env:
+            argv = list(p["argv"])
+            if "MASTER_PORT" in p["env"]:
                 env["MASTER_PORT"] = str(port)
-            if self.plan.launcher == "torchrun" and "--master_port" in argv:
+            if self.jobfile["launcher"] == "torchrun" and "--master_port" in argv:
                 argv[argv.index("--master_port") + 1] = str(port)
             # torchrun dies of USR1/USR2: it ignores them; its workers forward them
-            launcher = p.rank is None and self.plan.launcher == "torchrun"
-            proc = Proc(Path(p.log).stem, p.label, argv, env, p.rank, p.node, p.local_rank,
-                        record=record, launcher=launcher, cwd=p.cwd)  # fmt: skip
-            by_node.setdefault(p.node, []).append(proc)
+            launcher = p["rank"] is None and self.jobfile["launcher"] == "torchrun"
+            one = Proc(Path(p["log"]).stem, p["label"], argv, env, p["rank"], p["node"],
+                       p["local_rank"], record=record, launcher=launcher, cwd=p["cwd"])  # fmt: skip
+            by_node.setdefault(p["node"], []).append(one)
         watch = self.watchdog.watch if self.watchdog else None
         agents = [
             Agent(
                 procs,
                 str(adir),
                 procs[0].cwd or ".",
-                self.plan.grace_period,
+                float(self.jobfile["grace"]),
                 on_failure=self._on_failure,
                 stopped_elsewhere=lambda p: self.job.stopped_by_warning(p.returncode),
                 on_start=(lambda p: watch(cast(int, p.pid))) if watch else None,  # started
@@ -425,11 +430,9 @@ class Supervisor:
 
     def _run_hooks(self, when: str, adir: Path, attempt: int) -> bool:
         """The spec's pre/post command on every node, in parallel; False if one failed."""
-        hooks = [h for h in self.plan.hooks if h["when"] == when]
-        if not hooks:
+        plans = self.local["hooks"].get(when)
+        if not plans:
             return True
-        plans = [ProcPlan(f"{when}:{h['node']}", h["node"], None, None, h["argv"], h["env"],
-                          h["cwd"], h["log"]) for h in hooks]  # fmt: skip
         agents = self._agents(plans, adir, attempt, self.port)
         for agent in agents:  # every node's command runs to its end; the first failure counts
             agent.stop_on_failure = False
@@ -467,11 +470,21 @@ class Supervisor:
         if self.view:
             self.view.say(text)
 
-    def _kill_strays(self, attempt: int, keep: bool = True) -> None:
+    def _scan_again(self) -> bool:
+        """Whether the run's end scans /proc for TREB_RUN_ID once more. Not when the last
+        attempt's end (after) scanned already, nothing of the run started since (no post
+        command) and the run has a cgroup, which holds whatever was started after that
+        scan: reading every process's environment again cost a few ms of the run's end
+        (~220 processes here; more on a desktop)."""
+        started_since = bool(self.local["hooks"].get("post"))
+        return self.cgroup is None or started_since or not self._scanned
+
+    def _kill_strays(self, attempt: int, keep: bool = True, scan: bool = True) -> None:
         """Anything of this run still alive (a daemon a rank left behind) is killed now:
-        the run's cgroup, what carries its TREB_RUN_ID, the orphans adopted as subreaper.
-        `keep` keeps the cgroup for the next attempt. The supervisor's own helpers stay:
-        the watchdog, the log policies' matcher, the webhooks' log watch."""
+        the run's cgroup, what carries its TREB_RUN_ID (unless not `scan`), the orphans
+        adopted as subreaper. `keep` keeps the cgroup for the next attempt. The
+        supervisor's own helpers stay: the watchdog, the log policies' matcher, the
+        webhooks' log watch."""
         me = os.getpid()
         matcher = self.job.matcher.pid if self.job.matcher is not None else None
         ours = {me, self.watchdog.pid if self.watchdog else -1, matcher or -1}
@@ -479,7 +492,9 @@ class Supervisor:
         adopted = []
         if self.subreaper:  # every child but ours: the ranks were reaped by now
             adopted = [p for p in children(me) if p not in ours and alive(p, None)]
-        found = contain.end_run(self.plan.run_id, str(self.run_dir), ours, keep=keep)
+        rid = self.jobfile["run_id"]
+        found = contain.end_run(rid, str(self.run_dir), ours, keep=keep, scan=scan)
+        self._scanned = scan
         tree = [q for p in adopted for q in [p, *descendants(p)]]
         for pid in tree:
             signal_pid(pid, signal.SIGKILL)
@@ -496,32 +511,20 @@ class Supervisor:
             return
         adir = self.run_dir / f"attempt-{self.attempt}"
         cause: FirstFailure = {**p.outcome(), "log": str(adir / f"{p.name}.log")}
-        if p.rank is None and self.plan.launcher in AGENT_LAUNCHERS:
+        if p.rank is None and self.jobfile["launcher"] in AGENT_LAUNCHERS:
             # An agent failed because a worker did: that worker is the cause.
-            node = p.node if self.plan.launcher == "torchrun" else None
+            node = p.node if self.jobfile["launcher"] == "torchrun" else None
             cause = first_failure(rank_records(adir, node)) or cause
         self.job.failure(cause, stop)
 
 
-def keepers(plan: Plan) -> Keepers | None:
+def keepers(job: JobFile) -> Keepers | None:
     """Keepers for runs that can lose a simulated node: more than one, or spares."""
-    if plan.nodes < 2 and not plan.spare_nodes:
+    nodes, spares = int(job["nodes"]), int(job.get("spare_nodes", 0))
+    if nodes < 2 and not spares:
         return None
-    held = names(plan.nodes, plan.spare_nodes)
-    return Keepers(plan.run_dir, plan.run_id, held, plan.nodes, plan.min_nodes,
-                   shrinks=plan.launcher in SHRINKS)  # fmt: skip
-
-
-def settings(plan: Plan) -> Settings:
-    """What the job controller reads of a local plan."""
-    return Settings(
-        retries=plan.retries, log_policies=plan.log_policies, on_hang=plan.on_hang or "fail",
-        hang_timeout=plan.hang_timeout, timeout=plan.timeout, warning=plan.warning_seconds,
-        checkpoint_signal=int(signal.Signals[plan.checkpoint_signal]),
-        grace=plan.grace_period, shape=(plan.launcher, plan.nodes, plan.procs_per_node),
-        run_dir=plan.run_dir, no_retry_exit_codes=plan.exit_codes.get("no_retry_exit_codes", []),
-        retry_exit_codes=plan.exit_codes.get("retry_exit_codes"),
-    )  # fmt: skip
+    return Keepers(job["run_dir"], job["run_id"], names(nodes, spares), nodes,
+                   job.get("min_nodes"), shrinks=job["launcher"] in SHRINKS)  # fmt: skip
 
 
 def disk_full(exc: BaseException, run_dir: Path) -> str | None:
@@ -555,40 +558,40 @@ def record_abort(store: Store, run_id: str, attempt: int, why: str | None) -> No
 Begun = tuple[Watchdog, "str | None", str]  # the watchdog, the cgroup (None: none) and how
 
 
-def begin(plan: Plan) -> Begun:
+def begin(job: JobFile) -> Begun:
     """The run's watchdog, then its cgroup, with this process's move into it begun unless
     an environment is built first (its processes stay outside). Called before the
     Supervisor is made, so that the move's wait (an RCU grace period, 10-25 ms here) passes
     during its setup instead of before the first start; nothing may fork or start a thread
     until then (either waits for the move). If the process ends before the Supervisor runs,
     the watchdog ends the run."""
-    watchdog = Watchdog(plan.run_id, plan.run_dir)  # before the cgroup move (a fork waits)
-    cgroup, how = contain.create(f"treb-{plan.run_id}")
-    if not plan.environment:
+    watchdog = Watchdog(job["run_id"], job["run_dir"])  # before the cgroup move (a fork waits)
+    cgroup, how = contain.create(f"treb-{job['run_id']}")
+    if not job["plan"]["environment"]:
         contain.enter_early(cgroup)  # nothing forks until the first start
     return watchdog, cgroup, how
 
 
 def main(
     argv: list[str],
-    plan: Plan | None = None,
+    job: JobFile | None = None,
     unsynced: list[str] | None = None,
     hooks: Hooks | None = None,
 ) -> int:
     """A run's own supervisor process (its entry: cli/supervise.py): in the background for
     a detached run, or `--attached` in the `treb run` process that handed itself over
-    (backends/local.py), which passes the plan it wrote and the run's files it left
+    (backends/local.py), which passes the job file it wrote and the run's files it left
     unsynced."""
     run_dir = Path(argv[-1])
-    plan = plan or Plan.from_json(read_json(run_dir / "plan.json"))
+    job = job or cast(JobFile, read_json(run_dir / "job.json"))
     store = Store()
     try:
         if (run_dir / "after.json").exists():  # --after: wait first (launcher/waiting.py)
             from trebuchet.launcher import waiting
 
-            if not waiting.wait(store, plan.run_id, run_dir, (hooks or Hooks()).refresh):
+            if not waiting.wait(store, job["run_id"], run_dir, (hooks or Hooks()).refresh):
                 return 0  # a dependency cannot end as asked (recorded), or cancelled
-        return _supervise(argv, plan, store, run_dir, unsynced or [], hooks or Hooks())
+        return _supervise(argv, job, store, run_dir, unsynced or [], hooks or Hooks())
     finally:
         store.close()  # the last connection checkpoints the index: the outcome is durable
 
@@ -602,7 +605,7 @@ def leave(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _supervise(argv: list[str], plan: Plan, store: Store, run_dir: Path, unsynced: list[str],
+def _supervise(argv: list[str], job: JobFile, store: Store, run_dir: Path, unsynced: list[str],
                hooks: Hooks) -> int:  # fmt: skip
     attached = "--attached" in argv
     profile = "none"
@@ -613,9 +616,9 @@ def _supervise(argv: list[str], plan: Plan, store: Store, run_dir: Path, unsynce
         from trebuchet.view.live import View
 
         view = View()  # its thread before the cgroup move begins (a new thread waits too)
-    begun = begin(plan)
+    begun = begin(job)
     sync(unsynced)  # the run's files: durable while the cgroup move waits (~10 ms of fsyncs)
-    sup = Supervisor(plan, store, view, own_process=True, begun=begun, hooks=hooks)
+    sup = Supervisor(job, store, view, own_process=True, begun=begun, hooks=hooks)
     sup.install_signals()
     if attached:  # signals blocked across the exec: handled from here on
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
@@ -628,8 +631,8 @@ def _supervise(argv: list[str], plan: Plan, store: Store, run_dir: Path, unsynce
 
             traceback.print_exc()
         else:  # not a bug: say what is full, and record it as the cause when there is room
-            print(f"treb: run {plan.run_id} stopped: {why}", file=sys.stderr, flush=True)
-        record_abort(store, plan.run_id, sup.attempt, why)
+            print(f"treb: run {job['run_id']} stopped: {why}", file=sys.stderr, flush=True)
+        record_abort(store, job["run_id"], sup.attempt, why)
         return 1
     finally:
         if view:
@@ -637,8 +640,8 @@ def _supervise(argv: list[str], plan: Plan, store: Store, run_dir: Path, unsynce
     if not attached or hooks.end is None:
         sup.reap()
         return 0 if state == SUCCEEDED else 1
-    rec = store.get(plan.run_id)
-    result = Submitted(plan.run_id, state, rec.exit_code if rec else None, sup.cancel_signal)
+    rec = store.get(job["run_id"])
+    result = Submitted(job["run_id"], state, rec.exit_code if rec else None, sup.cancel_signal)
     code = hooks.end(store, result, run_dir, profile)
     sup.reap()
     return code

@@ -1,10 +1,9 @@
 """Engines whose nodes start bare (SkyPilot, Kubernetes): what the nodes would lack.
 
-Why: such a node has nothing of the submitting host. Without an environment to build
-or an image, `python train.py` finds no torch there, after the nodes were paid for; and a
-recovered job (SkyPilot's job_recovery, a retried pod) starts on a fresh node, where the
-node-local checkpoints of the attempt before are gone. The engines call these checks from
-their own `preflight` (each knows its image field and its storage field).
+Such a node has nothing of the submitting host: without an environment or an image,
+`python train.py` finds no torch there after the nodes were paid for, and a recovered job
+starts on a fresh node without the node-local checkpoints. The engines call these from
+their own `preflight`.
 """
 
 from __future__ import annotations

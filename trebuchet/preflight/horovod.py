@@ -1,11 +1,9 @@
 """`launcher: horovod` here: does the horovod that horovodrun runs have what the spec needs?
 
-`horovodrun --check-build` says which frameworks and controllers the installed horovod was
-built with. A horovod built without PyTorch, or without the controller the spec asks for
-(env.HOROVOD_CONTROLLER; a pip install without a compiler toolchain silently leaves MPI or
-Gloo out), would start and then fail in every rank's hvd.init(). The check imports torch
-(seconds), so its answer is kept in the user's cache (~/.cache/trebuchet, XDG_CACHE_HOME)
-by horovodrun's path, size and mtime: once per install, whatever the TREB_HOME.
+A horovod built without PyTorch or without the spec's controller (a pip install without a
+toolchain silently leaves MPI or Gloo out) starts and then fails in every hvd.init().
+`horovodrun --check-build` imports torch (seconds), so its answer is cached in
+~/.cache/trebuchet by horovodrun's path, size and mtime: once per install.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Trainers that requeue their own Slurm job (`trainer-requeues-itself`).
 
-Lightning's SLURMEnvironment (auto_requeue, on by default under Slurm) catches SIGUSR1,
-saves `hpc_ckpt_<n>.ckpt` and runs `scontrol requeue` from rank 0; submitit's handlers do
-the same on SIGUSR2. Under trebuchet the job controller makes that requeue its own (the
-ranks' `scontrol requeue` is handed to it: runtime/job/selfrequeue.py), so it happens once and
-counts as an attempt. What can still go wrong is in the spec: a checkpoint signal the
-trainer does not handle (no checkpoint before the limit), or `retries: 0` (no attempt left:
-the requeue is refused and the run ends at its time limit). Found from the command's Python
-script and its top-level imports; a script that turns auto-requeue off is left alone.
+Lightning (auto_requeue, on SIGUSR1) and submitit (SIGUSR2) save a checkpoint and run
+`scontrol requeue` from rank 0; the job controller makes that requeue its own
+(runtime/job/selfrequeue.py). What can still go wrong is in the spec: a checkpoint signal
+the trainer does not handle, or `retries: 0` (the requeue is refused). Found from the
+command's Python script and its top-level imports; a script that turns it off is left alone.
 """
 
 from __future__ import annotations

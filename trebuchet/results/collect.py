@@ -1,17 +1,11 @@
 """One finished run -> its result rows.
 
-Where the number comes from, in order: the results CSV named in the spec (`results.file`,
-default results.csv) found in the run directory (TREB_RUN_DIR) or the directory the ranks
-ran in, written during this run; else each rank's first `performance:` line, combined as
-the spec says (`results.ranks`: rank0, the default, sum for a throughput across ranks, or
-mean); else the HuggingFace Trainer's train_samples_per_second. A row's status is SUCCESS
-only when the run succeeded and a number was found, CANCELLED or LOST when the run ended so
-(neither succeeded nor failed), else FAILURE (table.status).
-
-The facts of the run come from the store and the run directory: workload, backend,
-launcher, shape, environment (its kind or image; `current` without one), the git commit
-recorded at submission (or, for older runs, the workdir's commit at the run's time), host,
-environment build and run durations.
+The number comes from the spec's results CSV written during this run (in the run directory
+or where the ranks ran), else the ranks' `performance:` lines combined as `results.ranks`
+says, else the HuggingFace Trainer's train_samples_per_second. A row is SUCCESS only when
+the run succeeded and a number was found (table.status). The run's facts come from the
+store and the run directory (the commit recorded at submission, or the workdir's for older
+runs).
 """
 
 from __future__ import annotations
@@ -57,9 +51,7 @@ def _spec(run_dir: Path) -> dict[str, Any]:
         import yaml
 
         data = yaml.safe_load(read_text(run_dir / "spec.yaml"))
-    except (OSError, ValueError, ImportError):
-        return {}
-    except Exception:  # noqa: BLE001 - yaml.YAMLError: a damaged spec copy yields defaults
+    except Exception:  # noqa: BLE001 - unreadable, damaged (yaml.YAMLError) or no yaml: defaults
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -124,8 +116,8 @@ def _csv_path(name: str, run_dir: Path, cwd: str | None, started: float | None) 
     return None
 
 
-def _environment(spec: dict[str, Any], plan: dict[str, Any]) -> tuple[str, str | None]:
-    env = plan.get("environment") or {}
+def _environment(spec: dict[str, Any], local: dict[str, Any]) -> tuple[str, str | None]:
+    env = local.get("environment") or {}
     block = spec.get("environment") or {}
     if block.get("bare_nodes_only") and not env:  # not built here: the submitting env ran it
         block = {}
@@ -139,11 +131,10 @@ def _environment(spec: dict[str, Any], plan: dict[str, Any]) -> tuple[str, str |
 
 
 def _durations(store: Any, rec: Any, run_dir: Path) -> tuple[float | None, float | None]:
-    build = None
-    for ev in reversed([json.loads(x) for x in _lines(run_dir / "events.jsonl")]):
-        if ev.get("event") == "environment_ready" and ev.get("seconds") is not None:
-            build = float(ev["seconds"])
-            break
+    events = [json.loads(x) for x in _lines(run_dir / "events.jsonl")]
+    build = next((float(ev["seconds"]) for ev in reversed(events)
+                  if ev.get("event") == "environment_ready" and ev.get("seconds") is not None),
+                 None)  # fmt: skip
     attempt = next((a for a in store.attempts(rec.id) if a["attempt"] == rec.attempt), None)
     test = None
     if attempt and attempt.get("started_at") and attempt.get("ended_at"):
@@ -164,11 +155,13 @@ def compute(store: Any, rec: Any) -> list[dict[str, Any]]:
     """The rows of one finished run (not stored)."""
     run_dir = Path(rec.run_dir)
     spec = _spec(run_dir)
-    plan = _read_json(run_dir / "plan.json") or {}
+    job = _read_json(run_dir / "job.json")
+    local = job.get("plan") if isinstance(job, dict) else None  # launcher/plan.py
+    local = local if isinstance(local, dict) else {}
     file, how = options(spec)
     adir = run_dir / f"attempt-{rec.attempt}"
-    cwd = next((p.get("cwd") for p in plan.get("procs", []) if p.get("cwd")), spec.get("workdir"))
-    environment, image = _environment(spec, plan)
+    cwd = next((p.get("cwd") for p in local.get("procs", []) if p.get("cwd")), spec.get("workdir"))
+    environment, image = _environment(spec, local)
     build, test = _durations(store, rec, run_dir)
     gpn = spec.get("gpus_per_node")
     gpn = gpn if isinstance(gpn, int) else None
@@ -224,7 +217,9 @@ def collect(store: Any, rec: Any, force: bool = False) -> list[dict[str, Any]]:
     try:
         from trebuchet.store.files import write_json
 
-        write_json(Path(rec.run_dir) / "results.json", rows)
+        # a copy of the table's rows, computed again from the logs if lost: not synced
+        # (an fsync on the attached run's way to its summary)
+        write_json(Path(rec.run_dir) / "results.json", rows, durable=False)
     except OSError:
         pass  # a read-only or vanished run dir: the table still has them
     return table.load(store.conn, rec.id)

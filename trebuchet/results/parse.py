@@ -1,13 +1,10 @@
 """What a workload reports, read the way madengine reads it.
 
-`performance: <number> <metric>`: the first match in a log wins; the number may carry a
-sign, decimals and an exponent, and may be followed by a "/unit" or a comma before the
-metric (`performance: 1.2e3 samples_per_second`, `performance: 95.2/s, tokens_per_sec`).
-The HuggingFace Trainer's `'train_samples_per_second': 4.23` (transformers 4; 5 prints it as a
-string, `'train_samples_per_second': '4.23'`) counts only when a log has no `performance:`
-line. A log is streamed in chunks and only lines that hold the marker are
-matched, so a multi-gigabyte log costs one read and no decoding. A value that is not a
-finite number (`performance: 1e999`) is no value: it would poison every comparison.
+`performance: <number> <metric>`: the first match in a log wins (`performance: 1.2e3
+samples_per_second`, `performance: 95.2/s, tokens_per_sec`); the HuggingFace Trainer's
+`'train_samples_per_second': 4.23` (quoted in transformers 5) counts only without one. Logs
+are streamed and only lines holding the marker are decoded, so a huge log costs one read.
+A non-finite value is no value: it would poison every comparison.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Result rows as madengine's perf.csv, and the relative change between runs.
 
-The columns madengine's dashboards read come first, in madengine's order, filled where
-trebuchet has the same fact (model, n_gpus, nnodes, gpus_per_node, args, docker_image,
-git_commit, machine_name, deployment_type, launcher, performance, metric, relative_change,
-status, build_duration, test_duration); the others stay empty. The engine that ran a row
-fills its own columns (Backend.perf_fields: deployment_type is its name, `k8s` for
-Kubernetes as madengine writes it). Then trebuchet's own columns (run_id, workload,
-backend, procs_per_node, environment, ...) and the extra columns of the workload's results
-CSV.
-
-relative_change is a percentage: (value - baseline) / baseline * 100, the baseline being the
-previous successful row of the same model, metric and shape (nodes x processes per node,
-GPUs per node) among the rows shown (the first run given when two are compared).
-madengine's database keeps a per-architecture dict there; a plain number is what a CSV
-reader can plot.
+madengine's columns come first, in its order, filled where trebuchet has the same fact
+(the engine fills its own: Backend.perf_fields), so its dashboards read the file; then
+trebuchet's own columns and the workload's results CSV's extra ones. relative_change is a
+plain percentage against the previous successful row of the same model, metric and shape
+among the rows shown: what a CSV reader can plot (madengine's database keeps a dict).
 """
 
 from __future__ import annotations
@@ -109,10 +100,7 @@ def perf_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, str
     header = MADENGINE + OURS + extras
     out = []
     for r, change in zip(rows, changes, strict=True):
-        row = {k: "" for k in header}
-        for k in header:
-            if k in r and k != "extra":
-                row[k] = number(r[k])
+        row = {k: number(r[k]) if k in r and k != "extra" else "" for k in header}
         row.update(engine_fields(r))
         for k in ("build_duration", "test_duration"):
             if r.get(k) is not None:

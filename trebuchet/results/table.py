@@ -1,12 +1,9 @@
 """Where results are kept: a `results` table in runs.db, and results.json in the run dir.
 
-The table is the index: `treb results` lists and compares many runs with one query, and a
-run's rows are computed once (when the attached `treb run` ends, or the first time a verb
-looks at a finished run) instead of re-reading its logs every time. results.json keeps the
-same rows next to the logs, so a run directory copied elsewhere still carries them.
-A run always gets at least one row (status FAILURE, or the run's CANCELLED or LOST, and no
-value when nothing was found), which is also how the table remembers that a run was already
-collected.
+The table is the index, so `treb results` compares many runs in one query and a run's rows
+are computed once, not re-read from its logs every time; results.json travels with a
+copied run directory. Every collected run has at least one row (FAILURE, CANCELLED or LOST
+without a value), which is also how the table remembers it was collected.
 """
 
 from __future__ import annotations

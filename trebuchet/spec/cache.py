@@ -1,15 +1,11 @@
-"""Validated specs, remembered, so that `treb run` of a spec it has seen starts without
-importing pydantic and building the spec models (about 0.1-0.2 s of a 0.3 s launch).
+"""Validated specs, remembered, so that `treb run` of a known spec starts without importing
+pydantic and building the models (0.1-0.2 s of a 0.3 s launch).
 
-An entry is used only when everything validation read is unchanged: the spec's bytes and
-resolved path, the overrides, the working directory, the value of each variable it
-expanded, trebuchet's code, the Python version and the installed packages (engines come
-from their entry points), with no engine registered in this process. An entry never holds
-a failure: a spec with a mistake is validated, and refused, every time. The checks of the
-filesystem (the workdir, the environment's files) run on every load. Entries live in
-TREB_HOME/cache/specs (private, as TREB_HOME; they hold the expanded spec, as the runs'
-spec.yaml do); a damaged or unreadable one is a miss, and a cache that cannot be written
-costs only the speed. TREB_SPEC_CACHE=0 turns it off (and =always: see always()).
+An entry is used only when all validation read is unchanged: the spec's bytes and path, the
+overrides, the workdir, each expanded variable, trebuchet's code, Python and the installed
+packages, with no engine registered in this process. Failures are never cached; filesystem
+checks run on every load. A damaged entry is a miss, an unwritable cache only costs speed.
+Entries live in TREB_HOME/cache/specs (private); TREB_SPEC_CACHE=0 turns it off.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """A command that runs nothing: `command: ${cmd}` with cmd unset.
 
-Trebuchet never expands `command` (the node's bash does, when the rank starts), so a
-command made only of variable references that are all unset or empty there becomes an
-empty bash command, which exits 0 at once: a run SUCCEEDED in 0.0 s that ran nothing.
-Validation (validate.py) refuses such a command, with its file:line, when every variable
-it names is unset where trebuchet can tell: the spec's `env`, the submitting environment
-(which `${VAR}` elsewhere in the spec expands from, and which local ranks inherit), and
-neither set by trebuchet in the rank (RANK, SLURM_*, ...) nor named by the spec's other
-shell lines (`slurm.setup` may export it).
+The node's bash expands `command`, so one made only of unset references is an empty
+command that exits 0: a run SUCCEEDED in 0.0 s that ran nothing. Validation refuses it,
+with its file:line, when every variable it names is unset where trebuchet can tell: not in
+the spec's `env` or the submitting environment, not set by trebuchet in the rank, and not
+named by the spec's other shell lines (`slurm.setup` may export it).
 """
 
 from __future__ import annotations

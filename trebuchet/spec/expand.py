@@ -60,19 +60,12 @@ def expand_tree(
     errors: list[tuple[tuple, str]] = []
     if path in skip:
         return data, errors
-    if isinstance(data, dict):
-        out = {}
-        for k, v in data.items():
+    if isinstance(data, (dict, list)):
+        out: dict[Any, Any] = {}
+        for k, v in data.items() if isinstance(data, dict) else enumerate(data):
             out[k], errs = expand_tree(v, environ, secrets, skip, (*path, k))
             errors += errs
-        return out, errors
-    if isinstance(data, list):
-        items = []
-        for i, v in enumerate(data):
-            new, errs = expand_tree(v, environ, secrets, skip, (*path, i))
-            items.append(new)
-            errors += errs
-        return items, errors
+        return (out if isinstance(data, dict) else list(out.values())), errors
     if isinstance(data, str) and "${" in data:
         # Secrets may be referenced from env values only, where they resolve at launch,
         # and as a webhook's URL, resolved when it is sent (runtime/publish/webhooks.py).

@@ -1,9 +1,8 @@
 """A validated spec read back from the spec cache (cache.py), without pydantic.
 
-The same attributes as the models it was dumped from: each field, the facts (facts.py),
-`model_dump()` and `model_fields_set`. It is built only from what the models themselves
-produced when the spec was validated, so a cached spec and a validated one say the same
-(tests/fast/test_spec_cache.py compares them field by field).
+It offers the models' attributes (fields, facts, `model_dump()`, `model_fields_set`) built
+only from what the models produced, so a cached spec and a validated one say the same
+(tests/fast/test_spec_cache.py compares them).
 """
 
 from __future__ import annotations

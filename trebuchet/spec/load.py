@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from trebuchet.errors import SpecError, UserError
 from trebuchet.plain import record
 from trebuchet.spec import cache
-from trebuchet.spec.source import MAX_DEPTH, Located, read_spec
+from trebuchet.spec.source import MAX_DEPTH, Located, read_spec, shortened
 from trebuchet.spec.source import dotted as _dotted
 
 if TYPE_CHECKING:
@@ -61,11 +61,8 @@ class LoadedSpec:
             return UserError(f"{self.source}: {field}: {why}")
         if self.path is None and self.located.at(path) is None:  # a spec made from a command
             return UserError(f"{field}: {why}; without a spec file: -o {field}=VALUE")
-        for n in range(len(path), 0, -1):
-            if self.located.at(path[:n]) is not None:
-                break
-        else:
-            n = 0
+        located = self.located
+        n = next((n for n in range(len(path), 0, -1) if located.at(path[:n]) is not None), 0)
         where = self.located.at(path[:n]) if n else None
         if n == len(path):
             return UserError(f"{where}: {field}: {why}")
@@ -128,7 +125,7 @@ def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
         try:
             parsed = _yaml_value(stripped)
         except ValueError as exc:
-            raise UserError(f"-o {_short(text)}: the value is not valid: {exc}") from None
+            raise UserError(f"-o {shortened(text, 80)}: the value is not valid: {exc}") from None
     return tuple(key.strip().split(".")), parsed
 
 
@@ -268,10 +265,6 @@ def _is_file(path: Path) -> bool:
         return path.is_file()
     except OSError:
         return False
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _kind(value: Any) -> str:

@@ -82,6 +82,14 @@ def allowed(text: str, description: str, expand: bool = True, **kw: Any) -> Any:
     return Field(description=description, json_schema_extra=extra, **kw)
 
 
+def _compiled(pattern: str) -> re.Pattern[bytes]:
+    """A metrics pattern as the node agent compiles it (on bytes)."""
+    try:
+        return re.compile(pattern.encode())
+    except re.error as exc:
+        raise ValueError(f"{pattern!r} is not a valid regular expression: {exc}") from None
+
+
 class Block(BaseModel):
     """Strict base: an unknown key is an error, never silently ignored."""
 
@@ -193,14 +201,8 @@ class MetricsSpec(Block):
     @field_validator("patterns")
     @classmethod
     def _patterns(cls, v: list[str]) -> list[str]:
-        import re
-
         for p in v:
-            try:
-                rx = re.compile(p.encode())
-            except re.error as exc:
-                raise ValueError(f"{p!r} is not a valid regular expression: {exc}") from None
-            if not set(rx.groupindex) - {"step"}:
+            if not set(_compiled(p).groupindex) - {"step"}:
                 raise ValueError(f"{p!r} has no named group, e.g. (?P<loss>[0-9.]+)")
         return v
 
@@ -214,15 +216,9 @@ class MetricsSpec(Block):
     @field_validator("progress")
     @classmethod
     def _progress(cls, v: str | None) -> str | None:
-        import re
-
         if v is None:
             return v
-        try:
-            rx = re.compile(v.encode())
-        except re.error as exc:
-            raise ValueError(f"{v!r} is not a valid regular expression: {exc}") from None
-        if "step" not in rx.groupindex:
+        if "step" not in _compiled(v).groupindex:
             raise ValueError(f"{v!r} has no group named step, e.g. (?P<step>\\d+)/(?P<total>\\d+)")
         return v
 
@@ -503,9 +499,12 @@ class Spec(Block, SpecFacts):
     @field_validator("command", mode="before")
     @classmethod
     def _command(cls, v: Any) -> Any:
-        if isinstance(v, str) and v.strip():
+        # blank is what bash splits words on: a command of U+00A0 is bash's to refuse (127)
+        if isinstance(v, str) and v.strip(" \t\n"):
             parts = [v]
-        elif isinstance(v, list) and v and all(isinstance(x, str) for x in v) and v[0].strip():
+        elif (
+            isinstance(v, list) and v and all(isinstance(x, str) for x in v) and v[0].strip(" \t\n")
+        ):
             parts = v
         else:
             raise ValueError("bad command")

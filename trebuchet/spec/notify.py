@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trebuchet.runtime.contracts.schema import NOTIFY_EVENTS as EVENTS
 from trebuchet.runtime.publish.webhooks import SECRET_REF, url_problem
+from trebuchet.spec.source import shortened
 
 MAX_URL = 2048
 MAX_HOOKS = 32
@@ -68,10 +69,10 @@ class Webhook(BaseModel):
             elif isinstance(item, dict) and list(item) == ["log"] and isinstance(item["log"], str):
                 why = unsafe_pattern(item["log"]) if item["log"] else "an empty pattern"
                 if why:
-                    raise ValueError(f"log pattern {_short(item['log'])}: {why}")
+                    raise ValueError(f"log pattern {shortened(repr(item['log']))}: {why}")
                 out.append({"log": item["log"]})
             else:
-                raise ValueError(f"{_short(item)} is not one of them")
+                raise ValueError(f"{shortened(repr(item))} is not one of them")
         return out
 
     @field_validator("secret")
@@ -91,8 +92,3 @@ class Webhook(BaseModel):
                 "spec would be written to disk"
             )
         return v
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

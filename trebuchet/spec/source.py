@@ -73,6 +73,11 @@ def read_spec(path: Path) -> str:
         raise UserError(f"{path}:{line}: the spec is not UTF-8 text") from None
 
 
+def shortened(text: str, limit: int = 60) -> str:
+    """`text` cut to `limit` characters, `...` marking the cut (a value quoted in an error)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def dotted(path: Path_) -> str:
     out = ""
     for part in path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 from typing import Any
@@ -61,9 +62,7 @@ def points(
             axes.append((key, [_text(v) for v in values]))
     if not axes:
         return fixed, [{}]
-    count = 1
-    for _, values in axes:
-        count *= len(values)
+    count = math.prod(len(values) for _, values in axes)
     if count > MAX_SWEEP_POINTS:  # counted before a point is built: millions would take GBs
         sizes = " x ".join(f"{k} ({len(v)})" for k, v in axes)
         raise UserError(f"sweep: {sizes} is {count} points, more than {MAX_SWEEP_POINTS}")

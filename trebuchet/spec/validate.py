@@ -5,6 +5,7 @@ Imported only when the spec cache has no entry: pydantic and the models cost ~0.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ from trebuchet.spec.expand import expand_tree
 from trebuchet.spec.frozen import key as model_key
 from trebuchet.spec.load import default_name
 from trebuchet.spec.model import Spec, engine_blocks, not_expanded, spec_model
-from trebuchet.spec.source import Located
+from trebuchet.spec.source import Located, shortened
 from trebuchet.spec.source import dotted as _dotted
 
 if TYPE_CHECKING:
@@ -104,13 +105,9 @@ def _walk(model: BaseModel, path: tuple[Any, ...], out: dict[str, tuple[str, lis
     return True
 
 
-_skips: dict[type, frozenset[tuple]] = {}
-
-
+@functools.cache
 def _skip(model: type[Spec]) -> frozenset[tuple]:
-    if model not in _skips:
-        _skips[model] = frozenset(not_expanded(model))
-    return _skips[model]
+    return frozenset(not_expanded(model))
 
 
 def _line_key(problem: str) -> tuple[int, str]:
@@ -207,11 +204,6 @@ def _allowed(path: tuple, top: type[BaseModel]) -> str | None:
     return extra.get("x-allowed") if isinstance(extra, dict) else None
 
 
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _problems(exc: ValidationError, located: Located, raw: dict, top: type[BaseModel]) -> list[str]:
     problems: list[str] = []
     seen: set[tuple] = set()
@@ -246,7 +238,7 @@ def _problems(exc: ValidationError, located: Located, raw: dict, top: type[BaseM
             detail = str(err["msg"]).removeprefix("Value error, ")
             if etype == "value_error" and not detail.startswith("bad ") and detail not in what:
                 hint += f" ({detail})"
-            shown = "a value not shown" if path and path[-1] == "secret" else _show(got)
+            shown = "a value not shown" if path and path[-1] == "secret" else shortened(repr(got))
             problems.append(f"{where}: {field}: must be {what}, got {shown}{hint}")
     return problems
 

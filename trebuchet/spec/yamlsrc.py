@@ -1,10 +1,8 @@
 """YAML loading that remembers the line of every value, so errors can point at it.
 
-Bounded, because a spec is input from anyone: the file is read up to MAX_SPEC_BYTES and only
-when it is a regular file (a FIFO or /dev/zero would never end), nesting stops at
-MAX_DEPTH and values at MAX_VALUES counted after alias expansion (a "billion laughs"
-document is a few lines that expand to gigabytes), and an alias inside its own anchor
-(`x: &a [*a]`) is refused instead of recursing forever. Each refusal names the line.
+Bounded, because a spec is input from anyone: regular files only, up to MAX_SPEC_BYTES;
+nesting up to MAX_DEPTH and MAX_VALUES counted after alias expansion ("billion laughs");
+an alias inside its own anchor is refused. Each refusal names the line.
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
 """The dashboard's routes (Starlette): pages, the log stream, cancel and rerun.
 
-Each request opens the store for itself (Store is cheap to open; SQLite connections stay
-in their thread) and closes it. Cancel and rerun call what `treb cancel` and `treb rerun`
-call (cli/cancel_cmd.cancel_run; rerun_cmd.source then runner.launch, detached), so the
-dashboard adds no second way to start or stop a run.
+Each request opens and closes the store (cheap; SQLite connections stay in their thread).
+Cancel and rerun call what `treb cancel` and `treb rerun` call, so the dashboard adds no
+second way to start or stop a run.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl
 
 from starlette.applications import Starlette
@@ -96,11 +97,8 @@ def create_app(token: str, cookie: str = "treb_ui") -> TokenGate:
             return Response("bad log\n", 400, media_type="text/plain")
 
         def lookup():
-            store = Store()
-            try:
+            with closing(Store()) as store:
                 return store.get(run_id)
-            finally:
-                store.close()
 
         rec = await run_in_threadpool(lookup)
         if rec is None:
@@ -110,15 +108,12 @@ def create_app(token: str, cookie: str = "treb_ui") -> TokenGate:
         def active() -> bool:
             from trebuchet.runner import refresh
 
-            store = Store()
-            try:
+            with closing(Store()) as store:
                 now = store.get(run_id)
                 if now is not None and now.active:
                     refresh(store, [now])
                     now = store.get(run_id)
                 return bool(now and now.active)
-            finally:
-                store.close()
 
         return StreamingResponse(follow(path, active, request.is_disconnected, rec.active),
                                  media_type="text/event-stream")  # fmt: skip
@@ -135,61 +130,48 @@ def create_app(token: str, cookie: str = "treb_ui") -> TokenGate:
             return Response("403 Forbidden: bad CSRF token\n", 403, media_type="text/plain")
         return fields
 
-    async def cancel(request: Request) -> Response:
-        fields = await _form(request)
-        if isinstance(fields, Response):
-            return fields
-        run_id = request.path_params["run_id"]
+    def _action(title: str, act: Callable[[str], str]) -> Callable[[Request], Any]:
+        """A POST that changes a run: its form checked, `act(run_id)` in a thread, then a
+        redirect to the page it names (or the error's page)."""
 
-        def act() -> None:
-            from trebuchet.cli.cancel_cmd import cancel_run
-
-            store = Store()
+        async def endpoint(request: Request) -> Response:
+            fields = await _form(request)
+            if isinstance(fields, Response):
+                return fields
             try:
-                cancel_run(store, _run_or_404(store, run_id))
-            finally:
-                store.close()
+                where = await run_in_threadpool(act, request.path_params["run_id"])
+            except TrebError as exc:
+                return HTMLResponse(html.page(title, f"<p class='bad'>{html.e(exc)}</p>"), 400)
+            return RedirectResponse(where, 303)
 
-        try:
-            await run_in_threadpool(act)
-        except TrebError as exc:
-            return HTMLResponse(html.page("cancel", f"<p class='bad'>{html.e(exc)}</p>"), 400)
-        return RedirectResponse(f"/runs/{run_id}", 303)
+        return endpoint
 
-    async def rerun(request: Request) -> Response:
-        fields = await _form(request)
-        if isinstance(fields, Response):
-            return fields
-        run_id = request.path_params["run_id"]
+    def cancel(run_id: str) -> str:
+        from trebuchet.cli.cancel_cmd import cancel_run
 
-        def act() -> str:
-            from trebuchet import runner
-            from trebuchet.backends.base import SweepSubmitted
-            from trebuchet.cli.rerun_cmd import source
+        with closing(Store()) as store:
+            cancel_run(store, _run_or_404(store, run_id))
+        return f"/runs/{run_id}"
 
-            store = Store()
-            try:
-                rec = _run_or_404(store, run_id)
-            finally:
-                store.close()
-            spec, extra = source(rec)
-            started = runner.launch(spec, rec.backend, extra, attach=False, warn=lambda _: None)
-            if isinstance(started.result, SweepSubmitted):
-                return f"/sweeps/{started.result.sweep_id}"
-            return f"/runs/{started.subs[0].record.id}"
+    def rerun(run_id: str) -> str:
+        from trebuchet import runner
+        from trebuchet.backends.base import SweepSubmitted
+        from trebuchet.cli.rerun_cmd import source
 
-        try:
-            where = await run_in_threadpool(act)
-        except TrebError as exc:
-            return HTMLResponse(html.page("rerun", f"<p class='bad'>{html.e(exc)}</p>"), 400)
-        return RedirectResponse(where, 303)
+        with closing(Store()) as store:
+            rec = _run_or_404(store, run_id)
+        spec, extra = source(rec)
+        started = runner.launch(spec, rec.backend, extra, attach=False, warn=lambda _: None)
+        if isinstance(started.result, SweepSubmitted):
+            return f"/sweeps/{started.result.sweep_id}"
+        return f"/runs/{started.subs[0].record.id}"
 
     routes = [
         Route("/", runs),
         Route("/runs/{run_id}", run),
         Route("/runs/{run_id}/logs", logs),
-        Route("/runs/{run_id}/cancel", cancel, methods=["POST"]),
-        Route("/runs/{run_id}/rerun", rerun, methods=["POST"]),
+        Route("/runs/{run_id}/cancel", _action("cancel", cancel), methods=["POST"]),
+        Route("/runs/{run_id}/rerun", _action("rerun", rerun), methods=["POST"]),
         Route("/sweeps", sweeps),
         Route("/sweeps/{sweep_id}", sweep),
         Route("/results", results),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,15 @@ def _run_link(rec: RunRecord) -> str:
 
 def _sweep_link(sweep_id: str | None) -> str:
     return f'<a href="{url("/sweeps/" + sweep_id)}">{e(sweep_id)}</a>' if sweep_id else ""
+
+
+def _options(
+    values: list[Any], chosen: Any, label: Callable[[Any], str] = str,
+    value: Callable[[Any], str] = str,
+) -> str:  # fmt: skip
+    """A select's options, the chosen one selected."""
+    return "".join(f'<option value="{e(value(v))}"{" selected" if v == chosen else ""}>'
+                   f"{e(label(v))}</option>" for v in values)  # fmt: skip
 
 
 # -- runs ------------------------------------------------------------------------------------
@@ -80,16 +90,9 @@ def runs_page(store: Store, q: dict[str, str]) -> str:
         return f'<a href="{url("/", **keep, sort=key, desc=flip)}">{e(label)}{mark}</a>'
 
     states = ["", "active", "ended", *sorted(ACTIVE | TERMINAL)]
-    options = "".join(
-        f'<option value="{e(s)}"{" selected" if s == (q.get("state") or "") else ""}>'
-        f"{e(s or 'any state')}</option>"
-        for s in states
-    )
-    boptions = "".join(
-        f'<option value="{e(b)}"{" selected" if b == (q.get("backend") or "") else ""}>'
-        f"{e(b or 'any engine')}</option>"
-        for b in ["", *sorted(backends)]
-    )
+    options = _options(states, q.get("state") or "", lambda s: s or "any state")
+    boptions = _options(["", *sorted(backends)], q.get("backend") or "",
+                        lambda b: b or "any engine")  # fmt: skip
     form = (
         '<form class="filters" method="get" action="/">'
         f'<select name="state" id="f-state">{options}</select>'
@@ -435,11 +438,8 @@ def run_page(store: Store, rec: RunRecord, csrf: str) -> str:
     choices = [(a["attempt"], name) for a in (attempts or [{"attempt": shown}])
                for name in log_files(run_dir, a["attempt"])]  # fmt: skip
     default = _log_choice(rec, choices, shown, stuck)
-    opts = "".join(
-        f'<option value="{e(f"{n}/{name}")}"{" selected" if (n, name) == default else ""}>'
-        f"attempt {n + 1}: {e(name[:-4])}</option>"
-        for n, name in choices
-    )
+    opts = _options(choices, default, lambda c: f"attempt {c[0] + 1}: {c[1][:-4]}",
+                    lambda c: f"{c[0]}/{c[1]}")  # fmt: skip
     logs = (
         f'<div id="logs" data-run="{e(rec.id)}" data-active="{int(rec.active)}">'
         f'<select id="log-pick">{opts}</select> '
@@ -509,8 +509,7 @@ def sweep_page(store: Store, runs: list[RunRecord], q: dict[str, str]) -> str:
                                  if row.get("performance") is not None), None)  # fmt: skip
         else:
             values[r.id] = last[r.id].get(metric)
-    mopts = "".join(f"<option{' selected' if n == metric else ''}>{e(n)}</option>" for n in names)
-    xopts = "".join(f"<option{' selected' if k == x else ''}>{e(k)}</option>" for k in keys)
+    mopts, xopts = _options(names, metric), _options(keys, x)
     form = (f'<form method="get" class="filters">metric <select name="metric" id="s-metric">'
             f'{mopts}</select> against <select name="x" id="s-x">{xopts}</select>'
             '<button type="submit">show</button></form>')  # fmt: skip

@@ -1,17 +1,12 @@
 """The dashboard's door: a random token (printed at start, as Jupyter does) on every
 request, a CSRF token on every state-changing POST, and headers that keep pages inert.
 
-The token arrives once in the URL (`/?token=...`); the answer sets a cookie and redirects
-to the same URL without it, so the token does not linger in the address bar or the
-history. The cookie holds a value derived from the token (an HMAC), never the token: a
-browser sends cookies for 127.0.0.1 to every server there, whatever its port, and the
-token would give its reader the CSRF token too. The cookie is named after the port
-(`treb_ui_<port>`), HttpOnly, SameSite=Strict, Path=/. Cookies that are not ours are
-ignored, whatever they hold (a JSON value set by another local app included). Every
-later request must carry the cookie; anything else is refused with 403, static files
-included; a token that is no token (not ASCII, say) is refused the same way. The CSRF
-token is derived from the token (HMAC), so forms carry a value a cross-site page cannot
-know or read.
+The token arrives once in the URL and is swapped for a cookie and a redirect, so it does
+not linger in the address bar or history. The cookie holds an HMAC of the token, never the
+token: a browser sends 127.0.0.1's cookies to every port there. It is named after the port,
+HttpOnly, SameSite=Strict; other cookies are ignored whatever they hold. Without it every
+request (static files too) is refused with 403. The CSRF token is also an HMAC of the token,
+a value a cross-site page can neither know nor read.
 """
 
 from __future__ import annotations
@@ -84,12 +79,8 @@ class TokenGate:
         self.value = cookie_value(token)
 
     def _cookie_ok(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        for name, value in headers:
-            if name == b"cookie":
-                for key, got in cookies(value):
-                    if key == self.cookie and same(self.value, got):
-                        return True
-        return False
+        return any(key == self.cookie and same(self.value, got) for name, value in headers
+                   if name == b"cookie" for key, got in cookies(value))  # fmt: skip
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":

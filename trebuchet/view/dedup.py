@@ -1,24 +1,18 @@
-"""`treb logs --dedup`: a line that several ranks print at about the same time, shown once
-with its ranks (`[0-7] loading checkpoint`); the per-rank files are only read.
+"""`treb logs --dedup`: a line several ranks print at about the same time, shown once with
+its ranks (`[0-7] loading checkpoint`); the per-rank files are only read.
 
-Lines are grouped by their text: a rank's line joins the oldest open group of the same text
-that this rank is not in yet (so the k-th `epoch done` of each rank goes together), while
-the group is open. Following (`-f`), "about the same time" is the time the view read the
-lines: a group stays open until every rank is in it, or until a read that began more than
-`WINDOW_S` seconds after the group opened found nothing more for it (so a view that stalled,
-on a loaded machine, does not split a line its ranks printed together). Reading files
-that are already written, where no line has a time, it is their order: the ranks' logs
-are merged by how far into its file each line is (a rank that printed ten times more
-still meets the others at its start and end), and a group stays open until every rank
-joined or `PENDING_MAX` newer groups pushed it out. Groups go out in the order they
-opened; the prefix is the ranks as compact ranges (`[0-3,6]`; `[n0-1]` for node logs).
-Linear: a line finds its group in one step however many copies of its text are open
-(`_Text`: 40k identical lines took 14 s when each walked the open groups).
+A rank's line joins the oldest open group of its text that the rank is not in yet (the
+k-th `epoch done` of each rank goes together). Following, a group closes when every rank
+joined or when a read begun `WINDOW_S` after it opened found nothing for it (a stalled view
+does not split lines printed together); over written files, the ranks' logs merge by how
+far into its file each line is, and a group closes once `PENDING_MAX` newer ones open.
+A line finds its group in one step (`_Text`): walking the open groups was quadratic.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import os
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -37,14 +31,9 @@ BATCH = 4096  # lines of one log handed to Dedup.add at a time (written logs)
 def ranges(numbers: list[int]) -> str:
     """[0, 1, 2, 3, 6] -> `0-3,6`."""
     out: list[str] = []
-    nums = sorted(set(numbers))
-    i = 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
-        i = j + 1
+    for _, run in itertools.groupby(enumerate(sorted(set(numbers))), lambda p: p[1] - p[0]):
+        nums = [n for _, n in run]
+        out.append(str(nums[0]) if len(nums) == 1 else f"{nums[0]}-{nums[-1]}")
     return ",".join(out)
 
 
@@ -224,14 +213,14 @@ def written(
         batch.append(line)
     if batch:
         dedup.add(keys[last], batch, 0.0)
-    if follow_at is None:
-        for n, (path, _) in enumerate(files):
-            rest = _partial(path, ends[n])
-            if rest:
-                dedup.add(keys[n], [rest], 0.0)
-        dedup.flush(0.0, final=True)
+    if follow_at is not None:
+        dedup.follow(follow_at)
         return ends, dedup
-    dedup.follow(follow_at)
+    for n, (path, _) in enumerate(files):
+        rest = _partial(path, ends[n])
+        if rest:
+            dedup.add(keys[n], [rest], 0.0)
+    dedup.flush(0.0, final=True)
     return ends, dedup
 
 

@@ -1,15 +1,9 @@
-"""Knock-on tracebacks folded in the attached view: when a rank dies, the others fail in
-their next collective (`Connection reset by peer`) and print long tracebacks that say
-nothing of the cause, in full, just before the summary names the cause. A traceback of a
-rank whose attempt's first failure is another rank's is shown as its last line and one note
-(the rank log keeps all of it); the first failing rank's own traceback is shown whole.
-
-The first failure is the attempt's record (runtime/rundir/records.claim_first), written when the
-supervisor sees the rank end: a traceback is held from its first line until it ends (its
-exception line, then a line that is no traceback's or HOLD_S of quiet) and decided then.
-With no record by then (the root cause's own traceback, written before its rank exits, or
-a rank that logs a traceback and goes on), it is shown whole: only a traceback known to
-follow another rank's failure is folded.
+"""Knock-on tracebacks folded in the attached view: when a rank dies the others fail in their
+next collective and print long tracebacks that say nothing of the cause. A traceback of a
+rank whose attempt's first failure (runtime/rundir/records.claim_first) is another rank's
+is shown as its last line and a note; the rank log keeps it all. A traceback is held until
+it ends (a non-traceback line or HOLD_S of quiet) and decided then; with no first failure
+recorded by then it is shown whole: only one known to follow another's failure is folded.
 """
 
 from __future__ import annotations

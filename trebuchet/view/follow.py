@@ -1,12 +1,10 @@
 """Tail many rank logs at once and print whole lines with a `[node:local]` prefix.
 
-Files hold exactly what each process wrote; only the view is split into lines
-(`lines.Splitter`) and the lines of one read go out in one write, so ranks never
-interleave mid-line. A partial line is held until it ends, goes stale or grows past the
-cap. With `skip_over` set (the attached view), a log more than that many bytes ahead of
-what was shown is skipped to its last `KEEP_TAIL` bytes, and a note says how much was left
-out; `treb logs` sets none and shows everything. With `redraw` (the attached view) a `\\r`
-progress bar shows its latest state, at most once a second, instead of one line per update.
+Files hold exactly what each process wrote; only the view is split into lines and each
+read's lines go out in one write, so ranks never interleave mid-line. With `skip_over`
+(the attached view) a log too far ahead is skipped to its last `KEEP_TAIL` bytes, with a
+note, and with `redraw` a `\r` progress bar shows its latest state at most once a second;
+`treb logs` sets neither.
 """
 
 from __future__ import annotations

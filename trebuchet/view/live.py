@@ -1,13 +1,10 @@
 """The attached terminal view: a thread beside the loop that supervises or follows a run.
 
-That loop only hands over new log files (`add`) and its own messages (`say`); both are
-queue puts that never block, so printing can never delay a signal, a timeout or a
-teardown, however much the ranks write or however slowly the terminal reads. After each
-round the thread rests four times the CPU time it used, so it takes at most a fifth of a
-core from the ranks: under a flood it falls behind, and a log more than `SKIP_OVER` bytes
-ahead is skipped with a note (the rank logs keep everything: ranks write their own
-files). `close()` shows what is left, bounded in bytes (`SKIP_AT_END` per log) and in
-time, then returns.
+The loop only hands over new log files (`add`) and messages (`say`) by non-blocking queue
+puts, so printing never delays a signal, timeout or teardown. The thread rests four times
+the CPU it used (at most a fifth of a core): under a flood it falls behind and skips a log
+more than `SKIP_OVER` bytes ahead, with a note (the rank logs keep everything). `close()`
+shows what is left, bounded in bytes and time.
 """
 
 from __future__ import annotations

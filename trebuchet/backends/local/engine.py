@@ -16,9 +16,10 @@ from trebuchet.envs import gpus
 from trebuchet.envs.build import missing_tool
 from trebuchet.envs.recipe import recipe_for
 from trebuchet.envs.wrap import engine_problem
-from trebuchet.launcher.plan import Placement, Plan, describe, local_plan
+from trebuchet.launcher.plan import Placement, describe, local_plan, ranks_per_node
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS
 from trebuchet.launcher.runtime_file import ship
+from trebuchet.runtime.contracts.schema import JobFile
 from trebuchet.runtime.process.procs import hostname, start_time
 from trebuchet.store import lifecycle
 from trebuchet.store.db import RunRecord, Store
@@ -116,25 +117,29 @@ class LocalBackend(SupervisedHere):
 
     def render(self, loaded: LoadedSpec) -> str:
         """What would run; tools that are only needed to run (an engine) are not required."""
-        placeholder = runs_dir() / "RUN_ID"
-        plan = local_plan(
-            loaded.spec, loaded.workdir, "RUN_ID", placeholder, dict(os.environ),
-            self.placement(loaded),
-        )  # fmt: skip
-        return describe(plan)
+        return describe(self.job_file(loaded, "RUN_ID", runs_dir() / "RUN_ID"))
 
-    def write_plan(self, sub: Submission, durable: bool = True) -> Plan:
-        """plan.json; `durable=False`: left in sub.unsynced for the supervisor to sync."""
-        plan = local_plan(
-            sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir, dict(os.environ),
-            self.placement(sub.loaded),
-        )  # fmt: skip
-        if plan.launcher in AGENT_LAUNCHERS:  # each worker runs the runtime's `worker`
+    def job_file(self, loaded: LoadedSpec, run_id: str, run_dir: Path) -> JobFile:
+        """The job file of every engine, its ranks per node (one per visible GPU when the
+        spec leaves it to them) and this engine's processes (launcher/plan.py)."""
+        from trebuchet.backends.job_file import controller_job  # not for `treb ps`
+
+        place = self.placement(loaded)
+        job = controller_job(loaded.spec, run_id, run_dir)
+        job["ppn"] = ranks_per_node(loaded.spec, place)
+        job["plan"] = local_plan(loaded.spec, loaded.workdir, run_id, run_dir,
+                                  dict(os.environ), place)  # fmt: skip
+        return job
+
+    def write_plan(self, sub: Submission, durable: bool = True) -> JobFile:
+        """job.json; `durable=False`: left in sub.unsynced for the supervisor to sync."""
+        job = self.job_file(sub.loaded, sub.record.id, sub.run_dir)
+        if job["launcher"] in AGENT_LAUNCHERS:  # each worker runs the runtime's `worker`
             ship(sub.run_dir)
-        write_json(sub.run_dir / "plan.json", plan.to_json(), durable=durable)
+        write_json(sub.run_dir / "job.json", job, durable=durable)
         if not durable:
-            sub.unsynced.append(str(sub.run_dir / "plan.json"))
-        return plan
+            sub.unsynced.append(str(sub.run_dir / "job.json"))
+        return job
 
     def submit(self, sub: Submission, attach: bool) -> Submitted:
         plan = self.write_plan(sub)

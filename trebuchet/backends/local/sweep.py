@@ -42,9 +42,9 @@ def submit_local(
     parallel = points[0][1].loaded.spec.sweep_parallel or 1
     runs: list[dict[str, Any]] = []
     for index, (point, sub) in enumerate(points):
-        plan = engine.write_plan(sub)
+        job = engine.write_plan(sub)
         runs.append({"index": index, "id": sub.record.id, "run_dir": str(sub.run_dir),
-                     "params": point, "streams": plan.streams})  # fmt: skip
+                     "params": point, "streams": job["plan"]["streams"]})  # fmt: skip
     path = sweep_file(sweep_id)
     write_json(path, {"id": sweep_id, "parallel": parallel, "runs": runs})
     print(f"treb: sweep {sweep_id}: {len(runs)} runs, at most {parallel} at once", file=sys.stderr)

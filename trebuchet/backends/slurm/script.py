@@ -18,7 +18,7 @@ from typing import Any
 
 from trebuchet.backends.job_file import (
     SECRET_REF,
-    common,
+    controller_job,
     grace_seconds,
     job_text,
     write_job_files,
@@ -284,17 +284,11 @@ def job_file(spec: Any, workdir: Path, run_id: str, run_dir: Path,
     """What the job controller and the node agents read (`<run dir>/job.json`): the values
     of every engine's job file (job_file.py), and Slurm's own."""
     secrets = sorted(spec.secrets)
-    job = common(spec, run_id, recipe)
-    if spec.timeout:  # the per-attempt timeout and its warning, enforced by the controller
-        job["timeout"], job["warning"] = spec.timeout, spec.warning_seconds
     slurm: JobFile = {
-        **job,
-        "run_dir": str(run_dir), "workdir": str(workdir),
-        "max_attempts": spec.retries + 1,
+        **controller_job(spec, run_id, run_dir, recipe),
+        "workdir": str(workdir),
         "requeue_margin": REQUEUE_MARGIN_S,
         "master_port": getattr(spec, "fixed_port", None) or spec.master_port,
-        "pre": getattr(spec, "pre", None) or "", "post": getattr(spec, "post", None) or "",
-        "policies": policies_for(spec) if hasattr(spec, "log_policies") else [],
         "srun": srun_args(spec, run_dir, workdir),
         "srun_hook": srun_args(spec, run_dir, workdir, per_node=True),
         # mpirun: the spec's variables reach remote ranks only with -x

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from trebuchet.backends.base import Submitted
 from trebuchet.backends.job_file import (
     check_node_engine,
+    controller_job,
     engine_options,
     job_text,
     node_job,
@@ -61,9 +62,11 @@ from trebuchet.runtime.rundir.regular import read_text
 
 if TYPE_CHECKING:
     from trebuchet.backends.ssh.options import Ssh
+    from trebuchet.backends.ssh.script import SshFacts
     from trebuchet.launcher.submit import Submission
     from trebuchet.preflight.context import Context
     from trebuchet.preflight.findings import Finding
+    from trebuchet.runtime.contracts.schema import JobFile
     from trebuchet.spec.load import LoadedSpec
     from trebuchet.store.db import RunRecord, Store
 from trebuchet.backends.ssh.script import (
@@ -167,12 +170,9 @@ class SshBackend(SupervisedHere):
                     f"directories ({runs_dir()}) are not under {root}: set TREB_HOME there"
                 )
 
-    def info(self, loaded: LoadedSpec, run_id: str, run_dir: Path, runtime: str) -> dict:
-        """Everything the supervisor needs (ssh.json): hosts, the ssh command, where the
-        run's files are on the hosts until the copy step says otherwise."""
-        from trebuchet.launcher.policies import policies_for
-        from trebuchet.launcher.recovery import exit_code_rules
-
+    def info(self, loaded: LoadedSpec, run_id: str, run_dir: Path, runtime: str) -> SshFacts:
+        """What this engine adds to the job file (ssh.json): hosts, the ssh command, where
+        the run's files are on the hosts until the copy step says otherwise."""
         spec = loaded.spec
         sp: Ssh = engine_options(spec, "ssh")
         names = [h.name for h in self._hosts(loaded)]
@@ -188,25 +188,11 @@ class SshBackend(SupervisedHere):
             "runtime": runtime,
             "master_addr": sp.master_addr or "",
             "master_addr_given": sp.master_addr or "",
-            # node loss (docs/recovery.md): hosts beyond `nodes` are spares
-            "nodes": spec.nodes,
-            "min_nodes": spec.min_nodes,
-            "node_timeout": float(spec.node_timeout),
+            "nodes": spec.nodes,  # node loss (docs/recovery.md): hosts beyond it are spares
             "master_port": master_port(spec, run_id),
             "env": env,
             "setup": list(sp.setup),
             "setup_where": setup_where(loaded, len(sp.setup)),
-            "timeout": float(spec.timeout) if spec.timeout else None,
-            "secrets": sorted(spec.secrets),
-            "retries": spec.retries,
-            "on_hang": spec.on_hang,
-            "log_policies": policies_for(spec),
-            "exit_codes": exit_code_rules(spec),
-            "grace_period": float(spec.grace_period),
-            "launcher": spec.launcher,
-            "ppn": spec.ranks_per_node,
-            "pre": spec.pre,
-            "post": spec.post,
         }
 
     def render(self, loaded: LoadedSpec) -> str:
@@ -244,7 +230,7 @@ class SshBackend(SupervisedHere):
         for i, host in enumerate(attempt_hosts(info)):
             out.append(f"# ---- node {i}: {ssh} -- {host} bash -c SCRIPT, SCRIPT:")
             out.append(node_script(info, i, 0).rstrip("\n"))
-        job = job_text(node_job(loaded.spec, "RUN_ID"))
+        job = job_text(ssh_job(loaded.spec, "RUN_ID", run_dir))
         out.append(f"# ---- {info['remote_run_dir']}/job.json (read by the node agent)")
         out += [f"# {line}" for line in job.splitlines()]
         return "\n".join(out) + "\n"
@@ -292,7 +278,7 @@ class SshBackend(SupervisedHere):
         from trebuchet.backends.job_file import write_job_files
         from trebuchet.store.files import write_json
 
-        job = node_job(sub.loaded.spec, sub.record.id)
+        job = ssh_job(sub.loaded.spec, sub.record.id, sub.run_dir)
         info = self.info(sub.loaded, sub.record.id, sub.run_dir, "")
         if sub.loaded.spec.launcher == "horovod":  # node 0's horovodrun reaches the hosts
             from trebuchet.backends.ssh.horovod import placement
@@ -300,7 +286,7 @@ class SshBackend(SupervisedHere):
             job["horovod"] = placement(info["ssh"], info["hosts"])
         runtime, _ = write_job_files(sub.run_dir, job)
         info["runtime"] = runtime.name
-        write_json(sub.run_dir / "ssh.json", info)
+        write_json(sub.run_dir / "ssh.json", info)  # the engine's facts beside job.json
         if not attach:
             _start_detached(sub.store, sub.record.id, sub.run_dir)
             return Submitted(sub.record.id)
@@ -335,6 +321,16 @@ class SshBackend(SupervisedHere):
         from trebuchet.backends.ssh import fault
 
         return fault.inject(run, action, target, node, host)
+
+
+def ssh_job(spec: Any, run_id: str, run_dir: Path) -> JobFile:
+    """The job file of an ssh run: what the job controller here and the node agents on the
+    hosts read. The agents watch their own ranks for hangs and send the timeout's warning;
+    the controller holds the timeout itself, from the attempt's start (`pre`, the sessions'
+    setup, the agents: a slow setup counts, and a session still in setup is ended)."""
+    job = node_job(spec, run_id, job=controller_job(spec, run_id, run_dir))
+    job["nodes_watch"] = True
+    return job
 
 
 def setup_where(loaded: LoadedSpec, count: int) -> list[str]:

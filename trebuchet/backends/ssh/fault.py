@@ -6,19 +6,20 @@ from __future__ import annotations
 import shlex
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from trebuchet.errors import UserError
 from trebuchet.runtime.node import fault
 from trebuchet.runtime.rundir.records import read_json
 
 if TYPE_CHECKING:
+    from trebuchet.backends.ssh.script import SshFacts
     from trebuchet.store.db import RunRecord
 
 STEP_TIMEOUT_S = 120.0
 
 
-def ssh_info(run_dir: Path) -> dict[str, Any]:
+def ssh_info(run_dir: Path) -> SshFacts:
     """The run's ssh.json (its hosts, remote folder, runtime, ssh argv); UserError when it
     is unreadable or incomplete (a rank can reach the run directory)."""
     info = read_json(str(run_dir / "ssh.json"))
@@ -27,7 +28,7 @@ def ssh_info(run_dir: Path) -> dict[str, Any]:
             and isinstance(info.get("remote_run_dir"), str)
             and isinstance(info.get("runtime"), str)):  # fmt: skip
         raise UserError(f"{run_dir / 'ssh.json'}: unreadable or incomplete (the run's ssh facts)")
-    return info
+    return cast("SshFacts", info)
 
 
 def nodes(run: RunRecord) -> list[str]:

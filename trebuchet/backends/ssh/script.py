@@ -12,7 +12,7 @@ import re
 import shlex
 import shutil
 import subprocess
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from trebuchet.runtime.node.per_node import SETUP_ENV_FD, SETUP_ENV_VAR
 from trebuchet.runtime.node.task import NO_PYTHON
@@ -112,8 +112,33 @@ def setup_lines(setup: list[str], log: str | None) -> list[str]:
     ]
 
 
+class SshFacts(TypedDict, total=False):
+    """ssh.json: what the ssh engine adds to the job file (job.json), the facts of where
+    the run is: its hosts (beyond `nodes`: spares), the ssh command, where its files are
+    on them (`place`), the master's address and port, the spec's env without secrets."""
+
+    run_id: str
+    run_dir: str
+    hosts: list[str]
+    ssh: list[str]
+    shared: str | None  # None: detect; "none": copy; a path: shared
+    remote_root: str | None
+    workdir: str
+    runtime: str
+    master_addr: str
+    master_addr_given: str
+    nodes: int
+    master_port: int | str  # "RUN_PORT" in a render
+    env: dict[str, str]
+    setup: list[str]
+    setup_where: list[str]
+    remote_run_dir: str  # placed (`place`)
+    remote_workdir: str
+    active: list[str]  # this attempt's hosts, node 0 first
+
+
 def node_script(
-    info: dict[str, Any], node: int, attempt: int, hook: str | None = None, elapsed: float = 0.0
+    info: SshFacts, node: int, attempt: int, hook: str | None = None, elapsed: float = 0.0
 ) -> str:
     """What `bash -c` runs on host `node`: every value quoted; the session's process group
     first (a stop before the agent runs ends it there); the user's setup lines as written,
@@ -169,14 +194,14 @@ def remote_command(script: str) -> str:
     return "bash -c " + shlex.quote(script)
 
 
-def attempt_hosts(info: dict[str, Any]) -> list[str]:
+def attempt_hosts(info: SshFacts) -> list[str]:
     """The hosts of the current attempt, node 0 first: what the supervisor chose (`active`:
     a lost host excluded, a spare in), else the first `nodes` of those listed."""
     hosts: list[str] = info.get("active") or info["hosts"][: info.get("nodes") or None]
     return hosts
 
 
-def master_address(info: dict[str, Any]) -> str:
+def master_address(info: SshFacts) -> str:
     """MASTER_ADDR: ssh.master_addr, else node 0's HostName as `ssh -G` resolves it (no
     connection is made), else its name. Node 0 is the attempt's: the master moves when
     the first host was lost."""
@@ -219,7 +244,7 @@ def setup_syntax(setup: list[str]) -> tuple[int, str] | None:
     return item, "; ".join(dict.fromkeys(w for w in words if w)) or f"exit {res.returncode}"
 
 
-def place(info: dict[str, Any], shared: bool) -> None:
+def place(info: SshFacts, shared: bool) -> None:
     """Where the run's files are on the hosts: the run directory itself when shared, else
     the per-run copy (relative paths are the remote home's)."""
     rid, run_dir = info["run_id"], info["run_dir"]
@@ -227,5 +252,5 @@ def place(info: dict[str, Any], shared: bool) -> None:
         info["remote_root"] = None
         remote, workdir = run_dir, info["workdir"]
     else:
-        remote, workdir = f"{info['remote_root'].rstrip('/')}/{rid}", "code"
-    info.update(remote_run_dir=remote, remote_workdir=workdir)
+        remote, workdir = f"{str(info['remote_root']).rstrip('/')}/{rid}", "code"
+    info["remote_run_dir"], info["remote_workdir"] = remote, workdir

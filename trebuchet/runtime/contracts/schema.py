@@ -52,16 +52,17 @@ class _JobCommon(TypedDict):
     nodes: int
     ppn: int
     command: list[str]
-    grace: int  # seconds from the stop signal to SIGKILL
+    grace: float  # seconds from the stop signal to SIGKILL (a whole number: an int)
     checkpoint_signal: str  # e.g. "SIGUSR2"
     secrets: list[str]  # names only: values come from the node's environment
     spec_env: list[str]
 
 
 class JobFile(_JobCommon, total=False):
-    """What every engine hands the runtime on its nodes (backends/job_file.py writes it).
-    The optional part: the hang watch and metrics when set; the node verb's timeout,
-    secret env and profiling (SkyPilot, Kubernetes); the Slurm controller's own."""
+    """The one description of an attempt: what every engine hands its job controller and
+    node agents (backends/job_file.py writes it, `settings()` in runtime/job/life.py reads
+    it). The optional part: what is set only when the spec sets it, the node verb's secret
+    env and profiling (SkyPilot, Kubernetes, ssh), and each engine's extras (typed below)."""
 
     hang_timeout: float
     on_hang: str
@@ -80,20 +81,50 @@ class JobFile(_JobCommon, total=False):
     secret_env: dict[str, str]
     profile: str | None
     profile_ranks: list[int] | None
-    # the Slurm job controller's (backends/slurm script.py)
+    # the job controller's (every engine that runs one: local, ssh, Slurm)
     run_dir: str
-    workdir: str
     max_attempts: int  # retries + 1
-    requeue_margin: float
-    master_port: int | None
+    policies: list[LogPolicy]
     pre: str
     post: str
-    policies: list[LogPolicy]
+    nodes_watch: bool  # the node agents hold the hang watch and the warning (ssh), not it
+    # Slurm's (backends/slurm/script.py)
+    workdir: str
+    requeue_margin: float
+    master_port: int | None
     srun: list[str]
     srun_hook: list[str]
     mpi_env: list[str]
     inline: bool
     horovod: HorovodHosts  # launcher horovod over ssh (runtime/node/horovodrun.py)
+    plan: LocalPlan  # every process, computed at submission (the local engine's, plan.py)
+
+
+class ProcPlan(TypedDict):
+    """One process the local supervisor starts (a rank, or a per-node launcher)."""
+
+    label: str
+    node: int
+    rank: int | None
+    local_rank: int | None
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    log: str
+
+
+class LocalPlan(TypedDict):
+    """What the local engine adds: every process's argv and environment, computed once
+    at submission (`treb render --on local` shows them)."""
+
+    procs: list[ProcPlan]
+    streams: list[list[str]]  # [label, log file name]
+    hooks: dict[str, list[ProcPlan]]  # the spec's pre and post command on each node
+    master_addr: str
+    master_port: int
+    port_auto: bool  # a fresh free port per attempt (a fixed master_port is kept)
+    environment: dict[str, Any] | None  # an envs.recipe.Recipe as JSON
+    path_prepend: list[str]
 
 
 class HorovodHosts(TypedDict, total=False):

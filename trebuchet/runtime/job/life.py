@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import signal
 import time
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Protocol, Sequence
 
@@ -165,6 +166,24 @@ class Settings(NamedTuple):
     run_dir: str
     no_retry_exit_codes: Sequence[int] = ()  # runtime/job/retry_codes.py
     retry_exit_codes: Sequence[int] | None = None
+
+
+def settings(job: contracts.JobFile) -> Settings:
+    """What the job controller reads of the job file, on every engine. Where the node
+    agents watch their own ranks for hangs and send the timeout's warning (`nodes_watch`:
+    ssh), the controller holds the timeout alone, from the attempt's start (`pre`, a slow
+    setup and a late agent count)."""
+    here = not job.get("nodes_watch")
+    hung = job.get("hang_timeout") if here else None
+    return Settings(
+        retries=int(job.get("max_attempts", 1)) - 1, log_policies=job.get("policies", []),
+        on_hang=job.get("on_hang") or "fail", hang_timeout=float(hung) if hung else None,
+        timeout=job.get("timeout"), warning=job.get("warning") if here else None,
+        checkpoint_signal=int(getattr(signal, job["checkpoint_signal"])),
+        grace=float(job["grace"]), shape=(job["launcher"], int(job["nodes"]), int(job["ppn"])),
+        run_dir=job["run_dir"], no_retry_exit_codes=job.get("no_retry_exit_codes", []),
+        retry_exit_codes=job.get("retry_exit_codes"),
+    )  # fmt: skip
 
 
 class Ending(NamedTuple):

@@ -272,6 +272,11 @@ class Agent:
         cause is on disk at once) and when the last process has ended."""
         sync(self.take_unsynced())
 
+    def defer(self, path: str) -> None:
+        """A file of this node written with durable=False (its health record), made
+        durable with its ENDED records."""
+        self._unsynced.append(path)
+
     def take_unsynced(self) -> list[str]:
         """The ENDED records written and not yet synced (for the caller to sync)."""
         paths, self._unsynced = self._unsynced, []

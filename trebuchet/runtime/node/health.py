@@ -289,10 +289,12 @@ def run_checks(where: Where, conf: Mapping[str, Any], slurm_job: str | None = No
     return checks
 
 
-def record(where: Where, checks: list[Check], extra: Mapping[str, Any] | None = None) -> str | None:
+def record(where: Where, checks: list[Check], extra: Mapping[str, Any] | None = None,
+           durable: bool = True) -> str | None:  # fmt: skip
     """health-<node>.json (with `extra`: Slurm's step, barrier.py); for an unhealthy node
     also its lost-<node>.json (node_unhealthy), the event and its exclusion. The failure's
-    message, or None when healthy."""
+    message, or None when healthy. `durable=False`: a healthy node's record is not synced
+    here (an fsync just before the ranks start); the caller syncs it later (records.sync)."""
     failed = [c for c in checks if not c.ok]
     rec: dict[str, Any] = {
         "node": where.node, "host": where.host, "attempt": where.attempt,
@@ -300,7 +302,8 @@ def record(where: Where, checks: list[Check], extra: Mapping[str, Any] | None = 
         "seconds": round(sum(c.seconds for c in checks), 6),
         "checks": [c._asdict() for c in checks], **(extra or {}),
     }  # fmt: skip
-    write_json(os.path.join(where.adir, f"health-{where.node}.json"), rec)
+    write_json(os.path.join(where.adir, f"health-{where.node}.json"), rec,
+               durable=durable or bool(failed))  # fmt: skip
     if not failed:
         return None
     why = "; ".join(f"{c.name}: {c.detail}" for c in failed)
@@ -312,12 +315,12 @@ def record(where: Where, checks: list[Check], extra: Mapping[str, Any] | None = 
 
 
 def gate(where: Where, conf: Mapping[str, Any], slurm_job: str | None = None,
-         extra: Mapping[str, Any] | None = None) -> str | None:  # fmt: skip
+         extra: Mapping[str, Any] | None = None, durable: bool = True) -> str | None:  # fmt: skip
     """The node agent's step before its ranks: the checks and their records; None when
     the node is healthy, else why it is not (the agent then starts no rank; a healthy one
     waits for every node's verdict: barrier.py)."""
     os.makedirs(where.adir, mode=0o700, exist_ok=True)
-    return record(where, run_checks(where, conf, slurm_job), extra)
+    return record(where, run_checks(where, conf, slurm_job), extra, durable)
 
 
 def wait_verdict(adir: str, node: int, attempt: int, limit: float, step: str) -> str | None:

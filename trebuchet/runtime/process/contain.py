@@ -245,18 +245,18 @@ def recorded(run_dir: str) -> str | None:
     return path if path and os.path.isdir(path) else None
 
 
-def end_run(run_id: str, run_dir: str, exclude: Iterable[int] = (), keep: bool = False
-            ) -> dict[str, list[int]]:  # fmt: skip
-    """SIGKILL what is left of a run: its cgroup's processes, then every process carrying
-    its TREB_RUN_ID; the cgroup is removed unless `keep` (between attempts). Returns the
-    pids found, by method: {"cgroup": [...], "scan": [...]}."""
+def end_run(run_id: str, run_dir: str, exclude: Iterable[int] = (), keep: bool = False,
+            scan: bool = True) -> dict[str, list[int]]:  # fmt: skip
+    """SIGKILL what is left of a run: its cgroup's processes, then (unless not `scan`)
+    every process carrying its TREB_RUN_ID; the cgroup is removed unless `keep` (between
+    attempts). Returns the pids found, by method: {"cgroup": [...], "scan": [...]}."""
     skip = set(exclude)
     found: dict[str, list[int]] = {"cgroup": [], "scan": []}
     path = recorded(run_dir)
     if path:
         found["cgroup"] = kill(path, skip)
     skip.update(found["cgroup"])
-    found["scan"] = [p for p in procs.processes_of_run(run_id, skip)]
+    found["scan"] = [p for p in procs.processes_of_run(run_id, skip)] if scan else []
     for pid in found["scan"]:
         procs.signal_pid(pid, signal.SIGKILL)
     if path and not keep:

@@ -38,14 +38,12 @@ from ..rundir.records import (
     first_failure,
     now,
     read_json,
-    write_json,
     write_text,
 )
-from ..rundir.regular import read_text
-from ..watch import hung as hang
+from .records import BatchRecords, Field, log
 
 if TYPE_CHECKING:
-    from ..contracts.schema import AttemptRecord, FirstFailure, Hang, JobFile, Result
+    from ..contracts.schema import FirstFailure, JobFile
 
 REQUEUE_WAIT_S = 600  # after `scontrol requeue`, Slurm ends this step well before this
 ENDING_WAIT_S = 120  # Slurm's SIGTERM (then its SIGKILL, after KillWait) comes well before this
@@ -54,11 +52,6 @@ ENDING_WAIT_S = 120  # Slurm's SIGTERM (then its SIGKILL, after KillWait) comes 
 GOING_ON = {"RUNNING", "SIGNALING", "RESIZING", "STAGE_OUT"}
 # An srun task's start: the interpreter given first ("" or one the node lacks: python3).
 AGENT_START = 'p="$1"; shift; [ -n "$p" ] && [ -x "$p" ] && exec "$p" -S "$@"; ' + PYTHON_GUARD
-
-
-def log(text: str) -> None:
-    """A line of batch.log (Slurm's --output of the batch step)."""
-    print(f"[treb {time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
 def time_left(job_id: str) -> int:
@@ -77,22 +70,29 @@ def time_left(job_id: str) -> int:
 
 
 class Controller:
-    """Slurm's side of the job controller (runtime/lifecycle.JobController, which decides
+    """Slurm's side of the job controller (runtime/job/life.JobController, which decides
     the attempts, the timeout and the hang watch): its Nodes (each attempt one srun step of
-    node agents, or the job's only task in this process) and its Records (attempt.json,
-    result.json, batch.log); and what only Slurm has: the job's own time limit (the warning
-    and the requeue), Slurm ending the job (SIGTERM), a requeued job's restart."""
+    node agents, or the job's only task in this process), its Records (records.py:
+    attempt.json, result.json, batch.log); and what only Slurm has: the job's own time limit
+    (the warning and the requeue), Slurm ending the job (SIGTERM), a requeued job's restart."""
+
+    # the attempt as its records describe it (records.BatchRecords)
+    attempt: Field[int] = Field("attempt")
+    adir: Field[str] = Field("adir")
+    t0: Field[float | None] = Field("t0")
+    step_rc: Field[int | None] = Field("step_rc")
+    state: Field[str] = Field("state")
+    reason: Field[str] = Field("reason")
+    use: Field[list[str]] = Field("use")  # this attempt's nodes (nodeset.choose): master first
 
     def __init__(self, job: JobFile, job_path: str, runtime: str) -> None:
         self.job = job
+        self.rec = BatchRecords(job, lambda: self.terminating)
         self.job_path = job_path
         self.runtime = runtime  # this .pyz: what the srun steps start on every node
         self.run_dir: str = job["run_dir"]
         self.job_id = os.environ.get("SLURM_JOB_ID", "")
         self.sig = job["checkpoint_signal"]  # e.g. SIGUSR2
-        self.attempt = 0
-        self.adir = ""
-        self.t0: float | None = None
         self.step: subprocess.Popen[bytes] | None = None
         # steps whose agents all said they ended (agent_link) while srun still reports the
         # step's end: the next attempt does not wait for it; reaped at the job's end
@@ -106,137 +106,24 @@ class Controller:
         self.lost_hosts: list[str] = []
         self.scancels: list[subprocess.Popen[bytes]] = []  # signals on their way (signal_steps)
         self.hosts: list[str] = []  # the allocation's nodes, in order
-        self.use: list[str] = []  # this attempt's (nodeset.choose): the first is the master
         self.inline: Agent | None = None  # the job's only task, run here (job["inline"])
         self.signaller: subprocess.Popen[bytes] | None = None  # delivers the warning
         self.rc = 0  # the attempt's step (or inline agent) exit status
-        self.step_rc: int | None = None
         self.warned = self.requeued = self.terminating = False
         self.requeue_at: float | None = None
         self.scontrol = "scontrol"  # the real one: the ranks' PATH has selfrequeue's first
-        self.state, self.reason = "", ""
         self._signals: list[int] = []
-        self.lc = lifecycle.JobController(settings(job, self.run_dir), self, self,
-                                          granted=self.granted())  # fmt: skip
-
-    # -- records -------------------------------------------------------------------------
-    def granted(self) -> dict[str, int]:
-        """The retries each log policy granted so far, kept in `policy-retries` (one name a
-        line) so that a requeued job keeps the count."""
-        try:  # a regular file only: the run directory is the ranks' too
-            used = read_text(os.path.join(self.run_dir, "policy-retries"), 1 << 20).splitlines()
-        except OSError:
-            used = []
-        return {name: used.count(name) for name in set(used)}
-
-    def attempts_allowed(self) -> int:
-        """retries + 1 and the attempts the log policies granted so far."""
-        return lifecycle.max_attempts(int(self.job["max_attempts"]) - 1, self.lc.granted)
-
-    def max_attempts(self, count: int, granted: dict[str, int]) -> None:
-        """Records: the log policies' grants, kept in `policy-retries` (one name a line) so
-        that a requeued job keeps the count."""
-        text = "".join(f"{name}\n" * n for name, n in sorted(granted.items()))
-        write_text(os.path.join(self.run_dir, "policy-retries"), text)
-
-    def attempt_json(self, state: str, reason: str, ended: float | None, source: str) -> None:
-        master = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
-        record: AttemptRecord = {
-            "attempt": self.attempt, "state": state, "reason": reason, "started_at": self.t0,
-            "ended_at": ended, "source": source, "job_id": self.job_id,
-            "restart_count": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
-            "nodes": ",".join(self.use) or os.environ.get("SLURM_JOB_NODELIST", ""),
-            "master": master,
-            "srun_exit": self.step_rc, "max_attempts": self.attempts_allowed(),
-        }  # fmt: skip
-        write_json(os.path.join(self.adir, "attempt.json"), record)
-
-    def result(self, state: str, reason: str, source: str, failed: int | None = None) -> None:
-        """result.json; `failed`: the attempt whose pending retry a cancel ended."""
-        end: Result = {"state": state, "reason": reason, "source": source,
-                       "attempt": self.attempt, "exit_code": self.step_rc, "ended_at": now(),
-                       "job_id": self.job_id}  # fmt: skip
-        if failed is not None:
-            end["failed_attempt"] = failed
-        write_json(os.path.join(self.run_dir, "result.json"), end)
-        # The MLflow run's status now, also when nobody follows the job (bounded: a
-        # server that does not answer costs 2 x END_TIMEOUT_S, an event, nothing else).
-        tracking.mark(self.run_dir, state, reason)
-
-    def die(self, why: str) -> int:
-        """The job cannot start: say why where `treb status` finds it."""
-        log(f"error: {why}")
-        self.result("FAILED", why, "batch")
-        return 2
-
-    # -- Records (runtime/job/life.py): the job controller's records on Slurm -----------
-    def say(self, text: str) -> None:
-        log(text)
-
-    def event(self, kind: str, **fields: Any) -> None:
-        append_event(self.run_dir, kind, **fields)
-
-    def attempt_started(self, attempt: int, started_at: float, **facts: Any) -> None:
-        self.attempt = attempt
-        self.adir = os.path.join(self.run_dir, f"attempt-{attempt}")
-        os.makedirs(self.adir, mode=0o700, exist_ok=True)
-        os.environ["TREB_ATTEMPT"] = str(attempt)
-        self.t0, self.step_rc = started_at, None
-        self.lost = self.lost_kill_at = None
-        self.lost_after = False  # this attempt's lost node was lost after its first failure
-        self.attempt_json("RUNNING", "", None, "batch")
-        log(
-            f"attempt {attempt + 1} of {self.attempts_allowed()}: "
-            f"{len(self.use) or self.job['nodes']} node(s) "
-            f"{','.join(self.use) or os.environ.get('SLURM_JOB_NODELIST', '')}, master "
-            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-        )
-
-    def attempt_stopped(self, attempt: int, state: str, reason: str) -> None:
-        self.state, self.reason = state, reason
-        if not self.terminating:
-            self.attempt_json(state, reason, now(), "batch")
-
-    def attempt_ended(self, attempt: int, state: str, reason: str | None) -> None:
-        self.state, self.reason = state, reason or ""
-        self.attempt_json(state, self.reason, now(), "batch")
-
-    def first_failure(self, cause: FirstFailure) -> None:
-        """The agents' records say it; `treb` reads them (slurm_state.py)."""
-
-    def hang(self, attempt: int, info: Hang, action: str) -> None:
-        log(f"{hang.describe(info)}; on_hang: {action}")
-
-    def log_policy(self, attempt: int, name: str, action: str, line: str) -> None:
-        log(f"log policy {name} ({action}) matched: {line}")
-        append_event(self.run_dir, "log_policy", attempt=attempt, policy=name, action=action,
-                     line=line)  # fmt: skip
-        self.reason = f"{name}: {action}"
-        self.attempt_json(self.state, self.reason, now(), "batch")
-
-    def retrying(self, attempt: int) -> None:
-        """Said in batch.log by the controller; the next attempt.json follows."""
-
-    def run_ended(
-        self, state: str, cause: FirstFailure | None, exit_code: int, reason: str | None = None
-    ) -> None:
-        if self.terminating:  # on_term wrote result.json when Slurm began ending the job
-            return
-        self.state = state
-        self.reason = reason or self.reason
-        retried = self.lc.retry_of if reason and state == "CANCELLED" else None
-        self.result(state, self.reason, "batch", retried[0] if retried else None)
-        run = self.job["run_id"]
-        log(f"run {run}: {state}" + (f" ({self.reason})" if self.reason else ""))
-
-    def heartbeat(self) -> None:
-        """`treb` follows the job through squeue and these files: nothing to beat."""
+        self.lc = lifecycle.JobController(lifecycle.settings(job), self, self.rec,
+                                          granted=self.rec.granted())  # fmt: skip
+        self.rec.granted_by = self.lc.granted
 
     # -- Nodes (runtime/job/life.py): each attempt's srun step -------------------------
     def prepare(self) -> FirstFailure | None:
         return None  # resume() and setup() ran before the controller (run)
 
     def attempt_facts(self, attempt: int) -> dict[str, Any]:
+        self.lost = self.lost_kill_at = None
+        self.lost_after = False  # this attempt's lost node was lost after its first failure
         self.choose_nodes()
         return {}
 
@@ -518,7 +405,7 @@ class Controller:
         self.warned = True
         self.send_checkpoint("time limit near")
         running = self.step is not None or self.inline is not None
-        if self.attempt + 1 < self.attempts_allowed() and running:
+        if self.attempt + 1 < self.rec.attempts_allowed() and running:
             margin = int(self.job["requeue_margin"])
             left = time_left(self.job_id)
             left = left - margin if left > margin + 1 else 1
@@ -577,8 +464,8 @@ class Controller:
         if self.inline is not None:  # Slurm signals the batch step's processes: KILL at grace
             self.inline.teardown()
         if self.adir:
-            self.attempt_json(state, reason, now(), "signal")
-        self.result(state, reason, "signal")
+            self.rec.attempt_json(state, reason, now(), "signal")
+        self.rec.result(state, reason, "signal")
 
     def slurm_state(self) -> tuple[str, bool]:
         """squeue's '%T %r' of this job ('COMPLETING None'; '' when squeue does not answer),
@@ -622,7 +509,7 @@ class Controller:
         who = selfrequeue.asked(self.run_dir)
         if who is None:
             return
-        allowed = self.attempts_allowed()
+        allowed = self.rec.attempts_allowed()
         append_event(self.run_dir, "job_requeue", attempt=self.attempt, who=who,
                      granted=self.attempt + 1 < allowed)  # fmt: skip
         if self.attempt + 1 >= allowed:
@@ -639,7 +526,7 @@ class Controller:
         returns only when Slurm refused it. `why`: the attempt's reason (default: the
         time limit's requeue)."""
         self.requeued = True
-        self.attempt_json(
+        self.rec.attempt_json(
             state,
             why or f"time limit: {self.sig} sent, job requeued for attempt {self.attempt + 2}",
             now(),
@@ -651,7 +538,7 @@ class Controller:
             sys.exit(0)
         self.requeued = False
         log("scontrol requeue failed: no further attempt")
-        self.attempt_json("TIMEOUT", "time limit (requeue failed)", now(), "batch")
+        self.rec.attempt_json("TIMEOUT", "time limit (requeue failed)", now(), "batch")
 
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -765,7 +652,7 @@ class Controller:
             self.t0 = prev.get("started_at")
             lost = self.first_failed()  # the batch host's loss, as its agents said it
             why = lost.get("message") if lost and lost.get("label") == "node_lost" else None
-            self.attempt_json(
+            self.rec.attempt_json(
                 "FAILED",
                 str(why or "requeued by Slurm (preemption, node failure or scontrol requeue)"),
                 now(),
@@ -777,8 +664,8 @@ class Controller:
                 os.unlink(os.path.join(self.run_dir, name))
         log(f"job {self.job_id} restarted (restart {os.environ.get('SLURM_RESTART_COUNT', 0)})")
         tracking.mark(self.run_dir, "RUNNING", "requeued")  # the same MLflow run goes on
-        if self.attempt >= self.attempts_allowed():
-            self.result(
+        if self.attempt >= self.rec.attempts_allowed():
+            self.rec.result(
                 "FAILED",
                 f"requeued after attempt {self.attempt}, but no attempt "
                 f"is left (retries: {int(self.job['max_attempts']) - 1})",
@@ -794,10 +681,10 @@ class Controller:
         try:
             os.chdir(job["workdir"])
         except OSError:
-            return self.die(f"cannot enter the workdir {job['workdir']} on {os.uname()[1]}")
+            return self.rec.die(f"cannot enter the workdir {job['workdir']} on {os.uname()[1]}")
         for name in job["secrets"]:
             if name not in os.environ:
-                return self.die(
+                return self.rec.die(
                     f"secret {name} is not in the job's environment (sbatch "
                     "exports the submitting environment; was it set there?)"
                 )
@@ -815,7 +702,7 @@ class Controller:
                 ).stdout.split()
             )
         except (OSError, subprocess.SubprocessError):
-            return self.die("scontrol show hostnames failed")
+            return self.rec.die("scontrol show hostnames failed")
         self.hosts = hosts
         # The first node is the master; the port comes from the job id (the contract's
         # formula), so two jobs sharing a node do not collide. The spec's env wins.
@@ -873,17 +760,3 @@ def step_tasks(srun_args: list[str]) -> int:
             with contextlib.suppress(ValueError):
                 return int(arg.split("=", 1)[1])
     return 0
-
-
-def settings(job: JobFile, run_dir: str) -> lifecycle.Settings:
-    """What the job controller reads of job.json."""
-    hung = job.get("hang_timeout")
-    return lifecycle.Settings(
-        retries=int(job["max_attempts"]) - 1, log_policies=job["policies"],
-        on_hang=job.get("on_hang") or "fail", hang_timeout=float(hung) if hung else None,
-        timeout=job.get("timeout"), warning=job.get("warning"),
-        checkpoint_signal=int(getattr(signal, job["checkpoint_signal"])),
-        grace=float(job["grace"]), shape=(job["launcher"], int(job["nodes"]), int(job["ppn"])),
-        run_dir=run_dir, no_retry_exit_codes=job.get("no_retry_exit_codes", []),
-        retry_exit_codes=job.get("retry_exit_codes"),
-    )  # fmt: skip

@@ -180,13 +180,12 @@ def folder_checkpoints(folder: str) -> list[Mark]:
 
 def checkpoint_folder(run_dir: str) -> str:
     """The run's `TREB_CHECKPOINT_DIR` (the job's `checkpoint_dir`, else <run>/checkpoints)."""
-    for name in ("job.json", "plan.json"):
-        try:
-            data = json.loads(_ends(os.path.join(run_dir, name)) or b"null")
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(data, dict) and isinstance(data.get("checkpoint_dir"), str):
-            return str(data["checkpoint_dir"])
+    try:
+        data = json.loads(_ends(os.path.join(run_dir, "job.json")) or b"null")
+    except (ValueError, RecursionError):
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("checkpoint_dir"), str):
+        return str(data["checkpoint_dir"])
     return os.path.join(run_dir, "checkpoints")
 
 

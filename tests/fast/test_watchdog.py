@@ -1,0 +1,74 @@
+"""launcher/watchdog.py with real processes: it waits as a small shell beside the ranks,
+leaves on `done` without killing, and when its supervisor's pipe ends without `done` it ends
+the process groups and the adopted orphans it was told about (not a reused pid)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+
+from trebuchet.launcher.watchdog import Watchdog
+from trebuchet.runtime.process.procs import start_time
+
+
+def _sleeper() -> subprocess.Popen[bytes]:
+    """A process in a session (and group) of its own, as a rank is started."""
+    return subprocess.Popen(["sleep", "60"], start_new_session=True)
+
+
+def _wait_exit(proc: subprocess.Popen[bytes], limit: float = 30.0) -> int | None:
+    try:
+        return proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def test_waits_as_a_shell_ignores_stop_signals_and_leaves_on_done(tmp_path: Path) -> None:
+    wd = Watchdog(uuid.uuid4().hex[:8], str(tmp_path))
+    rank = _sleeper()
+    try:
+        wd.watch(rank.pid)
+        wd.flush()
+        exe = os.path.basename(os.readlink(f"/proc/{wd.pid}/exe"))
+        assert not exe.startswith("python"), exe  # no interpreter while the run goes on
+        assert b"trebuchet.launcher.watchdog" in Path(f"/proc/{wd.pid}/cmdline").read_bytes()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
+            os.kill(wd.pid, sig)  # a Ctrl+C or a TERM of everything does not take it down
+        wd.adopt(rank.pid, start_time(rank.pid))  # it still reads (an ignored signal)
+        assert wd.proc.poll() is None
+        wd.done()
+        assert _wait_exit(wd.proc) == 0
+        assert rank.poll() is None  # `done`: nothing of the run is killed
+    finally:
+        rank.kill()
+        rank.wait()
+        if wd.proc.poll() is None:
+            wd.proc.kill()
+            wd.proc.wait()
+
+
+def test_a_vanished_supervisor_has_its_groups_and_adopted_orphans_killed(tmp_path: Path) -> None:
+    wd = Watchdog(uuid.uuid4().hex[:8], str(tmp_path))
+    rank, orphan, reused = _sleeper(), _sleeper(), _sleeper()
+    try:
+        wd.watch(rank.pid)
+        wd.flush()
+        wd.adopt(orphan.pid, start_time(orphan.pid))
+        wd.adopt(reused.pid, "1")  # that pid is another process now: left alone
+        assert wd.proc.stdin is not None
+        wd.proc.stdin.close()  # the supervisor's end of the pipe, gone without `done`
+        assert _wait_exit(wd.proc) == 0
+        assert _wait_exit(rank) == -signal.SIGKILL
+        assert _wait_exit(orphan) == -signal.SIGKILL
+        assert reused.poll() is None
+    finally:
+        for p in (rank, orphan, reused):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        if wd.proc.poll() is None:
+            wd.proc.kill()
+            wd.proc.wait()
