@@ -149,7 +149,7 @@ def test_a_two_line_spec_renders_a_short_readable_script(tmp_path: Path, treb_ho
     # the runtime is started from the run directory, named with its version and hash
     assert re.search(r'^TREB_RUNTIME="\$TREB_RUN_DIR"/treb-runtime-\d+-[0-9a-f]{12}\.pyz$',
                      script, re.M), script  # fmt: skip
-    assert script.rstrip().endswith('controller "$TREB_RUN_DIR/job.json"')
+    assert script.rstrip().endswith('controller "$TREB_RUN_DIR/job.json" 8< <(env -0)')
     assert job["command"] == ["bash", "-c", "python train.py"] and job["nodes"] == 2
 
 

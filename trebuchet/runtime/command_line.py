@@ -68,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return fault(args)
     if verb == "controller" and len(args) == 1:
+        from .node.per_node import setup_environ
         from .slurm.step import Controller
+
+        setup_environ()  # the environment the job's script made, whatever started python3
 
         runtime = task.self_argv()[-1]
         return Controller(_job(args[0]), os.path.abspath(args[0]), runtime).run()

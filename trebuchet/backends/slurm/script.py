@@ -29,6 +29,7 @@ from trebuchet.envs.recipe import Recipe
 from trebuchet.launcher.policies import policies_for
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
 from trebuchet.runtime.contracts.schema import JobFile
+from trebuchet.runtime.node.per_node import SETUP_ENV_FD, SETUP_ENV_VAR
 from trebuchet.spec.duration import MAX_SECONDS, slurm_time
 from trebuchet.store.files import write_atomic
 
@@ -354,7 +355,10 @@ def render_script(spec: Any, workdir: Path, run_id: str, run_dir: Path,
     lines += [
         'command -v python3 >/dev/null 2>&1 || { echo "treb: no python3 (>= 3.8) on $(hostname):'
         " trebuchet's job controller needs it\" >&2; exit 2; }",
-        'exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"',
+        # the environment made above reaches the ranks, whatever `python3` is (a pyenv shim)
+        f"export {SETUP_ENV_VAR}={SETUP_ENV_FD}",
+        f'exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json" '
+        f"{SETUP_ENV_FD}< <(env -0)",
     ]
     return "\n".join(lines) + "\n"
 

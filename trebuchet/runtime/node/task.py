@@ -458,6 +458,16 @@ def hand_error_file(ours: str, theirs: str | None) -> None:
         write_bytes(theirs, data, durable=False)
 
 
+def _step_agent(pid: int, run: str) -> list[int]:
+    """The agent that started `pid` when it is a step's own task (its parent is no process
+    of the run: slurmstepd), as a list; [] under a worker agent (torchrun's, mpirun's),
+    which gets the interrupt from its launcher, as torchrun hands Ctrl+C on."""
+    up = procs.ancestors(pid)[:2]
+    if len(up) == 2 and procs.in_run(up[0], run) and not procs.in_run(up[1], run):
+        return [up[0]]
+    return []
+
+
 def deliver(job: JobFile, sig_name: str) -> int:
     """The `signal` verb, one task per node of the job (the controller's step at the time
     limit warning): the checkpoint signal to this node's running commands of this attempt
@@ -465,13 +475,17 @@ def deliver(job: JobFile, sig_name: str) -> int:
     Agent.signal_all. `scancel --signal` would reach every process of the step instead."""
     attempt, adir = _attempt_dir(job)
     host, sig = os.uname().nodename, int(getattr(signal, sig_name))
+    run = str(job["run_id"])
     sent: list[int] = []
     for rec in attempt_records(adir):
         pid = rec.get("pid")
         if not isinstance(pid, int) or rec.get("state") != "RUNNING" or rec.get("host") != host:
             continue
-        if not procs.in_run(pid, str(job["run_id"])):
+        if not procs.in_run(pid, run):
             continue  # ended, and the pid reused
-        sent += [p for p in procs.catchers(pid, sig) if procs.signal_pid(p, sig)]
+        if sig == signal.SIGINT:  # Ctrl+C: to the step's agents, which hand it on once
+            sent += [a for a in _step_agent(pid, run) if a not in sent and procs.signal_pid(a, sig)]
+        else:
+            sent += [p for p in procs.catchers(pid, sig) if procs.signal_pid(p, sig)]
     print(f"[treb] {host}: {sig_name} to {len(sent)} process(es) that handle it", flush=True)
     return 0

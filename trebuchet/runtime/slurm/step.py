@@ -51,6 +51,8 @@ ENDING_WAIT_S = 120  # Slurm's SIGTERM (then its SIGKILL, after KillWait) comes 
 # squeue's states of a job that goes on; any other, while this batch step runs, means that
 # Slurm is ending it (COMPLETING, REQUEUED, CANCELLED, PREEMPTED, ...)
 GOING_ON = {"RUNNING", "SIGNALING", "RESIZING", "STAGE_OUT"}
+# An srun task's start: the interpreter given first ("" or one the node lacks: python3).
+AGENT_START = 'p="$1"; shift; [ -n "$p" ] && [ -x "$p" ] && exec "$p" -S "$@"; ' + PYTHON_GUARD
 
 
 def time_left(job_id: str) -> int:
@@ -158,16 +160,20 @@ class Controller:
         if not self.job.get(when) or self.terminating:
             return True
         self.step = self.srun(self.step_args(self.job["srun_hook"]), "hook", when)
+        stopped = False
         try:
             while self.step.poll() is None:
                 self._tick()
+                if self.lc.cancel_signal is not None and not stopped:  # no rank starts now
+                    stopped = True
+                    self.signal_steps(signal.SIGTERM)
                 select.select([self.lc.wake_r], [], [], 0.2)
                 self.lc.drain()
             self._handle_signals()
             rc = self.step.returncode
         finally:
             self.step = None
-        if rc != 0:
+        if rc != 0 and self.lc.cancel_signal is None:
             log(f"{when} command failed on a node (exit {rc}): see {self.adir}/{when}-node-*.log")
         return rc == 0
 
@@ -247,14 +253,22 @@ class Controller:
         agents, which stop their ranks with the grace period."""
         if self.terminating:
             return
-        label = "hang" if self.lc.hang is not None else "timeout"
-        label = "idle_gpu" if self.lc.idle_stop else label
+        lc = self.lc
+        cancel = lc.cancel_signal is not None and not lc.failed and lc.hang is None
+        label = "hang" if lc.hang is not None else "cancel" if cancel else "timeout"
+        label = "idle_gpu" if lc.idle_stop else label
         label = "node_lost" if self.lost and not self.lost_after else label
         if self.adir:
             write_text(os.path.join(self.adir, "teardown"), label + "\n")
         if label == "timeout":
             log(f"timeout ({self.job.get('timeout') or 0:g}s): stopping the ranks "
                 f"(grace {self.job['grace']}s)")  # fmt: skip
+        if label == "cancel" and lc.cancel_signal == signal.SIGINT:  # Ctrl+C, as torchrun
+            g = float(self.job["grace"])
+            log(f"interrupted: SIGINT to the ranks; SIGTERM to what still runs in {g:g}s, "
+                f"SIGKILL in {2 * g:g}s")  # fmt: skip
+            self.stop_ranks(signal.SIGINT)
+            return
         self.stop_ranks(signal.SIGTERM)
 
     def kill(self) -> None:
@@ -269,7 +283,8 @@ class Controller:
         self.requeue_at = None
         if not self.terminating:
             self.job_requeue()  # a rank asked, then ended: the requeue, not a failure
-        if not self.terminating and self.rc != 0 and reason not in ("hang", "timeout", "idle_gpu"):
+        ours = ("hang", "timeout", "idle_gpu", "cancel")  # the controller stopped it
+        if not self.terminating and self.rc != 0 and reason not in ours:
             self.ended_by_slurm()
 
     def ending(self, attempt: int, reason: str | None) -> lifecycle.Ending:
@@ -285,7 +300,9 @@ class Controller:
                 log(f"the next attempt cannot run: {left}")
                 return lifecycle.Ending("FAILED", f"{self.lost}; {left}", final=True)
             return lifecycle.Ending("FAILED", self.lost)
-        if reason in ("hang", "idle_gpu"):
+        if reason == "cancel":  # Ctrl+C on `treb run` (SIGINT to this controller)
+            state, why = "CANCELLED", "cancelled (Ctrl+C): SIGINT to the ranks"
+        elif reason in ("hang", "idle_gpu"):
             state, why = "FAILED", reason
         elif reason == "timeout" or (rc != 0 and self.lc.warned and self.died_of_warning()):
             state, why = "TIMEOUT", "timeout"  # the spec's timeout, as locally
@@ -321,17 +338,30 @@ class Controller:
 
     # -- signals -------------------------------------------------------------------------
     def install_signals(self) -> None:
-        for sig in (signal.SIGTERM, getattr(signal, self.sig)):
+        # SIGINT: Ctrl+C on an attached `treb run` (engine.py: scancel --signal=INT --batch)
+        for sig in (signal.SIGTERM, signal.SIGINT, getattr(signal, self.sig)):
             signal.signal(sig, lambda signum, _f: self._signals.append(signum))
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(self.lc.wake_w, warn_on_full_buffer=False)
 
     def _handle_signals(self) -> None:
         while self._signals:
-            if self._signals.pop(0) == signal.SIGTERM:
+            signum = self._signals.pop(0)
+            if signum == signal.SIGTERM:
                 self.on_term()
+            elif signum == signal.SIGINT:
+                self.on_interrupt()
             else:
                 self.on_warning()
+
+    def on_interrupt(self) -> None:
+        """Ctrl+C on the attached `treb run`: the run is cancelled as torchrun hands Ctrl+C
+        on (stop: SIGINT to the ranks, SIGTERM after the grace period, SIGKILL after
+        another); a second one kills what is left. The job then ends by itself."""
+        if self.terminating or self.requeued:
+            return
+        log("Ctrl+C on treb run: cancelling the run")
+        self.lc.cancel(signal.SIGINT)
 
     def _tick(self) -> None:
         """While the attempt's processes run: signals, the warning's step, the requeue
@@ -416,14 +446,22 @@ class Controller:
             return sent
         if self.step is not None:
             log(f"{why}: {self.sig} to the ranks that handle it (checkpoint now)")
-            n = int(self.job["nodes"])
-            argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1"]
-            argv += ["--overlap", "--export=ALL", "sh", "-c", PYTHON_GUARD, "treb-agent"]
-            argv += [self.runtime, "signal", self.sig, self.job_path]
-            with contextlib.suppress(OSError):
-                self.signaller = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-                return 1  # its own step delivers it: the count is not known here
+            return 1 if self.node_step(self.sig) else 0  # its step delivers it: count unknown
         return 0
+
+    def node_step(self, sig_name: str) -> bool:
+        """One more step, one task per node of the attempt, that delivers `sig_name` there
+        (task.deliver: the checkpoint signal to the ranks that handle it, SIGINT to the
+        agents). Whether it started."""
+        n = len(self.use) or int(self.job["nodes"])
+        where = [f"--nodelist={','.join(self.use)}"] if self.use else []
+        argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", *where]
+        argv += ["--overlap", "--export=ALL", *self.agent_argv("signal", sig_name)]
+        try:
+            self.signaller = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        except OSError:
+            return False
+        return True
 
     def on_term(self) -> None:
         """Cancelled, time limit, preemption, requeue: record why, at once (Slurm's SIGKILL
@@ -535,17 +573,30 @@ class Controller:
     # -- steps ---------------------------------------------------------------------------
     def srun(self, srun_args: list[str], *words: str) -> subprocess.Popen[bytes]:
         """One srun step of node agents."""
-        argv = ["srun", *srun_args, "sh", "-c", PYTHON_GUARD, "treb-agent", self.runtime,
-                *words, self.job_path]  # fmt: skip
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(["srun", *srun_args, *self.agent_argv(*words)],
+                                stdin=subprocess.DEVNULL)  # fmt: skip
+
+    def agent_argv(self, *words: str) -> list[str]:
+        """What an srun task runs: this runtime's verb, started by the interpreter that runs
+        this controller where the node has it (the batch step's environment, as setup made
+        it, reaches the agents and ranks as is: a `python3` that is a pyenv shim would put
+        its own folders first on PATH), else by the node's `python3` (a container image)."""
+        image = any(a.startswith("--container-image=") for a in self.job["srun"])
+        python = "" if image else sys.executable
+        return ["sh", "-c", AGENT_START, "treb-agent", python, self.runtime, *words,
+                self.job_path]  # fmt: skip
 
     def stop_ranks(self, sig: int) -> None:
         """`sig` to the attempt's agents (SIGTERM: their teardown, with the grace period)."""
         if self.inline is not None:
             if sig == signal.SIGTERM:
                 self.term_inline(self.inline)
+            elif sig == signal.SIGINT:  # the agent hands it on: INT, TERM, KILL
+                self.inline.teardown(signal.SIGINT)
             else:
                 self.inline.signal_all(sig)
+        elif self.step is not None and sig == signal.SIGINT:
+            self.node_step("SIGINT")  # to each node's agents, never to every process
         elif self.step is not None:
             self.signal_steps(sig)
 
@@ -726,7 +777,7 @@ class Controller:
                 step.wait(timeout=30)
         if self.terminating:
             return 143
-        return 0 if state == "SUCCEEDED" else 1
+        return {"SUCCEEDED": 0, "CANCELLED": 130}.get(state, 1)  # 130: Ctrl+C's, as treb run
 
 
 def parks(job: JobFile) -> bool:
