@@ -164,3 +164,64 @@ def test_a_released_or_vanished_agent_is_not_resumed(hub, monkeypatch):
     assert not h.resume(1, 2)
     h.release()
     assert a.wait_next(lambda: False) is None
+
+
+def until(check, wait: float = 5.0) -> bool:
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if check():  # asked once per step: stop_overdue answers True only once
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_a_rank_failure_stops_the_other_agents_over_the_link(hub, monkeypatch):
+    """Issue 36: an agent whose rank failed says `failed`; the controller tells every other
+    agent of the attempt to stop (no scancel through slurmctld), not the failed one, and
+    asks for no scancel while the others end within the grace period."""
+    h, wake = hub
+    monkeypatch.setenv(agent_link.ENV, h.address("127.0.0.1"))
+    h.expect(attempt=0, tasks=3)
+    links = [agent_link.open_link(0, str(t), f"tn{t + 1}") for t in range(3)]
+    stopped: list[str] = []
+    for t, link in enumerate(links):
+        assert link is not None
+        link.on_stop = lambda t=t: stopped.append(str(t))
+    failed, *others = links
+    assert failed is not None and failed.failed()
+    assert woken(wake)
+    assert until(lambda: sorted(stopped) == ["1", "2"])
+    assert not h.stop_overdue(60.0)
+    for code, link in ((1, failed), (143, others[0]), (143, others[1])):
+        assert link is not None
+        link.ended(code)
+    assert until(lambda: h.ended() == 143)
+    assert not h.stop_overdue(0.0)  # every agent answered: no scancel
+    assert stopped == ["1", "2"] or stopped == ["2", "1"]  # once each
+
+
+def test_a_stop_no_agent_answers_falls_back_to_scancel(hub, monkeypatch):
+    """An agent the stop cannot reach (never connected) means scancel at once; one that
+    does not end within the grace period, scancel then; each only once. A stop of
+    another attempt stops nothing."""
+    h, _ = hub
+    monkeypatch.setenv(agent_link.ENV, h.address("127.0.0.1"))
+    h.expect(attempt=0, tasks=3)
+    a, b = agent_link.open_link(0, "0", "tn1"), agent_link.open_link(0, "1", "tn2")
+    assert a is not None and b is not None
+    assert until(lambda: len(h.tasks) == 2)
+    a.failed()
+    assert until(lambda: h.stop_at is not None)
+    assert h.stop_overdue(60.0)  # task 2 never said hello: the stop cannot reach it
+    assert not h.stop_overdue(60.0)
+    h.expect(attempt=1, tasks=2)
+    a.next_attempt(1)
+    b.next_attempt(1)
+    stopped: list[int] = []
+    b.on_stop = lambda: stopped.append(1)
+    assert until(lambda: len(h.tasks) == 2)
+    b.attempt = 0  # an agent still on the previous attempt: not its stop
+    a.failed()
+    assert until(lambda: h.stop_at is not None)
+    assert until(lambda: h.stop_overdue(0.05))  # b never ends
+    assert stopped == []

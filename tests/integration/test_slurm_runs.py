@@ -274,6 +274,10 @@ def test_failing_rank_on_node_two_is_the_root_cause(streb, tmp_path: Path) -> No
     assert ff["log"].endswith("attempt-0/rank-3.log")
     stopped = {p["rank"] for p in st["procs"] if p["stopped_by_launcher"]}
     assert stopped == {0, 1, 2}
+    # the other node's agent stopped its ranks on the controller's word (issue 36)
+    batch_log = (Path(st["run_dir"]) / "batch.log").read_text()
+    assert "a rank failed on tn2: the other node agents stop their ranks" in batch_log
+    assert "did not answer the stop" not in batch_log
     assert "rank 3 (node 1, local rank 1) on tn2 exited with code 3" in res.stderr
     assert "boom on tn2" in res.stderr  # the tail of the failing rank's log
 

@@ -5,7 +5,12 @@ node's health checks passed (`health`: it then waits for the controller's `go`, 
 once every task of the step said so: barrier.py), and once its records are written, that
 it ended and with which code (`ended`), and, where the controller keeps its step for the
 next attempt (`park`), that it waits for the controller's word: `next <attempt>` (run that
-attempt's ranks, in the same srun step) or `exit`. With it the controller:
+attempt's ranks, in the same srun step) or `exit`. An agent whose rank failed says so
+(`failed`) and the controller tells every other agent of the attempt to stop its ranks
+(`stop <attempt>`: SIGTERM, the grace period, SIGKILL, by the agent), instead of a
+`scancel --signal=TERM` through slurmctld; an agent it cannot reach, or one that has not
+ended within the grace period, gets that scancel after all (Controller.watch_nodes). With it the
+controller:
 
 - goes on as soon as every agent has ended, instead of waiting for the engine to report
   the step's end (srun does so 0.1-0.15 s after its last task exited: most of a retry's
@@ -45,6 +50,7 @@ ACK = b"ok\n"  # the controller's answer to each line that carries the token
 GO = b"go\n"  # every task's node is healthy: start the ranks (barrier.py)
 NEXT = "next"  # `next <attempt>`: a parked agent runs that attempt
 EXIT = b"exit\n"  # a parked agent exits (a new step follows, or the job ended)
+STOP = "stop"  # `stop <attempt>`: another agent's rank failed, stop this node's ranks
 
 
 class Lost(NamedTuple):
@@ -89,6 +95,10 @@ class Hub:
         self.healthy_count = 0  # of this attempt's tasks that said their node is healthy
         # this attempt's agents that ended and wait for the next word: task id -> (host, conn)
         self.parked: dict[str, tuple[str, socket.socket]] = {}
+        self.stop_at: float | None = None  # when this attempt's stop went out (`failed`)
+        self.unreached = False  # ... and an agent it could not reach: scancel at once
+        self.fell_back = False  # the scancel was asked for (stop_overdue)
+        self.stopped_by: str | None = None  # the failed agent's host, until take_stop
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.server, selectors.EVENT_READ, None)
         self.buffers: dict[socket.socket, bytes] = {}
@@ -104,6 +114,7 @@ class Hub:
             self.attempt, self.count, self.tasks, self.ended_count = attempt, tasks, {}, 0
             self.healthy_count = 0
             self.parked = {}
+            self.stop_at, self.unreached, self.fell_back = None, False, False
 
     def parked_count(self) -> int:
         with self.lock:
@@ -119,6 +130,7 @@ class Hub:
             parked, self.parked = self.parked, {}
             self.attempt, self.count, self.ended_count, self.healthy_count = attempt, tasks, 0, 0
             self.tasks = {}
+            self.stop_at, self.unreached, self.fell_back = None, False, False
             word = f"{NEXT} {attempt}\n".encode()
             for task_id, (host, conn) in parked.items():
                 task = self.tasks[task_id] = _Task(host)
@@ -158,6 +170,24 @@ class Hub:
                     if seen is None or silent > seen.silent:
                         found[task.host] = Lost(task.host, task.heard_wall, silent)
         return sorted(found.values(), key=lambda lost: -lost.silent)
+
+    def stop_overdue(self, grace: float) -> bool:
+        """True once (then the controller scancels the step) when this attempt's stop went
+        out over the link and an agent could not be reached, or not every agent ended
+        within `grace` seconds of it: no rank is left running for want of an answer."""
+        with self.lock:
+            if self.stop_at is None or self.fell_back or self.ended_count >= self.count:
+                return False
+            if not self.unreached and time.monotonic() - self.stop_at <= grace:
+                return False
+            self.fell_back = True
+            return True
+
+    def take_stop(self) -> str | None:
+        """The host whose agent's `failed` made this attempt's stop, once (for the log)."""
+        with self.lock:
+            host, self.stopped_by = self.stopped_by, None
+            return host
 
     def settled(self, lost: list[str]) -> bool:
         """Every agent of this attempt ended, but those on the `lost` hosts."""
@@ -236,7 +266,8 @@ class Hub:
             task = self.tasks.get(task_id)
             if what == "hello" and task is None:
                 task = self.tasks[task_id] = _Task(value)
-            elif task is not None and what in ("hello", "beat", "ended", "health", "park"):
+            elif task is not None and what in ("hello", "beat", "ended", "health", "park",
+                                               "failed"):  # fmt: skip
                 task.heard, task.heard_wall = time.monotonic(), time.time()
             if task is not None and conn is not None:
                 task.sock = conn
@@ -244,6 +275,9 @@ class Hub:
                 self.parked[task_id] = (task.host, conn)
             if what == "health" and task is not None and value == "ok" and conn is not None:
                 self._healthy(task, conn)
+            if what == "failed" and task is not None and self.stop_at is None:
+                self._stop_others(task_id)
+                done = True  # the controller looks at once (stop_overdue)
             if what == "ended":
                 try:
                     code = int(value)
@@ -259,6 +293,22 @@ class Hub:
             with contextlib.suppress(OSError):
                 os.write(self.wake_fd, b"\0")
         return True
+
+    def _stop_others(self, failed: str) -> None:
+        """`stop <attempt>` to every agent of the attempt but the failed one's (under the
+        lock); one not connected, or not yet heard, leaves the stop to scancel."""
+        self.stop_at = time.monotonic()
+        self.stopped_by = self.tasks[failed].host
+        self.unreached = len(self.tasks) < self.count
+        word = f"{STOP} {self.attempt}\n".encode()
+        for task_id, task in self.tasks.items():
+            if task_id == failed or task.code is not None:
+                continue
+            try:
+                if task.sock is None or task.sock.send(word) != len(word):
+                    self.unreached = True
+            except OSError:
+                self.unreached = True
 
     def _healthy(self, task: _Task, conn: socket.socket) -> None:
         """A task's node is healthy (under the lock). Once every task of the step said so:
@@ -324,6 +374,10 @@ class Link:
         self.word = threading.Event()  # parked: the controller's next word came
         self.next: int | None = None  # ... the attempt it said, None: exit
         self.parked = False  # ended, waiting for the word (no batch-host loss then)
+        # the controller's `stop` for this attempt (another node's rank failed): called
+        # from the reading thread; the agent stops its ranks (task.py)
+        self.on_stop: Callable[[], None] | None = None
+        self.stop_said = False  # ... it came (also before on_stop was set)
         if sock is not None:
             threading.Thread(target=self._beat, name="agent-beat", daemon=True).start()
 
@@ -341,8 +395,30 @@ class Link:
                 self.sock = None
                 return False
 
+    def _listen(self, until: float) -> None:
+        """Until `until` (monotonic): the controller's words as they come (a `stop` must
+        reach the ranks at once, not at the next heartbeat)."""
+        while not self.stopped.is_set():
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            sock = self.sock
+            if sock is None:
+                self.stopped.wait(left)
+                return
+            try:  # bounded: a socket closed by ended() does not wake a select
+                ready = select.select([sock], [], [], min(left, 0.5))[0]
+            except (OSError, ValueError):
+                ready = []
+                self.stopped.wait(min(left, 0.5))
+            if ready:
+                self._answers()
+
     def _beat(self) -> None:
-        while not self.stopped.wait(BEAT_S):
+        while True:
+            self._listen(time.monotonic() + BEAT_S)
+            if self.stopped.is_set():
+                return
             sent = self._send("beat", "-")
             self._answers()
             if self.on_lost is not None and time.monotonic() - self.heard > self.timeout:
@@ -387,6 +463,15 @@ class Link:
         elif line.startswith(NEXT.encode() + b" ") and line[len(NEXT) + 1 :].isdigit():
             self.next = int(line[len(NEXT) + 1 :])
             self.word.set()
+        elif line == f"{STOP} {self.attempt}".encode() and not self.parked:
+            self.stop_said = True
+            if self.on_stop is not None:
+                self.on_stop()
+
+    def failed(self) -> bool:
+        """A rank of this node failed: the controller stops the other nodes' ranks (its
+        `stop`). False when there is no link to say it on (then scancel does)."""
+        return self._send("failed", "-")
 
     def healthy(self) -> bool:
         """This task's node passed its checks; False when there is no link to say it on."""
@@ -417,6 +502,7 @@ class Link:
     def next_attempt(self, attempt: int) -> None:
         """The next attempt begins on this link: its hello, a new go to wait for."""
         self.attempt, self.parked, self.next = attempt, False, None
+        self.stop_said = False
         self.go.clear()
         self.word.clear()
         self._send("hello", self.host)

@@ -126,7 +126,7 @@ def slurm_task(job: JobFile) -> int:
 
     link = agent_link.open_link(attempt, task, host, controller_lost, timeout)
     while True:
-        code, healthy = slurm_attempt(job, link)
+        code, healthy = slurm_attempt(job, link if park else None)
         if link is None or not park or not healthy or link.sock is None:
             break
         # what the ranks left behind (a daemon out of their process group) would outlive
@@ -149,9 +149,15 @@ def slurm_task(job: JobFile) -> int:
 
 def slurm_attempt(job: JobFile, link: agent_link.Link | None) -> tuple[int, bool]:
     """This task's part of one attempt (TREB_ATTEMPT): its node's checks, the barrier, its
-    ranks to their end. Its exit code, and whether its node was healthy."""
-    agent = slurm_agent(job)
+    ranks to their end. Its exit code, and whether its node was healthy. With a `link` (a
+    step the controller keeps: its agents stop their ranks themselves) a failure is said
+    on it and the controller's `stop` stops this node's ranks, without scancel."""
+    agent = slurm_agent(job, link=link)
     agent.install_signals()
+    if link is not None:
+        link.on_stop = lambda: link_stop(agent)
+        if link.stop_said:  # came before the hook: the attempt is already over
+            link_stop(agent)
     # A task that srun starts after the attempt's teardown (its TERM went to the tasks
     # already there) must not start its rank: nobody would stop it.
     torn_down = os.path.exists(os.path.join(_attempt_dir(job)[1], "teardown"))
@@ -163,7 +169,29 @@ def slurm_attempt(job: JobFile, link: agent_link.Link | None) -> tuple[int, bool
     elif not torn_down:  # every node's checks end before any rank starts (barrier.py)
         torn_down = not slurm_go(job, link, agent)
     code = 128 + signal.SIGTERM if torn_down else 1 if unhealthy else agent.run()
+    if link is not None:
+        link.on_stop = None
     return code, unhealthy is None
+
+
+def link_stop(agent: Agent) -> None:
+    """The controller's `stop` over the link (another node's rank failed): the agent's
+    teardown, as on Slurm's TERM, but with the agent signalling its ranks itself (no
+    scancel reached them): SIGTERM, the grace period, SIGKILL."""
+    agent.forward_term = True
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def slurm_failed(adir: str, label: str, link: agent_link.Link | None, agent: Agent) -> None:
+    """A rank of this node failed first: the teardown marker, then the others stopped:
+    over the link by the controller where the step is kept (the agent then stops its own
+    ranks, SIGTERM to their groups), else by scancel (slurm_teardown)."""
+    if link is not None:
+        write_text(os.path.join(adir, "teardown"), label + "\n")  # before any stop
+        if link.failed():
+            agent.forward_term = True  # no scancel signals this node's ranks: the agent does
+            return
+    slurm_teardown(adir, label)
 
 
 def slurm_go(job: JobFile, link: agent_link.Link | None, agent: Agent) -> bool:
@@ -182,7 +210,8 @@ def slurm_go(job: JobFile, link: agent_link.Link | None, agent: Agent) -> bool:
     return barrier.slurm_wait(go, adir, attempt, _int_env("SLURM_NNODES", 1), agent.stop_requested)
 
 
-def slurm_agent(job: JobFile, inline: bool = False) -> Agent:
+def slurm_agent(job: JobFile, inline: bool = False,
+                link: agent_link.Link | None = None) -> Agent:  # fmt: skip
     """The agent of one Slurm task. `inline`: the job's only task, run by the controller in
     the batch step itself (no srun step, see controller.py): nothing else to stop on a
     failure, and the controller handles the signals."""
@@ -209,7 +238,7 @@ def slurm_agent(job: JobFile, inline: bool = False) -> Agent:
         procs = [Proc(f"node-{node}", str(node), argv, env, node=node, launcher=True)]
     else:  # none: the user's own launcher, once per node
         procs = [none_proc(env, node, ppn, cmd)]
-    return Agent(
+    agent = Agent(
         procs,
         adir,
         job["workdir"],
@@ -217,9 +246,10 @@ def slurm_agent(job: JobFile, inline: bool = False) -> Agent:
         forward_term=False,
         engine_delivers_checkpoint=True,
         extra=_slurm_extra(attempt),
-        on_failure=None if inline else lambda p: slurm_teardown(adir, p.label),
+        on_failure=None if inline else lambda p: slurm_failed(adir, p.label, link, agent),
         stopped_elsewhere=slurm_stopped_elsewhere(job["run_dir"], adir),
     )
+    return agent
 
 
 def node_agent(job: JobFile) -> bool:

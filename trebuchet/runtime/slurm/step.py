@@ -387,6 +387,13 @@ class Controller:
         after their grace period)."""
         if self.link is None or self.step is None or self.terminating:
             return
+        failed_on = self.link.take_stop()
+        if failed_on is not None:
+            log(f"a rank failed on {failed_on}: the other node agents stop their ranks "
+                "(a stop over the agent link, no scancel)")  # fmt: skip
+        if self.link.stop_overdue(float(self.job["grace"]) + 2.0):  # agent_link's stop
+            log("a node agent did not answer the stop over the link: scancel --signal=TERM")
+            self.signal_steps(signal.SIGTERM)
         if self.lost is None:
             gone = self.link.lost(self.node_timeout)
             if gone:
