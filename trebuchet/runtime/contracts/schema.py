@@ -28,7 +28,7 @@ ATTEMPT_ENDS = ("FAILED", "TIMEOUT", "SUCCEEDED", "CANCELLED", "LOST")
 
 
 # The run's events a `notify:` webhook may ask for (runtime/publish/webhooks.py), besides `log:`.
-NOTIFY_EVENTS = ("started", "succeeded", "failed", "hung", "cancelled", "timeout")
+NOTIFY_EVENTS = ("started", "succeeded", "failed", "hung", "cancelled", "timeout", "straggler")
 
 
 def allowed(old: str, new: str) -> bool:

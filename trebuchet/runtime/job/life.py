@@ -474,6 +474,9 @@ class JobController:
         from ..watch.gpu import idle_watch  # idle GPUs: None unless the spec asks
 
         idle = idle_watch(s.run_dir, self.attempt_dir(attempt), started)
+        from ..watch.straggler import watch as straggler_watch  # every CHECK_S, batched
+
+        strag = straggler_watch(s.run_dir, self.attempt_dir(attempt), s.shape[2])
         if s.hang_timeout:
             from ..watch.hung import HangWatch, expected_names
 
@@ -485,12 +488,16 @@ class JobController:
             alive = self.nodes.poll()
             if not alive:  # all ended: their records say how (a clock read now, e.g. after
                 self.nodes.tick()  # this process was stopped, would call them a timeout)
+                if strag is not None:  # the last steps, however short the attempt
+                    strag.step(self.records, attempt, self.notifier, force=True)
                 if reason is None and (self.failed or self.cancel_signal is not None):
                     reason = "failure" if self.failed else "cancel"
                 return reason
             if reason is None and idle is not None and idle.step(self.records, attempt):
                 reason, self.idle_stop = "idle_gpu", True
                 self.stop()
+            if reason is None and strag is not None:
+                strag.step(self.records, attempt, self.notifier)
             if reason is None and watch is not None:
                 found = watch.step()
                 if found is not None and self.on_hang(attempt, found):

@@ -29,7 +29,7 @@ from ..rundir.records import exit_fields, now, sync, writable_fd, write_json
 from ..watch import eta, gpu
 from ..watch import metric_reader as metrics
 from ..watch.activity import Progress
-from ..watch.marks import marks_path
+from ..watch.marks import chain, checkpoint_lines, marks_path
 from ..watch.stacks import Stacks, faulthandler_path
 
 if TYPE_CHECKING:
@@ -152,7 +152,8 @@ class Agent:
         self.metrics = metrics.hook(attempt_dir, conf)  # fed by the one reader's lines
         self.eta = eta.hook(attempt_dir, conf)  # the first rank's progress, from them too
         self.gpus = gpu.sampler(attempt_dir, conf, procs_)  # the node's GPUs, if asked for
-        on_line = eta.chain(self.eta, self.metrics)
+        checkpoints = checkpoint_lines(attempt_dir, conf)  # `Saving model checkpoint to`
+        on_line = eta.chain(self.eta, chain(self.metrics, checkpoints))
         self.progress = Progress(attempt_dir, on_line=on_line)  # the agent's log reader
         self.marks_made = False  # attempt-<n>/marks, made at the first tracked start
         self.stacks = Stacks(attempt_dir)
