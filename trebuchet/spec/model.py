@@ -412,6 +412,12 @@ class Spec(Block, SpecFacts):
                 re.compile(v.encode())
             except re.error as exc:
                 raise ValueError(f"{v!r} is not a valid regular expression: {exc}") from None
+            from trebuchet.runtime.watch.marks import pattern_risk
+
+            risk = pattern_risk(v)  # the agent runs it on every line a rank prints
+            if risk is not None:
+                raise ValueError(f"{v!r} may take exponential time on a line ({risk}); "
+                                 "write it without nested repeats")  # fmt: skip
         return v
 
     @field_validator("straggler_threshold", mode="before")

@@ -22,6 +22,9 @@ import json
 import math
 import os
 import re
+import signal
+import sys
+import threading
 import time
 from typing import Callable, Iterator, NamedTuple
 
@@ -227,21 +230,94 @@ _CHECKPOINT_N = re.compile(rb"(?i)(?:checkpoint-|global_step|\bstep[=_ ]|iterati
 LINE_MARKS = ".from-log"  # marks/<name>.from-log: the checkpoints the agent saw in a log
 
 
+LINE_SCAN = 4096  # bytes of a line a spec's own pattern looks at (a checkpoint line is short)
+PATTERN_CPU_S = 0.05  # CPU seconds a spec's pattern may take on one line
+PATTERN_TOTAL_S = 5.0  # ... and on all lines, before it is turned off for the attempt
+SAME_MARK_S = 1.0  # the same checkpoint said again within this: one mark
+
+
+class _Slow(Exception):
+    """A spec's pattern took its CPU budget on a line (SIGVTALRM interrupts the regex)."""
+
+
+_ARMED = [False]  # a search runs under the timer: the signal interrupts it (one process)
+
+
+def _ring(signum: int, frame: object) -> None:
+    if _ARMED[0]:
+        _ARMED[0] = False
+        raise _Slow()
+
+
 class LineCheckpoints:
     """The agent's on_line hook that turns a checkpoint line of a process's log into a
     checkpoint mark (marks/<name>.from-log), as if the rank had called
-    `trebuchet.dist.mark("checkpoint", n)` when the line was read (at most a second late)."""
+    `trebuchet.dist.mark("checkpoint", n)` when the line was read (at most a second late).
+
+    A spec's own pattern is the spec author's code run on every line a rank prints: it
+    sees a line's first LINE_SCAN bytes, and each search runs under a CPU timer (in the
+    main thread: a catastrophic backtracking is interrupted); a pattern that took
+    PATTERN_CPU_S on a line, or PATTERN_TOTAL_S in all, is turned off for the attempt,
+    said once on stderr (the agent's log). The same checkpoint (number) said again within
+    SAME_MARK_S is one mark: a rank printing the line every millisecond writes no more."""
 
     def __init__(self, adir: str, pattern: str) -> None:
         self.adir = adir
-        self.rx = re.compile(pattern.encode())
+        self.rx: re.Pattern[bytes] | None = re.compile(pattern.encode())
         self.default = pattern == DEFAULT_CHECKPOINT_PATTERN
         self.made = False
+        self.spent = 0.0  # CPU seconds the spec's pattern took
+        self.last: dict[str, tuple[float | None, float]] = {}  # name: (n, time) last marked
+
+    def _search(self, line: bytes) -> re.Match[bytes] | None:
+        """The pattern's match, within the budget (see the class's docstring)."""
+        assert self.rx is not None
+        if self.default:  # the default's words absent: no regex run (most lines)
+            if b"heckpoint" not in line and b"aving model" not in line:
+                return None
+            return self.rx.search(line)
+        line = line[:LINE_SCAN]
+        timed = self._arm()
+        cpu = time.process_time()
+        slow = False
+        try:
+            try:
+                m = self.rx.search(line)
+            finally:
+                if timed:
+                    signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+                _ARMED[0] = False
+        except _Slow:
+            m, slow = None, True
+        self.spent += time.process_time() - cpu
+        if slow or self.spent > PATTERN_TOTAL_S:
+            self.rx = None
+            sys.stderr.write("treb: checkpoint_pattern took more than its CPU budget on "
+                             "a line of the log; not looked for in this attempt\n")  # fmt: skip
+        return m
+
+    def _arm(self) -> bool:
+        """A CPU timer that interrupts the regex, where one can be had: the main thread,
+        SIGVTALRM not someone else's, its timer not running."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        try:
+            if signal.getsignal(signal.SIGVTALRM) not in (signal.SIG_DFL, _ring):
+                return False
+            if signal.getitimer(signal.ITIMER_VIRTUAL)[0]:
+                return False
+            signal.signal(signal.SIGVTALRM, _ring)
+            _ARMED[0] = True
+            signal.setitimer(signal.ITIMER_VIRTUAL, PATTERN_CPU_S)
+        except (ValueError, OSError, AttributeError):
+            _ARMED[0] = False
+            return False
+        return True
 
     def __call__(self, name: str, line: bytes) -> None:
-        if self.default and b"heckpoint" not in line and b"aving model" not in line:
-            return  # the default's words absent: no regex run (most lines)
-        m = self.rx.search(line)
+        if self.rx is None:
+            return
+        m = self._search(line)
         if m is None:
             return
         step = m.groupdict().get("step")
@@ -249,9 +325,14 @@ class LineCheckpoints:
         n = _number(step.decode("ascii", "replace")) if step is not None else None
         if found is not None:
             n = _number(found[1].decode())
+        wall = time.time()
+        said = self.last.get(name)
+        if said is not None and said[0] == n and 0 <= wall - said[1] < SAME_MARK_S:
+            return
+        self.last[name] = (n, wall)
         from ..rundir.records import writable_fd
 
-        text = f"{time.time():.6f} {CHECKPOINT}" + ("" if n is None else f" {n:g}") + "\n"
+        text = f"{wall:.6f} {CHECKPOINT}" + ("" if n is None else f" {n:g}") + "\n"
         try:
             if not self.made:
                 os.makedirs(os.path.join(self.adir, MARKS_DIR), mode=0o700, exist_ok=True)
@@ -265,6 +346,49 @@ class LineCheckpoints:
             pass
         finally:
             os.close(fd)
+
+
+def pattern_risk(pattern: str) -> str | None:
+    """Why a regular expression may backtrack catastrophically on a line, else None: a
+    repeat around an unbounded repeat (`(a+)+`, `(\\w+\\s?)*`, `(.*a){12}`: exponential or
+    a high power of the line's length), an unbounded repeat around alternatives (`(x|x)*`),
+    a backreference. The CPU budget (LineCheckpoints) bounds the rest; this says it at
+    `treb check` time, with the field's name."""
+    try:
+        import re._parser as sre  # type: ignore[import-not-found,unused-ignore]
+        from re._constants import MAXREPEAT  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:  # Python 3.10
+        import sre_parse as sre  # type: ignore[no-redef,unused-ignore]
+        from sre_constants import MAXREPEAT  # type: ignore[no-redef,unused-ignore]
+    try:
+        tree = sre.parse(pattern.encode())
+    except (re.error, ValueError, RecursionError, OverflowError):
+        return None  # the compile says what is wrong
+
+    def walk(items: object, within: int) -> str | None:
+        """`within`: 0 outside repeats, 1 inside a bounded one, 2 an unbounded one."""
+        for op, av in items:  # type: ignore[attr-defined]
+            name, found = str(op), None
+            if name in ("GROUPREF", "GROUPREF_EXISTS"):
+                return "a backreference"
+            if name in ("MAX_REPEAT", "MIN_REPEAT"):
+                high, body = av[1], av[2]
+                if high == MAXREPEAT and within:
+                    return "an unbounded repeat inside a repeat"
+                found = walk(body, max(within, 2 if high == MAXREPEAT else int(high > 1)))
+            elif name == "BRANCH":
+                if within == 2:
+                    return "alternatives inside an unbounded repeat"
+                found = next((w for b in av[1] if (w := walk(b, within))), None)
+            elif name in ("SUBPATTERN", "ASSERT", "ASSERT_NOT"):
+                found = walk(av[-1], within)
+            elif name == "ATOMIC_GROUP":
+                found = walk(av, within)
+            if found:
+                return found
+        return None
+
+    return walk(tree, 0)
 
 
 def checkpoint_lines(adir: str, config: dict[str, object]) -> LineCheckpoints | None:

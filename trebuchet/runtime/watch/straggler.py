@@ -244,8 +244,8 @@ class Folder:
         if self.world is not None:
             sub = os.path.basename(folder)
             names = [f"rank-{r}{ext}" for r in range(min(self.world, RANKS_MAX))]
-            return [n for n in names
-                    if f"{sub}/{n}" not in self.readers and os.path.lexists(os.path.join(folder, n))]  # fmt: skip
+            new = [n for n in names if f"{sub}/{n}" not in self.readers]
+            return [n for n in new if os.path.lexists(os.path.join(folder, n))]
         try:
             with os.scandir(folder) as it:  # never the whole of a flooded folder
                 found = [e.name for e in itertools.islice(it, rmarks.ENTRIES_MAX)]
@@ -425,7 +425,8 @@ def scores_of(adir: str, threshold: float = THRESHOLD, ppn: int = 1,
     return report(ranks, threshold, ppn) if len(ranks) >= 2 else None
 
 
-def summary(run_dir: str, attempt: int, ppn: int, world: int | None = None) -> dict[str, Any] | None:
+def summary(run_dir: str, attempt: int, ppn: int,
+            world: int | None = None) -> dict[str, Any] | None:  # fmt: skip
     """An attempt's stragglers as `treb status --json`, top and the dashboard show them:
     {attempt, threshold, ranks, nodes, stragglers: [{rank, node, host, score}]}; None
     when no two ranks marked steps (or the watch is off)."""
