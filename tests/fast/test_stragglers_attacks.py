@@ -194,3 +194,37 @@ def test_a_step_group_on_any_line_gives_finite_marks_or_none(line: bytes) -> Non
         hook("rank-0", b"checkpoint nan")
         for m in attempt_marks(adir):
             assert m.n is None or math.isfinite(m.n)
+
+
+def test_a_huge_integer_threshold_is_a_named_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """straggler_threshold: 10**400 in the spec: exit 2 naming the field, no traceback; in
+    the run's metrics.json (a rank can rewrite it between attempts): the default, and the
+    controller's watch starts."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"command: x\nstraggler_threshold: {10**400}\n")
+    assert main(["render", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert f"{spec}:2:" in err and "straggler_threshold" in err and "Traceback" not in err
+    (tmp_path / "metrics.json").write_text('{"straggler_threshold": 1' + "0" * 400 + "}")
+    assert straggler.settings(str(tmp_path)) == straggler.THRESHOLD
+    assert straggler.watch(str(tmp_path), str(tmp_path / "attempt-0"), 1, 2) is not None
+
+
+@pytest.mark.parametrize("pattern", ["a{99999999999999999999}", "(" * 3000 + ")" * 3000])
+def test_a_pattern_that_does_not_compile_is_named_not_raised(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pattern: str
+) -> None:
+    """A repetition number past the regex engine's, parentheses nested past the parser's
+    recursion: the spec says so (exit 2, the field), and the agent's hook for a rewritten
+    metrics.json is none, never an exception that ends the agent."""
+    from trebuchet.runtime.watch.marks import checkpoint_lines
+
+    if len(pattern) <= 1000:
+        spec = tmp_path / "job.yaml"
+        spec.write_text(f"command: x\ncheckpoint_pattern: {json.dumps(pattern)}\n")
+        assert main(["render", str(spec)]) == 2
+        err = capsys.readouterr().err
+        assert "checkpoint_pattern" in err and "Traceback" not in err, err
+    assert checkpoint_lines(str(tmp_path), {"checkpoint_pattern": pattern}) is None

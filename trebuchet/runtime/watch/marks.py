@@ -401,8 +401,8 @@ def checkpoint_lines(adir: str, config: dict[str, object]) -> LineCheckpoints | 
         return None
     try:
         return LineCheckpoints(adir, pattern)
-    except (re.error, ValueError, UnicodeEncodeError):
-        return None
+    except (re.error, ValueError, UnicodeEncodeError, OverflowError, RecursionError):
+        return None  # a rewritten metrics.json's pattern: none, never an agent's end
 
 
 def chain(*hooks: Callable[[str, bytes], None] | None) -> Callable[[str, bytes], None] | None:

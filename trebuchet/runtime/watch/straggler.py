@@ -315,7 +315,11 @@ def settings(run_dir: str) -> float:
     value = conf.get("straggler_threshold", THRESHOLD) if isinstance(conf, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return THRESHOLD
-    return float(value) if math.isfinite(value) and (value == 0 or value > 1) else THRESHOLD
+    try:
+        value = float(value)  # a rank can rewrite metrics.json: an integer of 400 digits
+    except OverflowError:
+        return THRESHOLD
+    return value if math.isfinite(value) and (value == 0 or value > 1) else THRESHOLD
 
 
 class StragglerWatch:
