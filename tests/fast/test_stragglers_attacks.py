@@ -228,3 +228,31 @@ def test_a_pattern_that_does_not_compile_is_named_not_raised(
         err = capsys.readouterr().err
         assert "checkpoint_pattern" in err and "Traceback" not in err, err
     assert checkpoint_lines(str(tmp_path), {"checkpoint_pattern": pattern}) is None
+
+
+def test_dist_mark_with_a_tensor_a_huge_or_odd_number_keeps_the_mark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A careless rank passes its step as a torch tensor (str: `tensor(7)`), 10**400, NaN,
+    a string with a newline: each call is one mark the readers take (with its number where
+    it has a finite one), never a line they drop, never a forged second line."""
+    import torch
+
+    from trebuchet.dist import mark
+    from trebuchet.runtime.watch.marks import parse_marks
+
+    path = tmp_path / "rank-0"
+    monkeypatch.setenv("TREB_MARKS", str(path))
+    mark("compute", torch.tensor(7))  # type: ignore[arg-type]
+    mark("step", torch.tensor(7.0))  # type: ignore[arg-type]
+    mark("step", 10**400)
+    mark("step", math.nan)
+    mark("step", "8\n1 checkpoint 99")  # type: ignore[arg-type]
+    found = parse_marks(path.read_bytes())
+    assert [(m.kind, m.n) for m in found] == [
+        ("compute", 7.0),
+        ("step", 7.0),
+        ("step", None),
+        ("step", None),
+        ("step", None),
+    ], path.read_text()
