@@ -256,3 +256,23 @@ def test_dist_mark_with_a_tensor_a_huge_or_odd_number_keeps_the_mark(
         ("step", None),
         ("step", None),
     ], path.read_text()
+
+
+def test_a_flood_of_checkpoint_marks_costs_a_bounded_number(tmp_path: Path) -> None:
+    """8 ranks each append 4 MB of checkpoint marks (a million in a burst): the readers
+    of the goodput and of the no-progress rule (the controller, between attempts) take a
+    bounded number of them, the last checkpoint of each rank among them, and progress is
+    still seen."""
+    from trebuchet.runtime.watch.marks import attempt_marks, progressed
+
+    adir = tmp_path / "attempt-0"
+    (adir / "marks").mkdir(parents=True)
+    lines = b"".join(b"%d.5 checkpoint %d\n" % (1000 + i, i) for i in range(200000))
+    for r in range(8):
+        (adir / "marks" / f"rank-{r}").write_bytes(
+            lines + b"1300000.5 checkpoint %d\n" % (10**6 + r)
+        )
+    found = attempt_marks(str(adir))
+    assert len(found) <= 8 * 5000, len(found)
+    assert {m.n for m in found} >= {10**6 + r for r in range(8)}
+    assert progressed(str(tmp_path), 0, 0.0) is True

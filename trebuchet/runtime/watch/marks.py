@@ -52,7 +52,7 @@ def marks_path(adir: str, name: str) -> str:
     return os.path.join(adir, MARKS_DIR, name)
 
 
-def _ends(path: str) -> bytes:
+def _ends(path: str, read_max: int = READ_MAX) -> bytes:
     """A regular file's whole lines: all of it, or past READ_MAX bytes its first HEAD_MAX
     and last READ_MAX bytes (the attempt's first step; its last checkpoint and step),
     each without the line cut where it starts or stops; b"" when there is none."""
@@ -62,10 +62,10 @@ def _ends(path: str) -> bytes:
         return b""
     try:
         size = os.fstat(fd).st_size
-        if size <= READ_MAX:
-            return os.pread(fd, READ_MAX, 0)
+        if size <= read_max:
+            return os.pread(fd, read_max, 0)
         head = os.pread(fd, HEAD_MAX, 0)
-        tail = os.pread(fd, READ_MAX, size - READ_MAX)
+        tail = os.pread(fd, read_max, size - read_max)
     except OSError:
         return b""
     finally:
@@ -132,38 +132,56 @@ def _files(folder: str) -> Iterator[str]:
             yield os.path.join(folder, name)
 
 
-SCAN = 64 << 10  # bytes of a file's beginning and end read line by line
+SCAN = 64 << 10  # bytes read of each file at least, however many an attempt has
 _CHECKPOINT_LINE = re.compile(rb"^[^\n]* checkpoint[^\n]*$", re.MULTILINE)
 
 
-def _file_marks(data: bytes, points: bool) -> list[Mark]:
-    """A file's marks at the cost of its ends: every line of its first and last SCAN
-    bytes (the first step, the last ones), and of the middle only the checkpoint lines
-    (found by one regex scan, in C); the steps between are not needed."""
+LINES_MAX = 4096  # marks taken of one file: its first 1/8, its last 1/2, 1/2 checkpoints
+ATTEMPT_MARKS_MAX = 1 << 18  # ... and of all an attempt's files (each its share)
+ATTEMPT_READ_MAX = 256 << 20  # bytes read of all an attempt's files (each its share)
+
+
+def _cut(data: bytes, lines: int, last: bool) -> int:
+    """Where the first (`last`: the last) `lines` lines of `data` end (start)."""
+    at = len(data) if last else 0
+    for _ in range(lines):
+        at = data.rfind(b"\n", 0, max(0, at - 1)) + 1 if last else data.find(b"\n", at) + 1
+        if at <= 0:
+            return 0 if last else len(data)
+    return at
+
+
+def _file_marks(data: bytes, points: bool, lines: int = LINES_MAX) -> list[Mark]:
+    """A file's marks at the cost of its ends: its first lines/8 and last lines/2 lines
+    (the first step, the last ones), and of the middle only the checkpoint lines (found by
+    one regex scan, in C), the last lines/2 of them: a rank that marks a million
+    checkpoints in a burst costs what `lines` marks do."""
     parse = parse_points if points else parse_marks
-    if len(data) <= 2 * SCAN:
+    head_end = _cut(data, lines // 8, last=False)
+    tail_start = _cut(data, lines // 2, last=True)
+    if tail_start <= head_end:
         return parse(data)
-    head = data[:SCAN]
-    head = head[: head.rfind(b"\n") + 1]
-    tail = data[-SCAN:]
-    tail = tail[tail.find(b"\n") + 1 :]
-    out = parse(head) + parse(tail)
+    out = parse(data[:head_end]) + parse(data[tail_start:])
     if not points:
-        middle = data[len(head) : len(data) - len(tail)]
-        out += parse_marks(b"\n".join(_CHECKPOINT_LINE.findall(middle)))
+        found = _CHECKPOINT_LINE.findall(data, head_end, tail_start)[-(lines // 2) :]
+        out += parse_marks(b"\n".join(found))
     return out
 
 
 def attempt_marks(adir: str) -> list[Mark]:
     """Every rank's marks of one attempt, in time order; the metrics' steps when no rank
-    marked a step."""
-    marks: list[Mark] = []
-    for path in _files(os.path.join(adir, MARKS_DIR)):
-        marks += _file_marks(_ends(path), points=False)
+    marked a step. At most ATTEMPT_READ_MAX bytes read and ATTEMPT_MARKS_MAX marks taken
+    however many files a rank wrote (the controller reads them between attempts)."""
+
+    def each(paths: list[str], points: bool) -> list[Mark]:
+        read = min(READ_MAX, max(SCAN, ATTEMPT_READ_MAX // max(1, len(paths))))
+        lines = max(16, min(LINES_MAX, ATTEMPT_MARKS_MAX // max(1, len(paths))))
+        return [m for p in paths for m in _file_marks(_ends(p, read), points, lines)]
+
+    marks = each(list(_files(os.path.join(adir, MARKS_DIR))), False)
     if not any(m.kind in (STEP, COMPUTE) for m in marks):
-        for path in _files(os.path.join(adir, "metrics")):
-            if path.endswith(".jsonl"):
-                marks += _file_marks(_ends(path), points=True)
+        found = [p for p in _files(os.path.join(adir, "metrics")) if p.endswith(".jsonl")]
+        marks += each(found, True)
     marks.sort(key=lambda m: m.t)
     return marks
 
