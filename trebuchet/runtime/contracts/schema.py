@@ -193,6 +193,7 @@ class Result(TypedDict, total=False):
     exit_code: int | None
     ended_at: float
     job_id: str
+    failed_attempt: int  # cancelled with this attempt's retry pending: its failure is the cause
 
 
 class Habit(TypedDict):

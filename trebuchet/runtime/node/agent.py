@@ -293,7 +293,9 @@ class Agent:
         for p in self.procs:
             if p.alive:
                 p.stopped = True
-                if self.forward_term and p.popen:
+                # an interrupt's signals are always the agent's: an engine that signals every
+                # process (Slurm's TERM, forward_term False) hands the agent alone its INT
+                if (self.forward_term or interrupt) and p.popen:
                     procs.signal_group(p.popen.pid, sig)
         if interrupt:
             self.term_at = time.monotonic() + self.grace
@@ -354,8 +356,8 @@ class Agent:
             self.signal_all(self._forward.pop(0))
         if self.term_at is not None and time.monotonic() >= self.term_at:
             self.term_at = None
-            for p in self.procs:
-                if p.alive and p.popen and self.forward_term:
+            for p in self.procs:  # the interrupt's SIGTERM step: the agent's own
+                if p.alive and p.popen:
                     procs.signal_group(p.popen.pid, signal.SIGTERM)
         if self.kill_at is not None and time.monotonic() >= self.kill_at:
             self.kill()
