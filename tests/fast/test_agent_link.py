@@ -188,6 +188,7 @@ def test_a_rank_failure_stops_the_other_agents_over_the_link(hub, monkeypatch):
         assert link is not None
         link.on_stop = lambda t=t: stopped.append(str(t))
     failed, *others = links
+    assert until(lambda: len(h.tasks) == 3)  # every hello read (the go needs them all)
     assert failed is not None and failed.failed()
     assert woken(wake)
     assert until(lambda: sorted(stopped) == ["1", "2"])

@@ -278,11 +278,11 @@ def test_a_parked_node_agent_runs_the_next_attempt_in_its_step(tmp_path: Path) -
             json.dumps({"job_id": "77", "attempt": attempt}))  # fmt: skip
     runtime = ship(run_dir)
     srun = ["--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
-    # attempt 0 fails and leaves a daemon behind (out of its process group), as the step's
-    # end would have ended it
+    # attempt 0's rank 1 fails and leaves a daemon behind (out of its process group), as the
+    # step's end would have ended it (rank 0 succeeds: a failure first would stop rank 1)
     show = ('echo "$TREB_ATTEMPT $SLURM_PROCID $PPID"; [ "$TREB_ATTEMPT" = 1 ] && exit 0; '
             '[ "$SLURM_PROCID" = 1 ] && { setsid sleep 300 & echo $! > "$TREB_RUN_DIR/stray"; '
-            '}; exit 3')  # fmt: skip
+            'exit 3; }; exit 0')  # fmt: skip
     job = task_job(run_dir, tmp_path, "native", 2, ["bash", "-c", show], srun=srun, grace=1,
                    max_attempts=2)  # fmt: skip
     r, w = os.pipe()
