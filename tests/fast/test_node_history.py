@@ -142,7 +142,7 @@ def test_any_bytes_in_a_run_directory_read_without_an_exception(
     for name in ("events.jsonl", "attempt-0/first-failure", "attempt-0/rank-0.log",
                  "attempt-0/rank-0.json"):  # fmt: skip
         (run_dir / name).write_bytes(data)
-    for ev in node_events.of_run(run_dir, []):
+    for ev in node_events.of_run(run_dir):
         assert node_events.HOST_RE.fullmatch(ev.host)
 
 
@@ -158,15 +158,15 @@ def test_a_rank_failing_with_an_xid_marks_its_host_and_a_record_never_names_the_
            "host": "tn2", "log": str(secret), "state": "ENDED"}  # fmt: skip
     (adir / "rank-1.json").write_text(json.dumps(rec))
     (adir / "rank-1.log").write_text("step 3\nRuntimeError: CUDA error: an illegal memory access\n")
-    assert node_events.of_run(run_dir, []) == []  # the record's log path is not read
+    assert node_events.of_run(run_dir) == []  # the record's log path is not read
     (adir / "rank-1.log").write_text("x" * 100_000 + "\nNVRM: Xid (PCI:0000:3b:00): 79\n")
-    found = node_events.of_run(run_dir, [])
+    found = node_events.of_run(run_dir)
     assert [(e.kind, e.host, e.detail) for e in found] == [
         ("hardware", "tn2", "attempt 0, rank 1: xid")
     ]
     (adir / "rank-1.log").unlink()
     os.mkfifo(adir / "rank-1.log")  # a FIFO in its place is not waited on
-    assert node_events.of_run(run_dir, []) == []
+    assert node_events.of_run(run_dir) == []
 
 
 # -- treb nodes ------------------------------------------------------------------------------

@@ -11,10 +11,11 @@ finite number is dropped. Any bytes give events or nothing, never an exception.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ HARDWARE = (
     ("node_failure", re.compile(r"DUE TO NODE FAILURE|\bNODE_FAIL\b|Node failure on")),
 )  # fmt: skip
 LOG_TAIL = 64 * 1024  # of the failing rank's log: where its last words are
+LINE_MAX = 64 * 1024  # an event line longer than this is no node's mark (skipped unread)
+_MARKED = re.compile(rb'"(?:node_lost|node_unhealthy|straggler)"')
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,29 @@ def from_failures(run_dir: Path) -> list[NodeEvent]:
     return out
 
 
-def of_run(run_dir: Path, events: list[dict[str, Any]]) -> list[NodeEvent]:
+def marking_events(run_dir: Path) -> Iterator[dict[str, Any]]:
+    """The events.jsonl lines that may be a node's mark, read a line at a time: the file is
+    a rank's to fill (a GiB of it must not be held, nor its text, nor its lines, at once)."""
+    try:
+        fh = open_regular(run_dir / "events.jsonl")
+    except OSError:
+        return
+    with fh:
+        while line := fh.readline(LINE_MAX):
+            if not line.endswith(b"\n") and len(line) == LINE_MAX:
+                while (rest := fh.readline(LINE_MAX)) and not rest.endswith(b"\n"):
+                    pass  # the rest of a line too long to be a mark
+                continue
+            if not _MARKED.search(line):
+                continue
+            try:
+                event = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(event, dict):
+                yield event
+
+
+def of_run(run_dir: Path) -> list[NodeEvent]:
     """Every node mark one run directory holds."""
-    return from_events(events) + from_failures(run_dir)
+    return from_events(marking_events(run_dir)) + from_failures(run_dir)

@@ -27,7 +27,6 @@ from trebuchet import registry
 from trebuchet.errors import UserError
 from trebuchet.store import node_events
 from trebuchet.store.db import Store, explain
-from trebuchet.store.files import read_events
 from trebuchet.store.paths import home_path
 from trebuchet.store.states import TERMINAL
 
@@ -168,7 +167,7 @@ def _size(run_dir: Path) -> int:
 
 def record_run(store: Store, run_id: str, run_dir: Path, ended: bool) -> int:
     """One run's marks into the index (each once); returns how many were new."""
-    found = node_events.of_run(run_dir, read_events(run_dir))
+    found = node_events.of_run(run_dir)
     now = time.time()  # a mark dated in the future (a rank can write the events) is now
     new = 0
     with store.transaction() as c:
