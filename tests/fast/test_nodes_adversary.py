@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import TrebFn, write_spec
-from tests.fast.test_node_history import lost, plant
+from tests.fast.test_node_history import NOW, lost, nodes_json, plant
 
 BASE = "command: python3 train.py\nnodes: 1\n"
 
@@ -74,3 +74,34 @@ def test_a_huge_events_file_is_read_in_bounded_memory(treb_home: Path) -> None:
     assert hosts == ["tn5"]
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # this pytest, for scale
     assert peak_mib < 150 + min(base, 150), peak_mib
+
+
+def test_rows_no_treb_wrote_in_the_nodes_tables_are_skipped_not_a_traceback(
+    treb: TrebFn, treb_home: Path, tmp_path: Path
+) -> None:
+    """The index is a file on a shared TREB_HOME: a row with a time that is text, a host
+    with an escape sequence, a kind treb has no weight for, a clear whose time is text, are
+    no marks (before: a TypeError traceback from `treb nodes` and from every Slurm
+    submission, and the host's ESC written to the terminal)."""
+    import sqlite3
+
+    plant("aaaa0104", [lost("tn2")])
+    assert treb("nodes").returncode == 0
+    conn = sqlite3.connect(treb_home / "runs.db")
+    rows = [("k1", "tn9", "lost", "abc"), ("k2", "ev\x1b]0;x\x07il", "lost", NOW),
+            ("k3", "tn8", "weird", NOW), ("k4", "tn7", "lost", float("inf")),
+            ("k5", "tn6", "lost", b"\x00")]
+    conn.execute("INSERT INTO node_events VALUES ('r\x1b[2J', 'k6', 'tn5', 'lost', ?, "
+                 "'\x1b]0;t\x07\u2028')", (NOW - 30,))  # fmt: skip
+    conn.executemany("INSERT INTO node_events VALUES ('zz', ?, ?, ?, ?, NULL)", rows)
+    conn.execute("INSERT INTO node_clears VALUES ('tn2', 'yesterday')")
+    conn.commit()
+    conn.close()
+    res = treb("nodes")
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert "\x1b" not in res.stdout and not {"tn9", "tn8", "tn7", "tn6"} & set(res.stdout.split())
+    assert [n["host"] for n in nodes_json(treb)["nodes"]] == ["tn5", "tn2"]
+    res = treb("render", str(write_spec(tmp_path, BASE)), "--on", "slurm")
+    assert res.returncode == 0, res.stderr
+    assert _excludes(res.stdout) == ["#SBATCH --exclude=tn5,tn2"], res.stdout
+    assert "\x1b" not in res.stderr and "\u2028" not in res.stderr, res.stderr

@@ -137,6 +137,9 @@ def score(marks: Iterable[tuple[str, float]], now: float, settings: Settings) ->
     return sum(decayed(WEIGHTS.get(k, 0.0), now - t, settings.half_life_s) for k, t in marks)
 
 
+_SANE = "WHERE typeof(host) = 'text' AND typeof(time) IN ('real', 'integer')"
+
+
 # -- the tables ------------------------------------------------------------------------------
 def _tables(store: Store) -> None:
     have = store.conn.execute(
@@ -251,13 +254,19 @@ def nodes(store: Store, settings: Settings, now: float | None = None) -> list[No
     """Every node with a mark, highest score first (after sync: call it first)."""
     _guarded(store)
     now = time.time() if now is None else now
-    clears = dict(store.conn.execute("SELECT host, time FROM node_clears").fetchall())
+    # Only rows as treb writes them: the index is a shared file, and a row that is not
+    # (a time that is text, a host that is no node name) is no mark, never an exception.
+    clears = {h: t for h, t in store.conn.execute(f"SELECT host, time FROM node_clears {_SANE}")
+              if node_events.valid_host(h) and math.isfinite(t)}  # fmt: skip
     out: dict[str, Node] = {}
     marks: dict[str, list[tuple[str, float]]] = {}
     rows = store.conn.execute(
-        "SELECT host, kind, time, run_id, detail FROM node_events ORDER BY time"
+        f"SELECT host, kind, time, run_id, detail FROM node_events {_SANE} ORDER BY time"
     ).fetchall()
     for host, kind, when, run_id, detail in rows:
+        if kind not in WEIGHTS or not node_events.valid_host(host) or not math.isfinite(when):
+            continue
+        run_id, detail = str(run_id), detail if isinstance(detail, str) else ""
         node = out.setdefault(host, Node(host, cleared=clears.get(host)))
         if node.cleared is not None and when <= node.cleared:
             continue
@@ -273,7 +282,8 @@ def nodes(store: Store, settings: Settings, now: float | None = None) -> list[No
 
 def known_hosts(store: Store) -> list[str]:
     _guarded(store)
-    return [r[0] for r in store.conn.execute("SELECT DISTINCT host FROM node_events ORDER BY host")]
+    found = store.conn.execute(f"SELECT DISTINCT host FROM node_events {_SANE} ORDER BY host")
+    return [h for (h,) in found if node_events.valid_host(h)]
 
 
 # -- what a submission avoids ------------------------------------------------------------------
@@ -308,7 +318,9 @@ def why(node: Node) -> str:
     if node.last_time is not None:
         stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(node.last_time))
         last = f", last {stamp} in run {node.last_run}"
-    return f"{node.host} (score {node.score:.1f}: {counts}{last})"
+    from trebuchet.runtime.watch.display_lines import shown  # a damaged row's run id: as text
+
+    return shown(f"{node.host} (score {node.score:.1f}: {counts}{last})")
 
 
 def note(skipped: list[Node], how: str) -> str:
