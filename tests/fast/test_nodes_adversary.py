@@ -88,9 +88,13 @@ def test_rows_no_treb_wrote_in_the_nodes_tables_are_skipped_not_a_traceback(
     plant("aaaa0104", [lost("tn2")])
     assert treb("nodes").returncode == 0
     conn = sqlite3.connect(treb_home / "runs.db")
-    rows = [("k1", "tn9", "lost", "abc"), ("k2", "ev\x1b]0;x\x07il", "lost", NOW),
-            ("k3", "tn8", "weird", NOW), ("k4", "tn7", "lost", float("inf")),
-            ("k5", "tn6", "lost", b"\x00")]
+    rows = [
+        ("k1", "tn9", "lost", "abc"),
+        ("k2", "ev\x1b]0;x\x07il", "lost", NOW),
+        ("k3", "tn8", "weird", NOW),
+        ("k4", "tn7", "lost", float("inf")),
+        ("k5", "tn6", "lost", b"\x00"),
+    ]
     conn.execute("INSERT INTO node_events VALUES ('r\x1b[2J', 'k6', 'tn5', 'lost', ?, "
                  "'\x1b]0;t\x07\u2028')", (NOW - 30,))  # fmt: skip
     conn.executemany("INSERT INTO node_events VALUES ('zz', ?, ?, ?, ?, NULL)", rows)
