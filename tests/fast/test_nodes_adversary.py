@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import TrebFn, write_spec
-from tests.fast.test_node_history import NOW, lost, nodes_json, plant
+from tests.fast.test_node_history import NOW, by_host, lost, nodes_json, plant
 
 BASE = "command: python3 train.py\nnodes: 1\n"
 
@@ -109,3 +109,30 @@ def test_rows_no_treb_wrote_in_the_nodes_tables_are_skipped_not_a_traceback(
     assert res.returncode == 0, res.stderr
     assert _excludes(res.stdout) == ["#SBATCH --exclude=tn5,tn2"], res.stdout
     assert "\x1b" not in res.stderr and "\u2028" not in res.stderr, res.stderr
+
+
+def test_a_fifo_or_dev_zero_in_place_of_the_clears_file_neither_hangs_nor_fills_memory(
+    treb: TrebFn, treb_home: Path
+) -> None:
+    """TREB_HOME/nodes-cleared.jsonl as a FIFO: `treb nodes --clear` waited forever for a
+    reader and `treb doctor --rebuild-index` for a writer; as a link to /dev/zero the
+    rebuild read it to the end of memory. Now: the clear is a named error (exit 2) and
+    nothing is cleared, the rebuild reads no clears from it."""
+    import os
+
+    plant("aaaa0105", [lost("tn2")])
+    clears = treb_home / "nodes-cleared.jsonl"
+    os.mkfifo(clears)
+    res = treb("nodes", "--clear", "tn2", timeout=30)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "nodes-cleared.jsonl" in res.stderr, res.stderr
+    assert by_host(nodes_json(treb))["tn2"]["cleared"] is None  # nothing half-done
+    res = treb("doctor", "--rebuild-index", timeout=30)
+    assert "Traceback" not in res.stderr, res.stderr
+    clears.unlink()
+    clears.symlink_to("/dev/zero")
+    limit = (3 << 30, 3 << 30)  # address space: before, /dev/zero was read until it ran out
+    res = treb("doctor", "--rebuild-index", timeout=30,
+               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, limit))  # fmt: skip
+    assert "Traceback" not in res.stderr and "MemoryError" not in res.stderr, res.stderr
+    assert by_host(nodes_json(treb))["tn2"]["excluded"] is True

@@ -99,13 +99,14 @@ def from_events(events: Iterable[dict[str, Any]]) -> list[NodeEvent]:
     return list(out.values())
 
 
-def _tail(path: Path) -> str:
-    """The last LOG_TAIL bytes of a regular file, as text; '' when unreadable."""
+def tail(path: Path, limit: int = LOG_TAIL) -> str:
+    """The last `limit` bytes of a regular file, as text; '' when unreadable (a FIFO, a
+    link to /dev/zero: regular.py)."""
     try:
         with open_regular(path) as fh:
             size = os.fstat(fh.fileno()).st_size
-            fh.seek(max(0, size - LOG_TAIL))
-            return fh.read(LOG_TAIL).decode("utf-8", "replace")
+            fh.seek(max(0, size - limit))
+            return fh.read(limit).decode("utf-8", "replace")
     except OSError:
         return ""
 
@@ -138,7 +139,7 @@ def from_failures(run_dir: Path) -> list[NodeEvent]:
         when = _time(ff.get("ended_at"))
         if host is None or rank is None or when is None:
             continue
-        found = hardware_cause(_tail(adir / f"rank-{rank}.log"))
+        found = hardware_cause(tail(adir / f"rank-{rank}.log"))
         if found:
             out.append(NodeEvent(f"hardware:{int(n)}", host, "hardware", when,
                                  f"attempt {int(n)}, rank {rank}: {found}"))  # fmt: skip

@@ -17,6 +17,7 @@ import math
 import os
 import re
 import sqlite3
+import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -215,11 +216,20 @@ def clear(store: Store, hosts: list[str], when: float | None = None) -> None:
     TREB_HOME/nodes-cleared.jsonl, which a rebuild reads)."""
     _guarded(store)
     when = time.time() if when is None else when
-    with store.transaction() as c:
-        for host in hosts:
-            c.execute("INSERT OR REPLACE INTO node_clears (host, time) VALUES (?, ?)", (host, when))
-    fd = os.open(store.path.parent / CLEARS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    path = store.path.parent / CLEARS
+    try:  # opened first: a FIFO there fails at once (no reader), and nothing is cleared
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        raise UserError(f"{path}: {exc.strerror or exc}: remove it (it keeps the clears "
+                        "for a rebuilt index)") from None  # fmt: skip
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UserError(f"{path}: not a regular file: remove it (it keeps the clears "
+                            "for a rebuilt index)")  # fmt: skip
+        with store.transaction() as c:
+            for host in hosts:
+                c.execute("INSERT OR REPLACE INTO node_clears (host, time) VALUES (?, ?)",
+                          (host, when))  # fmt: skip
         os.write(fd, "".join(json.dumps({"host": h, "time": when}) + "\n" for h in hosts).encode())
     finally:
         os.close(fd)
@@ -229,10 +239,7 @@ def restore_clears(store: Store, home: Path) -> int:
     """The clears TREB_HOME/nodes-cleared.jsonl keeps (a rebuild); lines that are not a
     valid host and time are skipped. Returns how many hosts have one."""
     _guarded(store)
-    try:
-        text = (home / CLEARS).read_bytes()[-(4 << 20) :].decode("utf-8", "replace")
-    except OSError:
-        return 0
+    text = node_events.tail(home / CLEARS, 4 << 20)  # a regular file's last 4 MiB only
     latest: dict[str, float] = {}
     for line in text.splitlines():
         try:
