@@ -136,3 +136,29 @@ def test_a_fifo_or_dev_zero_in_place_of_the_clears_file_neither_hangs_nor_fills_
                preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, limit))  # fmt: skip
     assert "Traceback" not in res.stderr and "MemoryError" not in res.stderr, res.stderr
     assert by_host(nodes_json(treb))["tn2"]["excluded"] is True
+
+
+def test_a_bad_node_setting_stops_a_slurm_run_before_it_is_recorded(
+    treb: TrebFn, tmp_path: Path
+) -> None:
+    """TREB_NODE_THRESHOLD=abc (or a --nodelist that is no hostlist) was found only while
+    the job was being submitted, after the run was recorded: exit 2, and a run PENDING in
+    `treb ps` forever. Now `treb run` refuses before recording it (the check sbatch needs
+    comes after; a stub sbatch stands in where this machine has none)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "sbatch"
+    stub.write_text("#!/bin/sh\necho 'sbatch: stub: no cluster here' >&2\nexit 1\n")
+    stub.chmod(0o755)
+    import os
+
+    path = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    plant("aaaa0106", [lost("tn2")])
+    spec = str(write_spec(tmp_path, BASE + "snapshot: false\n"))
+    res = treb("run", spec, "--on", "slurm", env={**path, "TREB_NODE_THRESHOLD": "abc"})
+    assert res.returncode == 2 and "TREB_NODE_THRESHOLD" in res.stderr, res.stderr
+    bad = BASE + "snapshot: false\nslurm:\n  sbatch_args: ['--nodelist=tn[1-']\n"
+    res = treb("run", str(write_spec(tmp_path, bad)), "--on", "slurm", env=path)
+    assert res.returncode == 2 and "sbatch_args" in res.stderr, res.stderr
+    listed = json.loads(treb("ps", "--json").stdout)
+    assert [r["id"] for r in listed] == ["aaaa0106"], listed  # no run left PENDING
