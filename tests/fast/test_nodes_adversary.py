@@ -162,3 +162,23 @@ def test_a_bad_node_setting_stops_a_slurm_run_before_it_is_recorded(
     assert res.returncode == 2 and "sbatch_args" in res.stderr, res.stderr
     listed = json.loads(treb("ps", "--json").stdout)
     assert [r["id"] for r in listed] == ["aaaa0106"], listed  # no run left PENDING
+
+
+def test_an_attempt_folder_numbered_in_other_digits_is_no_attempt(treb: TrebFn) -> None:
+    """`attempt-²` passes str.isdigit() but not int(): a rank making that folder (with a
+    failing record and an Xid in its log) broke `treb nodes` and every submission with a
+    ValueError traceback. Only ASCII digits number an attempt."""
+    from trebuchet.runtime.rundir.records import FIRST
+
+    run_dir = plant("aaaa0107", [])
+    for name in ("attempt-\u00b2", "attempt-\u0663", "attempt-1"):
+        adir = run_dir / name
+        adir.mkdir()
+        rec = {"label": "rank 0", "rank": 0, "node": 0, "exit_code": 1, "ended_at": NOW,
+               "host": "tn4", "state": "ENDED"}  # fmt: skip
+        (adir / FIRST).write_text(json.dumps(rec))
+        (adir / "rank-0.log").write_text("NVRM: Xid (PCI:0000:3b:00): 79\n")
+    res = treb("nodes", "--json")
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    node = by_host(json.loads(res.stdout))["tn4"]
+    assert node["counts"]["hardware"] == 1 and node["last"]["detail"].startswith("attempt 1,")

@@ -128,8 +128,8 @@ def from_failures(run_dir: Path) -> list[NodeEvent]:
     except OSError:
         return []
     for name in names:
-        n = name[len("attempt-") :]
-        if not name.startswith("attempt-") or not n.isdigit() or len(n) > 6:
+        n = name[len("attempt-") :]  # ASCII digits only: str.isdigit() takes '²', int() not
+        if not name.startswith("attempt-") or not re.fullmatch(r"[0-9]{1,6}", n):
             continue
         adir = run_dir / name
         ff = read_json(str(adir / FIRST)) or first_failure(attempt_records(str(adir)))
