@@ -182,3 +182,13 @@ def test_an_attempt_folder_numbered_in_other_digits_is_no_attempt(treb: TrebFn) 
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     node = by_host(json.loads(res.stdout))["tn4"]
     assert node["counts"]["hardware"] == 1 and node["last"]["detail"].startswith("attempt 1,")
+
+
+def test_a_no_progress_count_in_other_digits_reads_as_none(tmp_path: Path) -> None:
+    """runtime/job/life.py's no-progress file is in the run directory, which a rank can
+    write: `²` passed str.isdigit() and int() raised, in a requeued job's controller."""
+    from trebuchet.runtime.job.life import NO_PROGRESS_FILE, no_progress_count
+
+    for text, want in (("\u00b2", 0), ("\u0663", 0), ("3", 3), ("9" * 9, 0)):
+        (tmp_path / NO_PROGRESS_FILE).write_text(text)
+        assert no_progress_count(str(tmp_path)) == want, text
