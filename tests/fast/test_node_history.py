@@ -26,8 +26,9 @@ NOW = time.time()
 
 
 def plant(run_id: str, events: list[Any], state: str = "FAILED", raw: bytes = b"",
-          backend: str = "slurm") -> Path:  # fmt: skip
-    """A run as an engine leaves it: its directory with events.jsonl, and its index row."""
+          backend: str = "slurm", attempts: int = 3) -> Path:  # fmt: skip
+    """A run as an engine leaves it: its directory with events.jsonl, and its index row
+    (`attempts`: its max_attempts; a mark of a later attempt does not count)."""
     from trebuchet.store.db import RunRecord, Store
     from trebuchet.store.paths import runs_dir
 
@@ -36,9 +37,10 @@ def plant(run_id: str, events: list[Any], state: str = "FAILED", raw: bytes = b"
     events = [{"event": "submitted", "time": NOW - 100, "backend": backend}, *events]
     lines = b"".join(json.dumps(e).encode() + b"\n" for e in events)
     (run_dir / "events.jsonl").write_bytes(lines + raw)
+    (run_dir / "spec.yaml").write_text(f"retries: {attempts - 1}\n")  # what a rebuild reads
     store = Store()
     store.insert_run(RunRecord(id=run_id, name="x", backend=backend, launcher="native",
-                               state=state, nodes=2, procs_per_node=1, run_dir=str(run_dir),
+                               state=state, nodes=2, procs_per_node=1, run_dir=str(run_dir), max_attempts=attempts,
                                created_at=NOW))  # fmt: skip
     store.close()
     return run_dir

@@ -192,3 +192,22 @@ def test_a_no_progress_count_in_other_digits_reads_as_none(tmp_path: Path) -> No
     for text, want in (("\u00b2", 0), ("\u0663", 0), ("3", 3), ("9" * 9, 0)):
         (tmp_path / NO_PROGRESS_FILE).write_text(text)
         assert no_progress_count(str(tmp_path)) == want, text
+
+
+def test_a_run_marks_a_node_at_most_once_per_attempt_it_had(treb: TrebFn) -> None:
+    """The attempt number of a mark comes from the events (or a folder's name), which a
+    rank can write: 50 `node_lost` for attempts 0..49 of a one-attempt run counted 50
+    times (score 100: the node kept out for seven half-lives, not one). Only the attempts
+    the index says the run had count."""
+    run_dir = plant("aaaa0108", [lost("tn3", attempt=a) for a in range(50)], attempts=1)
+    from trebuchet.runtime.rundir.records import FIRST
+
+    for a in (0, 7):  # attempt-7 of a one-attempt run: a folder a rank made
+        adir = run_dir / f"attempt-{a}"
+        adir.mkdir()
+        rec = {"rank": 0, "node": 0, "exit_code": 1, "ended_at": NOW, "host": "tn3"}
+        (adir / FIRST).write_text(json.dumps(rec))
+        (adir / "rank-0.log").write_text("NVRM: Xid (PCI:0000:3b:00): 79\n")
+    node = by_host(nodes_json(treb))["tn3"]
+    assert node["counts"] == {"lost": 1, "unhealthy": 0, "hardware": 1, "straggler": 0}, node
+    assert node["score"] < 4.0, node

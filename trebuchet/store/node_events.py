@@ -55,6 +55,7 @@ class NodeEvent:
     kind: str  # one of KINDS
     time: float
     detail: str = ""
+    attempt: int | None = None  # as the run's files say: the index bounds it (nodes.py)
 
 
 def valid_host(value: Any) -> str | None:
@@ -95,7 +96,7 @@ def from_events(events: Iterable[dict[str, Any]]) -> list[NodeEvent]:
         key = f"{kind}:{host}" if kind == "straggler" else f"{kind}:{attempt}:{host}"
         if key not in out:
             detail = f"attempt {attempt}" if attempt is not None else ""
-            out[key] = NodeEvent(key, host, kind, when, detail)
+            out[key] = NodeEvent(key, host, kind, when, detail, attempt)
     return list(out.values())
 
 
@@ -142,7 +143,7 @@ def from_failures(run_dir: Path) -> list[NodeEvent]:
         found = hardware_cause(tail(adir / f"rank-{rank}.log"))
         if found:
             out.append(NodeEvent(f"hardware:{int(n)}", host, "hardware", when,
-                                 f"attempt {int(n)}, rank {rank}: {found}"))  # fmt: skip
+                                 f"attempt {int(n)}, rank {rank}: {found}", int(n)))  # fmt: skip
     return out
 
 

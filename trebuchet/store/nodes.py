@@ -169,9 +169,11 @@ def _size(run_dir: Path) -> int:
         return 0
 
 
-def record_run(store: Store, run_id: str, run_dir: Path, ended: bool) -> int:
-    """One run's marks into the index (each once); returns how many were new."""
-    found = node_events.of_run(run_dir)
+def record_run(store: Store, run_id: str, run_dir: Path, ended: bool, attempts: int) -> int:
+    """One run's marks into the index (each once); returns how many were new. A mark of an
+    attempt past the `attempts` the index says the run had is no mark: the number comes
+    from files a rank can write, and would let one run count against a node 10^6 times."""
+    found = [e for e in node_events.of_run(run_dir) if e.attempt is None or e.attempt < attempts]
     now = time.time()  # a mark dated in the future (a rank can write the events) is now
     new = 0
     with store.transaction() as c:
@@ -193,12 +195,13 @@ def sync(store: Store) -> int:
     """Read the runs not read since they last changed (an ended run: once); new marks."""
     _guarded(store)
     rows = store.conn.execute(
-        "SELECT r.id, r.run_dir, r.state, r.backend, s.size FROM runs r "
+        "SELECT r.id, r.run_dir, r.state, r.backend, s.size, "
+        "MAX(r.attempt + 1, r.max_attempts) FROM runs r "
         "LEFT JOIN node_scans s ON s.run_id = r.id WHERE s.done IS NULL OR s.done = 0"
     ).fetchall()
     new = 0
     simulated = {r.name for r in registry.registry.values() if not r.real_nodes}
-    for run_id, run_dir, state, backend, size in rows:
+    for run_id, run_dir, state, backend, size, attempts in rows:
         path = Path(run_dir)
         ended = state in TERMINAL
         if size is not None and not ended and size == _size(path):
@@ -207,7 +210,7 @@ def sync(store: Store) -> int:
             store.conn.execute("INSERT OR REPLACE INTO node_scans (run_id, size, done) "
                                "VALUES (?, 0, 1)", (run_id,))  # fmt: skip
             continue
-        new += record_run(store, run_id, path, ended)
+        new += record_run(store, run_id, path, ended, int(attempts or 1))
     return new
 
 
