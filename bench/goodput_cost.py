@@ -2,11 +2,14 @@
 
 A 2-rank program (stdlib only) prints `step=N loss=...` every 50 ms for `--seconds`, fails
 once after a third of them (so the no-progress rule reads the attempt's marks and the
-checkpoint folder), checkpoints every 100 steps; "with": every step and checkpoint marked
-(trebuchet.dist.mark, $TREB_MARKS) and max_attempts_without_progress at its default;
-"without": no marks, `-o max_attempts_without_progress=0`. Each run is detached; the
-supervisor's utime + stime (/proc/PID/stat, pid from the run_started event) is sampled
-every 0.1 s until it exits. Rounds alternate; the medians are printed, in % of one core.
+checkpoint folder), checkpoints every 100 steps (and prints the HuggingFace Trainer's line
+for it); "with": every step, its arrival (`compute`) and checkpoint marked
+(trebuchet.dist.mark, $TREB_MARKS), max_attempts_without_progress at its default, the
+straggler watch and the checkpoint lines on (their defaults); "without": no marks,
+`-o max_attempts_without_progress=0`, `straggler_threshold: 0`, `checkpoint_pattern: ''`.
+Each run is detached; the supervisor's utime + stime (/proc/PID/stat, pid from the
+run_started event) is sampled every 0.1 s until it exits. Rounds alternate; the medians
+are printed, in % of one core.
 The accounting itself (`treb goodput`) runs in the CLI, on demand, not in the supervisor.
 Usage: python bench/goodput_cost.py [--rounds 3] [--seconds 60]
 """
@@ -35,11 +38,13 @@ t0, step, dur = time.time(), 0, float(os.environ["DUR"])
 while time.time() - t0 < (dur / 3 if attempt == 0 else dur * 2 / 3):
     time.sleep(0.05)
     step += 1
+    mark("compute", step)
     print(f"step={step} loss={1 / step:.4f}", flush=True)
     mark("step", step)
     if step % 100 == 0 and os.environ["RANK"] == "0":
         open(os.path.join(d, f"ckpt-{step}"), "w").close()
         mark("checkpoint", step)
+        print(f"Saving model checkpoint to {d}/checkpoint-{step}", flush=True)
 sys.exit(1 if attempt == 0 else 0)
 """
 
@@ -52,8 +57,9 @@ def one(folder: Path, seconds: float, with_it: bool) -> tuple[float, float]:
     prog.write_text(PROGRAM)
     env_block = f"{{SRC: '{REPO}', DUR: '{seconds}'" + ("" if with_it else ", NO_MARKS: '1'") + "}"
     spec = home / "b.yaml"
+    off = "" if with_it else "straggler_threshold: 0\ncheckpoint_pattern: ''\n"
     spec.write_text(f"name: b\ncommand: [{sys.executable}, {prog}]\nprocs_per_node: 2\n"
-                    f"retries: 1\nenv: {env_block}\n")  # fmt: skip
+                    f"retries: 1\nenv: {env_block}\n{off}")  # fmt: skip
     env = {**os.environ, "TREB_HOME": str(home), "PYTHONPATH": str(REPO)}
     args = [] if with_it else ["-o", "max_attempts_without_progress=0"]
     subprocess.run([sys.executable, "-m", "trebuchet", "run", str(spec), "--detach", *args],

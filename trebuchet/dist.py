@@ -6,7 +6,8 @@
 - `heartbeat()`: tell the launcher this rank is making progress without printing (a run is
   hung when no rank made progress for `hang_timeout`: docs/hangs.md).
 - `mark("step", n)` / `mark("checkpoint", n)`: exact step and checkpoint marks for the
-  goodput accounting and the no-progress rule (docs/goodput.md); without trebuchet
+  goodput accounting and the no-progress rule; `mark("compute", n)` before the step's
+  collective, for the straggler watch (docs/goodput.md); without trebuchet
   installed the same is one line:
   `open(os.environ["TREB_MARKS"], "a").write(f"{time.time()} step {n}\\n")`.
 - `enable_stacks()`: let the launcher dump this rank's Python stacks through faulthandler
@@ -55,12 +56,17 @@ def heartbeat() -> None:
 
 def mark(kind: str, n: float | None = None) -> None:
     """Append `<time> <kind> <n>` to `$TREB_MARKS` (a no-op outside trebuchet): `kind` is
-    "step" or "checkpoint" (call it once the checkpoint is on disk). One short append a
-    call; never raises."""
+    "step", "checkpoint" (call it once the checkpoint is on disk) or "compute" (this rank's
+    own work for step n is done: call it just before the step's collective, so that a
+    straggler shows, docs/goodput.md). One short append a call; never raises."""
     path = os.environ.get("TREB_MARKS")
-    if not path or kind not in ("step", "checkpoint"):
+    if not path or kind not in ("step", "checkpoint", "compute"):
         return
     import time
+
+    base, rank = os.path.basename(path), os.environ.get("RANK", "")
+    if base.startswith("node-") and rank.isdigit():  # torchrun's workers share the node's
+        path = os.path.join(os.path.dirname(path), f"rank-{rank}")  # file: each its own
 
     tail = "" if n is None else f" {n}"
     try:

@@ -113,3 +113,54 @@ def test_an_agent_notices_a_controller_that_stopped_answering(hub, monkeypatch):
     time.sleep(0.3)
     assert len(lost) == 1 and lost[0] <= time.time(), lost
     old.ended(0)
+
+
+def test_parked_agents_run_the_next_attempt_on_the_controllers_word(hub, monkeypatch):
+    """Issue 36: a retry in the same allocation reuses the step's agents (no new srun step).
+    Each agent parks after its attempt (`park`); once every one of the step's agents parked,
+    `resume` tells them the next attempt, which then ends as any other."""
+    h, wake = hub
+    monkeypatch.setenv(agent_link.ENV, h.address("127.0.0.1"))
+    h.expect(attempt=0, tasks=2)
+    links = [agent_link.open_link(0, str(t), f"tn{t + 1}") for t in range(2)]
+    assert all(link is not None for link in links)
+    assert not h.resume(1, 2)  # nobody parked yet: a new step, as before
+    for code, link in enumerate(links):
+        assert link is not None
+        link.park(code)
+    assert woken(wake) and h.ended() == 1
+    os.read(wake, 64)
+    deadline = time.monotonic() + 5
+    while h.parked_count() < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert h.resume(1, 2)
+    for link in links:
+        assert link is not None and link.wait_next(lambda: False) == 1
+        link.next_attempt(1)
+    assert h.ended() is None
+    for link in links:
+        assert link is not None
+        link.ended(0)
+    assert woken(wake) and h.ended() == 0
+
+
+def test_a_released_or_vanished_agent_is_not_resumed(hub, monkeypatch):
+    """`release`: the controller's word to exit (a new step follows, or the job ends); an
+    agent whose connection closed cannot run the next attempt: no resume, a new step."""
+    h, _ = hub
+    monkeypatch.setenv(agent_link.ENV, h.address("127.0.0.1"))
+    h.expect(attempt=0, tasks=2)
+    a, b = agent_link.open_link(0, "0", "tn1"), agent_link.open_link(0, "1", "tn2")
+    assert a is not None and b is not None
+    a.park(0)
+    b.park(0)
+    deadline = time.monotonic() + 5
+    while h.parked_count() < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    b.ended(0)  # its process exits: the connection closes
+    deadline = time.monotonic() + 5
+    while h.parked_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not h.resume(1, 2)
+    h.release()
+    assert a.wait_next(lambda: False) is None

@@ -18,6 +18,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,158 @@ def test_mpirun_task_command_line(tmp_path: Path) -> None:
     assert node["rank"] is None and node["exit_code"] == 0
     # no runtime in any rank's environment (the bash runtime was exported to every rank)
     assert not any(name.startswith("TREB_TASK") for name in env)
+
+
+def node_agent_run(tmp_path: Path, command: str, rc: int) -> tuple[Path, str]:
+    """The second node's one task of a native 2 x 3 run (issue 36: srun starts one agent per
+    node, `--ntasks-per-node=1`, which starts the node's ranks itself); the first node's
+    health record is on file as its agent would have written it (barrier.py)."""
+    run_dir = tmp_path / "run"
+    adir = run_dir / "attempt-0"
+    adir.mkdir(parents=True)
+    controller_wrote(run_dir, "77")
+    (adir / "health-0.json").write_text(json.dumps({"attempt": 0, "step": "77.0",
+                                                    "healthy": True}))  # fmt: skip
+    runtime = ship(run_dir)
+    srun = ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
+    job = task_job(run_dir, tmp_path, "native", 3, ["bash", "-c", command], nodes=2,
+                   srun=srun, grace=1)  # fmt: skip
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scancel").write_text('#!/bin/bash\necho "$*" >> "$FAKE_CALLS"\n')
+    (bin_dir / "scancel").chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "FAKE_CALLS": str(tmp_path / "calls"),
+        "TREB_RUN_DIR": str(run_dir), "TREB_WORKDIR": str(tmp_path), "TREB_ATTEMPT": "0",
+        "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NODEID": "1", "SLURM_PROCID": "1",
+        "SLURM_LOCALID": "0", "SLURM_NTASKS": "2", "SLURM_NPROCS": "2", "SLURM_NNODES": "2",
+        "SLURM_STEP_NUM_TASKS": "2", "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_GTIDS": "1",
+        "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_CPUS_ON_NODE": "6", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
+    }  # fmt: skip
+    res = subprocess.run([sys.executable, "-S", str(runtime), "task", str(job)], env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == rc, (res.stdout, res.stderr)
+    return adir, calls(tmp_path)
+
+
+def test_one_task_per_node_starts_the_nodes_ranks_as_srun_would(tmp_path: Path) -> None:
+    """Each rank gets its own rank contract and the SLURM_* task variables srun would have
+    given it as a task of its own (Lightning's SLURMEnvironment reads SLURM_PROCID,
+    SLURM_LOCALID, SLURM_NTASKS), and one agent (the ranks' one parent) starts them all."""
+    show = ('echo "$RANK $LOCAL_RANK $WORLD_SIZE $NODE_RANK $SLURM_PROCID $SLURM_LOCALID '
+            '$SLURM_NTASKS $SLURM_NPROCS $SLURM_STEP_NUM_TASKS $SLURM_TASKS_PER_NODE '
+            '$SLURM_NTASKS_PER_NODE $SLURM_GTIDS $OMP_NUM_THREADS $PPID"')  # fmt: skip
+    adir, said = node_agent_run(tmp_path, show, 0)
+    parents = set()
+    for local in range(3):
+        rank = 3 + local
+        *fields, ppid = (adir / f"rank-{rank}.log").read_text().split()
+        assert fields == [str(rank), str(local), "6", "1", str(rank), str(local), "6", "6",
+                          "6", "3(x2)", "3", "3,4,5", "2"], fields  # fmt: skip
+        parents.add(ppid)
+        rec = json.loads((adir / f"rank-{rank}.json").read_text())
+        assert (rec["rank"], rec["node"], rec["local_rank"], rec["label"]) == (rank, 1, local,
+                                                                              f"1:{local}")  # fmt: skip
+        assert rec["exit_code"] == 0 and rec["job_id"] == "77" and rec["pid"] > 0
+    assert len(parents) == 1 and said == ""  # one agent; no teardown
+    assert not (adir / "rank-0.json").exists()  # the other node's ranks are its own agent's
+
+
+def test_a_node_agents_first_failure_stops_its_other_ranks_and_the_step(tmp_path: Path) -> None:
+    adir, said = node_agent_run(tmp_path, '[ "$LOCAL_RANK" = 1 ] && exit 3; exec sleep 30', 3)
+    recs = {r: json.loads((adir / f"rank-{r}.json").read_text()) for r in (3, 4, 5)}
+    assert recs[4]["exit_code"] == 3 and recs[4]["stopped_by_launcher"] is False
+    assert recs[3]["stopped_by_launcher"] is True and recs[5]["stopped_by_launcher"] is True
+    assert said.splitlines() == ["--signal=TERM 77.0"]  # the other nodes' agents, by Slurm
+    assert (adir / "teardown").read_text().strip() == "1:1"
+
+
+def alive(pid: int) -> bool:
+    """Not gone nor a zombie (a killed daemon waits for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_parked_node_agent_runs_the_next_attempt_in_its_step(tmp_path: Path) -> None:
+    """Issue 36: a retry without a new srun step. The agent (the real `task` verb) ends its
+    attempt on the link, parks, and on the controller's word (a real Hub here) runs the
+    next attempt's ranks itself: the same process starts both attempts' ranks."""
+    from trebuchet.runtime.job import link as agent_link
+
+    run_dir = tmp_path / "run"
+    for attempt in (0, 1):  # as the controller writes them before each attempt
+        (run_dir / f"attempt-{attempt}").mkdir(parents=True)
+        (run_dir / f"attempt-{attempt}" / "attempt.json").write_text(
+            json.dumps({"job_id": "77", "attempt": attempt}))  # fmt: skip
+    runtime = ship(run_dir)
+    srun = ["--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
+    # attempt 0 fails and leaves a daemon behind (out of its process group), as the step's
+    # end would have ended it
+    show = ('echo "$TREB_ATTEMPT $SLURM_PROCID $PPID"; [ "$TREB_ATTEMPT" = 1 ] && exit 0; '
+            '[ "$SLURM_PROCID" = 1 ] && { setsid sleep 300 & echo $! > "$TREB_RUN_DIR/stray"; '
+            '}; exit 3')  # fmt: skip
+    job = task_job(run_dir, tmp_path, "native", 2, ["bash", "-c", show], srun=srun, grace=1,
+                   max_attempts=2)  # fmt: skip
+    r, w = os.pipe()
+    hub = agent_link.Hub(w)
+    try:
+        hub.expect(0, 1)
+        env = {
+            "PATH": os.environ["PATH"], "HOME": str(tmp_path), "TREB_RUN_DIR": str(run_dir),
+            "TREB_WORKDIR": str(tmp_path), "TREB_ATTEMPT": "0", "SLURM_JOB_ID": "77",
+            "SLURM_STEP_ID": "0", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
+            "SLURM_LOCALID": "0", "SLURM_NNODES": "1", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "1", agent_link.ENV: hub.address("127.0.0.1"), "TREB_RUN_ID": "r1",
+            agent_link.PARK_ENV: "1",
+        }  # fmt: skip
+        agent = subprocess.Popen([sys.executable, "-S", str(runtime), "task", str(job)],
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while hub.ended() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert hub.ended() == 3 and agent.poll() is None  # attempt 0 failed; the agent waits
+        stray = int((run_dir / "stray").read_text())
+        assert not alive(stray), "the attempt's leftover outlived it in the parked step"
+        assert hub.resume(1, 1)
+        while hub.ended() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert hub.ended() == 0
+        hub.release()
+        assert agent.wait(timeout=30) == 0, agent.communicate()
+    finally:
+        hub.close()
+        os.close(r)
+        os.close(w)
+        stray_file = run_dir / "stray"
+        if stray_file.exists() and alive(int(stray_file.read_text())):
+            os.kill(int(stray_file.read_text()), 9)  # this test's own daemon, by its pid
+    said = {(a, rank): (run_dir / f"attempt-{a}" / f"rank-{rank}.log").read_text().split()
+            for a in (0, 1) for rank in (0, 1)}  # fmt: skip
+    assert {k: v[:2] for k, v in said.items()} == {(a, r): [str(a), str(r)] for a, r in said}
+    assert len({v[2] for v in said.values()}) == 1  # one agent started all four
+    recs = {a: json.loads((run_dir / f"attempt-{a}" / "rank-1.json").read_text()) for a in (0, 1)}
+    assert recs[0]["exit_code"] == 3 and recs[1]["exit_code"] == 0
+    assert recs[1]["attempt"] == 1
+
+
+def test_which_steps_park_their_agents_for_the_next_attempt() -> None:
+    """One node agent per node parks (native, torchrun, none); not with pre/post (their
+    steps need the CPUs a parked step holds), not one agent per rank (slurm.mpi: PMIx wires
+    up a task once), not mpirun."""
+    from trebuchet.runtime.slurm.step import parks
+
+    per_node = ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--whole"]
+    per_rank = ["--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--mpi=pmix"]
+    cases = [({"launcher": "native", "srun": per_node}, True),
+             ({"launcher": "native", "srun": per_rank}, False),
+             ({"launcher": "torchrun", "srun": per_node}, True),
+             ({"launcher": "none", "srun": per_node}, True),
+             ({"launcher": "mpirun", "srun": per_node}, False),
+             ({"launcher": "native", "srun": per_node, "pre": "echo hi"}, False),
+             ({"launcher": "torchrun", "srun": per_node, "post": "echo bye"}, False)]  # fmt: skip
+    for job, expected in cases:
+        assert parks(job) is expected, job  # type: ignore[arg-type]

@@ -101,3 +101,33 @@ def test_the_agent_takes_back_what_setup_made_past_a_shim(tmp_path: Path) -> Non
                          text=True, timeout=60, check=True).stdout  # fmt: skip
     done, got = json.loads(out)
     assert done is False and got["PATH"].startswith("/shim/bin:")
+
+
+def test_a_nodes_other_tasks_wait_for_this_steps_verdict(tmp_path: Path, monkeypatch) -> None:
+    """A node's tasks after its first (one Slurm task per rank) take the first task's
+    health verdict from health-<node>.json: only this step's, never one an earlier try of
+    the attempt left there (here unhealthy: it would have kept a healthy node's ranks
+    from starting). This step's record comes a moment later and decides."""
+    import threading
+
+    from trebuchet.runtime.node import health
+
+    adir = tmp_path / "attempt-0"
+    adir.mkdir()
+    records(adir, "7.1", [False])  # an earlier try's: the node was unhealthy then
+    for name, value in {
+        "SLURM_JOB_ID": "7",
+        "SLURM_STEP_ID": "2",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_NNODES": "1",
+        "TREB_ATTEMPT": "0",
+    }.items():
+        monkeypatch.setenv(name, value)  # fmt: skip
+    later = threading.Timer(0.3, records, (adir, "7.2", [True]))
+    later.start()
+    try:
+        job = {"run_dir": str(tmp_path), "workdir": str(tmp_path), "ppn": 2}
+        assert health.slurm_gate(job) is None  # healthy: this step's verdict
+    finally:
+        later.join()

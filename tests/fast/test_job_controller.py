@@ -141,7 +141,9 @@ class FakeEngine:
     def retrying(self, attempt: int) -> None:
         self.records.append(("retrying", attempt))
 
-    def run_ended(self, state: str, cause: dict[str, Any] | None, exit_code: int) -> None:
+    def run_ended(
+        self, state: str, cause: dict[str, Any] | None, exit_code: int, reason: str | None = None
+    ) -> None:
         self.records.append(("run_ended", state, exit_code))
 
     def heartbeat(self) -> None:
@@ -253,6 +255,28 @@ def test_cancel_stops_the_attempt_and_is_never_retried(tmp_path: Path) -> None:
     state, e = run(tmp_path, [Script(runs=30)], retries=5, cancel_after=0.05)
     assert state == "CANCELLED" and "stop" in e.calls
     assert states(e) == [("ended", 0, "CANCELLED", "cancel"), ("run_ended", "CANCELLED", 0)]
+
+
+def test_a_cancel_after_a_failure_cancels_the_pending_retry(tmp_path: Path) -> None:
+    """The cancel comes while a failed attempt stops (its post runs): no retry starts and
+    the run is CANCELLED (not FAILED, not "nothing failed"), its cause the failed attempt's."""
+    engine = FakeEngine(tmp_path, [Script(runs=5, fails="boom"), Script()])
+    settings = Settings(1, [], "fail", None, None, None, USR2, 0.01, ("native", 1, 1),
+                        str(tmp_path))  # fmt: skip
+    job = engine.job = JobController(settings, engine, engine)
+    post = engine.pre_post
+
+    def pre_post(when: str, attempt: int) -> bool:  # Ctrl+C while attempt 0's post runs
+        if when == "post":
+            job.cancel(int(signal.SIGINT))
+        return post(when, attempt)
+
+    engine.pre_post = pre_post  # type: ignore[method-assign]
+    assert job.run() == "CANCELLED"
+    assert "start:1" not in engine.calls and ("retrying", 1) not in engine.records
+    assert states(engine) == [("ended", 0, "FAILED", "failure"), ("run_ended", "CANCELLED", 3)]
+    said = [r[1] for r in engine.records if r[0] == "say"]
+    assert said == ["attempt 1 FAILED (rank 1 exited with code 3); its retry (attempt 2) cancelled"]
 
 
 @pytest.mark.parametrize(("on_hang", "attempts"), [("retry", 2), ("fail", 1)])

@@ -149,7 +149,7 @@ def test_a_two_line_spec_renders_a_short_readable_script(tmp_path: Path, treb_ho
     # the runtime is started from the run directory, named with its version and hash
     assert re.search(r'^TREB_RUNTIME="\$TREB_RUN_DIR"/treb-runtime-\d+-[0-9a-f]{12}\.pyz$',
                      script, re.M), script  # fmt: skip
-    assert script.rstrip().endswith('controller "$TREB_RUN_DIR/job.json"')
+    assert script.rstrip().endswith('controller "$TREB_RUN_DIR/job.json" 8< <(env -0)')
     assert job["command"] == ["bash", "-c", "python train.py"] and job["nodes"] == 2
 
 
@@ -355,3 +355,23 @@ def test_which_jobs_run_their_only_task_in_the_batch_step(
     rc, out, err = _render(tmp_path, f"name: x\ncommand: python t.py\n{extra}\n")
     assert rc == 0, err
     assert _split(out)[1]["inline"] is inline
+
+
+def test_native_runs_one_node_agent_per_node_unless_srun_starts_each_rank(
+    tmp_path: Path, treb_home: Path
+) -> None:
+    """Issue 36: srun starts one task per node (the node's agent, which starts its ranks
+    itself) with the whole node's share of the allocation (`--whole`: its CPUs and GPUs,
+    which the allocation holds per rank); with `slurm.mpi` (PMIx/PMI2 come from srun) it
+    starts every rank as a task of its own, as before."""
+    _, out, _ = _render(tmp_path, SPECS["native"])
+    script, job = _split(out)
+    assert "#SBATCH --ntasks-per-node=2\n" in script  # the allocation: 2 ranks' share a node
+    assert job["srun"][:3] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1"]
+    assert "--whole" in job["srun"] and not any(a.startswith("--cpus-per-task")
+                                                 for a in job["srun"])  # fmt: skip
+    _, out, _ = _render(tmp_path, SPECS["native"] + "  mpi: pmix\n")
+    job = _split(out)[1]
+    assert job["srun"][:3] == ["--nodes=2", "--ntasks=4", "--ntasks-per-node=2"]
+    assert "--mpi=pmix" in job["srun"] and "--whole" not in job["srun"]
+    assert "--cpus-per-task=4" in job["srun"]

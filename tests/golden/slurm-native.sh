@@ -30,7 +30,8 @@ export FROM_SECRET='Bearer '"${HF_TOKEN}"
 module load cuda/12.4
 source /shared/env.sh
 command -v python3 >/dev/null 2>&1 || { echo "treb: no python3 (>= 3.8) on $(hostname): trebuchet's job controller needs it" >&2; exit 2; }
-exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"
+export TREB_SETUP_ENV_FD=8
+exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json" 8< <(env -0)
 
 # ---- $TREB_HOME/runs/RUN_ID/job.json (read by the job controller)
 {
@@ -52,7 +53,7 @@ exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"
   "run_id": "RUN_ID",
   "secrets": ["HF_TOKEN"],
   "spec_env": ["FROM_SECRET", "OMP_NUM_THREADS", "QUOTED"],
-  "srun": ["--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--kill-on-bad-exit=0", "--export=ALL", "--cpus-per-task=4"],
+  "srun": ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--export=ALL", "--whole"],
   "srun_hook": ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--export=ALL"],
   "workdir": "$WORKDIR"
 }

@@ -17,7 +17,8 @@ TREB_RUN_DIR=$TREB_HOME/runs/RUN_ID
 TREB_RUNTIME="$TREB_RUN_DIR"/treb-runtime-VERSION-HASH.pyz
 [ -r "$TREB_RUNTIME" ] || { echo "treb: $TREB_RUNTIME not found on $(hostname) (TREB_HOME must be on a filesystem every node shares)" >&2; exit 2; }
 command -v python3 >/dev/null 2>&1 || { echo "treb: no python3 (>= 3.8) on $(hostname): trebuchet's job controller needs it" >&2; exit 2; }
-exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"
+export TREB_SETUP_ENV_FD=8
+exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json" 8< <(env -0)
 
 # ---- $TREB_HOME/runs/RUN_ID/job.json (read by the job controller)
 {

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,23 +21,25 @@ from tests.integration.test_ssh_runs import ssh_config, wait_for  # noqa: F401 (
 
 pytestmark = pytest.mark.integration
 
-# A rank that saves on KeyboardInterrupt (then dies of it, as an uncaught one does), or, with
-# STUBBORN set, one that shrugs KeyboardInterrupt off and notes every stop signal it gets:
-# rank 0 ends on SIGTERM, rank 1 ignores SIGTERM too (only SIGKILL ends it).
+# A rank that saves on KeyboardInterrupt (then dies of it, as an uncaught one does), or, when
+# STUBBORN lists its rank, one that shrugs KeyboardInterrupt off and notes every stop signal
+# it gets: the first rank listed ends on SIGTERM, the others ignore SIGTERM too (only SIGKILL
+# ends them).
 RANK_PY = """\
 import os, signal, sys, time
 from pathlib import Path
 
 rank, out = os.environ["RANK"], Path(os.environ["OUT"])
+stubborn = os.environ.get("STUBBORN", "").split(",")
 
 def note(what):
     with open(out / f"signals-{rank}", "a") as fh:
         fh.write(what + "\\n")
 
-if os.environ.get("STUBBORN"):
+if rank in stubborn:
     def on_term(signum, frame):
         note("SIGTERM")
-        if rank == "0":
+        if rank == stubborn[0]:
             sys.exit(143)
     signal.signal(signal.SIGTERM, on_term)
 (out / f"up-{rank}").write_text("up")
@@ -46,33 +49,39 @@ while True:
             time.sleep(0.05)
     except KeyboardInterrupt:
         note("SIGINT")
-        if not os.environ.get("STUBBORN"):
+        if rank not in stubborn:
             (out / f"saved-{rank}").write_text("checkpoint at interrupt\\n")
             raise
 """
 
 
-def _ctrl_c(
-    cmd: list[str], out: Path, ranks: int, env: dict[str, str], cwd: Path, local: bool = True
-) -> int:
-    """Start `treb run` in a process group of its own (a terminal's foreground job), wait
-    for every rank, send SIGINT to the whole group; treb's exit code."""
+def interrupt(cmd: list[str], ready: Callable[[], bool], cwd: Path,
+              env: dict[str, str] | None = None) -> tuple[int, str]:  # fmt: skip
+    """Start `treb run` in a process group of its own (a terminal's foreground job); once
+    `ready()`, SIGINT to the whole group, as a terminal's Ctrl+C; (its exit code, its stderr)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
-                            env={**os.environ, **env}, start_new_session=True)  # fmt: skip
+                            env={**os.environ, **(env or {})}, start_new_session=True)  # fmt: skip
     try:
-        wait_for(lambda: len(list(out.glob("up-*"))) == ranks, what="every rank up")
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl+C does: the whole group
-        proc.wait(timeout=120)
+        wait_for(ready, timeout=120, what="the run's ranks")
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.stderr is not None
-    said = proc.stderr.read().decode(errors="replace")
+    said = err.decode(errors="replace")
     sys.stderr.write(said)
+    return proc.returncode, said
+
+
+def _ctrl_c(
+    cmd: list[str], out: Path, ranks: int, env: dict[str, str], cwd: Path, local: bool = True
+) -> int:
+    """Ctrl+C once every rank is up; treb's exit code."""
+    code, said = interrupt(cmd, lambda: len(list(out.glob("up-*"))) == ranks, cwd, env)
     if local:  # what the local supervisor says at once: what comes, and how to skip it
         assert "interrupted: SIGINT to the ranks" in said and "Ctrl+C again" in said, said
-    return proc.returncode
+    return code
 
 
 def _local(tmp_path: Path, extra: str = "") -> tuple[Path, list[str]]:
@@ -108,7 +117,7 @@ def test_a_rank_that_outlives_sigint_gets_sigterm_then_sigkill(treb, tmp_path: P
     """SIGINT, then SIGTERM after the grace period to what still runs, then SIGKILL after
     another one: rank 0 ends on the SIGTERM, rank 1 (ignoring both) dies of the SIGKILL."""
     out, cmd = _local(tmp_path, "grace_period: 1s\n")
-    code = _ctrl_c(cmd, out, 2, {"OUT": str(out), "STUBBORN": "1"}, tmp_path)
+    code = _ctrl_c(cmd, out, 2, {"OUT": str(out), "STUBBORN": "0,1"}, tmp_path)
     assert code == 130
     assert (out / "signals-0").read_text() == "SIGINT\nSIGTERM\n"
     assert (out / "signals-1").read_text() == "SIGINT\nSIGTERM\n"
@@ -152,3 +161,31 @@ def test_ctrl_c_reaches_ranks_on_ssh_hosts(treb, ssh_config: str, tmp_path: Path
     st = status_json(treb)
     assert st["state"] == "CANCELLED" and st["first_failure"] is None
     assert_nothing_left(st["id"])
+
+
+def test_ctrl_c_while_a_retry_is_pending_says_an_attempt_failed(treb, tmp_path: Path) -> None:
+    """Attempt 1 fails; Ctrl+C comes while its retry is pending (attempt 2's `pre` runs, no
+    rank started): the run is CANCELLED, its first failure stays attempt 1's, attempt 2 is
+    recorded as cancelled after attempt 1 failed, and the cause says it (never "nothing
+    failed"); treb exits 130."""
+    gap = tmp_path / "in-gap"
+    spec = write_spec(tmp_path, (
+        "command: 'if [ \"$TREB_ATTEMPT\" = 0 ]; then echo failing; exit 3; fi; sleep 60'\n"
+        f"retries: 1\npre: 'if [ \"$TREB_ATTEMPT\" = 1 ]; then touch {gap}; sleep 60; fi'\n"
+    ))  # fmt: skip
+    cmd = [sys.executable, "-m", "trebuchet", "run", str(spec)]
+    code, said = interrupt(cmd, gap.exists, tmp_path)
+    assert code == 130, said
+    assert "nothing failed" not in said.lower() and "pre command failed" not in said, said
+    assert "attempt 1 FAILED (rank 0 (node 0) exited with code 3); its retry" in said, said
+    assert "cancelled after attempt 1 failed" in said, said
+    st = status_json(treb)
+    assert st["state"] == "CANCELLED", st
+    assert st["first_failure"]["attempt"] == 0 and st["first_failure"]["exit_code"] == 3
+    assert [(a["state"], a["reason"]) for a in st["attempts"]] == [
+        ("FAILED", "failure"),
+        ("CANCELLED", "cancelled after attempt 1 failed, before its ranks started"),
+    ]
+    res = treb("diagnose", "--json")
+    assert "nothing failed" not in res.stdout.lower(), res.stdout
+    assert "cancelled after attempt 1 failed" in res.stdout, res.stdout

@@ -78,6 +78,11 @@ def test_native_contract_and_hostile_values_reach_ranks_literally(
         # the ranks run the snapshot of the workdir taken at submission (same code on requeue)
         assert e["_cwd"] == str(run_dir / "code") and e["TREB_HOME"] == os.environ["TREB_HOME"]
         assert hosts[rank] == ("tn1" if rank < 2 else "tn2")
+        # one task per node (issue 36): srun's variables still say which rank this is
+        assert (e["SLURM_PROCID"], e["SLURM_LOCALID"]) == (r, str(rank % 2))
+        assert e["SLURM_NTASKS"] == "4" and e["SLURM_NODEID"] == str(rank // 2)
+    # ... and the node's one agent started both of its ranks
+    assert got["0"]["_ppid"] == got["1"]["_ppid"] and got["2"]["_ppid"] == got["3"]["_ppid"]
     assert not Path("/tmp/treb-pwned").exists() and not Path("/tmp/treb-pwned2").exists()
     script = (run_dir / "submit.sbatch").read_text()
     assert "s3cr3t-value" not in script and "MY_TOKEN" in script  # by name only

@@ -115,6 +115,7 @@ def final_summary(store: Store, rec: RunRecord, colour: bool = False) -> str:
     elif rec.state != "SUCCEEDED":
         out.append(f"see `treb status {rec.id}` and `treb logs {rec.id}`")
     out += goodput_lines(rec)
+    out += straggler_lines(rec)
     out += diagnosis_lines(store, rec)
     out += results_lines(store, rec)
     out += metrics_lines(store, rec)
@@ -156,6 +157,27 @@ def goodput_json(rec: RunRecord) -> dict[str, Any] | None:
         return of_run(rec).to_json()
     except Exception as exc:  # noqa: BLE001
         return {"error": repr(exc)}
+
+
+def straggler_json(rec: RunRecord) -> dict[str, Any] | None:
+    """The latest attempt's stragglers (runtime/watch/straggler.py, docs/goodput.md): every
+    rank's and node's score and those named; None when no two ranks marked steps."""
+    try:
+        from trebuchet.runtime.watch.straggler import summary
+
+        return summary(rec.run_dir, rec.attempt, rec.procs_per_node)
+    except Exception as exc:  # noqa: BLE001 - a run's records never hide the rest
+        return {"error": repr(exc)}
+
+
+def straggler_lines(rec: RunRecord) -> list[str]:
+    """'straggler: rank 1 (node 0, tn1) takes 1.52x its peers' median step time ...'"""
+    from trebuchet.runtime.watch.straggler import lines
+
+    data = straggler_json(rec)
+    if data and "error" in data:
+        return [f"stragglers unavailable: {data['error']}"]
+    return lines(data)
 
 
 def metrics_lines(store: Store, rec: RunRecord) -> list[str]:

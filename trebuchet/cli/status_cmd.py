@@ -12,7 +12,14 @@ from trebuchet.backends import get_backend
 from trebuchet.cli.common import STATE_STYLE, clock, console, state_cell
 from trebuchet.cli.health_view import health_json, health_lines
 from trebuchet.cli.progress import gpu_use, progress_lines, progress_of
-from trebuchet.cli.report import diagnosis_json, diagnosis_lines, goodput_json, goodput_lines
+from trebuchet.cli.report import (
+    diagnosis_json,
+    diagnosis_lines,
+    goodput_json,
+    goodput_lines,
+    straggler_json,
+    straggler_lines,
+)
 from trebuchet.cli.table import markup as m
 from trebuchet.errors import UserError
 from trebuchet.launcher import outputs
@@ -57,6 +64,7 @@ def main(args: argparse.Namespace) -> int:
         out["health"] = health_json(rec.run_dir)  # by attempt: each node's checks
         out["outputs"] = outputs.written(rec.run_dir)  # what the ranks wrote in the snapshot
         out["goodput"] = goodput_json(rec)  # where the wall time went (docs/goodput.md)
+        out["stragglers"] = straggler_json(rec)  # ranks slower than their peers (the same)
         print(json.dumps(out, indent=2))
         return 0
     from rich.table import Table
@@ -77,7 +85,8 @@ def main(args: argparse.Namespace) -> int:
     if rec.git_commit:
         dirty = " with uncommitted changes" if rec.git_dirty else ""
         con.print(f"  code    git {rec.git_commit[:12]}{dirty}")
-    for line in [*progress_lines(rec), *goodput_lines(rec), *outputs.lines(rec.run_dir)]:
+    found = [*progress_lines(rec), *goodput_lines(rec), *straggler_lines(rec)]
+    for line in [*found, *outputs.lines(rec.run_dir)]:
         con.print(f"  {shown(line)}", markup=False, highlight=False)
     if rec.active and rec.waiting:
         colour = "yellow" if rec.waiting.get("starts") else "red"

@@ -32,6 +32,7 @@ class RunView:
     nodes: list[str] = field(default_factory=list)  # one line per node
     progress: dict[str, Any] | None = None  # cli/progress.py: step, total, fraction, eta_s
     gpus: str = ""  # the latest sample of each GPU (cli/progress.py)
+    stragglers: list[str] = field(default_factory=list)  # cli/report.py: one line each
 
 
 def main(args: argparse.Namespace) -> int:
@@ -59,9 +60,11 @@ def snapshot(store: Store, include_recent: bool = False) -> list[RunView]:
         if not rec.active:
             ingest(store, rec)
         from trebuchet.cli.progress import gpu_text, gpu_use, progress_of
+        from trebuchet.cli.report import straggler_lines
 
         out.append(RunView(rec, latest_metrics(store, rec), node_lines(store, rec),
-                           progress_of(rec), gpu_text(gpu_use(rec))))  # fmt: skip
+                           progress_of(rec), gpu_text(gpu_use(rec)),
+                           straggler_lines(rec)))  # fmt: skip
     return out
 
 
@@ -157,7 +160,7 @@ def plain(views: list[RunView]) -> list[str]:
             out.append("  metrics: " + ", ".join(metric_text(m) for m in v.metrics))
         if v.gpus:
             out.append(f"  gpus: {v.gpus}")
-        out += [f"  {line}" for line in v.nodes]
+        out += [f"  {line}" for line in v.nodes + v.stragglers]
     return [shown(line) for line in out]  # names of metrics a rank printed: as text
 
 
@@ -179,7 +182,7 @@ def table(views: list[RunView], interval: float) -> Any:
         r = v.rec
         style = STATE_STYLE.get(r.state, "")
         detail = "\n".join(markup(line) for line in [
-            ", ".join(metric_text(m) for m in v.metrics) or "-", *v.nodes,
+            ", ".join(metric_text(m) for m in v.metrics) or "-", *v.nodes, *v.stragglers,
             *([f"gpus: {v.gpus}"] if v.gpus else [])])  # fmt: skip
         t.add_row(
             markup(r.id), markup(r.name), f"[{style}]{markup(r.state)}[/]",

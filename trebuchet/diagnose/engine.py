@@ -252,6 +252,8 @@ def _state_diag(case: Case) -> Diagnosis | None:
                          fix="Nothing of this run failed: see why its dependency ended so "
                          "(`treb status`); resubmit it with --after RUN:any to start it "
                          "whatever that run's end")  # fmt: skip
+    if state == "CANCELLED" and run.get("first_failure"):
+        return None  # cancelled after an attempt failed: that failure is diagnosed (decide)
     if state == "CANCELLED":
         why = f"attempt {attempt}: {run.get('reason') or 'cancel'}"
         return Diagnosis("cancelled", f"the run was cancelled{at} (treb cancel, Ctrl+C or a "
@@ -427,6 +429,11 @@ def fit_remedy(d: Diagnosis, case: Case) -> None:
 
 def decide(case: Case) -> Diagnosis:
     d = _decide(case)
+    run = case.run or {}
+    if run.get("state") == "CANCELLED" and run.get("first_failure") and d.category:
+        n = int(run["first_failure"].get("attempt") or 0) + 1  # from 1, as `treb status`
+        d.summary = (f"the run was cancelled after attempt {n} failed, before its retry "
+                     f"ran; attempt {n}: {d.summary}")  # fmt: skip
     if d.category == "missing_file" and case.run and case.run.get("run_dir"):
         from trebuchet.launcher.snapshot import why_missing
 

@@ -109,8 +109,8 @@ def _from_files(tl: Timeline, run_dir: Path) -> None:
                 node = _int(ff.get("node"))
                 where = ff.get("host") or (f"node-{node}" if node is not None else None)
                 a.node = None if where is None else str(where)[:200]
-        for m in rmarks.attempt_marks(str(adir)):
-            (a.steps if m.kind == rmarks.STEP else a.checkpoints).append(m.t)
+        for m in rmarks.attempt_marks(str(adir)):  # a compute mark is a step's progress too
+            (a.checkpoints if m.kind == rmarks.CHECKPOINT else a.steps).append(m.t)
     tl.attempts = list(known.values())
     result = read_json(str(run_dir / "result.json"), 1 << 20)
     if tl.ended is None and isinstance(result, dict) and result.get("source") == "batch":

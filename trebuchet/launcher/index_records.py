@@ -74,8 +74,11 @@ class IndexRecords:
     def retrying(self, attempt: int) -> None:
         self.state("retrying", attempt=attempt)
 
-    def run_ended(self, state: str, cause: FirstFailure | None, exit_code: int) -> None:
-        self.state("run_ended", {"exit_code": exit_code, "first_failure": cause}, state=state)
+    def run_ended(
+        self, state: str, cause: FirstFailure | None, exit_code: int, reason: str | None = None
+    ) -> None:
+        index = {"exit_code": exit_code, "first_failure": cause}
+        self.state("run_ended", index, state=state, **({"reason": reason} if reason else {}))
 
     def state(self, kind: str, index: dict[str, Any] | None = None, **fields: Any) -> None:
         """An event that moves the run's state: the index follows it (store/lifecycle.py)."""

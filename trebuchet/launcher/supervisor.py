@@ -447,7 +447,7 @@ class Supervisor:
         sync([path for agent in agents for path in agent.take_unsynced()])
         ok = all(p.returncode == 0 for agent in agents for p in agent.procs)
         append_event(self.run_dir, f"{when}_hooks", attempt=attempt, ok=ok)
-        if not ok:
+        if not ok and self.job.cancel_signal is None:  # a cancel ended it: not a failure
             self._say(f"{when} command failed on a node; see attempt-{attempt}/{when}-node-*.log")
         return ok
 

@@ -1,7 +1,8 @@
 """The runtime's command line (`python3 treb-runtime-<version>-<hash>.pyz VERB ...`):
 
 controller JOB_JSON       a Slurm job's batch step (attempts, retries, requeue)
-task JOB_JSON             one task of the ranks' srun step (a rank, or a node's launcher)
+task JOB_JSON             one task of the ranks' srun step (a node's agent; a rank under
+                          native with slurm.mpi); parked, it runs the next attempts too
 hook pre|post JOB_JSON    the spec's pre/post command on one node
 worker [--slurm] [--grace S] [--mpi PPN] -- CMD...
                           one rank started by torchrun, mpirun or horovodrun
@@ -67,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return fault(args)
     if verb == "controller" and len(args) == 1:
+        from .node.per_node import setup_environ
         from .slurm.step import Controller
+
+        setup_environ()  # the environment the job's script made, whatever started python3
 
         runtime = task.self_argv()[-1]
         return Controller(_job(args[0]), os.path.abspath(args[0]), runtime).run()

@@ -388,6 +388,43 @@ class Spec(Block, SpecFacts):
         "whatever retries remain; 0: never (docs/goodput.md)",
         default=3, ge=0, le=MAX_RETRIES,
     )  # fmt: skip
+    checkpoint_pattern: str | None = allowed(
+        'a regular expression ("" turns it off)',
+        "a rank's log line saying a checkpoint was saved counts as one (goodput, the "
+        "no-progress rule); default: the HuggingFace Trainer's, Lightning's, Megatron's and "
+        "DeepSpeed's lines; its group `step`, if any, is the number (docs/goodput.md)",
+        default=None, max_length=1000,
+    )  # fmt: skip
+    straggler_threshold: float = allowed(
+        "a number above 1, or 0 (off)",
+        "a rank whose step times stay this many times its peers' median is named a "
+        "straggler (docs/goodput.md#stragglers)",
+        default=1.3,
+    )
+
+    @field_validator("checkpoint_pattern")
+    @classmethod
+    def _checkpoint_pattern(cls, v: str | None) -> str | None:
+        import re
+
+        if v:
+            try:
+                re.compile(v.encode())
+            except re.error as exc:
+                raise ValueError(f"{v!r} is not a valid regular expression: {exc}") from None
+        return v
+
+    @field_validator("straggler_threshold", mode="before")
+    @classmethod
+    def _straggler_threshold(cls, v: Any) -> Any:
+        import math
+
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError("must be a number above 1, or 0 (off)")
+        if not math.isfinite(v) or not (v == 0 or v > 1):
+            raise ValueError("must be a number above 1, or 0 (off)")
+        return float(v)
+
     timeout: Duration | None = allowed(DURATION_ALLOWED, "per-attempt time limit", default=None)
     timeout_warning: Duration | None = allowed(
         DURATION_ALLOWED,

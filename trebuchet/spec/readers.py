@@ -5,12 +5,15 @@ progress (runtime/watch/eta.py); its GPU sampler and the job controller's idle-G
 runtime/watch/gpu.py's part. They all read one file, written at submission in the run directory
 (and, for the engines whose nodes have their own run directory, carried in the job file):
 the spec's `metrics:` block, plus `gpus` (gpus_per_node), `idle_gpu_timeout` (seconds)
-and `idle_gpu_action`.
+and `idle_gpu_action`, `checkpoint_pattern` and `straggler_threshold` (read by the agent's
+checkpoint lines and the job controller's straggler watch) where the spec sets them.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from trebuchet.runtime.watch.straggler import THRESHOLD
 
 
 def reader_config(spec: Any) -> dict[str, Any]:
@@ -23,6 +26,11 @@ def reader_config(spec: Any) -> dict[str, Any]:
     if idle:
         data["idle_gpu_timeout"] = idle
         data["idle_gpu_action"] = getattr(spec, "idle_gpu_action", "warn")
+    if getattr(spec, "checkpoint_pattern", None) is not None:  # runtime/watch/marks.py
+        data["checkpoint_pattern"] = spec.checkpoint_pattern
+    threshold = getattr(spec, "straggler_threshold", THRESHOLD)
+    if threshold != THRESHOLD:  # runtime/watch/straggler.py
+        data["straggler_threshold"] = threshold
     return data
 
 
@@ -30,5 +38,9 @@ def needed(spec: Any) -> bool:
     """Whether the job file must carry it: not the defaults (the runtime's when absent)."""
     wanted = getattr(spec, "metrics", None)
     if wanted is not None and wanted.model_fields_set:
+        return True
+    if getattr(spec, "checkpoint_pattern", None) is not None:
+        return True
+    if getattr(spec, "straggler_threshold", THRESHOLD) != THRESHOLD:
         return True
     return bool(getattr(spec, "gpus_per_node", 0) or getattr(spec, "idle_gpu_timeout", None))

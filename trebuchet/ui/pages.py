@@ -227,6 +227,23 @@ def _goodput(rec: RunRecord) -> str:
     )
 
 
+def _stragglers(rec: RunRecord) -> str:
+    """The ranks of the latest attempt slower than their peers (runtime/watch/straggler.py,
+    docs/goodput.md), each a line; nothing when no two ranks marked steps."""
+    from trebuchet.cli.report import straggler_json
+    from trebuchet.runtime.watch.straggler import lines
+
+    data = straggler_json(rec)
+    if not data:
+        return ""
+    if "error" in data:
+        return f"<p class='muted' id='stragglers'>stragglers unavailable: {e(data['error'])}</p>"
+    found = lines(data) or ["no straggler: every rank keeps its peers' pace"]
+    cls = "bad" if data["stragglers"] else "muted"
+    body = "".join(f"<p class='{cls}'>{e(t)}</p>" for t in found)
+    return f"<div id='stragglers'>{body}</div>"
+
+
 def _results(store: Store, rec: RunRecord) -> str:
     if rec.state in ACTIVE:
         return "<p class='muted'>results come when the run ends</p>"
@@ -458,7 +475,7 @@ def run_page(store: Store, rec: RunRecord, csrf: str) -> str:
         f"<h1>Run <span id='run-id'>{e(rec.id)}</span> <span class='name'>{e(rec.name)}</span></h1>"
         f"<div class='actions'>{''.join(actions)}</div><dl class='facts'>{dl}</dl>"
         f"{failure}{diagnosis}{hang}"
-        f"<h2>Goodput</h2>{_goodput(rec)}"
+        f"<h2>Goodput</h2>{_goodput(rec)}{_stragglers(rec)}"
         f"<h2>Attempts</h2><div id='timeline'>{_timeline(rec, attempts, procs, stuck)}</div>"
         f"{_gpus(rec)}<h2>Logs</h2>{logs}<h2>Metrics</h2>{charts}"
         f"<h2>Results</h2>{_results(store, rec)}"

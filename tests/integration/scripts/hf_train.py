@@ -72,10 +72,6 @@ def main() -> None:
                       callbacks=[Slow(a.sleep, a.die_at, a.hang_at)])  # fmt: skip
     last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
     trainer.train(resume_from_checkpoint=last)
-    # The Trainer leaves its process group to the interpreter's exit, where torch 2.13 can
-    # abort (treb's `exit_abort`, tests/integration/test_exit_abort.py): not what this tests.
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

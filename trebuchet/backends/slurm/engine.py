@@ -8,6 +8,7 @@ other trace) plus reading small files; `treb logs -f` reads the rank logs direct
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -380,7 +381,11 @@ class SlurmBackend(Backend):
         last = files.last_attempt
         now = time.time()
         ff = None
-        if state == FAILED and last is not None:
+        failed = result.get("failed_attempt")  # cancelled with its retry pending
+        if state == CANCELLED and isinstance(failed, int) and failed in files.records:
+            found = first_failure(files.records[failed])
+            ff = {**found, "attempt": failed} if found else None
+        elif state == FAILED and last is not None:
             found = first_failure(files.records.get(last, []))
             if found:
                 ff = {**found, "attempt": last}
@@ -418,6 +423,7 @@ class SlurmBackend(Backend):
         run_dir = Path(rec.run_dir)
         self.cancel_signal = None
         cancelled_at: float | None = None
+        give_up_s = 60.0  # after the cancel, the run is ended here if Slurm has not said
         presses = 0
         shown = waited = ""
         warned_at = 0.0
@@ -435,8 +441,13 @@ class SlurmBackend(Backend):
             while True:
                 now = time.monotonic()
                 if self.cancel_signal is not None and cancelled_at is None:
-                    view.say(f"cancelling Slurm job {rec.backend_id}")
-                    self._scancel(rec)
+                    grace = self._interrupt(rec, view) if self.cancel_signal == signal.SIGINT \
+                        else None  # fmt: skip
+                    if grace is None:
+                        view.say(f"cancelling Slurm job {rec.backend_id}")
+                        self._scancel(rec)
+                    else:
+                        give_up_s = max(give_up_s, 2 * grace + 30.0)
                     cancelled_at = now
                 if now >= next_poll:
                     next_poll = now + POLL_S
@@ -464,7 +475,7 @@ class SlurmBackend(Backend):
                     view.say(f"squeue has not answered for {silent:.0f}s (slurmctld down? "
                              f"SLURM_CONF?); still following job {rec.backend_id}; Ctrl+C "
                              "cancels it")  # fmt: skip
-                if cancelled_at is not None and (presses > 1 or now - cancelled_at > 60):
+                if cancelled_at is not None and (presses > 1 or now - cancelled_at > give_up_s):
                     if presses > 1:
                         self._scancel(rec, "KILL")
                     lifecycle.ended(store, rec.id, CANCELLED, "treb cancel (Ctrl+C)")
@@ -478,6 +489,33 @@ class SlurmBackend(Backend):
         return rec.state
 
     # -- cancel ------------------------------------------------------------------------------
+    def _interrupt(self, rec: RunRecord, view: Any) -> float | None:
+        """Ctrl+C on an attached run whose job controller runs an attempt: SIGINT to the
+        controller alone (`scancel --signal=INT --batch`), which hands it on as torchrun
+        does (runtime/slurm/step.py: SIGINT to the ranks, SIGTERM after the grace period,
+        SIGKILL after another) and ends the run CANCELLED. The grace period, or None when
+        the job runs no attempt yet (pending, or its script still sets up): then scancel."""
+        run_dir = Path(rec.run_dir)
+        files = st.read_job_files(run_dir)
+        if not rec.backend_id or not files.attempts or files.result is not None:
+            return None
+        try:
+            grace = float(json.loads((run_dir / "job.json").read_text())["grace"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        write_atomic(run_dir / "cancel-requested", f"{time.time()}\n")
+        cmd = ["scancel", "--signal=INT", "--batch", rec.backend_id]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if res.returncode != 0:
+            return None
+        view.say(f"interrupted: SIGINT to the ranks of Slurm job {rec.backend_id}; SIGTERM to "
+                 f"what still runs in {grace:g}s, SIGKILL in {2 * grace:g}s; Ctrl+C again to "
+                 "kill them now")  # fmt: skip
+        return grace
+
     def _scancel(self, rec: RunRecord, sig: str | None = None) -> None:
         """One scancel; the marker file tells the job's own trap that it was cancelled."""
         write_atomic(Path(rec.run_dir) / "cancel-requested", f"{time.time()}\n")

@@ -29,6 +29,7 @@ from trebuchet.envs.recipe import Recipe
 from trebuchet.launcher.policies import policies_for
 from trebuchet.launcher.runtime_file import file_name as runtime_file_name
 from trebuchet.runtime.contracts.schema import JobFile
+from trebuchet.runtime.node.per_node import SETUP_ENV_FD, SETUP_ENV_VAR
 from trebuchet.spec.duration import MAX_SECONDS, slurm_time
 from trebuchet.store.files import write_atomic
 
@@ -99,8 +100,17 @@ def warning_seconds(spec: Any, limit: float | None) -> int | None:
 
 
 def tasks_per_node(spec: Any) -> int:
-    """native: one Slurm task per rank; torchrun, none, mpirun: one per node (seed 004)."""
+    """The allocation's tasks per node (sbatch): native holds one per rank (the per-rank
+    --cpus-per-task is Slurm's to multiply); torchrun, none, mpirun one per node (seed 004)."""
     return spec.ranks_per_node if spec.launcher == "native" else 1
+
+
+def srun_starts_ranks(spec: Any) -> bool:
+    """Whether the ranks' srun step starts every rank as a task of its own: only where
+    srun must, native with `slurm.mpi` (PMIx/PMI2 wire each task up). Otherwise it starts
+    one task per node, the node's agent, which starts the node's ranks itself (issue 36:
+    one interpreter and one link per node, not per rank)."""
+    return spec.launcher == "native" and bool(spec.slurm.mpi)
 
 
 def cpus_per_task(spec: Any) -> int | None:
@@ -229,7 +239,8 @@ def allocation_nodes(spec: Any) -> int:
 
 def srun_args(spec: Any, run_dir: Path, workdir: Path, per_node: bool = False) -> list[str]:
     """srun flags of one step: the ranks (or, per_node, one task per node for pre/post)."""
-    ntasks = 1 if per_node else tasks_per_node(spec)
+    ranks = not per_node and srun_starts_ranks(spec)
+    ntasks = spec.ranks_per_node if ranks else 1
     # mpirun: one task on the first node; OpenMPI starts its daemons on the others itself.
     mpi = spec.launcher in ("mpirun", "horovod")  # horovod on Slurm: under mpirun
     nodes = 1 if mpi and not per_node else spec.nodes
@@ -237,7 +248,10 @@ def srun_args(spec: Any, run_dir: Path, workdir: Path, per_node: bool = False) -
     args = [f"--nodes={nodes}", f"--ntasks={nodes * ntasks}",
             f"--ntasks-per-node={ntasks}", "--kill-on-bad-exit=0", "--export=ALL"]  # fmt: skip
     cpus = cpus_per_task(spec)
-    if cpus and not per_node:
+    if spec.launcher == "native" and not ranks and not per_node:
+        # the node agent's one task: the node's whole share (CPUs, GPUs) for its ranks
+        args.append("--whole")
+    elif cpus and not per_node:
         args.append(f"--cpus-per-task={cpus}")  # 22.05's srun no longer inherits it
     if spec.slurm.mpi and not per_node and not mpi:
         args.append(f"--mpi={spec.slurm.mpi}")
@@ -341,7 +355,10 @@ def render_script(spec: Any, workdir: Path, run_id: str, run_dir: Path,
     lines += [
         'command -v python3 >/dev/null 2>&1 || { echo "treb: no python3 (>= 3.8) on $(hostname):'
         " trebuchet's job controller needs it\" >&2; exit 2; }",
-        'exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json"',
+        # the environment made above reaches the ranks, whatever `python3` is (a pyenv shim)
+        f"export {SETUP_ENV_VAR}={SETUP_ENV_FD}",
+        f'exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json" '
+        f"{SETUP_ENV_FD}< <(env -0)",
     ]
     return "\n".join(lines) + "\n"
 

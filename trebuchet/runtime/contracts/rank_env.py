@@ -22,6 +22,7 @@ __all__ = [
     "rank_vars",
     "node_vars",
     "elastic_vars",
+    "slurm_task_vars",
 ]
 
 DEFAULT_MASTER_PORT = 29500  # torch's own default, for engines that do not give us a job id
@@ -51,6 +52,27 @@ def rank_vars(rank: int, local_rank: int, node: int, nodes: int, ppn: int) -> di
         "ROLE_RANK": str(rank),
         "ROLE_WORLD_SIZE": str(world),
         **node_vars(node, nodes),
+    }
+
+
+def slurm_task_vars(rank: int, local_rank: int, node: int, nodes: int, ppn: int) -> dict[str, str]:
+    """What srun tells a task about itself and its step, for a rank that the node's agent
+    started (one srun task per node): as srun would have, had it started the rank as a task
+    of its own, so that code which reads them (Lightning's SLURMEnvironment: SLURM_PROCID,
+    SLURM_LOCALID, SLURM_NTASKS) finds this rank, not the agent's task."""
+    world = nodes * ppn
+    per_node = f"{ppn}(x{nodes})" if nodes > 1 else str(ppn)
+    first = node * ppn
+    return {
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(local_rank),
+        "SLURM_NTASKS": str(world),
+        "SLURM_NPROCS": str(world),
+        "SLURM_STEP_NUM_TASKS": str(world),
+        "SLURM_NTASKS_PER_NODE": str(ppn),
+        "SLURM_TASKS_PER_NODE": per_node,
+        "SLURM_STEP_TASKS_PER_NODE": per_node,
+        "SLURM_GTIDS": ",".join(str(first + i) for i in range(ppn)),
     }
 
 

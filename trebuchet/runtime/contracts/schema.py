@@ -28,7 +28,7 @@ ATTEMPT_ENDS = ("FAILED", "TIMEOUT", "SUCCEEDED", "CANCELLED", "LOST")
 
 
 # The run's events a `notify:` webhook may ask for (runtime/publish/webhooks.py), besides `log:`.
-NOTIFY_EVENTS = ("started", "succeeded", "failed", "hung", "cancelled", "timeout")
+NOTIFY_EVENTS = ("started", "succeeded", "failed", "hung", "cancelled", "timeout", "straggler")
 
 
 def allowed(old: str, new: str) -> bool:
@@ -193,6 +193,7 @@ class Result(TypedDict, total=False):
     exit_code: int | None
     ended_at: float
     job_id: str
+    failed_attempt: int  # cancelled with this attempt's retry pending: its failure is the cause
 
 
 class Habit(TypedDict):

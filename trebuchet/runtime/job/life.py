@@ -258,7 +258,9 @@ class Records(Protocol):
     def log_policy(self, attempt: int, name: str, action: str, line: str) -> None: ...
     def max_attempts(self, count: int, granted: dict[str, int]) -> None: ...
     def retrying(self, attempt: int) -> None: ...
-    def run_ended(self, state: str, cause: FirstFailure | None, exit_code: int) -> None: ...
+    def run_ended(
+        self, state: str, cause: FirstFailure | None, exit_code: int, reason: str | None = None
+    ) -> None: ...
     def heartbeat(self) -> None: ...
 
 
@@ -292,6 +294,10 @@ class JobController:
         self.granted = dict(granted or {})  # retries the log policies granted, by name
         self.ending = Ending("FAILED", None)  # the last attempt's
         self.started_at = 0.0  # the attempt's start, wall time (the no-progress rule's)
+        # the attempt whose retry is pending or running: (attempt, state, reason, its cause);
+        # a cancel before the retry's ranks start ends the run as cancelled after it
+        self.retry_of: tuple[int, str, str | None, FirstFailure | None] | None = None
+        self.unstarted = False  # this attempt ended (a cancel) before its ranks started
         spec = spec_of(settings.run_dir)
         limit = spec.get("max_attempts_without_progress", NO_PROGRESS_DEFAULT)
         self.max_no_progress = limit if type(limit) is int and limit >= 0 else 0
@@ -373,12 +379,20 @@ class JobController:
 
     def _run(self, first: int) -> str:
         state = "FAILED"
+        reason: str | None = None
         cause = self.nodes.prepare()
         if cause is None:
             attempt = first
             while True:
                 state = self.run_attempt(attempt)
+                if state == "CANCELLED" and self.unstarted and self.retry_of is not None:
+                    state, reason = self.retry_cancelled(*self.retry_of)  # during the gap
+                    break
                 action = self.next_action(state, attempt)
+                if action != END and self.cancel_signal is not None:  # the retry: cancelled
+                    self.retry_of = (attempt, state, self.ending.reason, self.first_failure)
+                    state, reason = self.retry_cancelled(*self.retry_of)
+                    break
                 if action == REQUEUE:
                     self.nodes.requeue()  # returns only when the engine refused it
                 if action != RETRY:
@@ -387,12 +401,15 @@ class JobController:
                     f"attempt {attempt + 1} {state}; retrying as attempt {attempt + 2}"
                 )
                 self.records.retrying(attempt + 1)
+                self.retry_of = (attempt, state, self.ending.reason, self.first_failure)
                 attempt += 1
             cause = self.first_failure
+            if reason is not None and self.retry_of is not None:
+                cause = self.retry_of[3]  # the failed attempt's: the run's root cause
         code = cause.get("exit_code") if cause else None
         if code is None:
             code = self.nodes.exit_code()
-        self.records.run_ended(state, cause, code)
+        self.records.run_ended(state, cause, code, reason)
         if self.notifier is not None:  # the webhooks, once the state is recorded; bounded
             from ..publish.webhooks import cause_text
 
@@ -400,6 +417,21 @@ class JobController:
             self.notifier.event(state.lower(), state, why, exit_code=code)
             self.notifier.close()
         return state
+
+    def retry_cancelled(
+        self, attempt: int, state: str, why: str | None, cause: FirstFailure | None
+    ) -> tuple[str, str]:
+        """A cancel (Ctrl+C, treb cancel) while attempt `attempt` had ended `state` and its
+        retry was pending, before that retry's ranks started: the run ends CANCELLED, and
+        says that an attempt did fail (its cause stays the run's). (CANCELLED, the reason)"""
+        from ..publish.webhooks import cause_text
+
+        said = cause_text(cause) or ("" if why in (None, "failure") else why)
+        what = f"attempt {attempt + 1} {state}" + (f" ({said})" if said else "")
+        reason = f"cancelled after {what}, before its retry started"
+        self.records.say(f"{what}; its retry (attempt {attempt + 2}) cancelled")
+        self.records.event("retry_cancelled", attempt=attempt, state=state)
+        return "CANCELLED", reason
 
     def next_action(self, state: str, attempt: int) -> str:
         """What follows the attempt (the one rule, next_step), a matching log policy
@@ -414,8 +446,9 @@ class JobController:
             state, attempt, self.settings.retries, self.settings.log_policies,
             self.nodes.logs(attempt, cause) if state == "FAILED" else [], self.granted,
             on_hang=self.settings.on_hang if self.hang is not None else None,
-            cancelled=(self.cancel_signal is not None or self.ending.engine_ended
-                       or self.ending.final or self.idle_stop),
+            # a cancel: a cancelled attempt is CANCELLED, never retried; one that failed
+            # before the cancel is decided as it would be (the caller cancels its retry)
+            cancelled=self.ending.engine_ended or self.ending.final or self.idle_stop,
             limit_near=self.ending.limit_near, matcher=self.matcher, exit_code=code,
             no_retry_codes=s.no_retry_exit_codes, retry_codes=s.retry_exit_codes,
             no_progress=self.no_progress, max_no_progress=self.max_no_progress,
@@ -438,15 +471,26 @@ class JobController:
         self.warned = self.warned_stop = False
         started, clock_start = time.time(), time.monotonic()  # the record's; the timeout's
         self.started_at = started
+        self.unstarted = False
         self.records.attempt_started(attempt, started, **self.nodes.attempt_facts(attempt))
         if self.notifier is not None:
             if attempt == 0:
                 self.notifier.event("started", "RUNNING", attempt=0)
             self.notifier.attempt(attempt, self.attempt_dir(attempt))
         self.ending = Ending("FAILED", "pre")
-        if not self.nodes.pre_post("pre", attempt):
+        pre_ok = self.cancel_signal is None and self.nodes.pre_post("pre", attempt)
+        if self.cancel_signal is not None:  # before the ranks start: none starts
+            self.unstarted = True
+            why = "cancelled before its ranks started"
+            if self.retry_of is not None:
+                n = self.retry_of[0] + 1
+                why = f"cancelled after attempt {n} failed, before its ranks started"
+            self.ending = Ending("CANCELLED", why)
+            self.records.attempt_stopped(attempt, "CANCELLED", why)
+            return "CANCELLED"
+        if not pre_ok:
             self.records.attempt_stopped(attempt, "FAILED", "pre")
-            return "CANCELLED" if self.cancel_signal is not None else "FAILED"
+            return "FAILED"
         self.nodes.start(attempt)
         reason = self.watch(attempt, started, clock_start)
         if self.notifier is not None:
@@ -474,6 +518,9 @@ class JobController:
         from ..watch.gpu import idle_watch  # idle GPUs: None unless the spec asks
 
         idle = idle_watch(s.run_dir, self.attempt_dir(attempt), started)
+        from ..watch.straggler import watch as straggler_watch  # every CHECK_S, batched
+
+        strag = straggler_watch(s.run_dir, self.attempt_dir(attempt), s.shape[2])
         if s.hang_timeout:
             from ..watch.hung import HangWatch, expected_names
 
@@ -485,12 +532,16 @@ class JobController:
             alive = self.nodes.poll()
             if not alive:  # all ended: their records say how (a clock read now, e.g. after
                 self.nodes.tick()  # this process was stopped, would call them a timeout)
+                if strag is not None:  # the last steps, however short the attempt
+                    strag.step(self.records, attempt, self.notifier, force=True)
                 if reason is None and (self.failed or self.cancel_signal is not None):
                     reason = "failure" if self.failed else "cancel"
                 return reason
             if reason is None and idle is not None and idle.step(self.records, attempt):
                 reason, self.idle_stop = "idle_gpu", True
                 self.stop()
+            if reason is None and strag is not None:
+                strag.step(self.records, attempt, self.notifier)
             if reason is None and watch is not None:
                 found = watch.step()
                 if found is not None and self.on_hang(attempt, found):

@@ -3,11 +3,15 @@ attempt's step to the controller's host. Over it an agent says that it started (
 with its host), that it is alive (`beat`, every BEAT_S from a thread of its own), that its
 node's health checks passed (`health`: it then waits for the controller's `go`, sent
 once every task of the step said so: barrier.py), and once its records are written, that
-it ended and with which code (`ended`). With it the controller:
+it ended and with which code (`ended`), and, where the controller keeps its step for the
+next attempt (`park`), that it waits for the controller's word: `next <attempt>` (run that
+attempt's ranks, in the same srun step) or `exit`. With it the controller:
 
 - goes on as soon as every agent has ended, instead of waiting for the engine to report
   the step's end (srun does so 0.1-0.15 s after its last task exited: most of a retry's
   time inside an allocation);
+- starts a retry in the same allocation on its word to the parked agents, without a new
+  srun step (creating one, and an interpreter per node, is most of a retry's seconds);
 - notices a lost node within seconds: an agent that said hello and then stays silent for
   the spec's `node_timeout` without saying it ended (Slurm itself would notice only after
   SlurmdTimeout, 300 s by default, and srun would wait for that node's tasks until then).
@@ -31,6 +35,7 @@ import time
 from typing import Callable, NamedTuple
 
 ENV = "TREB_CONTROLLER_LINK"  # host:port:token, in the step's environment
+PARK_ENV = "TREB_AGENT_PARK"  # "1": the controller may run the next attempt on the parked agents
 CONNECT_S = 1.0  # an agent gives up on the link (and goes on without it) after this
 BEAT_S = 2.0  # an agent's heartbeat; node_timeout is several of them
 NODE_TIMEOUT_S = 10.0  # the spec's node_timeout when it says none
@@ -38,6 +43,8 @@ LINE_MAX = 256
 BACKLOG = 4096
 ACK = b"ok\n"  # the controller's answer to each line that carries the token
 GO = b"go\n"  # every task's node is healthy: start the ranks (barrier.py)
+NEXT = "next"  # `next <attempt>`: a parked agent runs that attempt
+EXIT = b"exit\n"  # a parked agent exits (a new step follows, or the job ended)
 
 
 class Lost(NamedTuple):
@@ -55,6 +62,7 @@ class _Task:
         self.heard_wall = time.time()
         self.code: int | None = None  # said when it ended
         self.conn: socket.socket | None = None  # where its `health` came: the go goes there
+        self.sock: socket.socket | None = None  # its connection (its `park`, the next word)
 
 
 class Hub:
@@ -79,6 +87,8 @@ class Hub:
         self.tasks: dict[str, _Task] = {}  # this attempt's, by task id
         self.ended_count = 0  # of this attempt's tasks (counted: no scan per `ended` line)
         self.healthy_count = 0  # of this attempt's tasks that said their node is healthy
+        # this attempt's agents that ended and wait for the next word: task id -> (host, conn)
+        self.parked: dict[str, tuple[str, socket.socket]] = {}
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.server, selectors.EVENT_READ, None)
         self.buffers: dict[socket.socket, bytes] = {}
@@ -89,9 +99,43 @@ class Hub:
         return f"{host}:{self.port}:{self.token}"
 
     def expect(self, attempt: int, tasks: int) -> None:
+        """A new step's attempt: its `tasks` agents will say hello."""
         with self.lock:
             self.attempt, self.count, self.tasks, self.ended_count = attempt, tasks, {}, 0
             self.healthy_count = 0
+            self.parked = {}
+
+    def parked_count(self) -> int:
+        with self.lock:
+            return len(self.parked)
+
+    def resume(self, attempt: int, tasks: int) -> bool:
+        """The next attempt on the parked agents, when every one of the step's `tasks`
+        parked: each is told `next <attempt>` and counts as heard now (one that never
+        speaks again is lost after node_timeout, as any). False: a new step is needed."""
+        with self.lock:
+            if tasks <= 0 or len(self.parked) != tasks:
+                return False
+            parked, self.parked = self.parked, {}
+            self.attempt, self.count, self.ended_count, self.healthy_count = attempt, tasks, 0, 0
+            self.tasks = {}
+            word = f"{NEXT} {attempt}\n".encode()
+            for task_id, (host, conn) in parked.items():
+                task = self.tasks[task_id] = _Task(host)
+                task.sock = conn
+                # its end went away meanwhile: the others may already run the attempt, so
+                # it is this attempt's silent node (lost after node_timeout), not a new step
+                with contextlib.suppress(OSError):
+                    conn.send(word)
+            return True
+
+    def release(self) -> None:
+        """`exit` to every parked agent: no attempt follows in their step."""
+        with self.lock:
+            parked, self.parked = self.parked, {}
+        for _host, conn in parked.values():
+            with contextlib.suppress(OSError):
+                conn.send(EXIT)
 
     def ended(self) -> int | None:
         """The step's exit code as srun would give it (the highest of its tasks') once every
@@ -165,6 +209,9 @@ class Hub:
                 with contextlib.suppress(OSError):  # the agent's sign that this end lives
                     conn.send(ACK)
         if not data or len(rest) > LINE_MAX:
+            with self.lock:  # a parked agent that went away cannot run the next attempt
+                for task_id in [t for t, (_h, c) in self.parked.items() if c is conn]:
+                    del self.parked[task_id]
             self.sel.unregister(conn)
             self.buffers.pop(conn, None)
             conn.close()
@@ -188,9 +235,13 @@ class Hub:
                 return True
             task = self.tasks.get(task_id)
             if what == "hello" and task is None:
-                self.tasks[task_id] = _Task(value)
-            elif task is not None and what in ("beat", "ended", "health"):
+                task = self.tasks[task_id] = _Task(value)
+            elif task is not None and what in ("hello", "beat", "ended", "health", "park"):
                 task.heard, task.heard_wall = time.monotonic(), time.time()
+            if task is not None and conn is not None:
+                task.sock = conn
+            if what == "park" and task is not None and conn is not None:
+                self.parked[task_id] = (task.host, conn)
             if what == "health" and task is not None and value == "ok" and conn is not None:
                 self._healthy(task, conn)
             if what == "ended":
@@ -261,6 +312,7 @@ class Link:
                  on_lost: Callable[[float], None] | None = None,
                  timeout: float = NODE_TIMEOUT_S) -> None:  # fmt: skip
         self.sock, self.token, self.attempt, self.task = sock, token, attempt, task
+        self.host = "?"  # as said in its hello (open_link)
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         # the controller's answers: silent for `timeout`, its node is lost (`on_lost`,
@@ -268,7 +320,10 @@ class Link:
         self.on_lost, self.timeout = on_lost, timeout
         self.heard, self.heard_wall = time.monotonic(), time.time()
         self.go = threading.Event()  # the controller's go came (barrier.py)
-        self._said = b""  # the end of its answers, for a `go` split across reads
+        self._said = b""  # its answers' last, unfinished line
+        self.word = threading.Event()  # parked: the controller's next word came
+        self.next: int | None = None  # ... the attempt it said, None: exit
+        self.parked = False  # ended, waiting for the word (no batch-host loss then)
         if sock is not None:
             threading.Thread(target=self._beat, name="agent-beat", daemon=True).start()
 
@@ -291,7 +346,9 @@ class Link:
             sent = self._send("beat", "-")
             self._answers()
             if self.on_lost is not None and time.monotonic() - self.heard > self.timeout:
-                if not self.stopped.is_set():
+                if self.parked:  # no ranks to stop: the parked agent exits
+                    self.word.set()
+                elif not self.stopped.is_set():
                     self.on_lost(self.heard_wall)
                 return
             if not sent and self.on_lost is None:
@@ -313,11 +370,23 @@ class Link:
                 if not data:  # the controller's end closed: no more answers
                     self.sock.close()
                     self.sock = None
+                    self.word.set()  # parked: no word will come, exit
                     return
                 self.heard, self.heard_wall = time.monotonic(), time.time()
-                self._said = (self._said + data)[-64:]
-                if b"\n" + GO in b"\n" + self._said:
-                    self.go.set()
+                *lines, rest = (self._said + data).split(b"\n")
+                self._said = rest[-LINE_MAX:]
+                for line in lines:
+                    self._answer(line)
+
+    def _answer(self, line: bytes) -> None:
+        """One line of the controller's (under the lock): ok, go, next N, exit."""
+        if line + b"\n" == GO:
+            self.go.set()
+        elif line + b"\n" == EXIT:
+            self.word.set()
+        elif line.startswith(NEXT.encode() + b" ") and line[len(NEXT) + 1 :].isdigit():
+            self.next = int(line[len(NEXT) + 1 :])
+            self.word.set()
 
     def healthy(self) -> bool:
         """This task's node passed its checks; False when there is no link to say it on."""
@@ -328,6 +397,37 @@ class Link:
         if not self.go.is_set():
             self._answers(wait)
         return True if self.go.is_set() else None
+
+    def park(self, code: int) -> None:
+        """The agent's end of this attempt (`ended`), then that it waits for the next word
+        (wait_next) in the same step; the heartbeat goes on."""
+        self.parked = True
+        self._send("park", "-")  # first: once the controller counts every end, all parked
+        self._send("ended", str(code))
+
+    def wait_next(self, stopped: Callable[[], bool]) -> int | None:
+        """The attempt the controller says to run next; None: exit (its word, its end
+        closed or silent for the timeout, or `stopped()`)."""
+        while not self.word.is_set() and not stopped():
+            self._answers(0.05)
+            if self.sock is None:
+                break
+        return self.next if self.word.is_set() else None
+
+    def next_attempt(self, attempt: int) -> None:
+        """The next attempt begins on this link: its hello, a new go to wait for."""
+        self.attempt, self.parked, self.next = attempt, False, None
+        self.go.clear()
+        self.word.clear()
+        self._send("hello", self.host)
+
+    def close(self) -> None:
+        """Its end, after `park` (the controller's exit word): nothing more to say."""
+        self.stopped.set()
+        with self.lock, contextlib.suppress(OSError):
+            if self.sock is not None:
+                self.sock.close()
+                self.sock = None
 
     def ended(self, code: int) -> None:
         """The agent's last word: its records are written and it exits with `code`."""
@@ -353,7 +453,8 @@ def open_link(attempt: int, task: str, host: str,
     except OSError:
         sock = None
     link = Link(sock, token, attempt, task, on_lost if sock is not None else None, timeout)
-    link._send("hello", host.replace(" ", "_") or "?")
+    link.host = host.replace(" ", "_") or "?"
+    link._send("hello", link.host)
     return link
 
 

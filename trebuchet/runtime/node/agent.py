@@ -29,7 +29,7 @@ from ..rundir.records import exit_fields, now, sync, writable_fd, write_json
 from ..watch import eta, gpu
 from ..watch import metric_reader as metrics
 from ..watch.activity import Progress
-from ..watch.marks import marks_path
+from ..watch.marks import chain, checkpoint_lines, marks_path
 from ..watch.stacks import Stacks, faulthandler_path
 
 if TYPE_CHECKING:
@@ -152,7 +152,8 @@ class Agent:
         self.metrics = metrics.hook(attempt_dir, conf)  # fed by the one reader's lines
         self.eta = eta.hook(attempt_dir, conf)  # the first rank's progress, from them too
         self.gpus = gpu.sampler(attempt_dir, conf, procs_)  # the node's GPUs, if asked for
-        on_line = eta.chain(self.eta, self.metrics)
+        checkpoints = checkpoint_lines(attempt_dir, conf)  # `Saving model checkpoint to`
+        on_line = eta.chain(self.eta, chain(self.metrics, checkpoints))
         self.progress = Progress(attempt_dir, on_line=on_line)  # the agent's log reader
         self.marks_made = False  # attempt-<n>/marks, made at the first tracked start
         self.stacks = Stacks(attempt_dir)
@@ -292,7 +293,9 @@ class Agent:
         for p in self.procs:
             if p.alive:
                 p.stopped = True
-                if self.forward_term and p.popen:
+                # an interrupt's signals are always the agent's: an engine that signals every
+                # process (Slurm's TERM, forward_term False) hands the agent alone its INT
+                if (self.forward_term or interrupt) and p.popen:
                     procs.signal_group(p.popen.pid, sig)
         if interrupt:
             self.term_at = time.monotonic() + self.grace
@@ -353,8 +356,8 @@ class Agent:
             self.signal_all(self._forward.pop(0))
         if self.term_at is not None and time.monotonic() >= self.term_at:
             self.term_at = None
-            for p in self.procs:
-                if p.alive and p.popen and self.forward_term:
+            for p in self.procs:  # the interrupt's SIGTERM step: the agent's own
+                if p.alive and p.popen:
                     procs.signal_group(p.popen.pid, signal.SIGTERM)
         if self.kill_at is not None and time.monotonic() >= self.kill_at:
             self.kill()

@@ -323,15 +323,16 @@ def gate(where: Where, conf: Mapping[str, Any], slurm_job: str | None = None,
     return record(where, run_checks(where, conf, slurm_job), extra, durable)
 
 
-def wait_verdict(adir: str, node: int, attempt: int, limit: float) -> str | None:
+def wait_verdict(adir: str, node: int, attempt: int, limit: float, step: str) -> str | None:
     """A Slurm task other than its node's first (native: one task per rank): the first
-    task's verdict, from its health-<node>.json of this attempt; unhealthy when none came
-    within `limit` seconds."""
+    task's verdict, from its health-<node>.json of this attempt and this step (`step`,
+    barrier.step_id: a record an earlier try left in the folder is not this one's);
+    unhealthy when none came within `limit` seconds."""
     path = os.path.join(adir, f"health-{node}.json")
     end = time.monotonic() + limit
     while time.monotonic() < end:
         rec = read_json(path)
-        if isinstance(rec, dict) and rec.get("attempt") == attempt:
+        if isinstance(rec, dict) and rec.get("attempt") == attempt and rec.get("step") == step:
             if rec.get("healthy"):
                 return None
             lost = read_json(os.path.join(adir, f"lost-{node}.json"))
@@ -386,7 +387,7 @@ def slurm_gate(job: Mapping[str, Any]) -> str | None:
     where = Where(run_dir, adir, attempt, node, host, str(job["workdir"]), env)
     if int(env.get("SLURM_LOCALID") or 0) != 0:
         limit = float(job.get("health_check_timeout") or 0) + GPU_LIST_S + 30.0
-        return wait_verdict(adir, node, attempt, limit)
+        return wait_verdict(adir, node, attempt, limit, barrier.step_id())
     return gate(where, job, env.get("SLURM_JOB_ID") or None, {"step": barrier.step_id()})
 
 

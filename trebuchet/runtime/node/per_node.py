@@ -52,7 +52,7 @@ from ..watch import metric_reader as metrics
 from . import barrier, health
 from .agent import Agent, Proc
 from .logcopy import LogCopy
-from .task import none_proc, self_argv, torchrun_proc
+from .task import native_procs, none_proc, self_argv, torchrun_proc
 
 if TYPE_CHECKING:
     from ..contracts.schema import Hang, JobFile
@@ -127,13 +127,7 @@ def node_procs(
     ranks = [(node * ppn + local, local) for local in range(ppn)]
     rank_streams = [(f"{node}:{local}", log(f"rank-{rank}")) for rank, local in ranks]
     if launcher == "native":
-        procs = []
-        for rank, local in ranks:
-            renv = dict(env)
-            renv.update(contract.rank_vars(rank, local, node, nnodes, ppn))
-            renv.update(contract.elastic_vars(job["run_id"], int(job.get("max_attempts", 1)) - 1))
-            procs.append(Proc(f"rank-{rank}", f"{node}:{local}", cmd, renv, rank, node, local))
-        return procs, rank_streams
+        return native_procs(job, env, node, nnodes, ranks, job["run_id"]), rank_streams
     if launcher == "torchrun":
         worker = [*self_argv(), "worker", "--grace", str(job["grace"])]
         proc = torchrun_proc(env, node, nnodes, ppn, worker, cmd)

@@ -112,16 +112,44 @@ def slurm_teardown(adir: str, label: str) -> None:
 
 def slurm_task(job: JobFile) -> int:
     """One task of the ranks' srun step, on the line to its controller (agent_link: its
-    heartbeat while it runs, its end once its records are written)."""
+    heartbeat while it runs, its end once its records are written). Where the controller
+    keeps the step (agent_link.PARK_ENV), the agent then waits for its word and runs the
+    next attempt's ranks in the same step (a retry without a new srun step: issue 36)."""
     task = os.environ.get("SLURM_PROCID", "?")
     host = os.environ.get("SLURMD_NODENAME") or os.uname().nodename  # Slurm's name for it
     attempt = _int_env("TREB_ATTEMPT")
     timeout = float(job.get("node_timeout") or agent_link.NODE_TIMEOUT_S)
+    park = os.environ.pop(agent_link.PARK_ENV, "") == "1"  # not the ranks' business
 
     def controller_lost(heard: float) -> None:  # Slurm's batch host died (batchloss.py)
         batchloss.on_lost(job, attempt, timeout, heard)
 
     link = agent_link.open_link(attempt, task, host, controller_lost, timeout)
+    while True:
+        code, healthy = slurm_attempt(job, link)
+        if link is None or not park or not healthy or link.sock is None:
+            break
+        # what the ranks left behind (a daemon out of their process group) would outlive
+        # the attempt in a step that goes on: ended here, as the step's end would have
+        from .per_node import end_strays
+
+        end_strays(str(job["run_id"]), _int_env("SLURM_NODEID"))
+        link.park(code)  # the attempt's end, then the controller's word
+        following = link.wait_next(lambda: False)  # a TERM now is Slurm's: its KILL follows
+        if following is None:
+            link.close()
+            return code
+        attempt = following
+        os.environ["TREB_ATTEMPT"] = str(attempt)
+        link.next_attempt(attempt)
+    if link is not None:
+        link.ended(code)
+    return code
+
+
+def slurm_attempt(job: JobFile, link: agent_link.Link | None) -> tuple[int, bool]:
+    """This task's part of one attempt (TREB_ATTEMPT): its node's checks, the barrier, its
+    ranks to their end. Its exit code, and whether its node was healthy."""
     agent = slurm_agent(job)
     agent.install_signals()
     # A task that srun starts after the attempt's teardown (its TERM went to the tasks
@@ -135,9 +163,7 @@ def slurm_task(job: JobFile) -> int:
     elif not torn_down:  # every node's checks end before any rank starts (barrier.py)
         torn_down = not slurm_go(job, link, agent)
     code = 128 + signal.SIGTERM if torn_down else 1 if unhealthy else agent.run()
-    if link is not None:
-        link.ended(code)
-    return code
+    return code, unhealthy is None
 
 
 def slurm_go(job: JobFile, link: agent_link.Link | None, agent: Agent) -> bool:
@@ -170,27 +196,21 @@ def slurm_agent(job: JobFile, inline: bool = False) -> Agent:
         env["OMP_NUM_THREADS"] = contract.omp_threads(cpus, ppn)
     cmd = list(job["command"])
     worker = [*self_argv(), "worker", "--slurm", "--grace", str(job["grace"])]
-    if launcher == "native":
-        rank, local = _int_env("SLURM_PROCID"), _int_env("SLURM_LOCALID")
-        env.update(contract.rank_vars(rank, local, node, nnodes, ppn))
-        # srun is the launcher here: no TORCHELASTIC_RUN_ID (contract.elastic_vars)
-        env.update(contract.elastic_vars(None, int(job.get("max_attempts", 1)) - 1))
-        proc = Proc(f"rank-{rank}", f"{node}:{local}", cmd, env, rank, node, local)
+    if launcher == "native" and node_agent(job):  # this node's ranks, as srun would
+        ranks = [(node * ppn + local, local) for local in range(ppn)]
+        procs = native_procs(job, env, node, nnodes, ranks, None, slurm_tasks=True)
+    elif launcher == "native":  # srun started this rank as a task of its own (slurm.mpi)
+        ranks = [(_int_env("SLURM_PROCID"), _int_env("SLURM_LOCALID"))]
+        procs = native_procs(job, env, node, nnodes, ranks, None)
     elif launcher == "torchrun":
-        proc = torchrun_proc(env, node, nnodes, ppn, worker, cmd)
+        procs = [torchrun_proc(env, node, nnodes, ppn, worker, cmd)]
     elif launcher in ("mpirun", "horovod"):  # horovod: under mpirun (runtime/node/horovodrun.py)
-        proc = Proc(
-            f"node-{node}",
-            str(node),
-            _mpirun_argv(job, env, worker, cmd),
-            env,
-            node=node,
-            launcher=True,
-        )
+        argv = _mpirun_argv(job, env, worker, cmd)
+        procs = [Proc(f"node-{node}", str(node), argv, env, node=node, launcher=True)]
     else:  # none: the user's own launcher, once per node
-        proc = none_proc(env, node, ppn, cmd)
+        procs = [none_proc(env, node, ppn, cmd)]
     return Agent(
-        [proc],
+        procs,
         adir,
         job["workdir"],
         float(job["grace"]),
@@ -200,6 +220,34 @@ def slurm_agent(job: JobFile, inline: bool = False) -> Agent:
         on_failure=None if inline else lambda p: slurm_teardown(adir, p.label),
         stopped_elsewhere=slurm_stopped_elsewhere(job["run_dir"], adir),
     )
+
+
+def node_agent(job: JobFile) -> bool:
+    """Whether each task of the ranks' srun step is its node's agent, which starts all the
+    node's ranks (one task per node: issue 36), rather than one rank's (srun starts each
+    rank under `slurm.mpi`): as the step's own --ntasks-per-node says (backends/slurm)."""
+    per_task = [a for a in job.get("srun") or [] if a.startswith("--ntasks-per-node=")]
+    return bool(per_task) and per_task[0] == "--ntasks-per-node=1"
+
+
+def native_procs(job: JobFile, env: dict[str, str], node: int, nnodes: int,
+                 ranks: list[tuple[int, int]], elastic_id: str | None,
+                 slurm_tasks: bool = False) -> list[Proc]:  # fmt: skip
+    """launcher native: a process per (rank, local rank) with the rank contract, on every
+    engine's node agent. `elastic_id`: TORCHELASTIC_RUN_ID, None where srun's variables
+    say who the launcher is (Slurm: Lightning would otherwise take torchrun for it and drop
+    its SLURM auto-requeue); `slurm_tasks`: each rank also gets the SLURM_* variables of
+    the task srun would have started for it (contract.slurm_task_vars)."""
+    ppn, cmd = int(job["ppn"]), list(job["command"])
+    out = []
+    for rank, local in ranks:
+        renv = dict(env)
+        renv.update(contract.rank_vars(rank, local, node, nnodes, ppn))
+        renv.update(contract.elastic_vars(elastic_id, int(job.get("max_attempts", 1)) - 1))
+        if slurm_tasks:
+            renv.update(contract.slurm_task_vars(rank, local, node, nnodes, ppn))
+        out.append(Proc(f"rank-{rank}", f"{node}:{local}", cmd, renv, rank, node, local))
+    return out
 
 
 def torchrun_proc(
@@ -410,6 +458,16 @@ def hand_error_file(ours: str, theirs: str | None) -> None:
         write_bytes(theirs, data, durable=False)
 
 
+def _step_agent(pid: int, run: str) -> list[int]:
+    """The agent that started `pid` when it is a step's own task (its parent is no process
+    of the run: slurmstepd), as a list; [] under a worker agent (torchrun's, mpirun's),
+    which gets the interrupt from its launcher, as torchrun hands Ctrl+C on."""
+    up = procs.ancestors(pid)[:2]
+    if len(up) == 2 and procs.in_run(up[0], run) and not procs.in_run(up[1], run):
+        return [up[0]]
+    return []
+
+
 def deliver(job: JobFile, sig_name: str) -> int:
     """The `signal` verb, one task per node of the job (the controller's step at the time
     limit warning): the checkpoint signal to this node's running commands of this attempt
@@ -417,13 +475,17 @@ def deliver(job: JobFile, sig_name: str) -> int:
     Agent.signal_all. `scancel --signal` would reach every process of the step instead."""
     attempt, adir = _attempt_dir(job)
     host, sig = os.uname().nodename, int(getattr(signal, sig_name))
+    run = str(job["run_id"])
     sent: list[int] = []
     for rec in attempt_records(adir):
         pid = rec.get("pid")
         if not isinstance(pid, int) or rec.get("state") != "RUNNING" or rec.get("host") != host:
             continue
-        if not procs.in_run(pid, str(job["run_id"])):
+        if not procs.in_run(pid, run):
             continue  # ended, and the pid reused
-        sent += [p for p in procs.catchers(pid, sig) if procs.signal_pid(p, sig)]
+        if sig == signal.SIGINT:  # Ctrl+C: to the step's agents, which hand it on once
+            sent += [a for a in _step_agent(pid, run) if a not in sent and procs.signal_pid(a, sig)]
+        else:
+            sent += [p for p in procs.catchers(pid, sig) if procs.signal_pid(p, sig)]
     print(f"[treb] {host}: {sig_name} to {len(sent)} process(es) that handle it", flush=True)
     return 0

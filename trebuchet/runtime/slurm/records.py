@@ -46,6 +46,7 @@ class BatchRecords:
         self.state, self.reason = "", ""
         self.use: list[str] = []  # this attempt's nodes (nodeset.choose): the master first
         self.granted_by: dict[str, int] = {}  # the job controller's (its log policies')
+        self.failed_attempt: int | None = None  # a cancel ended this attempt's pending retry
 
     def granted(self) -> dict[str, int]:
         """The retries each log policy granted so far, kept in `policy-retries` (one name a
@@ -82,6 +83,8 @@ class BatchRecords:
         end: Result = {"state": state, "reason": reason, "source": source,
                        "attempt": self.attempt, "exit_code": self.step_rc, "ended_at": now(),
                        "job_id": self.job_id}  # fmt: skip
+        if state == "CANCELLED" and self.failed_attempt is not None:
+            end["failed_attempt"] = self.failed_attempt  # its failure: the run's cause
         write_json(os.path.join(self.run_dir, "result.json"), end)
         # The MLflow run's status now, also when nobody follows the job (bounded: a
         # server that does not answer costs 2 x END_TIMEOUT_S, an event, nothing else).
@@ -98,6 +101,8 @@ class BatchRecords:
         log(text)
 
     def event(self, kind: str, **fields: Any) -> None:
+        if kind == "retry_cancelled":  # job/life.py: the cancel came with a retry pending
+            self.failed_attempt = int(fields["attempt"])
         append_event(self.run_dir, kind, **fields)
 
     def attempt_started(self, attempt: int, started_at: float, **facts: Any) -> None:
@@ -139,10 +144,12 @@ class BatchRecords:
     def retrying(self, attempt: int) -> None:
         """Said in batch.log by the controller; the next attempt.json follows."""
 
-    def run_ended(self, state: str, cause: FirstFailure | None, exit_code: int) -> None:
+    def run_ended(self, state: str, cause: FirstFailure | None, exit_code: int,
+                  reason: str | None = None) -> None:  # fmt: skip
         if self.ending():  # on_term wrote result.json when Slurm began ending the job
             return
         self.state = state
+        self.reason = reason or self.reason
         self.result(state, self.reason, "batch")
         run = self.job["run_id"]
         log(f"run {run}: {state}" + (f" ({self.reason})" if self.reason else ""))

@@ -1,6 +1,7 @@
 """The job controller on Slurm: what happens once per job, in the batch step.
 
-Attempts (each one srun step of node agents, with the spec's pre/post commands around it),
+Attempts (an srun step of node agents, one per node; a retry on the same nodes runs on
+the previous attempt's agents, parked in their step; the spec's pre/post commands around),
 retries within the allocation, log policies, the spec's `timeout` per attempt (as the local
 supervisor: the checkpoint signal `warning` seconds before it, then the ranks stopped, the
 attempt TIMEOUT and retried here when attempts remain), the job's time-limit warning
@@ -28,7 +29,7 @@ from ..job import life as lifecycle
 from ..job import link as agent_link
 from ..job import nodeloss, selfrequeue
 from ..node.agent import Agent
-from ..node.task import PYTHON_GUARD
+from ..node.task import PYTHON_GUARD, node_agent
 from ..process import procs
 from ..publish import trackers as tracking
 from ..rundir.records import (
@@ -50,6 +51,8 @@ ENDING_WAIT_S = 120  # Slurm's SIGTERM (then its SIGKILL, after KillWait) comes 
 # squeue's states of a job that goes on; any other, while this batch step runs, means that
 # Slurm is ending it (COMPLETING, REQUEUED, CANCELLED, PREEMPTED, ...)
 GOING_ON = {"RUNNING", "SIGNALING", "RESIZING", "STAGE_OUT"}
+# An srun task's start: the interpreter given first ("" or one the node lacks: python3).
+AGENT_START = 'p="$1"; shift; [ -n "$p" ] && [ -x "$p" ] && exec "$p" -S "$@"; ' + PYTHON_GUARD
 
 
 def time_left(job_id: str) -> int:
@@ -97,6 +100,7 @@ class Controller:
         self.finishing: list[subprocess.Popen[bytes]] = []
         self.link: agent_link.Hub | None = None
         self.stepped = False  # a task step already ran in this allocation
+        self.step_use: list[str] = []  # the nodes of the latest task step
         self.node_timeout = float(job.get("node_timeout") or agent_link.NODE_TIMEOUT_S)
         self.lost: str | None = None  # this attempt's lost node, as said (node_lost: ...)
         self.lost_kill_at: float | None = None  # then srun is ended at this time
@@ -156,16 +160,20 @@ class Controller:
         if not self.job.get(when) or self.terminating:
             return True
         self.step = self.srun(self.step_args(self.job["srun_hook"]), "hook", when)
+        stopped = False
         try:
             while self.step.poll() is None:
                 self._tick()
+                if self.lc.cancel_signal is not None and not stopped:  # no rank starts now
+                    stopped = True
+                    self.signal_steps(signal.SIGTERM)
                 select.select([self.lc.wake_r], [], [], 0.2)
                 self.lc.drain()
             self._handle_signals()
             rc = self.step.returncode
         finally:
             self.step = None
-        if rc != 0:
+        if rc != 0 and self.lc.cancel_signal is None:
             log(f"{when} command failed on a node (exit {rc}): see {self.adir}/{when}-node-*.log")
         return rc == 0
 
@@ -180,7 +188,10 @@ class Controller:
             self.inline.start_all()
         else:
             args = self.step_args(self.job["srun"])
+            if self.resume_step(attempt, args):
+                return
             if self.link is not None:
+                self.link.release()  # the previous step's parked agents exit
                 self.link.expect(attempt, step_tasks(args))
             self.finishing = [p for p in self.finishing if p.poll() is None]
             # a retry: the previous step may still hold its CPUs while srun reports its end
@@ -188,6 +199,24 @@ class Controller:
             overlap = ["--overlap"] if self.finishing or self.stepped else []
             self.stepped = True
             self.step = self.srun([*args, *overlap], "task")
+            self.step_use = list(self.use)
+
+    def resume_step(self, attempt: int, args: list[str]) -> bool:
+        """The attempt on the previous attempt's node agents, parked in their srun step
+        (runtime/job/link.py): no new step, no new interpreter, so a retry in the same
+        allocation starts in well under a second. Only on the same nodes, once every agent
+        of the step parked and no signal of ours is still on its way to the step."""
+        parked = self.finishing[-1] if self.finishing else None
+        if (self.link is None or parked is None or parked.poll() is not None
+                or self.use != self.step_use
+                or any(p.poll() is None for p in self.scancels)):  # fmt: skip
+            return False
+        if not self.link.resume(attempt, step_tasks(args)):
+            return False
+        self.finishing.pop()
+        self.step = parked
+        log(f"attempt {attempt + 1}: on the node agents of the previous attempt's srun step")
+        return True
 
     def poll(self) -> bool:
         self._tick()
@@ -224,14 +253,22 @@ class Controller:
         agents, which stop their ranks with the grace period."""
         if self.terminating:
             return
-        label = "hang" if self.lc.hang is not None else "timeout"
-        label = "idle_gpu" if self.lc.idle_stop else label
+        lc = self.lc
+        cancel = lc.cancel_signal is not None and not lc.failed and lc.hang is None
+        label = "hang" if lc.hang is not None else "cancel" if cancel else "timeout"
+        label = "idle_gpu" if lc.idle_stop else label
         label = "node_lost" if self.lost and not self.lost_after else label
         if self.adir:
             write_text(os.path.join(self.adir, "teardown"), label + "\n")
         if label == "timeout":
             log(f"timeout ({self.job.get('timeout') or 0:g}s): stopping the ranks "
                 f"(grace {self.job['grace']}s)")  # fmt: skip
+        if label == "cancel" and lc.cancel_signal == signal.SIGINT:  # Ctrl+C, as torchrun
+            g = float(self.job["grace"])
+            log(f"interrupted: SIGINT to the ranks; SIGTERM to what still runs in {g:g}s, "
+                f"SIGKILL in {2 * g:g}s")  # fmt: skip
+            self.stop_ranks(signal.SIGINT)
+            return
         self.stop_ranks(signal.SIGTERM)
 
     def kill(self) -> None:
@@ -246,7 +283,8 @@ class Controller:
         self.requeue_at = None
         if not self.terminating:
             self.job_requeue()  # a rank asked, then ended: the requeue, not a failure
-        if not self.terminating and self.rc != 0 and reason not in ("hang", "timeout", "idle_gpu"):
+        ours = ("hang", "timeout", "idle_gpu", "cancel")  # the controller stopped it
+        if not self.terminating and self.rc != 0 and reason not in ours:
             self.ended_by_slurm()
 
     def ending(self, attempt: int, reason: str | None) -> lifecycle.Ending:
@@ -262,7 +300,9 @@ class Controller:
                 log(f"the next attempt cannot run: {left}")
                 return lifecycle.Ending("FAILED", f"{self.lost}; {left}", final=True)
             return lifecycle.Ending("FAILED", self.lost)
-        if reason in ("hang", "idle_gpu"):
+        if reason == "cancel":  # Ctrl+C on `treb run` (SIGINT to this controller)
+            state, why = "CANCELLED", "cancelled (Ctrl+C): SIGINT to the ranks"
+        elif reason in ("hang", "idle_gpu"):
             state, why = "FAILED", reason
         elif reason == "timeout" or (rc != 0 and self.lc.warned and self.died_of_warning()):
             state, why = "TIMEOUT", "timeout"  # the spec's timeout, as locally
@@ -298,17 +338,30 @@ class Controller:
 
     # -- signals -------------------------------------------------------------------------
     def install_signals(self) -> None:
-        for sig in (signal.SIGTERM, getattr(signal, self.sig)):
+        # SIGINT: Ctrl+C on an attached `treb run` (engine.py: scancel --signal=INT --batch)
+        for sig in (signal.SIGTERM, signal.SIGINT, getattr(signal, self.sig)):
             signal.signal(sig, lambda signum, _f: self._signals.append(signum))
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(self.lc.wake_w, warn_on_full_buffer=False)
 
     def _handle_signals(self) -> None:
         while self._signals:
-            if self._signals.pop(0) == signal.SIGTERM:
+            signum = self._signals.pop(0)
+            if signum == signal.SIGTERM:
                 self.on_term()
+            elif signum == signal.SIGINT:
+                self.on_interrupt()
             else:
                 self.on_warning()
+
+    def on_interrupt(self) -> None:
+        """Ctrl+C on the attached `treb run`: the run is cancelled as torchrun hands Ctrl+C
+        on (stop: SIGINT to the ranks, SIGTERM after the grace period, SIGKILL after
+        another); a second one kills what is left. The job then ends by itself."""
+        if self.terminating or self.requeued:
+            return
+        log("Ctrl+C on treb run: cancelling the run")
+        self.lc.cancel(signal.SIGINT)
 
     def _tick(self) -> None:
         """While the attempt's processes run: signals, the warning's step, the requeue
@@ -393,14 +446,22 @@ class Controller:
             return sent
         if self.step is not None:
             log(f"{why}: {self.sig} to the ranks that handle it (checkpoint now)")
-            n = int(self.job["nodes"])
-            argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1"]
-            argv += ["--overlap", "--export=ALL", "sh", "-c", PYTHON_GUARD, "treb-agent"]
-            argv += [self.runtime, "signal", self.sig, self.job_path]
-            with contextlib.suppress(OSError):
-                self.signaller = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-                return 1  # its own step delivers it: the count is not known here
+            return 1 if self.node_step(self.sig) else 0  # its step delivers it: count unknown
         return 0
+
+    def node_step(self, sig_name: str) -> bool:
+        """One more step, one task per node of the attempt, that delivers `sig_name` there
+        (task.deliver: the checkpoint signal to the ranks that handle it, SIGINT to the
+        agents). Whether it started."""
+        n = len(self.use) or int(self.job["nodes"])
+        where = [f"--nodelist={','.join(self.use)}"] if self.use else []
+        argv = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", *where]
+        argv += ["--overlap", "--export=ALL", *self.agent_argv("signal", sig_name)]
+        try:
+            self.signaller = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        except OSError:
+            return False
+        return True
 
     def on_term(self) -> None:
         """Cancelled, time limit, preemption, requeue: record why, at once (Slurm's SIGKILL
@@ -512,17 +573,30 @@ class Controller:
     # -- steps ---------------------------------------------------------------------------
     def srun(self, srun_args: list[str], *words: str) -> subprocess.Popen[bytes]:
         """One srun step of node agents."""
-        argv = ["srun", *srun_args, "sh", "-c", PYTHON_GUARD, "treb-agent", self.runtime,
-                *words, self.job_path]  # fmt: skip
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(["srun", *srun_args, *self.agent_argv(*words)],
+                                stdin=subprocess.DEVNULL)  # fmt: skip
+
+    def agent_argv(self, *words: str) -> list[str]:
+        """What an srun task runs: this runtime's verb, started by the interpreter that runs
+        this controller where the node has it (the batch step's environment, as setup made
+        it, reaches the agents and ranks as is: a `python3` that is a pyenv shim would put
+        its own folders first on PATH), else by the node's `python3` (a container image)."""
+        image = any(a.startswith("--container-image=") for a in self.job["srun"])
+        python = "" if image else sys.executable
+        return ["sh", "-c", AGENT_START, "treb-agent", python, self.runtime, *words,
+                self.job_path]  # fmt: skip
 
     def stop_ranks(self, sig: int) -> None:
         """`sig` to the attempt's agents (SIGTERM: their teardown, with the grace period)."""
         if self.inline is not None:
             if sig == signal.SIGTERM:
                 self.term_inline(self.inline)
+            elif sig == signal.SIGINT:  # the agent hands it on: INT, TERM, KILL
+                self.inline.teardown(signal.SIGINT)
             else:
                 self.inline.signal_all(sig)
+        elif self.step is not None and sig == signal.SIGINT:
+            self.node_step("SIGINT")  # to each node's agents, never to every process
         elif self.step is not None:
             self.signal_steps(sig)
 
@@ -683,6 +757,8 @@ class Controller:
             log(f"no agent link ({exc}): each attempt waits for its srun step's end")
             return
         os.environ[agent_link.ENV] = self.link.address(os.uname().nodename)
+        if parks(self.job):
+            os.environ[agent_link.PARK_ENV] = "1"
 
     def run(self) -> int:
         self.install_signals()
@@ -694,12 +770,26 @@ class Controller:
         if not self.job.get("inline"):
             self.open_link()
         state = self.lc.run(first=self.attempt)
+        if self.link is not None:
+            self.link.release()  # no attempt follows: the parked agents exit
         for step in [*self.finishing, *self.scancels]:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 step.wait(timeout=30)
         if self.terminating:
             return 143
-        return 0 if state == "SUCCEEDED" else 1
+        return {"SUCCEEDED": 0, "CANCELLED": 130}.get(state, 1)  # 130: Ctrl+C's, as treb run
+
+
+def parks(job: JobFile) -> bool:
+    """Whether the agents wait in their step for the next attempt (runtime/job/link.py):
+    one node agent per node (native, torchrun, none). Not with pre/post, whose steps need
+    the node's CPUs that a parked step holds (--whole); not where srun starts each rank
+    (slurm.mpi: PMIx wires up a task once) nor under mpirun (its daemons' own steps)."""
+    if job.get("pre") or job.get("post"):
+        return False
+    return job["launcher"] in ("torchrun", "none") or (
+        job["launcher"] == "native" and node_agent(job)
+    )
 
 
 def step_tasks(srun_args: list[str]) -> int:

@@ -22,13 +22,15 @@ import json
 import math
 import os
 import re
-from typing import Iterator, NamedTuple
+import time
+from typing import Callable, Iterator, NamedTuple
 
 from ..rundir.regular import open_fd
 
 MARKS_DIR = "marks"
-STEP, CHECKPOINT = "step", "checkpoint"
-KINDS = (STEP, CHECKPOINT)
+STEP, CHECKPOINT, COMPUTE = "step", "checkpoint", "compute"
+# compute: a rank reached its step's collective (runtime/watch/straggler.py)
+KINDS = (STEP, CHECKPOINT, COMPUTE)
 READ_MAX = 4 << 20  # bytes of a marks or metrics file read, its end
 HEAD_MAX = 64 << 10  # ... and of its beginning, when it is longer
 ENTRIES_MAX = 4096  # entries of the checkpoint folder looked at
@@ -155,7 +157,7 @@ def attempt_marks(adir: str) -> list[Mark]:
     marks: list[Mark] = []
     for path in _files(os.path.join(adir, MARKS_DIR)):
         marks += _file_marks(_ends(path), points=False)
-    if not any(m.kind == STEP for m in marks):
+    if not any(m.kind in (STEP, COMPUTE) for m in marks):
         for path in _files(os.path.join(adir, "metrics")):
             if path.endswith(".jsonl"):
                 marks += _file_marks(_ends(path), points=True)
@@ -208,3 +210,85 @@ def progressed(run_dir: str, attempt: int, started: float) -> bool | None:
         if m.n is None or best is None or m.n > best:
             return True
     return any(m.t >= started for m in folder)
+
+
+# -- checkpoints announced by a log line ------------------------------------------------
+# What common trainers print once they save (real lines: tests/fixtures/trainers/): the
+# HuggingFace Trainer `Saving model checkpoint to .../checkpoint-30`, Lightning's
+# ModelCheckpoint (verbose) `... saving model to '.../epoch=0-step=50.ckpt'`, Megatron-LM
+# `successfully saved checkpoint from iteration 100 to ...`, DeepSpeed `[Torch] Checkpoint
+# global_step10 is ready now!`, and a plain `checkpoint saved`. The spec's
+# `checkpoint_pattern` replaces it ("" turns it off); its group `step`, if any, is the number.
+DEFAULT_CHECKPOINT_PATTERN = (
+    r"(?i)saving model checkpoint to |saving model to |successfully saved checkpoint"
+    r"|checkpoint \S+ is ready now|checkpoint saved"
+)
+_CHECKPOINT_N = re.compile(rb"(?i)(?:checkpoint-|global_step|\bstep[=_ ]|iteration\s+)(\d{1,15})")
+LINE_MARKS = ".from-log"  # marks/<name>.from-log: the checkpoints the agent saw in a log
+
+
+class LineCheckpoints:
+    """The agent's on_line hook that turns a checkpoint line of a process's log into a
+    checkpoint mark (marks/<name>.from-log), as if the rank had called
+    `trebuchet.dist.mark("checkpoint", n)` when the line was read (at most a second late)."""
+
+    def __init__(self, adir: str, pattern: str) -> None:
+        self.adir = adir
+        self.rx = re.compile(pattern.encode())
+        self.default = pattern == DEFAULT_CHECKPOINT_PATTERN
+        self.made = False
+
+    def __call__(self, name: str, line: bytes) -> None:
+        if self.default and b"heckpoint" not in line and b"aving model" not in line:
+            return  # the default's words absent: no regex run (most lines)
+        m = self.rx.search(line)
+        if m is None:
+            return
+        step = m.groupdict().get("step")
+        found = _CHECKPOINT_N.search(line) if step is None else None
+        n = _number(step.decode("ascii", "replace")) if step is not None else None
+        if found is not None:
+            n = _number(found[1].decode())
+        from ..rundir.records import writable_fd
+
+        text = f"{time.time():.6f} {CHECKPOINT}" + ("" if n is None else f" {n:g}") + "\n"
+        try:
+            if not self.made:
+                os.makedirs(os.path.join(self.adir, MARKS_DIR), mode=0o700, exist_ok=True)
+                self.made = True
+            fd = writable_fd(marks_path(self.adir, name + LINE_MARKS))
+        except OSError:
+            return
+        try:
+            os.write(fd, text.encode())
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def checkpoint_lines(adir: str, config: dict[str, object]) -> LineCheckpoints | None:
+    """The hook for the run's metrics.json `checkpoint_pattern` (absent: the default; "":
+    none); None when off or not a regular expression."""
+    pattern = config.get("checkpoint_pattern")
+    if pattern is None:
+        pattern = DEFAULT_CHECKPOINT_PATTERN
+    if not isinstance(pattern, str) or not pattern:
+        return None
+    try:
+        return LineCheckpoints(adir, pattern)
+    except (re.error, ValueError, UnicodeEncodeError):
+        return None
+
+
+def chain(*hooks: Callable[[str, bytes], None] | None) -> Callable[[str, bytes], None] | None:
+    """One on_line of several (those not None); None when there is none."""
+    found = [h for h in hooks if h is not None]
+    if len(found) <= 1:
+        return found[0] if found else None
+
+    def every(name: str, line: bytes) -> None:
+        for h in found:
+            h(name, line)
+
+    return every

@@ -1,0 +1,409 @@
+"""Stragglers: a rank whose steps stay slower than the other ranks' (docs/goodput.md).
+
+In lockstep training (DDP, FSDP, tensor parallel) every step ends in a collective that
+waits for the slowest rank, so the step's END is the same on every rank: a step mark or a
+progress line printed after the collective cannot tell the slow rank from the others. What
+differs is when each rank ARRIVES at the collective. A rank says so with
+`trebuchet.dist.mark("compute", n)` just before the step's collective (its own work for
+step n done); its time for step n is then its arrival less the step's start, the moment
+the previous step's collective let the last rank go (the latest mark of any rank for the
+previous step). Without `compute` marks, a rank's time for a step is the interval between
+its own step marks (or, read with `metrics: {ranks: all}`, its own progress lines, at the
+log reader's one-second resolution): exact where the ranks do not wait for each other,
+equal on every rank where they do (then nothing is named, rightly or not).
+
+The score of a rank for one step is its time over the median of the OTHER ranks' times
+(leave-one-out: with two ranks the median of both would halve the gap), each plus a
+millisecond (so scheduling noise of sub-millisecond steps does not read as 2x); its score
+is the median of its last `WINDOW` step scores, and it is named a straggler once it has
+`MIN_STEPS` of them and its score is at least the threshold (`straggler_threshold`, 1.3 by
+default: 30 % slower than its peers, beyond the jitter of an even run); it is no longer one
+once its score falls below halfway between 1 and the threshold. A node's score is its
+worst rank's.
+
+Where: the job controller's watch loop (runtime/job/life.py) calls `StragglerWatch.step`
+at most every `CHECK_S` seconds (less often where a look took more than 2 % of that
+time: thousands of ranks, a slow shared file system), which reads what was appended to
+the attempt's marks files since (at most `READ_MAX` bytes a file a check, from its end
+when more came), keeps the last `KEEP` steps of each rank (in the order they were
+marked: a step number used again, a new epoch's, is the latest), and writes
+`attempt-<n>/stragglers.json`; a rank that becomes a straggler is one `straggler` event,
+one line, one webhook.
+`scores_of(adir)` computes the same from the files after the fact (status, the
+dashboard, ssh runs whose marks were fetched).
+
+Total: any bytes give durations or nothing; a time that is not finite, negative or past
+`HUGE_S` is ignored, so every score is finite. Stdlib only: it ships in the runtime file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any, Dict, List, Mapping, Sequence
+
+from ..rundir.records import attempt_records, now, writable_fd
+from ..rundir.regular import open_fd
+from . import marks as rmarks
+
+COMPUTE = "compute"  # a rank's mark before its step's collective (its arrival)
+THRESHOLD = 1.3  # straggler_threshold's default
+WINDOW = 10  # steps a rank's score is the median over
+MIN_STEPS = 5  # step scores a rank needs before it can be named
+KEEP = WINDOW + 2  # steps of each rank kept by the watch
+CHECK_S = 2.0  # the watch reads the marks at most this often
+HUGE_S = 1e6  # a step time longer than this (11 days) is no step time
+EPS = 1e-3  # seconds added to both sides of a ratio: the noise floor of a step time
+READ_MAX = 1 << 20  # bytes of a marks file read per check, at most
+FILE = "stragglers.json"
+
+Durations = Dict[str, List[float]]
+
+
+def _fine(d: float) -> bool:
+    return isinstance(d, (int, float)) and math.isfinite(d) and 0.0 <= d <= HUGE_S
+
+
+def _median(values: Sequence[float]) -> float:
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2.0
+
+
+def step_scores(times: Mapping[str, Sequence[float | None]]) -> dict[str, list[float]]:
+    """Each rank's score for each step: `times[r][i]` is rank r's time for step i (None,
+    or a time that is not finite, negative or huge: not known), over the median of the
+    other ranks' times for that step; steps no other rank has are left out."""
+    ranks = list(times)
+    length = max((len(v) for v in times.values()), default=0)
+    out: dict[str, list[float]] = {r: [] for r in ranks}
+    for i in range(length):
+        known = []
+        for r in ranks:
+            v = times[r][i] if i < len(times[r]) else None
+            if v is not None and _fine(v):
+                known.append((float(v), r))
+        if len(known) < 2:
+            continue
+        known.sort()
+        values = [v for v, _ in known]
+        for at, (d, r) in enumerate(known):
+            out[r].append((d + EPS) / (_median_without(values, at) + EPS))
+    return out
+
+
+def _median_without(s: Sequence[float], at: int) -> float:
+    """The median of the sorted `s` less its element `at`, in O(1) (thousands of ranks:
+    each rank's peers' median without sorting them again)."""
+    m = len(s) - 1
+
+    def pick(j: int) -> float:  # the j-th of the rest
+        return s[j if j < at else j + 1]
+
+    return pick(m // 2) if m % 2 else (pick(m // 2 - 1) + pick(m // 2)) / 2.0
+
+
+def score(times: Mapping[str, Sequence[float | None]], window: int = WINDOW) -> dict[str, float]:
+    """Each rank's straggler score: the median of its last `window` step scores (1.0: as
+    fast as its peers; 1.5: half again as slow); ranks without any are left out."""
+    return {r: _median(s[-window:]) for r, s in step_scores(times).items() if s}
+
+
+def named(times: Mapping[str, Sequence[float | None]], threshold: float = THRESHOLD,
+          min_steps: int = MIN_STEPS, window: int = WINDOW) -> dict[str, float]:  # fmt: skip
+    """The ranks whose score is at least `threshold` over at least `min_steps` steps."""
+    found = step_scores(times)
+    return {r: _median(s[-window:]) for r, s in found.items()
+            if len(s) >= min_steps and _median(s[-window:]) >= threshold}  # fmt: skip
+
+
+# -- step times from marks ----------------------------------------------------------------
+class Rank:
+    """One rank's recent marks: step key -> time, for its compute and step marks (the key
+    is the mark's number, else its count among the rank's marks of that kind)."""
+
+    def __init__(self) -> None:
+        self.compute: dict[float, float] = {}
+        self.step: dict[float, float] = {}
+        self.counts = {COMPUTE: 0, rmarks.STEP: 0}
+
+    def add(self, kind: str, t: float, n: float | None) -> None:
+        if kind not in self.counts:
+            return
+        key = float(self.counts[kind]) if n is None else n
+        self.counts[kind] += 1
+        into = self.compute if kind == COMPUTE else self.step
+        into.pop(key, None)  # a number used again (a new epoch's): the latest, last
+        into[key] = t
+        while len(into) > KEEP + 1:  # the keys marked longest ago go
+            del into[next(iter(into))]
+
+
+def durations(ranks: Mapping[str, Rank]) -> Durations:
+    """Each rank's time for each of the last KEEP steps (aligned by step key: NaN where a
+    rank has none): arrival less the step's start when any rank marks `compute`, else the
+    interval between its own step marks (see the module's docstring)."""
+    arrive = any(r.compute for r in ranks.values())
+    first: dict[float, float] = {}  # each step key's earliest mark: steps in time order
+    for r in ranks.values():
+        for k, t in (r.compute if arrive else r.step).items():
+            first[k] = min(t, first.get(k, t))
+    keys = sorted(first, key=lambda k: (first[k], k))[-(KEEP + 1) :]
+    start: float | None = None
+    out: Durations = {name: [] for name in ranks}
+    for prev, key in zip(keys, keys[1:]):
+        if arrive:  # the previous step let the last rank go at its latest mark
+            ends = [e for r in ranks.values() for e in (r.compute.get(prev), r.step.get(prev))
+                    if e is not None]  # fmt: skip
+            start = max(ends) if ends else None
+        for name, r in ranks.items():
+            if arrive:
+                t1, t0 = r.compute.get(key), start
+            else:
+                t1, t0 = r.step.get(key), r.step.get(prev)
+            d = t1 - t0 if t1 is not None and t0 is not None else math.nan
+            out[name].append(d)
+    return out
+
+
+def rank_of(name: str) -> int | None:
+    """The rank of a marks or metrics file's name: `rank-3`, `rank-3.jsonl`; else None."""
+    base = name[: -len(".jsonl")] if name.endswith(".jsonl") else name
+    kind, _, num = base.partition("-")
+    return int(num) if kind == "rank" and num.isdigit() and len(num) < 8 else None
+
+
+class Reader:
+    """What was appended to one marks or metrics file since the last read (whole lines)."""
+
+    def __init__(self, path: str, points: bool) -> None:
+        self.path, self.points = path, points
+        self.offset = 0
+        self.rest = b""
+
+    def read(self) -> list[rmarks.Mark]:
+        try:
+            fd = open_fd(self.path)
+        except OSError:
+            return []
+        try:
+            size = os.fstat(fd).st_size
+            if size < self.offset:  # truncated: from the start again
+                self.offset, self.rest = 0, b""
+            if size - self.offset > READ_MAX:  # more than a check reads: its end
+                self.offset, self.rest = size - READ_MAX, b""
+            data = os.pread(fd, READ_MAX, self.offset) if size > self.offset else b""
+        except OSError:
+            return []
+        finally:
+            os.close(fd)
+        self.offset += len(data)
+        data = self.rest + data
+        cut = data.rfind(b"\n") + 1
+        self.rest = data[cut:][-4096:]  # a line in the making (a mark's line is short)
+        whole = data[:cut]
+        return rmarks.parse_points(whole) if self.points else rmarks.parse_marks(whole)
+
+
+class Folder:
+    """Every rank's marks of one attempt, read incrementally: its marks files, and the
+    metrics files of the ranks that marked nothing (`metrics: {ranks: all}`)."""
+
+    def __init__(self, adir: str) -> None:
+        self.adir = adir
+        self.readers: dict[str, Reader] = {}
+        self.ranks: dict[str, Rank] = {}
+
+    def _scan(self) -> None:
+        for sub, points in ((rmarks.MARKS_DIR, False), ("metrics", True)):
+            folder = os.path.join(self.adir, sub)
+            try:
+                names = os.listdir(folder)[: rmarks.ENTRIES_MAX]
+            except OSError:
+                continue
+            for name in names:
+                r = rank_of(name)
+                if r is None or (points != name.endswith(".jsonl")):
+                    continue
+                key = f"{sub}/{name}"
+                if key not in self.readers:
+                    self.readers[key] = Reader(os.path.join(folder, name), points)
+
+    def read(self) -> dict[str, Rank]:
+        """The ranks' marks with what is new added; a rank's metrics only count while it
+        has no marks of its own."""
+        self._scan()
+        for key, reader in self.readers.items():
+            name = str(rank_of(key.rpartition("/")[2]))
+            found = reader.read()
+            if reader.points and f"{rmarks.MARKS_DIR}/rank-{name}" in self.readers:
+                continue  # the rank marks its steps: its log lines are not needed
+            rank = self.ranks.setdefault(name, Rank())
+            for m in found:
+                rank.add(m.kind, m.t, m.n)
+        return {n: r for n, r in self.ranks.items() if r.compute or r.step}
+
+
+def node_scores(scores: Mapping[str, float], ppn: int) -> dict[str, float]:
+    """Each node's score: its worst rank's (rank // procs_per_node is its node)."""
+    out: dict[str, float] = {}
+    for r, s in scores.items():
+        node = str(int(r) // max(1, ppn))
+        out[node] = max(out.get(node, 0.0), s)
+    return out
+
+
+def where(adir: str, ranks: Sequence[str], ppn: int) -> dict[str, tuple[int, str]]:
+    """(node, host) of each rank, from the attempt's process records (else rank // ppn and
+    this machine's name)."""
+    known: dict[str, tuple[int, str]] = {}
+    for rec in attempt_records(adir):
+        rank = rec.get("rank")
+        if isinstance(rank, int):
+            node = rec.get("node")
+            known[str(rank)] = (node if isinstance(node, int) else rank // max(1, ppn),
+                                str(rec.get("host") or ""))  # fmt: skip
+    here = os.uname().nodename
+    out = {}
+    for r in ranks:
+        node, host = known.get(r, (int(r) // max(1, ppn), ""))
+        out[r] = (node, host or here)
+    return out
+
+
+def report(ranks: Mapping[str, Rank], threshold: float, ppn: int) -> dict[str, Any]:
+    """What stragglers.json holds: every rank's and node's score, the stragglers named."""
+    times = durations(ranks)
+    scores = {r: round(s, 4) for r, s in score(times).items()}
+    return {
+        "time": round(now(), 3), "threshold": threshold,
+        "ranks": scores, "nodes": {n: round(s, 4) for n, s in node_scores(scores, ppn).items()},
+        "stragglers": sorted(named(times, threshold), key=int),
+    }  # fmt: skip
+
+
+def settings(run_dir: str) -> float:
+    """straggler_threshold from the run's metrics.json (0: off); the default without it."""
+    from ..rundir.records import read_json
+
+    conf = read_json(os.path.join(run_dir, "metrics.json"), 1 << 20)
+    value = conf.get("straggler_threshold", THRESHOLD) if isinstance(conf, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return THRESHOLD
+    return float(value) if math.isfinite(value) and (value == 0 or value > 1) else THRESHOLD
+
+
+class StragglerWatch:
+    """The job controller's straggler rule for one attempt (see the module's docstring)."""
+
+    def __init__(self, adir: str, threshold: float, ppn: int) -> None:
+        self.adir, self.threshold, self.ppn = adir, threshold, ppn
+        self.folder = Folder(adir)
+        self.next_check = time.monotonic() + CHECK_S
+        self.current: set[str] = set()  # the ranks now named
+        self.written: dict[str, Any] = {}
+
+    def check(self, force: bool = False) -> list[dict[str, Any]]:
+        """The ranks that became stragglers since the last check, as their events' fields;
+        stragglers.json refreshed. At most every CHECK_S seconds (`force`: now)."""
+        mono = time.monotonic()
+        if mono < self.next_check and not force:
+            return []
+        ranks = self.folder.read()
+        found = report(ranks, self.threshold, self.ppn) if len(ranks) >= 2 else None
+        # thousands of ranks: a look costs at most 2 % of the controller's time
+        self.next_check = time.monotonic() + max(CHECK_S, 50 * (time.monotonic() - mono))
+        if found is None:
+            return []
+        leave = 1.0 + (self.threshold - 1.0) / 2.0
+        new = [r for r in found["stragglers"] if r not in self.current]
+        self.current = {r for r in self.current if found["ranks"].get(r, 0.0) >= leave}
+        self.current.update(found["stragglers"])
+        found["stragglers"] = sorted(self.current, key=int)
+        if {k: v for k, v in found.items() if k != "time"} != self.written:
+            self.written = {k: v for k, v in found.items() if k != "time"}
+            write(self.adir, found)
+        places = where(self.adir, new, self.ppn) if new else {}
+        return [{"rank": int(r), "node": places[r][0], "host": places[r][1],
+                 "score": found["ranks"][r]} for r in new]  # fmt: skip
+
+    def step(self, records: Any, attempt: int, notifier: Any = None, force: bool = False) -> None:
+        """The controller's per-loop call: each new straggler an event, a line, a webhook."""
+        try:
+            found = self.check(force)
+        except Exception:  # noqa: BLE001 - a straggler's figure never ends the supervision
+            return
+        for f in found:
+            records.event("straggler", attempt=attempt, **f)
+            records.say(describe(f, self.threshold))
+            if notifier is not None:
+                notifier.event("straggler", "RUNNING", describe(f, self.threshold),
+                               attempt=attempt, **f)  # fmt: skip
+
+
+def describe(f: Mapping[str, Any], threshold: float) -> str:
+    """`straggler: rank 1 (node 0, tn1) takes 1.52x its peers' median step (threshold 1.3)`"""
+    return (f"straggler: rank {f['rank']} (node {f['node']}, {f['host']}) takes "
+            f"{f['score']:.2f}x its peers' median step time (straggler_threshold "
+            f"{threshold:g})")  # fmt: skip
+
+
+def write(adir: str, data: Mapping[str, Any]) -> None:
+    try:
+        fd = writable_fd(os.path.join(adir, FILE), truncate=True)
+    except OSError:
+        return
+    try:
+        os.write(fd, (json.dumps(data, sort_keys=True) + "\n").encode())
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def watch(run_dir: str, adir: str, ppn: int) -> StragglerWatch | None:
+    """The attempt's straggler watch; None when the spec turned it off."""
+    threshold = settings(run_dir)
+    return StragglerWatch(adir, threshold, ppn) if threshold else None
+
+
+def scores_of(adir: str, threshold: float = THRESHOLD, ppn: int = 1) -> dict[str, Any] | None:
+    """The attempt's stragglers: its stragglers.json, else computed from its marks now
+    (after the fact); None when no two ranks marked steps."""
+    from ..rundir.records import read_json
+
+    data = read_json(os.path.join(adir, FILE), 1 << 20)
+    if isinstance(data, dict) and isinstance(data.get("ranks"), dict):
+        return data
+    ranks = Folder(adir).read()
+    return report(ranks, threshold, ppn) if len(ranks) >= 2 else None
+
+
+def summary(run_dir: str, attempt: int, ppn: int) -> dict[str, Any] | None:
+    """An attempt's stragglers as `treb status --json`, top and the dashboard show them:
+    {attempt, threshold, ranks, nodes, stragglers: [{rank, node, host, score}]}; None
+    when no two ranks marked steps (or the watch is off)."""
+    threshold = settings(run_dir)
+    if not threshold:
+        return None
+    adir = os.path.join(run_dir, f"attempt-{attempt}")
+    data = scores_of(adir, threshold, ppn)
+    if data is None:
+        return None
+    found = data.get("ranks")
+    ranks: dict[str, Any] = found if isinstance(found, dict) else {}
+    names = [str(r) for r in data.get("stragglers") or [] if str(r) in ranks]
+    places = where(adir, names, ppn)
+    return {"attempt": attempt, "threshold": threshold, "ranks": ranks,
+            "nodes": data.get("nodes") or {},
+            "stragglers": [{"rank": int(r), "node": places[r][0], "host": places[r][1],
+                            "score": ranks[r]} for r in names]}  # fmt: skip
+
+
+def lines(data: Mapping[str, Any] | None) -> list[str]:
+    """`straggler: rank 1 (node 0, tn1) takes 1.52x ...` for each one named; none else."""
+    if not data:
+        return []
+    return [describe(f, data["threshold"]) for f in data["stragglers"]]
