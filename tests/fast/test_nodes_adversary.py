@@ -62,6 +62,8 @@ def test_a_huge_events_file_is_read_in_bounded_memory(treb_home: Path) -> None:
         for _ in range(128):
             fh.write(pad * ((1 << 20) // len(pad)))
         fh.write(json.dumps(lost("tn5")) + "\n")
+        unhealthy = {**lost("tn6"), "event": "node_unhealthy", "message": "z" * 200_000}
+        fh.write(json.dumps(unhealthy) + "\n")  # a health check's long last line: a mark
     code = (
         "import resource, json; from trebuchet.store.db import Store; "
         "from trebuchet.store.nodes import sync, known_hosts; s = Store(); sync(s); "
@@ -71,7 +73,7 @@ def test_a_huge_events_file_is_read_in_bounded_memory(treb_home: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout  # fmt: skip
     hosts, peak_mib = json.loads(out)
-    assert hosts == ["tn5"]
+    assert hosts == ["tn5", "tn6"]
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # this pytest, for scale
     assert peak_mib < 150 + min(base, 150), peak_mib
 

@@ -41,7 +41,7 @@ HARDWARE = (
     ("node_failure", re.compile(r"DUE TO NODE FAILURE|\bNODE_FAIL\b|Node failure on")),
 )  # fmt: skip
 LOG_TAIL = 64 * 1024  # of the failing rank's log: where its last words are
-LINE_MAX = 64 * 1024  # an event line longer than this is no node's mark (skipped unread)
+LINE_MAX = 1 << 20  # an event line longer than this is no node's mark (skipped unread)
 _MARKED = re.compile(rb'"(?:node_lost|node_unhealthy|straggler)"')
 
 
