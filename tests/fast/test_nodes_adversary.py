@@ -213,3 +213,21 @@ def test_a_run_marks_a_node_at_most_once_per_attempt_it_had(treb: TrebFn) -> Non
     node = by_host(nodes_json(treb))["tn3"]
     assert node["counts"] == {"lost": 1, "unhealthy": 0, "hardware": 1, "straggler": 0}, node
     assert node["score"] < 4.0, node
+
+
+def test_a_stop_signal_the_moment_the_watchdog_starts_does_not_end_it(tmp_path: Path) -> None:
+    """launcher/watchdog.py ignores the stop signals from its shell's first command on;
+    a TERM of everything (or a Ctrl+C) sent before that command ran ended it (40 of 40
+    here), and with it the cleanup it is there for if the supervisor then dies."""
+    import os
+    import signal
+    import uuid
+
+    from trebuchet.launcher.watchdog import Watchdog
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) * 4:
+        wd = Watchdog(uuid.uuid4().hex[:8], str(tmp_path))
+        os.kill(wd.pid, sig)
+        wd.done()
+        wd.wait()
+        assert wd.proc.returncode == 0, (sig, wd.proc.returncode)
