@@ -62,13 +62,20 @@ def mark(kind: str, n: float | None = None) -> None:
     path = os.environ.get("TREB_MARKS")
     if not path or kind not in ("step", "checkpoint", "compute"):
         return
+    import math
     import time
 
     base, rank = os.path.basename(path), os.environ.get("RANK", "")
     if base.startswith("node-") and rank.isdigit():  # torchrun's workers share the node's
         path = os.path.join(os.path.dirname(path), f"rank-{rank}")  # file: each its own
 
-    tail = "" if n is None else f" {n}"
+    tail = ""
+    try:  # a tensor, numpy's, 10**400, NaN, "8\n...": a finite number or none (one line)
+        v = float(n) if n is not None else math.nan
+    except Exception:  # noqa: BLE001 - never raises
+        v = math.nan
+    if math.isfinite(v):
+        tail = f" {int(v)}" if v.is_integer() and abs(v) < 2**53 else f" {v!r}"
     try:
         with open(path, "a") as fh:
             fh.write(f"{time.time():.6f} {kind}{tail}\n")

@@ -290,7 +290,7 @@ def test_a_checkpoint_in_the_middle_of_a_long_marks_file_is_found(
     ends), and none of them is lost."""
     from trebuchet.runtime.watch import marks
 
-    monkeypatch.setattr(marks, "SCAN", 300)
+    monkeypatch.setattr(marks, "LINES_MAX", 80)  # its first 10 lines, its last 40
     adir = tmp_path / "attempt-0"
     rows = [f"{1000.0 + i} step {i}" for i in range(1, 400)]
     rows.insert(200, "1199.5 checkpoint 199")

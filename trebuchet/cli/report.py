@@ -165,7 +165,8 @@ def straggler_json(rec: RunRecord) -> dict[str, Any] | None:
     try:
         from trebuchet.runtime.watch.straggler import summary
 
-        return summary(rec.run_dir, rec.attempt, rec.procs_per_node)
+        return summary(rec.run_dir, rec.attempt, rec.procs_per_node,
+                       rec.nodes * rec.procs_per_node or None)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - a run's records never hide the rest
         return {"error": repr(exc)}
 

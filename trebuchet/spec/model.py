@@ -410,8 +410,14 @@ class Spec(Block, SpecFacts):
         if v:
             try:
                 re.compile(v.encode())
-            except re.error as exc:
+            except (re.error, OverflowError, RecursionError) as exc:  # a{10**20}; deep nests
                 raise ValueError(f"{v!r} is not a valid regular expression: {exc}") from None
+            from trebuchet.runtime.watch.marks import pattern_risk
+
+            risk = pattern_risk(v)  # the agent runs it on every line a rank prints
+            if risk is not None:
+                raise ValueError(f"{v!r} may take exponential time on a line ({risk}); "
+                                 "write it without nested repeats")  # fmt: skip
         return v
 
     @field_validator("straggler_threshold", mode="before")
@@ -421,9 +427,13 @@ class Spec(Block, SpecFacts):
 
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ValueError("must be a number above 1, or 0 (off)")
+        try:
+            v = float(v)  # an integer of 400 digits: too large for one
+        except OverflowError:
+            raise ValueError("must be a number above 1, or 0 (off)") from None
         if not math.isfinite(v) or not (v == 0 or v > 1):
             raise ValueError("must be a number above 1, or 0 (off)")
-        return float(v)
+        return v
 
     timeout: Duration | None = allowed(DURATION_ALLOWED, "per-attempt time limit", default=None)
     timeout_warning: Duration | None = allowed(

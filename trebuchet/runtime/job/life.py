@@ -520,7 +520,8 @@ class JobController:
         idle = idle_watch(s.run_dir, self.attempt_dir(attempt), started)
         from ..watch.straggler import watch as straggler_watch  # every CHECK_S, batched
 
-        strag = straggler_watch(s.run_dir, self.attempt_dir(attempt), s.shape[2])
+        strag = straggler_watch(s.run_dir, self.attempt_dir(attempt), s.shape[2],
+                                s.shape[1] * s.shape[2])  # fmt: skip
         if s.hang_timeout:
             from ..watch.hung import HangWatch, expected_names
 

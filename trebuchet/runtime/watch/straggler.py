@@ -38,6 +38,7 @@ Total: any bytes give durations or nothing; a time that is not finite, negative 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -56,7 +57,11 @@ KEEP = WINDOW + 2  # steps of each rank kept by the watch
 CHECK_S = 2.0  # the watch reads the marks at most this often
 HUGE_S = 1e6  # a step time longer than this (11 days) is no step time
 EPS = 1e-3  # seconds added to both sides of a ratio: the noise floor of a step time
-READ_MAX = 1 << 20  # bytes of a marks file read per check, at most
+READ_MAX = 256 << 10  # bytes of one marks file read per check, at most (1000s of steps)
+CHECK_READ_MAX = 2 << 20  # bytes of all the marks files read per check, at most
+RANKS_MAX = 16384  # ranks followed, at most
+LINES_MAX = 4 * KEEP  # lines of a file parsed per check, its last: the steps the watch keeps
+SHARE_MIN = 512  # ... but each file's share at least this (thousands of ranks: its end)
 FILE = "stragglers.json"
 
 Durations = Dict[str, List[float]]
@@ -182,8 +187,11 @@ class Reader:
         self.path, self.points = path, points
         self.offset = 0
         self.rest = b""
+        self.last_read = 0  # bytes the last read took
 
-    def read(self) -> list[rmarks.Mark]:
+    def read(self, limit: int = READ_MAX) -> list[rmarks.Mark]:
+        """The marks appended since; at most `limit` bytes, the end of what came."""
+        self.last_read = 0
         try:
             fd = open_fd(self.path)
         except OSError:
@@ -192,52 +200,67 @@ class Reader:
             size = os.fstat(fd).st_size
             if size < self.offset:  # truncated: from the start again
                 self.offset, self.rest = 0, b""
-            if size - self.offset > READ_MAX:  # more than a check reads: its end
-                self.offset, self.rest = size - READ_MAX, b""
-            data = os.pread(fd, READ_MAX, self.offset) if size > self.offset else b""
+            if size - self.offset > limit:  # more than a check reads: its end
+                self.offset, self.rest = size - limit, b""
+            data = os.pread(fd, limit, self.offset) if size > self.offset else b""
         except OSError:
             return []
         finally:
             os.close(fd)
         self.offset += len(data)
+        self.last_read = len(data)
         data = self.rest + data
         cut = data.rfind(b"\n") + 1
         self.rest = data[cut:][-4096:]  # a line in the making (a mark's line is short)
-        whole = data[:cut]
+        whole = b"\n".join(data[:cut].rsplit(b"\n", LINES_MAX + 1)[-LINES_MAX - 1 :])
         return rmarks.parse_points(whole) if self.points else rmarks.parse_marks(whole)
 
 
 class Folder:
     """Every rank's marks of one attempt, read incrementally: its marks files, and the
-    metrics files of the ranks that marked nothing (`metrics: {ranks: all}`)."""
+    metrics files of the ranks that marked nothing (`metrics: {ranks: all}`). Only the
+    ranks of the job (`world`: its nodes times ranks per node) count: a rank's files for
+    ranks that do not exist are no peers (docs/goodput.md#trust). A check reads at most
+    CHECK_READ_MAX bytes in all, and follows at most RANKS_MAX ranks."""
 
-    def __init__(self, adir: str) -> None:
+    def __init__(self, adir: str, world: int | None = None) -> None:
         self.adir = adir
+        self.world = world
         self.readers: dict[str, Reader] = {}
         self.ranks: dict[str, Rank] = {}
 
     def _scan(self) -> None:
         for sub, points in ((rmarks.MARKS_DIR, False), ("metrics", True)):
             folder = os.path.join(self.adir, sub)
-            try:
-                names = os.listdir(folder)[: rmarks.ENTRIES_MAX]
-            except OSError:
-                continue
-            for name in names:
-                r = rank_of(name)
-                if r is None or (points != name.endswith(".jsonl")):
-                    continue
+            for name in self._names(folder, points):
                 key = f"{sub}/{name}"
-                if key not in self.readers:
+                if key not in self.readers and len(self.readers) < 2 * RANKS_MAX:
                     self.readers[key] = Reader(os.path.join(folder, name), points)
+
+    def _names(self, folder: str, points: bool) -> list[str]:
+        """The rank files of `folder`: with `world` known, those of its ranks that exist
+        (a folder flooded with other names hides none); else its first ENTRIES_MAX."""
+        ext = ".jsonl" if points else ""
+        if self.world is not None:
+            sub = os.path.basename(folder)
+            names = [f"rank-{r}{ext}" for r in range(min(self.world, RANKS_MAX))]
+            new = [n for n in names if f"{sub}/{n}" not in self.readers]
+            return [n for n in new if os.path.lexists(os.path.join(folder, n))]
+        try:
+            with os.scandir(folder) as it:  # never the whole of a flooded folder
+                found = [e.name for e in itertools.islice(it, rmarks.ENTRIES_MAX)]
+        except OSError:
+            return []
+        return [n for n in found if rank_of(n) is not None and n.endswith(".jsonl") == points]
 
     def read(self) -> dict[str, Rank]:
         """The ranks' marks with what is new added; a rank's metrics only count while it
         has no marks of its own."""
         self._scan()
+        share = max(SHARE_MIN, min(READ_MAX, CHECK_READ_MAX // max(1, len(self.readers))))
         for key, reader in self.readers.items():
             name = str(rank_of(key.rpartition("/")[2]))
-            found = reader.read()
+            found = reader.read(share)
             if reader.points and f"{rmarks.MARKS_DIR}/rank-{name}" in self.readers:
                 continue  # the rank marks its steps: its log lines are not needed
             rank = self.ranks.setdefault(name, Rank())
@@ -292,17 +315,22 @@ def settings(run_dir: str) -> float:
     value = conf.get("straggler_threshold", THRESHOLD) if isinstance(conf, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return THRESHOLD
-    return float(value) if math.isfinite(value) and (value == 0 or value > 1) else THRESHOLD
+    try:
+        value = float(value)  # a rank can rewrite metrics.json: an integer of 400 digits
+    except OverflowError:
+        return THRESHOLD
+    return value if math.isfinite(value) and (value == 0 or value > 1) else THRESHOLD
 
 
 class StragglerWatch:
     """The job controller's straggler rule for one attempt (see the module's docstring)."""
 
-    def __init__(self, adir: str, threshold: float, ppn: int) -> None:
+    def __init__(self, adir: str, threshold: float, ppn: int, world: int | None = None) -> None:
         self.adir, self.threshold, self.ppn = adir, threshold, ppn
-        self.folder = Folder(adir)
+        self.folder = Folder(adir, world)
         self.next_check = time.monotonic() + CHECK_S
         self.current: set[str] = set()  # the ranks now named
+        self.told: set[str] = set()  # the ranks an event named: once an attempt each
         self.written: dict[str, Any] = {}
 
     def check(self, force: bool = False) -> list[dict[str, Any]]:
@@ -318,7 +346,8 @@ class StragglerWatch:
         if found is None:
             return []
         leave = 1.0 + (self.threshold - 1.0) / 2.0
-        new = [r for r in found["stragglers"] if r not in self.current]
+        new = [r for r in found["stragglers"] if r not in self.current | self.told]
+        self.told.update(new)  # a threshold near 1 flaps: still one event, one webhook
         self.current = {r for r in self.current if found["ranks"].get(r, 0.0) >= leave}
         self.current.update(found["stragglers"])
         found["stragglers"] = sorted(self.current, key=int)
@@ -343,9 +372,15 @@ class StragglerWatch:
                                attempt=attempt, **f)  # fmt: skip
 
 
+def printable(text: str) -> str:
+    """`text` with each character that is not printable (ESC, BEL, CSI, U+2028) escaped:
+    a host name is what a record says, and a record is a file a rank can write."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def describe(f: Mapping[str, Any], threshold: float) -> str:
     """`straggler: rank 1 (node 0, tn1) takes 1.52x its peers' median step (threshold 1.3)`"""
-    return (f"straggler: rank {f['rank']} (node {f['node']}, {f['host']}) takes "
+    return (f"straggler: rank {f['rank']} (node {f['node']}, {printable(str(f['host']))}) takes "
             f"{f['score']:.2f}x its peers' median step time (straggler_threshold "
             f"{threshold:g})")  # fmt: skip
 
@@ -363,25 +398,39 @@ def write(adir: str, data: Mapping[str, Any]) -> None:
         os.close(fd)
 
 
-def watch(run_dir: str, adir: str, ppn: int) -> StragglerWatch | None:
+def watch(run_dir: str, adir: str, ppn: int, world: int | None = None) -> StragglerWatch | None:
     """The attempt's straggler watch; None when the spec turned it off."""
     threshold = settings(run_dir)
-    return StragglerWatch(adir, threshold, ppn) if threshold else None
+    return StragglerWatch(adir, threshold, ppn, world) if threshold else None
 
 
-def scores_of(adir: str, threshold: float = THRESHOLD, ppn: int = 1) -> dict[str, Any] | None:
+def _well_formed(data: object) -> bool:
+    """Whether a stragglers.json is what `write` writes: rank numbers with finite scores,
+    the named ones among them (a rank can write the file: anything else is recomputed)."""
+    if not isinstance(data, dict) or not isinstance(data.get("ranks"), dict):
+        return False
+    ranks, named_ = data["ranks"], data.get("stragglers")
+    return (all(rank_of(f"rank-{r}") is not None and isinstance(s, (int, float))
+                and not isinstance(s, bool) and math.isfinite(s) for r, s in ranks.items())
+            and isinstance(named_, list) and all(isinstance(r, str) and r in ranks for r in named_)
+            and isinstance(data.get("nodes", {}), dict))  # fmt: skip
+
+
+def scores_of(adir: str, threshold: float = THRESHOLD, ppn: int = 1,
+              world: int | None = None) -> dict[str, Any] | None:  # fmt: skip
     """The attempt's stragglers: its stragglers.json, else computed from its marks now
     (after the fact); None when no two ranks marked steps."""
     from ..rundir.records import read_json
 
     data = read_json(os.path.join(adir, FILE), 1 << 20)
-    if isinstance(data, dict) and isinstance(data.get("ranks"), dict):
-        return data
-    ranks = Folder(adir).read()
+    if _well_formed(data):
+        return dict(data)
+    ranks = Folder(adir, world).read()
     return report(ranks, threshold, ppn) if len(ranks) >= 2 else None
 
 
-def summary(run_dir: str, attempt: int, ppn: int) -> dict[str, Any] | None:
+def summary(run_dir: str, attempt: int, ppn: int,
+            world: int | None = None) -> dict[str, Any] | None:  # fmt: skip
     """An attempt's stragglers as `treb status --json`, top and the dashboard show them:
     {attempt, threshold, ranks, nodes, stragglers: [{rank, node, host, score}]}; None
     when no two ranks marked steps (or the watch is off)."""
@@ -389,7 +438,7 @@ def summary(run_dir: str, attempt: int, ppn: int) -> dict[str, Any] | None:
     if not threshold:
         return None
     adir = os.path.join(run_dir, f"attempt-{attempt}")
-    data = scores_of(adir, threshold, ppn)
+    data = scores_of(adir, threshold, ppn, world)
     if data is None:
         return None
     found = data.get("ranks")
