@@ -26,8 +26,9 @@ NOW = time.time()
 
 
 def plant(run_id: str, events: list[Any], state: str = "FAILED", raw: bytes = b"",
-          backend: str = "slurm") -> Path:  # fmt: skip
-    """A run as an engine leaves it: its directory with events.jsonl, and its index row."""
+          backend: str = "slurm", attempts: int = 3) -> Path:  # fmt: skip
+    """A run as an engine leaves it: its directory with events.jsonl, and its index row
+    (`attempts`: its max_attempts; a mark of a later attempt does not count)."""
     from trebuchet.store.db import RunRecord, Store
     from trebuchet.store.paths import runs_dir
 
@@ -36,9 +37,10 @@ def plant(run_id: str, events: list[Any], state: str = "FAILED", raw: bytes = b"
     events = [{"event": "submitted", "time": NOW - 100, "backend": backend}, *events]
     lines = b"".join(json.dumps(e).encode() + b"\n" for e in events)
     (run_dir / "events.jsonl").write_bytes(lines + raw)
+    (run_dir / "spec.yaml").write_text(f"retries: {attempts - 1}\n")  # what a rebuild reads
     store = Store()
     store.insert_run(RunRecord(id=run_id, name="x", backend=backend, launcher="native",
-                               state=state, nodes=2, procs_per_node=1, run_dir=str(run_dir),
+                               state=state, nodes=2, procs_per_node=1, run_dir=str(run_dir), max_attempts=attempts,
                                created_at=NOW))  # fmt: skip
     store.close()
     return run_dir
@@ -142,7 +144,7 @@ def test_any_bytes_in_a_run_directory_read_without_an_exception(
     for name in ("events.jsonl", "attempt-0/first-failure", "attempt-0/rank-0.log",
                  "attempt-0/rank-0.json"):  # fmt: skip
         (run_dir / name).write_bytes(data)
-    for ev in node_events.of_run(run_dir, []):
+    for ev in node_events.of_run(run_dir):
         assert node_events.HOST_RE.fullmatch(ev.host)
 
 
@@ -158,15 +160,15 @@ def test_a_rank_failing_with_an_xid_marks_its_host_and_a_record_never_names_the_
            "host": "tn2", "log": str(secret), "state": "ENDED"}  # fmt: skip
     (adir / "rank-1.json").write_text(json.dumps(rec))
     (adir / "rank-1.log").write_text("step 3\nRuntimeError: CUDA error: an illegal memory access\n")
-    assert node_events.of_run(run_dir, []) == []  # the record's log path is not read
+    assert node_events.of_run(run_dir) == []  # the record's log path is not read
     (adir / "rank-1.log").write_text("x" * 100_000 + "\nNVRM: Xid (PCI:0000:3b:00): 79\n")
-    found = node_events.of_run(run_dir, [])
+    found = node_events.of_run(run_dir)
     assert [(e.kind, e.host, e.detail) for e in found] == [
         ("hardware", "tn2", "attempt 0, rank 1: xid")
     ]
     (adir / "rank-1.log").unlink()
     os.mkfifo(adir / "rank-1.log")  # a FIFO in its place is not waited on
-    assert node_events.of_run(run_dir, []) == []
+    assert node_events.of_run(run_dir) == []
 
 
 # -- treb nodes ------------------------------------------------------------------------------

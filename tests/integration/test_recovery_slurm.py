@@ -110,21 +110,27 @@ def test_fault_kill_node_is_found_lost(streb, tmp_path: Path) -> None:
     said = [e for e in events(st["run_dir"]) if e["event"] == "fault"]
     assert [(e["fault"], e["host"]) for e in said] == [("kill-node", victim)]
     # issue 37: the lost node is remembered (docs/nodes.md): the next run's sbatch excludes
-    # it, said once; `treb nodes --clear` brings it back
-    spec = write_spec(tmp_path / "next", "name: after-loss\nnodes: 1\ncommand: hostname\n")
+    # it, said once, beside the spec's own --exclude (a file: its hosts, not its path, go
+    # into treb's line); `treb nodes --clear` brings it back
+    (tmp_path / "bad-nodes").write_text(f"{victim}\n")
+    spec = write_spec(
+        tmp_path / "next",
+        "name: after-loss\nnodes: 1\ncommand: hostname\n"
+        f"slurm:\n  sbatch_args: ['--exclude={tmp_path / 'bad-nodes'}']\n",
+    )
     res = streb("run", str(spec), "--on", "slurm", "--detach")
     assert res.returncode == 0, res.stderr
     assert res.stderr.count("avoiding 1 node(s)") == 1 and f"{victim} (score" in res.stderr
     nxt = wait_for(streb, res.stdout.strip(), ENDED, timeout=120)
     assert nxt["state"] == "SUCCEEDED", nxt
     script = (Path(nxt["run_dir"]) / "submit.sbatch").read_text()
-    assert f"#SBATCH --exclude={victim}\n" in script, script
+    assert f"#SBATCH --exclude={victim},{victim}\n" in script, script
     assert victim not in attempt_nodes(nxt["run_dir"], 0)
     shown = json.loads(streb("nodes", "--json").stdout)["nodes"]
     assert [(n["host"], n["excluded"], n["counts"]["lost"]) for n in shown] == [(victim, True, 1)]
     assert streb("nodes", "--clear", victim).returncode == 0
     res = streb("render", str(spec), "--on", "slurm")
-    assert res.returncode == 0 and "--exclude" not in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 0 and "--exclude=" + victim not in res.stdout, res.stdout
 
 
 def test_fault_hang_rank_is_found_by_the_hang_watch(streb, tmp_path: Path) -> None:

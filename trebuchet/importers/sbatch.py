@@ -486,7 +486,7 @@ def _no_srun(text: str, st: _Script, rec: oracle.Recording) -> None:
         )
     body = "\n".join(
         line
-        for line in text.splitlines()
+        for line in text.split("\n")  # bash's lines: a lone \r is a word, not a break
         if not line.startswith("#!") and not line.lstrip().startswith("#SBATCH")
     ).strip("\n")
     if not rec.top() and not re.search(r"^\s*[^#\s]", body, re.M):

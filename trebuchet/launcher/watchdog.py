@@ -34,15 +34,24 @@ class Watchdog:
     """The supervisor's end of the pipe: announce process groups, then say done."""
 
     def __init__(self, run_id: str, run_dir: str) -> None:
+        import signal
         import subprocess
 
         from trebuchet.runtime.process.procs import python_s
 
-        self.proc = subprocess.Popen(
-            ["/bin/sh", "-c", WAIT, NAME, *python_s(__name__, "main", run_id, run_dir)],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True,
-        )  # fmt: skip
+        # Blocked from the fork until the shell's trap ignores them (a blocked mask survives
+        # exec): a TERM of everything the moment it starts ended it before the trap ran.
+        # Here they wait (not lost) for the unblock.
+        stops = {signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2}
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+        try:
+            self.proc = subprocess.Popen(
+                ["/bin/sh", "-c", WAIT, NAME, *python_s(__name__, "main", run_id, run_dir)],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, close_fds=True,
+            )  # fmt: skip
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         self.pid = self.proc.pid
 
     def _send(self, line: str, flush: bool = True) -> None:
@@ -93,9 +102,10 @@ def main(run_id: str, run_dir: str, *told: str) -> int:
     had written, `+PGID` and `=PID,START`, as the shell gathered them (WAIT)."""
     import _signal  # signal's C core: the same calls, without its enums
 
-    for sig in (_signal.SIGINT, _signal.SIGHUP, _signal.SIGTERM, _signal.SIGUSR1,
-                _signal.SIGUSR2):  # fmt: skip
+    stops = (_signal.SIGINT, _signal.SIGHUP, _signal.SIGTERM, _signal.SIGUSR1, _signal.SIGUSR2)
+    for sig in stops:
         _signal.signal(sig, _signal.SIG_IGN)  # ignored by the shell already; run by hand too
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, stops)  # blocked since the fork: ignored now
     groups: set[int] = set()
     adopted: dict[int, str] = {}
     for item in told:

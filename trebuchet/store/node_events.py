@@ -11,10 +11,11 @@ finite number is dropped. Any bytes give events or nothing, never an exception.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ HARDWARE = (
     ("node_failure", re.compile(r"DUE TO NODE FAILURE|\bNODE_FAIL\b|Node failure on")),
 )  # fmt: skip
 LOG_TAIL = 64 * 1024  # of the failing rank's log: where its last words are
+LINE_MAX = 1 << 20  # an event line longer than this is no node's mark (skipped unread)
+_MARKED = re.compile(rb'"(?:node_lost|node_unhealthy|straggler)"')
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class NodeEvent:
     kind: str  # one of KINDS
     time: float
     detail: str = ""
+    attempt: int | None = None  # as the run's files say: the index bounds it (nodes.py)
 
 
 def valid_host(value: Any) -> str | None:
@@ -92,17 +96,18 @@ def from_events(events: Iterable[dict[str, Any]]) -> list[NodeEvent]:
         key = f"{kind}:{host}" if kind == "straggler" else f"{kind}:{attempt}:{host}"
         if key not in out:
             detail = f"attempt {attempt}" if attempt is not None else ""
-            out[key] = NodeEvent(key, host, kind, when, detail)
+            out[key] = NodeEvent(key, host, kind, when, detail, attempt)
     return list(out.values())
 
 
-def _tail(path: Path) -> str:
-    """The last LOG_TAIL bytes of a regular file, as text; '' when unreadable."""
+def tail(path: Path, limit: int = LOG_TAIL) -> str:
+    """The last `limit` bytes of a regular file, as text; '' when unreadable (a FIFO, a
+    link to /dev/zero: regular.py)."""
     try:
         with open_regular(path) as fh:
             size = os.fstat(fh.fileno()).st_size
-            fh.seek(max(0, size - LOG_TAIL))
-            return fh.read(LOG_TAIL).decode("utf-8", "replace")
+            fh.seek(max(0, size - limit))
+            return fh.read(limit).decode("utf-8", "replace")
     except OSError:
         return ""
 
@@ -124,8 +129,8 @@ def from_failures(run_dir: Path) -> list[NodeEvent]:
     except OSError:
         return []
     for name in names:
-        n = name[len("attempt-") :]
-        if not name.startswith("attempt-") or not n.isdigit() or len(n) > 6:
+        n = name[len("attempt-") :]  # ASCII digits only: str.isdigit() takes '²', int() not
+        if not name.startswith("attempt-") or not re.fullmatch(r"[0-9]{1,6}", n):
             continue
         adir = run_dir / name
         ff = read_json(str(adir / FIRST)) or first_failure(attempt_records(str(adir)))
@@ -135,13 +140,36 @@ def from_failures(run_dir: Path) -> list[NodeEvent]:
         when = _time(ff.get("ended_at"))
         if host is None or rank is None or when is None:
             continue
-        found = hardware_cause(_tail(adir / f"rank-{rank}.log"))
+        found = hardware_cause(tail(adir / f"rank-{rank}.log"))
         if found:
             out.append(NodeEvent(f"hardware:{int(n)}", host, "hardware", when,
-                                 f"attempt {int(n)}, rank {rank}: {found}"))  # fmt: skip
+                                 f"attempt {int(n)}, rank {rank}: {found}", int(n)))  # fmt: skip
     return out
 
 
-def of_run(run_dir: Path, events: list[dict[str, Any]]) -> list[NodeEvent]:
+def marking_events(run_dir: Path) -> Iterator[dict[str, Any]]:
+    """The events.jsonl lines that may be a node's mark, read a line at a time: the file is
+    a rank's to fill (a GiB of it must not be held, nor its text, nor its lines, at once)."""
+    try:
+        fh = open_regular(run_dir / "events.jsonl")
+    except OSError:
+        return
+    with fh:
+        while line := fh.readline(LINE_MAX):
+            if not line.endswith(b"\n") and len(line) == LINE_MAX:
+                while (rest := fh.readline(LINE_MAX)) and not rest.endswith(b"\n"):
+                    pass  # the rest of a line too long to be a mark
+                continue
+            if not _MARKED.search(line):
+                continue
+            try:
+                event = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(event, dict):
+                yield event
+
+
+def of_run(run_dir: Path) -> list[NodeEvent]:
     """Every node mark one run directory holds."""
-    return from_events(events) + from_failures(run_dir)
+    return from_events(marking_events(run_dir)) + from_failures(run_dir)

@@ -17,6 +17,7 @@ import math
 import os
 import re
 import sqlite3
+import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,7 +28,6 @@ from trebuchet import registry
 from trebuchet.errors import UserError
 from trebuchet.store import node_events
 from trebuchet.store.db import Store, explain
-from trebuchet.store.files import read_events
 from trebuchet.store.paths import home_path
 from trebuchet.store.states import TERMINAL
 
@@ -138,6 +138,9 @@ def score(marks: Iterable[tuple[str, float]], now: float, settings: Settings) ->
     return sum(decayed(WEIGHTS.get(k, 0.0), now - t, settings.half_life_s) for k, t in marks)
 
 
+_SANE = "WHERE typeof(host) = 'text' AND typeof(time) IN ('real', 'integer')"
+
+
 # -- the tables ------------------------------------------------------------------------------
 def _tables(store: Store) -> None:
     have = store.conn.execute(
@@ -166,9 +169,11 @@ def _size(run_dir: Path) -> int:
         return 0
 
 
-def record_run(store: Store, run_id: str, run_dir: Path, ended: bool) -> int:
-    """One run's marks into the index (each once); returns how many were new."""
-    found = node_events.of_run(run_dir, read_events(run_dir))
+def record_run(store: Store, run_id: str, run_dir: Path, ended: bool, attempts: int) -> int:
+    """One run's marks into the index (each once); returns how many were new. A mark of an
+    attempt past the `attempts` the index says the run had is no mark: the number comes
+    from files a rank can write, and would let one run count against a node 10^6 times."""
+    found = [e for e in node_events.of_run(run_dir) if e.attempt is None or e.attempt < attempts]
     now = time.time()  # a mark dated in the future (a rank can write the events) is now
     new = 0
     with store.transaction() as c:
@@ -190,12 +195,13 @@ def sync(store: Store) -> int:
     """Read the runs not read since they last changed (an ended run: once); new marks."""
     _guarded(store)
     rows = store.conn.execute(
-        "SELECT r.id, r.run_dir, r.state, r.backend, s.size FROM runs r "
+        "SELECT r.id, r.run_dir, r.state, r.backend, s.size, "
+        "MAX(r.attempt + 1, r.max_attempts) FROM runs r "
         "LEFT JOIN node_scans s ON s.run_id = r.id WHERE s.done IS NULL OR s.done = 0"
     ).fetchall()
     new = 0
     simulated = {r.name for r in registry.registry.values() if not r.real_nodes}
-    for run_id, run_dir, state, backend, size in rows:
+    for run_id, run_dir, state, backend, size, attempts in rows:
         path = Path(run_dir)
         ended = state in TERMINAL
         if size is not None and not ended and size == _size(path):
@@ -204,7 +210,7 @@ def sync(store: Store) -> int:
             store.conn.execute("INSERT OR REPLACE INTO node_scans (run_id, size, done) "
                                "VALUES (?, 0, 1)", (run_id,))  # fmt: skip
             continue
-        new += record_run(store, run_id, path, ended)
+        new += record_run(store, run_id, path, ended, int(attempts or 1))
     return new
 
 
@@ -213,11 +219,20 @@ def clear(store: Store, hosts: list[str], when: float | None = None) -> None:
     TREB_HOME/nodes-cleared.jsonl, which a rebuild reads)."""
     _guarded(store)
     when = time.time() if when is None else when
-    with store.transaction() as c:
-        for host in hosts:
-            c.execute("INSERT OR REPLACE INTO node_clears (host, time) VALUES (?, ?)", (host, when))
-    fd = os.open(store.path.parent / CLEARS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    path = store.path.parent / CLEARS
+    try:  # opened first: a FIFO there fails at once (no reader), and nothing is cleared
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        raise UserError(f"{path}: {exc.strerror or exc}: remove it (it keeps the clears "
+                        "for a rebuilt index)") from None  # fmt: skip
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UserError(f"{path}: not a regular file: remove it (it keeps the clears "
+                            "for a rebuilt index)")  # fmt: skip
+        with store.transaction() as c:
+            for host in hosts:
+                c.execute("INSERT OR REPLACE INTO node_clears (host, time) VALUES (?, ?)",
+                          (host, when))  # fmt: skip
         os.write(fd, "".join(json.dumps({"host": h, "time": when}) + "\n" for h in hosts).encode())
     finally:
         os.close(fd)
@@ -227,10 +242,7 @@ def restore_clears(store: Store, home: Path) -> int:
     """The clears TREB_HOME/nodes-cleared.jsonl keeps (a rebuild); lines that are not a
     valid host and time are skipped. Returns how many hosts have one."""
     _guarded(store)
-    try:
-        text = (home / CLEARS).read_bytes()[-(4 << 20) :].decode("utf-8", "replace")
-    except OSError:
-        return 0
+    text = node_events.tail(home / CLEARS, 4 << 20)  # a regular file's last 4 MiB only
     latest: dict[str, float] = {}
     for line in text.splitlines():
         try:
@@ -252,13 +264,19 @@ def nodes(store: Store, settings: Settings, now: float | None = None) -> list[No
     """Every node with a mark, highest score first (after sync: call it first)."""
     _guarded(store)
     now = time.time() if now is None else now
-    clears = dict(store.conn.execute("SELECT host, time FROM node_clears").fetchall())
+    # Only rows as treb writes them: the index is a shared file, and a row that is not
+    # (a time that is text, a host that is no node name) is no mark, never an exception.
+    clears = {h: t for h, t in store.conn.execute(f"SELECT host, time FROM node_clears {_SANE}")
+              if node_events.valid_host(h) and math.isfinite(t)}  # fmt: skip
     out: dict[str, Node] = {}
     marks: dict[str, list[tuple[str, float]]] = {}
     rows = store.conn.execute(
-        "SELECT host, kind, time, run_id, detail FROM node_events ORDER BY time"
+        f"SELECT host, kind, time, run_id, detail FROM node_events {_SANE} ORDER BY time"
     ).fetchall()
     for host, kind, when, run_id, detail in rows:
+        if kind not in WEIGHTS or not node_events.valid_host(host) or not math.isfinite(when):
+            continue
+        run_id, detail = str(run_id), detail if isinstance(detail, str) else ""
         node = out.setdefault(host, Node(host, cleared=clears.get(host)))
         if node.cleared is not None and when <= node.cleared:
             continue
@@ -274,7 +292,8 @@ def nodes(store: Store, settings: Settings, now: float | None = None) -> list[No
 
 def known_hosts(store: Store) -> list[str]:
     _guarded(store)
-    return [r[0] for r in store.conn.execute("SELECT DISTINCT host FROM node_events ORDER BY host")]
+    found = store.conn.execute(f"SELECT DISTINCT host FROM node_events {_SANE} ORDER BY host")
+    return [h for (h,) in found if node_events.valid_host(h)]
 
 
 # -- what a submission avoids ------------------------------------------------------------------
@@ -309,7 +328,9 @@ def why(node: Node) -> str:
     if node.last_time is not None:
         stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(node.last_time))
         last = f", last {stamp} in run {node.last_run}"
-    return f"{node.host} (score {node.score:.1f}: {counts}{last})"
+    from trebuchet.runtime.watch.display_lines import shown  # a damaged row's run id: as text
+
+    return shown(f"{node.host} (score {node.score:.1f}: {counts}{last})")
 
 
 def note(skipped: list[Node], how: str) -> str:

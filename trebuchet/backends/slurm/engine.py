@@ -91,6 +91,7 @@ class SlurmBackend(Backend):
         why = self._missing_tool(loaded)
         if why:
             raise UserError(why)
+        exclude(loaded.spec, say=False)  # its settings and sbatch_args, before a run is recorded
         if loaded.after:
             dependency.refuse(loaded.after)
         if not shutil.which("sbatch"):
@@ -206,7 +207,11 @@ class SlurmBackend(Backend):
         deps = self._dependencies(sub)
         if deps is None:
             return Submitted(sub.record.id, CANCELLED)
-        avoid, hosts = exclude(spec, sub.store)  # nodes with a bad history (docs/nodes.md)
+        try:  # nodes with a bad history (docs/nodes.md)
+            avoid, hosts = exclude(spec, sub.store)
+        except UserError as exc:  # the run is recorded: it ends, never PENDING forever
+            lifecycle.ended(sub.store, sub.record.id, FAILED, str(exc), "sbatch_failed", attempt=0)
+            raise
         if hosts:
             append_event(sub.run_dir, "nodes_avoided", hosts=hosts, how="sbatch --exclude")
         path = write_job(spec, workdir, sub.record.id, sub.run_dir, recipe,

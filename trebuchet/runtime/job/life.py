@@ -654,7 +654,7 @@ def no_progress_count(run_dir: str) -> int:
         text = read_text(os.path.join(run_dir, NO_PROGRESS_FILE), 64).strip()
     except OSError:
         return 0
-    return int(text) if text.isdigit() and len(text) < 8 else 0
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 8 else 0
 
 
 def spec_of(run_dir: str) -> dict[str, Any]:
