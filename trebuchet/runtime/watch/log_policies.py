@@ -43,9 +43,9 @@ def unsafe_pattern(pattern: str) -> str | None:
         re.compile(pattern, re.M)
     except (re.error, RecursionError, OverflowError) as exc:
         return f"not a valid regular expression: {exc}"
-    try:
-        from re import _parser as parser  # type: ignore[attr-defined]  # Python >= 3.11
-    except ImportError:  # pragma: no cover - Python < 3.11
+    if sys.version_info >= (3, 11):
+        from re import _parser as parser
+    else:  # pragma: no cover - the nodes' older interpreters
         import sre_parse as parser
     try:
         tree = parser.parse(pattern, re.M)
