@@ -514,8 +514,24 @@ class Supervisor:
         if p.rank is None and self.jobfile["launcher"] in AGENT_LAUNCHERS:
             # An agent failed because a worker did: that worker is the cause.
             node = p.node if self.jobfile["launcher"] == "torchrun" else None
-            cause = first_failure(rank_records(adir, node)) or cause
+            cause = _workers_first(adir, node) or cause
         self.job.failure(cause, stop)
+
+
+WORKER_RECORD_WAIT_S = 0.5
+
+
+def _workers_first(adir: Path, node: int | None) -> FirstFailure | None:
+    """The failed worker behind its launcher's failure. horovodrun can end on a rank's end
+    before that rank's own agent has written its record (seen once in 4 CIs: the run's cause
+    was horovodrun's exit 1): looked for again for up to WORKER_RECORD_WAIT_S, which only a
+    launcher failing with no failed worker (its own bad start) waits out in full."""
+    end = time.monotonic() + WORKER_RECORD_WAIT_S
+    while (found := first_failure(rank_records(adir, node))) is None:
+        if time.monotonic() >= end:
+            return None
+        time.sleep(0.05)
+    return found
 
 
 def keepers(job: JobFile) -> Keepers | None:
