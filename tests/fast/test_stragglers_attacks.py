@@ -208,7 +208,7 @@ def test_a_huge_integer_threshold_is_a_named_error(
     err = capsys.readouterr().err
     assert f"{spec}:2:" in err and "straggler_threshold" in err and "Traceback" not in err
     (tmp_path / "metrics.json").write_text('{"straggler_threshold": 1' + "0" * 400 + "}")
-    assert straggler.settings(str(tmp_path)) == straggler.THRESHOLD
+    assert straggler.threshold_of(str(tmp_path)) == straggler.THRESHOLD
     assert straggler.watch(str(tmp_path), str(tmp_path / "attempt-0"), 1, 2) is not None
 
 

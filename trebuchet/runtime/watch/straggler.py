@@ -307,7 +307,7 @@ def report(ranks: Mapping[str, Rank], threshold: float, ppn: int) -> dict[str, A
     }  # fmt: skip
 
 
-def settings(run_dir: str) -> float:
+def threshold_of(run_dir: str) -> float:
     """straggler_threshold from the run's metrics.json (0: off); the default without it."""
     from ..rundir.records import read_json
 
@@ -400,7 +400,7 @@ def write(adir: str, data: Mapping[str, Any]) -> None:
 
 def watch(run_dir: str, adir: str, ppn: int, world: int | None = None) -> StragglerWatch | None:
     """The attempt's straggler watch; None when the spec turned it off."""
-    threshold = settings(run_dir)
+    threshold = threshold_of(run_dir)
     return StragglerWatch(adir, threshold, ppn, world) if threshold else None
 
 
@@ -434,7 +434,7 @@ def summary(run_dir: str, attempt: int, ppn: int,
     """An attempt's stragglers as `treb status --json`, top and the dashboard show them:
     {attempt, threshold, ranks, nodes, stragglers: [{rank, node, host, score}]}; None
     when no two ranks marked steps (or the watch is off)."""
-    threshold = settings(run_dir)
+    threshold = threshold_of(run_dir)
     if not threshold:
         return None
     adir = os.path.join(run_dir, f"attempt-{attempt}")
