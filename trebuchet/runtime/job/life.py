@@ -470,12 +470,11 @@ class JobController:
         s = self.settings
         reason: str | None = "failure" if self.failed else None
         clock = AttemptClock(clock_start, s.timeout, s.warning)
+        from ..watch.gpu import idle_watch
+        from ..watch.straggler import watch as straggler_watch
+
         watch = None
-        from ..watch.gpu import idle_watch  # idle GPUs: None unless the spec asks
-
-        idle = idle_watch(s.run_dir, self.attempt_dir(attempt), started)
-        from ..watch.straggler import watch as straggler_watch  # every CHECK_S, batched
-
+        idle = idle_watch(s.run_dir, self.attempt_dir(attempt), started)  # None unless asked
         strag = straggler_watch(s.run_dir, self.attempt_dir(attempt), s.shape[2],
                                 s.shape[1] * s.shape[2])  # fmt: skip
         if s.hang_timeout:

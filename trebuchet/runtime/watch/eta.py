@@ -16,13 +16,12 @@ reading or nothing, never an exception.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
 from typing import Any, Callable, Dict, Optional
 
-from ..rundir.records import write_json
+from ..rundir.records import read_json, write_json
 from ..rundir.regular import open_fd
 
 FILE = "progress.json"
@@ -329,16 +328,7 @@ def hook(adir: str, config: dict[str, Any] | None) -> Eta:
 
 
 def read(run_dir: str, attempt: int | None = None) -> dict[str, Any] | None:
-    try:
-        fd = open_fd(os.path.join(run_dir, FILE))
-    except OSError:
-        return None
-    try:
-        data = json.loads(os.read(fd, 1 << 16))
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
+    data = read_json(os.path.join(run_dir, FILE), 1 << 16)
     if not isinstance(data, dict) or (attempt is not None and data.get("attempt") != attempt):
         return None
     return _aged(_checked(data))

@@ -234,7 +234,8 @@ def node_scores(scores: Mapping[str, float], ppn: int) -> dict[str, float]:
     return out
 
 
-def where(adir: str, ranks: Sequence[str], ppn: int) -> dict[str, tuple[int, str]]:
+def placed(adir: str, ranks: Sequence[str], scores: Mapping[str, Any], ppn: int) -> list[Any]:
+    """The named ranks as their events say them: node and host from the attempt's records."""
     known: dict[str, tuple[int, str]] = {}
     for rec in attempt_records(adir):
         rank = rec.get("rank")
@@ -243,10 +244,10 @@ def where(adir: str, ranks: Sequence[str], ppn: int) -> dict[str, tuple[int, str
             known[str(rank)] = (node if isinstance(node, int) else rank // max(1, ppn),
                                 str(rec.get("host") or ""))  # fmt: skip
     here = os.uname().nodename
-    out = {}
+    out = []
     for r in ranks:
         node, host = known.get(r, (int(r) // max(1, ppn), ""))
-        out[r] = (node, host or here)
+        out.append({"rank": int(r), "node": node, "host": host or here, "score": scores[r]})
     return out
 
 
@@ -300,9 +301,7 @@ class StragglerWatch:
         if {k: v for k, v in found.items() if k != "time"} != self.written:
             self.written = {k: v for k, v in found.items() if k != "time"}
             write(self.adir, found)
-        places = where(self.adir, new, self.ppn) if new else {}
-        return [{"rank": int(r), "node": places[r][0], "host": places[r][1],
-                 "score": found["ranks"][r]} for r in new]  # fmt: skip
+        return placed(self.adir, new, found["ranks"], self.ppn) if new else []
 
     def step(self, records: Any, attempt: int, notifier: Any = None, force: bool = False) -> None:
         try:
@@ -373,11 +372,9 @@ def summary(run_dir: str, attempt: int, ppn: int,
     found = data.get("ranks")
     ranks: dict[str, Any] = found if isinstance(found, dict) else {}
     names = [str(r) for r in data.get("stragglers") or [] if str(r) in ranks]
-    places = where(adir, names, ppn)
     return {"attempt": attempt, "threshold": threshold, "ranks": ranks,
             "nodes": data.get("nodes") or {},
-            "stragglers": [{"rank": int(r), "node": places[r][0], "host": places[r][1],
-                            "score": ranks[r]} for r in names]}  # fmt: skip
+            "stragglers": placed(adir, names, ranks, ppn)}  # fmt: skip
 
 
 def lines(data: Mapping[str, Any] | None) -> list[str]:
