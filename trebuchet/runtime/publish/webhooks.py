@@ -48,7 +48,6 @@ END_WAIT_S = 5.0  # the run's end waits at most this long for queued sends
 WARM_AFTER_S = 1.0  # a sender idle this long imports urllib, ready for the run's end
 LOG_STEP_S = 2.0  # how often the logs are searched for the `log:` patterns
 LAST_LOOK_S = 1.0  # the attempt's end waits at most this long for the last look
-SCAN_BYTES = policies.SCAN_BYTES  # a log's new bytes read per look at most
 SIGNATURE = "X-Treb-Signature"
 SLACK_HOSTS = ("hooks.slack.com",)
 SECRET_REF = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")  # a URL that is itself a secret
@@ -478,7 +477,7 @@ class LogWatch(threading.Thread):
         self.stopped = threading.Event()
         self.offsets: dict[str, int] = {}
         self.left = sorted({p for h in notifier.hooks for p in patterns(h)})
-        self.matcher = LogMatcher()
+        self.matcher = policies.Matcher()
 
     def run(self) -> None:
         try:
@@ -515,60 +514,6 @@ def size_of(path: str) -> int:
         return os.stat(path).st_size
     except OSError:
         return 0
-
-
-class LogMatcher(policies.Matcher):
-    SERVE = (__name__, "_serve_logs")
-
-
-def _serve_logs() -> None:
-    """The matcher child: {"patterns", "files": [[path, offset]]} a line on stdin, answered
-    with {"found": [[pattern index, line]], "offsets": [...]} (whole lines only)."""
-    import sys
-
-    for raw in sys.stdin:
-        try:
-            request = json.loads(raw)
-            found, offsets = _search_new(request["patterns"], request["files"])
-            answer: dict[str, Any] = {"found": found, "offsets": offsets}
-        except Exception:  # noqa: BLE001 - a bad request finds nothing, the child lives on
-            answer = {"found": [], "offsets": []}
-        sys.stdout.write(json.dumps(answer) + "\n")
-        sys.stdout.flush()
-
-
-def _search_new(pats: list[str], files: list[list[Any]]) -> tuple[list[Any], list[int]]:
-    from ..rundir.regular import open_regular
-
-    compiled = [re.compile(p, re.M) for p in pats]
-    found: dict[int, str] = {}
-    offsets = []
-    for path, offset in files:
-        offset = int(offset)
-        try:
-            with open_regular(path) as fh:
-                fh.seek(0, 2)
-                size = fh.tell()
-                offset = max(offset, size - SCAN_BYTES) if size >= offset else 0
-                fh.seek(offset)
-                data = fh.read(SCAN_BYTES)
-        except OSError:
-            offsets.append(offset)
-            continue
-        end = data.rfind(b"\n") + 1
-        if end == 0 and len(data) < SCAN_BYTES:
-            offsets.append(offset)  # no whole line yet
-            continue
-        chunk = data[: end or len(data)]
-        offsets.append(offset + len(chunk))
-        text = chunk.decode(errors="replace")
-        for i, rx in enumerate(compiled):
-            m = None if i in found else rx.search(text)
-            if m:
-                start = text.rfind("\n", 0, m.start()) + 1
-                stop = text.find("\n", m.end())
-                found[i] = text[start : stop if stop >= 0 else len(text)].strip()[:300]
-    return [[i, line] for i, line in sorted(found.items())], offsets
 
 
 class Notifier:

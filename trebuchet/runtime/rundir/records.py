@@ -82,20 +82,12 @@ def _fsync_all(paths: list[str]) -> None:
 
 def _fsync_each(paths: list[str]) -> None:
     for path in paths:
-        _fsync_path(path)
-
-
-def _fsync_path(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def write_json(path: str, data: Any, durable: bool = True) -> None:

@@ -121,9 +121,7 @@ def _search(patterns: list[str], paths: list[str]) -> tuple[int, str] | None:
 class Matcher:
     """The child interpreter that searches the logs, one JSON request and answer a line.
     Started ahead (`start`), so that a retry does not wait for a fresh interpreter; killed
-    when it does not answer in time. SERVE: the child's function (webhooks' has its own)."""
-
-    SERVE = (__name__, "_serve")
+    when it does not answer in time."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
@@ -135,7 +133,7 @@ class Matcher:
     def start(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             self.proc = subprocess.Popen(
-                procs.python_s(*self.SERVE), stdin=subprocess.PIPE,
+                procs.python_s(__name__, "_serve"), stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             )  # fmt: skip
 
@@ -196,14 +194,54 @@ def match(
 
 
 def _serve() -> None:
+    """The child's side: the log policies' {"patterns", "paths"}, or the webhooks' log watch's
+    {"patterns", "files": [[path, offset]]}, answered with {"found", "offsets"}."""
     for line in sys.stdin:
+        answer: Any = None
         try:
             request = json.loads(line)
-            found = _search(request["patterns"], request["paths"])
+            if "files" in request:
+                answer = {"found": [], "offsets": []}  # a bad request finds nothing
+                found, offsets = search_new(request["patterns"], request["files"])
+                answer = {"found": found, "offsets": offsets}
+            else:
+                answer = _search(request["patterns"], request["paths"])
         except Exception:  # noqa: BLE001 - a bad request gets no match, the child lives on
-            found = None
-        sys.stdout.write(json.dumps(found) + "\n")
+            pass
+        sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
+
+
+def search_new(pats: list[str], files: list[list[Any]]) -> tuple[list[Any], list[int]]:
+    compiled = [re.compile(p, re.M) for p in pats]
+    found: dict[int, str] = {}
+    offsets = []
+    for path, offset in files:
+        offset = int(offset)
+        try:
+            with open_regular(path) as fh:
+                fh.seek(0, 2)
+                size = fh.tell()
+                offset = max(offset, size - SCAN_BYTES) if size >= offset else 0
+                fh.seek(offset)
+                data = fh.read(SCAN_BYTES)
+        except OSError:
+            offsets.append(offset)
+            continue
+        end = data.rfind(b"\n") + 1
+        if end == 0 and len(data) < SCAN_BYTES:
+            offsets.append(offset)  # no whole line yet
+            continue
+        chunk = data[: end or len(data)]
+        offsets.append(offset + len(chunk))
+        text = chunk.decode(errors="replace")
+        for i, rx in enumerate(compiled):
+            m = None if i in found else rx.search(text)
+            if m:
+                start = text.rfind("\n", 0, m.start()) + 1
+                stop = text.find("\n", m.end())
+                found[i] = text[start : stop if stop >= 0 else len(text)].strip()[:300]
+    return [[i, line] for i, line in sorted(found.items())], offsets
 
 
 RETRY, FINAL, EXHAUSTED, NO_MATCH = "retry", "final", "exhausted", "no match"

@@ -16,12 +16,13 @@ SOFT_MAX thinned, past HARD_MAX stopped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Iterable, Sequence
 
 from ..rundir.records import read_json, writable_fd
 from .display_lines import shown
@@ -135,16 +136,12 @@ def _too_deep(part: bytes) -> bool:
 def _from_mapping(d: Any) -> tuple[float | None, Values]:
     if not isinstance(d, dict):
         return None, {}
-    step = None
-    values: Values = {}
-    for k, v in d.items():
-        f = _number(v)
-        if f is None or not isinstance(k, str) or not k or len(k) > NAME_MAX:
-            continue
-        if k in STEP_KEYS and step is None:
-            step = f
-        else:
-            values[shown(k)] = f  # a JSON key may hold ESC, NUL or a lone surrogate
+    found = ((k, _number(v)) for k, v in d.items())
+    step, values = _split(
+        (shown(k), f)  # a JSON key may hold ESC, NUL or a lone surrogate
+        for k, f in found
+        if f is not None and isinstance(k, str) and k and len(k) <= NAME_MAX
+    )
     if step is None and EPOCH_KEY in values:
         step = values[EPOCH_KEY]
     return step, values
@@ -256,34 +253,32 @@ def _bar(line: bytes) -> tuple[float | None, Values]:
     return step, values
 
 
-def _groups(m: re.Match[bytes]) -> tuple[float | None, Values]:
-    step = None
+def _split(
+    pairs: Iterable[tuple[str, float]], step_keys: Sequence[str] = STEP_KEYS
+) -> tuple[float | None, Values]:
+    """The first of `step_keys` found is the step; the rest are values."""
+    step: float | None = None
     values: Values = {}
-    for k, v in m.groupdict().items():
-        try:
-            f = float(v) if v is not None else None
-        except (ValueError, TypeError):
-            continue
-        if f is None:
-            continue
-        if k == "step":
+    for k, f in pairs:
+        if k in step_keys and step is None:
             step = f
         else:
             values[k] = f
     return step, values
 
 
+def _groups(m: re.Match[bytes]) -> tuple[float | None, Values]:
+    pairs = []
+    for k, v in m.groupdict().items():
+        with contextlib.suppress(ValueError, TypeError):
+            if v is not None:
+                pairs.append((k, float(v)))
+    return _split(pairs, ("step",))
+
+
 def _pairs(text: bytes) -> tuple[float | None, Values]:
-    step = None
-    values: Values = {}
-    for m in _PAIR.finditer(text):
-        key = m["key"].decode()[:NAME_MAX]
-        f = float(m["value"])
-        if key in STEP_KEYS and step is None:
-            step = f
-        else:
-            values[key] = f
-    return step, values
+    found = _PAIR.finditer(text)
+    return _split((m["key"].decode()[:NAME_MAX], float(m["value"])) for m in found)
 
 
 def metrics_dir(adir: str) -> str:
