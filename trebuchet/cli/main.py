@@ -137,6 +137,12 @@ def _add_after_flag(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _add_latest_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: latest)"
+    )
+
+
 class _Skipped:
     """The parser of a verb that is not being parsed: every call on it is ignored."""
 
@@ -196,9 +202,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--no-refresh", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = add("stacks")
-    p.add_argument(
-        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: latest)"
-    )
+    _add_latest_run(p)
     p.add_argument("--wait", type=float, default=60.0, metavar="S",
                    help="how long to wait for every rank's stack (default 60)")  # fmt: skip
     p = add("status")
@@ -209,9 +213,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = add("logs")
-    p.add_argument(
-        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: latest)"
-    )
+    _add_latest_run(p)
     p.add_argument("--rank", type=_count, help="only this global rank")
     p.add_argument("--node", type=_count, help="only this node")
     p.add_argument(
@@ -302,9 +304,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=_count, default=8765, help="port (default 8765; 0: any free)")
     p = add("metrics")
-    p.add_argument(
-        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: latest)"
-    )
+    _add_latest_run(p)
     p.add_argument("names", nargs="*", metavar="NAME", help="only these metrics")
     p.add_argument("--rank", type=int, metavar="R", help="this rank's (default: the lowest read)")
     fmt = p.add_mutually_exclusive_group()
