@@ -20,6 +20,7 @@ from trebuchet.results import parse, table
 from trebuchet.runtime.process.procs import hostname
 from trebuchet.runtime.rundir.records import read_json
 from trebuchet.runtime.rundir.regular import read_text
+from trebuchet.view.follow import attempt_logs
 
 RANKS = ("rank0", "sum", "mean")
 DEFAULT_FILE = "results.csv"
@@ -74,15 +75,9 @@ def _git(workdir: str | None, created_at: float) -> str | None:
 
 def _rank_logs(adir: Path) -> dict[int, Path]:
     """rank-<r>.log of the attempt; node-<n>.log (the unit under launcher none) otherwise."""
-    for kind in ("rank", "node"):
-        found = {}
-        for p in adir.glob(f"{kind}-*.log"):
-            num = p.stem.split("-", 1)[1]
-            if num.isdigit():
-                found[int(num)] = p
-        if found:
-            return dict(sorted(found.items()))
-    return {}
+    logs = attempt_logs(adir)
+    kind = "rank" if any(k == "rank" for k, _, _ in logs) else "node"
+    return {num: path for k, num, path in logs if k == kind}
 
 
 def aggregate(values: dict[int, parse.Value], how: str) -> tuple[float, str, str] | None:
