@@ -18,19 +18,14 @@ RECENT = 20
 
 
 def main(args: argparse.Namespace) -> int:
+    from trebuchet.cli.common import runs_named
     from trebuchet.results import collect, perfcsv
     from trebuchet.runner import refresh
     from trebuchet.store.db import Store
 
     store = Store()
-    if args.runs:
-        recs, seen = [], set()
-        for ref in args.runs:  # a run, or a sweep id: all its points, side by side
-            members = [] if store.matches_run(ref) else store.sweep_runs(ref)
-            for rec in members or [store.resolve(ref)]:
-                if rec.id not in seen:
-                    seen.add(rec.id)
-                    recs.append(rec)
+    if args.runs:  # a sweep id: all its points, side by side
+        recs = runs_named(store, args.runs)
     else:
         recs = list(reversed(store.list() if args.all else store.list(limit=RECENT)))
     refresh(store, recs)

@@ -254,20 +254,9 @@ def _results(store: Store, rec: RunRecord) -> str:
         rows = collect.collect(store, rec)
     except Exception as exc:  # noqa: BLE001 - the rest of the page still shows
         return f"<p class='bad'>results unavailable: {e(exc)}</p>"
-    return table(
-        ["model", "status", "performance", "metric", "source"],
-        [
-            [
-                e(r["model"]),
-                e(r["status"]),
-                e(number(r.get("performance")) or "-"),
-                e(r.get("metric") or "-"),
-                e(r.get("source") or "-"),
-            ]
-            for r in rows
-        ],  # fmt: skip
-        "results",
-    )
+    cells = [[e(r["model"]), e(r["status"]), e(number(r.get("performance")) or "-"),
+              e(r.get("metric") or "-"), e(r.get("source") or "-")] for r in rows]  # fmt: skip
+    return table(["model", "status", "performance", "metric", "source"], cells, "results")
 
 
 def _spec_text(run_dir: Path) -> str:
@@ -411,6 +400,7 @@ def run_page(store: Store, rec: RunRecord, csrf: str) -> str:
     run_dir = Path(rec.run_dir)
     attempts = store.attempts(rec.id)
     procs = store.procs(rec.id)
+    dirty = " with uncommitted changes" if rec.git_dirty else ""
     facts = [
         ("state", state(rec.state)),
         ("name", e(rec.name)),
@@ -421,30 +411,20 @@ def run_page(store: Store, rec: RunRecord, csrf: str) -> str:
         ("created", when(rec.created_at)),
         ("duration", e(_duration(rec))),
         ("exit code", e("-" if rec.exit_code is None else rec.exit_code)),
-        (
-            "code",
-            e(f"git {rec.git_commit}" + (" with uncommitted changes" if rec.git_dirty else ""))
-            if rec.git_commit
-            else "-",
-        ),  # fmt: skip
+        ("code", e(f"git {rec.git_commit}{dirty}") if rec.git_commit else "-"),
         ("run dir", e(rec.run_dir)),
         ("progress", _progress(rec)),
     ]
     if rec.sweep_id:
         facts.append(("sweep", _sweep_link(rec.sweep_id) + f" {e(rec.params)}"))
     dl = "".join(f"<dt>{k}</dt><dd id='fact-{k.replace(' ', '-')}'>{v}</dd>" for k, v in facts)
-    actions = []
-    if rec.active:
-        actions.append(
-            f'<form method="post" action="{url("/runs/" + rec.id + "/cancel")}">'
-            f'<input type="hidden" name="csrf" value="{e(csrf)}">'
-            '<button id="cancel" class="danger" type="submit">cancel</button></form>'
-        )
-    actions.append(
-        f'<form method="post" action="{url("/runs/" + rec.id + "/rerun")}">'
+    buttons = [("cancel", ' class="danger"')] if rec.active else []
+    actions = [
+        f'<form method="post" action="{url(f"/runs/{rec.id}/{act}")}">'
         f'<input type="hidden" name="csrf" value="{e(csrf)}">'
-        '<button id="rerun" type="submit">rerun</button></form>'
-    )
+        f'<button id="{act}"{cls} type="submit">{act}</button></form>'
+        for act, cls in [*buttons, ("rerun", "")]
+    ]
     failure = ""
     if rec.first_failure:
         what = e(describe_failure(rec.first_failure))
@@ -485,8 +465,7 @@ def run_page(store: Store, rec: RunRecord, csrf: str) -> str:
 
 # -- sweeps ----------------------------------------------------------------------------------
 def sweeps_page(store: Store) -> str:
-    rows = [[f'<a href="{url("/sweeps/" + s)}">{e(s)}</a>', e(name), str(n), when(t)]
-            for s, name, n, t in store.sweep_ids()]  # fmt: skip
+    rows = [[_sweep_link(s), e(name), str(n), when(t)] for s, name, n, t in store.sweep_ids()]
     if not rows:
         return "<h1>Sweeps</h1><p class='muted'>no sweeps yet</p>"
     return "<h1>Sweeps</h1>" + table(["sweep", "name", "points", "created"], rows, "sweeps")
@@ -547,12 +526,7 @@ def results_page(store: Store, q: dict[str, str]) -> str:
     from trebuchet.results import table as results_table
     from trebuchet.results.perfcsv import number, relative_changes
 
-    # rows of runs that were removed (`treb rm`) stay in the results table: not shown
-    results_table.ensure(store.conn)
-    loads: list[tuple[str, int, float]] = [tuple(r) for r in store.conn.execute(
-        "SELECT workload, COUNT(*), MAX(results.created_at) FROM results JOIN runs "
-        "ON runs.id = results.run_id GROUP BY workload ORDER BY MAX(results.created_at) DESC"
-    ).fetchall()]  # fmt: skip
+    loads = results_table.workloads(store.conn)
     if not loads:
         return ("<h1>Results</h1><p class='muted'>no results yet: they are collected when a "
                 "run ends (or by `treb results`)</p>")  # fmt: skip
@@ -564,11 +538,6 @@ def results_page(store: Store, q: dict[str, str]) -> str:
         for w, n, _ in loads
     )
     rows = results_table.of_workload(store.conn, chosen)
-    ids = sorted({r["run_id"] for r in rows})
-    known = {row[0] for i in range(0, len(ids), 500) for row in store.conn.execute(
-        f"SELECT id FROM runs WHERE id IN ({','.join('?' * len(ids[i:i + 500]))})",
-        ids[i : i + 500])}  # fmt: skip
-    rows = [r for r in rows if r["run_id"] in known]
     changes = relative_changes(rows)
     by_metric: dict[str, dict[str, list]] = {}
     for r in rows:
