@@ -145,7 +145,6 @@ def goodput_lines(rec: RunRecord) -> list[str]:
 
 
 def goodput_json(rec: RunRecord) -> dict[str, Any] | None:
-    """The run's goodput for `treb status --json` (docs/goodput.md)."""
     try:
         from trebuchet.goodput import of_run
 

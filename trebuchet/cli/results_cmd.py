@@ -1,10 +1,6 @@
-"""`treb results [RUN...] [--csv FILE] [--all] [--json]`: performance rows of finished runs.
-
-Without RUN: the recent runs, oldest first, each row's change against the one above of the
-same workload, metric and shape (a change of shape is no change of the code). With RUNs:
-those, in order. --csv writes madengine perf.csv rows; --metric NAME adds each run's last
-value of that metric (docs/results.md, docs/metrics.md).
-"""
+"""`treb results`: performance rows of finished runs (docs/results.md), each row's change
+against the one above of the same workload, metric and shape: a change of shape is no
+change of the code."""
 
 from __future__ import annotations
 

@@ -28,7 +28,6 @@ def stop(store: Store, rec: RunRecord) -> RunRecord:
 
 
 def remove(store: Store, runs: list[RunRecord], dry_run: bool = False) -> int:
-    """Remove (or, dry, only measure) each run; one line each and the total freed."""
     from trebuchet.store.remove import disk_used, run_path
 
     total = 0

@@ -1,11 +1,7 @@
-"""`treb stacks [RUN]`: the Python stacks of every rank of a running run, grouped.
-
-It asks the run's node agents for their ranks' stacks (runtime/watch/stacks.py: a request file in
-the attempt's directory, which every agent looks at each step), waits for them (at most
---wait seconds) and prints them, ranks with the same stack once. The run goes on. It works
-where this machine sees the run directory of every node: local runs, Slurm, and ssh runs
-whose run directory is shared with the hosts (Backend.agents_share_run_dir).
-"""
+"""`treb stacks`: the Python stacks of every rank of a running run, grouped, asked of the
+node agents through a request file in the attempt's directory (runtime/watch/stacks.py),
+so it works where this machine sees every node's run directory
+(Backend.agents_share_run_dir). The run goes on."""
 
 from __future__ import annotations
 

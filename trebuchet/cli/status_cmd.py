@@ -70,6 +70,11 @@ def main(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     con = console()
+
+    def say(lines: list[str]) -> None:  # what the records hold: text, never markup
+        for line in lines:
+            con.print(f"  {shown(line)}", markup=False, highlight=False)
+
     style = STATE_STYLE.get(rec.state, "")
     con.print(f"run [bold]{m(rec.id)}[/]  {m(rec.name)}  [{style}]{m(rec.state)}[/]")
     con.print(
@@ -85,9 +90,8 @@ def main(args: argparse.Namespace) -> int:
     if rec.git_commit:
         dirty = " with uncommitted changes" if rec.git_dirty else ""
         con.print(f"  code    git {rec.git_commit[:12]}{dirty}")
-    found = [*progress_lines(rec), *goodput_lines(rec), *straggler_lines(rec)]
-    for line in [*found, *outputs.lines(rec.run_dir)]:
-        con.print(f"  {shown(line)}", markup=False, highlight=False)
+    say([*progress_lines(rec), *goodput_lines(rec), *straggler_lines(rec)])
+    say(outputs.lines(rec.run_dir))
     if rec.active and rec.waiting:
         colour = "yellow" if rec.waiting.get("starts") else "red"
         con.print(f"  {shown(describe_waiting(rec.waiting))}", style=colour, markup=False)
@@ -95,12 +99,10 @@ def main(args: argparse.Namespace) -> int:
         con.print(f"  [red]first failure[/]: {m(describe_failure(rec.first_failure))}")
         if rec.first_failure.get("log"):
             con.print(f"    log {m(rec.first_failure.get('log'))}")
-    for line in diagnosis_lines(store, rec):
-        con.print(f"  {shown(line)}", markup=False, highlight=False)
     from trebuchet.diagnose.hang import warned_lines
 
-    for line in warned_lines(rec.run_dir, rec.attempt):  # on_hang: warn, the run went on
-        con.print(f"  {shown(line)}", markup=False, highlight=False)
+    say(diagnosis_lines(store, rec))
+    say(warned_lines(rec.run_dir, rec.attempt))  # on_hang: warn, the run went on
     if attempts:
         con.print("attempts:")
         for a in attempts:
@@ -110,8 +112,7 @@ def main(args: argparse.Namespace) -> int:
     checked = health_lines(rec.run_dir, rec.attempt)
     if checked:
         con.print(f"health checks (attempt {rec.attempt + 1}):")
-        for line in checked:
-            con.print(f"  {shown(line)}", markup=False, highlight=False)
+        say(checked)
     if nodes:
         con.print(f"nodes (as {rec.backend} reports them):")
         table = Table(box=None, pad_edge=False, title=None)
@@ -150,7 +151,6 @@ def _node_outcomes(store: Store, rec: RunRecord) -> list[dict[str, Any]] | None:
 
 
 def sweep_status(store: Store, runs: list, as_json: bool) -> int:
-    """A sweep: each point's parameters, state and exit code, side by side."""
     refresh(store, runs)
     runs = [store.get(r.id) or r for r in runs]
     if as_json:

@@ -41,7 +41,6 @@ def _options(
     values: list[Any], chosen: Any, label: Callable[[Any], str] = str,
     value: Callable[[Any], str] = str,
 ) -> str:  # fmt: skip
-    """A select's options, the chosen one selected."""
     return "".join(f'<option value="{e(value(v))}"{" selected" if v == chosen else ""}>'
                    f"{e(label(v))}</option>" for v in values)  # fmt: skip
 

@@ -197,7 +197,6 @@ def _size(n: int) -> str:
 
 
 def _offset_of_last_lines(path: Path, n: int) -> int:
-    """Byte offset where the last `n` lines of `path` begin."""
     try:
         size = path.stat().st_size
     except OSError:
