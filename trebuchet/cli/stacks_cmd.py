@@ -46,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
             break
         time.sleep(0.2)
     ranks = read_stacks(adir, sorted(got))
-    texts = {r.name: _text(got[r.name]) for r in ranks}
+    texts = {r.name: stack_text(got[r.name]) for r in ranks}
     # attempts from 1, as `treb status` and `treb logs --attempt` count them (dirs: from 0)
     print(f"run {rec.id} ({rec.name}), attempt {rec.attempt + 1}: stacks of {len(ranks)} of "
           f"{len(expected)} ranks, in {adir / 'stacks'}\n")  # fmt: skip
@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _text(path: str) -> str:
+def stack_text(path: str | Path) -> str:
     """A stack file's text ('' when it is gone or not a regular file: runtime/rundir/regular.py)."""
     from trebuchet.runtime.rundir.regular import read_text
 

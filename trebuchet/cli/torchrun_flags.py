@@ -373,15 +373,13 @@ def translate(args: argparse.Namespace, on: str | None, specless: bool) -> Trans
     ignored = [d for d in INSTEAD if g(d) is not None and g(d) is not False]
     if g("standalone"):
         ignored = [d for d in ignored if not d.startswith("rdzv")]
-    said: set[str] = set()
+    by_note: dict[str, list[str]] = {}  # one note for the flags it answers
     for dest in ignored:
-        if INSTEAD[dest] in said:
-            continue
-        said.add(INSTEAD[dest])
-        same = [d for d in ignored if INSTEAD[d] == INSTEAD[dest]]
+        by_note.setdefault(INSTEAD[dest], []).append(dest)
+    for note, same in by_note.items():
         given = " ".join(f"--{d.replace('_', '-')}" + ("" if d in SWITCHES
                          else f" {shlex.quote(str(g(d)))}") for d in same)  # fmt: skip
-        out.notes.append(f"{given}: {INSTEAD[dest]}")
+        out.notes.append(f"{given}: {note}")
     return out
 
 

@@ -1,12 +1,6 @@
-"""One finished run -> its result rows.
-
-The number comes from the spec's results CSV written during this run (in the run directory
-or where the ranks ran), else the ranks' `performance:` lines combined as `results.ranks`
-says, else the HuggingFace Trainer's train_samples_per_second. A row is SUCCESS only when
-the run succeeded and a number was found (table.status). The run's facts come from the
-store and the run directory (the commit recorded at submission, or the workdir's for older
-runs).
-"""
+"""One finished run -> its result rows. The number comes from the spec's results CSV
+written during this run, else the ranks' `performance:` lines combined as `results.ranks`
+says, else the HuggingFace Trainer's train_samples_per_second."""
 
 from __future__ import annotations
 
@@ -20,11 +14,11 @@ from trebuchet.results import parse, table
 from trebuchet.runtime.process.procs import hostname
 from trebuchet.runtime.rundir.records import read_json
 from trebuchet.runtime.rundir.regular import read_text
+from trebuchet.store.states import ACTIVE
 from trebuchet.view.follow import attempt_logs
 
 RANKS = ("rank0", "sum", "mean")
 DEFAULT_FILE = "results.csv"
-ACTIVE = ("PENDING", "RUNNING", "RETRYING")
 
 
 def options(spec: Any) -> tuple[str, str]:

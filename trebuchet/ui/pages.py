@@ -8,12 +8,12 @@ through html.e(); the charts' numbers travel as JSON (html.data) for static/app.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trebuchet.results.parse import finite
 from trebuchet.store.db import RunFilter, RunRecord, Store
 from trebuchet.store.states import ACTIVE, TERMINAL, describe_failure
 from trebuchet.ui.html import data, e, state, table, url, when
@@ -332,8 +332,8 @@ def _hang(rec: RunRecord, attempts: list[dict]) -> tuple[str, tuple[int, int] | 
     """The last hang of the run (hang.json of an attempt: the rule fired, stacks were
     dumped) as HTML: what `treb status` says of it, the stuck rank and every rank's
     stack, grouped as `treb stacks` groups them; and (attempt, rank) of the stuck rank."""
+    from trebuchet.cli.stacks_cmd import stack_text
     from trebuchet.diagnose.hang import grouped_text, hang_lines, read
-    from trebuchet.runtime.rundir.regular import read_text
 
     numbers = sorted({a["attempt"] for a in attempts} | {rec.attempt}, reverse=True)
     for n in numbers:
@@ -344,12 +344,7 @@ def _hang(rec: RunRecord, attempts: list[dict]) -> tuple[str, tuple[int, int] | 
             h = None
         if h is None:
             continue
-        texts = {}
-        for r in h.ranks:
-            try:
-                texts[r.name] = read_text(Path(h.stacks_dir) / f"{r.name}.txt")
-            except OSError:
-                texts[r.name] = ""
+        texts = {r.name: stack_text(Path(h.stacks_dir) / f"{r.name}.txt") for r in h.ranks}
         stacks = grouped_text(h.ranks, texts)
         if len(stacks) > STACKS_MAX:
             stacks = stacks[:STACKS_MAX] + "\n[treb: cut at 256 KiB]"
@@ -472,13 +467,10 @@ def sweeps_page(store: Store) -> str:
 
 def _number(v: Any) -> float | None:
     """A parameter's value as a number to plot; None for text, inf and nan."""
-    if isinstance(v, bool):
-        return float(v)
     try:
-        out = float(v) if isinstance(v, int | float) else float(str(v))
-    except (ValueError, OverflowError):
+        return finite(float(v))
+    except (TypeError, ValueError, OverflowError):
         return None
-    return out if math.isfinite(out) else None
 
 
 def sweep_page(store: Store, runs: list[RunRecord], q: dict[str, str]) -> str:
