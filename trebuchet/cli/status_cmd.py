@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from trebuchet.backends import get_backend
 from trebuchet.cli.common import STATE_STYLE, clock, console, state_cell
-from trebuchet.cli.health_view import health_json, health_lines
 from trebuchet.cli.progress import gpu_use, progress_lines, progress_of
 from trebuchet.cli.report import (
     diagnosis_json,
@@ -24,6 +24,7 @@ from trebuchet.cli.table import markup as m
 from trebuchet.errors import UserError
 from trebuchet.launcher import outputs
 from trebuchet.runner import refresh
+from trebuchet.runtime.node.health import summary
 from trebuchet.runtime.watch.display_lines import shown
 from trebuchet.spec.duration import human
 from trebuchet.store.db import RunRecord, Store
@@ -137,6 +138,37 @@ def main(args: argparse.Namespace) -> int:
             )))  # fmt: skip
         con.print(table)
     return 0
+
+
+def health_json(run_dir: str) -> dict[str, list[dict[str, Any]]]:
+    """Every attempt's health records (runtime/node/health.py writes them before each
+    attempt's ranks), by attempt number from 1."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    names = os.listdir(run_dir) if os.path.isdir(run_dir) else []
+    for name in names:
+        head, _, num = name.partition("-")
+        if head == "attempt" and num.isdigit():
+            recs = summary(os.path.join(run_dir, name))
+            if recs:
+                out[str(int(num) + 1)] = recs
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def health_lines(run_dir: str, attempt: int) -> list[str]:
+    """One line per node of the attempt (from 0): healthy and how long the checks took,
+    or which checks failed and why."""
+    recs = summary(os.path.join(run_dir, f"attempt-{attempt}"))
+    lines = []
+    for r in recs:
+        took = f"{float(r.get('seconds') or 0) * 1000:.0f} ms"
+        head = f"node {r.get('node')} {r.get('host')}"
+        if r.get("healthy"):
+            lines.append(f"{head}: healthy ({took})")
+            continue
+        bad = [c for c in r.get("checks") or [] if isinstance(c, dict) and not c.get("ok")]
+        why = "; ".join(f"{c.get('name')}: {c.get('detail')}" for c in bad)
+        lines.append(f"{head}: UNHEALTHY ({why}) ({took})")
+    return lines
 
 
 def _node_outcomes(store: Store, rec: RunRecord) -> list[dict[str, Any]] | None:
