@@ -475,9 +475,10 @@ def _reason(store: Store, rec: RunRecord) -> str:
 
 
 def _metrics(store: Store, rec: RunRecord) -> tuple[list[dict[str, Any]], str]:
-    """The run's metrics (ingested first: the last points count) as MLflow metrics, and a
-    note when some are not sent. The same list on every try (a point without a time gets
-    the run's end), so a retry resumes where the last one stopped."""
+    """The run's metrics (ingested first: the last points count) as MLflow metrics, each
+    series of the lowest rank that has it, and a note when some are not sent. The same
+    list on every try (a point without a time gets the run's end): a retry resumes where
+    the last one stopped."""
     from trebuchet.store.metrics import ingest
 
     ingest(store, rec)
