@@ -198,11 +198,9 @@ def _open_mlflow(
     except (MlflowError, OSError) as exc:
         err = exc if isinstance(exc, MlflowError) else MlflowError(str(exc))
         _fail(uri, err, sub.run_dir, warn)
-        try:
+        with contextlib.suppress(OSError):
             rt.defer(str(sub.run_dir), rest, str(err))
             _remember(rec.id)
-        except OSError:
-            pass
     append_event(sub.run_dir, "mlflow_run", run_id=info["run_id"], experiment_id=exp, uri=uri)
     return {"uri": uri, "experiment_id": exp, "run_id": info["run_id"],
             "artifact_uri": info.get("artifact_uri", ""),
@@ -325,20 +323,16 @@ def _marker(run_id: str) -> Path:
 
 def _remember(run_id: str) -> None:
     path = _marker(run_id)
-    try:
+    with contextlib.suppress(OSError):
         path.parent.mkdir(mode=0o700, exist_ok=True)
         path.touch(mode=0o600)
-    except OSError:
-        pass
 
 
 def _forget(run_id: str) -> None:
     path = _marker(run_id)
-    try:
+    with contextlib.suppress(OSError):
         path.unlink()
         path.parent.rmdir()  # the last one: `treb ps` then finds no folder to look into
-    except OSError:
-        pass
 
 
 def _retry_later(run_dir: Path, error: str) -> None:

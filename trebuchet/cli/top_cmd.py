@@ -6,6 +6,7 @@ one plain snapshot."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -101,11 +102,9 @@ def node_lines(store: Store, rec: RunRecord) -> list[str]:
             state = "ended"
         else:
             state = "running"
-            try:
+            with contextlib.suppress(OSError):
                 quiet = now - os.stat(os.path.join(adir, "progress", name)).st_mtime
                 state += f" (output {short_age(quiet)} ago)"
-            except OSError:
-                pass
         who = str(p["rank"]) if p["rank"] is not None else p["label"]
         by_node.setdefault(p["node"], []).append(f"{who} {state}")
     return [f"node {n}: " + ", ".join(parts) for n, parts in sorted(by_node.items())]
