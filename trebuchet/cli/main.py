@@ -51,14 +51,6 @@ class _Help(argparse.HelpFormatter):
         return text
 
 
-class _Parser(argparse.ArgumentParser):
-    """treb's parsers (the verbs' too, by add_subparsers): help through _Help."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", _Help)
-        super().__init__(*args, **kwargs)
-
-
 def _add_spec_args(p: argparse.ArgumentParser, optional: bool = False, run: bool = False,
                    maybe: bool = False) -> None:  # fmt: skip
     if maybe:  # `treb check --nodes N`: the spec's health_check and GPUs when given
@@ -153,14 +145,18 @@ class _Skipped:
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """treb's parser; `only`: with that verb's arguments alone (the others' parsers cost
     ~10 ms to build, a tenth of a local launch)."""
-    parser = _Parser(
-        prog="treb", description="trebuchet: one YAML file, any engine, for distributed training."
+    parser = argparse.ArgumentParser(
+        prog="treb",
+        description="trebuchet: one YAML file, any engine, for distributed training.",
+        formatter_class=_Help,
     )
     parser.add_argument("--version", action="store_true", help="print the version")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
 
     def add(verb: str) -> Any:
-        return sub.add_parser(verb, help=VERBS[verb]) if only in (None, verb) else _Skipped()
+        if only not in (None, verb):
+            return _Skipped()
+        return sub.add_parser(verb, help=VERBS[verb], formatter_class=_Help)
 
     p = add("run")
     _add_spec_args(p, optional=True)
