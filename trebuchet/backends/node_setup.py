@@ -26,18 +26,10 @@ def builds(loaded: LoadedSpec) -> bool:
 
 def env_files(loaded: LoadedSpec) -> list[tuple[tuple[str, ...], Path]]:
     """(field, path) of each file the environment is built from."""
-    env = loaded.spec.environment
+    from trebuchet.spec.load import input_files
+
     base = loaded.path.parent if loaded.path else Path.cwd()
-    files: list[tuple[tuple[str, ...], Path]] = []
-    if env:
-        if isinstance(env.requirements, str):
-            files.append((("environment", "requirements"), base / env.requirements))
-        if env.setup:
-            files.append((("environment", "setup"), base / env.setup))
-        if env.conda and env.conda.environment_file:
-            field = ("environment", "conda", "environment_file")
-            files.append((field, base / env.conda.environment_file))
-    return files
+    return [(field, base / value) for field, value in input_files(loaded.spec)]
 
 
 def inside(path: Path, root: Path) -> bool:
