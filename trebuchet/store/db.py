@@ -157,9 +157,7 @@ class RunRecord:
 @record
 class RunFilter:
     """Which runs a listing wants (`treb ps`, `treb prune`); empty fields match everything.
-
-    name: exact, or a glob (`digits*`) when it holds * ? or [; since: created at or after
-    (epoch seconds); ended_before: ended (or, never started, created) before."""
+    name: exact, or a glob when it holds * ? or [."""
 
     states: Sequence[str] = ()
     name: str | None = None
@@ -443,8 +441,7 @@ class Store:
 
     def update_run(self, run_id: str, only_if_active: bool = False, **values: Any) -> bool:
         """Set columns of one run, but not its state (store/lifecycle.record writes that,
-        from an event); with only_if_active, a finished run is left alone. False when
-        nothing was written."""
+        from an event); with only_if_active, a finished run is left alone."""
         owned = sorted(set(values) & set(STATE_COLUMNS))
         if owned:
             raise ValueError(f"update_run: {owned} belong to store/lifecycle.record (an event)")
