@@ -143,6 +143,13 @@ def _scan_lines(path: Path, srun_labels: bool | None = None) -> tuple[list[LogLi
     return [parse(t, i, srun_labels) for i, t in enumerate(sc.lines)], sc.last_lines
 
 
+def _outcome_unit(o: dict[str, Any], log: Path, **known: Any) -> Unit:
+    """A process as its outcome record (rank-N.json, node-N.json) tells it."""
+    return Unit(exit_code=o.get("exit_code"), signal=o.get("signal"), ended_at=o.get("ended_at"),
+                stopped_by_launcher=bool(o.get("stopped_by_launcher")), log=str(log),
+                **known)  # fmt: skip
+
+
 def _unit(units: dict[int, Unit], rank: int) -> Unit:
     if rank not in units:
         units[rank] = Unit(rank=rank)
@@ -375,10 +382,6 @@ def log_dir(root: Path) -> Case:
 OUTCOME = re.compile(r"^(rank|node|lost)-(\d+)\.json$")  # lost: a node lost
 
 
-def _read_json(path: Path) -> Any:
-    return read_json(str(path))
-
-
 def is_run_dir(path: Path) -> bool:
     """A trebuchet run directory (a Slurm run sbatch refused has no attempts, but its
     job.json and events.jsonl)."""
@@ -390,7 +393,7 @@ def is_run_dir(path: Path) -> bool:
 
 def _job(run_dir: Path) -> dict[str, Any]:
     """The run's job file (job.json), {} when absent or not an object."""
-    job = _read_json(run_dir / "job.json")
+    job = read_json(str(run_dir / "job.json"))
     return job if isinstance(job, dict) else {}
 
 
@@ -503,7 +506,7 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
     outcomes: dict[str, dict[str, Any]] = {}
     for p in sorted(adir.glob("*.json")) if adir.is_dir() else []:
         if OUTCOME.match(p.name):
-            data = _read_json(p)
+            data = read_json(str(p))
             if isinstance(data, dict):
                 outcomes[p.stem] = data
     for row in procs or []:
@@ -524,10 +527,8 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
             sub = merged_log(adir / f"{name}.log", node_hint=str(node))
             case.events += sub.events
             case.unattributed += sub.unattributed
-            agent = Unit(rank=None, node=str(node), exit_code=o.get("exit_code"),
-                         signal=o.get("signal"), ended_at=o.get("ended_at"),
-                         stopped_by_launcher=o.get("stopped_by_launcher"),
-                         log=str(adir / f"{name}.log"), label=f"node {node}")  # fmt: skip
+            agent = _outcome_unit(o, adir / f"{name}.log", rank=None, node=str(node),
+                                  label=f"node {node}")  # fmt: skip
             ranks = [u for u in sub.units if u.rank is not None]
             if launcher == "torchrun":
                 for lr in range(ppn):
@@ -556,13 +557,9 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
             log = adir / f"{name}.log"
             lines, last = _scan_lines(log, srun_labels=False)
             host = o.get("host") or (None if o.get("node") is None else str(o["node"]))
-            units.append(Unit(
-                rank=o.get("rank"), node=host,
-                local_rank=o.get("local_rank"), exit_code=o.get("exit_code"),
-                signal=o.get("signal"), ended_at=o.get("ended_at"),
-                stopped_by_launcher=bool(o.get("stopped_by_launcher")), log=str(log),
-                lines=lines, last_lines=last, label=o.get("label"),
-            ))  # fmt: skip
+            units.append(_outcome_unit(o, log, rank=o.get("rank"), node=host,
+                                       local_rank=o.get("local_rank"), lines=lines,
+                                       last_lines=last, label=o.get("label")))  # fmt: skip
         # SkyPilot and Kubernetes keep the records on their nodes: their ranks' logs come
         # back without them (backends/node_logs.py), and are read all the same
         for log in sorted(adir.glob("rank-*.log")) if adir.is_dir() else []:
@@ -621,10 +618,8 @@ def _unstarted(
             continue
         log = adir / f"{name}.log"
         lines, last = _scan_lines(log)
-        out.append(Unit(rank=None, node=str(node), exit_code=o.get("exit_code"),
-                        signal=o.get("signal"), ended_at=o.get("ended_at"),
-                        stopped_by_launcher=bool(o.get("stopped_by_launcher")), log=str(log),
-                        lines=lines, last_lines=last, label=f"node {node}"))  # fmt: skip
+        out.append(_outcome_unit(o, log, rank=None, node=str(node), lines=lines,
+                                 last_lines=last, label=f"node {node}"))  # fmt: skip
     return out
 
 
@@ -646,7 +641,7 @@ def run_dir_case(path: Path) -> Case:
     attempt = attempts[-1] if attempts else 0
     first: dict[str, Any] | None = None
     for p in (path / f"attempt-{attempt}").glob("*.json"):
-        o = _read_json(p)
+        o = read_json(str(p))
         if not (OUTCOME.match(p.name) and isinstance(o, dict) and o.get("exit_code")):
             continue
         if o.get("stopped_by_launcher"):
