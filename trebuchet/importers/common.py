@@ -124,26 +124,10 @@ class Fragments:
 
 PLACEHOLDER = re.compile(r"<[A-Za-z][A-Za-z0-9_ .:|-]*>")
 SPEC_ORDER = (
-    "name",
-    "command",
-    "workdir",
-    "launcher",
-    "nodes",
-    "procs_per_node",
-    "gpus_per_node",
-    "master_port",
-    "env",
-    "secrets",
-    "environment",
-    "retries",
-    "timeout",
-    "timeout_warning",
-    "checkpoint_signal",
-    "profile",
-    "slurm",
-    "skypilot",
-    "kubernetes",
-)
+    "name", "command", "workdir", "launcher", "nodes", "procs_per_node", "gpus_per_node",
+    "master_port", "env", "secrets", "environment", "retries", "timeout", "timeout_warning",
+    "checkpoint_signal", "profile", "slurm", "skypilot", "kubernetes",
+)  # fmt: skip
 
 
 def read_text(p: Path, what: str, max_bytes: int = 1 << 20) -> str:

@@ -18,20 +18,9 @@ from trebuchet.importers.common import ImportResult, to_name
 from trebuchet.importers.yamlsrc import line_of, read_located
 
 USED = {
-    "name",
-    "tags",
-    "scripts",
-    "n_gpus",
-    "conda_env",
-    "python_version",
-    "requirements_file",
-    "setup_script",
-    "environment_file",
-    "distributed",
-    "timeout",
-    "args",
-    "multiple_results",
-}
+    "name", "tags", "scripts", "n_gpus", "conda_env", "python_version", "requirements_file",
+    "setup_script", "environment_file", "distributed", "timeout", "args", "multiple_results",
+}  # fmt: skip
 # The resolved GPU count, as madengine exports it to the model script (seed 000): the
 # node's count where trebuchet sets TREB_NGPUS (the local engine: the mask's devices, or
 # every detected one with n_gpus -1), else the card's count.

@@ -43,41 +43,16 @@ SILENT_IN_SUBST = ("scontrol", "hostname")  # simulated: they answer for the all
 IGNORED_ENV = {"PWD", "OLDPWD", "SHLVL", "_", "BASH_ENV", "TMPDIR", "CUDA_VISIBLE_DEVICES"}
 LAUNCHER_ENV = {*RANK_NAMES, *NODE_NAMES, "MASTER_ADDR"}
 TORCHRUN_VALUE = {
-    "nnodes",
-    "node-rank",
-    "nproc-per-node",
-    "master-addr",
-    "master-port",
-    "rdzv-backend",
-    "rdzv-endpoint",
-    "rdzv-id",
-    "rdzv-conf",
-    "max-restarts",
-    "monitor-interval",
-    "start-method",
-    "role",
-    "log-dir",
-    "redirects",
-    "tee",
-    "local-addr",
-    "local-ranks-filter",
-    "logs-specs",
-    "rdzv-timeout",
-    "event-log-handler",
-    "numa-binding",
-    "signals-to-handle",
-}
+    "nnodes", "node-rank", "nproc-per-node", "master-addr", "master-port", "rdzv-backend",
+    "rdzv-endpoint", "rdzv-id", "rdzv-conf", "max-restarts", "monitor-interval", "start-method",
+    "role", "log-dir", "redirects", "tee", "local-addr", "local-ranks-filter", "logs-specs",
+    "rdzv-timeout", "event-log-handler", "numa-binding", "signals-to-handle",
+}  # fmt: skip
 TORCHRUN_SHORT = {"r": "redirects", "t": "tee", "m": "module"}
 TORCHRUN_SET_BY_TREB = {
-    "nnodes",
-    "node-rank",
-    "master-addr",
-    "rdzv-endpoint",
-    "rdzv-backend",
-    "rdzv-id",
-    "rdzv-conf",
+    "nnodes", "node-rank", "master-addr", "rdzv-endpoint", "rdzv-backend", "rdzv-id", "rdzv-conf",
     "standalone",
-}
+}  # fmt: skip
 
 
 @dataclass
