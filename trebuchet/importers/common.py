@@ -152,6 +152,16 @@ def read_text(p: Path, what: str, max_bytes: int = 1 << 20) -> str:
         raise UserError(f"{p}:{line}: not UTF-8 text: not {what}") from None
 
 
+def bash_syntax(text: str) -> str | None:
+    """What bash -n says of `text` (its first problem is named by line); None when bash
+    reads it whole."""
+    import subprocess  # here: only `treb import sbatch` runs bash
+
+    done = subprocess.run(["bash", "--noprofile", "--norc", "-n"], input=text,
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    return done.stderr.strip() if done.returncode else None
+
+
 def as_text(text: str) -> str:
     """One line a terminal shows as text: control characters (ESC, BEL, CR, LF...) as
     `^[`-style carets (runtime/lines.inert, as `treb logs` shows them), and what is not

@@ -614,7 +614,6 @@ def record(
     text: str | None = None,
 ) -> Recording:
     """Run `script` under bash in the sandbox; what its shims recorded.
-
     `passed`: variables taken from the importing shell (sbatch exports the submitting
     environment), secret markers included. `tasks`: `procid:nodeid:localid` of each srun
     task simulated. `text`: run this instead of the file's text (a template with its

@@ -24,6 +24,7 @@ from trebuchet.errors import UserError
 from trebuchet.importers.common import (
     Fragments,
     ImportResult,
+    bash_syntax,
     credential_kind,
     credential_spans,
     env_or_secret,
@@ -372,18 +373,13 @@ def _statement_end(lines: list[str], start: int) -> int:
     bash can read whole (continuations, multi-line quotes, the rest of an if block). Found
     with a few runs of bash -n (doubling the step, then halving it), never one per line:
     each reads the whole prefix (1 MiB at most), and 400 of them took minutes."""
-    import subprocess
-
     last = min(len(lines), start + 400)
 
     def parses(end: int) -> int:
         """`end` (past its continuation lines) when lines[:end] is whole bash, else 0."""
         while end < last and lines[end - 1].rstrip().endswith("\\"):
             end += 1  # bash reads a continuation at the end of its input as complete
-        done = subprocess.run(["bash", "--noprofile", "--norc", "-n"],
-                              input="\n".join(lines[:end]) + "\n", capture_output=True,
-                              text=True, timeout=30)  # fmt: skip
-        return end if done.returncode == 0 else 0
+        return end if bash_syntax("\n".join(lines[:end]) + "\n") is None else 0
 
     got = parses(start)
     if got:

@@ -14,7 +14,6 @@ import secrets
 import shlex
 import signal
 import string
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from trebuchet.importers.common import (
     Fragments,
     ImportResult,
     as_text,
+    bash_syntax,
     is_secret,
     mask,
     read_text,
@@ -128,17 +128,11 @@ def read_script(p: Path) -> str:
 PLACEHOLDER_WORD = re.compile(r"<[A-Za-z][A-Za-z0-9_.-]*>")
 
 
-def _syntax_error(text: str) -> str:
-    done = subprocess.run(["bash", "--noprofile", "--norc", "-n"], input=text,
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
-    return done.stderr.strip() if done.returncode else ""
-
-
 def _runnable(p: Path, text: str) -> tuple[str | None, dict[str, str]]:
     """bash -n: what bash itself cannot read is refused before anything runs. A template
     whose `<PLACEHOLDER>` words are what bash rejects runs with them replaced by markers
     (kept as written in the spec): (text to run instead, marker -> placeholder)."""
-    err = _syntax_error(text)
+    err = bash_syntax(text)
     if not err:
         return None, {}
     marks: dict[str, str] = {}
@@ -149,7 +143,7 @@ def _runnable(p: Path, text: str) -> tuple[str | None, dict[str, str]]:
         return marker
 
     swapped = PLACEHOLDER_WORD.sub(mark, text)
-    if marks and not _syntax_error(swapped):
+    if marks and not bash_syntax(swapped):
         return swapped, marks
     first = err.splitlines()[0]
     if first:
