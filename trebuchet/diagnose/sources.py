@@ -391,6 +391,16 @@ def is_run_dir(path: Path) -> bool:
     return any((path / m).is_file() for m in marks) or any(path.glob("attempt-*/"))
 
 
+def _outcomes(adir: Path) -> dict[str, dict[str, Any]]:
+    """The attempt's outcome records by name (rank-3, node-0, lost-1)."""
+    outcomes = {}
+    for p in sorted(adir.glob("*.json")) if adir.is_dir() else []:
+        data = read_json(str(p)) if OUTCOME.match(p.name) else None
+        if isinstance(data, dict):
+            outcomes[p.stem] = data
+    return outcomes
+
+
 def _job(run_dir: Path) -> dict[str, Any]:
     """The run's job file (job.json), {} when absent or not an object."""
     job = read_json(str(run_dir / "job.json"))
@@ -503,12 +513,7 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
     case.run["gpus"] = _gpus(run_dir, job)
     launcher = run.get("launcher") or job.get("launcher", "native")
     ppn = int(run.get("procs_per_node") or job.get("ppn") or 1)
-    outcomes: dict[str, dict[str, Any]] = {}
-    for p in sorted(adir.glob("*.json")) if adir.is_dir() else []:
-        if OUTCOME.match(p.name):
-            data = read_json(str(p))
-            if isinstance(data, dict):
-                outcomes[p.stem] = data
+    outcomes = _outcomes(adir)
     for row in procs or []:
         if row.get("attempt", attempt) != attempt:
             continue
@@ -640,11 +645,8 @@ def run_dir_case(path: Path) -> Case:
     attempts = sorted(int(p.name.split("-")[1]) for p in path.glob("attempt-*") if p.is_dir())
     attempt = attempts[-1] if attempts else 0
     first: dict[str, Any] | None = None
-    for p in (path / f"attempt-{attempt}").glob("*.json"):
-        o = read_json(str(p))
-        if not (OUTCOME.match(p.name) and isinstance(o, dict) and o.get("exit_code")):
-            continue
-        if o.get("stopped_by_launcher"):
+    for o in _outcomes(path / f"attempt-{attempt}").values():
+        if not o.get("exit_code") or o.get("stopped_by_launcher"):
             continue
         if first is None or (o.get("ended_at") or 0) < (first.get("ended_at") or 0):
             first = {**o, "attempt": attempt}
