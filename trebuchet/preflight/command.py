@@ -80,9 +80,8 @@ def scripts(ws: list[str], workdir: Path) -> list[tuple[str, str]]:
 
 
 def option(ws: list[str], names: tuple[str, ...]) -> str | None:
-    """The value of the last `--name V`, `--name=V`, `-name V` or `a.b.name=V` among `ws`.
-
-    Names with an underscore also match as Hydra-style `key.path.name=V` overrides."""
+    """The value of the last `--name V`, `--name=V`, `-name V` among `ws`; names with an
+    underscore also match as Hydra-style `key.path.name=V` overrides."""
     value = None
     for i, w in enumerate(ws):
         key, eq, val = w.partition("=")
