@@ -7,6 +7,7 @@ like secrets are masked in every note, and secret values never reach the spec.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -206,6 +207,12 @@ class ImportResult:
     def note(self, line: int | None, text: str) -> None:
         """Record how something was carried when it is not a one-to-one mapping."""
         self.notes.append(Note(line, text, NOTE))
+
+    def drop_unknown(self, block: dict, known: Collection[str], at: Any, *path: Any) -> None:
+        """Each key of `block` (at `path`) that is not `known`: named as not carried."""
+        for k in block:
+            if k not in known:
+                self.drop(at(*path, k), ".".join(map(str, (*path, k))), "no spec field for it")
 
     def add_secret(self, name: str, value: str | None = None) -> None:
         secrets = self.spec.setdefault("secrets", [])
