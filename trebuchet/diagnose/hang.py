@@ -466,8 +466,10 @@ def _silent(
 def hang_lines(adir: Path) -> list[str]:
     """Two lines: the grouping, and where the stacks are."""
     h = read(adir)
-    if h is None:
-        return []
+    return _lines(h) if h is not None else []
+
+
+def _lines(h: Hang) -> list[str]:
     action = h.info["action"]
     silent = h.info["detected_at"] - h.info["last_progress"]
     limit = h.info["hang_timeout"]
@@ -509,7 +511,7 @@ def for_run(run: dict[str, Any]) -> dict[str, Any] | None:
     h = read(adir)
     if h is None or h.info.get("action") == "warn":
         return None
-    evidence = hang_lines(adir)[1:]
+    evidence = _lines(h)[1:]
     for r in h.ranks:
         native = f" [native: {r.native}]" if r.native else ""
         state = STOPPED_TEXT if r.stopped else ""
@@ -524,7 +526,5 @@ def for_run(run: dict[str, Any]) -> dict[str, Any] | None:
 
 def warned_lines(run_dir: str, attempt: int) -> list[str]:
     """The hang an attempt that goes on reported (on_hang: warn), for `treb status`."""
-    adir = Path(run_dir) / f"attempt-{attempt}"
-    info = _clean(read_json(str(adir / "hang.json")), adir / "hang.json")
-    action = info["action"] if info is not None else None
-    return [f"warning: {line}" for line in hang_lines(adir)] if action == "warn" else []
+    h = read(Path(run_dir) / f"attempt-{attempt}")
+    return [f"warning: {line}" for line in _lines(h)] if h and h.info["action"] == "warn" else []
