@@ -226,3 +226,25 @@ def test_a_stop_no_agent_answers_falls_back_to_scancel(hub, monkeypatch):
     assert until(lambda: h.stop_at is not None)
     assert until(lambda: h.stop_overdue(0.05))  # b never ends
     assert stopped == []
+
+
+@pytest.mark.parametrize("attempts", [1, 2])
+def test_a_lost_controller_without_scontrol_or_scancel_is_still_recorded(
+    tmp_path, monkeypatch, attempts
+):
+    """The agent that finds its controller lost acts through scontrol/scancel; a node where
+    they are missing (or hang past their timeout) must not end the agent's link thread with a
+    traceback: the loss stays recorded and the failure to act is said in the events."""
+    from trebuchet.runtime.job import batchloss
+
+    (tmp_path / "attempt-0").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.delenv("SLURM_STEP_NODELIST", raising=False)
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    job = {"run_dir": str(tmp_path), "max_attempts": attempts}
+    batchloss.on_lost(job, 0, 5.0, time.time())  # type: ignore[arg-type]
+    events = (tmp_path / "events.jsonl").read_text()
+    assert "could not" in events
+    if attempts == 1:
+        assert '"FAILED"' in (tmp_path / "result.json").read_text()

@@ -51,12 +51,22 @@ def on_lost(job: JobFile, attempt: int, timeout: float, last_heard: float) -> No
     if left:
         append_event(job["run_dir"], "job_requeue", attempt=attempt, who="agent",
                      why=message)  # fmt: skip
-        subprocess.run([scontrol, "requeue", job_id], capture_output=True, timeout=60)
+        _act(job["run_dir"], attempt, [scontrol, "requeue", job_id])
         return
     end: Result = {"state": "FAILED", "reason": message, "source": "batch", "attempt": attempt,
                    "exit_code": 1, "ended_at": now(), "job_id": job_id}  # fmt: skip
     write_json(os.path.join(job["run_dir"], "result.json"), end)
-    subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
+    _act(job["run_dir"], attempt, ["scancel", job_id])
+
+
+def _act(run_dir: str, attempt: int, argv: list[str]) -> None:
+    """Run Slurm's command; one missing or hung past its minute must not end the link's
+    thread with a traceback: the loss is recorded already, the failure to act is said."""
+    try:
+        subprocess.run(argv, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        append_event(run_dir, "agent_error", attempt=attempt, who="agent",
+                     why=f"could not run {argv[0]} {argv[1]}: {e}")  # fmt: skip
 
 
 def step_hosts() -> list[str]:
