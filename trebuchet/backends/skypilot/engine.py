@@ -299,8 +299,8 @@ class SkyPilotBackend(Backend):
         import sky
 
         kind, _, job = (run.backend_id or "").rpartition(":")
-        if not job or job == "None":
-            raise UserError(f"run {run.id} has no SkyPilot job id recorded")
+        if not job.isdigit():
+            raise UserError(f"run {run.id} has no SkyPilot job id recorded ({run.backend_id!r})")
         if kind == "jobs":
             sky.get(sky.jobs.cancel(job_ids=[int(job)]))
         else:
