@@ -265,10 +265,13 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_a_parked_node_agent_runs_the_next_attempt_in_its_step(tmp_path: Path) -> None:
+def parked_run(tmp_path: Path, leave: str) -> dict[tuple[int, int], list[str]]:
     """Issue 36: a retry without a new srun step. The agent (the real `task` verb) ends its
     attempt on the link, parks, and on the controller's word (a real Hub here) runs the
-    next attempt's ranks itself: the same process starts both attempts' ranks."""
+    next attempt's ranks itself. Attempt 0's rank 1 runs `leave` (which leaves a daemon
+    behind and writes its pid to $TREB_RUN_DIR/stray), then fails (rank 0 succeeds: a
+    failure first would stop rank 1); attempt 1's ranks say whether that daemon still
+    runs (`stray-alive`): it must be gone before them. What each rank printed."""
     from trebuchet.runtime.job import link as agent_link
 
     run_dir = tmp_path / "run"
@@ -278,14 +281,10 @@ def test_a_parked_node_agent_runs_the_next_attempt_in_its_step(tmp_path: Path) -
             json.dumps({"job_id": "77", "attempt": attempt}))  # fmt: skip
     runtime = ship(run_dir)
     srun = ["--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
-    # attempt 0's rank 1 fails and leaves a daemon behind (out of its process group), as the
-    # step's end would have ended it (rank 0 succeeds: a failure first would stop rank 1)
-    # (attempt 1's ranks say whether that daemon still runs: it must be gone before them)
     show = ('echo "$TREB_ATTEMPT $SLURM_PROCID $PPID"; [ "$TREB_ATTEMPT" = 1 ] && '
             '{ s=$(cut -d" " -f3 "/proc/$(cat "$TREB_RUN_DIR/stray")/stat" 2>/dev/null); '
             '[ -n "$s" ] && [ "$s" != Z ] && echo stray-alive; exit 0; }; '
-            '[ "$SLURM_PROCID" = 1 ] && { setsid sleep 300 & echo $! > "$TREB_RUN_DIR/stray"; '
-            'exit 3; }; exit 0')  # fmt: skip
+            f'[ "$SLURM_PROCID" = 1 ] && {{ {leave}; exit 3; }}; exit 0')  # fmt: skip
     job = task_job(run_dir, tmp_path, "native", 2, ["bash", "-c", show], srun=srun, grace=1,
                    max_attempts=2)  # fmt: skip
     r, w = os.pipe()
@@ -324,12 +323,57 @@ def test_a_parked_node_agent_runs_the_next_attempt_in_its_step(tmp_path: Path) -
     said = {(a, rank): (run_dir / f"attempt-{a}" / f"rank-{rank}.log").read_text().split()
             for a in (0, 1) for rank in (0, 1)}  # fmt: skip
     assert {k: v[:2] for k, v in said.items()} == {(a, r): [str(a), str(r)] for a, r in said}
-    assert "stray-alive" not in said[1, 0] + said[1, 1], "a leftover outlived its attempt"
-    assert not alive(int((run_dir / "stray").read_text()))
-    assert len({v[2] for v in said.values()}) == 1  # one agent started all four
     recs = {a: json.loads((run_dir / f"attempt-{a}" / "rank-1.json").read_text()) for a in (0, 1)}
     assert recs[0]["exit_code"] == 3 and recs[1]["exit_code"] == 0
     assert recs[1]["attempt"] == 1
+    return said
+
+
+def test_a_parked_node_agent_runs_the_next_attempt_in_its_step(tmp_path: Path) -> None:
+    """The same process starts both attempts' ranks; a daemon that left its rank's process
+    group (setsid) is ended before the next attempt's ranks start."""
+    said = parked_run(tmp_path, 'setsid sleep 300 & echo $! > "$TREB_RUN_DIR/stray"')
+    assert "stray-alive" not in said[1, 0] + said[1, 1], "a leftover outlived its attempt"
+    assert not alive(int((tmp_path / "run" / "stray").read_text()))
+    assert len({v[2] for v in said.values()}) == 1  # one agent started all four
+
+
+def test_a_daemon_that_double_forked_and_cleared_its_environment_is_ended(
+    tmp_path: Path,
+) -> None:
+    """A daemon that double-forked (its parent exited: an orphan), left the session
+    (setsid) and cleared its environment (env -i: no TREB_RUN_ID to find it by) is still
+    ended before the next attempt: the agent adopts its ranks' orphans (a subreaper)."""
+    # the rank ends once the daemon's environment is empty (env -i has run)
+    leave = (
+        '( setsid env -i sleep 300 & echo $! > "$TREB_RUN_DIR/stray" ); '
+        'while grep -qa TREB_RUN_ID "/proc/$(cat "$TREB_RUN_DIR/stray")/environ"; do '
+        "sleep 0.01; done"
+    )
+    said = parked_run(tmp_path, leave)
+    assert "stray-alive" not in said[1, 0] + said[1, 1], "a leftover outlived its attempt"
+    pid = int((tmp_path / "run" / "stray").read_text())
+    assert not alive(pid)
+
+
+def test_another_nodes_process_of_the_run_survives_the_sweep(tmp_path: Path) -> None:
+    """On the test cluster every Slurm "node" shares one PID space: a process of the same
+    run on another node (TREB_RUN_ID=r1, NODE_RANK=1, not this agent's descendant) is
+    not this node's to end, neither is one of the same node rank outside the agent's tree
+    (a process the agent did not start: its sweep ends only what its ranks left)."""
+    others = [
+        subprocess.Popen(["sleep", "300"], env={"PATH": os.environ["PATH"], "TREB_RUN_ID": "r1",
+                                                "NODE_RANK": node, "SLURM_NODEID": node})
+        for node in ("1", "0")
+    ]  # fmt: skip
+    try:
+        said = parked_run(tmp_path, 'setsid sleep 300 & echo $! > "$TREB_RUN_DIR/stray"')
+        assert "stray-alive" not in said[1, 0] + said[1, 1]
+        assert [o.poll() for o in others] == [None, None], "the sweep ended another's process"
+    finally:
+        for o in others:
+            o.kill()
+            o.wait()
 
 
 def test_which_steps_park_their_agents_for_the_next_attempt() -> None:

@@ -241,15 +241,32 @@ def elapsed_before() -> float:
     return total
 
 
-def end_strays(run_id: str, node: int) -> list[int]:
-    """SIGKILL to what this node's processes left behind: every process that carries the
-    run's TREB_RUN_ID and this NODE_RANK (procs.processes_of_run), but this agent and its
-    ancestors (the session that started it). Returns their pids."""
+def end_strays(run_id: str, node: int, tree: bool = False) -> list[int]:
+    """SIGKILL to what this node's processes left behind. `tree` (the agent is a child
+    subreaper whose ranks run in sessions of their own: a parked Slurm agent): what is
+    left in the agent's own process tree (procs.left_in_tree), linear in its processes,
+    however many nodes share the machine's /proc, and found even with its environment
+    cleared; the adopted orphans are reaped. Else (no subreaper, or over ssh, where the
+    engine never made the agent one) every process that carries the run's TREB_RUN_ID and
+    this NODE_RANK (procs.processes_of_run), but this agent and its ancestors (the session
+    that started it): an orphan went to init, out of the tree. Returns their pids."""
     me = os.getpid()
-    found = procs.processes_of_run(run_id, {me, *procs.ancestors(me)}, node=node)
-    for pid in found:
-        procs.signal_pid(pid, signal.SIGKILL)
-    return found
+    if not tree:
+        found = procs.processes_of_run(run_id, {me, *procs.ancestors(me)}, node=node)
+        for pid in found:
+            procs.signal_pid(pid, signal.SIGKILL)
+        return found
+    killed: list[int] = []
+    for _ in range(8):  # a leftover may fork while it is being ended: its child is ours too
+        left = procs.left_in_tree(me)
+        live = [pid for pid in left if not procs.zombie(pid)]
+        for pid in live:
+            procs.signal_pid(pid, signal.SIGKILL)
+        procs.reap(left, timeout=1.0 if live else 0.0)  # only our children: the others
+        killed += live  # come back as our zombies in the next pass
+        if not live:
+            break
+    return killed
 
 
 def session_stdin(gate: barrier.Gate) -> str | None:

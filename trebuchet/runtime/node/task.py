@@ -125,6 +125,9 @@ def slurm_task(job: JobFile) -> int:
         batchloss.on_lost(job, attempt, timeout, heard)
 
     link = agent_link.open_link(attempt, task, host, controller_lost, timeout)
+    # A parked agent ends its ranks' leftovers itself (below): as their subreaper, it finds
+    # them in its own tree (however many nodes share this /proc, whatever their environ)
+    tree = park and link is not None and procs.become_subreaper()
     while True:
         code, healthy, unsynced = slurm_attempt(job, link if park else None)
         if link is None or not park or not healthy or link.sock is None:
@@ -138,7 +141,7 @@ def slurm_task(job: JobFile) -> int:
         from .per_node import end_strays
 
         sync(unsynced)
-        end_strays(str(job["run_id"]), _int_env("SLURM_NODEID"))
+        end_strays(str(job["run_id"]), _int_env("SLURM_NODEID"), tree=tree)
         following = link.wait_next(lambda: False)  # a TERM now is Slurm's: its KILL follows
         if following is None:
             link.close()

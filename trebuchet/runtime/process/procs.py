@@ -66,6 +66,11 @@ def stopped(pid: int) -> bool:
         return False
 
 
+def zombie(pid: int) -> bool:
+    """Ended but not yet reaped (or gone altogether)."""
+    return _is_zombie(pid)
+
+
 def _is_zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
@@ -212,6 +217,74 @@ def processes_of_run(
         if all(b"\0" + n in env or env.endswith(b"\0" + n[:-1]) for n in needles):
             found.append(pid)
     return [p for p in found if not _is_zombie(p)]
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, session,
+    ...), or None where it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _children_by_ppid() -> dict[int, list[int]]:
+    """Every process's children, from one pass over /proc/*/stat: where the kernel has no
+    /proc/<pid>/task/<tid>/children files (CONFIG_PROC_CHILDREN off)."""
+    kids: dict[int, list[int]] = {}
+    for pid in _pids():
+        fields = _stat_fields(pid)
+        if fields is not None and len(fields) > 1 and fields[1].isdigit():
+            kids.setdefault(int(fields[1]), []).append(pid)
+    return kids
+
+
+def _children_file(pid: int) -> list[int] | None:
+    kids: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                kids += [int(x) for x in fh.read().split()]
+    except FileNotFoundError:
+        return None if os.path.isdir(f"/proc/{pid}/task") else []
+    except OSError:
+        return []
+    return kids
+
+
+def left_in_tree(root: int) -> list[int]:
+    """What `root`'s processes left below it, parents first: every descendant outside its
+    own session. Linear in root's own descendants (their children files), never a read
+    of every process on the machine, which on a cluster of simulated nodes (one /proc)
+    made each node's sweep cost O(nodes x processes).
+
+    It is complete only where `root` is a child subreaper (become_subreaper) that started
+    each of its processes in a session of its own (Agent: start_new_session): an orphan
+    (a daemon that double-forked, called setsid, cleared its environment) is re-parented
+    to `root`, so it stays in the tree, and nothing can join root's session from another,
+    so what is in root's session is root's own helpers (squeue, scontrol), never a rank's.
+    Without the children files, one /proc/*/stat pass by ppid."""
+    mine = _stat_fields(root)
+    if mine is None or len(mine) < 4:
+        return []
+    session = mine[3]
+    by_ppid: dict[int, list[int]] | None = None
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        pid = todo.pop(0)
+        kids = _children_file(pid) if by_ppid is None else by_ppid.get(pid, [])
+        if kids is None:  # no children files in this kernel: one pass over /proc
+            by_ppid = _children_by_ppid()
+            kids = by_ppid.get(pid, [])
+        for kid in kids:
+            fields = _stat_fields(kid)
+            if fields is None or len(fields) < 4 or (pid == root and fields[3] == session):
+                continue  # gone, or root's own helper (and what it started)
+            found.append(kid)
+            todo.append(kid)
+    return found
 
 
 def ancestors(pid: int) -> list[int]:
