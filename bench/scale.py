@@ -11,7 +11,9 @@ For each node count N (x P ranks per node), one run of `treb run --detach` with
            agents' (the largest RSS and the mean CPU of one)
   views    wall seconds of `treb status`, `ps`, `logs --tail`, `logs --dedup`, `diagnose`
            and `top --once` over the run's N x P rank logs, each once, the run live
-  retry    one rank told to fail (SIGUSR1) -> every rank of attempt 1 running
+  retry    one rank told to fail (SIGUSR1) -> every rank of attempt 1 running; the CPU
+           the controller and the node agents (Slurm: all of them, in all) or the
+           supervisor (local) spent in it, and the whole machine's busy CPU
   rundir   bytes and files the run wrote to its run directory (after its cancel)
 On Slurm (--on slurm) --rounds treb launches (the first one the full round above, the
 others launch only) alternate with as many plain `sbatch --wrap "srun ..."` of the same
@@ -81,6 +83,22 @@ def proc_times(pid: int) -> tuple[float, int]:
     with open(f"/proc/{pid}/stat") as fh:
         f = fh.read().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / CLK, int(f[21]) * PAGE
+
+
+def cpu_of(pids: list[int]) -> float:
+    """The CPU seconds the live ones of `pids` have spent, in all."""
+    total = 0.0
+    for p in pids:
+        with contextlib.suppress(OSError):
+            total += proc_times(p)[0]
+    return total
+
+
+def busy_cpu() -> float:
+    """The machine's CPU seconds not idle (nor waiting for I/O) since boot, all cores."""
+    with open("/proc/stat") as fh:
+        f = [int(x) for x in fh.readline().split()[1:]]
+    return (sum(f[:8]) - f[3] - f[4]) / CLK
 
 
 def procs_matching(words: list[str]) -> list[int]:
@@ -180,10 +198,16 @@ def treb_round(
             raise SystemExit(f"treb {' '.join(argv)}: {res.returncode} {res.stderr[-800:]!r}")
     # A rank's failure -> every rank of the retry running.
     _, pid = stamps(st, 0)[world // 2 + 1]
+    spent = {g: cpu_of(ps) for g, ps in groups.items()}
+    busy = busy_cpu()
     t1 = time.time()
     os.kill(pid, 10)  # SIGUSR1: the rank exits 1
     wait(lambda: len(stamps(st, 1)) == world, 600, f"{world} ranks of attempt 1")
     got["retry s"] = max(t for t, _ in stamps(st, 1).values()) - t1
+    # whose CPU the retry took (up to the poll that saw its last rank: a little after)
+    for g, ps in groups.items():  # Slurm: the parked agents run it (the same processes)
+        got[f"{g}s cpu in retry s"] = cpu_of(ps) - spent[g]
+    got["machine busy cpu in retry s"] = busy_cpu() - busy
     sh([*TREB, "cancel", run], env)
     wait(lambda: '"run_ended"' in (run_dir / "events.jsonl").read_text(), 300, "the cancel")
     size, files = dir_size(run_dir)
