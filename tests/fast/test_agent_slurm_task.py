@@ -393,3 +393,36 @@ def test_which_steps_park_their_agents_for_the_next_attempt() -> None:
              ({"launcher": "torchrun", "srun": per_node, "post": "echo bye"}, False)]  # fmt: skip
     for job, expected in cases:
         assert parks(job) is expected, job  # type: ignore[arg-type]
+
+
+ROOT = """
+import json, os, subprocess, sys
+from trebuchet.runtime.process import procs
+assert procs.become_subreaper()
+helper = subprocess.Popen(["sleep", "300"])  # the agent's own (squeue, scontrol): its session
+rank = subprocess.Popen(["bash", "-c", "( setsid sleep 300 >/dev/null & echo $! ); "
+                         "sleep 300 >/dev/null & echo $!"],
+                        start_new_session=True, stdout=subprocess.PIPE, text=True)
+daemon, child = int(rank.stdout.readline()), int(rank.stdout.readline())
+rank.wait()  # the rank ended; its daemon and its child are now this process's orphans
+tree = procs.left_in_tree(os.getpid())
+procs._children_file = lambda pid: None  # a kernel without the children files
+by_ppid = procs.left_in_tree(os.getpid())
+for pid in (helper.pid, daemon, child):
+    os.kill(pid, 9)
+helper.wait()
+print(json.dumps({"tree": tree, "by_ppid": by_ppid, "helper": helper.pid, "left": [daemon, child]}))
+"""
+
+
+def test_the_sweep_finds_the_orphans_in_the_tree_and_leaves_the_agents_own_helpers() -> None:
+    """procs.left_in_tree, as a subreaper agent calls it: its ranks' orphans (one out of
+    the rank's session) are found, its own helper (in its session) is not, and one pass
+    over /proc by ppid finds the same where the kernel has no children files."""
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-c", ROOT], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(root)})  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert sorted(got["tree"]) == sorted(got["left"]) and got["helper"] not in got["tree"]
+    assert sorted(got["by_ppid"]) == sorted(got["tree"])
