@@ -11,7 +11,23 @@ same states. Fields in a `total=False` part may be absent from a file: readers u
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing import TypedDict
+else:
+
+    class TypedDict(dict):
+        """At run time a record below is a plain dict, as typing's TypedDict makes it; but
+        typing's compiles each field's annotation when the class is made (~150 fields:
+        ~3 ms of every launch, on the path to the first rank), for the type checker alone."""
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return dict(*args, **kwargs)
+
+        def __init_subclass__(cls, total: bool = True, **kwargs: Any) -> None:
+            super().__init_subclass__(**kwargs)
+
 
 # -- States ---------------------------------------------------------------------------
 # A run's state moves among the active ones (an engine may queue a running job again:
