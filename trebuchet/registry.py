@@ -31,26 +31,19 @@ class Registration:
     real_nodes: bool = True
 
 
+def _builtin(name: str, options: str | bool, real_nodes: bool = True) -> Registration:
+    """A built-in engine: backends/<name>/engine.py's BACKEND, its block options.py's model."""
+    home = f"trebuchet.backends.{name}"
+    model = f"{home}.options:{options}" if isinstance(options, str) else options
+    return Registration(name, f"{home}.engine:BACKEND", model, real_nodes)
+
+
 BUILTIN = (
-    Registration(  # simulated nodes, here
-        "local", "trebuchet.backends.local.engine:BACKEND", False, real_nodes=False
-    ),
-    Registration(  # an sbatch script; submits, follows, cancels
-        "slurm", "trebuchet.backends.slurm.engine:BACKEND", "trebuchet.backends.slurm.options:Slurm"
-    ),
-    Registration(  # a task YAML handed to SkyPilot
-        "skypilot",
-        "trebuchet.backends.skypilot.engine:BACKEND",
-        "trebuchet.backends.skypilot.options:SkyPilot",
-    ),
-    Registration(  # one node agent per host over ssh, supervised here
-        "ssh", "trebuchet.backends.ssh.engine:BACKEND", "trebuchet.backends.ssh.options:Ssh"
-    ),
-    Registration(  # an indexed Job and a headless Service
-        "kubernetes",
-        "trebuchet.backends.kubernetes.engine:BACKEND",
-        "trebuchet.backends.kubernetes.options:Kubernetes",
-    ),
+    _builtin("local", False, real_nodes=False),  # simulated nodes, here
+    _builtin("slurm", "Slurm"),  # an sbatch script; submits, follows, cancels
+    _builtin("skypilot", "SkyPilot"),  # a task YAML handed to SkyPilot
+    _builtin("ssh", "Ssh"),  # one node agent per host over ssh, supervised here
+    _builtin("kubernetes", "Kubernetes"),  # an indexed Job and a headless Service
 )
 
 registry: dict[str, Registration] = {r.name: r for r in BUILTIN}

@@ -1,12 +1,6 @@
-"""The one path from a spec to a started run, for `treb run`, `treb render` and
-`trebuchet.launch()` alike:
-
-    load (and every sweep point) -> preflight -> engine check -> prepare (record)
-    -> submit (a sweep: every point in one call) -> follow (attached)
-
-Why one module: the verbs and the API must refuse, record and start a run the same way.
-Every refusal comes before anything is recorded; nothing here prints (warnings go to the
-caller's `warn`); imports are lazy, so `treb ps` never gets here.
+"""The one path from a spec to a started run (load -> preflight -> engine check -> record
+-> submit -> follow), for `treb run`, `treb render` and `trebuchet.launch()`: they must
+refuse, record and start a run the same way. Nothing here prints (warnings go to `warn`).
 """
 
 from __future__ import annotations
@@ -69,12 +63,9 @@ def _load(source: Source, overrides: Sequence[str], cached: bool = True) -> Load
 def _expand(
     source: Source, on: str, overrides: Sequence[str], sweeps: bool = True, multirun: bool = False
 ) -> tuple[LoadedSpec, Backend, list[SpecPoint] | None]:
-    """(the spec, its engine, every sweep point's spec or None when it is one run).
-
-    A `sweep:` block makes a sweep; so does a comma in an override's value, but only when
-    the sweep was asked for (`multirun`: `treb run --sweep`, Hydra's --multirun): otherwise
-    `-o env.NCCL_IB_HCA=mlx5_0,mlx5_1` is that one value, never a silent two-run sweep.
-    sweeps=False: launch(), where a `sweep:` block is refused."""
+    """(the spec, its engine, every sweep point's spec or None when it is one run). A comma
+    in an override sweeps only with `multirun` (--sweep): `-o env.NCCL_IB_HCA=mlx5_0,mlx5_1`
+    is never a silent two-run sweep. sweeps=False (launch()) refuses a `sweep:` block."""
     from trebuchet.backends import get_backend
     from trebuchet.spec import sweep
 
@@ -95,8 +86,7 @@ def _expand(
         able = sweep_engines()
         listed = " and ".join([", ".join(able[:-1]), able[-1]] if len(able) > 1 else able)
         raise UserError(f"--on {on}: sweeps run on the {listed} backends only so far")
-    # Every point's spec, validated before anything is recorded or rendered: a bad value
-    # fails the whole sweep.
+    # Every point validated before anything is recorded: a bad value fails the whole sweep.
     points = []
     for point in sweep.points(overrides if multirun else [], base.spec.sweep)[1]:
         point_overrides = [*fixed, *(f"{k}={v}" for k, v in point.items()), "sweep=null"]
@@ -117,11 +107,8 @@ def check(
     resume_from: str | None = None,
     after: Sequence[str] = (),
 ) -> Checked:
-    """Load the spec, run the preflight checks (`preflight=False`: --no-check) and the
-    engine's own: every refusal raises here (UserError, SpecError: exit 2). `resume_from`:
-    a run whose checkpoints each new run starts with (launcher/resume.py). `multirun`
-    (--sweep): a comma in an -o value separates sweep values. `after`: --after's runs
-    (store/after.py), which the run waits for."""
+    """Load the spec, run the preflight checks and the engine's own: every refusal raises
+    here (exit 2), before anything is recorded."""
     base, engine, points = _expand(source, on, overrides, sweeps, multirun)
     checked = Checked(on, engine, points or [({}, base)], points is not None, warn=warn)
     if after:
@@ -148,9 +135,8 @@ def start(
     handover: Hooks | None = None,
 ) -> Started:
     """Record the runs, then hand them to the engine; attached, follow until they end.
-    `announce` sees a single run once it is recorded, before it is submitted. `handover`
-    (`treb run` only): an attached single run may take over this process (Backend.handover),
-    its supervisor given these hooks. Attached, the trackers' end follows the run's."""
+    `handover` (`treb run` only): an attached single run may take over this process
+    (Backend.handover), its supervisor given these hooks."""
     from trebuchet import tracking
     from trebuchet.launcher.submit import prepare
     from trebuchet.store.db import Store
@@ -227,9 +213,8 @@ def launch(
 
 
 def refresh(store: Store, runs: list[RunRecord]) -> None:
-    """Each engine's word on the active runs among `runs` and their new metrics
-    (backends.refresh), then the trackers' end of those that ended meanwhile, elsewhere or
-    found LOST (metrics, diagnosis, status: trebuchet/tracking.py; once a run)."""
+    """Each engine's word on the active `runs`, then the trackers' end of those that ended
+    meanwhile (tracking.py)."""
     import os
 
     from trebuchet.backends import refresh as refresh_engines
@@ -252,9 +237,8 @@ def render(
     multirun: bool = False,
     after: Sequence[str] = (),
 ) -> str:
-    """`treb render`: what would be submitted (a sweep: every point, as `treb run` would
-    start them); the preflight checks and the checks for tools needed only to run do not
-    apply."""
+    """`treb render`: what would be submitted, without the preflight checks or those of the
+    tools needed only to run."""
     base, engine, points = _expand(source, on, overrides, multirun=multirun)
     if after:
         _depend(Checked(on, engine, points or [({}, base)], points is not None), after)
@@ -262,8 +246,8 @@ def render(
 
 
 def _depend(checked: Checked, refs: Sequence[str]) -> None:
-    """--after: the runs waited for, resolved now (an unknown one is refused, exit 2) and
-    handed to the engine with the spec (LoadedSpec.after), whose check may refuse them."""
+    """--after's runs, resolved now (an unknown one: exit 2) onto LoadedSpec.after, where
+    the engine's check may refuse them."""
     from trebuchet.store import after
     from trebuchet.store.db import Store
 
@@ -273,8 +257,7 @@ def _depend(checked: Checked, refs: Sequence[str]) -> None:
 
 
 def _record_after(sub: Submission, deps: list[dict[str, Any]]) -> str:
-    """The run, recorded PENDING, keeps what it waits for: after.json, the index's
-    `waiting` (treb ps / status) and an event. Returns it in words, for the caller."""
+    """What the PENDING run waits for, into after.json, the index and an event; in words."""
     from trebuchet.store import after
     from trebuchet.store.files import append_event
 

@@ -43,8 +43,8 @@ _down: dict[str, str] = {}  # tracking URI -> why it failed in this process: not
 
 
 def mlflow_target(loaded: LoadedSpec, environ: Mapping[str, str]) -> tuple[str, str] | None:
-    """(tracking URI, experiment name) when the run is tracked in MLflow: the spec's
-    `tracking.mlflow`, or MLFLOW_TRACKING_URI in the submitting environment."""
+    """(tracking URI, experiment) from the spec's `tracking.mlflow` or the shell's
+    MLFLOW_TRACKING_URI; None when the run is not tracked in MLflow."""
     spec = loaded.spec
     block = spec.tracking.mlflow if spec.tracking else None
     if block is not None and not block.enabled:
@@ -86,11 +86,14 @@ def _client(uri: str, run_dir: Path | None) -> Mlflow | None:
     return Mlflow(uri)
 
 
-def _fail(uri: str, exc: MlflowError, run_dir: Path, warn: Warn | None) -> None:
+def _fail(
+    uri: str, exc: MlflowError, run_dir: Path | None, warn: Warn | None, what: str = "run"
+) -> None:
     if uri not in _down and warn:
-        warn(f"warning: mlflow: {exc}; the run goes on without MLflow tracking")
+        warn(f"warning: mlflow: {exc}; the {what} goes on without MLflow tracking")
     _down[uri] = str(exc)
-    rt.failed(str(run_dir), "mlflow", str(exc))
+    if run_dir is not None:
+        rt.failed(str(run_dir), "mlflow", str(exc))
 
 
 def open_sweep(sweep_id: str, loaded: LoadedSpec, points: int, warn: Warn | None) -> dict | None:
@@ -112,9 +115,7 @@ def open_sweep(sweep_id: str, loaded: LoadedSpec, points: int, warn: Warn | None
                 ("treb.points", str(points)), *_common_tags(loaded)]]  # fmt: skip
         info = client.create_run(exp, f"{loaded.spec.name}-{sweep_id}", tags)
     except MlflowError as exc:
-        if uri not in _down and warn:
-            warn(f"warning: mlflow: {exc}; the sweep goes on without MLflow tracking")
-        _down[uri] = str(exc)
+        _fail(uri, exc, None, warn, "sweep")
         return None
     parent = {"uri": uri, "experiment_id": exp, "run_id": info["run_id"]}
     write_json(where / f"{sweep_id}.tracking.json", parent)
@@ -197,11 +198,9 @@ def _open_mlflow(
     except (MlflowError, OSError) as exc:
         err = exc if isinstance(exc, MlflowError) else MlflowError(str(exc))
         _fail(uri, err, sub.run_dir, warn)
-        try:
+        with contextlib.suppress(OSError):
             rt.defer(str(sub.run_dir), rest, str(err))
             _remember(rec.id)
-        except OSError:
-            pass
     append_event(sub.run_dir, "mlflow_run", run_id=info["run_id"], experiment_id=exp, uri=uri)
     return {"uri": uri, "experiment_id": exp, "run_id": info["run_id"],
             "artifact_uri": info.get("artifact_uri", ""),
@@ -213,10 +212,9 @@ CREDENTIALS = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD", "WANDB_API_K
 
 
 def hider(secrets: Any, environ: Mapping[str, str] = os.environ) -> Callable[[str], str]:
-    """text -> text with the value of each secret (the spec's `secrets`, the tracker
-    credentials; as this process's environment has them, 4 characters or more) replaced
-    by `${NAME}`: what trebuchet sends a tracker (tags, params, spec.yaml, the diagnosis
-    with its log lines) never carries a secret's value, whatever the program printed."""
+    """text -> text with each secret's value (the spec's `secrets` and the tracker
+    credentials, 4 characters or more) as `${NAME}`: what a tracker is sent never carries
+    one, whatever the program printed."""
     names = {*CREDENTIALS, *(str(n) for n in secrets or ())}
     found = [(environ[n], n) for n in names if len(environ.get(n) or "") >= 4]
     found += [(json.dumps(v)[1:-1], n) for v, n in found]  # as a JSON string holds it
@@ -271,12 +269,8 @@ def claim(path: Path, owner: str = "") -> bool:
 
 
 def close(store: Store, run_id: str, budget: float = rt.END_TIMEOUT_S) -> None:
-    """Log the end of a run that has ended, within `budget` seconds for all its requests:
-    the final status first, then the end tags, metrics, diagnosis, and the sweep's parent
-    when this was its last point. Once per run (the `tracking-closed` claim); what does not
-    get through (all of it when no time is left, or the server failed in this process)
-    stays in the run's pending file and the next `treb` that sees the run sends it
-    (`retry_pending`). Never raises."""
+    """Log an ended run's end (status first) once per run (the `tracking-closed` claim),
+    within `budget`; what does not get through is left for `retry_pending`. Never raises."""
     rec = store.get(run_id)
     if rec is None or rec.state not in TERMINAL:
         return
@@ -304,15 +298,12 @@ def close(store: Store, run_id: str, budget: float = rt.END_TIMEOUT_S) -> None:
     if budget <= 0 or ml["uri"] in _down:
         _remember(rec.id)
         return
-    if not flush(store, rec, Mlflow(ml["uri"], timeout=min(budget, rt.END_TIMEOUT_S))):
-        _down[ml["uri"]] = str(rt.pending(str(run_dir)).get("error") or "did not answer")
+    _flush_within(store, rec, ml["uri"], budget)
 
 
 def close_ended(store: Store, runs: list[RunRecord]) -> None:
-    """After a refresh: the tracked runs among `runs` (active before it) that have ended;
-    then what earlier tries left pending, on any run (`retry_pending`). All of it within
-    RETRY_BUDGET_S: `treb ps` over many runs that ended does not wait for each; what is
-    left over is kept for the next command."""
+    """After a refresh: close the tracked `runs` that ended, then `retry_pending`, all within
+    RETRY_BUDGET_S: `treb ps` over many ended runs does not wait for each."""
     deadline = time.monotonic() + RETRY_BUDGET_S
     for rec in runs:
         run_dir = Path(rec.run_dir)
@@ -332,20 +323,16 @@ def _marker(run_id: str) -> Path:
 
 def _remember(run_id: str) -> None:
     path = _marker(run_id)
-    try:
+    with contextlib.suppress(OSError):
         path.parent.mkdir(mode=0o700, exist_ok=True)
         path.touch(mode=0o600)
-    except OSError:
-        pass
 
 
 def _forget(run_id: str) -> None:
     path = _marker(run_id)
-    try:
+    with contextlib.suppress(OSError):
         path.unlink()
         path.parent.rmdir()  # the last one: `treb ps` then finds no folder to look into
-    except OSError:
-        pass
 
 
 def _retry_later(run_dir: Path, error: str) -> None:
@@ -386,14 +373,18 @@ def retry_pending(store: Store, budget: float = RETRY_BUDGET_S) -> None:
             continue
         if float(items.get("next_try") or 0) > time.time() or ml["uri"] in _down:
             continue
-        if not flush(store, rec, Mlflow(ml["uri"], timeout=min(rt.END_TIMEOUT_S, left))):
-            _down[ml["uri"]] = str(rt.pending(str(run_dir)).get("error") or "did not answer")
+        _flush_within(store, rec, ml["uri"], left)
+
+
+def _flush_within(store: Store, rec: RunRecord, uri: str, budget: float) -> None:
+    """flush() within `budget`; a server that did not take it all is not asked again."""
+    if not flush(store, rec, Mlflow(uri, timeout=min(budget, rt.END_TIMEOUT_S))):
+        _down[uri] = str(rt.pending(str(rec.run_dir)).get("error") or "did not answer")
 
 
 def flush(store: Store, rec: RunRecord, client: Mlflow) -> bool:
-    """Send the run's pending items in order (the status first), each dropped from the
-    pending file once the server took it; True when nothing is left. Within the client's
-    budget; never raises."""
+    """Send the run's pending items in order, each dropped once the server took it; False
+    when the server must be asked again later. Never raises."""
     run_dir = Path(rec.run_dir)
     ml = ((rt.load(str(run_dir)) or {}).get("mlflow")) or {}
     items = rt.pending(str(run_dir))
@@ -478,11 +469,10 @@ def _reason(store: Store, rec: RunRecord) -> str:
 
 
 def _metrics(store: Store, rec: RunRecord) -> tuple[list[dict[str, Any]], str]:
-    """The run's metrics (store/metrics.py: read from the rank logs by the agents, ingested
-    here first so that the last points count) as MLflow metrics, each series of the
-    lowest rank that has it; a note when none can be sent. The same list on every try (a
-    point without a time gets the run's end), so a retry resumes where the last one
-    stopped."""
+    """The run's metrics (ingested first: the last points count) as MLflow metrics, each
+    series of the lowest rank that has it, and a note when some are not sent. The same
+    list on every try (a point without a time gets the run's end): a retry resumes where
+    the last one stopped."""
     from trebuchet.store.metrics import ingest
 
     ingest(store, rec)
@@ -514,8 +504,8 @@ def _diagnosis(store: Store, rec: RunRecord, hide: Callable[[str], str]) -> dict
 
 
 def _close_sweep(store: Store, sweep_id: str, point: str, client: Mlflow) -> None:
-    """The sweep's parent, once all its points ended: by the point that claims it (again
-    on that point's retries); raises MlflowError when the server did not take it."""
+    """End the sweep's parent once all its points ended, by the point that claims it (again
+    on its retries); MlflowError when the server did not take it."""
     from trebuchet.store.paths import sweep_file
 
     runs = store.sweep_runs(sweep_id)

@@ -175,11 +175,8 @@ def until(check, wait: float = 5.0) -> bool:
     return False
 
 
-def test_a_rank_failure_stops_the_other_agents_over_the_link(hub, monkeypatch):
-    """Issue 36: an agent whose rank failed says `failed`; the controller tells every other
-    agent of the attempt to stop (no scancel through slurmctld), not the failed one, and
-    asks for no scancel while the others end within the grace period."""
-    h, wake = hub
+def three_agents(h: agent_link.Hub, monkeypatch) -> tuple[list[agent_link.Link], list[str]]:
+    """Three agents of attempt 0 on the hub, every hello read; the tasks each `stop` reached."""
     monkeypatch.setenv(agent_link.ENV, h.address("127.0.0.1"))
     h.expect(attempt=0, tasks=3)
     links = [agent_link.open_link(0, str(t), f"tn{t + 1}") for t in range(3)]
@@ -187,9 +184,18 @@ def test_a_rank_failure_stops_the_other_agents_over_the_link(hub, monkeypatch):
     for t, link in enumerate(links):
         assert link is not None
         link.on_stop = lambda t=t: stopped.append(str(t))
-    failed, *others = links
     assert until(lambda: len(h.tasks) == 3)  # every hello read (the go needs them all)
-    assert failed is not None and failed.failed()
+    return [link for link in links if link is not None], stopped
+
+
+def test_a_rank_failure_stops_the_other_agents_over_the_link(hub, monkeypatch):
+    """Issue 36: an agent whose rank failed says `failed`; the controller tells every other
+    agent of the attempt to stop (no scancel through slurmctld), not the failed one, and
+    asks for no scancel while the others end within the grace period."""
+    h, wake = hub
+    links, stopped = three_agents(h, monkeypatch)
+    failed, *others = links
+    assert failed.failed()
     assert woken(wake)
     assert until(lambda: sorted(stopped) == ["1", "2"])
     assert not h.stop_overdue(60.0)
@@ -226,3 +232,50 @@ def test_a_stop_no_agent_answers_falls_back_to_scancel(hub, monkeypatch):
     assert until(lambda: h.stop_at is not None)
     assert until(lambda: h.stop_overdue(0.05))  # b never ends
     assert stopped == []
+
+
+def test_the_controllers_own_teardown_stops_every_agent_over_the_link(hub, monkeypatch):
+    """Issue 36: a hang, the timeout, a cancel or a lost node: the controller's `stop` to
+    every agent of the attempt that has not ended (scancel only as the fallback). An agent
+    not yet connected: False at once (the caller scancels, and stop_overdue does not ask
+    again); one that does not end within the grace period: stop_overdue, once."""
+    h, _ = hub
+    links, stopped = three_agents(h, monkeypatch)
+    links[0].ended(0)  # ended before the stop: not told
+    assert until(lambda: h.ended_count == 1)
+    assert h.stop_all()
+    assert until(lambda: sorted(stopped) == ["1", "2"])
+    assert h.take_stop() is None  # no agent's failure made it
+    assert h.stop_all()  # a second teardown (the grace's SIGKILL step): nothing new sent
+    assert not h.stop_overdue(60.0)
+    assert until(lambda: h.stop_overdue(0.05))  # 1 and 2 never end: scancel, once
+    assert not h.stop_overdue(0.0)
+    assert sorted(stopped) == ["1", "2"]
+    h.expect(attempt=1, tasks=2)
+    a = agent_link.open_link(1, "0", "tn1")
+    assert a is not None
+    assert until(lambda: len(h.tasks) == 1)
+    assert not h.stop_all()  # task 1 never said hello: the caller scancels at once
+    assert not h.stop_overdue(0.0)  # ... and is not asked again
+
+
+@pytest.mark.parametrize("attempts", [1, 2])
+def test_a_lost_controller_without_scontrol_or_scancel_is_still_recorded(
+    tmp_path, monkeypatch, attempts
+):
+    """The agent that finds its controller lost acts through scontrol/scancel; a node where
+    they are missing (or hang past their timeout) must not end the agent's link thread with a
+    traceback: the loss stays recorded and the failure to act is said in the events."""
+    from trebuchet.runtime.job import batchloss
+
+    (tmp_path / "attempt-0").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.delenv("SLURM_STEP_NODELIST", raising=False)
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    job = {"run_dir": str(tmp_path), "max_attempts": attempts}
+    batchloss.on_lost(job, 0, 5.0, time.time())  # type: ignore[arg-type]
+    events = (tmp_path / "events.jsonl").read_text()
+    assert "could not" in events
+    if attempts == 1:
+        assert '"FAILED"' in (tmp_path / "result.json").read_text()

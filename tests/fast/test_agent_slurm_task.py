@@ -280,7 +280,10 @@ def test_a_parked_node_agent_runs_the_next_attempt_in_its_step(tmp_path: Path) -
     srun = ["--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
     # attempt 0's rank 1 fails and leaves a daemon behind (out of its process group), as the
     # step's end would have ended it (rank 0 succeeds: a failure first would stop rank 1)
-    show = ('echo "$TREB_ATTEMPT $SLURM_PROCID $PPID"; [ "$TREB_ATTEMPT" = 1 ] && exit 0; '
+    # (attempt 1's ranks say whether that daemon still runs: it must be gone before them)
+    show = ('echo "$TREB_ATTEMPT $SLURM_PROCID $PPID"; [ "$TREB_ATTEMPT" = 1 ] && '
+            '{ s=$(cut -d" " -f3 "/proc/$(cat "$TREB_RUN_DIR/stray")/stat" 2>/dev/null); '
+            '[ -n "$s" ] && [ "$s" != Z ] && echo stray-alive; exit 0; }; '
             '[ "$SLURM_PROCID" = 1 ] && { setsid sleep 300 & echo $! > "$TREB_RUN_DIR/stray"; '
             'exit 3; }; exit 0')  # fmt: skip
     job = task_job(run_dir, tmp_path, "native", 2, ["bash", "-c", show], srun=srun, grace=1,
@@ -303,8 +306,8 @@ def test_a_parked_node_agent_runs_the_next_attempt_in_its_step(tmp_path: Path) -
         while hub.ended() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         assert hub.ended() == 3 and agent.poll() is None  # attempt 0 failed; the agent waits
-        stray = int((run_dir / "stray").read_text())
-        assert not alive(stray), "the attempt's leftover outlived it in the parked step"
+        # its `ended` may come before its sweep of the attempt's leftovers and its records'
+        # fsync (done while the controller decides): both before the next word is read
         assert hub.resume(1, 1)
         while hub.ended() is None and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -321,6 +324,8 @@ def test_a_parked_node_agent_runs_the_next_attempt_in_its_step(tmp_path: Path) -
     said = {(a, rank): (run_dir / f"attempt-{a}" / f"rank-{rank}.log").read_text().split()
             for a in (0, 1) for rank in (0, 1)}  # fmt: skip
     assert {k: v[:2] for k, v in said.items()} == {(a, r): [str(a), str(r)] for a, r in said}
+    assert "stray-alive" not in said[1, 0] + said[1, 1], "a leftover outlived its attempt"
+    assert not alive(int((run_dir / "stray").read_text()))
     assert len({v[2] for v in said.values()}) == 1  # one agent started all four
     recs = {a: json.loads((run_dir / f"attempt-{a}" / "rank-1.json").read_text()) for a in (0, 1)}
     assert recs[0]["exit_code"] == 3 and recs[1]["exit_code"] == 0

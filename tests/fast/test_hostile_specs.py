@@ -355,6 +355,22 @@ CASES = [
         ["longer than 1000"],
     ),  # fmt: skip
     (
+        "metrics-pattern-huge-repeat",
+        "command: x\nmetrics:\n  patterns: ['(?P<a>a{99999999999999999999})']\n",
+        "render",
+        [],
+        3,
+        ["metrics.patterns", "not a valid regular expression"],
+    ),  # fmt: skip
+    (
+        "metrics-progress-huge-repeat",
+        "command: x\nmetrics:\n  progress: '(?P<step>a{99999999999999999999})'\n",
+        "render",
+        [],
+        3,
+        ["metrics.progress", "not a valid regular expression"],
+    ),  # fmt: skip
+    (
         "port-fullwidth",
         "command: x\nenv:\n  MASTER_PORT: '２９５００'\n",
         "render",

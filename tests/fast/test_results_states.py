@@ -67,3 +67,17 @@ def test_status_rule() -> None:
     assert table.status("CANCELLED", 1.0) == "CANCELLED"
     assert table.status("LOST", None) == "LOST"
     assert table.status("FAILED", 1.0) == "FAILURE"
+
+
+def test_trend_keeps_a_run_behind_the_rows_of_removed_ones(store: Store) -> None:
+    """The dashboard's trend is the latest rows of runs still in the index: rows that
+    `treb rm` left behind (1,000 of them, newer) do not push a kept run's row out."""
+    from trebuchet.ui.pages import results_page
+
+    table.ensure(store.conn)
+    old = {"model": "bench", "workload": "bench", "status": "SUCCESS", "performance": 1.0}
+    table.save(store, "a1000001", [{**old, "created_at": time.time() - 50}])
+    table.save(store, "b9999999", [{**old, "created_at": time.time() + i} for i in range(1000)])
+    page = results_page(store, {"workload": "bench"})
+    assert "a1000001" in page
+    assert "b9999999" not in page

@@ -140,3 +140,16 @@ def test_logs_come_from_skypilots_log_tail(treb_home, monkeypatch, capsys) -> No
     assert (treb_home / "m1" / "attempt-0" / "agent-node-0.log").read_text() == (
         "treb: node 1: starting\n"
     )
+
+
+@pytest.mark.parametrize("backend_id", ["jobs:abc", "cluster:treb-c1:1x", "jobs:", "jobs:None"])
+def test_cancel_of_a_damaged_job_id_is_a_named_error(treb_home, monkeypatch, backend_id) -> None:
+    """A damaged index row (its SkyPilot job id not a number) gets treb's named error, not a
+    ValueError traceback from int()."""
+    from trebuchet.errors import UserError
+
+    store = Store()
+    add(store, treb_home, "d1", backend_id)
+    stand_in_sky(monkeypatch, [], {}, [])
+    with pytest.raises(UserError, match="no SkyPilot job id"):
+        SkyPilotBackend().cancel(store, store.get("d1"))

@@ -417,6 +417,10 @@ def test_timeout_is_per_attempt_as_locally(streb, tmp_path: Path) -> None:
         assert recs and all(r["stopped_by_launcher"] for r in recs.values()), recs
         batch = (Path(st["run_dir"]) / "batch.log").read_text()
         assert "requeue" not in batch, batch
+        if attempts == 2:  # the srun step's node agents: each timeout's stop over their link
+            assert batch.count("stopping the ranks over the agent link") == 2, batch
+            assert "cannot be reached over the link" not in batch, batch
+            assert "did not answer the stop" not in batch, batch
 
 
 def test_checkpoint_signal_before_the_per_attempt_timeout(streb, tmp_path: Path) -> None:

@@ -1,11 +1,9 @@
 """The engine interface: what `--on NAME` needs from an engine, and what it gets back.
 
-Why an abstract class and not a duck-typed protocol: the runner (trebuchet/runner.py),
-the verbs and the API call only what is declared here, so an engine is complete when it
-implements the five abstract methods, and an engine that can do more (sweeps, a block of
-options in the spec, its own preflight checks) says so here rather than callers probing it
-with hasattr. Engine modules keep this import light: no pydantic, rich or torch at import
-time (`treb ps` refreshes runs through them).
+Why an abstract class and not a duck-typed protocol: an engine is complete when it
+implements the five abstract methods, and one that can do more says so here rather than
+callers probing it with hasattr. Engine modules keep this import light: no pydantic, rich
+or torch at import time (`treb ps` refreshes runs through them).
 """
 
 from __future__ import annotations
@@ -36,27 +34,23 @@ class Backend(ABC):
     """One engine. `name` is what `--on` takes and what the run store records."""
 
     name: ClassVar[str]
-    # The pydantic model of the spec's `<name>:` block, or None for no block. The built-in
-    # engines name theirs in the registry instead (backends/__init__.py), so that loading a
-    # spec does not import the engine modules.
+    # The pydantic model of the spec's `<name>:` block. The built-in engines name theirs in
+    # the registry instead, so that loading a spec does not import the engine modules.
     options: ClassVar[Any] = None
     # The ranks run on machines other than the submitting host (multi-node preflight
     # checks apply; `treb diagnose` cannot assume a single host).
     remote: ClassVar[bool] = True
-    # The ranks see the run directory the submitting host writes (a remote engine on a
-    # shared filesystem): `--resume-from` can place checkpoints there at submission.
+    # The ranks see the run directory the submitting host writes (`--resume-from` can
+    # place checkpoints there at submission).
     shared_run_dir: ClassVar[bool] = False
-    # submit_sweep is implemented: a sweep's points are submitted in one call.
     sweeps: ClassVar[bool] = False
     # The ranks run inside the engine's Slurm job and see its environment (SLURM_*): the
     # trainers' own Slurm handlers (Lightning's auto-requeue) turn on there.
     slurm_environment: ClassVar[bool] = False
-    # fault_nodes and inject_fault are implemented (`treb fault`).
-    faults: ClassVar[bool] = False
-    # check_nodes is implemented (`treb check --nodes N`).
-    node_checks: ClassVar[bool] = False
-    # Ids of the findings `preflight` reports that are not in preflight/findings.py's
-    # CHECKS, with what each catches: a spec may name them in `ignore_checks`.
+    faults: ClassVar[bool] = False  # fault_nodes and inject_fault are implemented
+    node_checks: ClassVar[bool] = False  # check_nodes is implemented
+    # Ids of the findings `preflight` reports beyond preflight/findings.py's CHECKS, with
+    # what each catches: a spec may name them in `ignore_checks`.
     check_ids: ClassVar[dict[str, str]] = {}
 
     # -- what every engine implements ------------------------------------------------------
@@ -93,31 +87,27 @@ class Backend(ABC):
     def check_nodes(self, folder: Path, n: int, conf: dict[str, Any], workdir: str, spec: Any,
                     token: str) -> list[dict[str, Any]]:  # fmt: skip
         """`treb check --nodes N`: the health checks on N of this engine's nodes now, one
-        result each (runtime/node/health.py's), with `folder` as their run directory."""
+        result each (runtime/node/health.py's)."""
         raise UserError(f"treb check --nodes: not on {self.name}")
 
     def handover(self, sub: Submission, hooks: Hooks | None = None) -> None:
         """`treb run` attached, a single run: the engine may replace the calling process by
-        the run's own lean follower (it never returns then; the local engine does, so that
-        the modules that validated the spec do not stay in memory for the whole run), given
-        the `hooks` of the front door that called it. The default does nothing and
-        `submit(sub, attach=True)` follows the run."""
+        the run's own lean follower (never returning), so that the modules that validated
+        the spec do not stay in memory for the whole run. By default submit follows it."""
         return None
 
     def sync_logs(self, store: Store, run: RunRecord) -> None:  # noqa: B027 - optional
         """Engines whose nodes keep the logs (SkyPilot, Kubernetes): bring what the engine's
-        API holds of them into the run directory as per-rank logs (node_logs.py), so that
-        `treb logs` reads them as any run's. Default: nothing, they are already there."""
+        API holds of them into the run directory as per-rank logs (node_logs.py)."""
 
     def node_outcomes(self, store: Store, run: RunRecord) -> list[dict[str, Any]] | None:
         """Per-node outcomes as the engine reports them (`treb status`): dicts with node,
-        attempt, name, state, exit_code, reason; None when the engine reports none."""
+        attempt, name, state, exit_code, reason."""
         return None
 
     def agents_share_run_dir(self, run: RunRecord) -> bool:
         """Whether this run's node agents work in the run directory this machine sees
-        (`treb stacks` asks them through it). Default: local engines and those whose run
-        directory is on a shared filesystem by design."""
+        (`treb stacks` asks them through it)."""
         return not self.remote or self.shared_run_dir
 
     def preflight(self, ctx: Context) -> list[Finding]:
@@ -125,9 +115,8 @@ class Backend(ABC):
         return []
 
     def time_limit(self, loaded: LoadedSpec) -> tuple[float | None, tuple[str, ...]] | None:
-        """(seconds, field path) of a limit the engine's block sets on an attempt instead of
-        the spec's `timeout` (slurm.time), seconds None when unlimited; None: the block sets
-        none, `timeout` is the limit."""
+        """(seconds or None: unlimited, field path) of a limit the engine's block sets on an
+        attempt instead of the spec's `timeout` (slurm.time)."""
         return None
 
     def recipe(self, loaded: LoadedSpec) -> Recipe | None:
@@ -154,8 +143,8 @@ class Backend(ABC):
         raise NotImplementedError(f"the {self.name} engine does not run sweeps")
 
     def cancel_sweep(self, store: Store, runs: list[RunRecord]) -> None:
-        """`treb cancel SWEEP`: stop these runs of one sweep (one by one unless the engine
-        can do better, as Slurm's one scancel for a job array)."""
+        """`treb cancel SWEEP`: one by one unless the engine can do better (Slurm's one
+        scancel for a job array)."""
         for run in runs:
             fresh = store.get(run.id)
             if fresh and fresh.active:
@@ -166,14 +155,9 @@ class Backend(ABC):
         return {"deployment_type": self.name}
 
     def explain_ending(self, run: dict[str, Any]) -> dict[str, Any] | None:
-        """`treb diagnose` of one of this engine's runs that ended with no process's failure
-        record: LOST (no outcome was recorded), or FAILED before any rank started (the engine
-        refused the submission). `run` is the run's record as plain data (run_dir, state,
-        reason, backend_id, attempt, host, ...). None (the default): diagnose says what it
-        says of any engine (LOST: the run's supervisor vanished; FAILED: what the logs
-        show). Else a dict: `category` (one of diagnose's, docs/diagnose.md), `summary` (one
-        line), `evidence` (lines), and optionally `fix` (this run's remedy, in place of the
-        category's) or `resources` (what the scheduler has now, in words: put in the
-        category's remedy in place of its hint how to find that out). Plain data: engines
-        do not import diagnose/."""
+        """`treb diagnose` of a run that ended with no process's failure record (LOST, or
+        FAILED before any rank started), from the run's record as plain data. None: what
+        diagnose says of any engine. Else a dict: `category` (docs/diagnose.md), `summary`,
+        `evidence` (lines), optionally `fix` (in place of the category's remedy) or
+        `resources` (what the scheduler has now). Plain data: engines do not import diagnose/."""
         return None

@@ -1,13 +1,10 @@
 """The job file (`job.json`) every engine hands to trebuchet's runtime on its nodes.
 
-Why one module: the runtime reads the same values wherever it runs (the command as argv,
-launcher, shape, grace period, checkpoint signal, the spec's env and secret names), so they
-are computed once here. Slurm's job file (slurm/script.py) adds what its job controller
-needs (run directory, srun flags, attempts, log policies); `node_job` adds what the node
-verb needs on engines that start one process per node themselves (SkyPilot, Kubernetes):
-the timeout and its warning, the env values that use a secret, profiling. Those engines
-ship the file and the runtime archive with the run (SkyPilot file_mounts, a Kubernetes
-ConfigMap) and start `python3 -S <runtime> node <job.json>` on every node.
+Why one module: the runtime reads the same values wherever it runs, so they are computed
+once here; `controller_job` adds what a job controller reads (local, ssh, Slurm),
+`node_job` what the node verb reads on engines that start one process per node themselves
+(SkyPilot, Kubernetes: they ship it with the runtime archive and start
+`python3 -S <runtime> node <job.json>` on every node).
 """
 
 from __future__ import annotations
@@ -30,8 +27,8 @@ SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def command(spec: Any, recipe: Recipe | None = None) -> list[str]:
-    """The spec's command as argv: a string runs in bash; nsys wraps the selected ranks as
-    locally; a conda environment runs it through its prefix."""
+    """The spec's command as argv: nsys wraps the selected ranks as locally; a conda
+    environment runs it through its prefix."""
     cmd = profiled(spec, command_argv(spec.command))
     if recipe is not None and recipe.kind == "conda":
         cmd = [*run_prefix(recipe), *cmd]
@@ -50,7 +47,7 @@ def grace(spec: Any) -> float:
 
 
 def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> JobFile:
-    """The values of every engine's job file (hang_timeout, on_hang, metrics only when set)."""
+    """The values of every engine's job file (the optional ones only when set)."""
     job: JobFile = {
         "run_id": run_id,
         "launcher": spec.launcher,
@@ -84,8 +81,7 @@ def common(spec: Any, run_id: str, recipe: Recipe | None = None) -> JobFile:
 
 
 def health_fields(spec: Any) -> dict[str, Any]:
-    """What the nodes' health checks need beyond the rank contract (runtime/node/health.py),
-    only when set: the spec's own check and its timeout, the GPUs a node must show."""
+    """What the nodes' health checks need beyond the rank contract (runtime/node/health.py)."""
     out: dict[str, Any] = {}
     if getattr(spec, "health_check", None):
         out["health_check"] = spec.health_check
@@ -97,9 +93,7 @@ def health_fields(spec: Any) -> dict[str, Any]:
 
 def controller_job(spec: Any, run_id: str, run_dir: Path | str,
                    recipe: Recipe | None = None) -> JobFile:  # fmt: skip
-    """The common values and what a job controller reads (runtime/job/life.py settings:
-    local, ssh, Slurm): the run directory, the attempts, the timeout and its warning (only
-    when set), the log policies, the spec's pre and post commands."""
+    """The common values and what a job controller reads (runtime/job/life.py settings)."""
     from trebuchet.launcher.policies import policies_for
 
     job = common(spec, run_id, recipe)
@@ -112,9 +106,8 @@ def controller_job(spec: Any, run_id: str, run_dir: Path | str,
 
 
 def engine_options(spec: Any, engine: str) -> Any:
-    """The spec's block of an engine's options (`spec.ssh`): a field of the model that
-    spec_model() builds from the engines' blocks, unknown to the Spec class (and so to type
-    checkers: callers annotate what they get, `sp: Ssh = engine_options(spec, "ssh")`)."""
+    """The spec's block of an engine's options (`spec.ssh`): a field unknown to the Spec
+    class, so callers annotate what they get (`sp: Ssh = engine_options(spec, "ssh")`)."""
     return getattr(spec, engine)
 
 
@@ -125,11 +118,9 @@ def uses_secret(value: str, secrets: list[str]) -> bool:
 
 def node_job(spec: Any, run_id: str, checkpoint_dir: str | None = None,
              job: JobFile | None = None) -> JobFile:  # fmt: skip
-    """What the runtime's `node` verb reads: the common values (or `job`), the timeout and
-    when to send the checkpoint signal before it, the env values whose ${SECRET} the node
-    expands (the engine gives the node the secrets, never the manifest), profiling, and
-    where checkpoints go when the engine mounts storage for them (else the node-local run
-    directory's `checkpoints/`)."""
+    """What the runtime's `node` verb reads. The node expands the env values that use a
+    ${SECRET}: the engine gives the node the secrets, never the manifest. `checkpoint_dir`:
+    storage the engine mounts (else the node-local run directory's `checkpoints/`)."""
     secrets = list(spec.secrets)
     job = common(spec, run_id) if job is None else job
     if checkpoint_dir:
@@ -142,16 +133,14 @@ def node_job(spec: Any, run_id: str, checkpoint_dir: str | None = None,
 
 
 def job_text(job: JobFile) -> str:
-    """job.json as every engine ships it: JSON, one key per line (what `treb render`
-    shows, short enough to review beside the script)."""
+    """job.json as every engine ships it: one key per line, to review in `treb render`."""
     lines = [f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in sorted(job.items())]
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
 def refuse_spares(spec: Any, loaded: LoadedSpec, engine: str) -> None:
-    """Spare nodes and node ranges need the controller to choose each attempt's nodes
-    (runtime/job/nodeset.py: Slurm, ssh, local); an engine that places nodes itself says no
-    rather than ignore them."""
+    """Spare nodes and node ranges need a controller that chooses each attempt's nodes
+    (runtime/job/nodeset.py): an engine that places nodes itself says no, not ignore them."""
     if spec.spare_nodes:
         raise loaded.refusal("spare_nodes", f"not supported on {engine} (docs/recovery.md)")
     if spec.min_nodes is not None:
@@ -163,7 +152,6 @@ def check_node_engine(
     spec: Any, loaded: LoadedSpec | str, engine: str, horovod: bool = False
 ) -> None:
     """What the node verb does not run on an engine that starts one process per node.
-    `loaded`: the spec, whose refusals name the field's line (a bare source: the file).
     `horovod`: the engine gives node 0's horovodrun the hosts (ssh: runtime/node/horovodrun.py)."""
 
     def refuse(field: str, why: str) -> UserError:
@@ -190,9 +178,8 @@ def check_node_engine(
 
 
 def start_lines(runtime: str, job: str) -> list[str]:
-    """The last lines of an engine's node script: a clear error when the node has no
-    python3, then the node agent in place of the shell (signals reach it directly).
-    `runtime` and `job` are shell words (quoted by the caller)."""
+    """The last lines of an engine's node script: a clear error without python3, then the
+    node agent in place of the shell (signals reach it directly). Shell words, quoted."""
     from trebuchet.runtime.node.task import NO_PYTHON  # not on the local launch path
 
     return [NO_PYTHON, f"exec python3 -S {runtime} node {job}"]
@@ -208,3 +195,37 @@ def write_job_files(run_dir: Path, job: JobFile) -> tuple[Path, Path]:
     path = run_dir / "job.json"
     write_atomic(path, job_text(job))
     return runtime, path
+
+
+def require(module: str, engine: str, sub: Any = None) -> None:
+    """An engine's client package, needed to submit or cancel but not to render; a
+    submission `sub` without it is recorded FAILED."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        why = f"the {engine} package is not installed"
+        if sub is not None:
+            failed(sub, why)
+        install = f"install it with: pip install 'trebuchet[{engine}]'"
+        raise UserError(f"--on {engine}: {why}; {install}") from None
+
+
+def failed(sub: Any, why: str) -> None:
+    from trebuchet.store import lifecycle
+
+    lifecycle.ended(sub.store, sub.record.id, "FAILED", why, "failed")
+
+
+def running(sub: Any, engine: str, backend_id: str, **event: Any) -> None:
+    """The engine took the run: RUNNING from here as far as trebuchet sees (the run's
+    duration counts from now)."""
+    import time
+
+    from trebuchet.store import lifecycle
+    from trebuchet.store.files import append_event
+
+    sub.store.update_run(sub.record.id, backend_id=backend_id)
+    append_event(sub.run_dir, engine, **event, backend_id=backend_id)
+    lifecycle.record(sub.store, sub.record.id, "state", state="RUNNING", started_at=time.time())

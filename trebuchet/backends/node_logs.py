@@ -1,15 +1,10 @@
 """The node agents' output, as an engine's API returns it, turned back into per-rank logs.
 
-Why: on SkyPilot and Kubernetes the ranks' own log files stay on the nodes (a node-local
-run directory that goes with the node); what the engine keeps is each node agent's
-stdout, where the agent copies every rank's lines with their label (`[1:0] text`,
-runtime/node/logcopy.py). Splitting that stream by label into `attempt-<n>/rank-<r>.log` in
-the run directory on this machine lets `treb logs` (filters, `-f`, `--tail`),
-`treb diagnose` and `treb results` read those runs like any other. Lines without a label
-(the agent's `treb:` notes, the environment build) go to `attempt-<n>/agent-node-<k>.log`.
-
-Each sync gets the whole output again (what both APIs give), so a file only grows: what
-it already holds is kept and the rest appended, and a follower tailing it sees new lines.
+Why: on SkyPilot and Kubernetes the ranks' log files stay on the nodes; what the engine
+keeps is each node agent's stdout, where the agent copies every rank's lines with their
+label (`[1:0] text`, runtime/node/logcopy.py). Split back by label, `treb logs`, `diagnose`
+and `results` read those runs like any other. Each sync gets the whole output again, so a
+file only grows (what it holds is kept, the rest appended): a follower sees new lines.
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ LABEL = re.compile(r"^\[(\d+)(?::(\d+))?\] ?(.*)$")
 
 def split(text: str, ppn: int, node: int | None = None) -> dict[str, str]:
     """{file name: text} from one node agent's output (`node`: the node it came from, when
-    the engine keeps one stream per node; None: labels say the node)."""
+    the engine keeps one stream per node). Unlabelled lines go to agent-node-<k>.log."""
     out: dict[str, list[str]] = {}
     for line in text.splitlines():
         m = LABEL.match(line)
@@ -44,7 +39,7 @@ def split(text: str, ppn: int, node: int | None = None) -> dict[str, str]:
 
 def write(run_dir: Path, attempt: int, files: dict[str, str]) -> list[Path]:
     """Bring the files of `attempt-<attempt>/` up to `files`: appended to when they hold a
-    beginning of it, rewritten otherwise (the engine's log was cut). The paths written."""
+    beginning of it, rewritten otherwise (the engine's log was cut)."""
     adir = run_dir / f"attempt-{attempt}"
     adir.mkdir(parents=True, exist_ok=True, mode=0o700)
     written = []

@@ -1,10 +1,8 @@
 """The environment build on engines whose nodes start bare (SkyPilot, Kubernetes).
 
-Why one module: those engines give a node nothing of the submitting host, so the spec's
-`environment` (a venv or a conda prefix, its requirements and setup script) is built on
-the node itself, from files shipped with the code (SkyPilot's `workdir`, the Kubernetes
-code archive). The same shell lines serve both: SkyPilot's `setup:` section, the start of
-a Kubernetes pod's command. Files are named relative to the workdir, where they run.
+Why: those engines give a node nothing of the submitting host, so the spec's `environment`
+is built on the node itself from files shipped with the code, by the same shell lines
+(SkyPilot's `setup:` section, the start of a pod's command), run in the workdir.
 """
 
 from __future__ import annotations
@@ -28,18 +26,10 @@ def builds(loaded: LoadedSpec) -> bool:
 
 def env_files(loaded: LoadedSpec) -> list[tuple[tuple[str, ...], Path]]:
     """(field, path) of each file the environment is built from."""
-    env = loaded.spec.environment
+    from trebuchet.spec.load import input_files
+
     base = loaded.path.parent if loaded.path else Path.cwd()
-    files: list[tuple[tuple[str, ...], Path]] = []
-    if env:
-        if isinstance(env.requirements, str):
-            files.append((("environment", "requirements"), base / env.requirements))
-        if env.setup:
-            files.append((("environment", "setup"), base / env.setup))
-        if env.conda and env.conda.environment_file:
-            field = ("environment", "conda", "environment_file")
-            files.append((field, base / env.conda.environment_file))
-    return files
+    return [(field, base / value) for field, value in input_files(loaded.spec)]
 
 
 def inside(path: Path, root: Path) -> bool:
@@ -57,8 +47,7 @@ def source_workdir(loaded: LoadedSpec) -> Path:
 
 
 def check_files(loaded: LoadedSpec, engine: str, ships: str) -> None:
-    """The environment's files must travel with the code (`ships`: what the engine
-    ships, e.g. "workdir")."""
+    """The environment's files must travel with the code (`ships`: what the engine ships)."""
     root = source_workdir(loaded)
     for field, path in env_files(loaded):
         if not inside(path, root):
@@ -75,8 +64,8 @@ def _rel(loaded: LoadedSpec, value: str) -> str:
 
 
 def setup_lines(loaded: LoadedSpec) -> tuple[list[str], list[str]]:
-    """The lines that build the environment (run in the workdir, `set -e`), and the lines
-    that enter it before the node agent starts. Both empty without an environment to build."""
+    """The lines that build the environment, and those that enter it before the node agent
+    starts."""
     if not builds(loaded):
         return [], []
     env = loaded.spec.environment

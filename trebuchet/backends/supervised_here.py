@@ -1,21 +1,20 @@
 """Engines whose run is supervised by a process on this machine (local, ssh): the
 supervisor writes the run index itself, a run whose supervisor vanished is LOST, and a
 cancel is a SIGTERM to that supervisor, which ends every node's processes and sessions.
-
-Why a shared base and not one engine calling the other: ssh reached into the local
-engine's module for these; now both are what they are.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from trebuchet.backends.base import Backend
 from trebuchet.errors import UserError
 from trebuchet.runtime.process.contain import end_run
-from trebuchet.runtime.process.procs import alive, hostname
+from trebuchet.runtime.process.procs import alive, hostname, start_time
 from trebuchet.store import lifecycle
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import read_json
@@ -81,6 +80,24 @@ class SupervisedHere(Backend):
         lifecycle.ended(store, run.id, CANCELLED, "treb cancel")
 
 
+def start_detached(store: Store, run_id: str, run_dir: Path, module: str) -> int:
+    """A detached run's supervisor (`python -m module RUN_DIR`): a background process in its
+    own session."""
+    log = os.open(run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, str(run_dir)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+        )  # fmt: skip
+    finally:
+        os.close(log)
+    store.update_run(
+        run_id, only_if_active=True, supervisor_pid=proc.pid,
+        supervisor_start=start_time(proc.pid), host=hostname(),
+    )  # fmt: skip
+    return proc.pid
+
+
 def orphan_pending_s() -> float:
     try:
         return float(os.environ.get("TREB_ORPHAN_PENDING_S", ORPHAN_PENDING_S))
@@ -90,7 +107,7 @@ def orphan_pending_s() -> float:
 
 def end_leftovers(run: RunRecord) -> str:
     """SIGKILL the processes of a run whose supervisor is gone (its watchdog too, or they
-    would be gone): from the run's cgroup, else by TREB_RUN_ID. Says what was ended."""
+    would be gone): from the run's cgroup, else by TREB_RUN_ID."""
     found = end_run(run.id, run.run_dir, {os.getpid()})
     by = (("in its cgroup", found["cgroup"]), ("by TREB_RUN_ID", found["scan"]))
     ways = [f"{how} (pids {', '.join(map(str, pids))})" for how, pids in by if pids]

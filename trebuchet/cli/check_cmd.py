@@ -1,8 +1,5 @@
-"""`treb check`: the preflight findings for a spec on an engine, before anything is queued.
-
-Exit 0 when there is no error (warnings allowed), 1 when there are errors, 2 on bad input
-(an invalid spec, an unknown backend). Also reports what the engine itself would refuse.
-"""
+"""`treb check`: the preflight findings for a spec on an engine, and what the engine
+itself would refuse, before anything is queued. Exit 1 on errors (warnings allowed)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,13 @@
-"""Helpers shared by the verbs: formatting. (Refreshing active runs is
+"""Helpers shared by the verbs: formatting, the runs named. (Refreshing active runs is
 runner.refresh; describing a failure, store.states.describe_failure: the API uses them.)"""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trebuchet.store.db import RunRecord, Store
 
 
 def console() -> Any:
@@ -26,6 +29,16 @@ def age(ts: float | None) -> str:
 
 def clock(ts: float | None) -> str:
     return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def runs_named(store: Store, refs: list[str]) -> list[RunRecord]:
+    """The runs named (ids, prefixes, names; a sweep id: all its points), each once, in order."""
+    out: dict[str, RunRecord] = {}
+    for ref in refs:
+        members = [] if store.matches_run(ref) else store.sweep_runs(ref)
+        for rec in members or [store.resolve(ref)]:
+            out.setdefault(rec.id, rec)
+    return list(out.values())
 
 
 def state_cell(rec: Any) -> str:

@@ -59,14 +59,15 @@ def verbs(parser: argparse.ArgumentParser) -> dict[str, Verb]:
     return out
 
 
-def _words(kind: str) -> str:
-    """A bash expression producing the candidate words of `kind`."""
+def _candidates(kind: str, ids: str) -> str:
+    """The words of `kind`, `ids` (the shell's expression for the run ids) for "ids"."""
     parts = kind.split()
     words = " ".join(w for w in parts if w not in ("ids", "files"))
-    expr = f'"{words}"' if words else '""'
-    if "ids" in parts:
-        expr = f'"{words + " " if words else ""}$({IDS})"'
-    return expr
+    return f"{words} {ids}".strip() if "ids" in parts else words
+
+
+def _words(kind: str) -> str:
+    return f'"{_candidates(kind, f"$({IDS})")}"'  # a bash word
 
 
 def bash(vs: dict[str, Verb]) -> str:
@@ -160,12 +161,9 @@ def fish(vs: dict[str, Verb]) -> str:
 
 
 def _fish_args(kind: str) -> str:
-    parts = kind.split()
-    words = " ".join(w for w in parts if w not in ("ids", "files"))
-    if "ids" in parts:
-        words = f"{words} ({IDS})".strip()
+    words = _candidates(kind, f"({IDS})")
     out = f'-a "{words}"' if words else ""
-    return (out + " -F").strip() if "files" in parts else out
+    return (out + " -F").strip() if "files" in kind.split() else out
 
 
 def main(args: argparse.Namespace) -> int:

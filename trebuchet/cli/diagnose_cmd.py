@@ -1,10 +1,6 @@
-"""`treb diagnose [RUN | LOG FILES...] [--json]`: the root cause of a failure.
-
-An argument that names an existing file or directory is read as logs from anywhere (a
-torchrun console log, an srun job log, a per-rank log directory, a copied run directory);
-otherwise it is a run id or prefix, and no argument means the latest run. Exit code 0 when
-a diagnosis was made (whatever it says), 2 for bad input.
-"""
+"""`treb diagnose`: the root cause of a failure, of a run or of logs from anywhere (a
+torchrun console log, an srun job log, a per-rank log directory, a copied run directory):
+an argument that names an existing file or directory is read as logs."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """`treb doctor`: is TREB_HOME usable, is the run index sound and complete; with
---rebuild-index, a new index from the run directories (the old file is moved aside).
-
-Exit 0 when everything is sound (or was repaired), 1 when a problem remains."""
+--rebuild-index, a new index from the run directories. Exit 1 when a problem remains."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""`treb fault RUN kill-node NODE | hang-rank RANK | preempt`: a fault injected into a
-running run, to see the recovery work where it is used (what submitit's `_interrupt` and
-Megatron Bridge's `simulate_fault` give their users). Recorded as a `fault` event in the
-run's events.jsonl before it is injected. The signals are sent on the node itself by the
-runtime's `fault` verb (runtime/node/fault.py), as each engine reaches its nodes
-(backends/<engine>/fault.py): locally here, over ssh on the host, on Slurm in an `srun
---overlap --jobid J -w NODE` step of the job.
-
-Exit 0 when the fault was injected, 1 when nothing was there to hit (the rank not
-running, no process of the run on that node), 2 on bad input (a run that is not
-running, an engine without faults, a node or rank the run does not have).
-"""
+"""`treb fault`: a fault injected into a running run, to see the recovery work where it is
+used (as submitit's `_interrupt` and Megatron Bridge's `simulate_fault`). Recorded as a
+`fault` event before it is injected, on the node itself, by the runtime's `fault` verb
+(runtime/node/fault.py) as each engine reaches its nodes (backends/<engine>/fault.py).
+Exit 1 when nothing was there to hit."""
 
 from __future__ import annotations
 

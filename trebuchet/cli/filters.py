@@ -5,6 +5,7 @@ accepted, never a traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -31,16 +32,13 @@ def parse_states(values: Sequence[str], flag: str = "--state") -> list[str]:
     return out
 
 
-def parse_when(text: str, flag: str, now: float | None = None) -> float:
+def parse_when(text: str, flag: str) -> float:
     """An age ("2h", "3d", "1h30m": that long ago) or an ISO date or time
     ("2024-05-01", "2024-05-01T14:00", local time unless it carries an offset) -> epoch."""
     from trebuchet.spec.duration import parse_duration
 
-    now = time.time() if now is None else now
-    try:
-        return now - parse_duration(text)
-    except ValueError:
-        pass
+    with contextlib.suppress(ValueError):
+        return time.time() - parse_duration(text)
     try:
         return datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:

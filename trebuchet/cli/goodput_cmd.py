@@ -1,11 +1,5 @@
-"""`treb goodput [RUN ...] [--since 7d] [--by cause|node|run] [--json]`: where the runs'
-wall time went and their effective training time ratio (docs/goodput.md).
-
-No RUN: the latest run, or with --since every run created since then. --by run (the
-default) prints a row per run; --by cause the causes over all of them; --by node the
-lost seconds each node's failures caused. --json: one object per run with `wall_s`,
-`productive_s`, `ettr`, `lost` (seconds by cause) and `lost_by_node`, and their total.
-"""
+"""`treb goodput`: where the runs' wall time went and their effective training time ratio
+(docs/goodput.md); a row per run, per cause or per node."""
 
 from __future__ import annotations
 

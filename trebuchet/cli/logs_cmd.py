@@ -4,7 +4,6 @@ lines.py), or all of them prefixed; `-f` follows to the end."""
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -15,9 +14,8 @@ from trebuchet.errors import UserError
 from trebuchet.runner import refresh
 from trebuchet.runtime.rundir.regular import open_regular
 from trebuchet.store.db import RunRecord, Store
-from trebuchet.view.follow import Follower, Out
+from trebuchet.view.follow import Follower, Out, attempt_logs
 
-LOG_RE = re.compile(r"^(rank|node)-(\d+)\.log$")
 SYNC_S = 5.0  # -f: how often an engine's API is asked for the logs its nodes keep
 
 
@@ -25,24 +23,17 @@ def log_files(
     rec: RunRecord, attempt: int, rank: int | None, node: int | None
 ) -> list[tuple[str, Path]]:
     """(label, path) of the logs of one attempt that match the filters, in rank order."""
-    adir = Path(rec.run_dir) / f"attempt-{attempt}"
-    found: list[tuple[int, int, str, Path]] = []
     ppn = max(1, rec.procs_per_node)
-    for path in adir.glob("*.log") if adir.is_dir() else []:
-        m = LOG_RE.match(path.name)
-        if not m:
+    found = []
+    for kind, num, path in attempt_logs(Path(rec.run_dir) / f"attempt-{attempt}"):
+        on = num // ppn if kind == "rank" else num
+        label = f"{on}:{num % ppn}" if kind == "rank" else str(num)
+        if node is not None and on != node:
             continue
-        kind, num = m.group(1), int(m.group(2))
-        if kind == "rank":
-            r_node, label = num // ppn, f"{num // ppn}:{num % ppn}"
-            if (rank is not None and num != rank) or (node is not None and r_node != node):
-                continue
-            found.append((r_node, 1 + num, label, path))
-        else:
-            if rank is not None or (node is not None and num != node):
-                continue
-            found.append((num, 0, str(num), path))
-    return [(label, path) for _, _, label, path in sorted(found)]
+        if rank is not None and (kind, num) != ("rank", rank):
+            continue
+        found.append((on, kind == "rank", num, label, path))  # a node's log before its ranks'
+    return [(label, path) for *_, label, path in sorted(found)]
 
 
 def main(args: argparse.Namespace) -> int:

@@ -51,14 +51,6 @@ class _Help(argparse.HelpFormatter):
         return text
 
 
-class _Parser(argparse.ArgumentParser):
-    """treb's parsers (the verbs' too, by add_subparsers): help through _Help."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", _Help)
-        super().__init__(*args, **kwargs)
-
-
 def _add_spec_args(p: argparse.ArgumentParser, optional: bool = False, run: bool = False,
                    maybe: bool = False) -> None:  # fmt: skip
     if maybe:  # `treb check --nodes N`: the spec's health_check and GPUs when given
@@ -137,6 +129,12 @@ def _add_after_flag(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _add_latest_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: latest)"
+    )
+
+
 class _Skipped:
     """The parser of a verb that is not being parsed: every call on it is ignored."""
 
@@ -147,14 +145,18 @@ class _Skipped:
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """treb's parser; `only`: with that verb's arguments alone (the others' parsers cost
     ~10 ms to build, a tenth of a local launch)."""
-    parser = _Parser(
-        prog="treb", description="trebuchet: one YAML file, any engine, for distributed training."
+    parser = argparse.ArgumentParser(
+        prog="treb",
+        description="trebuchet: one YAML file, any engine, for distributed training.",
+        formatter_class=_Help,
     )
     parser.add_argument("--version", action="store_true", help="print the version")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
 
     def add(verb: str) -> Any:
-        return sub.add_parser(verb, help=VERBS[verb]) if only in (None, verb) else _Skipped()
+        if only not in (None, verb):
+            return _Skipped()
+        return sub.add_parser(verb, help=VERBS[verb], formatter_class=_Help)
 
     p = add("run")
     _add_spec_args(p, optional=True)
@@ -196,9 +198,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--no-refresh", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = add("stacks")
-    p.add_argument(
-        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: latest)"
-    )
+    _add_latest_run(p)
     p.add_argument("--wait", type=float, default=60.0, metavar="S",
                    help="how long to wait for every rank's stack (default 60)")  # fmt: skip
     p = add("status")
@@ -209,9 +209,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = add("logs")
-    p.add_argument(
-        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: latest)"
-    )
+    _add_latest_run(p)
     p.add_argument("--rank", type=_count, help="only this global rank")
     p.add_argument("--node", type=_count, help="only this node")
     p.add_argument(
@@ -302,9 +300,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=_count, default=8765, help="port (default 8765; 0: any free)")
     p = add("metrics")
-    p.add_argument(
-        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: latest)"
-    )
+    _add_latest_run(p)
     p.add_argument("names", nargs="*", metavar="NAME", help="only these metrics")
     p.add_argument("--rank", type=int, metavar="R", help="this rank's (default: the lowest read)")
     fmt = p.add_mutually_exclusive_group()

@@ -1,10 +1,5 @@
-"""`treb metrics [RUN] [NAME...] [--rank R] [--json | --csv]`: a run's metrics.
-
-RUN omitted (or the first word names no run): the latest run. What the node agents wrote is
-read into the store first; then each metric's last value, step, count, range and a
-sparkline. --json and --csv print every stored point (thinned: docs/metrics.md). Names are
-shown as text, whatever a rank printed.
-"""
+"""`treb metrics`: a run's metrics, read into the store from what the node agents wrote;
+names are shown as text, whatever a rank printed. The first word may be a metric's name."""
 
 from __future__ import annotations
 

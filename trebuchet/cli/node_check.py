@@ -1,13 +1,7 @@
-"""`treb check --nodes N [SPEC] --on local|slurm`: the nodes' health checks
-(runtime/node/health.py, the same the node agents run before every attempt's ranks) on N
-nodes now, each node's result printed. Exit 0 when every node is healthy, 1 when one is
-not (or gave no result), 2 on bad input (no node, an engine without it, srun refusing
-the request or finding no N free nodes within WAIT_S).
-
-Slurm: one `srun -N N --ntasks-per-node=1` task per node runs the runtime's `health`
-verb against a folder under TREB_HOME (which the nodes share, as they share run
-directories), with a token file written here: a node that reads another token, or none,
-does not see the shared folder. Locally: N simulated nodes, in this process.
+"""`treb check --nodes N`: the nodes' health checks (runtime/node/health.py, those the
+agents run before every attempt) on N nodes now. Slurm runs the runtime's `health` verb
+on each node against a folder under TREB_HOME, which the nodes share, with a token file
+written here: a node that reads another token, or none, does not see the shared folder.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""`treb nodes [--json] [--clear HOST]... [--clear-all]`: each node's history across runs
-(lost, unhealthy, a rank failing with a hardware-like cause, a straggler), its decaying
-score and whether new submissions avoid it (docs/nodes.md)."""
+"""`treb nodes`: each node's history across runs, its decaying score and whether new
+submissions avoid it (docs/nodes.md)."""
 
 from __future__ import annotations
 

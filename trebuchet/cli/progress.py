@@ -1,10 +1,7 @@
-"""A run's progress, ETA and GPU use as the verbs and the dashboard show them.
-
-The node agents record them (runtime/watch/eta.py: `<run dir>/progress.json`; runtime/watch/gpu.py:
-`attempt-<n>/gpu/node-<k>.json`); this reads those records. Where an engine's agents keep
-their records on their nodes (ssh, SkyPilot, Kubernetes: only the logs come back), the
-progress is read from the tail of the first rank's log with the same parser.
-"""
+"""A run's progress, ETA and GPU use as the verbs and the dashboard show them, from the
+node agents' records (runtime/watch/eta.py, gpu.py). Where the agents keep their records on
+their nodes (ssh, SkyPilot, Kubernetes: only the logs come back), the progress is read
+from the tail of the first rank's log with the same parser."""
 
 from __future__ import annotations
 

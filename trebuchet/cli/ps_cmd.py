@@ -14,7 +14,6 @@ RECENT = 20
 
 
 def run_filter(args: argparse.Namespace) -> RunFilter:
-    """The filter flags (and the NAME argument) as a RunFilter."""
     if args.name_arg and args.name and args.name_arg != args.name:
         raise UserError(f"treb ps {args.name_arg} --name {args.name}: give the name once")
     return RunFilter(

@@ -59,9 +59,8 @@ def tail_text(path: Path, lines: int = TAIL_LINES) -> list[str]:
             data = fh.read().decode(errors="replace")
     except OSError:
         return []
-    return [shown(ln, tab=True) for ln in data.replace("\r", "\n").split("\n") if ln.strip()][
-        -lines:
-    ]
+    found = [shown(ln, tab=True) for ln in data.replace("\r", "\n").split("\n") if ln.strip()]
+    return found[-lines:]
 
 
 # The summary's colours (SGR), only on a terminal and never under NO_COLOR (no-color.org):
@@ -86,8 +85,8 @@ def colour_wanted(stream: Any) -> bool:
         return False
 
 
-def _paint(text: str, colour: str, on: bool) -> str:
-    return f"{BOLD}{colour}{text}{RESET}" if on else text
+def _paint(text: str, colour: str) -> str:
+    return f"{BOLD}{colour}{text}{RESET}"
 
 
 def final_summary(store: Store, rec: RunRecord, colour: bool = False) -> str:
@@ -123,17 +122,13 @@ def final_summary(store: Store, rec: RunRecord, colour: bool = False) -> str:
     text = [shown(head, tab=True)] + [INDENT + shown(line, tab=True) for line in out]
     if not colour:
         return "\n".join(text)
-    state = f" {rec.state} after "
-    text[0] = text[0].replace(
-        state, f" {_paint(rec.state, STATE_COLOURS.get(rec.state, ''), True)} after ", 1
-    )
+    painted = _paint(rec.state, STATE_COLOURS.get(rec.state, ""))
+    text[0] = text[0].replace(f" {rec.state} after ", f" {painted} after ", 1)
     for i, line in enumerate(text[1:], 1):
         label = line[len(INDENT) :].split(" ", 1)[0]
         if label in LABEL_COLOURS:
             text[i] = (
-                INDENT
-                + _paint(label, LABEL_COLOURS[label], True)
-                + line[len(INDENT) + len(label) :]
+                INDENT + _paint(label, LABEL_COLOURS[label]) + line[len(INDENT) + len(label) :]
             )
     return "\n".join(text)
 
@@ -150,7 +145,6 @@ def goodput_lines(rec: RunRecord) -> list[str]:
 
 
 def goodput_json(rec: RunRecord) -> dict[str, Any] | None:
-    """The run's goodput for `treb status --json` (docs/goodput.md)."""
     try:
         from trebuchet.goodput import of_run
 

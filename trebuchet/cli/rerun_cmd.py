@@ -1,9 +1,6 @@
-"""`treb rerun RUN`: a new run from an earlier run's resolved spec (its overrides included).
-
-The spec is the earlier run's `spec.yaml` (expanded, overrides applied, secrets by name);
-it runs through `treb run` (runner.launch), so every check and refusal is the same. The
-code is the earlier run's snapshot, copied (launcher/snapshot.reuse), unless
---current-code takes the spec's workdir as it is now."""
+"""`treb rerun RUN`: a new run from an earlier run's resolved spec (spec.yaml, overrides
+applied), through `treb run` so every check and refusal is the same; its code the earlier
+run's snapshot unless --current-code."""
 
 from __future__ import annotations
 

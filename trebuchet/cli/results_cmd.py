@@ -1,10 +1,6 @@
-"""`treb results [RUN...] [--csv FILE] [--all] [--json]`: performance rows of finished runs.
-
-Without RUN: the recent runs, oldest first, each row's change against the one above of the
-same workload, metric and shape (a change of shape is no change of the code). With RUNs:
-those, in order. --csv writes madengine perf.csv rows; --metric NAME adds each run's last
-value of that metric (docs/results.md, docs/metrics.md).
-"""
+"""`treb results`: performance rows of finished runs (docs/results.md), each row's change
+against the one above of the same workload, metric and shape: a change of shape is no
+change of the code."""
 
 from __future__ import annotations
 
@@ -18,19 +14,14 @@ RECENT = 20
 
 
 def main(args: argparse.Namespace) -> int:
+    from trebuchet.cli.common import runs_named
     from trebuchet.results import collect, perfcsv
     from trebuchet.runner import refresh
     from trebuchet.store.db import Store
 
     store = Store()
-    if args.runs:
-        recs, seen = [], set()
-        for ref in args.runs:  # a run, or a sweep id: all its points, side by side
-            members = [] if store.matches_run(ref) else store.sweep_runs(ref)
-            for rec in members or [store.resolve(ref)]:
-                if rec.id not in seen:
-                    seen.add(rec.id)
-                    recs.append(rec)
+    if args.runs:  # a sweep id: all its points, side by side
+        recs = runs_named(store, args.runs)
     else:
         recs = list(reversed(store.list() if args.all else store.list(limit=RECENT)))
     refresh(store, recs)

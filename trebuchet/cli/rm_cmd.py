@@ -6,21 +6,10 @@ from __future__ import annotations
 import argparse
 import time
 
+from trebuchet.cli.common import runs_named
 from trebuchet.errors import UserError
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.remove import remove_run, size_text
-
-
-def targets(store: Store, refs: list[str]) -> list[RunRecord]:
-    """The runs named (ids, prefixes, names, sweep ids), each once, in the order given."""
-    out: dict[str, RunRecord] = {}
-    for ref in refs:
-        if not ref.strip():  # resolve('') would mean the latest run
-            raise UserError("treb rm '': give a run id, prefix, name or sweep id")
-        members = [] if store.matches_run(ref) else store.sweep_runs(ref)
-        for rec in members or [store.resolve(ref)]:
-            out.setdefault(rec.id, rec)
-    return list(out.values())
 
 
 def stop(store: Store, rec: RunRecord) -> RunRecord:
@@ -39,7 +28,6 @@ def stop(store: Store, rec: RunRecord) -> RunRecord:
 
 
 def remove(store: Store, runs: list[RunRecord], dry_run: bool = False) -> int:
-    """Remove (or, dry, only measure) each run; one line each and the total freed."""
     from trebuchet.store.remove import disk_used, run_path
 
     total = 0
@@ -56,8 +44,10 @@ def remove(store: Store, runs: list[RunRecord], dry_run: bool = False) -> int:
 def main(args: argparse.Namespace) -> int:
     from trebuchet.runner import refresh
 
+    if not all(ref.strip() for ref in args.runs):  # resolve('') would mean the latest run
+        raise UserError("treb rm '': give a run id, prefix, name or sweep id")
     store = Store()
-    runs = targets(store, args.runs)
+    runs = runs_named(store, args.runs)
     refresh(store, [r for r in runs if r.active])  # a vanished supervisor: LOST, removable
     runs = [store.get(r.id) or r for r in runs]
     active = [r for r in runs if r.active]

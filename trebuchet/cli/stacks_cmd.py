@@ -1,11 +1,7 @@
-"""`treb stacks [RUN]`: the Python stacks of every rank of a running run, grouped.
-
-It asks the run's node agents for their ranks' stacks (runtime/watch/stacks.py: a request file in
-the attempt's directory, which every agent looks at each step), waits for them (at most
---wait seconds) and prints them, ranks with the same stack once. The run goes on. It works
-where this machine sees the run directory of every node: local runs, Slurm, and ssh runs
-whose run directory is shared with the hosts (Backend.agents_share_run_dir).
-"""
+"""`treb stacks`: the Python stacks of every rank of a running run, grouped, asked of the
+node agents through a request file in the attempt's directory (runtime/watch/stacks.py),
+so it works where this machine sees every node's run directory
+(Backend.agents_share_run_dir). The run goes on."""
 
 from __future__ import annotations
 
@@ -50,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
             break
         time.sleep(0.2)
     ranks = read_stacks(adir, sorted(got))
-    texts = {r.name: _text(got[r.name]) for r in ranks}
+    texts = {r.name: stack_text(got[r.name]) for r in ranks}
     # attempts from 1, as `treb status` and `treb logs --attempt` count them (dirs: from 0)
     print(f"run {rec.id} ({rec.name}), attempt {rec.attempt + 1}: stacks of {len(ranks)} of "
           f"{len(expected)} ranks, in {adir / 'stacks'}\n")  # fmt: skip
@@ -63,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _text(path: str) -> str:
+def stack_text(path: str | Path) -> str:
     """A stack file's text ('' when it is gone or not a regular file: runtime/rundir/regular.py)."""
     from trebuchet.runtime.rundir.regular import read_text
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from trebuchet.backends import get_backend
 from trebuchet.cli.common import STATE_STYLE, clock, console, state_cell
-from trebuchet.cli.health_view import health_json, health_lines
 from trebuchet.cli.progress import gpu_use, progress_lines, progress_of
 from trebuchet.cli.report import (
     diagnosis_json,
@@ -24,6 +24,7 @@ from trebuchet.cli.table import markup as m
 from trebuchet.errors import UserError
 from trebuchet.launcher import outputs
 from trebuchet.runner import refresh
+from trebuchet.runtime.node.health import summary
 from trebuchet.runtime.watch.display_lines import shown
 from trebuchet.spec.duration import human
 from trebuchet.store.db import RunRecord, Store
@@ -70,6 +71,11 @@ def main(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     con = console()
+
+    def say(lines: list[str]) -> None:  # what the records hold: text, never markup
+        for line in lines:
+            con.print(f"  {shown(line)}", markup=False, highlight=False)
+
     style = STATE_STYLE.get(rec.state, "")
     con.print(f"run [bold]{m(rec.id)}[/]  {m(rec.name)}  [{style}]{m(rec.state)}[/]")
     con.print(
@@ -85,9 +91,8 @@ def main(args: argparse.Namespace) -> int:
     if rec.git_commit:
         dirty = " with uncommitted changes" if rec.git_dirty else ""
         con.print(f"  code    git {rec.git_commit[:12]}{dirty}")
-    found = [*progress_lines(rec), *goodput_lines(rec), *straggler_lines(rec)]
-    for line in [*found, *outputs.lines(rec.run_dir)]:
-        con.print(f"  {shown(line)}", markup=False, highlight=False)
+    say([*progress_lines(rec), *goodput_lines(rec), *straggler_lines(rec)])
+    say(outputs.lines(rec.run_dir))
     if rec.active and rec.waiting:
         colour = "yellow" if rec.waiting.get("starts") else "red"
         con.print(f"  {shown(describe_waiting(rec.waiting))}", style=colour, markup=False)
@@ -95,12 +100,10 @@ def main(args: argparse.Namespace) -> int:
         con.print(f"  [red]first failure[/]: {m(describe_failure(rec.first_failure))}")
         if rec.first_failure.get("log"):
             con.print(f"    log {m(rec.first_failure.get('log'))}")
-    for line in diagnosis_lines(store, rec):
-        con.print(f"  {shown(line)}", markup=False, highlight=False)
     from trebuchet.diagnose.hang import warned_lines
 
-    for line in warned_lines(rec.run_dir, rec.attempt):  # on_hang: warn, the run went on
-        con.print(f"  {shown(line)}", markup=False, highlight=False)
+    say(diagnosis_lines(store, rec))
+    say(warned_lines(rec.run_dir, rec.attempt))  # on_hang: warn, the run went on
     if attempts:
         con.print("attempts:")
         for a in attempts:
@@ -110,8 +113,7 @@ def main(args: argparse.Namespace) -> int:
     checked = health_lines(rec.run_dir, rec.attempt)
     if checked:
         con.print(f"health checks (attempt {rec.attempt + 1}):")
-        for line in checked:
-            con.print(f"  {shown(line)}", markup=False, highlight=False)
+        say(checked)
     if nodes:
         con.print(f"nodes (as {rec.backend} reports them):")
         table = Table(box=None, pad_edge=False, title=None)
@@ -138,6 +140,37 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def health_json(run_dir: str) -> dict[str, list[dict[str, Any]]]:
+    """Every attempt's health records (runtime/node/health.py writes them before each
+    attempt's ranks), by attempt number from 1."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    names = os.listdir(run_dir) if os.path.isdir(run_dir) else []
+    for name in names:
+        head, _, num = name.partition("-")
+        if head == "attempt" and num.isdigit():
+            recs = summary(os.path.join(run_dir, name))
+            if recs:
+                out[str(int(num) + 1)] = recs
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def health_lines(run_dir: str, attempt: int) -> list[str]:
+    """One line per node of the attempt (from 0): healthy and how long the checks took,
+    or which checks failed and why."""
+    recs = summary(os.path.join(run_dir, f"attempt-{attempt}"))
+    lines = []
+    for r in recs:
+        took = f"{float(r.get('seconds') or 0) * 1000:.0f} ms"
+        head = f"node {r.get('node')} {r.get('host')}"
+        if r.get("healthy"):
+            lines.append(f"{head}: healthy ({took})")
+            continue
+        bad = [c for c in r.get("checks") or [] if isinstance(c, dict) and not c.get("ok")]
+        why = "; ".join(f"{c.get('name')}: {c.get('detail')}" for c in bad)
+        lines.append(f"{head}: UNHEALTHY ({why}) ({took})")
+    return lines
+
+
 def _node_outcomes(store: Store, rec: RunRecord) -> list[dict[str, Any]] | None:
     """Per-node outcomes where the engine reports them (Kubernetes' pods), else None."""
     if not getattr(rec, "backend_id", None):
@@ -150,7 +183,6 @@ def _node_outcomes(store: Store, rec: RunRecord) -> list[dict[str, Any]] | None:
 
 
 def sweep_status(store: Store, runs: list, as_json: bool) -> int:
-    """A sweep: each point's parameters, state and exit code, side by side."""
     refresh(store, runs)
     runs = [store.get(r.id) or r for r in runs]
     if as_json:

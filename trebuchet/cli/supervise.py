@@ -1,9 +1,7 @@
-"""The run's supervisor process: `treb run` after the local engine took the process over
-(`--attached`), or a detached run's background process (`python -m
-trebuchet.cli.supervise RUN_DIR`). A front door because it wires what the supervisor may
-not import itself: the hang's diagnosis, the trackers' end and the attached summary. Each
-hook imports its module only when called: the launch path stays light.
-"""
+"""The run's supervisor process (`treb run` after the local engine took it over, or a
+detached run's). A front door because it wires what the supervisor may not import itself:
+the hang's diagnosis, the trackers' end and the attached summary, each imported only when
+called: the launch path stays light."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""A plain aligned table for listings that may hold thousands of rows.
-
-rich renders a 1,000-row table in over a second; this prints it in milliseconds. Colour
-only when writing to a terminal (and NO_COLOR is unset). Every cell is shown as text
-(runtime/watch/display_lines.py `shown`): a name or a cause that came from a rank's output never
-reaches the terminal raw; `markup` does the same for what rich prints.
-"""
+"""A plain aligned table for listings that may hold thousands of rows: rich renders 1,000
+rows in over a second. Every cell is shown as text (display_lines.shown): a name or a
+cause that came from a rank's output never reaches the terminal raw; `markup` does the
+same for what rich prints."""
 
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
-"""`treb top [-n S] [--once] [--all]`: the active runs, refreshed in place.
-
-Each run: state, attempt, shape, age, its latest metrics with their rate (steps a second
-over the last minute), and one line per node: each rank's state and how long ago it last
-wrote (the agent's progress records, runtime/watch/activity.py). On a terminal it redraws with
-rich on the alternate screen (works over SSH and in tmux) until q or Ctrl+C; stdin is put
-in cbreak mode only for that time. When stdout is not a terminal, or with --once, it
-prints one plain snapshot and exits.
-"""
+"""`treb top`: the active runs, refreshed in place: their latest metrics with their rate,
+and how long ago each rank last wrote (runtime/watch/activity.py). On a terminal, rich on
+the alternate screen (SSH, tmux) with stdin in cbreak mode only for that time; otherwise
+one plain snapshot."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -106,11 +102,9 @@ def node_lines(store: Store, rec: RunRecord) -> list[str]:
             state = "ended"
         else:
             state = "running"
-            try:
+            with contextlib.suppress(OSError):
                 quiet = now - os.stat(os.path.join(adir, "progress", name)).st_mtime
                 state += f" (output {short_age(quiet)} ago)"
-            except OSError:
-                pass
         who = str(p["rank"]) if p["rank"] is not None else p["label"]
         by_node.setdefault(p["node"], []).append(f"{who} {state}")
     return [f"node {n}: " + ", ".join(parts) for n, parts in sorted(by_node.items())]
@@ -144,7 +138,6 @@ def metric_text(m: tuple[str, float, float, float | None]) -> str:
 
 
 def plain(views: list[RunView]) -> list[str]:
-    """The snapshot as plain text lines (no colour, no cursor movement)."""
     if not views:
         return ["no active runs (treb ps --all lists the others)"]
     out = []
@@ -195,7 +188,6 @@ def table(views: list[RunView], interval: float) -> Any:
 
 
 def live(store: Store, args: argparse.Namespace) -> int:
-    """Redraw every `interval` seconds until q (or Ctrl+C); the terminal is restored."""
     from rich.console import Console
     from rich.live import Live
 

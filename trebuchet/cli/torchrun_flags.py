@@ -21,53 +21,47 @@ import shlex
 import sys
 from typing import Any
 
-# (option strings, dest (torchrun's: PET_<DEST>), takes no value, choices)
+
+def _flag(*names: str, switch: bool = False, choices: tuple[str, ...] | None = None) -> tuple:
+    """(option strings, dest (torchrun's: PET_<DEST>), takes no value, choices); a
+    hyphenated long name is taken in torchrun's underscore spelling too."""
+    long = names[-1]
+    dest = long[2:].replace("-", "_")
+    alias = (f"--{dest}",) if "-" in long[2:] else ()
+    return (*names, *alias), dest, switch, choices
+
+
 FLAGS: tuple[tuple[tuple[str, ...], str, bool, tuple[str, ...] | None], ...] = (
-    (("--nnodes",), "nnodes", False, None),
-    (("-n", "--nproc-per-node", "--nproc_per_node"), "nproc_per_node", False, None),
-    (("--rdzv-backend", "--rdzv_backend"), "rdzv_backend", False, None),
-    (("--rdzv-endpoint", "--rdzv_endpoint"), "rdzv_endpoint", False, None),
-    (("--rdzv-id", "--rdzv_id"), "rdzv_id", False, None),
-    (("--rdzv-conf", "--rdzv_conf"), "rdzv_conf", False, None),
-    (("--standalone",), "standalone", True, None),
-    (("--max-restarts", "--max_restarts"), "max_restarts", False, None),
-    (("--monitor-interval", "--monitor_interval"), "monitor_interval", False, None),
-    (("--start-method", "--start_method"), "start_method", False, ("spawn", "fork", "forkserver")),
-    (("--event-log-handler", "--event_log_handler"), "event_log_handler", False, None),
-    (("--role",), "role", False, None),
-    (("-m", "--module"), "module", True, None),
-    (("--no-python", "--no_python"), "no_python", True, None),
-    (("--run-path", "--run_path"), "run_path", True, None),
-    (("--log-dir", "--log_dir"), "log_dir", False, None),
-    (("-r", "--redirects"), "redirects", False, None),
-    (("-t", "--tee"), "tee", False, None),
-    (("--local-ranks-filter", "--local_ranks_filter"), "local_ranks_filter", False, None),
-    (
-        ("--duplicate-stdout-filters", "--duplicate_stdout_filters"),
-        "duplicate_stdout_filters",
-        False,
-        None,
-    ),  # fmt: skip
-    (
-        ("--duplicate-stderr-filters", "--duplicate_stderr_filters"),
-        "duplicate_stderr_filters",
-        False,
-        None,
-    ),  # fmt: skip
-    (("--node-rank", "--node_rank"), "node_rank", False, None),
-    (("--master-addr", "--master_addr"), "master_addr", False, None),
-    (("--master-port", "--master_port"), "master_port", False, None),
-    (("--local-addr", "--local_addr"), "local_addr", False, None),
-    (("--logs-specs", "--logs_specs"), "logs_specs", False, None),
-    (
-        ("--numa-binding", "--numa_binding"),
-        "numa_binding",
-        False,
-        ("node", "socket", "exclusive", "core-complex"),
-    ),  # fmt: skip
-    (("--signals-to-handle", "--signals_to_handle"), "signals_to_handle", False, None),
-    (("--shutdown-timeout", "--shutdown_timeout"), "shutdown_timeout", False, None),
-    (("--virtual-local-rank", "--virtual_local_rank"), "virtual_local_rank", True, None),
+    _flag("--nnodes"),
+    _flag("-n", "--nproc-per-node"),
+    _flag("--rdzv-backend"),
+    _flag("--rdzv-endpoint"),
+    _flag("--rdzv-id"),
+    _flag("--rdzv-conf"),
+    _flag("--standalone", switch=True),
+    _flag("--max-restarts"),
+    _flag("--monitor-interval"),
+    _flag("--start-method", choices=("spawn", "fork", "forkserver")),
+    _flag("--event-log-handler"),
+    _flag("--role"),
+    _flag("-m", "--module", switch=True),
+    _flag("--no-python", switch=True),
+    _flag("--run-path", switch=True),
+    _flag("--log-dir"),
+    _flag("-r", "--redirects"),
+    _flag("-t", "--tee"),
+    _flag("--local-ranks-filter"),
+    _flag("--duplicate-stdout-filters"),
+    _flag("--duplicate-stderr-filters"),
+    _flag("--node-rank"),
+    _flag("--master-addr"),
+    _flag("--master-port"),
+    _flag("--local-addr"),
+    _flag("--logs-specs"),
+    _flag("--numa-binding", choices=("node", "socket", "exclusive", "core-complex")),
+    _flag("--signals-to-handle"),
+    _flag("--shutdown-timeout"),
+    _flag("--virtual-local-rank", switch=True),
 )
 SWITCHES = tuple(dest for _, dest, switch, _ in FLAGS if switch)
 # The flags that make the first word after treb's options the program, whatever it ends in.
@@ -379,15 +373,13 @@ def translate(args: argparse.Namespace, on: str | None, specless: bool) -> Trans
     ignored = [d for d in INSTEAD if g(d) is not None and g(d) is not False]
     if g("standalone"):
         ignored = [d for d in ignored if not d.startswith("rdzv")]
-    said: set[str] = set()
+    by_note: dict[str, list[str]] = {}  # one note for the flags it answers
     for dest in ignored:
-        if INSTEAD[dest] in said:
-            continue
-        said.add(INSTEAD[dest])
-        same = [d for d in ignored if INSTEAD[d] == INSTEAD[dest]]
+        by_note.setdefault(INSTEAD[dest], []).append(dest)
+    for note, same in by_note.items():
         given = " ".join(f"--{d.replace('_', '-')}" + ("" if d in SWITCHES
                          else f" {shlex.quote(str(g(d)))}") for d in same)  # fmt: skip
-        out.notes.append(f"{given}: {INSTEAD[dest]}")
+        out.notes.append(f"{given}: {note}")
     return out
 
 

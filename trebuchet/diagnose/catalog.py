@@ -191,14 +191,8 @@ EXIT_CODES: dict[int, str] = {
     139: "SIGSEGV (segmentation fault)",
     143: "SIGTERM (stopped: the cascade after another rank failed, a cancel or a limit)",
 }
-SIGNAL_CATEGORY = {
-    "SIGSEGV": "segfault",
-    "SIGILL": "segfault",
-    "SIGBUS": "segfault",
-    "SIGFPE": "segfault",
-    "SIGABRT": "aborted",
-    "SIGKILL": "killed",
-}
+SIGNAL_CATEGORY = {"SIGSEGV": "segfault", "SIGILL": "segfault", "SIGBUS": "segfault",
+                   "SIGFPE": "segfault", "SIGABRT": "aborted", "SIGKILL": "killed"}  # fmt: skip
 STOP_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
 SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
                 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}  # fmt: skip

@@ -50,6 +50,7 @@ class Diagnosis:
     run: dict[str, Any] | None = None
     fix: str | None = None  # the catalog's remedy fitted to this run (fit_remedy)
     error: RankError | None = None  # the root cause's own error file (torch's @record)
+    missing: set[int] = field(default_factory=set)  # ranks that never joined a collective
 
     @property
     def remedy(self) -> str:
@@ -119,11 +120,11 @@ def _last_lines(u: Unit, n: int = 3) -> list[str]:
     return u.last_lines[-n:]
 
 
-def _finish(d: Diagnosis, case: Case, root: Unit | None, missing: set[int] | None = None) -> None:
+def _finish(d: Diagnosis, case: Case, root: Unit | None) -> None:
     failed_any = any(u.failed for u in case.units)
     for u in case.units:
-        if u is root or (missing and u.rank in missing):
-            role = "root_cause" if u is root or len(missing or ()) == 1 else "missing"
+        if u is root or u.rank in d.missing:
+            role = "root_cause" if u is root or len(d.missing) == 1 else "missing"
         elif _victim(u, failed_any):
             role = "stopped"
         elif u.failed or (u.finding and u.finding.strength >= TIMEOUT and u.exit_code is None):
@@ -329,7 +330,7 @@ def _idle_gpu_diag(case: Case) -> Diagnosis | None:
     return Diagnosis("idle_gpu", summary, None, None, [])
 
 
-def _timeout_diag(case: Case, timed: list[tuple[Unit | None, Hit]]) -> tuple[Diagnosis, set[int]]:
+def _timeout_diag(case: Case, timed: list[tuple[Unit | None, Hit]]) -> Diagnosis:
     """A collective timeout: name the rank(s) that were not there, when the logs tell."""
     timed_ranks = {u.rank for u, _ in timed if u is not None and u.rank is not None}
     explicit: set[int] = set()
@@ -375,9 +376,8 @@ def _timeout_diag(case: Case, timed: list[tuple[Unit | None, Hit]]) -> tuple[Dia
                    f"waiting: {first_h.summary}")  # fmt: skip
         if mu and mu.last_lines:
             evidence += [f"rank {m}, last line: {mu.last_lines[-1]}"]
-        d = Diagnosis("collective_timeout", summary, m, mu.node if mu else None, evidence,
-                      log=mu.log if mu else None)  # fmt: skip
-        return d, missing
+        return Diagnosis("collective_timeout", summary, m, mu.node if mu else None, evidence,
+                         log=mu.log if mu else None, missing=missing)  # fmt: skip
     if missing:
         names = ", ".join(map(str, sorted(missing)[:8]))
         summary = f"ranks {names} never joined the collective ({how}): {first_h.summary}"
@@ -385,9 +385,8 @@ def _timeout_diag(case: Case, timed: list[tuple[Unit | None, Hit]]) -> tuple[Dia
         who = f"{'rank' if len(waiting) == 1 else 'ranks'} {wait_txt}" if waiting else "ranks"
         summary = (f"{who} timed out in a collective; the logs do not show which rank never "
                    f"joined: {first_h.summary}")  # fmt: skip
-    d = Diagnosis("collective_timeout", summary, None, None, evidence,
-                  log=first_u.log if first_u else None)  # fmt: skip
-    return d, missing
+    return Diagnosis("collective_timeout", summary, None, None, evidence,
+                     log=first_u.log if first_u else None, missing=missing)  # fmt: skip
 
 
 def _logs_hint(d: Diagnosis, case: Case) -> str:
@@ -428,7 +427,8 @@ def fit_remedy(d: Diagnosis, case: Case) -> None:
 
 
 def decide(case: Case) -> Diagnosis:
-    d = _decide(case)
+    d, root = _decide(case)
+    _finish(d, case, root)
     run = case.run or {}
     if run.get("state") == "CANCELLED" and run.get("first_failure") and d.category:
         n = int(run["first_failure"].get("attempt") or 0) + 1  # from 1, as `treb status`
@@ -452,7 +452,8 @@ def decide(case: Case) -> Diagnosis:
     return d
 
 
-def _decide(case: Case) -> Diagnosis:
+def _decide(case: Case) -> tuple[Diagnosis, Unit | None]:
+    """The diagnosis, and the unit it blames (None: no unit)."""
     u: Unit | None  # each unit in turn; at the end, the one the diagnosis blames (or none)
     for u in case.units:
         if u.finding is None:
@@ -463,24 +464,19 @@ def _decide(case: Case) -> Diagnosis:
     any_failed = any(u.failed for u in case.units)
 
     if state == "SUCCEEDED" or (state in ("PENDING", "RUNNING", "RETRYING") and not any_failed):
-        d = Diagnosis(None, f"run {state.lower()}: nothing to diagnose" if state else "")
-        _finish(d, case, None)
-        return d
+        return Diagnosis(None, f"run {state.lower()}: nothing to diagnose" if state else ""), None
     said = _state_diag(case) or _hang_diag(case) or _idle_gpu_diag(case)
     if said:
         rank = said.rank
-        _finish(said, case, next((u for u in case.units if rank is not None and u.rank == rank),
-                                 None))  # fmt: skip
-        return said
+        return said, next((u for u in case.units if rank is not None and u.rank == rank), None)
 
     # The scheduler's verdict on the whole job, unless a task had failed before it.
     for ev in sorted(case.events, key=lambda e: e.pos):
         if case.failure_pos is not None and case.failure_pos < ev.pos:
             continue  # e.g. the step cancelled because a task failed: the cascade
         text = ev.line
-        d = Diagnosis(ev.category, text.split("error: ", 1)[-1].strip(" *"), None, ev.node, [text])
-        _finish(d, case, None)
-        return d
+        summary = text.split("error: ", 1)[-1].strip(" *")
+        return Diagnosis(ev.category, summary, None, ev.node, [text]), None
 
     victims = {id(u) for u in case.units if _victim(u, any_failed)}
     first: Unit | None = None
@@ -493,28 +489,18 @@ def _decide(case: Case) -> Diagnosis:
             first = min(ordered, key=lambda u: u.order or 0)
     fbest = first.finding.best if first and first.finding else None
     if first is not None and first.label == "environment":
-        d = _env_diag(first)
-        _finish(d, case, first)
-        return d
+        return _env_diag(first), first
     if first is not None and first.label in ("node_unhealthy", "node_lost"):
-        d = _node_diag(first, case)  # runtime/node/health.py, runtime/job/nodeloss.py
-        _finish(d, case, first)
-        return d
+        return _node_diag(first, case), first  # runtime/node/health.py, runtime/job/nodeloss.py
     if first is not None and first.label == "setup":
-        d = _setup_diag(first, str(((case.run or {}).get("first_failure") or {}).get("message")
-                                   or ""))  # fmt: skip
-        _finish(d, case, first)
-        return d
+        message = str(((case.run or {}).get("first_failure") or {}).get("message") or "")
+        return _setup_diag(first, message), first
 
     # 2. the first failure explains itself
     if first and fbest and fbest.strength == CAUSE:
-        d = _hit_diag(first, fbest)
-        _finish(d, case, first)
-        return d
+        return _hit_diag(first, fbest), first
     if first and loose.best and loose.best.strength == CAUSE and fbest is None:
-        d = _hit_diag(first, loose.best)  # an srun log without labels: one traceback
-        _finish(d, case, first)
-        return d
+        return _hit_diag(first, loose.best), first  # an srun log without labels: one traceback
     # 3. a death by signal
     if first:
         sig = catalog.signal_of(first.exit_code, first.signal)
@@ -531,9 +517,7 @@ def _decide(case: Case) -> Diagnosis:
             evidence = [f"{_who(first)}: {catalog.exit_meaning(first.exit_code, sig)}"]
             evidence += [h.line.raw for h in (first.finding.hits if first.finding else [])][:2]
             evidence += [f"last line: {ln}" for ln in _last_lines(first, 2)]
-            d = Diagnosis(cat, summary, first.rank, first.node, evidence, log=first.log)
-            _finish(d, case, first)
-            return d
+            return Diagnosis(cat, summary, first.rank, first.node, evidence, log=first.log), first
     # 4. the earliest cause in any rank's log
     causes = [u for u in case.units if u.finding and u.finding.best
               and u.finding.best.strength == CAUSE
@@ -543,13 +527,9 @@ def _decide(case: Case) -> Diagnosis:
                                        else 1 << 30, x.ended_at or NO_TS, x.rank or 0))  # fmt: skip
         best = u.finding.best if u.finding else None
         assert best is not None  # causes: units whose best hit is a CAUSE
-        d = _hit_diag(u, best)
-        _finish(d, case, u)
-        return d
+        return _hit_diag(u, best), u
     if loose.best and loose.best.strength == CAUSE:
-        d = _hit_diag(first, loose.best)
-        _finish(d, case, first)
-        return d
+        return _hit_diag(first, loose.best), first
     # 5. a collective timeout
     timed: list[tuple[Unit | None, Hit]] = []
     for u in case.units:
@@ -559,10 +539,8 @@ def _decide(case: Case) -> Diagnosis:
                 break
     timed += [(first, h) for h in loose.hits if h.category == "collective_timeout"][:1]
     if timed:
-        d, missing = _timeout_diag(case, timed)
-        root = next((u for u in case.units if d.rank is not None and u.rank == d.rank), None)
-        _finish(d, case, root, missing)
-        return d
+        d = _timeout_diag(case, timed)
+        return d, next((u for u in case.units if d.rank is not None and u.rank == d.rank), None)
     # 6. the exit code, and the last error-looking lines
     u = first or next((x for x in case.units if x.failed and id(x) not in victims), None)
     if u is None and case.units and not any_failed:
@@ -570,19 +548,13 @@ def _decide(case: Case) -> Diagnosis:
     if u is None:
         errors = [ln.raw for ln in loose.errors[-5:]]
         if not errors and not case.run:  # logs that show no failure at all
-            d = Diagnosis(None, f"no failure found in {case.source}")
-        else:
-            d = Diagnosis("unknown", "no failure found in what was read", evidence=errors)
-        _finish(d, case, None)
-        return d
+            return Diagnosis(None, f"no failure found in {case.source}"), None
+        return Diagnosis("unknown", "no failure found in what was read", evidence=errors), None
     if u.exit_code in (126, 127):
         text = f"{_who(u)}: {catalog.exit_meaning(u.exit_code)}"
-        d = Diagnosis("bad_command", text, u.rank, u.node, [text] + _last_lines(u), log=u.log)
-        _finish(d, case, u)
-        return d
+        return Diagnosis("bad_command", text, u.rank, u.node, [text] + _last_lines(u),
+                         log=u.log), u  # fmt: skip
     errors = [ln.raw for ln in (u.finding.errors if u.finding else [])][-5:] or _last_lines(u, 5)
     how = catalog.exit_meaning(u.exit_code, u.signal) if u.failed else "errors in its log"
-    d = Diagnosis("unknown", f"{_who(u)} failed first ({how}); no known cause in its log",
-                  u.rank, u.node, errors, log=u.log)  # fmt: skip
-    _finish(d, case, u)
-    return d
+    return Diagnosis("unknown", f"{_who(u)} failed first ({how}); no known cause in its log",
+                     u.rank, u.node, errors, log=u.log), u  # fmt: skip

@@ -38,6 +38,7 @@ SILENT_GAP_S = 2.0  # a rank silent this much longer than every other went silen
 HABIT_EVENTS = 3  # a rank progressed this many times before its silence can be judged
 HABIT_FACTOR = 3.0  # ... and was quiet this many times its usual gap
 STOPPED = re.compile(r"^# state stopped\s*$", re.M)
+STOPPED_TEXT = ", stopped (SIGSTOP or a debugger)"
 # The stack files (and hang.json's names) of an attempt: a rank can write the folder, so a
 # name that is none of these (rank-², rank-x.txt) is no rank.
 NAME = re.compile(r"^(rank|node)-(0|[1-9][0-9]{0,6})$")
@@ -127,11 +128,7 @@ def parse(text: str) -> tuple[str, list[Frame]]:
             continue
         if not threads:
             continue
-        f = FH_FRAME.match(raw)
-        if f:
-            threads[-1][1].append(Frame(f["func"], f["file"], int(f["line"])))
-            continue
-        f = PY_FRAME.match(raw)
+        f = FH_FRAME.match(raw) or PY_FRAME.match(raw)
         if f:
             threads[-1][1].append(Frame(f["func"], f["file"], int(f["line"])))
             continue
@@ -369,7 +366,7 @@ def _grouped(ranks: list[RankStack], total: int) -> tuple[list[str], set[str]]:
         native = ""
         if members[0].native and what not in COLLECTIVES and "::" in members[0].native:
             native = f" [native: {members[0].native}]"
-        state = ", stopped (SIGSTOP or a debugger)" if halted else ""  # the first group too
+        state = STOPPED_TEXT if halted else ""  # the first group too
         if i == 0 and len(ordered) > 1 and len(members) == 1:
             parts.append(f"{members[0].label} waits in {what}{at}{native}{state}")
         elif i == 0 and len(ordered) > 1:
@@ -426,9 +423,6 @@ def _clean(raw: Any, path: Path) -> dict[str, Any] | None:
     if not isinstance(raw, dict):
         return None
 
-    def num(key: str) -> float | None:
-        return _field(raw, key)
-
     def names(key: str) -> list[str]:
         value = raw.get(key)
         if not isinstance(value, list):
@@ -439,11 +433,11 @@ def _clean(raw: Any, path: Path) -> dict[str, Any] | None:
         made = path.stat().st_mtime
     except OSError:
         made = time.time()
-    detected = num("detected_at")
+    detected = _field(raw, "detected_at")
     detected = made if detected is None else detected
-    last = num("last_progress")
+    last = _field(raw, "last_progress")
     last = detected if last is None else min(last, detected)
-    timeout = num("hang_timeout")
+    timeout = _field(raw, "hang_timeout")
     action = raw.get("action")
     habits = raw.get("habits")
     return {**raw, "detected_at": detected, "last_progress": last,
@@ -472,8 +466,10 @@ def _silent(
 def hang_lines(adir: Path) -> list[str]:
     """Two lines: the grouping, and where the stacks are."""
     h = read(adir)
-    if h is None:
-        return []
+    return _lines(h) if h is not None else []
+
+
+def _lines(h: Hang) -> list[str]:
     action = h.info["action"]
     silent = h.info["detected_at"] - h.info["last_progress"]
     limit = h.info["hang_timeout"]
@@ -498,7 +494,7 @@ def grouped_text(ranks: list[RankStack], texts: dict[str, str]) -> str:
         if first.method == "none":  # what was tried, and py-spy's own reason
             out += [f"== {_names(members)}: no stacks: {first.why}", ""]
             continue
-        state = ", stopped (SIGSTOP or a debugger)" if first.stopped else ""
+        state = STOPPED_TEXT if first.stopped else ""
         out.append(f"== {_names(members)} ({first.method}{state}): in {first.what}"
                    + (f" ({first.where})" if first.where else ""))  # fmt: skip
         body = [ln for ln in texts.get(first.name, "").splitlines() if not ln.startswith("# ")]
@@ -515,10 +511,10 @@ def for_run(run: dict[str, Any]) -> dict[str, Any] | None:
     h = read(adir)
     if h is None or h.info.get("action") == "warn":
         return None
-    evidence = hang_lines(adir)[1:]
+    evidence = _lines(h)[1:]
     for r in h.ranks:
         native = f" [native: {r.native}]" if r.native else ""
-        state = ", stopped (SIGSTOP or a debugger)" if r.stopped else ""
+        state = STOPPED_TEXT if r.stopped else ""
         how = f"stacks by {r.method}" if r.method != "none" else f"no stacks: {r.why}"
         evidence.append(f"{r.label}: in {r.what} ({r.where or '?'}){native}{state}, {how}, "
                         f"silent for {_human(r.silent or 0.0)}")  # fmt: skip
@@ -530,7 +526,5 @@ def for_run(run: dict[str, Any]) -> dict[str, Any] | None:
 
 def warned_lines(run_dir: str, attempt: int) -> list[str]:
     """The hang an attempt that goes on reported (on_hang: warn), for `treb status`."""
-    adir = Path(run_dir) / f"attempt-{attempt}"
-    info = _clean(read_json(str(adir / "hang.json")), adir / "hang.json")
-    action = info["action"] if info is not None else None
-    return [f"warning: {line}" for line in hang_lines(adir)] if action == "warn" else []
+    h = read(Path(run_dir) / f"attempt-{attempt}")
+    return [f"warning: {line}" for line in _lines(h)] if h and h.info["action"] == "warn" else []

@@ -46,24 +46,18 @@ class LogLine:
 
 def parse_ts(text: str) -> float | None:
     """Seconds since the epoch for an ISO or glog timestamp near the line's start."""
-    m = ISO_TS.search(text[:64])
-    if m:
+    if m := ISO_TS.search(text[:64]):
         y, mo, d, h, mi, s, frac = m.groups()
-        try:
-            base = time.mktime((int(y), int(mo), int(d), int(h), int(mi), int(s or 0), 0, 0, -1))
-        except (OverflowError, ValueError):
-            return None
-        return base + (float(f"0.{frac}") if frac else 0.0)
-    m = GLOG_TS.match(text)
-    if m:  # glog has no year: this year's, good enough to order lines
+    elif m := GLOG_TS.match(text):  # glog has no year: this year's, good enough to order lines
         mo, d, h, mi, s, frac = m.groups()
-        year = time.localtime().tm_year
-        try:
-            base = time.mktime((year, int(mo), int(d), int(h), int(mi), int(s), 0, 0, -1))
-        except (OverflowError, ValueError):
-            return None
-        return base + (float(f"0.{frac[:6]}") if frac else 0.0)
-    return None
+        y, frac = str(time.localtime().tm_year), (frac or "")[:6]
+    else:
+        return None
+    try:
+        base = time.mktime((int(y), int(mo), int(d), int(h), int(mi), int(s or 0), 0, 0, -1))
+    except (OverflowError, ValueError):
+        return None
+    return base + (float(f"0.{frac}") if frac else 0.0)
 
 
 def parse(raw: str, pos: int = 0, srun_labels: bool = False) -> LogLine:

@@ -45,10 +45,6 @@ class Scan:
     lines: list[str] = field(default_factory=list)
     last_lines: list[str] = field(default_factory=list)  # the file's final lines
 
-    @property
-    def complete(self) -> bool:
-        return self.start == 0
-
 
 def _keyword_starts(low: bytes) -> set[int]:
     """Offsets of the lines holding a keyword (lines cut at the chunk's start start at 0)."""

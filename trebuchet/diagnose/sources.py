@@ -143,6 +143,13 @@ def _scan_lines(path: Path, srun_labels: bool | None = None) -> tuple[list[LogLi
     return [parse(t, i, srun_labels) for i, t in enumerate(sc.lines)], sc.last_lines
 
 
+def _outcome_unit(o: dict[str, Any], log: Path, **known: Any) -> Unit:
+    """A process as its outcome record (rank-N.json, node-N.json) tells it."""
+    return Unit(exit_code=o.get("exit_code"), signal=o.get("signal"), ended_at=o.get("ended_at"),
+                stopped_by_launcher=bool(o.get("stopped_by_launcher")), log=str(log),
+                **known)  # fmt: skip
+
+
 def _unit(units: dict[int, Unit], rank: int) -> Unit:
     if rank not in units:
         units[rank] = Unit(rank=rank)
@@ -375,10 +382,6 @@ def log_dir(root: Path) -> Case:
 OUTCOME = re.compile(r"^(rank|node|lost)-(\d+)\.json$")  # lost: a node lost
 
 
-def _read_json(path: Path) -> Any:
-    return read_json(str(path))
-
-
 def is_run_dir(path: Path) -> bool:
     """A trebuchet run directory (a Slurm run sbatch refused has no attempts, but its
     job.json and events.jsonl)."""
@@ -388,9 +391,19 @@ def is_run_dir(path: Path) -> bool:
     return any((path / m).is_file() for m in marks) or any(path.glob("attempt-*/"))
 
 
+def _outcomes(adir: Path) -> dict[str, dict[str, Any]]:
+    """The attempt's outcome records by name (rank-3, node-0, lost-1)."""
+    outcomes = {}
+    for p in sorted(adir.glob("*.json")) if adir.is_dir() else []:
+        data = read_json(str(p)) if OUTCOME.match(p.name) else None
+        if isinstance(data, dict):
+            outcomes[p.stem] = data
+    return outcomes
+
+
 def _job(run_dir: Path) -> dict[str, Any]:
     """The run's job file (job.json), {} when absent or not an object."""
-    job = _read_json(run_dir / "job.json")
+    job = read_json(str(run_dir / "job.json"))
     return job if isinstance(job, dict) else {}
 
 
@@ -500,12 +513,7 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
     case.run["gpus"] = _gpus(run_dir, job)
     launcher = run.get("launcher") or job.get("launcher", "native")
     ppn = int(run.get("procs_per_node") or job.get("ppn") or 1)
-    outcomes: dict[str, dict[str, Any]] = {}
-    for p in sorted(adir.glob("*.json")) if adir.is_dir() else []:
-        if OUTCOME.match(p.name):
-            data = _read_json(p)
-            if isinstance(data, dict):
-                outcomes[p.stem] = data
+    outcomes = _outcomes(adir)
     for row in procs or []:
         if row.get("attempt", attempt) != attempt:
             continue
@@ -524,10 +532,8 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
             sub = merged_log(adir / f"{name}.log", node_hint=str(node))
             case.events += sub.events
             case.unattributed += sub.unattributed
-            agent = Unit(rank=None, node=str(node), exit_code=o.get("exit_code"),
-                         signal=o.get("signal"), ended_at=o.get("ended_at"),
-                         stopped_by_launcher=o.get("stopped_by_launcher"),
-                         log=str(adir / f"{name}.log"), label=f"node {node}")  # fmt: skip
+            agent = _outcome_unit(o, adir / f"{name}.log", rank=None, node=str(node),
+                                  label=f"node {node}")  # fmt: skip
             ranks = [u for u in sub.units if u.rank is not None]
             if launcher == "torchrun":
                 for lr in range(ppn):
@@ -556,13 +562,9 @@ def run_case(run: dict[str, Any], procs: list[dict[str, Any]] | None = None) -> 
             log = adir / f"{name}.log"
             lines, last = _scan_lines(log, srun_labels=False)
             host = o.get("host") or (None if o.get("node") is None else str(o["node"]))
-            units.append(Unit(
-                rank=o.get("rank"), node=host,
-                local_rank=o.get("local_rank"), exit_code=o.get("exit_code"),
-                signal=o.get("signal"), ended_at=o.get("ended_at"),
-                stopped_by_launcher=bool(o.get("stopped_by_launcher")), log=str(log),
-                lines=lines, last_lines=last, label=o.get("label"),
-            ))  # fmt: skip
+            units.append(_outcome_unit(o, log, rank=o.get("rank"), node=host,
+                                       local_rank=o.get("local_rank"), lines=lines,
+                                       last_lines=last, label=o.get("label")))  # fmt: skip
         # SkyPilot and Kubernetes keep the records on their nodes: their ranks' logs come
         # back without them (backends/node_logs.py), and are read all the same
         for log in sorted(adir.glob("rank-*.log")) if adir.is_dir() else []:
@@ -621,10 +623,8 @@ def _unstarted(
             continue
         log = adir / f"{name}.log"
         lines, last = _scan_lines(log)
-        out.append(Unit(rank=None, node=str(node), exit_code=o.get("exit_code"),
-                        signal=o.get("signal"), ended_at=o.get("ended_at"),
-                        stopped_by_launcher=bool(o.get("stopped_by_launcher")), log=str(log),
-                        lines=lines, last_lines=last, label=f"node {node}"))  # fmt: skip
+        out.append(_outcome_unit(o, log, rank=None, node=str(node), lines=lines,
+                                 last_lines=last, label=f"node {node}"))  # fmt: skip
     return out
 
 
@@ -645,11 +645,8 @@ def run_dir_case(path: Path) -> Case:
     attempts = sorted(int(p.name.split("-")[1]) for p in path.glob("attempt-*") if p.is_dir())
     attempt = attempts[-1] if attempts else 0
     first: dict[str, Any] | None = None
-    for p in (path / f"attempt-{attempt}").glob("*.json"):
-        o = _read_json(p)
-        if not (OUTCOME.match(p.name) and isinstance(o, dict) and o.get("exit_code")):
-            continue
-        if o.get("stopped_by_launcher"):
+    for o in _outcomes(path / f"attempt-{attempt}").values():
+        if not o.get("exit_code") or o.get("stopped_by_launcher"):
             continue
         if first is None or (o.get("ended_at") or 0) < (first.get("ended_at") or 0):
             first = {**o, "attempt": attempt}

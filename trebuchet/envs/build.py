@@ -109,23 +109,15 @@ def _build_venv(r: Recipe, prefix: Path, log: IO[str]) -> None:
     else:
         python = python_executable(r.python) or sys.executable
         _step([python, "-m", "venv", str(prefix)], log, "python -m venv")
-        pip = [
-            str(prefix / "bin" / "python"),
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-        ]
+        venv_python = str(prefix / "bin" / "python")
+        pip = [venv_python, "-m", "pip", "install", "--disable-pip-version-check"]
     if r.requirements_file:
         _step([*pip, "-r", r.requirements_file], log, "installing requirements", env)
     if r.requirements:
         _step([*pip, *r.requirements], log, "installing requirements", env)
     if r.setup:
-        act = {
-            **os.environ,
-            "VIRTUAL_ENV": str(prefix),
-            "PATH": f"{prefix}/bin:{os.environ.get('PATH', '')}",
-        }
+        path = f"{prefix}/bin:{os.environ.get('PATH', '')}"
+        act = {**os.environ, "VIRTUAL_ENV": str(prefix), "PATH": path}
         _step(["bash", r.setup], log, f"setup script {r.setup}", act)
 
 

@@ -23,7 +23,6 @@ class GpuError(ValueError):
 
 def detect() -> tuple[str, list[str]]:
     """(vendor, device ids) of this machine; the one place that asks the hardware.
-
     TREB_FAKE_GPUS=vendor:count stands in for hardware that cannot exist on a test
     machine (it is how the tests exercise masks without a GPU)."""
     fake = os.environ.get("TREB_FAKE_GPUS")

@@ -13,7 +13,7 @@ from typing import Any
 
 from trebuchet.errors import UserError
 from trebuchet.importers.common import ImportResult, env_or_secret, to_name
-from trebuchet.importers.yamlsrc import line_of, read_mapping
+from trebuchet.importers.yamlsrc import locator, read_mapping
 
 ACCEL = re.compile(r"GPU_(\d+)x([A-Za-z0-9_-]+)", re.IGNORECASE)
 
@@ -22,10 +22,7 @@ def import_file(path: str | Path, **_: object) -> ImportResult:
     p, loc, data = read_mapping(path, "an AI Runtime workload")
     res = ImportResult("air", str(p))
     spec = res.spec
-
-    def at(*keys: Any) -> int | None:
-        return line_of(loc, *keys)
-
+    at = locator(loc)
     for key, value in data.items():
         if key == "experiment_name":
             spec["name"] = to_name(value)
@@ -101,9 +98,7 @@ def _compute(value: Any, res: ImportResult, at, p: Path) -> None:
             f"accelerator_type {kind}: skypilot.accelerators {m.group(2)}:{per_node} "
             "(the GPU model is kept there only)",
         )
-    for k in value:
-        if k not in ("num_accelerators", "accelerator_type"):
-            res.drop(at("compute", k), f"compute.{k}", "no spec field for it")
+    res.drop_unknown(value, ("num_accelerators", "accelerator_type"), at, "compute")
 
 
 def _environment(value: Any, res: ImportResult, at) -> None:
@@ -130,17 +125,9 @@ def _code_source(value: Any, res: ImportResult, at, p: Path) -> None:
         snap = value.get("snapshot")
         if isinstance(snap, dict):
             root = snap.get("root_path")
-        for k in value:
-            if k not in ("type", "snapshot"):
-                res.drop(at("code_source", k), f"code_source.{k}", "no spec field for it")
+        res.drop_unknown(value, ("type", "snapshot"), at, "code_source")
         if isinstance(snap, dict):
-            for k in snap:
-                if k != "root_path":
-                    res.drop(
-                        at("code_source", "snapshot", k),
-                        f"code_source.snapshot.{k}",
-                        "no spec field for it",
-                    )
+            res.drop_unknown(snap, ("root_path",), at, "code_source", "snapshot")
     if root is None:
         res.drop(at("code_source"), "code_source", "only snapshot.root_path is understood")
         return

@@ -7,6 +7,7 @@ like secrets are masked in every note, and secret values never reach the spec.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,26 +125,10 @@ class Fragments:
 
 PLACEHOLDER = re.compile(r"<[A-Za-z][A-Za-z0-9_ .:|-]*>")
 SPEC_ORDER = (
-    "name",
-    "command",
-    "workdir",
-    "launcher",
-    "nodes",
-    "procs_per_node",
-    "gpus_per_node",
-    "master_port",
-    "env",
-    "secrets",
-    "environment",
-    "retries",
-    "timeout",
-    "timeout_warning",
-    "checkpoint_signal",
-    "profile",
-    "slurm",
-    "skypilot",
-    "kubernetes",
-)
+    "name", "command", "workdir", "launcher", "nodes", "procs_per_node", "gpus_per_node",
+    "master_port", "env", "secrets", "environment", "retries", "timeout", "timeout_warning",
+    "checkpoint_signal", "profile", "slurm", "skypilot", "kubernetes",
+)  # fmt: skip
 
 
 def read_text(p: Path, what: str, max_bytes: int = 1 << 20) -> str:
@@ -166,6 +151,16 @@ def read_text(p: Path, what: str, max_bytes: int = 1 << 20) -> str:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise UserError(f"{p}:{line}: not UTF-8 text: not {what}") from None
+
+
+def bash_syntax(text: str) -> str | None:
+    """What bash -n says of `text` (its first problem is named by line); None when bash
+    reads it whole."""
+    import subprocess  # here: only `treb import sbatch` runs bash
+
+    done = subprocess.run(["bash", "--noprofile", "--norc", "-n"], input=text,
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    return done.stderr.strip() if done.returncode else None
 
 
 def as_text(text: str) -> str:
@@ -212,6 +207,12 @@ class ImportResult:
     def note(self, line: int | None, text: str) -> None:
         """Record how something was carried when it is not a one-to-one mapping."""
         self.notes.append(Note(line, text, NOTE))
+
+    def drop_unknown(self, block: dict, known: Collection[str], at: Any, *path: Any) -> None:
+        """Each key of `block` (at `path`) that is not `known`: named as not carried."""
+        for k in block:
+            if k not in known:
+                self.drop(at(*path, k), ".".join(map(str, (*path, k))), "no spec field for it")
 
     def add_secret(self, name: str, value: str | None = None) -> None:
         secrets = self.spec.setdefault("secrets", [])

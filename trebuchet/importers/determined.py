@@ -16,7 +16,7 @@ from typing import Any
 
 from trebuchet.errors import UserError
 from trebuchet.importers.common import ImportResult, env_or_secret, to_name
-from trebuchet.importers.yamlsrc import line_of, read_mapping
+from trebuchet.importers.yamlsrc import locator, read_mapping
 
 LAUNCH = {
     "determined.launch.horovod": "horovod",
@@ -34,10 +34,7 @@ def import_file(path: str | Path, **_: object) -> ImportResult:
     p, loc, data = read_mapping(path, "a Determined experiment config")
     res = ImportResult("determined", str(p))
     spec = res.spec
-
-    def at(*keys: Any) -> int | None:
-        return line_of(loc, *keys)
-
+    at = locator(loc)
     for key, value in data.items():
         if key == "name":
             spec["name"] = to_name(value)

@@ -15,23 +15,12 @@ from typing import Any
 
 from trebuchet.errors import UserError
 from trebuchet.importers.common import ImportResult, to_name
-from trebuchet.importers.yamlsrc import line_of, read_located
+from trebuchet.importers.yamlsrc import locator, read_located
 
 USED = {
-    "name",
-    "tags",
-    "scripts",
-    "n_gpus",
-    "conda_env",
-    "python_version",
-    "requirements_file",
-    "setup_script",
-    "environment_file",
-    "distributed",
-    "timeout",
-    "args",
-    "multiple_results",
-}
+    "name", "tags", "scripts", "n_gpus", "conda_env", "python_version", "requirements_file",
+    "setup_script", "environment_file", "distributed", "timeout", "args", "multiple_results",
+}  # fmt: skip
 # The resolved GPU count, as madengine exports it to the model script (seed 000): the
 # node's count where trebuchet sets TREB_NGPUS (the local engine: the mask's devices, or
 # every detected one with n_gpus -1), else the card's count.
@@ -78,10 +67,7 @@ def import_file(path: str | Path, tags: list[str] | None = None, **_: object) ->
     base, card = chosen[0]
     res = ImportResult("madengine", str(p))
     spec = res.spec
-
-    def at(*keys: Any) -> int | None:
-        return line_of(loc, *base, *keys)
-
+    at = locator(loc, *base)
     root = p.resolve().parent  # madengine resolves card paths from the MAD repository root
     name = str(card.get("name") or p.stem)
     spec["name"] = to_name(name)
@@ -183,7 +169,5 @@ def import_file(path: str | Path, tags: list[str] | None = None, **_: object) ->
         )
     elif multiple:
         res.drop(at("multiple_results"), f"multiple_results: {multiple}", "not a file name")
-    for k in card:
-        if k not in USED:
-            res.drop(at(k), k, "no spec field for it")
+    res.drop_unknown(card, USED, at)
     return res

@@ -185,12 +185,9 @@ def _setup(text: str, res: ImportResult, line: int | None) -> None:
     except ValueError:
         words = []
     pkgs = None
-    for start in (
-        ["pip", "install"],
-        ["pip3", "install"],
-        ["python", "-m", "pip", "install"],
-        ["uv", "pip", "install"],
-    ):
+    starts = (["pip", "install"], ["pip3", "install"], ["python", "-m", "pip", "install"],
+              ["uv", "pip", "install"])  # fmt: skip
+    for start in starts:
         if words[: len(start)] == start and all(not w.startswith("-") for w in words[len(start) :]):
             pkgs = words[len(start) :]
     if pkgs:

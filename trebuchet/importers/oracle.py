@@ -55,33 +55,12 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # script names, which sbatch.py passes, credentials as markers): names, not secrets.
 ENV_ALLOWED = ("USER", "LOGNAME", "LANG", "LANGUAGE", "TZ")  # and LC_*
 # /etc inside: copied from the host's, these names only (no shadow, munge, ssh keys).
-ETC_ALLOWED = tuple(
-    [
-        "passwd",
-        "group",
-        "hosts",
-        "hostname",
-        "host.conf",
-        "nsswitch.conf",
-        "resolv.conf",
-        "ld.so.cache",
-        "ld.so.conf",
-        "ld.so.conf.d",
-        "localtime",
-        "timezone",
-        "alternatives",
-        "bash.bashrc",
-        "profile",
-        "inputrc",
-        "os-release",
-        "debian_version",
-        "lsb-release",
-        "protocols",
-        "services",
-        "mime.types",
-        "environment",
-    ]
-)
+ETC_ALLOWED = (
+    "passwd", "group", "hosts", "hostname", "host.conf", "nsswitch.conf", "resolv.conf",
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "alternatives",
+    "bash.bashrc", "profile", "inputrc", "os-release", "debian_version", "lsb-release",
+    "protocols", "services", "mime.types", "environment",
+)  # fmt: skip
 # Files of the script's folder whose names say they hold credentials: absent from its
 # copy-on-write view (`source .env` is then kept as a setup line, run on the nodes).
 CREDENTIAL_FILES = (
@@ -112,12 +91,10 @@ SETUP_TOOLS = ("module", "ml", "spack", "conda", "mamba", "micromamba", "pip", "
 OTHER_TOOLS = ("nvidia-smi", "hostname", "uv", "enroot", "singularity", "apptainer", "docker")
 TOOLS = LAUNCHERS + PYTHONS + SLURM_TOOLS + SETUP_TOOLS + OTHER_TOOLS
 # Commands that start another by path (`env A=1 /usr/bin/python3 ...`): that one is recorded.
-WRAPPERS = ("env", "nice", "nohup", "stdbuf", "numactl", "taskset", "chrt", "ionice", "exec") + (
-    "command",
-    "time",
-    "setsid",
-    "unbuffer",
-)
+WRAPPERS = (
+    "env", "nice", "nohup", "stdbuf", "numactl", "taskset", "chrt", "ionice", "exec", "command",
+    "time", "setsid", "unbuffer",
+)  # fmt: skip
 # srun options that take no value (the rest take one): where the task's program starts.
 SRUN_FLAGS = (
     "exclusive overcommit quiet verbose contiguous no-kill oversubscribe label unbuffered "
@@ -637,7 +614,6 @@ def record(
     text: str | None = None,
 ) -> Recording:
     """Run `script` under bash in the sandbox; what its shims recorded.
-
     `passed`: variables taken from the importing shell (sbatch exports the submitting
     environment), secret markers included. `tasks`: `procid:nodeid:localid` of each srun
     task simulated. `text`: run this instead of the file's text (a template with its

@@ -24,6 +24,7 @@ from trebuchet.errors import UserError
 from trebuchet.importers.common import (
     Fragments,
     ImportResult,
+    bash_syntax,
     credential_kind,
     credential_spans,
     env_or_secret,
@@ -43,41 +44,16 @@ SILENT_IN_SUBST = ("scontrol", "hostname")  # simulated: they answer for the all
 IGNORED_ENV = {"PWD", "OLDPWD", "SHLVL", "_", "BASH_ENV", "TMPDIR", "CUDA_VISIBLE_DEVICES"}
 LAUNCHER_ENV = {*RANK_NAMES, *NODE_NAMES, "MASTER_ADDR"}
 TORCHRUN_VALUE = {
-    "nnodes",
-    "node-rank",
-    "nproc-per-node",
-    "master-addr",
-    "master-port",
-    "rdzv-backend",
-    "rdzv-endpoint",
-    "rdzv-id",
-    "rdzv-conf",
-    "max-restarts",
-    "monitor-interval",
-    "start-method",
-    "role",
-    "log-dir",
-    "redirects",
-    "tee",
-    "local-addr",
-    "local-ranks-filter",
-    "logs-specs",
-    "rdzv-timeout",
-    "event-log-handler",
-    "numa-binding",
-    "signals-to-handle",
-}
+    "nnodes", "node-rank", "nproc-per-node", "master-addr", "master-port", "rdzv-backend",
+    "rdzv-endpoint", "rdzv-id", "rdzv-conf", "max-restarts", "monitor-interval", "start-method",
+    "role", "log-dir", "redirects", "tee", "local-addr", "local-ranks-filter", "logs-specs",
+    "rdzv-timeout", "event-log-handler", "numa-binding", "signals-to-handle",
+}  # fmt: skip
 TORCHRUN_SHORT = {"r": "redirects", "t": "tee", "m": "module"}
 TORCHRUN_SET_BY_TREB = {
-    "nnodes",
-    "node-rank",
-    "master-addr",
-    "rdzv-endpoint",
-    "rdzv-backend",
-    "rdzv-id",
-    "rdzv-conf",
+    "nnodes", "node-rank", "master-addr", "rdzv-endpoint", "rdzv-backend", "rdzv-id", "rdzv-conf",
     "standalone",
-}
+}  # fmt: skip
 
 
 @dataclass
@@ -397,18 +373,13 @@ def _statement_end(lines: list[str], start: int) -> int:
     bash can read whole (continuations, multi-line quotes, the rest of an if block). Found
     with a few runs of bash -n (doubling the step, then halving it), never one per line:
     each reads the whole prefix (1 MiB at most), and 400 of them took minutes."""
-    import subprocess
-
     last = min(len(lines), start + 400)
 
     def parses(end: int) -> int:
         """`end` (past its continuation lines) when lines[:end] is whole bash, else 0."""
         while end < last and lines[end - 1].rstrip().endswith("\\"):
             end += 1  # bash reads a continuation at the end of its input as complete
-        done = subprocess.run(["bash", "--noprofile", "--norc", "-n"],
-                              input="\n".join(lines[:end]) + "\n", capture_output=True,
-                              text=True, timeout=30)  # fmt: skip
-        return end if done.returncode == 0 else 0
+        return end if bash_syntax("\n".join(lines[:end]) + "\n") is None else 0
 
     got = parses(start)
     if got:

@@ -14,7 +14,6 @@ import secrets
 import shlex
 import signal
 import string
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from trebuchet.importers.common import (
     Fragments,
     ImportResult,
     as_text,
+    bash_syntax,
     is_secret,
     mask,
     read_text,
@@ -32,51 +32,25 @@ from trebuchet.importers.common import (
 )
 
 MAX_BYTES = 1 << 20  # a batch script is a few KB; anything past 1 MiB is not one
+# sbatch/srun short options -> their long names.
 SHORT = {
-    "N": "nodes",
-    "n": "ntasks",
-    "t": "time",
-    "p": "partition",
-    "A": "account",
-    "J": "job-name",
-    "G": "gpus",
-    "c": "cpus-per-task",
-    "o": "output",
-    "e": "error",
-    "D": "chdir",
-    "C": "constraint",
-    "q": "qos",
-    "w": "nodelist",
-    "x": "exclude",
-    "a": "array",
-    "d": "dependency",
-    "m": "distribution",
-    "L": "licenses",
-    "M": "clusters",
-    "b": "begin",
-    "i": "input",
-    "k": "no-kill",
-    "O": "overcommit",
-    "H": "hold",
-    "s": "oversubscribe",
-    "W": "wait",
-    "Q": "quiet",
-    "v": "verbose",
-    "l": "label",
-    "u": "unbuffered",
-    "X": "disable-status",
-    "E": "preserve-env",
-    "Z": "no-allocate",
-    "h": "help",
-    "V": "version",
-    "K": "kill-on-bad-exit",
-    "r": "relative",
-}
+    "N": "nodes", "n": "ntasks", "t": "time", "p": "partition", "A": "account", "J": "job-name",
+    "G": "gpus", "c": "cpus-per-task", "o": "output", "e": "error", "D": "chdir",
+    "C": "constraint", "q": "qos", "w": "nodelist", "x": "exclude", "a": "array",
+    "d": "dependency", "m": "distribution", "L": "licenses", "M": "clusters", "b": "begin",
+    "i": "input", "k": "no-kill", "O": "overcommit", "H": "hold", "s": "oversubscribe",
+    "W": "wait", "Q": "quiet", "v": "verbose", "l": "label", "u": "unbuffered",
+    "X": "disable-status", "E": "preserve-env", "Z": "no-allocate", "h": "help", "V": "version",
+    "K": "kill-on-bad-exit", "r": "relative",
+}  # fmt: skip
 # Options that take no value: srun's (oracle.SRUN_FLAGS) and sbatch's own.
 FLAGS = set(oracle.SRUN_FLAGS.split()) | {
     "requeue", "no-requeue", "hold", "wait", "use-min-nodes", "spread-job", "parsable",
     "ignore-pbs", "no-shell",
 }  # fmt: skip
+# srun options the shape and the slurm: block take from the main srun (_shape, _finish).
+SRUN_SHAPE = ("nodes", "ntasks", "ntasks-per-node", "gpus-per-node", "gpus", "gres",
+              "cpus-per-task", "time", "partition", "account")  # fmt: skip
 # --signal's names and numbers trebuchet can send as checkpoint_signal.
 SIGNALS = {
     key: sig.name
@@ -154,17 +128,11 @@ def read_script(p: Path) -> str:
 PLACEHOLDER_WORD = re.compile(r"<[A-Za-z][A-Za-z0-9_.-]*>")
 
 
-def _syntax_error(text: str) -> str:
-    done = subprocess.run(["bash", "--noprofile", "--norc", "-n"], input=text,
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
-    return done.stderr.strip() if done.returncode else ""
-
-
 def _runnable(p: Path, text: str) -> tuple[str | None, dict[str, str]]:
     """bash -n: what bash itself cannot read is refused before anything runs. A template
     whose `<PLACEHOLDER>` words are what bash rejects runs with them replaced by markers
     (kept as written in the spec): (text to run instead, marker -> placeholder)."""
-    err = _syntax_error(text)
+    err = bash_syntax(text)
     if not err:
         return None, {}
     marks: dict[str, str] = {}
@@ -175,7 +143,7 @@ def _runnable(p: Path, text: str) -> tuple[str | None, dict[str, str]]:
         return marker
 
     swapped = PLACEHOLDER_WORD.sub(mark, text)
-    if marks and not _syntax_error(swapped):
+    if marks and not bash_syntax(swapped):
         return swapped, marks
     first = err.splitlines()[0]
     if first:
@@ -213,7 +181,7 @@ def import_file(path: str | Path, **_: object) -> ImportResult:
         st.srun_opts = work.srun_opts
         _shape(st, work.launcher, work.ppn, work.line or 0)
     if placeholders:
-        res.spec = _unmark(res.spec, placeholders)
+        res.spec = _strings(res.spec, lambda text: _unmark(text, placeholders))
         res.notes = [type(n)(n.line, _unmark(n.text, placeholders), n.kind) for n in res.notes]
     _finish(st)
     if work is not None:
@@ -221,17 +189,22 @@ def import_file(path: str | Path, **_: object) -> ImportResult:
     return res
 
 
-def _unmark(data, marks: dict[str, str]):
-    """Template placeholders back where their markers ended up."""
+def _strings(data, change: Callable[[str], str]):
+    """`data` (a spec's plain data) with `change` applied to every string value in it."""
     if isinstance(data, str):
-        for marker, text in marks.items():
-            data = data.replace(marker, text)
-        return re.sub(r"TREB\^PH\d*\^?", "<", data)  # one cut short in a note
+        return change(data)
     if isinstance(data, list):
-        return [_unmark(x, marks) for x in data]
+        return [_strings(x, change) for x in data]
     if isinstance(data, dict):
-        return {k: _unmark(v, marks) for k, v in data.items()}
+        return {k: _strings(v, change) for k, v in data.items()}
     return data
+
+
+def _unmark(text: str, marks: dict[str, str]) -> str:
+    """Template placeholders back where their markers ended up."""
+    for marker, placeholder in marks.items():
+        text = text.replace(marker, placeholder)
+    return re.sub(r"TREB\^PH\d*\^?", "<", text)  # one cut short in a note
 
 
 def _allocation(st: _Script) -> tuple[int, int, int]:
@@ -437,18 +410,7 @@ def _srun_options(st: _Script):
         opts, start = parse_options(args, stop_at_program=True)
         srun: dict[str, str | None] = {}
         for name, value, _ in opts:
-            if name in (
-                "nodes",
-                "ntasks",
-                "ntasks-per-node",
-                "gpus-per-node",
-                "gpus",
-                "gres",
-                "cpus-per-task",
-                "time",
-                "partition",
-                "account",
-            ):
+            if name in SRUN_SHAPE:
                 srun[name] = value
             elif name == "mpi":
                 res.spec.setdefault("slurm", {})["mpi"] = value
@@ -683,9 +645,9 @@ def _literal(spec: dict) -> None:
     there, and bash already did in srun's): a `${` in it is written `$${`, so treb's own
     `${VAR}` expansion leaves it as it was. slurm.setup is shell, run by the batch script."""
     slurm = spec.get("slurm", {})
-    for key, value in list(slurm.items()):
+    for key in slurm:
         if key != "setup":
-            slurm[key] = _escaped(value)
+            slurm[key] = _escaped(slurm[key])
     env = spec.get("environment", {})
     for key in ("image", "mounts"):
         if key in env:
@@ -693,11 +655,7 @@ def _literal(spec: dict) -> None:
 
 
 def _escaped(value):
-    if isinstance(value, str):
-        return value.replace("${", "$${")
-    if isinstance(value, list):
-        return [_escaped(v) for v in value]
-    return value
+    return _strings(value, lambda text: text.replace("${", "$${"))
 
 
 def _cpus(n: int | None, value: str | None, line: int, res: ImportResult) -> None:

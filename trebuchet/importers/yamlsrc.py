@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,11 @@ def read_mapping(path: str | Path, what: str) -> tuple[Path, Located, dict]:
     if not isinstance(loc.data, dict):
         raise UserError(f"{p}:1: {what} must be a mapping")
     return p, loc, loc.data
+
+
+def locator(loc: Located, *base: Any) -> Callable[..., int | None]:
+    """`at(*keys)`: the line of the key at `base + keys` (else its nearest located parent's)."""
+    return lambda *keys: line_of(loc, *base, *keys)
 
 
 def line_of(loc: Located, *path: Any) -> int | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from trebuchet.preflight.command import MAX_SCRIPT_BYTES, command_text, words
+from trebuchet.preflight.command import command_text, python_script, script_bytes, words
 from trebuchet.preflight.context import Context
 from trebuchet.preflight.findings import WARNING, Finding
 
@@ -25,15 +25,11 @@ def third_party_imports(ws: list[str], workdir: Path) -> list[str]:
     those the workdir itself holds."""
     import ast  # here: only engines whose nodes start bare read the script
 
-    script = next((w for w in ws if w.endswith(".py") and not w.startswith("-")), None)
-    if script is None:
-        return []
-    path = Path(script) if Path(script).is_absolute() else workdir / script
+    script = python_script(ws)
+    data = script_bytes(script, workdir) if script else None
     try:
-        if not path.is_file() or path.stat().st_size > MAX_SCRIPT_BYTES:
-            return []
-        tree = ast.parse(path.read_bytes())
-    except (OSError, SyntaxError, ValueError):
+        tree = ast.parse(data or b"")
+    except (SyntaxError, ValueError):
         return []
     found: list[str] = []
     for node in tree.body:

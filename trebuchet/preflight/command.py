@@ -52,25 +52,36 @@ def is_torchrun(name: str) -> bool:
     return name == "torchrun" or name.startswith("python -m torch.distributed")
 
 
+def script_bytes(word: str, workdir: Path) -> bytes | None:
+    """A script the command names (relative to the workdir); None: no file, or too big to
+    be a script."""
+    path = Path(word) if Path(word).is_absolute() else workdir / word
+    try:
+        if path.is_file() and path.stat().st_size <= MAX_SCRIPT_BYTES:
+            return path.read_bytes()
+    except OSError:
+        pass
+    return None
+
+
+def python_script(ws: list[str]) -> str | None:
+    """The command's Python script: its first `.py` word."""
+    return next((w for w in ws if w.endswith(".py") and not w.startswith("-")), None)
+
+
 def scripts(ws: list[str], workdir: Path) -> list[tuple[str, str]]:
     """(name, text) of the shell scripts in the workdir that the command runs."""
     out = []
     for w in ws:
-        if not w.endswith(".sh") or w.startswith("-"):
-            continue
-        path = Path(w) if Path(w).is_absolute() else workdir / w
-        try:
-            if path.is_file() and path.stat().st_size <= MAX_SCRIPT_BYTES:
-                out.append((w, path.read_text(errors="replace")))
-        except OSError:
-            continue
+        data = script_bytes(w, workdir) if w.endswith(".sh") and not w.startswith("-") else None
+        if data is not None:
+            out.append((w, data.decode(errors="replace")))
     return out
 
 
 def option(ws: list[str], names: tuple[str, ...]) -> str | None:
-    """The value of the last `--name V`, `--name=V`, `-name V` or `a.b.name=V` among `ws`.
-
-    Names with an underscore also match as Hydra-style `key.path.name=V` overrides."""
+    """The value of the last `--name V`, `--name=V`, `-name V` among `ws`; names with an
+    underscore also match as Hydra-style `key.path.name=V` overrides."""
     value = None
     for i, w in enumerate(ws):
         key, eq, val = w.partition("=")

@@ -10,10 +10,9 @@ command's Python script and its top-level imports; a script that turns it off is
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from trebuchet.preflight.bare_nodes import third_party_imports
-from trebuchet.preflight.command import MAX_SCRIPT_BYTES, command_text, words
+from trebuchet.preflight.command import command_text, python_script, script_bytes, words
 from trebuchet.preflight.context import Context
 from trebuchet.preflight.findings import WARNING, Finding
 
@@ -27,20 +26,6 @@ AUTO_REQUEUE_OFF = re.compile(r"auto_requeue\s*=\s*False")
 REQUEUE_SIGNAL = re.compile(r"requeue_signal\s*=\s*(?:signal\.)?(?:Signals\.)?(SIG[A-Z0-9]+)")
 
 
-def _script(ws: list[str], workdir: Path) -> str:
-    """The text of the command's Python script ('' when there is none to read)."""
-    script = next((w for w in ws if w.endswith(".py") and not w.startswith("-")), None)
-    if script is None:
-        return ""
-    path = Path(script) if Path(script).is_absolute() else workdir / script
-    try:
-        if path.is_file() and path.stat().st_size <= MAX_SCRIPT_BYTES:
-            return path.read_text(errors="replace")
-    except OSError:
-        pass
-    return ""
-
-
 def self_requeue(ctx: Context) -> list[Finding]:
     if not ctx.engine.slurm_environment:  # only Slurm's environment turns these handlers on
         return []
@@ -49,7 +34,9 @@ def self_requeue(ctx: Context) -> list[Finding]:
     found = [m for m in third_party_imports(ws, workdir) if m in TRAINERS]
     if not found:
         return []
-    text = _script(ws, workdir)
+    script = python_script(ws)
+    data = script_bytes(script, workdir) if script else None
+    text = data.decode(errors="replace") if data else ""
     if AUTO_REQUEUE_OFF.search(text):
         return []
     who, signal = TRAINERS[found[0]]

@@ -37,9 +37,7 @@ def _line(f: Finding) -> int:
 def preflight(
     loaded: LoadedSpec, engine: Backend, environ: Mapping[str, str] | None = None
 ) -> list[Finding]:
-    """The findings for `loaded` on `engine`: errors first, then by line.
-
-    Findings whose id is in the spec's `ignore_checks` are left out."""
+    """The findings for `loaded` on `engine` the spec does not silence, errors first."""
     ctx = Context(loaded, engine, os.environ if environ is None else environ)
     findings = all_findings(ctx)
     ignored = set(getattr(ctx.spec, "ignore_checks", None) or ())

@@ -58,7 +58,6 @@ def locality(
 ) -> str | None:
     """How the path `value` is node-local: '' (a local disk), 'home' (only when the home is
     not shared), 'container' (inside each node's own container), or None (it is not).
-
     `mounts` is None for a host path, else the (destination, source) mounts of the container
     the path is seen from; `cache` says the variable is a known cache (see CACHE_VARS)."""
     for marker in HOME_MARKERS:

@@ -1,12 +1,6 @@
-"""One finished run -> its result rows.
-
-The number comes from the spec's results CSV written during this run (in the run directory
-or where the ranks ran), else the ranks' `performance:` lines combined as `results.ranks`
-says, else the HuggingFace Trainer's train_samples_per_second. A row is SUCCESS only when
-the run succeeded and a number was found (table.status). The run's facts come from the
-store and the run directory (the commit recorded at submission, or the workdir's for older
-runs).
-"""
+"""One finished run -> its result rows. The number comes from the spec's results CSV
+written during this run, else the ranks' `performance:` lines combined as `results.ranks`
+says, else the HuggingFace Trainer's train_samples_per_second."""
 
 from __future__ import annotations
 
@@ -20,10 +14,11 @@ from trebuchet.results import parse, table
 from trebuchet.runtime.process.procs import hostname
 from trebuchet.runtime.rundir.records import read_json
 from trebuchet.runtime.rundir.regular import read_text
+from trebuchet.store.states import ACTIVE
+from trebuchet.view.follow import attempt_logs
 
 RANKS = ("rank0", "sum", "mean")
 DEFAULT_FILE = "results.csv"
-ACTIVE = ("PENDING", "RUNNING", "RETRYING")
 
 
 def options(spec: Any) -> tuple[str, str]:
@@ -74,15 +69,9 @@ def _git(workdir: str | None, created_at: float) -> str | None:
 
 def _rank_logs(adir: Path) -> dict[int, Path]:
     """rank-<r>.log of the attempt; node-<n>.log (the unit under launcher none) otherwise."""
-    for kind in ("rank", "node"):
-        found = {}
-        for p in adir.glob(f"{kind}-*.log"):
-            num = p.stem.split("-", 1)[1]
-            if num.isdigit():
-                found[int(num)] = p
-        if found:
-            return dict(sorted(found.items()))
-    return {}
+    logs = attempt_logs(adir)
+    kind = "rank" if any(k == "rank" for k, _, _ in logs) else "node"
+    return {num: path for k, num, path in logs if k == kind}
 
 
 def aggregate(values: dict[int, parse.Value], how: str) -> tuple[float, str, str] | None:

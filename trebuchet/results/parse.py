@@ -75,7 +75,6 @@ def _line(m: re.Match[bytes]) -> str:
 
 
 def performance(path: Path) -> Value | None:
-    """The first `performance: <number> <metric>` of a log."""
     m = _first(path, PERF, b"performance:")
     if not m or not math.isfinite(float(m["value"])):
         return None
@@ -112,5 +111,4 @@ def results_csv(path: Path) -> list[CsvRow]:
 
 
 def finite(v: float | None) -> float | None:
-    """v when it is a finite number, else None (inf, NaN: no value)."""
     return v if isinstance(v, (int, float)) and math.isfinite(v) else None

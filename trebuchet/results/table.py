@@ -100,11 +100,15 @@ def save(store: Any, run_id: str, rows: list[dict[str, Any]]) -> None:
             c.execute(f"INSERT INTO results ({names}) VALUES ({marks})", values)
 
 
+# The rows of runs still in the index: `treb rm` leaves a removed run's rows in the table.
+OF_RUNS = "SELECT results.* FROM results JOIN runs ON runs.id = results.run_id"
+
+
 def workloads(conn: sqlite3.Connection) -> list[tuple[str, int, float]]:
     """(workload, rows, latest created) of every workload with results, latest first."""
     ensure(conn)
     return [tuple(r) for r in conn.execute(
-        "SELECT workload, COUNT(*), MAX(created_at) FROM results GROUP BY workload "
+        f"SELECT workload, COUNT(*), MAX(created_at) FROM ({OF_RUNS}) GROUP BY workload "
         "ORDER BY MAX(created_at) DESC"
     ).fetchall()]  # fmt: skip
 
@@ -113,7 +117,7 @@ def of_workload(conn: sqlite3.Connection, workload: str, limit: int = 1000) -> l
     """One workload's rows, oldest first (a trend), the latest `limit` of them."""
     ensure(conn)
     rows = conn.execute(
-        "SELECT * FROM (SELECT * FROM results WHERE workload = ? ORDER BY created_at DESC, "
+        f"SELECT * FROM ({OF_RUNS} WHERE workload = ? ORDER BY results.created_at DESC, "
         "seq LIMIT ?) ORDER BY created_at, seq", (workload, int(limit)),
     ).fetchall()  # fmt: skip
     return [_row(r) for r in rows]

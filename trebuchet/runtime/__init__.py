@@ -1,11 +1,8 @@
 """The runtime every run carries to where it executes: the node agent and the job controller.
 
-Why a package of its own: the lifecycle of a node's ranks (start them with the contract's
-variables, own logs, outcome records, first failure stops the others, signals) and of a job
-(attempts, retries, log policies, time limit, requeue) is written once, here, and run by
-every engine. It is stdlib only and runs on Python >= 3.8, because it runs where trebuchet
-is not installed (a Slurm node, a container image): `treb` ships it into the run directory
-as one file, `treb-runtime-<version>-<hash>.pyz` (trebuchet/launcher/runtime_file.py).
+The life of a node's ranks and of a job is written once, here, for every engine. Stdlib
+only, Python >= 3.8: it runs where trebuchet is not installed, shipped as one file,
+`treb-runtime-<version>-<hash>.pyz` (trebuchet/launcher/runtime_file.py).
 
 Sub-packages by role (docs/architecture.md), each importing only those before it here:
 contracts (what processes hand each other), rundir (the run directory's files), process

@@ -1,11 +1,9 @@
 """Validated specs, remembered, so that `treb run` of a known spec starts without importing
 pydantic and building the models (0.1-0.2 s of a 0.3 s launch).
 
-An entry is used only when all validation read is unchanged: the spec's bytes and path, the
-overrides, the workdir, each expanded variable, trebuchet's code, Python and the installed
-packages, with no engine registered in this process. Failures are never cached; filesystem
-checks run on every load. A damaged entry is a miss, an unwritable cache only costs speed.
-Entries live in TREB_HOME/cache/specs (private); TREB_SPEC_CACHE=0 turns it off.
+An entry is used only when all validation read is unchanged (the spec's bytes and path,
+the overrides, the workdir, each expanded variable, trebuchet's code, Python and the
+installed packages). A damaged entry is a miss, an unwritable cache only costs speed.
 """
 
 from __future__ import annotations
@@ -46,15 +44,15 @@ class Recording(Mapping[str, str]):
 
 
 def _file_name(key: str) -> str:
-    """A checksum of the key names the entry's file; the entry holds the whole key, compared
-    in full (hashlib's OpenSSL alone takes longer to import than a lookup)."""
+    """A checksum of the key names the entry's file (hashlib's OpenSSL alone takes longer to
+    import than a lookup); the entry holds the whole key, compared in full."""
     data = key.encode("utf-8", "surrogatepass")
     return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}{len(data):x}.json"
 
 
 def _code_stamp() -> list[Any]:
-    """trebuchet's modules (name, size, mtime), the Python version, and the mtime of each
-    site-packages folder (installing or removing a package changes it)."""
+    """trebuchet's modules, the Python version, and the mtime of each site-packages folder
+    (installing or removing a package changes it)."""
     pkg = Path(__file__).resolve().parent.parent
     files = []
     for folder, dirs, names in os.walk(pkg):
@@ -82,9 +80,8 @@ def usable() -> bool:
 
 
 def always() -> bool:
-    """TREB_SPEC_CACHE=always: every spec loaded from a file is used as the cache gives it
-    back, even the first time (the test suite runs this way once, so the cached form is
-    tried by every test, not only by a second run)."""
+    """TREB_SPEC_CACHE=always: a spec is used as the cache gives it back even the first
+    time, so that the test suite tries the cached form in every test."""
     return os.environ.get("TREB_SPEC_CACHE") == "always"
 
 
@@ -118,9 +115,8 @@ def lookup(key: str, environ: Mapping[str, str]) -> dict[str, Any] | None:
 
 
 def _digest(salt: bytes, value: str | None) -> str | None:
-    """What the entry keeps of a variable it looked up: a salted digest, never the value (a
-    command's `$HF_TOKEN`, or any variable holding a credential, is read by validation; its
-    value must not reach disk). blake2b from _blake2: hashlib would load OpenSSL (3 ms)."""
+    """A salted digest of a variable validation read, never its value (it may hold a
+    credential). blake2b from _blake2: hashlib would load OpenSSL (3 ms)."""
     if value is None:
         return None
     from _blake2 import blake2b

@@ -1,10 +1,8 @@
 """A command that runs nothing: `command: ${cmd}` with cmd unset.
 
-The node's bash expands `command`, so one made only of unset references is an empty
-command that exits 0: a run SUCCEEDED in 0.0 s that ran nothing. Validation refuses it,
-with its file:line, when every variable it names is unset where trebuchet can tell: not in
-the spec's `env` or the submitting environment, not set by trebuchet in the rank, and not
-named by the spec's other shell lines (`slurm.setup` may export it).
+The node's bash expands `command`, so one made only of unset references exits 0: a run
+SUCCEEDED in 0.0 s that ran nothing. Validation refuses it when every variable it names is
+unset where trebuchet can tell (the spec's other shell lines may export it).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""YAML as people write it: block style, keys in the given order, multi-line strings as
-literal blocks (`|`). Used by the importers (a spec) and the Kubernetes render (manifests).
-And a command line as a comment line (`comment_words`): what `--print-spec` heads its spec
-with, which must stay one comment whatever the words hold."""
+"""YAML as people write it (the importers, the Kubernetes render), and a command line as
+one comment line (`--print-spec`'s head), whatever the words hold."""
 
 from __future__ import annotations
 
@@ -37,10 +35,8 @@ _NAMED = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r", "\x1b
 
 
 def shell_word(word: str) -> str:
-    """`word` quoted for bash, in printable characters only: shlex's quoting, or bash's
-    $'...' with escapes where the word holds a character that is not printable (ESC, any
-    line break YAML or an editor knows: \\r, \\v, \\f, U+0085, U+2028, U+2029; format
-    characters such as U+202E). A surrogate escape (a byte that was not UTF-8) is that byte."""
+    """`word` quoted for bash, in printable characters only: bash's $'...' with escapes
+    where the word holds a character that is not printable (ESC, U+2028, U+202E, ...)."""
     if word.isprintable():
         return shlex.quote(word)
     out = []
@@ -62,7 +58,6 @@ def shell_word(word: str) -> str:
 
 
 def comment_words(words: Iterable[str]) -> str:
-    """A command line as the text of one comment line: bash reads it back as the same
-    words, and no reader (YAML, an editor, a terminal) sees a line break or a control
-    character in it."""
+    """A command line as one comment line: bash reads it back as the same words, and no
+    reader (YAML, an editor, a terminal) sees a line break or a control character in it."""
     return " ".join(shell_word(w) for w in words)

@@ -55,8 +55,7 @@ def expand_tree(
     path: tuple = (),
 ) -> tuple[Any, list[tuple[tuple, str]]]:
     """Expand every string below `data` but the values at the `skip` paths (shell commands:
-    their $VARS are the node shell's business at run time; model.not_expanded() names
-    them); returns the new data and (path, error) pairs."""
+    their $VARS are the node shell's business); the new data and (path, error) pairs."""
     errors: list[tuple[tuple, str]] = []
     if path in skip:
         return data, errors

@@ -51,11 +51,9 @@ class LoadedSpec:
         return self.located.where(path) if self.located else self.source
 
     def refusal(self, field: str, why: str) -> UserError:
-        """An engine's refusal of a field (`skypilot.accelerators`), said as validation says
-        its errors: `file:line: field: why`, the line of the field or the `-o` that set it.
-        A field the file lacks is said where it would go: the line of its block, or the
-        file alone when the block is missing too (never the first line, `name:`, which
-        is not about it). The engines' one way to refuse a field (exit 2)."""
+        """An engine's refusal of a field, said as validation says its errors. A field the
+        file lacks is said where it would go: the line of its block, or the file alone
+        (never the first line, `name:`, which is not about it)."""
         path = tuple(field.split("."))
         if self.located is None:
             return UserError(f"{self.source}: {field}: {why}")
@@ -87,8 +85,8 @@ SCRIPTS = {".py": ("a Python script", "python"), ".sh": ("a shell script", "bash
 
 
 def not_a_spec(p: Path) -> str | None:
-    """The message for a script given where a spec belongs (`treb run train.py` read it as
-    YAML and answered "invalid YAML"): what it is and the smallest spec that runs it."""
+    """The message for a script given where a spec belongs: what it is and the smallest
+    spec that runs it."""
     kind = SCRIPTS.get(p.suffix.lower())
     if kind is None or not os.path.isfile(p):
         return None
@@ -109,11 +107,8 @@ def not_a_spec(p: Path) -> str | None:
 
 
 def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
-    """`key.sub=value` -> (("key", "sub"), value).
-
-    The value stays the text typed (validation converts "2" to an integer where one is
-    expected; env.LR=0.10 stays "0.10", name=0123 stays "0123"); only flow collections
-    ([a, b], {k: v}), quoted strings and null are read as YAML."""
+    """`key.sub=value` -> (("key", "sub"), value). The value stays the text typed
+    (env.LR=0.10 stays "0.10"); only flow collections, quoted strings and null are YAML."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip() or any(not p for p in key.strip().split(".")):
         raise UserError(f"-o {text}: expected key.sub=value")
@@ -157,9 +152,8 @@ def load_spec(
     data: dict | None = None,
     cached: bool = True,
 ) -> LoadedSpec:
-    """Load, expand, override and validate a spec from a file, YAML text or a dict (a file:
-    from the spec cache when it has this spec; `cached=False`: not looked up nor kept, as
-    for a sweep's points, which would crowd the cache out)."""
+    """Load, expand, override and validate a spec from a file, YAML text or a dict.
+    `cached=False`: not looked up nor kept (a sweep's points would crowd the cache out)."""
     environ = os.environ if environ is None else environ
     p = Path(path) if path is not None else None
     source = str(p) if p else "<spec>"
@@ -212,8 +206,7 @@ def _from_cache(entry: dict[str, Any], p: Path | None) -> LoadedSpec:
 def _placed(
     spec: Spec, p: Path | None, located: Located, resolved: str | None = None
 ) -> LoadedSpec:
-    """The validated spec with its folders; the workdir and the environment's files must
-    exist (checked on every load, cached or not)."""
+    """The validated spec with its folders, checked on every load, cached or not."""
     base = p.resolve().parent if p else Path.cwd()
     try:
         workdir = (base / spec.workdir).resolve()
@@ -224,7 +217,7 @@ def _placed(
         raise SpecError([f"{located.where(('workdir',))}: workdir: {workdir} is not a directory"])
     missing = [
         f"{located.where(field)}: {_dotted(field)}: {base / value} does not exist"
-        for field, value in _input_files(spec)
+        for field, value in input_files(spec)
         if not _is_file(base / value)
     ]
     if missing:
@@ -235,7 +228,7 @@ def _placed(
     )  # fmt: skip
 
 
-def _input_files(spec: Spec) -> list[tuple[tuple[str, ...], str]]:
+def input_files(spec: Spec) -> list[tuple[tuple[str, ...], str]]:
     """Files an environment is built from (relative to the spec file), by field."""
     env = spec.environment
     if env is None:

@@ -93,10 +93,10 @@ def allowed(text: str, description: str, expand: bool = True, **kw: Any) -> Any:
 
 
 def _compiled(pattern: str) -> re.Pattern[bytes]:
-    """A metrics pattern as the node agent compiles it (on bytes)."""
+    """A pattern as the node agent compiles it (on bytes)."""
     try:
         return re.compile(pattern.encode())
-    except re.error as exc:
+    except (re.error, OverflowError, RecursionError) as exc:  # a{10**20}; deep nests
         raise ValueError(f"{pattern!r} is not a valid regular expression: {exc}") from None
 
 
@@ -405,13 +405,8 @@ class Spec(Block, SpecFacts):
     @field_validator("checkpoint_pattern")
     @classmethod
     def _checkpoint_pattern(cls, v: str | None) -> str | None:
-        import re
-
         if v:
-            try:
-                re.compile(v.encode())
-            except (re.error, OverflowError, RecursionError) as exc:  # a{10**20}; deep nests
-                raise ValueError(f"{v!r} is not a valid regular expression: {exc}") from None
+            _compiled(v)
             from trebuchet.runtime.watch.marks import pattern_risk
 
             risk = pattern_risk(v)  # the agent runs it on every line a rank prints

@@ -1,7 +1,6 @@
-"""The spec's `notify:` webhooks (docs/notify.md): where a run's start, end, hang and log
-patterns are POSTed, signed with a key the spec names but never holds. Sent by the job
-controller (runtime/publish/webhooks.py); validated here, so a bad URL, an unknown event or a key
-written in the spec is refused before anything runs (file:line, exit 2)."""
+"""The spec's `notify:` webhooks (docs/notify.md), signed with a key the spec names but
+never holds. Sent by the job controller (runtime/publish/webhooks.py); validated here, so
+that a bad one is refused before anything runs."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""What the node agent's readers take from a spec, as plain data: `metrics.json`.
-
-The agent's one log reader feeds the metrics (runtime/watch/metric_reader.py) and the first rank's
-progress (runtime/watch/eta.py); its GPU sampler and the job controller's idle-GPU rule read
-runtime/watch/gpu.py's part. They all read one file, written at submission in the run directory
-(and, for the engines whose nodes have their own run directory, carried in the job file):
-the spec's `metrics:` block, plus `gpus` (gpus_per_node), `idle_gpu_timeout` (seconds)
-and `idle_gpu_action`, `checkpoint_pattern` and `straggler_threshold` (read by the agent's
-checkpoint lines and the job controller's straggler watch) where the spec sets them.
+"""What the node agent's readers take from a spec, as plain data: `metrics.json`, one file
+for the log reader, the GPU sampler, the idle-GPU rule and the straggler watch, written at
+submission (and carried in the job file for engines whose nodes have their own run dir).
 """
 
 from __future__ import annotations

@@ -42,11 +42,11 @@ def _workdir_line(workdir: str) -> str:
 def data(loaded: LoadedSpec, workdir: str | None = None) -> dict[str, Any]:
     """The resolved spec as data (also the run's spec.json, for readers that do not import
     yaml: the results)."""
-    from trebuchet.spec.load import _input_files
+    from trebuchet.spec.load import input_files
 
     out = loaded.spec.model_dump(mode="json")
     out["workdir"] = str(loaded.workdir) if workdir is None else workdir
-    for keys, value in _input_files(loaded.spec):  # absolute: `treb rerun` loads it from here
+    for keys, value in input_files(loaded.spec):  # absolute: `treb rerun` loads it from here
         node = out
         for key in keys[:-1]:
             node = node[key]

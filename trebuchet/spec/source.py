@@ -39,10 +39,9 @@ class Located:
         """`file:line` of `path`, or the `-o key=value` that set it."""
         p = tuple(path)
         while p:
-            if p in self.origins:
-                return self.origins[p]
-            if p in self.lines:
-                return f"{self.source}:{self.lines[p]}"
+            found = self.at(p)
+            if found is not None:
+                return found
             p = p[:-1]
         return f"{self.source}:{self.lines.get((), 1)}"
 

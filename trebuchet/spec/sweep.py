@@ -1,7 +1,6 @@
 """Sweeps as users write them: `--sweep -o env.LR=1e-3,3e-4 -o env.BS=32,64` or a `sweep:`
-block make the cross product, one run a point, grouped under one sweep id. Without
---sweep (Hydra's --multirun) a comma in an -o value is part of the value. How the points run
-is each engine's (the local driver: backends/local/sweep.py; Slurm: one job array).
+block make the cross product, one run a point. Without --sweep (Hydra's --multirun) a comma
+in an -o value is part of the value.
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ _SPLIT = re.compile(r"(?<!\\),")
 
 
 def point_text(point: dict[str, Any]) -> str:
-    """A sweep point as the user wrote it: `env.LR=0.1 env.BS=32` (not a Python dict);
-    a value with spaces or a list/mapping is shown as JSON."""
+    """A sweep point as the user wrote it: `env.LR=0.1 env.BS=32` (not a Python dict)."""
     shown = []
     for key, value in point.items():
         plain = isinstance(value, str) and value and not any(c.isspace() for c in value)

@@ -68,8 +68,7 @@ def _at(data: Any, path: tuple) -> Any:
 
 def cache_entry(loaded: LoadedSpec) -> dict[str, Any] | None:
     """What the spec cache keeps of a validated spec, or None when its frozen view could
-    differ from the models: a model from outside trebuchet (an installed engine's block,
-    whose methods frozen.py does not know), or a value that is not plain JSON."""
+    differ from the models (a model from outside trebuchet, a value not plain JSON)."""
     from trebuchet.spec.resolved import template
 
     models: dict[str, tuple[str, list[str]]] = {}

@@ -1,12 +1,8 @@
 """Runs that wait for runs (`treb run B.yaml --after RUN[:ok|:any]`, docs/cli.md).
 
 Why here, in store/: what a dependency means is read from the run index alone, whatever
-engine runs either side: B starts when every run it waits for has ended as asked (`ok`:
-SUCCEEDED; `any`: any end), and is CANCELLED with the reason (`dependency RUN failed`)
-as soon as one cannot. The waiting side is the local or ssh supervisor, polling the
-index (launcher/waiting.py), or Slurm itself between two Slurm jobs (`--dependency`, the
-sbatch script). B keeps its dependencies in `<run dir>/after.json` and, while it waits,
-in the index's `waiting` column, which `treb ps` and `treb status` show.
+engine runs either side. The waiting side is the local or ssh supervisor, polling the index
+(launcher/waiting.py), or Slurm itself between two Slurm jobs (`--dependency`).
 """
 
 from __future__ import annotations
@@ -27,8 +23,7 @@ Dep = dict[str, Any]  # {"run", "name", "when", "backend", "job"}
 
 
 def parse(store: Store, values: list[str]) -> list[Dep]:
-    """`--after` values (repeated, or comma lists) -> the runs waited for; UserError (exit
-    2) for an unknown run, a bad condition or too many."""
+    """`--after` values (repeated, or comma lists) -> the runs waited for."""
     deps: dict[str, Dep] = {}
     for value in values:
         for item in value.split(","):

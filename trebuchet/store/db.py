@@ -6,10 +6,8 @@ IMMEDIATE transaction, and a long busy timeout waits out writers instead of fail
 
 The index is only an index: each run directory holds its own records, so a damaged
 runs.db is reported (StoreDamaged, exit 2) and left as it is, never silently replaced by
-an empty one; `treb doctor --rebuild-index` (store/rebuild.py) moves it aside and rebuilds
-it from the run directories. Opening checks what is cheap: the file's header and size,
-and SQLite's quick_check while the file is small (QUICK_CHECK_MAX); a damaged page found
-later by a query is explained by explain() (the CLI calls it).
+an empty one; `treb doctor --rebuild-index` (store/rebuild.py) rebuilds it from the run
+directories. Opening checks only what is cheap.
 """
 
 from __future__ import annotations
@@ -159,9 +157,7 @@ class RunRecord:
 @record
 class RunFilter:
     """Which runs a listing wants (`treb ps`, `treb prune`); empty fields match everything.
-
-    name: exact, or a glob (`digits*`) when it holds * ? or [; since: created at or after
-    (epoch seconds); ended_before: ended (or, never started, created) before."""
+    name: exact, or a glob when it holds * ? or [."""
 
     states: Sequence[str] = ()
     name: str | None = None
@@ -176,21 +172,17 @@ class RunFilter:
         if self.states:
             clauses.append(f"state IN ({', '.join('?' * len(self.states))})")
             args += list(self.states)
-        if self.name is not None:
-            clauses.append("name GLOB ?" if any(c in self.name for c in "*?[") else "name = ?")
-            args.append(self.name)
-        if self.backend is not None:
-            clauses.append("backend = ?")
-            args.append(self.backend)
-        if self.since is not None:
-            clauses.append("created_at >= ?")
-            args.append(self.since)
-        if self.sweep_id is not None:
-            clauses.append("sweep_id = ?")
-            args.append(self.sweep_id)
-        if self.ended_before is not None:
-            clauses.append("COALESCE(ended_at, created_at) < ?")
-            args.append(self.ended_before)
+        glob = self.name is not None and any(c in self.name for c in "*?[")
+        for value, clause in (
+            (self.name, "name GLOB ?" if glob else "name = ?"),
+            (self.backend, "backend = ?"),
+            (self.since, "created_at >= ?"),
+            (self.sweep_id, "sweep_id = ?"),
+            (self.ended_before, "COALESCE(ended_at, created_at) < ?"),
+        ):
+            if value is not None:
+                clauses.append(clause)
+                args.append(value)
         return clauses, args
 
 
@@ -384,27 +376,10 @@ class Store:
                 if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                     self.conn.execute("PRAGMA journal_mode = WAL")
                 self.conn.execute("PRAGMA synchronous = NORMAL")
-                cols = {r[1] for r in self.conn.execute("PRAGMA table_info(runs)")}
-                if cols and not set(ADDED_COLUMNS) <= cols:  # a store made by an older build
-                    with self.transaction() as c:
-                        have = {r[1] for r in c.execute("PRAGMA table_info(runs)")}
-                        for name, kind in ADDED_COLUMNS.items():
-                            if name not in have:
-                                c.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
-                if not self.conn.execute(
-                    "SELECT 1 FROM sqlite_master WHERE name = 'procs'"
-                ).fetchone():
-                    with self.transaction() as c:
-                        for statement in SCHEMA.split(";"):
-                            if statement.strip():
-                                c.execute(statement)
-                cols = {r[1] for r in self.conn.execute("PRAGMA table_info(procs)")}
-                if not set(ADDED_PROC_COLUMNS) <= cols:  # procs of an older build
-                    with self.transaction() as c:
-                        have = {r[1] for r in c.execute("PRAGMA table_info(procs)")}
-                        for name, kind in ADDED_PROC_COLUMNS.items():
-                            if name not in have:
-                                c.execute(f"ALTER TABLE procs ADD COLUMN {name} {kind}")
+                self._add_columns("runs", ADDED_COLUMNS)
+                if not self.has_table("procs"):
+                    self.create_tables(SCHEMA)
+                self._add_columns("procs", ADDED_PROC_COLUMNS)
                 have = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master")}
                 if not {"runs_name"} <= have:
                     with self.transaction() as c:
@@ -416,6 +391,27 @@ class Store:
                     raise
                 time.sleep(0.05)
         raise UserError(f"{self.path}: database stayed locked")
+
+    def _add_columns(self, table: str, added: dict[str, str]) -> None:
+        """What a store made by an older build lacks."""
+        cols = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
+        if cols and not set(added) <= cols:
+            with self.transaction() as c:
+                have = {r[1] for r in c.execute(f"PRAGMA table_info({table})")}
+                for name, kind in added.items():
+                    if name not in have:
+                        c.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+
+    def has_table(self, name: str) -> bool:
+        sql = "SELECT 1 FROM sqlite_master WHERE name = ?"
+        return bool(self.conn.execute(sql, (name,)).fetchone())
+
+    def create_tables(self, schema: str) -> None:
+        """`schema`'s CREATE ... IF NOT EXISTS statements, in one transaction."""
+        with self.transaction() as c:
+            for statement in schema.split(";"):
+                if statement.strip():
+                    c.execute(statement)
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -437,22 +433,22 @@ class Store:
         data.pop("shape")
         for key in JSON_COLUMNS:
             data[key] = json.dumps(data[key]) if data[key] else None
-        cols = ", ".join(data)
-        marks = ", ".join(f":{k}" for k in data)
-        self.conn.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", data)
+        self.insert("runs", data)
+
+    def insert(self, table: str, row: dict[str, Any], how: str = "INSERT") -> None:
+        names, marks = ", ".join(row), ", ".join(f":{k}" for k in row)
+        self.conn.execute(f"{how} INTO {table} ({names}) VALUES ({marks})", row)
 
     def update_run(self, run_id: str, only_if_active: bool = False, **values: Any) -> bool:
         """Set columns of one run, but not its state (store/lifecycle.record writes that,
-        from an event); with only_if_active, a finished run is left alone. False when
-        nothing was written."""
+        from an event); with only_if_active, a finished run is left alone."""
         owned = sorted(set(values) & set(STATE_COLUMNS))
         if owned:
             raise ValueError(f"update_run: {owned} belong to store/lifecycle.record (an event)")
         return self.write_state(run_id, only_if_active, **values)
 
     def write_state(self, run_id: str, only_if_active: bool = False, **values: Any) -> bool:
-        """update_run for store/lifecycle.py alone: a new state only as runtime/contracts/schema.py
-        allows (a finished run keeps its end)."""
+        """update_run for store/lifecycle.py alone: a finished run keeps its end."""
         for key in JSON_COLUMNS:
             if values.get(key) is not None:
                 values[key] = json.dumps(values[key])
@@ -461,9 +457,7 @@ class Store:
         active = ", ".join(f"'{s}'" for s in sorted(ACTIVE))
         if only_if_active:
             sql += f" AND state IN ({active})"
-        elif (
-            "state" in values
-        ):  # only the moves runtime/contracts/schema.py allows: an end is final
+        elif "state" in values:  # an end is final
             sql += f" AND (state = :state OR state IN ({active}))"
         cur = self.conn.execute(sql, {**values, "_id": run_id})
         if cur.rowcount > 0 and values.get("state") == "LOST":
@@ -482,10 +476,8 @@ class Store:
 
     def resolve(self, ref: str | None) -> RunRecord:
         """A run by id, name (its latest run) or unique id prefix; None means the latest run.
-
-        An exact id wins, then a name, then a unique id prefix; a name that is also the
-        prefix of another run's id is refused as ambiguous (`treb rm 19` must never remove
-        run 19dd4b21 when the user meant the run named "19")."""
+        A name that is also the prefix of another run's id is refused as ambiguous (`treb rm
+        19` must never remove run 19dd4b21 when the user meant the run named "19")."""
         if ref is not None and not ref.strip():  # '' must never mean "the latest"
             raise UserError("an empty RUN names no run: give a run id, a prefix of one or a name")
         if ref is None:
@@ -571,8 +563,8 @@ class Store:
         offset: int = 0,
         limit: int = 100,
     ) -> tuple[builtins.list[RunRecord], int]:
-        """One page of runs and how many match, sorted and filtered in SQL (the dashboard:
-        10,000 runs cost one COUNT and one LIMIT query, never a full load)."""
+        """One page of runs and how many match, sorted and filtered in SQL: 10,000 runs cost
+        the dashboard one COUNT and one LIMIT query, never a full load."""
         clauses, args = (where or RunFilter()).sql()
         cond = (" WHERE " + " AND ".join(clauses)) if clauses else ""
         total = self.conn.execute(f"SELECT COUNT(*) FROM runs{cond}", args).fetchone()[0]
@@ -626,12 +618,10 @@ class Store:
         rows = [proc_row(r, attempt_ended) for r in records if isinstance(r.get("label"), str)]
         if not rows:
             return
-        with self.transaction() as c:
+        with self.transaction():
             for row in rows:
                 cols = {"run_id": run_id, "attempt": attempt, **row}
-                names = ", ".join(cols)
-                marks = ", ".join(f":{k}" for k in cols)
-                c.execute(f"INSERT OR REPLACE INTO procs ({names}) VALUES ({marks})", cols)
+                self.insert("procs", cols, "INSERT OR REPLACE")
 
     def metrics(
         self, run_id: str, names: Iterable[str] | None = None, rank: int | None = None

@@ -62,10 +62,8 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def refused_submission(event: dict[str, Any]) -> str | None:
-    """The reason of an event saying the engine refused the run's submission (so the run
-    ended FAILED before anything ran): `<name>_failed` with a `reason`, the engine's own name
-    (its submitting command's); `environment_failed` and `tracking_failed` carry an `error`
-    instead. None for any other event."""
+    """The reason of an event saying the engine refused the run's submission: `<name>_failed`
+    with a `reason` (`environment_failed` and `tracking_failed` carry an `error` instead)."""
     kind = str(event.get("event") or "")
     if kind.endswith("_failed") and event.get("reason") is not None:
         return str(event["reason"])

@@ -1,11 +1,7 @@
 """The one writer of a run's state: every change of it is an event in the run's own
 events.jsonl first, then the index follows that event, by the same rule a rebuilt index
 (store/rebuild.py) replays it with. So the index never knows a state its run directory
-does not, and no code but this module writes the state columns (Store.update_run refuses
-them; tests/fast/test_state_writer.py keeps it so).
-
-The events and the run and attempt states are runtime/contracts/schema.py's; `columns` says which
-run columns an event sets, `record` writes one.
+does not (tests/fast/test_state_writer.py keeps this the only writer).
 """
 
 from __future__ import annotations
@@ -57,12 +53,10 @@ def record(
     known: RunRecord | None = None,
     **fields: Any,
 ) -> bool:
-    """A run's state changes: `event` with `fields` goes into its events.jsonl, then the
-    index takes the columns it sets (and `index`: other columns of the same change, such
-    as the exit code) when the move is allowed. With only_if_active a finished run is left
-    alone and nothing is written. `known`: the run as the caller just read it (a refresh
-    of many runs saves a read each; the index's own guard still refuses a move a newer
-    state forbids, and a rebuild refuses it the same way). True when the index changed."""
+    """A run's state changes: `event` goes into its events.jsonl, then the index takes the
+    columns it sets (and `index`: other columns of the same change) when the move is
+    allowed. `known`: the run as the caller just read it (a refresh of many runs saves a
+    read each; the index's own guard still refuses a move a newer state forbids)."""
     when = fields.pop("time", None) or time.time()
     if reason:
         fields["reason"] = reason
@@ -99,9 +93,8 @@ def ended(
     when: float | None = None,
     **index: Any,
 ) -> bool:
-    """The run ended as a verb or its engine says (cancelled, refused, lost, followed to
-    its end): `state` with its reason, and attempt `attempt` closed with them when given
-    (a rank's own end is in its records). True when the index changed."""
+    """The run ended as a verb or its engine says, attempt `attempt` closed with it when
+    given (a rank's own end is in its records)."""
     when = when or time.time()
     done = record(store, run_id, event, index, reason=reason, time=when, state=state)
     if done and attempt is not None:
@@ -120,8 +113,7 @@ def follow(store: Store, run_id: str, state: str, reason: str | None = None) -> 
 
 def run_started(store: Store, run_id: str, **facts: Any) -> None:
     """RUNNING, supervised by this process (pid, start time and host: a rebuilt index then
-    knows the supervisor as the live one did, so a reused pid is never taken for it);
-    `facts` go into the event too (the cgroup). Every engine that supervises here calls it."""
+    knows the supervisor as the live one did, so a reused pid is never taken for it)."""
     me = os.getpid()
     now = time.time()
     record(store, run_id, "run_started", {"last_seen": now}, False, time=now, pid=me,

@@ -1,24 +1,15 @@
 """The runs' metrics in the store: ingested from the files the node agents write, bounded.
 
-The agents append points to `attempt-<n>/metrics/<rank-r|node-n>.jsonl` in the run
-directory (runtime/watch/metric_reader.py); never SQLite from a compute node. The submitting side
-reads what is new in each file (`metric_files` remembers the offset of the last whole
-line) when `treb metrics`, `treb status`, `treb top` or a refresh look at a run, and when
-an attached run ends, and keeps it in one table, `metrics` (run_id, name, step, value,
-time, rank), indexed by run and name.
+The agents append points to `attempt-<n>/metrics/*.jsonl` in the run directory: never
+SQLite from a compute node. The submitting side reads what is new in each file when a verb
+or a refresh looks at a run.
 
-Bounded: each series (run, name, rank) keeps at most `MAX_POINTS` rows, spread evenly
-over its history: the n-th point of a series is kept when n is a multiple of the series'
-stride, and the stride doubles (dropping every other kept row) whenever the rows would
-pass the cap. The last point of each series is kept apart (`metric_series`), so the last
-value is always exact. 10 million values of one series leave 4096 rows. A run keeps at
-most `MAX_NAMES` distinct names (runtime/watch/metric_reader.py): the values of later names are
-counted, not stored, and the first time the cap is hit the run's events.jsonl says so
-(`metrics_capped`). A name is stored as a terminal shows it
-(runtime/watch/display_lines.py `shown`: a lone surrogate, which SQLite refuses, as \\ud800;
-ESC as ^[). A value that is not a finite number is never stored (SQLite keeps NaN as NULL,
-and `inf` broke every reader): counted too. `dropped()` has both counts, for `treb metrics`
-and the run's summary; the readers skip what an older index stored.
+Bounded: each series (run, name, rank) keeps at most `MAX_POINTS` rows, spread evenly over
+its history (the stride doubles whenever the rows would pass the cap), its last point kept
+apart so that the last value is always exact. A run keeps at most `MAX_NAMES` names. A name
+is stored as a terminal shows it (SQLite refuses a lone surrogate). A value that is not a
+finite number is never stored (SQLite keeps NaN as NULL, and `inf` broke every reader).
+Values not kept are counted (`dropped()`).
 """
 
 from __future__ import annotations
@@ -82,23 +73,13 @@ Point = tuple[float, float, float]  # (step, value, time)
 
 
 def ensure(store: Store) -> None:
-    """Create the metrics tables (once per store; cheap when they exist; an index made
-    before metric_dropped existed gets it)."""
-    if _has(store, "metric_dropped"):
-        return
-    with store.transaction() as c:
-        for statement in SCHEMA.split(";"):
-            if statement.strip():
-                c.execute(statement)
+    """Create the metrics tables (cheap when they exist)."""
+    if not store.has_table("metric_dropped"):
+        store.create_tables(SCHEMA)
 
 
 def has_tables(store: Store) -> bool:
-    return _has(store, "metric_series")
-
-
-def _has(store: Store, table: str) -> bool:
-    sql = "SELECT 1 FROM sqlite_master WHERE name = ?"
-    return bool(store.conn.execute(sql, (table,)).fetchone())
+    return store.has_table("metric_series")
 
 
 def files(run_dir: str) -> list[tuple[str, int]]:
@@ -124,9 +105,8 @@ def files(run_dir: str) -> list[tuple[str, int]]:
 
 
 def _digits(text: str) -> bool:
-    """ASCII digits only, at most 9 of them: what the agents name their files (a path also
-    goes to SQLite, and the number into an INTEGER column: a file a rank planted as
-    `rank-<20 digits>.jsonl` is not the agent's, and is not read)."""
+    """ASCII digits only, at most 9 of them, as the agents name their files (the number goes
+    into an INTEGER column: a planted `rank-<20 digits>.jsonl` is not read)."""
     return text.isascii() and text.isdigit() and len(text) <= 9
 
 
@@ -136,7 +116,6 @@ class Series:
     stride: int = 1
     kept: int = 0
     last: Point | None = None
-    dirty: bool = False
 
 
 def ingest(store: Store, rec: RunRecord) -> int:
@@ -316,7 +295,7 @@ def _add(c: sqlite3.Connection, run_id: str, rank: int, points: dict[str, list[P
 def dropped(store: Store, run_id: str) -> dict[str, int]:
     """{"nonfinite": n, "names": n} of a run: values not stored, and why (0: none)."""
     out = {NONFINITE: 0, NAMES: 0}
-    if _has(store, "metric_dropped"):
+    if store.has_table("metric_dropped"):
         for what, n in store.conn.execute(
             "SELECT what, count FROM metric_dropped WHERE run_id = ?", (run_id,)
         ):
@@ -340,19 +319,9 @@ def series(
     store: Store, run_id: str, names: list[str] | None = None, rank: int | None = None
 ) -> dict[str, list[Point]]:
     """{name: [(step, value, time), ...]} of a run, oldest first, the last point exact.
-
-    rank None: for each name, the lowest rank that has it (rank 0 unless told otherwise).
-    Empty when nothing was ingested (or the store predates the metrics tables)."""
-    if not has_tables(store):
-        return {}
-    sql = "SELECT name, rank, last_step, last_value, last_time, seen FROM metric_series "
-    sql += "WHERE run_id = ?"
-    args: list[Any] = [run_id]
-    if rank is not None:
-        sql += " AND rank = ?"
-        args.append(rank)
+    rank None: for each name, the lowest rank that has it."""
     chosen: dict[str, tuple] = {}
-    for name, r, ls, lv, lt, seen in store.conn.execute(sql + " ORDER BY rank DESC", args):
+    for name, r, ls, lv, lt, seen in _series(store, run_id, rank):
         if names is None or name in names:
             chosen[name] = (r, (ls, lv, lt), seen)
     out: dict[str, list[Point]] = {}
@@ -379,18 +348,23 @@ def _point(p: tuple[Any, ...]) -> bool:
 def latest(store: Store, run_id: str, rank: int | None = None) -> dict[str, dict[str, Any]]:
     """The last point of each series of a run: {name: {step, value, time, rank, points}}
     (rank None: the lowest rank that has the name, as series())."""
-    if not has_tables(store):
-        return {}
-    sql = "SELECT name, rank, last_step, last_value, last_time, seen FROM metric_series "
-    sql += "WHERE run_id = ?" + (" AND rank = ?" if rank is not None else "")
-    args = (run_id,) if rank is None else (run_id, rank)
-    rows = store.conn.execute(sql + " ORDER BY rank DESC", args).fetchall()
     out = {
         name: {"step": s, "value": v, "time": t, "rank": r, "points": seen}
-        for name, r, s, v, t, seen in rows
+        for name, r, s, v, t, seen in _series(store, run_id, rank)
         if _point((s, v, t))
     }
     return dict(sorted(out.items()))
+
+
+def _series(store: Store, run_id: str, rank: int | None) -> list[tuple]:
+    """(name, rank, last step, value, time, points seen) of each series, the lowest rank
+    last (it wins); none when the store predates the metrics tables."""
+    if not has_tables(store):
+        return []
+    sql = "SELECT name, rank, last_step, last_value, last_time, seen FROM metric_series "
+    sql += "WHERE run_id = ?" + (" AND rank = ?" if rank is not None else "")
+    args = (run_id,) if rank is None else (run_id, rank)
+    return store.conn.execute(sql + " ORDER BY rank DESC", args).fetchall()
 
 
 def remove(store: Store, run_id: str) -> None:

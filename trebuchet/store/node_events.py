@@ -1,12 +1,8 @@
-"""What one run directory says about its nodes, for their history across runs (nodes.py):
-a node lost (`node_lost`), unhealthy (`node_unhealthy`), a straggler (`straggler`), or the
-host of an attempt's first failing rank whose log shows a hardware-like cause (NCCL, ECC,
-Xid, a Slurm node failure).
+"""What one run directory says about its nodes, for their history across runs (nodes.py).
 
 Everything here is read from files a rank can write, so nothing is trusted: a host name is
-kept only when Slurm could have named a node so (`valid_host`), never used as a path; a
-log is found by the rank's number, never by a path a record gives; a time that is not a
-finite number is dropped. Any bytes give events or nothing, never an exception.
+kept only when Slurm could have named a node so, never used as a path; a log is found by
+the rank's number, never by a path a record gives. Any bytes give events or nothing.
 """
 
 from __future__ import annotations
@@ -47,8 +43,8 @@ _MARKED = re.compile(rb'"(?:node_lost|node_unhealthy|straggler)"')
 
 @dataclass(frozen=True)
 class NodeEvent:
-    """One mark against a node. `key` is unique within its run (the index keeps each
-    (run, key) once, so a run read again, or after a rebuild, counts once)."""
+    """One mark against a node. `key` is unique within its run, so that a run read again,
+    or after a rebuild, counts once."""
 
     key: str
     host: str
@@ -101,8 +97,7 @@ def from_events(events: Iterable[dict[str, Any]]) -> list[NodeEvent]:
 
 
 def tail(path: Path, limit: int = LOG_TAIL) -> str:
-    """The last `limit` bytes of a regular file, as text; '' when unreadable (a FIFO, a
-    link to /dev/zero: regular.py)."""
+    """The last `limit` bytes of a regular file, as text; '' when unreadable (a FIFO)."""
     try:
         with open_regular(path) as fh:
             size = os.fstat(fh.fileno()).st_size
@@ -113,7 +108,6 @@ def tail(path: Path, limit: int = LOG_TAIL) -> str:
 
 
 def hardware_cause(text: str) -> str | None:
-    """The first hardware-like cause the text shows (ecc, xid, nccl, ...), or None."""
     for name, pattern in HARDWARE:
         if pattern.search(text):
             return name
@@ -121,8 +115,8 @@ def hardware_cause(text: str) -> str | None:
 
 
 def from_failures(run_dir: Path) -> list[NodeEvent]:
-    """Each attempt whose first failing rank's log shows a hardware-like cause: a mark
-    against that rank's host."""
+    """A mark against the host of each attempt's first failing rank whose log shows a
+    hardware-like cause."""
     out = []
     try:
         names = os.listdir(run_dir)
@@ -148,8 +142,8 @@ def from_failures(run_dir: Path) -> list[NodeEvent]:
 
 
 def marking_events(run_dir: Path) -> Iterator[dict[str, Any]]:
-    """The events.jsonl lines that may be a node's mark, read a line at a time: the file is
-    a rank's to fill (a GiB of it must not be held, nor its text, nor its lines, at once)."""
+    """The events.jsonl lines that may be a node's mark, a line at a time: a rank can fill
+    the file (a GiB of it must not be held at once)."""
     try:
         fh = open_regular(run_dir / "events.jsonl")
     except OSError:

@@ -1,13 +1,10 @@
-"""Nodes remembered across runs (docs/nodes.md): each node's marks (lost, unhealthy,
-hardware-like failure, straggler) in TREB_HOME's index, a score that halves every
-half-life, and the nodes a new submission avoids (score at or past the threshold).
+"""Nodes remembered across runs (docs/nodes.md): each node's marks in TREB_HOME's index, a
+score that halves every half-life, and the nodes a new submission avoids.
 
-The marks come from the run directories (node_events.py), read again whenever a run's
-events.jsonl grew, and kept once per (run, mark): so it does not matter how often a run is
-read, nor whether the index was rebuilt (store/rebuild.py reads every run the same way).
-`treb nodes --clear` is a time per node: marks before it no longer count. It is kept in
-the index and, so that a rebuilt index keeps it, in TREB_HOME/nodes-cleared.jsonl.
-A team sharing TREB_HOME shares all of it.
+The marks come from the run directories (node_events.py), kept once per (run, mark): it
+does not matter how often a run is read, nor whether the index was rebuilt. `treb nodes
+--clear` is a time per node, kept also in TREB_HOME/nodes-cleared.jsonl so that a rebuilt
+index keeps it.
 """
 
 from __future__ import annotations
@@ -71,8 +68,8 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
-        """TREB_NODE_HALF_LIFE (90m, 24h, 7d, seconds) and TREB_NODE_THRESHOLD (a number;
-        0 or `off`: no node is ever avoided); a bad value is a named error."""
+        """TREB_NODE_HALF_LIFE (90m, 24h, 7d, seconds) and TREB_NODE_THRESHOLD (0 or `off`:
+        no node is ever avoided)."""
         env = dict(os.environ if env is None else env)
         half, limit = HALF_LIFE_S, THRESHOLD
         text = env.get(HALF_LIFE_ENV, "").strip().lower()
@@ -148,10 +145,7 @@ def _tables(store: Store) -> None:
         "'node_clears')"
     ).fetchone()[0]
     if have < 3:
-        with store.transaction() as c:
-            for statement in TABLES.split(";"):
-                if statement.strip():
-                    c.execute(statement)
+        store.create_tables(TABLES)
 
 
 def _guarded(store: Store) -> None:
@@ -170,9 +164,9 @@ def _size(run_dir: Path) -> int:
 
 
 def record_run(store: Store, run_id: str, run_dir: Path, ended: bool, attempts: int) -> int:
-    """One run's marks into the index (each once); returns how many were new. A mark of an
-    attempt past the `attempts` the index says the run had is no mark: the number comes
-    from files a rank can write, and would let one run count against a node 10^6 times."""
+    """One run's marks into the index (each once); how many were new. A mark of an attempt
+    past the `attempts` the index says the run had is no mark: a rank can write the files,
+    and would let one run count against a node 10^6 times."""
     found = [e for e in node_events.of_run(run_dir) if e.attempt is None or e.attempt < attempts]
     now = time.time()  # a mark dated in the future (a rank can write the events) is now
     new = 0
@@ -215,8 +209,7 @@ def sync(store: Store) -> int:
 
 
 def clear(store: Store, hosts: list[str], when: float | None = None) -> None:
-    """Marks of these nodes up to now no longer count (kept in the index and in
-    TREB_HOME/nodes-cleared.jsonl, which a rebuild reads)."""
+    """Marks of these nodes up to now no longer count."""
     _guarded(store)
     when = time.time() if when is None else when
     path = store.path.parent / CLEARS
@@ -239,8 +232,7 @@ def clear(store: Store, hosts: list[str], when: float | None = None) -> None:
 
 
 def restore_clears(store: Store, home: Path) -> int:
-    """The clears TREB_HOME/nodes-cleared.jsonl keeps (a rebuild); lines that are not a
-    valid host and time are skipped. Returns how many hosts have one."""
+    """The clears TREB_HOME/nodes-cleared.jsonl keeps (a rebuild); how many hosts have one."""
     _guarded(store)
     text = node_events.tail(home / CLEARS, 4 << 20)  # a regular file's last 4 MiB only
     latest: dict[str, float] = {}

@@ -1,9 +1,7 @@
 """Where trebuchet keeps its state: TREB_HOME (default ~/.trebuchet), private to the user.
 
-A TREB_HOME that is not a folder, or cannot be created, is a named error (StateError,
-exit 2), never a traceback. One that others may write to (a pre-existing folder with mode
-0777, say) is tightened to 0700 with a warning, or only warned about when that is not
-allowed: whoever can write there can replace runs.db or plant files in a run directory.
+One that others may write to is tightened to 0700 with a warning: whoever can write there
+can replace runs.db or plant files in a run directory.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Rebuild runs.db from the run directories, which hold every run's own records.
 
-A run directory keeps the resolved spec (name, launcher, shape, retries), events.jsonl
-(backend, submission, supervisor, attempts, end state, engine job ids), each process's
-outcome record (attempt-<n>/*.json), the snapshot's git facts and, where a controller runs
-in the job (Slurm), the job's attempt.json / result.json; sweeps/<id>.json gives a sweep
-point's id and parameters; the nodes' marks are read from the same files (store/nodes.py),
-their clears from TREB_HOME/nodes-cleared.jsonl. That is all the index holds, so a damaged
-index loses nothing that is not recomputed.
-
-Nothing here knows an engine: an engine's submission event carries the run's `backend_id`
-(whatever its event is called). Run directories written before that field existed named
-the id `job_id` (Slurm's, right; SkyPilot's, the bare job number, as rebuilt then); a
-Kubernetes run's of that time (`namespace`/`job`) is not recovered.
+The run directories and TREB_HOME's sweeps/ and nodes-cleared.jsonl hold all the index
+holds, so a damaged index loses nothing that is not recomputed. Nothing here knows an
+engine: an engine's submission event carries the run's `backend_id` (older run directories
+named it `job_id`).
 """
 
 from __future__ import annotations
@@ -29,7 +21,7 @@ from trebuchet.runtime.contracts.schema import FirstFailure, Outcome, allowed
 from trebuchet.runtime.rundir.records import cause, first_failure, read_json
 from trebuchet.runtime.rundir.regular import read_text
 from trebuchet.store import nodes
-from trebuchet.store.db import SCHEMA, RunRecord, Store, header_problem, proc_row
+from trebuchet.store.db import RunRecord, Store, create, header_problem, proc_row
 from trebuchet.store.files import read_events
 from trebuchet.store.lifecycle import columns
 from trebuchet.store.paths import RUN_ID_RE
@@ -120,7 +112,7 @@ def recover(run_dir: Path, sweeps: dict[str, tuple[str, dict]]) -> Recovered:
             env_failure["ended_at"] = when
         if "backend_id" in ev:  # the engine's submission: its id for the run's job
             rec.backend_id = None if ev["backend_id"] is None else str(ev["backend_id"])
-        elif ev.get("job_id") is not None:  # written before backend_id (see the docstring)
+        elif ev.get("job_id") is not None:  # written before backend_id
             rec.backend_id = str(ev["job_id"])
     _engine_files(run_dir, out)
     _proc_records(run_dir, out)
@@ -217,9 +209,7 @@ def rebuild(home: Path) -> tuple[int, Path | None]:
     for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
         leftover.unlink(missing_ok=True)
     sweeps = _sweeps(home)
-    conn = sqlite3.connect(tmp, isolation_level=None)
-    conn.executescript(SCHEMA)
-    conn.close()
+    create(tmp)
     store = Store(tmp)
     count = 0
     try:
@@ -229,14 +219,8 @@ def rebuild(home: Path) -> tuple[int, Path | None]:
                 store.insert_run(got.record)
                 for n, att in sorted(got.attempts.items()):
                     store.set_attempt(got.record.id, n, **{"state": PENDING, **att})
-                if got.procs:
-                    for p in got.procs:
-                        cols = {"run_id": got.record.id, **p}
-                        store.conn.execute(
-                            f"INSERT OR REPLACE INTO procs ({', '.join(cols)}) "
-                            f"VALUES ({', '.join(':' + k for k in cols)})",
-                            cols,
-                        )
+                for p in got.procs:
+                    store.insert("procs", {"run_id": got.record.id, **p}, "INSERT OR REPLACE")
                 count += 1
         nodes.sync(store)  # each run's node marks, once (store/nodes.py)
         nodes.restore_clears(store, home)

@@ -1,11 +1,10 @@
-"""Removing runs: the run directory (code copy, checkpoints, logs) and its index rows.
+"""Removing runs: the run directory and its index rows.
 
-Only `runs/<id>` as the store's path helper makes it from a validated id is ever removed
-(never the run_dir column, which a damaged or hostile index could point anywhere); a
-symlink there is unlinked, not followed. The directory goes first and the rows after, so
-a removal that fails halfway leaves a run that is still listed (and can be removed again),
-never a directory nobody knows about. Disk freed counts each inode once, and only when
-every hard link to it goes (the runtime archive is hard-linked from TREB_HOME/cache)."""
+Only `runs/<id>` made from a validated id is ever removed (never the run_dir column, which
+a damaged or hostile index could point anywhere). The directory goes first and the rows
+after, so a removal that fails halfway leaves a run that is still listed, never a
+directory nobody knows about. Disk freed counts each inode once, and only when every hard
+link to it goes (the runtime archive is hard-linked from TREB_HOME/cache)."""
 
 from __future__ import annotations
 

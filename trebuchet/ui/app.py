@@ -89,7 +89,8 @@ def create_app(token: str, cookie: str = "treb_ui") -> TokenGate:
         return _with_store(lambda s: pages.results_page(s, q), "results", scripts=True)
 
     async def logs(request: Request) -> Response:
-        from trebuchet.ui.logs import LOG_NAME, follow
+        from trebuchet.ui.logs import follow
+        from trebuchet.view.follow import LOG_NAME
 
         run_id = request.path_params["run_id"]
         attempt, _, name = request.query_params.get("log", "").partition("/")

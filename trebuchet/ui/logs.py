@@ -8,28 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from trebuchet.runtime.rundir.regular import open_regular
 from trebuchet.runtime.watch.display_lines import Splitter, inert
+from trebuchet.view.follow import attempt_logs
 
 CHUNK = 64 * 1024
 START_BACK = 64 * 1024  # the first view: about the last 64 KiB of the file
 SKIP_OVER = 4 * 1024 * 1024  # a reader further behind than this jumps to the end
 POLL = 0.25
-LOG_NAME = re.compile(r"(rank|node)-[0-9]{1,6}\.log")
 
 
 def log_files(run_dir: Path, attempt: int) -> list[str]:
-    """The rank (or node) logs of one attempt, by rank number."""
-    try:
-        names = [p.name for p in (run_dir / f"attempt-{attempt}").iterdir()]
-    except OSError:
-        return []
-    found = [n for n in names if LOG_NAME.fullmatch(n)]
-    return sorted(found, key=lambda n: (n.split("-")[0], int(n.split("-")[1][:-4])))
+    return [path.name for _, _, path in attempt_logs(run_dir / f"attempt-{attempt}")]
 
 
 def _event(kind: str, text: str) -> bytes:

@@ -8,12 +8,12 @@ through html.e(); the charts' numbers travel as JSON (html.data) for static/app.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trebuchet.results.parse import finite
 from trebuchet.store.db import RunFilter, RunRecord, Store
 from trebuchet.store.states import ACTIVE, TERMINAL, describe_failure
 from trebuchet.ui.html import data, e, state, table, url, when
@@ -41,7 +41,6 @@ def _options(
     values: list[Any], chosen: Any, label: Callable[[Any], str] = str,
     value: Callable[[Any], str] = str,
 ) -> str:  # fmt: skip
-    """A select's options, the chosen one selected."""
     return "".join(f'<option value="{e(value(v))}"{" selected" if v == chosen else ""}>'
                    f"{e(label(v))}</option>" for v in values)  # fmt: skip
 
@@ -254,20 +253,9 @@ def _results(store: Store, rec: RunRecord) -> str:
         rows = collect.collect(store, rec)
     except Exception as exc:  # noqa: BLE001 - the rest of the page still shows
         return f"<p class='bad'>results unavailable: {e(exc)}</p>"
-    return table(
-        ["model", "status", "performance", "metric", "source"],
-        [
-            [
-                e(r["model"]),
-                e(r["status"]),
-                e(number(r.get("performance")) or "-"),
-                e(r.get("metric") or "-"),
-                e(r.get("source") or "-"),
-            ]
-            for r in rows
-        ],  # fmt: skip
-        "results",
-    )
+    cells = [[e(r["model"]), e(r["status"]), e(number(r.get("performance")) or "-"),
+              e(r.get("metric") or "-"), e(r.get("source") or "-")] for r in rows]  # fmt: skip
+    return table(["model", "status", "performance", "metric", "source"], cells, "results")
 
 
 def _spec_text(run_dir: Path) -> str:
@@ -344,8 +332,8 @@ def _hang(rec: RunRecord, attempts: list[dict]) -> tuple[str, tuple[int, int] | 
     """The last hang of the run (hang.json of an attempt: the rule fired, stacks were
     dumped) as HTML: what `treb status` says of it, the stuck rank and every rank's
     stack, grouped as `treb stacks` groups them; and (attempt, rank) of the stuck rank."""
+    from trebuchet.cli.stacks_cmd import stack_text
     from trebuchet.diagnose.hang import grouped_text, hang_lines, read
-    from trebuchet.runtime.rundir.regular import read_text
 
     numbers = sorted({a["attempt"] for a in attempts} | {rec.attempt}, reverse=True)
     for n in numbers:
@@ -356,12 +344,7 @@ def _hang(rec: RunRecord, attempts: list[dict]) -> tuple[str, tuple[int, int] | 
             h = None
         if h is None:
             continue
-        texts = {}
-        for r in h.ranks:
-            try:
-                texts[r.name] = read_text(Path(h.stacks_dir) / f"{r.name}.txt")
-            except OSError:
-                texts[r.name] = ""
+        texts = {r.name: stack_text(Path(h.stacks_dir) / f"{r.name}.txt") for r in h.ranks}
         stacks = grouped_text(h.ranks, texts)
         if len(stacks) > STACKS_MAX:
             stacks = stacks[:STACKS_MAX] + "\n[treb: cut at 256 KiB]"
@@ -411,6 +394,7 @@ def run_page(store: Store, rec: RunRecord, csrf: str) -> str:
     run_dir = Path(rec.run_dir)
     attempts = store.attempts(rec.id)
     procs = store.procs(rec.id)
+    dirty = " with uncommitted changes" if rec.git_dirty else ""
     facts = [
         ("state", state(rec.state)),
         ("name", e(rec.name)),
@@ -421,30 +405,20 @@ def run_page(store: Store, rec: RunRecord, csrf: str) -> str:
         ("created", when(rec.created_at)),
         ("duration", e(_duration(rec))),
         ("exit code", e("-" if rec.exit_code is None else rec.exit_code)),
-        (
-            "code",
-            e(f"git {rec.git_commit}" + (" with uncommitted changes" if rec.git_dirty else ""))
-            if rec.git_commit
-            else "-",
-        ),  # fmt: skip
+        ("code", e(f"git {rec.git_commit}{dirty}") if rec.git_commit else "-"),
         ("run dir", e(rec.run_dir)),
         ("progress", _progress(rec)),
     ]
     if rec.sweep_id:
         facts.append(("sweep", _sweep_link(rec.sweep_id) + f" {e(rec.params)}"))
     dl = "".join(f"<dt>{k}</dt><dd id='fact-{k.replace(' ', '-')}'>{v}</dd>" for k, v in facts)
-    actions = []
-    if rec.active:
-        actions.append(
-            f'<form method="post" action="{url("/runs/" + rec.id + "/cancel")}">'
-            f'<input type="hidden" name="csrf" value="{e(csrf)}">'
-            '<button id="cancel" class="danger" type="submit">cancel</button></form>'
-        )
-    actions.append(
-        f'<form method="post" action="{url("/runs/" + rec.id + "/rerun")}">'
+    buttons = [("cancel", ' class="danger"')] if rec.active else []
+    actions = [
+        f'<form method="post" action="{url(f"/runs/{rec.id}/{act}")}">'
         f'<input type="hidden" name="csrf" value="{e(csrf)}">'
-        '<button id="rerun" type="submit">rerun</button></form>'
-    )
+        f'<button id="{act}"{cls} type="submit">{act}</button></form>'
+        for act, cls in [*buttons, ("rerun", "")]
+    ]
     failure = ""
     if rec.first_failure:
         what = e(describe_failure(rec.first_failure))
@@ -485,8 +459,7 @@ def run_page(store: Store, rec: RunRecord, csrf: str) -> str:
 
 # -- sweeps ----------------------------------------------------------------------------------
 def sweeps_page(store: Store) -> str:
-    rows = [[f'<a href="{url("/sweeps/" + s)}">{e(s)}</a>', e(name), str(n), when(t)]
-            for s, name, n, t in store.sweep_ids()]  # fmt: skip
+    rows = [[_sweep_link(s), e(name), str(n), when(t)] for s, name, n, t in store.sweep_ids()]
     if not rows:
         return "<h1>Sweeps</h1><p class='muted'>no sweeps yet</p>"
     return "<h1>Sweeps</h1>" + table(["sweep", "name", "points", "created"], rows, "sweeps")
@@ -494,13 +467,10 @@ def sweeps_page(store: Store) -> str:
 
 def _number(v: Any) -> float | None:
     """A parameter's value as a number to plot; None for text, inf and nan."""
-    if isinstance(v, bool):
-        return float(v)
     try:
-        out = float(v) if isinstance(v, int | float) else float(str(v))
-    except (ValueError, OverflowError):
+        return finite(float(v))
+    except (TypeError, ValueError, OverflowError):
         return None
-    return out if math.isfinite(out) else None
 
 
 def sweep_page(store: Store, runs: list[RunRecord], q: dict[str, str]) -> str:
@@ -547,12 +517,7 @@ def results_page(store: Store, q: dict[str, str]) -> str:
     from trebuchet.results import table as results_table
     from trebuchet.results.perfcsv import number, relative_changes
 
-    # rows of runs that were removed (`treb rm`) stay in the results table: not shown
-    results_table.ensure(store.conn)
-    loads: list[tuple[str, int, float]] = [tuple(r) for r in store.conn.execute(
-        "SELECT workload, COUNT(*), MAX(results.created_at) FROM results JOIN runs "
-        "ON runs.id = results.run_id GROUP BY workload ORDER BY MAX(results.created_at) DESC"
-    ).fetchall()]  # fmt: skip
+    loads = results_table.workloads(store.conn)
     if not loads:
         return ("<h1>Results</h1><p class='muted'>no results yet: they are collected when a "
                 "run ends (or by `treb results`)</p>")  # fmt: skip
@@ -564,11 +529,6 @@ def results_page(store: Store, q: dict[str, str]) -> str:
         for w, n, _ in loads
     )
     rows = results_table.of_workload(store.conn, chosen)
-    ids = sorted({r["run_id"] for r in rows})
-    known = {row[0] for i in range(0, len(ids), 500) for row in store.conn.execute(
-        f"SELECT id FROM runs WHERE id IN ({','.join('?' * len(ids[i:i + 500]))})",
-        ids[i : i + 500])}  # fmt: skip
-    rows = [r for r in rows if r["run_id"] in known]
     changes = relative_changes(rows)
     by_metric: dict[str, dict[str, list]] = {}
     for r in rows:

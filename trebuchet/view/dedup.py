@@ -140,7 +140,6 @@ class Dedup:
         return len(self.groups) > PENDING_MAX
 
     def _emit(self, chunk: list[bytes], final: bool, timed: bool) -> None:
-        """The groups that are due, oldest first, onto `chunk`."""
         while self.groups:
             seq, g = next(iter(self.groups.items()))
             if not final and not self._closed(g, timed):

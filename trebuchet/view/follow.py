@@ -10,6 +10,7 @@ note, and with `redraw` a `\r` progress bar shows its latest state at most once 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +25,16 @@ STALE_PARTIAL_S = 1.0
 READ = 1 << 20
 KEEP_TAIL = 64 * 1024
 NOTE_EVERY_S = 1.0
+LOG_NAME = re.compile(r"(rank|node)-([0-9]+)\.log")
+
+
+def attempt_logs(adir: Path) -> list[tuple[str, int, Path]]:
+    """(`rank` | `node`, its number, path) of an attempt's logs: node logs first, by number."""
+    try:
+        names = os.listdir(adir)
+    except OSError:
+        return []
+    return sorted((m[1], int(m[2]), adir / n) for n in names if (m := LOG_NAME.fullmatch(n)))
 
 
 class Out(Protocol):
@@ -186,7 +197,6 @@ def _size(n: int) -> str:
 
 
 def _offset_of_last_lines(path: Path, n: int) -> int:
-    """Byte offset where the last `n` lines of `path` begin."""
     try:
         size = path.stat().st_size
     except OSError:

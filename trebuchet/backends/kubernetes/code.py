@@ -1,11 +1,8 @@
 """The code a Kubernetes pod runs: the run's snapshot, shipped as a gzipped tar in the
-run's ConfigMap and unpacked by the pod's own command into an emptyDir (`/treb-code`),
-where the ranks start. Or, with `kubernetes.code_dir`, the code the image already holds.
+run's ConfigMap and unpacked by the pod into an emptyDir (or the image's, `code_dir`).
 
-Why a ConfigMap and not an initContainer pulling from somewhere: the pod can reach no
-folder of the submitting host, and the ConfigMap already carries the node agent, so the
-run needs no registry, bucket or volume of its own. The price is the ConfigMap's size
-limit (1 MiB for everything in it): larger code belongs in the image (`code_dir`).
+Why a ConfigMap: it already carries the node agent, so the run needs no registry, bucket or
+volume of its own. The price is its size limit (1 MiB): larger code belongs in the image.
 """
 
 from __future__ import annotations
@@ -26,8 +23,8 @@ RAW_MAX = 16 << 20  # above this the files are not even packed: they cannot fit
 
 
 def pack(root: Path, files: list[str]) -> bytes:
-    """A deterministic .tar.gz of `files` (relative to `root`): sorted, no owners, mtime
-    0, modes kept (scripts stay executable); symlinks as links."""
+    """A deterministic .tar.gz of `files`: sorted, no owners, mtime 0, modes kept (scripts
+    stay executable)."""
     buf = io.BytesIO()
     with (
         gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz,
@@ -61,8 +58,7 @@ def code_files(workdir: Path, snapshot: Path | None) -> tuple[Path, list[str]]:
 
 
 def code_archive(workdir: Path, snapshot: Path | None, room: int) -> tuple[bytes, int]:
-    """(archive, files) of the code; UserError when its base64 would not fit in `room`
-    bytes of the ConfigMap."""
+    """(archive, file count) of the code, refused when its base64 exceeds `room` bytes."""
     root, files = code_files(workdir, snapshot)
     raw = sum((root / f).lstat().st_size for f in files)
     fix = (

@@ -1,25 +1,12 @@
 """Kubernetes: the spec as an indexed Job (one pod per node), a headless Service and a
-ConfigMap that carries trebuchet's node agent and the run's code.
+ConfigMap that carries trebuchet's node agent and the run's code (code.py).
 
-The three are named after the workload and the run (`<workload>-<run id>`, run_name): a
-second run of a spec must not collide with the first, which the API refuses (409). The
-ConfigMap and Service belong to the Job (ownerReferences) and are deleted when its end
-is seen. Pod i of Job J is reachable as J-i.J (the Service is named after the Job and is
-the pods' subdomain), so MASTER_ADDR is the index-0 pod's name and NODE_RANK is the pod's
-completion index. The ConfigMap (mounted at /treb) holds the runtime archive, job.json and
-the code snapshot (code.py; or the image holds the code, `kubernetes.code_dir`).
-The pod command places the node, unpacks the code into /treb-code, builds the spec's
-environment there (node_setup.py) and starts the node agent, which runs the node's ranks
-as on every engine (trebuchet/runtime/node/per_node.py). Retries are the Job's, per index
-(backoffLimitPerIndex); TREB_ATTEMPT is the index's failure count, from the pod's
-annotation. GPUs are requested as nvidia.com/gpu, or amd.com/gpu with gpu_vendor: amd;
-CPUs and memory as the `kubernetes:` block says (one CPU per rank by default); /dev/shm
-is a memory-backed emptyDir (a container's own is 64 MiB).
-Secrets come from a Kubernetes Secret named after the workload, one key per secret name;
-trebuchet never writes their values into a manifest. `kubernetes.checkpoint_volume` mounts
-a PersistentVolumeClaim at /treb-checkpoints, where TREB_CHECKPOINT_DIR then points.
-Rendering needs nothing installed; `treb run --on kubernetes` creates the objects with the
-official client (`pip install 'trebuchet[kubernetes]'`) and the current kubeconfig context.
+Pod i of Job J is reachable as J-i.J (the Service is named after the Job and is the pods'
+subdomain), so MASTER_ADDR is the index-0 pod's name and NODE_RANK the pod's completion
+index. Retries are the Job's, per index (backoffLimitPerIndex); TREB_ATTEMPT is the index's
+failure count. Secrets come from a Secret named after the workload: trebuchet never writes
+their values into a manifest. Rendering needs nothing installed; `treb run` creates the
+objects with the official client and the current kubeconfig context.
 """
 
 from __future__ import annotations
@@ -35,10 +22,13 @@ from trebuchet.backends.base import Backend, Submitted
 from trebuchet.backends.job_file import (
     check_node_engine,
     engine_options,
+    failed,
     grace_seconds,
     job_text,
     node_job,
     refuse_spares,
+    require,
+    running,
     start_lines,
     uses_secret,
 )
@@ -64,7 +54,6 @@ if TYPE_CHECKING:
     from trebuchet.preflight.findings import Finding
     from trebuchet.spec.load import LoadedSpec
 
-INSTALL = "install it with: pip install 'trebuchet[kubernetes]'"
 AGENT_DIR = "/treb"  # the ConfigMap, read-only: the runtime archive and job.json
 RUN_DIR = "/treb-run"  # an emptyDir: the node-local run directory (logs, records)
 CHECKPOINTS = "/treb-checkpoints"  # where kubernetes.checkpoint_volume is mounted
@@ -73,13 +62,13 @@ FAILURE_COUNT = "metadata.annotations['batch.kubernetes.io/job-index-failure-cou
 GPU_RESOURCES = {"amd": "amd.com/gpu"}  # anything else (auto, nvidia): nvidia.com/gpu
 
 
-def gpu_resource(spec: Any) -> str:
-    return GPU_RESOURCES.get(spec.gpu_vendor, "nvidia.com/gpu")
-
-
 LABEL = "trebuchet.dev/workload"
 NAME_MAX = 50  # `<job>-<index>`, a pod's host name, must stay a DNS label (63)
 RENDER_RUN_ID = "RUN_ID"  # `treb render`: the run id is not known yet
+
+
+def gpu_resource(spec: Any) -> str:
+    return GPU_RESOURCES.get(spec.gpu_vendor, "nvidia.com/gpu")
 
 
 def k8s_name(name: str) -> str:
@@ -89,10 +78,9 @@ def k8s_name(name: str) -> str:
 
 
 def run_name(spec_name: str, run_id: str) -> str:
-    """The Job, Service and ConfigMap of one run: the workload's name and the run's id, so
-    that a second run of a spec does not collide with the first (the API refuses a name in
-    use: 409). A DNS-1035 label (a Service name: a letter first), at most NAME_MAX
-    characters; a run id too long to keep whole is shortened to a hash of it."""
+    """The Job, Service and ConfigMap of one run: a second run of a spec must not collide
+    with the first (the API refuses a name in use: 409). A DNS-1035 label (a Service name:
+    a letter first); a run id too long to keep whole is shortened to a hash of it."""
     rid = k8s_name(run_id)
     if len(rid) > 16:
         import hashlib
@@ -125,12 +113,7 @@ class KubernetesBackend(Backend):
 
     def check(self, loaded: LoadedSpec) -> None:
         self.check_render(loaded)
-        try:
-            import kubernetes  # noqa: F401
-        except ImportError:
-            raise UserError(
-                f"--on kubernetes: the kubernetes package is not installed; {INSTALL}"
-            ) from None
+        require("kubernetes", "kubernetes")
 
     def check_render(self, loaded: LoadedSpec) -> None:
         spec = loaded.spec
@@ -159,8 +142,7 @@ class KubernetesBackend(Backend):
         whole: bool = True,
         snapshot: Path | None = None,
     ) -> list[dict[str, Any]]:
-        """ConfigMap, Service, Job. Not `whole` (render): the archives' base64 is elided.
-        The code shipped is `snapshot` (the run's copy) when given, else the workdir's."""
+        """ConfigMap, Service, Job. Not `whole` (render): the archives' base64 is elided."""
         self.check_render(loaded)
         spec = loaded.spec
         workload = k8s_name(spec.name)  # the Secret's name: one for every run of the spec
@@ -342,14 +324,10 @@ class KubernetesBackend(Backend):
         return head + "---\n" + "---\n".join(text)
 
     def submit(self, sub: Any, attach: bool) -> Submitted:
-        try:
-            from kubernetes import client, config
-        except ImportError:
-            _fail(sub, "the kubernetes package is not installed")
-            raise UserError(
-                f"--on kubernetes: the kubernetes package is not installed; {INSTALL}"
-            ) from None
-        from trebuchet.store.files import append_event, write_atomic
+        require("kubernetes", "kubernetes", sub)
+        from kubernetes import client, config
+
+        from trebuchet.store.files import write_atomic
 
         snapshot = sub.run_dir / "code" if sub.loaded.spec.snapshot else None
         docs = self.manifests(sub.loaded, sub.record.id, snapshot=snapshot)
@@ -373,15 +351,10 @@ class KubernetesBackend(Backend):
                 with contextlib.suppress(Exception):
                     getattr(core, f"delete_namespaced_{kind}")(name, ns)
             why = " ".join(str(exc).split())[:500]
-            _fail(sub, f"Kubernetes refused the manifests: {why}")
+            failed(sub, f"Kubernetes refused the manifests: {why}")
             raise UserError(f"--on kubernetes: could not apply the manifests: {why}") from None
         _owned_by(core, ns, name, created)
-        backend_id = f"{ns}/{name}"
-        sub.store.update_run(sub.record.id, backend_id=backend_id)
-        append_event(sub.run_dir, "kubernetes", job=name, namespace=ns, backend_id=backend_id)
-        # RUNNING from here, as far as trebuchet sees: the run's duration counts from now
-        lifecycle.record(sub.store, sub.record.id, "state", state="RUNNING",
-                         started_at=time.time())  # fmt: skip
+        running(sub, "kubernetes", f"{ns}/{name}", job=name, namespace=ns)
         if not attach:
             return Submitted(sub.record.id)
         while True:  # the Job's own conditions say how it ended
@@ -430,8 +403,7 @@ class KubernetesBackend(Backend):
                     _clean_up(client.CoreV1Api(), ns, name)
 
     def _pods(self, run: Any) -> tuple[Any, str, list[Any]] | None:
-        """(CoreV1Api, namespace, the Job's pods by index then attempt), or None when the
-        client, the kubeconfig or the API is not there."""
+        """(CoreV1Api, namespace, the Job's pods by index then attempt), or None."""
         ns, _, name = (run.backend_id or "").partition("/")
         if not name:
             return None
@@ -446,8 +418,8 @@ class KubernetesBackend(Backend):
         return core, ns, sorted(pods, key=lambda p: (_index(p), _attempt(p)))
 
     def sync_logs(self, store: Any, run: Any) -> None:
-        """Each pod's log (its node agent's output: `kubectl logs`), split into the per-rank
-        logs of its attempt (node_logs.py); a pod already gone keeps what was synced."""
+        """Each pod's log (its node agent's output) split into the per-rank logs of its
+        attempt (node_logs.py); a pod already gone keeps what was synced."""
         from trebuchet.backends.node_logs import split, write
 
         got = self._pods(run)
@@ -465,8 +437,6 @@ class KubernetesBackend(Backend):
             write(Path(run.run_dir), _attempt(pod), split(text or "", ppn, _index(pod)))
 
     def node_outcomes(self, store: Any, run: Any) -> list[dict[str, Any]] | None:
-        """One row per pod: its index (the node), attempt, phase, and how its container
-        ended (exit code, reason), as the Job's pods report them."""
         got = self._pods(run)
         if got is None:
             return None
@@ -482,13 +452,9 @@ class KubernetesBackend(Backend):
         return rows
 
     def cancel(self, store: Any, run: Any) -> None:
+        require("kubernetes", "kubernetes")
+        from kubernetes import client, config
 
-        try:
-            from kubernetes import client, config
-        except ImportError:
-            raise UserError(
-                f"--on kubernetes: the kubernetes package is not installed; {INSTALL}"
-            ) from None
         ns, _, name = (run.backend_id or "").partition("/")
         if not name:
             raise UserError(f"run {run.id} has no Kubernetes Job recorded")
@@ -505,9 +471,8 @@ class KubernetesBackend(Backend):
 
 
 def resources(spec: Any, kube: Kubernetes) -> dict[str, Any]:
-    """The container's requests and limits: GPUs (a limit, which is also the request), the
-    CPUs it asks for (kubernetes.cpu; else one per rank of the pod) and its memory
-    (kubernetes.memory, when given: a request, not a limit)."""
+    """The container's requests and limits: GPUs as a limit (also the request), one CPU
+    per rank unless kubernetes.cpu says, memory a request, not a limit."""
     out: dict[str, dict[str, str]] = {}
     if spec.gpus_per_node > 0:
         out["limits"] = {gpu_resource(spec): str(spec.gpus_per_node)}
@@ -519,9 +484,8 @@ def resources(spec: Any, kube: Kubernetes) -> dict[str, Any]:
 
 
 def _owned_by(core: Any, ns: str, name: str, job: Any) -> None:
-    """The ConfigMap and Service belong to the Job (ownerReferences): deleting the Job (a
-    cancel, kubectl, the Job's TTL) deletes them too. Best effort: the end and a cancel
-    also delete them (_clean_up)."""
+    """The ConfigMap and Service belong to the Job: deleting the Job (kubectl, its TTL)
+    deletes them too. Best effort: the end and a cancel also delete them (_clean_up)."""
     meta = job.get("metadata") if isinstance(job, dict) else getattr(job, "metadata", None)
     uid = meta.get("uid") if isinstance(meta, dict) else getattr(meta, "uid", None)
     if not uid:
@@ -534,8 +498,8 @@ def _owned_by(core: Any, ns: str, name: str, job: Any) -> None:
 
 
 def _clean_up(core: Any, ns: str, name: str) -> None:
-    """The run's Service and ConfigMap, once its Job has ended or is deleted (the Job stays
-    until then: its pods' logs are `treb logs`'); gone already is fine."""
+    """The run's Service and ConfigMap once its Job ended (the Job stays: its pods' logs
+    are `treb logs`'); gone already is fine."""
     for kind in ("service", "config_map"):
         with contextlib.suppress(Exception):
             getattr(core, f"delete_namespaced_{kind}")(name, ns)
@@ -577,10 +541,6 @@ def job_state(status: Any) -> tuple[str, str | None]:
     if status.active:
         return RUNNING, None
     return PENDING, None
-
-
-def _fail(sub: Any, why: str) -> None:
-    lifecycle.ended(sub.store, sub.record.id, "FAILED", why, "failed")
 
 
 BACKEND = KubernetesBackend()

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trebuchet.backends.base import SubmissionPoint, Submitted, SweepSubmitted
-from trebuchet.backends.supervised_here import SupervisedHere
+from trebuchet.backends.supervised_here import SupervisedHere, start_detached
 from trebuchet.envs import gpus
 from trebuchet.envs.build import missing_tool
 from trebuchet.envs.recipe import recipe_for
@@ -20,7 +19,6 @@ from trebuchet.launcher.plan import Placement, describe, local_plan, ranks_per_n
 from trebuchet.launcher.rank_wrapper import AGENT_LAUNCHERS
 from trebuchet.launcher.runtime_file import ship
 from trebuchet.runtime.contracts.schema import JobFile
-from trebuchet.runtime.process.procs import hostname, start_time
 from trebuchet.store import lifecycle
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import write_json
@@ -226,21 +224,7 @@ class LocalBackend(SupervisedHere):
 
 
 def start_supervisor(store: Store, run_id: str, run_dir: Path) -> int:
-    """A detached run's supervisor: a background process in its own session."""
-    log = os.open(run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", SUPERVISOR, str(run_dir)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            close_fds=True,
-        )  # fmt: skip
-    finally:
-        os.close(log)
-    store.update_run(
-        run_id, only_if_active=True, supervisor_pid=proc.pid,
-        supervisor_start=start_time(proc.pid), host=hostname(),
-    )  # fmt: skip
-    return proc.pid
+    return start_detached(store, run_id, run_dir, SUPERVISOR)
 
 
 BACKEND = LocalBackend()

@@ -1,11 +1,8 @@
-"""The local engine's sweeps: at most `sweep_parallel` runs at once (default 1), driven in
-the `treb run` process when attached, else in the background (`python -m
-trebuchet.backends.local.sweep SWEEP_FILE`). It imports no pydantic: every run's plan was
-written at submission.
-
-A point waiting for its turn has no supervisor yet; the driver says it is alive in
-`sweeps/<id>.driver.json` (pid and start time), so that a refresh takes the point for
-queued, not lost, for as long as the driver lives (`driver_alive`).
+"""The local engine's sweeps: at most `sweep_parallel` runs at once, driven in the `treb
+run` process when attached, else in the background. It imports no pydantic: every run's
+plan was written at submission. A point waiting for its turn has no supervisor yet: the
+driver says it is alive (`driver_alive`), so that a refresh takes the point for queued,
+not lost.
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ if TYPE_CHECKING:
 def submit_local(
     engine: LocalBackend, sweep_id: str, points: list[SubmissionPoint], attach: bool
 ) -> SweepSubmitted:
-    """The local engine's sweep: every run's plan written now, then the driver, in this
-    process (attached) or in the background."""
+    """Every run's plan written now, then the driver, here (attached) or in the background."""
     import subprocess
 
     from trebuchet.backends.base import SweepSubmitted

@@ -1,25 +1,17 @@
 """SkyPilot: the spec as a SkyPilot task YAML; `treb run --on skypilot` hands it to SkyPilot.
 
-The task's `run:` section only places the node (NODE_RANK, NUM_NODES, MASTER_ADDR from
-SkyPilot's variables) and starts trebuchet's node agent, which runs the node's ranks as on
-every engine (trebuchet/runtime/node/per_node.py). The agent and its job file travel with the task
-as `file_mounts`: from the run directory to `~/.trebuchet/runtime/<archive>` and
-`~/.trebuchet/runs/<run id>/job.json` on every node.
-
-Rendering needs nothing installed. Submitting uses SkyPilot's Python API (`pip install
-'trebuchet[skypilot]'`): a managed job (`sky.jobs.launch`) when the spec asks for spot
-instances or retries, so SkyPilot recovers it, otherwise a cluster launch (`sky.launch`)
-that is torn down when the job ends. `treb ps`/`status` follow the job through SkyPilot's API
-(state.py); `treb logs` reads its log through the same API and splits the node
-agents' labelled lines into per-rank logs (node_logs.py). SkyPilot reports one status per
-job, no per-node outcome.
+The task's `run:` section only places the node from SkyPilot's variables and starts
+trebuchet's node agent, which runs the node's ranks as on every engine; the agent and its
+job file travel with the task as `file_mounts`. Rendering needs nothing installed.
+Submitting makes a managed job (`sky.jobs.launch`) when the spec asks for spot instances or
+retries, so that SkyPilot recovers it, else a cluster launch torn down when the job ends.
+SkyPilot reports one status per job, no per-node outcome.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,9 +19,12 @@ from trebuchet.backends.base import Backend, Submitted
 from trebuchet.backends.job_file import (
     check_node_engine,
     engine_options,
+    failed,
     job_text,
     node_job,
     refuse_spares,
+    require,
+    running,
     start_lines,
     uses_secret,
     write_job_files,
@@ -48,7 +43,6 @@ if TYPE_CHECKING:
     from trebuchet.preflight.findings import Finding
     from trebuchet.spec.load import LoadedSpec
 
-INSTALL = "install it with: pip install 'trebuchet[skypilot]'"
 # Where file_mounts put the runtime (named by its content: runs share it) and the job file
 # on every node; the job file's folder is the node-local run directory.
 REMOTE_RUNTIME = "~/.trebuchet/runtime"
@@ -98,12 +92,7 @@ class SkyPilotBackend(Backend):
     def check(self, loaded: LoadedSpec) -> None:
         """Refuse what a task YAML cannot express; submitting also needs the package."""
         self.check_render(loaded)
-        try:
-            import sky  # noqa: F401
-        except ImportError:
-            raise UserError(
-                f"--on skypilot: the skypilot package is not installed; {INSTALL}"
-            ) from None
+        require("sky", "skypilot")
 
     def check_render(self, loaded: LoadedSpec) -> None:
         spec = loaded.spec
@@ -146,7 +135,7 @@ class SkyPilotBackend(Backend):
         self, loaded: LoadedSpec, run_id: str = "RUN_ID", run_dir: Path | None = None
     ) -> dict[str, Any]:
         """The task as data (what render prints, what submit hands to SkyPilot). `run_dir`
-        holds the files that file_mounts upload (render: where `treb run` would write them)."""
+        holds the files that file_mounts upload."""
         self.check_render(loaded)
         spec = loaded.spec
         if run_dir is None:
@@ -230,19 +219,14 @@ class SkyPilotBackend(Backend):
         return head + dump_yaml(task) + tail
 
     def submit(self, sub: Any, attach: bool) -> Submitted:
-        try:
-            import sky
-        except ImportError:
-            _fail(sub, "the skypilot package is not installed")
-            raise UserError(
-                f"--on skypilot: the skypilot package is not installed; {INSTALL}"
-            ) from None
-        from trebuchet.store.files import append_event, write_atomic
+        require("sky", "skypilot", sub)
+        import sky
+
+        from trebuchet.spec.dump import dump_yaml
+        from trebuchet.store.files import write_atomic
 
         loaded, spec = sub.loaded, sub.loaded.spec
         data = self.prepare_task(loaded, sub.record.id, sub.run_dir)
-        from trebuchet.spec.dump import dump_yaml
-
         write_atomic(sub.run_dir / "skypilot-task.yaml", dump_yaml(data))
         values = [(n, os.environ[n]) for n in spec.secrets]  # checked present by prepare()
         task = sky.Task.from_yaml_config(data, secrets_overrides=values or None)
@@ -254,18 +238,13 @@ class SkyPilotBackend(Backend):
                 request = sky.launch(task, cluster_name=f"treb-{sub.record.id}", down=True)
             result = sky.stream_and_get(request)
         except Exception as exc:  # SkyPilot's errors are many; the run records why
-            _fail(sub, f"SkyPilot refused the task: {exc}")
+            failed(sub, f"SkyPilot refused the task: {exc}")
             raise UserError(f"--on skypilot: SkyPilot refused the task: {exc}") from None
         job_id = result[0] if isinstance(result, tuple) and result else result
         if isinstance(job_id, list):
             job_id = job_id[0] if job_id else None
         backend_id = f"{'jobs' if managed else 'cluster:treb-' + sub.record.id}:{job_id}"
-        sub.store.update_run(sub.record.id, backend_id=backend_id)
-        append_event(sub.run_dir, "skypilot", managed=managed, job_id=job_id,
-                     backend_id=backend_id)  # fmt: skip
-        # RUNNING from here, as far as trebuchet sees: the run's duration counts from now
-        lifecycle.record(sub.store, sub.record.id, "state", state="RUNNING",
-                         started_at=time.time())  # fmt: skip
+        running(sub, "skypilot", backend_id, managed=managed, job_id=job_id)
         if not attach:
             return Submitted(sub.record.id)
         if managed:
@@ -287,10 +266,8 @@ class SkyPilotBackend(Backend):
         refresh_runs(self.name, store, runs)
 
     def sync_logs(self, store: Any, run: Any) -> None:
-        """The job's log as SkyPilot keeps it (`sky.jobs.tail_logs` / `sky.tail_logs`, not
-        followed: what is there now), split into per-rank logs (node_logs.py). SkyPilot
-        gives a task no count of its recoveries: everything is attempt 0. Nothing happens
-        without the package, a job id or an answer."""
+        """The job's log as SkyPilot keeps it now, split into per-rank logs (node_logs.py).
+        SkyPilot gives a task no count of its recoveries: everything is attempt 0."""
         kind, _, job = (run.backend_id or "").rpartition(":")
         if not job.isdigit():
             return
@@ -318,15 +295,12 @@ class SkyPilotBackend(Backend):
             write(Path(run.run_dir), 0, split(text, ppn, node))
 
     def cancel(self, store: Any, run: Any) -> None:
-        try:
-            import sky
-        except ImportError:
-            raise UserError(
-                f"--on skypilot: the skypilot package is not installed; {INSTALL}"
-            ) from None
+        require("sky", "skypilot")
+        import sky
+
         kind, _, job = (run.backend_id or "").rpartition(":")
-        if not job or job == "None":
-            raise UserError(f"run {run.id} has no SkyPilot job id recorded")
+        if not job.isdigit():
+            raise UserError(f"run {run.id} has no SkyPilot job id recorded ({run.backend_id!r})")
         if kind == "jobs":
             sky.get(sky.jobs.cancel(job_ids=[int(job)]))
         else:
@@ -360,10 +334,6 @@ def job_of(spec: Any, run_id: str) -> JobFile:
     """job.json: checkpoints in the bucket's folder for this run when there is one."""
     ckpt = f"{CHECKPOINTS}/{run_id}" if spec.skypilot.checkpoint_bucket else None
     return node_job(spec, run_id, ckpt)
-
-
-def _fail(sub: Any, why: str) -> None:
-    lifecycle.ended(sub.store, sub.record.id, "FAILED", why, "failed")
 
 
 BACKEND = SkyPilotBackend()

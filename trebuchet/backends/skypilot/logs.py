@@ -1,11 +1,9 @@
 """A SkyPilot job's log, as `sky tail_logs` returns it, turned back into each node's output.
 
 Why: SkyPilot prefixes every line a node prints with where it came from (its log_lib:
-`(head, rank=0, pid=P) `, `(worker1, rank=1, pid=P, ip=IP) `, `(setup pid=P) `,
-`(setup pid=P, ip=IP) `, `(NAME, pid=P) ` on a one-node cluster), often in colour. The
-node agents' labels (`[1:0] text`, runtime/node/logcopy.py) come after that prefix, so the log
-must lose it before node_logs.split can read the labels; the prefix's rank says which
-node a line without a label (the agent's notes, the setup's output) came from.
+`(head, rank=0, pid=P) `, `(worker1, rank=1, pid=P, ip=IP) `, `(setup pid=P, ip=IP) `),
+often in colour, before the node agents' labels: the log loses it before node_logs.split
+reads the labels; its rank says which node an unlabelled line came from.
 """
 
 from __future__ import annotations

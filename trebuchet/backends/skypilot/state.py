@@ -1,8 +1,5 @@
-"""SkyPilot runs after hand-over: their states from SkyPilot's own API, polled in batches.
-
-Why a module of its own: as slurm/state.py for Slurm, the mapping from the engine's job
-statuses to trebuchet's is what `treb ps`/`status` rely on, and it is tested on its own
-(with a stand-in `sky` module: no SkyPilot API server or cloud can run here).
+"""SkyPilot runs after hand-over: their states from SkyPilot's own API, polled in batches
+(tested on its own with a stand-in `sky` module, as slurm/state.py for Slurm).
 """
 
 from __future__ import annotations
@@ -50,8 +47,7 @@ def _state(table: dict[str, str], status: str | None, reason: Any) -> tuple[str,
 
 
 def refresh_runs(backend: str, store: Any, runs: list[Any]) -> None:
-    """Active runs' states from SkyPilot: one `sky.jobs.queue` call for all managed jobs,
-    one `sky.job_status` call per cluster."""
+    """One `sky.jobs.queue` call for all managed jobs, one `sky.job_status` per cluster."""
     active = [r for r in runs if r.active and r.backend == backend and r.backend_id]
     if not active:
         return
@@ -76,7 +72,6 @@ def refresh_runs(backend: str, store: Any, runs: list[Any]) -> None:
 
 
 def _follow_managed(sky: Any, store: Any, managed: dict[int, Any]) -> None:
-    """Managed jobs (retries, spot): one queue call for all of them."""
     try:
         got = sky.get(sky.jobs.queue(refresh=False, job_ids=sorted(managed)))
     except Exception:  # API server unreachable: conclude nothing
@@ -91,7 +86,6 @@ def _follow_managed(sky: Any, store: Any, managed: dict[int, Any]) -> None:
 
 
 def _follow_cluster(sky: Any, store: Any, cluster: str, jobs: dict[int, Any]) -> None:
-    """Jobs on one cluster of their own (`sky launch --down`): one status call."""
     try:
         got = sky.get(sky.job_status(cluster, sorted(jobs)))
     except Exception as exc:  # down=True: the cluster goes when its job ends

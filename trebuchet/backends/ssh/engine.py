@@ -1,37 +1,13 @@
 """SSH: machines without a scheduler. One node agent per host, started with the system `ssh`.
 
-The run is supervised here, on the submitting machine (attached: `treb run` itself;
-detached: a background process, `python -m trebuchet.backends.ssh.run RUN_DIR`), as locally.
-Per run: one connection per host, opened in parallel and shared by every later command
-(OpenSSH's ControlMaster, sockets in a private folder, ControlPersist short), so a 16-host
-launch costs one round of handshakes, not 16 in a row. The run's files reach the hosts
-unless they are already there: the run directory is detected on a shared filesystem (or
-`ssh.shared_dir` says so), else the code snapshot, the runtime archive and job.json are
-copied to `<ssh.remote_dir>/<run id>/` on each host (rsync where both ends have it, else
-tar over the connection). Per attempt: `ssh HOST bash -c SCRIPT` on every host, SCRIPT
-placing the node (NODE_RANK by host order, MASTER_ADDR node 0's address as ssh's config
-resolves it), running `ssh.setup` (errexit and pipefail, its output in
-attempt-<n>/setup-node-<i>.log: a failing line fails the node before any rank starts, named
-with its output) and exec'ing the runtime's `node` verb (runtime/node/per_node.py: ranks, records,
-first failure within the node, timeout, and what the ranks left behind). Every value in
-SCRIPT is shlex-quoted; secrets travel on the session's stdin, never on a command line.
-The session's stdin is also the agent's lifeline: its end (cancel closes it; the
-connection drops; this process dies) makes the agent stop its ranks, so nothing outlives
-the session on any host. Until the agent runs (connection, setup), the session's first
-line named its process group on the host: a cancel or the attempt's timeout ends it there
-(`kill -- -PGID` over the shared connection), and connecting is bounded by ConnectTimeout.
-
-Logs: with a shared run directory the ranks write into it directly. Otherwise the agent's
-labelled copy of the logs on its stdout is split back into `attempt-<n>/rank-<r>.log` here
-while the run runs (`treb logs -f`), and when a node ends its attempt folder (records and
-the exact logs) is fetched over the connection. `attempt-<n>/ssh-<node>.log` keeps what ssh
-and the agent said. A host whose agent fails first names the attempt's root cause (its
-rank's record, with the host); a dropped connection is named as such.
-
-A host is lost when its session says nothing, not even the agent's heartbeat, for
-node_timeout, or ends without the agent's last word (runtime/job/nodeloss.py): the run holds
-the first `nodes` hosts and the next `spare_nodes` as spares, and the attempt after a loss
-runs on the hosts not excluded (run.py, SshRun.choose_hosts; docs/recovery.md).
+The run is supervised on the submitting machine, as locally (run.py). One connection per
+host, opened in parallel and shared by every later command (ControlMaster): a 16-host
+launch costs one round of handshakes, not 16 in a row. The run's files are copied to the
+hosts unless the run directory is on a shared filesystem. Secrets travel on the session's
+stdin, never on a command line; that stdin is also the agent's lifeline: its end (a cancel,
+a dropped connection, this process's death) stops the agent's ranks, so nothing outlives
+the session on any host. Until the agent runs, the session's process group on the host is
+known, so a stop ends a session still in setup there too.
 """
 
 from __future__ import annotations
@@ -40,8 +16,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,9 +29,8 @@ from trebuchet.backends.job_file import (
     node_job,
     uses_secret,
 )
-from trebuchet.backends.supervised_here import SupervisedHere
+from trebuchet.backends.supervised_here import SupervisedHere, start_detached
 from trebuchet.errors import UserError
-from trebuchet.runtime.process.procs import hostname
 from trebuchet.runtime.rundir.regular import read_text
 
 if TYPE_CHECKING:
@@ -68,7 +41,7 @@ if TYPE_CHECKING:
     from trebuchet.preflight.findings import Finding
     from trebuchet.runtime.contracts.schema import JobFile
     from trebuchet.spec.load import LoadedSpec
-    from trebuchet.store.db import RunRecord, Store
+    from trebuchet.store.db import RunRecord
 from trebuchet.backends.ssh.script import (
     _HOST,
     attempt_hosts,
@@ -116,8 +89,8 @@ class SshBackend(SupervisedHere):
     faults = True
 
     def _hosts(self, loaded: LoadedSpec, say: bool = False) -> list[Host]:
-        """The hosts the run holds: the first `nodes`, then `spare_nodes` spares, those
-        with a bad history across runs skipped when more are listed (avoid.py)."""
+        """The hosts the run holds (`nodes`, then `spare_nodes` spares), those with a bad
+        history across runs skipped when more are listed (avoid.py)."""
         from trebuchet.backends.ssh.avoid import choose
 
         spec = loaded.spec
@@ -126,7 +99,6 @@ class SshBackend(SupervisedHere):
                       spec.allow_nodes, loaded.where("ssh", "hosts"), say)  # fmt: skip
 
     def _all_hosts(self, loaded: LoadedSpec) -> list[Host]:
-        """Every host the spec names, checked (the first `nodes` are used)."""
         spec = loaded.spec
         found = hosts(loaded)
         if not found:
@@ -176,8 +148,7 @@ class SshBackend(SupervisedHere):
                 )
 
     def info(self, loaded: LoadedSpec, run_id: str, run_dir: Path, runtime: str) -> SshFacts:
-        """What this engine adds to the job file (ssh.json): hosts, the ssh command, where
-        the run's files are on the hosts until the copy step says otherwise."""
+        """What this engine adds to the job file (ssh.json)."""
         spec = loaded.spec
         sp: Ssh = engine_options(spec, "ssh")
         names = [h.name for h in self._hosts(loaded, say=True)]
@@ -186,7 +157,7 @@ class SshBackend(SupervisedHere):
             "run_id": run_id,
             "run_dir": str(run_dir),
             "hosts": names,
-            "ssh": ssh_argv(sp, None),
+            "ssh": ssh_argv(sp),
             "shared": sp.shared_dir,  # None: detect; "none": copy; a path: shared
             "remote_root": sp.remote_dir,
             "workdir": str(loaded.workdir),
@@ -241,8 +212,7 @@ class SshBackend(SupervisedHere):
         return "\n".join(out) + "\n"
 
     def preflight(self, ctx: Context) -> list[Finding]:
-        """`treb check --on ssh`: hosts listed beyond `nodes` (unused: said, as a
-        warning), and ssh.setup lines bash cannot parse (an error naming the item's line)."""
+        """Hosts listed beyond those held, and ssh.setup lines bash cannot parse."""
         from trebuchet.preflight.findings import ERROR, WARNING, Finding
 
         out: list[Finding] = []
@@ -293,13 +263,12 @@ class SshBackend(SupervisedHere):
         info["runtime"] = runtime.name
         write_json(sub.run_dir / "ssh.json", info)  # the engine's facts beside job.json
         if not attach:
-            _start_detached(sub.store, sub.record.id, sub.run_dir)
+            start_detached(sub.store, sub.record.id, sub.run_dir, "trebuchet.backends.ssh.run")
             return Submitted(sub.record.id)
+        from trebuchet.backends.ssh.run import SshRun
         from trebuchet.view.live import View
 
         view = View()
-        from trebuchet.backends.ssh.run import SshRun
-
         run = SshRun(sub.run_dir, sub.store, view)
         run.install_signals()
         try:
@@ -329,10 +298,8 @@ class SshBackend(SupervisedHere):
 
 
 def ssh_job(spec: Any, run_id: str, run_dir: Path) -> JobFile:
-    """The job file of an ssh run: what the job controller here and the node agents on the
-    hosts read. The agents watch their own ranks for hangs and send the timeout's warning;
-    the controller holds the timeout itself, from the attempt's start (`pre`, the sessions'
-    setup, the agents: a slow setup counts, and a session still in setup is ended)."""
+    """What the job controller here and the node agents on the hosts read. The controller
+    holds the timeout from the attempt's start: a slow setup counts."""
     job = node_job(spec, run_id, job=controller_job(spec, run_id, run_dir))
     job["nodes_watch"] = True
     return job
@@ -350,33 +317,10 @@ def _hex(text: str) -> bool:
 
 def master_port(spec: Any, run_id: str) -> int:
     """A port per run (from its id, as Slurm's from the job id): two runs sharing a host
-    rarely collide. The spec's MASTER_PORT (master_port, env.MASTER_PORT) wins."""
+    rarely collide."""
     if spec.fixed_port:
         return int(spec.fixed_port)
     return 15000 + int(run_id, 16) % 10000 if _hex(run_id) else 29500
-
-
-def _start_detached(store: Store, run_id: str, run_dir: Path) -> None:
-    log = os.open(run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trebuchet.backends.ssh.run", str(run_dir)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
-    finally:
-        os.close(log)
-    from trebuchet.runtime.process.procs import start_time
-
-    store.update_run(
-        run_id,
-        only_if_active=True,
-        supervisor_pid=proc.pid,
-        supervisor_start=start_time(proc.pid),
-        host=hostname(),
-    )
 
 
 BACKEND = SshBackend()

@@ -2,27 +2,22 @@
 
 Why: horovodrun starts the ranks on the other hosts through its own ssh, which knows no
 `ssh -F` config and no host aliases: it needs their addresses, and the port and identity
-the ssh engine connects with. Resolved here with `ssh -G` (no connection is made) from the
-same options the engine's own sessions use, and handed to node 0 in job.json.
+the ssh engine connects with (`ssh -G`), handed to node 0 in job.json.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import subprocess
 
+from trebuchet.backends.ssh.script import ssh_config
 from trebuchet.runtime.contracts.schema import HorovodHosts
 
 
 def resolve(ssh: list[str], host: str) -> dict[str, str]:
     """`ssh -G host`'s hostname, port and first existing identity file."""
-    try:
-        out = subprocess.run([*ssh, "-G", "--", host], capture_output=True, text=True,
-                             timeout=30).stdout  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        out = ""
     found = {"hostname": host.rpartition("@")[2]}
+    out = ssh_config(ssh, host)
     for key, value in re.findall(r"^(hostname|port|identityfile) (.+)$", out, re.M):
         if key == "identityfile":
             path = os.path.expanduser(value)

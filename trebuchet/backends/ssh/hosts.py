@@ -1,10 +1,5 @@
-"""The ssh engine's connections and the run's files on its hosts: one master connection
-per host (opened at once, each within ConnectTimeout and a login limit), shared by every
-session; the run directory found shared, else the run's files copied (rsync, else tar); one
-command per host at once; and the connections closed at the run's end.
-
-Why apart from the sessions (run.py): this is what a run needs of ssh whatever its
-attempts do, and the records (records.py) fetch through it too.
+"""The ssh engine's connections and the run's files on its hosts: what a run needs of ssh
+whatever its attempts do (the sessions are run.py's).
 """
 
 from __future__ import annotations
@@ -56,7 +51,7 @@ class Hosts:
 
     def each(self, argvs: list[list[str]], inputs: list[bytes] | None = None) -> list[tuple]:
         """Run one command per host at once; (returncode, stdout, stderr) each. A cancel
-        kills them (their results say so: the caller looks at the cancel)."""
+        kills them (the caller looks at the cancel)."""
         procs = [
             subprocess.Popen(
                 a,
@@ -88,8 +83,7 @@ class Hosts:
 
     def connect(self) -> str | None:
         """One master connection per host, all at once, each within ConnectTimeout and
-        LOGIN_S for the login (a host that answers and then stalls is cut); why not, or
-        None (also when cancelled: the caller looks)."""
+        LOGIN_S for the login (a host that answers and then stalls is cut); why not."""
         hosts = self.info["hosts"]
         limit = connect_timeout(self.info["ssh"]) + LOGIN_S
         logs = [open(self.run_dir / f"ssh-connect-{i}.log", "wb") for i in range(len(hosts))]  # noqa: SIM115
@@ -135,8 +129,7 @@ class Hosts:
         return None
 
     def shared(self) -> bool:
-        """Is the run directory the same folder on every host? (ssh.shared_dir, or a token
-        written here and read there)"""
+        """Is the run directory the same folder on every host (a token written here, read there)?"""
         setting = self.info["shared"]
         if setting is not None:
             return setting != "none"
@@ -149,7 +142,8 @@ class Hosts:
         return all(rc == 0 and so.decode().strip() == token for rc, so, _ in outs)
 
     def copy(self) -> str | None:
-        """The code, the runtime and job.json to every host's per-run folder; why not."""
+        """The code, the runtime and job.json to every host's per-run folder (rsync, else
+        tar); why not."""
         info, q = self.info, shlex.quote
         remote, code = info["remote_run_dir"], Path(info["workdir"])
         files = [info["runtime"], "job.json"]

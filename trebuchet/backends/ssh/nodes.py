@@ -1,7 +1,5 @@
-"""One host's session of an ssh attempt (Node: the ssh process, what its script said
-before the agent took over, the agent's heartbeat and last word) and what an attempt left:
-each node's attempt folder fetched from its host, the attempt's state and root cause from
-the agents' records, a failed ssh.setup named by its item and line, a node's hang merged.
+"""One host's session of an ssh attempt (Node), and what an attempt left: each node's
+attempt folder fetched from its host, the attempt's state and root cause.
 """
 
 from __future__ import annotations
@@ -41,9 +39,8 @@ STALL_S = 3.0  # a gap between two polls this long: this process was stopped, no
 
 
 def merge_hang(adir: Path, expected: list[str]) -> bool:
-    """Whether a node's hang watch stopped the attempt (runtime/node/per_node.py: each node watches
-    its own ranks and dumps their stacks). Its hang.json then covers every rank whose stacks
-    came back, from any node, so the diagnosis sees the whole run, not one node's ranks."""
+    """Whether a node's hang watch stopped the attempt. Its hang.json then covers every rank
+    whose stacks came back, from any node: the diagnosis sees the whole run."""
     from trebuchet.store.files import read_json, write_json
 
     info = read_json(adir / "hang.json")
@@ -55,8 +52,7 @@ def merge_hang(adir: Path, expected: list[str]) -> bool:
 
 
 class Node:
-    """One host's session of one attempt (the node agent's, or a pre/post command's): the
-    ssh process, what its script said before the agent took over, its output."""
+    """One host's session of one attempt (the node agent's, or a pre/post command's)."""
 
     def __init__(self, index: int, host: str, proc: subprocess.Popen, log: IO[bytes],
                  hook: bool = False) -> None:  # fmt: skip
@@ -83,9 +79,8 @@ class Node:
                 self.proc.stdin.flush()
 
     def close_session(self, interrupt: bool = False) -> None:
-        """Close stdin: the remote agent stops its ranks (grace, then SIGKILL) and ends.
-        `interrupt` (Ctrl+C): INTERRUPT first, so that it stops them as torchrun does
-        (SIGINT, then SIGTERM after the grace, SIGKILL after another; runtime/node/per_node.py)."""
+        """Close stdin: the remote agent stops its ranks and ends. `interrupt` (Ctrl+C):
+        INTERRUPT first, so that it stops them as torchrun does (SIGINT first)."""
         if not self.closed and self.proc.stdin:
             self.closed = True
             with contextlib.suppress(OSError):
@@ -104,8 +99,7 @@ class Node:
         return gone or (self.setup_done and not self.hook)
 
     def hear(self, line: bytes) -> bool:
-        """A line from the agent: it is alive; True for its own heartbeat and end (taken
-        in), False for what goes on to the logs."""
+        """A line from the agent: it is alive; False for what goes on to the logs."""
         self.heard, self.heard_wall = time.monotonic(), time.time()
         if line.startswith(BEAT_LINE):
             return line.rstrip(b"\r\n") == BEAT_LINE
@@ -138,8 +132,7 @@ class Node:
 
 
 def fetch(hosts: Hosts, node: Node, adir: Path) -> str | None:
-    """The node's attempt folder (records, exact logs, stacks, metrics, the ranks' goodput
-    marks) from its host, into `adir`; what to say when it could not be."""
+    """The node's attempt folder from its host, into `adir`; what to say when it could not be."""
     remote = f"{hosts.info['remote_run_dir']}/{adir.name}"
     cmd = f"tar -C {shlex.quote(remote)} -cf - ."
     try:
@@ -186,8 +179,8 @@ def process_records(adir: Path, hosts: list[str]) -> list[Outcome]:
 def outcome(info: SshFacts, records: list[Outcome], first: Node | None, reason: str | None,
             adir: Path, attempt: int, hung: bool, one_launcher: bool,
             ) -> tuple[str, FirstFailure | None]:  # fmt: skip
-    """The attempt's state and root cause from the records the agents wrote (`first`: the
-    first node to end badly; `one_launcher`: node 0's horovodrun ran every host's ranks)."""
+    """The attempt's state and root cause (`first`: the first node to end badly;
+    `one_launcher`: node 0's horovodrun ran every host's ranks)."""
     if reason == "cancel":
         return "CANCELLED", None
     if reason == "timeout":  # the controller's clock (setup, `pre`, a late agent)
@@ -236,8 +229,8 @@ def setup_text(info: SshFacts, n: Node) -> str:
 
 
 def setup_cause(info: SshFacts, n: Node, adir: Path, attempt: int) -> FirstFailure:
-    """A node whose ssh.setup failed: the item, its exit code and its last output line,
-    with setup's log (fetched from the host; else the lines its session sent)."""
+    """A node whose ssh.setup failed, with setup's log (fetched from the host; else the
+    lines its session sent)."""
     assert n.setup_failed is not None
     log = adir / f"setup-node-{n.index}.log"
     if not log.is_file() and n.setup_output:

@@ -1,10 +1,6 @@
 """The ssh engine's supervisor: one run's sessions to its hosts, driven by the one job
-controller (runtime/job/life.py) as its Nodes and Records. Connections opened in parallel
-and shared, the run's files copied where the run directory is not shared, an ssh session per
-host and attempt (its stdin the agent's lifeline), logs split back per rank while they
-run, records fetched when a node ends, a dropped connection named as such.
-
-`python -m trebuchet.backends.ssh.run RUN_DIR` is a detached run's supervisor.
+controller (runtime/job/life.py) as its Nodes. `python -m trebuchet.backends.ssh.run
+RUN_DIR` is a detached run's supervisor.
 """
 
 from __future__ import annotations
@@ -133,8 +129,7 @@ class SshRun:
     # -- Nodes (runtime/job/life.py): this engine's side of each attempt -----------------
     def prepare(self) -> FirstFailure | None:
         """Connections to every host, then the run's files where they are not shared. A
-        cancel meanwhile stops there: the first attempt then starts nothing and ends
-        CANCELLED."""
+        cancel meanwhile stops there: the first attempt then starts nothing."""
         from trebuchet.store.files import write_json
 
         t0 = time.time()
@@ -168,8 +163,8 @@ class SshRun:
                 "hosts": self.active}  # fmt: skip
 
     def choose_hosts(self) -> None:
-        """After a lost node: the held hosts not excluded (a spare in, or fewer down to
-        min_nodes: runtime/job/nodeset.py), NODE_RANK by their order, the master node 0's."""
+        """After a lost node: the held hosts not excluded (runtime/job/nodeset.py), NODE_RANK
+        by their order, the master node 0's."""
         info = self.info
         before = self.active
         choice = self.next_nodes()
@@ -188,22 +183,18 @@ class SshRun:
         )
 
     def next_nodes(self) -> nodeset.Choice:
-        """The held hosts not excluded (runtime/job/nodeset.py), and why none can go on."""
         hosts = self.info["hosts"]
         want = int(self.info.get("nodes") or len(hosts))
         return nodeloss.next_nodes(str(self.run_dir), hosts, want, self.jobfile.get("min_nodes"))
 
     def deadline(self) -> float | None:
-        """When this attempt's `timeout` ends it (monotonic), or None."""
         timeout = self.jobfile.get("timeout")
         return self.clock_start + float(timeout) if timeout else None
 
     def pre_post(self, when: str, attempt: int) -> bool:
         """The spec's pre/post command on every host at once, each node's to its end (as
-        locally), placed as the node agent is; its output in attempt-<n>/<when>-node-<i>.log.
-        False when one failed. A cancel ends them (on the hosts too); so does the attempt's
-        timeout during `pre`, which then starts nothing and ends TIMEOUT (the controller's
-        clock)."""
+        locally); False when one failed. A cancel ends them (on the hosts too); so does the
+        attempt's timeout during `pre`, which then starts nothing."""
         command = str(self.jobfile.get(when) or "")  # pre or post
         if not command or self.cancelled:
             return True
@@ -233,7 +224,7 @@ class SshRun:
         return ok or why is not None
 
     def wait_sessions(self, sessions: list[Node], deadline: float | None) -> str | None:
-        """Until every session ended; why they were stopped: "cancel", "timeout" or None."""
+        """Until every session ended; why they were stopped ("cancel", "timeout")."""
         why: str | None = None
         kill_at: float | None = None
         while True:
@@ -281,9 +272,8 @@ class SshRun:
                     self.view.add(f"{i}:{local}", adir / f"rank-{i * ppn + local}.log")
 
     def poll(self) -> bool:
-        """A node that ends badly first names the root cause's node; the controller then
-        stops the others. Nothing started (the time ran out in `pre`): running until the
-        controller stops the attempt."""
+        """A node that ends badly first names the root cause's node. Nothing started (the
+        time ran out in `pre`): running until the controller stops the attempt."""
         for n in self.nodes:
             if n.returncode is None and n.proc.poll() is not None:
                 if n.reader:  # its last lines (a setup's failure) are in once it is done
@@ -315,9 +305,8 @@ class SshRun:
         return any(n.returncode is None for n in self.nodes) or (self.idle and not self.stopping)
 
     def release(self) -> None:
-        """Every node's checks passed (each agent said so, barrier.py): the go to all of
-        them at once, so that no rank starts while another node still checks. Called by the
-        reader that hears the last one, and by poll."""
+        """Every node's checks passed (barrier.py): the go to all of them at once, so that
+        no rank starts while another node still checks."""
         with self.gate:
             if self.go_sent or self.stopping or self.first is not None or not self.nodes:
                 return
@@ -328,9 +317,8 @@ class SshRun:
                 n.send(f"{barrier.GO}\n".encode())
 
     def watch_beats(self) -> None:
-        """A node whose agent said nothing (not even its heartbeat, every nodeloss.BEAT_S)
-        for node_timeout is lost: a dead host, its link down, answers nothing, and ssh's
-        own keepalive would take far longer to say so."""
+        """A node whose agent said nothing (not even its heartbeat) for node_timeout is lost:
+        ssh's own keepalive would take far longer to say so."""
         now = time.monotonic()
         if now - self.last_poll > STALL_S:  # this process was stopped: the lines wait unread
             for n in self.nodes:
@@ -347,9 +335,8 @@ class SshRun:
                 return
 
     def lose(self, n: Node, message: str, last_seen: float) -> None:
-        """Node `n` is lost: on record (attempt-N/lost-<node>.json, the event), excluded
-        from this run, its session cut here (its host answers nothing), the others
-        stopped."""
+        """Node `n` is lost: on record, excluded from this run, its session cut here (its host
+        answers nothing), the others stopped."""
         n.lost_cause = nodeloss.record(str(self.run_dir), self.job.attempt, n.index, n.host,
                                        message, last_seen)  # fmt: skip
         self.say(f"{message}: stopping the others")
@@ -362,9 +349,8 @@ class SshRun:
         return 0  # the node agents hold the timeout's warning themselves
 
     def stop(self) -> None:
-        """Close every session: each agent stops its ranks (grace, SIGKILL) and ends; a
-        session still in setup is ended on its host (SIGTERM to its process group); one
-        still open after the grace period and 15 s is cut."""
+        """Close every session; one still in setup is ended on its host; one still open after
+        the grace period and 15 s is cut."""
         with self.gate:  # no go after this: the waiting agents end without their ranks
             self.stopping = True
         if self.cancelled and not self.cancel_said:
@@ -379,9 +365,8 @@ class SshRun:
             self.kill_at = time.monotonic() + grace + 15
 
     def stop_remote(self, sessions: list[Node], sig: str) -> None:
-        """`sig` to the process group of each session no agent took over yet (setup, a
-        pre/post command), on its host, over the shared connection; once per session and
-        signal (a session that has not said its group yet gets it when it does: tick)."""
+        """`sig` to the process group of each session no agent took over yet, on its host;
+        once per session and signal (one that has not said its group yet gets it in tick)."""
         for n in sessions:
             if n.returncode is not None or n.pgid is None or sig in n.signalled:
                 continue
@@ -394,8 +379,8 @@ class SshRun:
                 stderr=subprocess.DEVNULL))  # fmt: skip
 
     def cut(self, sessions: list[Node]) -> None:
-        """The sessions did not end: SIGKILL on the hosts (what no agent runs yet), and the
-        ssh clients here are killed (an agent then sees its stdin end)."""
+        """SIGKILL on the hosts (what no agent runs yet) and to the ssh clients here (an
+        agent then sees its stdin end)."""
         self.stop_remote(sessions, "KILL")
         for n in sessions:
             if n.returncode is None:
@@ -458,7 +443,6 @@ class SshRun:
         return Ending(state, reason)
 
     def logs(self, attempt: int, cause: FirstFailure | None) -> list[str]:
-        """The attempt's logs as fetched from the hosts, the failing rank's first."""
         return attempt_logs(str(self.run_dir / f"attempt-{attempt}"), (cause or {}).get("log"))
 
     def exit_code(self) -> int:
@@ -469,9 +453,8 @@ class SshRun:
 
     def open_session(self, i: int, host: str, script: str, log: IO[bytes], adir: Path,
                      stdin_line: bytes | None) -> Node:  # fmt: skip
-        """`bash -c script` on `host`, its stderr into `log`; `stdin_line` (the agent's
-        secrets) first on its stdin, which stays open as the agent's lifeline. None: a
-        pre/post command, all of whose output goes to `log`."""
+        """`bash -c script` on `host`; `stdin_line` (the agent's secrets) first on its stdin,
+        which stays open as the agent's lifeline. None: a pre/post command."""
         proc = subprocess.Popen(
             self.hosts.ssh(host, remote_command(script)),
             stdin=subprocess.PIPE if stdin_line is not None else subprocess.DEVNULL,
@@ -492,11 +475,9 @@ class SshRun:
         return node
 
     def read(self, node: Node, adir: Path) -> None:
-        """The session's stdout. Until setup is done: the script's own lines (Node.marker).
-        Then a pre/post command's output goes to its log; the agent's `[n:l] line` to rank
-        n*ppn+l's log (unless the ranks write the shared run directory themselves), `[n]
-        line` to node-n.log, the rest (the agent's own `treb: ...` lines) to
-        ssh-<node>.log and the terminal."""
+        """The session's stdout: the agent's labelled lines to the ranks' logs (unless they
+        write the shared run directory themselves), the rest to ssh-<node>.log and the
+        terminal."""
         copy = self.info["remote_root"] is not None
         ppn = int(self.jobfile["ppn"])
         files: dict[str, IO[bytes]] = {}

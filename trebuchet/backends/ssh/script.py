@@ -1,7 +1,5 @@
-"""What the ssh engine runs on a host, and how it reaches it: the ssh command line (shared
-connections, bounded connecting), the per-attempt node script (placing the node, running
-`ssh.setup` under errexit with its own log, exec'ing the runtime's node verb) and the markers
-that script prints before the agent takes its stdout over. Every value is shlex-quoted.
+"""What the ssh engine runs on a host, and how it reaches it: the ssh command line, the
+per-attempt node script and the markers it prints before the agent takes its stdout over.
 """
 
 from __future__ import annotations
@@ -12,13 +10,10 @@ import re
 import shlex
 import shutil
 import subprocess
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import Any, TypedDict
 
 from trebuchet.runtime.node.per_node import SETUP_ENV_FD, SETUP_ENV_VAR
 from trebuchet.runtime.node.task import NO_PYTHON
-
-if TYPE_CHECKING:
-    pass
 
 CONNECT_TIMEOUT_S = 20  # ssh's ConnectTimeout unless ssh.options gives one
 LOGIN_S = 5  # beyond ConnectTimeout, for the login itself: a host that stalls after its banner
@@ -33,9 +28,8 @@ SETUP_TAIL = 20
 _HOST = re.compile(r"[A-Za-z0-9_.@:\[\]%-]+")  # no option (leading -), space or shell syntax
 
 
-def ssh_argv(sp: Any, control_dir: str | None) -> list[str]:
-    """`ssh` with the spec's settings (ssh's own config still applies) and, during a run,
-    the shared connection."""
+def ssh_argv(sp: Any) -> list[str]:
+    """`ssh` with the spec's settings (a run adds its shared connection: hosts.py)."""
     argv = ["ssh"]
     if sp.config_file:
         argv += ["-F", os.path.expanduser(sp.config_file)]
@@ -47,22 +41,12 @@ def ssh_argv(sp: Any, control_dir: str | None) -> list[str]:
         argv += ["-i", os.path.expanduser(sp.identity_file)]
     for opt in sp.options:
         argv += ["-o", opt]
-    argv += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}"]
-    if control_dir:
-        argv += [
-            "-o",
-            "ControlMaster=auto",
-            "-o",
-            f"ControlPath={control_dir}/%C",
-            "-o",
-            f"ControlPersist={PERSIST_S}",
-        ]
-    return argv
+    return [*argv, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}"]
 
 
 def connect_timeout(argv: list[str]) -> float:
-    """The ConnectTimeout ssh applies: the first `-o ConnectTimeout=N` of its command line
-    (ssh.options come before trebuchet's default), which wins over any config file."""
+    """The ConnectTimeout ssh applies: the first `-o ConnectTimeout=N` (ssh.options come
+    before trebuchet's default), which wins over any config file."""
     for i, word in enumerate(argv[:-1]):
         key, _, value = argv[i + 1].partition("=")
         if word == "-o" and key.strip().lower() == "connecttimeout":
@@ -72,8 +56,7 @@ def connect_timeout(argv: list[str]) -> float:
 
 
 def setup_body(setup: list[str]) -> list[str]:
-    """The items of ssh.setup as written, each after the line that numbers it (from 1): a
-    failure names the item."""
+    """The items of ssh.setup, each after the line that numbers it: a failure names it."""
     body: list[str] = []
     for i, item in enumerate(setup, 1):
         body += [f"_treb_line={i}", item]
@@ -82,11 +65,9 @@ def setup_body(setup: list[str]) -> list[str]:
 
 def setup_lines(setup: list[str], log: str | None) -> list[str]:
     """ssh.setup in the session's own shell (so `source .../activate` holds for what
-    follows), under errexit and pipefail, stdin from /dev/null (the secrets' line is the
-    agent's), its output into `log` (a shell word; None: the session's own output). A line
-    that fails ends the shell there: the EXIT trap says which item (SETUP_FAILED) and, on
-    the session's stdout (fd 9), the last lines of its output (SETUP_OUTPUT), and the node
-    ends with the line's exit code (1 for a setup that exits 0) before any rank starts."""
+    follows), stdin from /dev/null (the secrets' line is the agent's). A line that fails
+    ends the shell: the EXIT trap says which item and the last lines of its output on the
+    session's stdout (fd 9), and the node ends before any rank starts."""
     if not setup:
         return []
     tail = (
@@ -113,9 +94,7 @@ def setup_lines(setup: list[str], log: str | None) -> list[str]:
 
 
 class SshFacts(TypedDict, total=False):
-    """ssh.json: what the ssh engine adds to the job file (job.json), the facts of where
-    the run is: its hosts (beyond `nodes`: spares), the ssh command, where its files are
-    on them (`place`), the master's address and port, the spec's env without secrets."""
+    """ssh.json: what the ssh engine adds to the job file, the facts of where the run is."""
 
     run_id: str
     run_dir: str
@@ -140,12 +119,10 @@ class SshFacts(TypedDict, total=False):
 def node_script(
     info: SshFacts, node: int, attempt: int, hook: str | None = None, elapsed: float = 0.0
 ) -> str:
-    """What `bash -c` runs on host `node`: every value quoted; the session's process group
-    first (a stop before the agent runs ends it there); the user's setup lines as written,
-    under errexit and pipefail (setup_lines); then the node agent in place of the shell
-    (`hook`: the spec's pre or post command instead, under bash as locally). `elapsed`: the
-    attempt's seconds before this session (its `pre`), for the agent's timeout, which counts
-    from the attempt's start as the supervisor's does (setup included)."""
+    """What `bash -c` runs on host `node`: the session's process group first (a stop before
+    the agent runs ends it there), the setup lines, then the node agent in place of the
+    shell (`hook`: the spec's pre or post command instead). `elapsed`: the attempt's seconds
+    before this session, since the agent's timeout counts from the attempt's start."""
     q = shlex.quote
     env = {
         **info["env"],
@@ -189,39 +166,40 @@ def node_script(
 
 
 def remote_command(script: str) -> str:
-    """The one word ssh hands to the remote login shell (bash, zsh, dash alike): bash runs
-    the script, as it runs the ranks' command strings and pre/post."""
+    """The one word ssh hands to the remote login shell (bash, zsh, dash alike)."""
     return "bash -c " + shlex.quote(script)
 
 
 def attempt_hosts(info: SshFacts) -> list[str]:
-    """The hosts of the current attempt, node 0 first: what the supervisor chose (`active`:
-    a lost host excluded, a spare in), else the first `nodes` of those listed."""
+    """The hosts of the current attempt, node 0 first: what the supervisor chose after a
+    loss (`active`), else the first `nodes` of those listed."""
     hosts: list[str] = info.get("active") or info["hosts"][: info.get("nodes") or None]
     return hosts
 
 
 def master_address(info: SshFacts) -> str:
     """MASTER_ADDR: ssh.master_addr, else node 0's HostName as `ssh -G` resolves it (no
-    connection is made), else its name. Node 0 is the attempt's: the master moves when
-    the first host was lost."""
+    connection is made). Node 0 is the attempt's: the master moves when it was lost."""
     given = info.get("master_addr_given", info["master_addr"])
     if given:
         return str(given)
     host = attempt_hosts(info)[0]
-    try:
-        out = subprocess.run([*info["ssh"], "-G", "--", host], capture_output=True, text=True,
-                             timeout=30).stdout  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        out = ""
-    name = re.search(r"^hostname (\S+)$", out, re.M)
+    name = re.search(r"^hostname (\S+)$", ssh_config(info["ssh"], host), re.M)
     return name.group(1) if name else host.rpartition("@")[2]
 
 
+def ssh_config(ssh: list[str], host: str) -> str:
+    """`ssh -G host`: the settings ssh's config gives it (no connection is made)."""
+    try:
+        return subprocess.run([*ssh, "-G", "--", host], capture_output=True, text=True,
+                              timeout=30).stdout  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
 def setup_syntax(setup: list[str]) -> tuple[int, str] | None:
-    """Where bash cannot parse ssh.setup as the node's script holds it (setup_body, in its
-    `{ }`), with `bash -n` here (bash on the hosts parses the same way): (item index,
-    bash's message), or None (also when bash is not here)."""
+    """(item index, bash's message) where `bash -n` here cannot parse ssh.setup as the node's
+    script holds it (bash on the hosts parses the same way)."""
     bash = shutil.which("bash")
     if not bash or not setup:
         return None
@@ -245,8 +223,7 @@ def setup_syntax(setup: list[str]) -> tuple[int, str] | None:
 
 
 def place(info: SshFacts, shared: bool) -> None:
-    """Where the run's files are on the hosts: the run directory itself when shared, else
-    the per-run copy (relative paths are the remote home's)."""
+    """Where the run's files are on the hosts (relative paths are the remote home's)."""
     rid, run_dir = info["run_id"], info["run_dir"]
     if shared:
         info["remote_root"] = None

@@ -1,12 +1,9 @@
 """The rank contract, defined once: which variables a rank gets, and how they are derived
 from whatever started it (trebuchet's agent, torchrun, srun, mpirun, SkyPilot).
 
-Why one module: the local plan, the node agent on every engine, the MPI workers and
-`trebuchet.dist.init_env()` all need the same names and the same formulas (master port,
-OMP threads, node of an MPI rank); written once here, they cannot drift.
-
-Stdlib only and Python >= 3.8: it is part of the runtime that every run carries to its
-nodes (trebuchet/runtime), and `init_env()` runs in user code before torch is imported.
+The local plan, the node agent on every engine, the MPI workers and
+`trebuchet.dist.init_env()` (user code, before torch is imported) all need the same names
+and formulas: written once here, they cannot drift.
 """
 
 from __future__ import annotations
@@ -14,34 +11,22 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from typing import Mapping
 
 __all__ = [
-    "expand_hostlist",
-    "init_env",
-    "slurm_master_port",
-    "rank_vars",
-    "node_vars",
-    "elastic_vars",
-    "slurm_task_vars",
-]
+    "expand_hostlist", "init_env", "slurm_master_port", "rank_vars", "node_vars",
+    "elastic_vars", "slurm_task_vars",
+]  # fmt: skip
 
 DEFAULT_MASTER_PORT = 29500  # torch's own default, for engines that do not give us a job id
 # Names trebuchet itself sets in a rank (the spec's env may not set them, except MASTER_*).
-RANK_NAMES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-)
+RANK_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE",
+              "ROLE_RANK", "ROLE_WORLD_SIZE")  # fmt: skip
 NODE_NAMES = ("NODE_RANK", "GROUP_RANK", "NUM_NODES")
 
 
 def rank_vars(rank: int, local_rank: int, node: int, nodes: int, ppn: int) -> dict[str, str]:
-    """Everything that says where one rank is, as launcher native sets it (torchrun's names
-    too: GROUP_*, ROLE_*)."""
+    """Where one rank is, as launcher native sets it (torchrun's GROUP_*, ROLE_* too)."""
     world = nodes * ppn
     return {
         "RANK": str(rank),
@@ -56,10 +41,8 @@ def rank_vars(rank: int, local_rank: int, node: int, nodes: int, ppn: int) -> di
 
 
 def slurm_task_vars(rank: int, local_rank: int, node: int, nodes: int, ppn: int) -> dict[str, str]:
-    """What srun tells a task about itself and its step, for a rank that the node's agent
-    started (one srun task per node): as srun would have, had it started the rank as a task
-    of its own, so that code which reads them (Lightning's SLURMEnvironment: SLURM_PROCID,
-    SLURM_LOCALID, SLURM_NTASKS) finds this rank, not the agent's task."""
+    """What srun would tell the rank had it started it as a task of its own (the agent is
+    srun's one task per node): Lightning's SLURMEnvironment then finds this rank."""
     world = nodes * ppn
     per_node = f"{ppn}(x{nodes})" if nodes > 1 else str(ppn)
     first = node * ppn
@@ -76,23 +59,17 @@ def slurm_task_vars(rank: int, local_rank: int, node: int, nodes: int, ppn: int)
     }
 
 
-# torchrun's own variables for its workers (torch/distributed/elastic/agent/server/
-# local_elastic_agent.py, _start_workers), which launcher native gives its ranks too, so
-# that torch.distributed.is_torchelastic_launched() and the trainers that test it (Lightning's
-# TorchElasticEnvironment) behave as under torchrun, and torch's @record writes its error
-# file where the diagnosis reads it. Not TORCHELASTIC_USE_AGENT_STORE: it tells a rank that
-# a torchrun agent hosts its store, and init_process_group would wait for that agent.
+# torchrun's own variables for its workers (local_elastic_agent.py, _start_workers), given
+# to native ranks too: is_torchelastic_launched() and Lightning behave as under torchrun,
+# and @record writes its error file where the diagnosis reads it. Not
+# TORCHELASTIC_USE_AGENT_STORE: init_process_group would wait for a torchrun agent's store.
 ELASTIC_ROLE = "default"  # torchrun's --role default
 ERRORS_DIR = "errors"  # attempt-<n>/errors/: beside, never among, the outcome records
 
 
 def elastic_vars(run_id: str | None, max_restarts: int) -> dict[str, str]:
-    """What torchrun tells its workers about the whole run: the run id (its --rdzv-id), the
-    retry budget (treb's `retries`: treb restarts, not torchrun) and the role.
-
-    run_id None: no TORCHELASTIC_RUN_ID, for ranks that srun starts (Slurm, native): srun is
-    their launcher, and with that variable set Lightning would take torchrun for it
-    (TorchElasticEnvironment before SLURMEnvironment) and drop its SLURM auto-requeue."""
+    """run_id None for ranks srun starts: with TORCHELASTIC_RUN_ID set, Lightning would take
+    torchrun for their launcher and drop its SLURM auto-requeue."""
     out = {"TORCHELASTIC_MAX_RESTARTS": str(max(0, max_restarts)), "ROLE_NAME": ELASTIC_ROLE}
     if run_id:
         out["TORCHELASTIC_RUN_ID"] = run_id
@@ -100,17 +77,13 @@ def elastic_vars(run_id: str | None, max_restarts: int) -> dict[str, str]:
 
 
 def error_file(attempt_dir: str, name: str) -> str:
-    """Where a rank's structured error goes (torch's @record): `errors/rank-<r>.json` of
-    its attempt (the agent creates the folder; torch only opens the file)."""
+    """torch's @record only opens the file: the agent creates the folder."""
     return os.path.join(attempt_dir, ERRORS_DIR, name + ".json")
 
 
 def attempt_elastic_vars(env: dict[str, str], attempt_dir: str, name: str) -> dict[str, str]:
-    """The per-attempt part, set by the agent as it starts a rank whose environment carries
-    TORCHELASTIC_MAX_RESTARTS (a native rank: elastic_vars; a torchrun worker): its error
-    file, the attempt as the restart count (torchrun's own count stays: treb never lets
-    torchrun restart, so it is 0), TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless set. {} for any
-    other process."""
+    """The per-attempt part for a rank with TORCHELASTIC_MAX_RESTARTS: the attempt is the
+    restart count (treb restarts, never torchrun); {} for any other process."""
     if "TORCHELASTIC_MAX_RESTARTS" not in env:
         return {}
     return {
@@ -123,37 +96,26 @@ def attempt_elastic_vars(env: dict[str, str], attempt_dir: str, name: str) -> di
 
 
 def node_vars(node: int, nodes: int) -> dict[str, str]:
-    """What a whole node knows (launcher none, a torchrun agent, pre/post commands)."""
     return {"NODE_RANK": str(node), "GROUP_RANK": str(node), "NUM_NODES": str(nodes)}
 
 
 def omp_threads(cpus: int, ranks: int) -> str:
-    """OMP_NUM_THREADS: the node's CPUs split over the ranks that share them (>= 1)."""
     return str(max(1, cpus // max(1, ranks)))
 
 
 def mpi_rank_vars(environ: dict[str, str], ppn: int) -> dict[str, str]:
-    """The contract for a rank that mpirun/horovodrun started (`--map-by slot`: a node's
-    slots fill first, so the node is RANK // ppn)."""
-    rank = _int(
-        environ.get("OMPI_COMM_WORLD_RANK")
-        or environ.get("HOROVOD_RANK")
-        or environ.get("PMI_RANK")
-    )
-    size = _int(
-        environ.get("OMPI_COMM_WORLD_SIZE")
-        or environ.get("HOROVOD_SIZE")
-        or environ.get("PMI_SIZE")
-    )
+    """For a rank mpirun/horovodrun started (`--map-by slot`: the node is RANK // ppn)."""
+    rank = _int(_get("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", environ=environ))
+    size = _int(_get("OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE", environ=environ))
     if rank is None or size is None or ppn < 1:
         return {}
     return rank_vars(rank, rank % ppn, rank // ppn, max(1, size // ppn), ppn)
 
 
-def _get(*names: str) -> str | None:
+def _get(*names: str, environ: Mapping[str, str] = os.environ) -> str | None:
     """The first of these variables that is set and non-empty."""
     for name in names:
-        value = os.environ.get(name)
+        value = environ.get(name)
         if value:
             return value
     return None
@@ -167,12 +129,8 @@ def _int(value: str | None) -> int | None:
 
 
 def expand_hostlist(expr: str) -> list[str]:
-    """Expand a Slurm hostlist (`nodeA,nodeB[1-3]`) into host names.
-
-    Uses python-hostlist when installed, else `scontrol show hostnames`, else a small
-    parser good for the usual `prefix[1-3,07-09]suffix` forms, so that a missing optional
-    dependency never leaves MASTER_ADDR unset.
-    """
+    """A Slurm hostlist (`nodeA,nodeB[1-3]`) as host names: python-hostlist, else scontrol,
+    else a small parser, so that a missing optional dependency never leaves MASTER_ADDR unset."""
     try:
         import hostlist  # python-hostlist; lazy: only Slurm users need it
     except ImportError:
@@ -180,13 +138,8 @@ def expand_hostlist(expr: str) -> list[str]:
     else:
         return list(hostlist.expand_hostlist(expr, allow_duplicates=True))  # as Slurm does
     try:
-        out = subprocess.run(
-            ["scontrol", "show", "hostnames", expr],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=30,
-        ).stdout
+        argv = ["scontrol", "show", "hostnames", expr]
+        out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
         hosts = out.split()
         if hosts:
             return hosts
@@ -196,7 +149,6 @@ def expand_hostlist(expr: str) -> list[str]:
 
 
 def _expand_builtin(expr: str) -> list[str]:
-    """Fallback expansion: comma-separated items, each with any number of [ranges]."""
     items: list[str] = []
     depth, start = 0, 0
     for i, char in enumerate(expr + ","):
@@ -222,11 +174,8 @@ def _expand_builtin(expr: str) -> list[str]:
 
 
 def slurm_master_port(job_id: str) -> int:
-    """15000 + the last 4 digits of the job id (Megatron Bridge's convention: 15000-24999).
-
-    Every task of a job derives the same port without talking, and concurrent jobs sharing a
-    node rarely collide.
-    """
+    """Megatron Bridge's convention: every task derives the same port without talking, and
+    concurrent jobs sharing a node rarely collide."""
     digits = re.sub(r"\D", "", job_id)
     return 15000 + int(digits[-4:] or 0)
 
@@ -273,12 +222,8 @@ def _from_mpi(
     rank: str, size: str, local_rank: str | None, local_size: str | None
 ) -> dict[str, str | None]:
     """Open MPI and MPICH/Intel MPI give ranks but no host list: derive what is safe."""
-    values: dict[str, str | None] = {
-        "RANK": rank,
-        "WORLD_SIZE": size,
-        "LOCAL_RANK": local_rank,
-        "LOCAL_WORLD_SIZE": local_size,
-    }
+    values: dict[str, str | None] = {"RANK": rank, "WORLD_SIZE": size, "LOCAL_RANK": local_rank,
+                                     "LOCAL_WORLD_SIZE": local_size}  # fmt: skip
     r, n, ln = _int(rank), _int(size), _int(local_size)
     if r is not None and n and ln and n % ln == 0:  # block mapping, same count per node
         values["NODE_RANK"] = str(r // ln)
@@ -294,12 +239,8 @@ def _from_mpi(
 
 
 def _from_skypilot() -> dict[str, str | None]:
-    """SkyPilot runs the command once per node: the node is known, a process rank is not.
-
-    RANK, WORLD_SIZE and LOCAL_RANK are set only with one GPU (or none) per node, where the
-    one process per node is the whole world; otherwise LOCAL_WORLD_SIZE says how many
-    processes to start per node (like trebuchet's `none` launcher).
-    """
+    """SkyPilot runs the command once per node: a process rank is known only with one GPU
+    (or none) per node; otherwise LOCAL_WORLD_SIZE says how many to start (launcher none)."""
     ips = (_get("SKYPILOT_NODE_IPS") or "").split()
     node_rank, num_nodes = _get("SKYPILOT_NODE_RANK"), _get("SKYPILOT_NUM_NODES")
     local_world = str(max(1, _int(_get("SKYPILOT_NUM_GPUS_PER_NODE")) or 1))
@@ -315,31 +256,27 @@ def _from_skypilot() -> dict[str, str | None]:
     return values
 
 
+# Open MPI's, then MPICH's / Intel MPI's: rank, size, local rank, local size
+MPI_SOURCES = (
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", ("OMPI_COMM_WORLD_LOCAL_RANK",),
+     ("OMPI_COMM_WORLD_LOCAL_SIZE",)),
+    ("PMI_RANK", "PMI_SIZE", ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
+     ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE")),
+)  # fmt: skip
+
+
 def _detect() -> dict[str, str | None]:
     """Pick the source. MPI before Slurm: mpirun inside an sbatch job also sees the job's
     SLURM_*, which then describe mpirun's daemons, not the ranks. Unless they agree with the
     MPI ranks (srun started the MPI tasks itself): Slurm knows more (local sizes, hosts)."""
     slurm_rank = (_get("SLURM_PROCID"), _get("SLURM_NTASKS", "SLURM_NPROCS"))
-    for rank_var, size_var in (
-        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-        ("PMI_RANK", "PMI_SIZE"),
-    ):
+    for rank_var, size_var, _, _ in MPI_SOURCES:
         if None not in slurm_rank and (_get(rank_var), _get(size_var)) == slurm_rank:
             return _from_slurm()
-    if _get("OMPI_COMM_WORLD_RANK") and _get("OMPI_COMM_WORLD_SIZE"):
-        return _from_mpi(
-            os.environ["OMPI_COMM_WORLD_RANK"],
-            os.environ["OMPI_COMM_WORLD_SIZE"],
-            _get("OMPI_COMM_WORLD_LOCAL_RANK"),
-            _get("OMPI_COMM_WORLD_LOCAL_SIZE"),
-        )
-    if _get("PMI_RANK") and _get("PMI_SIZE"):
-        return _from_mpi(
-            os.environ["PMI_RANK"],
-            os.environ["PMI_SIZE"],
-            _get("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
-            _get("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"),
-        )
+    for rank_var, size_var, local_rank, local_size in MPI_SOURCES:
+        rank, size = _get(rank_var), _get(size_var)
+        if rank and size:
+            return _from_mpi(rank, size, _get(*local_rank), _get(*local_size))
     if _get("SLURM_PROCID"):
         return _from_slurm()
     if _get("SKYPILOT_NODE_RANK"):
@@ -348,14 +285,9 @@ def _detect() -> dict[str, str | None]:
 
 
 def init_env() -> dict[str, str]:
-    """Set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (and GROUP_RANK),
-    NUM_NODES, MASTER_ADDR and MASTER_PORT in os.environ from SLURM_*, OMPI_COMM_WORLD_*,
-    PMI_* or SKYPILOT_* variables, returning what it set.
-
-    A variable already set (non-empty) is never overwritten: torchrun, trebuchet's native
-    launcher or the user know better than a guess. Unknown values are left unset. Calling it
-    twice is harmless; with no such variables it does nothing and returns {}.
-    """
+    """The rank's variables set in os.environ from SLURM_*, OMPI_COMM_WORLD_*, PMI_* or
+    SKYPILOT_*; returns what it set. A variable already set is never overwritten: torchrun,
+    the native launcher or the user know better than a guess."""
     values = _detect()
     if values.get("NODE_RANK") is not None:
         values["GROUP_RANK"] = values["NODE_RANK"]

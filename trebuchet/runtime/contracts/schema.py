@@ -1,12 +1,9 @@
-"""What trebuchet's processes hand each other, in one place: the job file an engine ships
-to its nodes, the records the agents and the job controller write into the run directory,
-the events of events.jsonl, and the run and attempt states with the moves between them.
+"""What trebuchet's processes hand each other: the job file, the records in the run
+directory, and the run's states with the moves between them.
 
-Why here: these are read on one machine and written on another (the run index on the
-submitting host, the agents and the Slurm controller on the nodes, in the runtime that
-ships without the package), so their shape is the contract between versions. Stdlib only
-(Python >= 3.8): the runtime imports it on the nodes; the run index (store/) checks the
-same states. Fields in a `total=False` part may be absent from a file: readers use .get().
+These are written on one machine and read on another (the nodes' runtime ships without the
+package), so their shape is the contract between versions. Fields in a `total=False` part
+may be absent from a file: readers use .get().
 """
 
 from __future__ import annotations
@@ -29,33 +26,22 @@ else:
             super().__init_subclass__(**kwargs)
 
 
-# -- States ---------------------------------------------------------------------------
-# A run's state moves among the active ones (an engine may queue a running job again:
-# PENDING) until one of TERMINAL, which is final: the run index refuses any other state
-# after it (store/db.py), whoever asks.
+# A run's state moves among the active ones until one of TERMINAL, which is final: the run
+# index refuses any other state after it (store/db.py), whoever asks.
 TERMINAL = ("SUCCEEDED", "FAILED", "TIMEOUT", "CANCELLED", "LOST")
 ACTIVE = ("PENDING", "RUNNING", "RETRYING")
-# The attempt states a next attempt may follow; any other (SUCCEEDED, CANCELLED, LOST) ends
-# the run.
-RETRIABLE = ("FAILED", "TIMEOUT")
+RETRIABLE = ("FAILED", "TIMEOUT")  # the attempt states a next attempt may follow
 TRANSITIONS = {state: tuple(s for s in ACTIVE + TERMINAL if s != state) for state in ACTIVE}
-# An attempt's states: RUNNING, then one of these (its run may go on after the first two).
-ATTEMPT_ENDS = ("FAILED", "TIMEOUT", "SUCCEEDED", "CANCELLED", "LOST")
-
 
 # The run's events a `notify:` webhook may ask for (runtime/publish/webhooks.py), besides `log:`.
 NOTIFY_EVENTS = ("started", "succeeded", "failed", "hung", "cancelled", "timeout", "straggler")
 
 
 def allowed(old: str, new: str) -> bool:
-    """Whether a run may move from state `old` to `new` (staying is always allowed)."""
     return old == new or new in TRANSITIONS.get(old, ())
 
 
-# -- The job file (job.json) ------------------------------------------------------------
 class LogPolicy(TypedDict, total=False):
-    """One of the spec's log policies (or a default one), as the controller applies it."""
-
     name: str
     pattern: str
     action: str  # "retry" or "no_retry"
@@ -75,10 +61,8 @@ class _JobCommon(TypedDict):
 
 
 class JobFile(_JobCommon, total=False):
-    """The one description of an attempt: what every engine hands its job controller and
-    node agents (backends/job_file.py writes it, `settings()` in runtime/job/life.py reads
-    it). The optional part: what is set only when the spec sets it, the node verb's secret
-    env and profiling (SkyPilot, Kubernetes, ssh), and each engine's extras (typed below)."""
+    """The one description of an attempt, on every engine (backends/job_file.py writes it,
+    runtime/job/life.py `settings()` reads it); the optional part, then each engine's extras."""
 
     hang_timeout: float
     on_hang: str
@@ -117,8 +101,6 @@ class JobFile(_JobCommon, total=False):
 
 
 class ProcPlan(TypedDict):
-    """One process the local supervisor starts (a rank, or a per-node launcher)."""
-
     label: str
     node: int
     rank: int | None
@@ -130,8 +112,7 @@ class ProcPlan(TypedDict):
 
 
 class LocalPlan(TypedDict):
-    """What the local engine adds: every process's argv and environment, computed once
-    at submission (`treb render --on local` shows them)."""
+    """Every process's argv and environment, computed once at submission (`treb render`)."""
 
     procs: list[ProcPlan]
     streams: list[list[str]]  # [label, log file name]
@@ -144,17 +125,13 @@ class LocalPlan(TypedDict):
 
 
 class HorovodHosts(TypedDict, total=False):
-    """Where node 0's horovodrun reaches the hosts: their addresses, ssh port, identity."""
-
     hosts: list[str]
     port: int | None
     identity: str | None
 
 
-# -- Records in the run directory ----------------------------------------------------
 class Outcome(TypedDict, total=False):
-    """A process's record, `attempt-N/rank-R.json` (or `node-N.json`, `pre-N.json`): RUNNING
-    while it runs, ENDED with its exit; the agent writes it (runtime/node/agent.py)."""
+    """`attempt-N/rank-R.json` (or node-N, pre-N): RUNNING, then ENDED (runtime/node/agent.py)."""
 
     label: str  # "rank 3", "node 0", "pre: node 1"
     rank: int | None
@@ -176,15 +153,10 @@ class Outcome(TypedDict, total=False):
     after_first_failure: bool  # a node lost once the attempt had failed: never the cause
 
 
-# The run's first failure: the failing process's Outcome, or a cause no process says
-# (runtime/records.cause: an environment build, a full disk, an ssh connection), with
-# `message`; the index keeps it with the attempt it ended and its log.
-FirstFailure = Outcome
+FirstFailure = Outcome  # or a cause no process says, with `message` (rundir/records.cause)
 
 
 class AttemptRecord(TypedDict, total=False):
-    """`attempt-N/attempt.json`, by the Slurm job controller: how an attempt went."""
-
     attempt: int
     state: str
     reason: str
@@ -200,8 +172,6 @@ class AttemptRecord(TypedDict, total=False):
 
 
 class Result(TypedDict, total=False):
-    """`result.json`, by the Slurm job controller: the run's end (read by `treb status`)."""
-
     state: str
     reason: str
     source: str
@@ -213,8 +183,6 @@ class Result(TypedDict, total=False):
 
 
 class Habit(TypedDict):
-    """A rank's progress as the hang watch saw it (runtime/hang.py Habits)."""
-
     count: int  # how many times its progress advanced
     first: float
     last: float
@@ -222,8 +190,6 @@ class Habit(TypedDict):
 
 
 class Hang(TypedDict, total=False):
-    """`attempt-N/hang.json`: a hang the watch found, and whose stacks came in."""
-
     attempt_dir: str
     hang_timeout: float
     action: str  # on_hang: fail, retry, warn
@@ -235,25 +201,3 @@ class Hang(TypedDict, total=False):
     stacks: list[str]
     missing_stacks: list[str]
     habits: dict[str, Habit]  # each rank's pace before the hang (older files: none)
-
-
-# -- Events (events.jsonl) --------------------------------------------------------------
-# One JSON object a line: `time` and `event`, then the event's fields. run_started,
-# attempt_started, retrying, run_ended, lost, failed, state and an engine's refused
-# submission (`<engine>_failed` with a reason) change the run's state: store/lifecycle.py
-# writes them and the index follows, store/rebuild.py replays them the same way. The others
-# are there to be read (attempt_ended, log_policy, hang, teardown, timeout_warning, ...).
-
-
-class Event(TypedDict, total=False):
-    time: float
-    event: str
-    state: str  # run_ended, attempt_ended, state, failed, lost
-    attempt: int
-    reason: str
-    backend: str  # submitted
-    backend_id: str  # the engine's id of the job (Slurm job id, namespace/job, ...)
-    pid: int  # run_started: the supervisor's pid, start time and host
-    start: float | None
-    host: str
-    error: str  # environment_failed, sbatch_failed

@@ -1,10 +1,7 @@
 """The job's life above its node agents, decided once for every engine: what follows an
-attempt (retry here, requeue, or the end) and the clock of one attempt (the spec's
-`timeout` and its warning). The local supervisor, the ssh supervisor and Slurm's job
-controller each drive their own processes and keep their own records, but they ask this
-module, so that the same spec and the same outcome mean the same next step everywhere.
-
-Stdlib only, Python >= 3.8: it ships in the runtime file with Slurm's controller.
+attempt (retry here, requeue, or the end) and the clock of one attempt. Each engine drives
+its own processes and records, but asks this module, so that the same spec and the same
+outcome mean the same next step everywhere.
 """
 
 from __future__ import annotations
@@ -38,8 +35,6 @@ NO_PROGRESS_DEFAULT = 3  # the spec's max_attempts_without_progress (NVIDIA's la
 
 
 class Decision(NamedTuple):
-    """What follows an attempt, and the log policy that decided it (None: none matched)."""
-
     action: str  # RETRY, REQUEUE or END
     verdict: str  # policies.NO_MATCH, RETRY, FINAL or EXHAUSTED
     policy: LogPolicy | None
@@ -67,22 +62,14 @@ def next_step(
     """After attempt `attempt` (from 0) ended `state`, the one rule:
 
     - a cancel, a success or a lost run ends it;
-    - the spec's `retries` count the attempts no retry policy granted (`granted`, kept by
-      the caller, is updated here when a retry policy grants one);
-    - a hung attempt (`on_hang`: its action) is retried only under on_hang: retry;
-    - a timed-out one by `retries` alone: in a new allocation when the engine's own time
-      limit is near (`limit_near`: Slurm's warning), else here;
-    - a failed one as the first matching log policy says (no_retry ends it, retry grants
-      an attempt up to its max_retries), then by `retries`; with the engine's limit near,
-      none (no policy is consulted);
-    - before the log policies, the exit-code rules (runtime/job/retry_codes.py): `exit_code`
-      (the first failure's, None for a lost node) in `no_retry_codes`, or not in
-      `retry_codes` when given, or 126/127 (the command cannot start) unless `retry_codes`
-      names it, ends the run (verdict EXIT_CODE, `line` says why);
-    - before anything that could retry, `no_progress` attempts in a row (this one the
-      last) that kept no work end the run once they reach `max_no_progress` (the spec's
-      max_attempts_without_progress; 0: never), however many retries remain (verdict
-      NO_PROGRESS)."""
+    - `no_progress` attempts in a row that kept no work end it at `max_no_progress`,
+      however many retries remain;
+    - `retries` count the attempts no retry policy granted (`granted`, kept by the caller);
+    - a hung attempt is retried only under on_hang: retry;
+    - a timed-out one by `retries` alone: in a new allocation when the engine's own limit
+      is near (Slurm's warning), else here;
+    - a failed one: the exit-code rules (retry_codes.py), then the first matching log
+      policy, then `retries`; with the engine's limit near, none."""
     if cancelled or state not in contracts.RETRIABLE:
         return Decision(END, policies.NO_MATCH, None, "")
     if max_no_progress and no_progress >= max_no_progress:
@@ -108,14 +95,12 @@ def next_step(
 
 
 def max_attempts(retries: int, granted: dict[str, int]) -> int:
-    """The attempts the run may have now: retries + 1 and what the log policies granted."""
     return retries + 1 + sum(granted.values())
 
 
 class AttemptClock:
-    """The spec's `timeout` of one attempt, counted from its start (before `pre`), with the
-    checkpoint signal `warning` seconds before it; monotonic seconds. Each event is due once:
-    the caller acts when `warn_due` or `expired` first answers True."""
+    """The spec's `timeout` of one attempt, monotonic, counted from its start (before `pre`),
+    and its warning; each is due once."""
 
     def __init__(self, started: float, timeout: float | None, warning: float | None) -> None:
         self.timeout_at = started + float(timeout) if timeout else None
@@ -138,22 +123,15 @@ class AttemptClock:
         return self._fire("expire", at)
 
     def wait(self, cap: float, at: float | None = None) -> float:
-        """How long a supervision loop may sleep: `cap`, less when an event is due sooner."""
         at = time.monotonic() if at is None else at
         return max(0.0, min([cap, *(when - at for when in self._pending.values())]))
 
 
-# -- the job controller ---------------------------------------------------------------------
-# Why one class: the attempt loop (prepare, pre, start, watch, post, outcome, the next step)
-# and the watch loop (first failure, cancel, the timeout and its warning, the hang watch, the
-# heartbeat) are the same job's life whatever starts the processes. An engine gives the
-# controller its Nodes (how this engine starts, signals, stops and reads an attempt's
-# processes) and its Records (where the run's state goes); the controller decides.
+# The attempt loop and the watch loop are the same job's life whatever starts the
+# processes: an engine gives the controller its Nodes and its Records; the controller decides.
 
 
 class Settings(NamedTuple):
-    """What the controller reads of the spec (plain values: the runtime has no models)."""
-
     retries: int
     log_policies: list[LogPolicy]
     on_hang: str
@@ -169,10 +147,8 @@ class Settings(NamedTuple):
 
 
 def settings(job: contracts.JobFile) -> Settings:
-    """What the job controller reads of the job file, on every engine. Where the node
-    agents watch their own ranks for hangs and send the timeout's warning (`nodes_watch`:
-    ssh), the controller holds the timeout alone, from the attempt's start (`pre`, a slow
-    setup and a late agent count)."""
+    """Where the node agents watch for hangs and send the warning (`nodes_watch`: ssh), the
+    controller holds the timeout alone, from the attempt's start (a late agent counts)."""
     here = not job.get("nodes_watch")
     hung = job.get("hang_timeout") if here else None
     return Settings(
@@ -187,8 +163,6 @@ def settings(job: contracts.JobFile) -> Settings:
 
 
 class Ending(NamedTuple):
-    """An attempt's end as its engine reads it, after every process ended."""
-
     state: str
     reason: str | None
     hung: bool = False  # the nodes' own hang watch stopped it (engines whose nodes watch)
@@ -201,8 +175,7 @@ class Nodes(Protocol):
     """An engine's side of an attempt: its node agents (in this process, over ssh, ...)."""
 
     def prepare(self) -> FirstFailure | None:
-        """Before the first attempt (an environment, connections, copies); the cause of a
-        failure that ends the run, or None."""
+        """Before the first attempt; the cause of a failure that ends the run, or None."""
 
     def attempt_facts(self, attempt: int) -> dict[str, Any]:
         """What attempt_started records beside the attempt (its master port, ...)."""
@@ -210,8 +183,7 @@ class Nodes(Protocol):
     def pre_post(self, when: str, attempt: int) -> bool:
         """The spec's pre/post command on every node; False when one failed."""
 
-    def start(self, attempt: int) -> None:
-        """Start the attempt's processes on every node."""
+    def start(self, attempt: int) -> None: ...
 
     def poll(self) -> bool:
         """One step: reap, act on the nodes' own news; True while a process runs."""
@@ -232,14 +204,12 @@ class Nodes(Protocol):
         """Once every process ended, before `post` (strays killed, logs fetched)."""
 
     def ending(self, attempt: int, reason: str | None) -> Ending:
-        """The attempt's state and reason from its records (`reason`: why the controller
-        stopped it, if it did)."""
+        """`reason`: why the controller stopped it, if it did."""
 
     def logs(self, attempt: int, cause: FirstFailure | None) -> list[str]:
         """The logs the log policies read after a failed attempt, the failing one's first."""
 
-    def exit_code(self) -> int:
-        """The run's exit code when no first failure says it."""
+    def exit_code(self) -> int: ...
 
     def requeue(self) -> None:
         """The next attempt in a new allocation (only asked when an Ending said limit_near)."""
@@ -268,8 +238,6 @@ HEARTBEAT_S = 5.0
 
 
 class JobController:
-    """One job's attempts, from the first to the run's end (see the comment above)."""
-
     def __init__(
         self,
         settings: Settings,
@@ -309,17 +277,14 @@ class JobController:
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
 
-    # -- what the engine tells the controller ----------------------------------------------
     def cancel(self, signum: int) -> None:
-        """A stop signal to the supervising process: cancel; a second one kills."""
         if self.cancel_signal is not None:
             self.force_kill = True
         self.cancel_signal = signum
 
     def failure(self, cause: FirstFailure | None, stop: bool = True) -> None:
-        """The attempt's first process to fail on its own (any node): the root cause (its
-        record may come later: None). The engine's nodes stop their own; the controller
-        stops the others (`stop=False`: a pre/post command, every node's runs to its end)."""
+        """The attempt's first process to fail on its own (its record may come later: None).
+        `stop=False`: a pre/post command, every node's runs to its end."""
         if self.failed:
             return
         self.failed = True
@@ -329,11 +294,9 @@ class JobController:
             self.stop()
 
     def settle(self, cause: FirstFailure) -> FirstFailure:
-        """The one place that records the attempt's first failure: the first cause given
-        wins, here and in the attempt's folder (records.claim_first: a second writer, even
-        another process, is refused), and every rule (exit codes, log policies, node loss,
-        preemption) reads it. A later cause is refused, unless it is the same failure with
-        more known of it (its log, fetched later), which only fills in what was missing."""
+        """The one place that records the attempt's first failure: the first cause wins,
+        here and in the attempt's folder (even over another process). A later cause only
+        fills in what was missing of the same failure (its log, fetched later)."""
         held = self.first_failure
         if held is None:
             mine: FirstFailure = {**cause, "attempt": self.attempt}
@@ -347,8 +310,8 @@ class JobController:
         return held
 
     def stopped_by_warning(self, returncode: int | None) -> bool:
-        """After the timeout's warning, a rank that died of the checkpoint signal was
-        stopped by it: part of the timeout, not a failure."""
+        """After the warning, a rank that died of the checkpoint signal is part of the
+        timeout, not a failure."""
         if self.warned and returncode == -self.settings.checkpoint_signal:
             self.warned_stop = True
             return True
@@ -356,8 +319,7 @@ class JobController:
 
     @property
     def settled(self) -> bool:
-        """The attempt is failing or being stopped (a first failure, a hang, the timeout, a
-        cancel): a node lost from now on is no cause (nodeloss.record's `after`)."""
+        """Failing or being stopped: a node lost from now on is no cause (nodeloss `after`)."""
         return self.failed or self.stopping or self.hang is not None
 
     def stop(self) -> None:
@@ -365,10 +327,8 @@ class JobController:
         self.nodes.stop()
         self.records.event("teardown", attempt=self.attempt)
 
-    # -- the job ---------------------------------------------------------------------------
     def run(self, first: int = 0) -> str:
-        """Every attempt from `first` (a requeued job's restart), then the run's end; the
-        final state."""
+        """Every attempt from `first` (a requeued job's restart), then the run's end."""
         try:
             return self._run(first)
         finally:
@@ -421,9 +381,8 @@ class JobController:
     def retry_cancelled(
         self, attempt: int, state: str, why: str | None, cause: FirstFailure | None
     ) -> tuple[str, str]:
-        """A cancel (Ctrl+C, treb cancel) while attempt `attempt` had ended `state` and its
-        retry was pending, before that retry's ranks started: the run ends CANCELLED, and
-        says that an attempt did fail (its cause stays the run's). (CANCELLED, the reason)"""
+        """A cancel before a pending retry's ranks started: the run ends CANCELLED, saying
+        that an attempt did fail (its cause stays the run's)."""
         from ..publish.webhooks import cause_text
 
         said = cause_text(cause) or ("" if why in (None, "failure") else why)
@@ -434,8 +393,6 @@ class JobController:
         return "CANCELLED", reason
 
     def next_action(self, state: str, attempt: int) -> str:
-        """What follows the attempt (the one rule, next_step), a matching log policy
-        recorded: RETRY, REQUEUE or END."""
         cause, s = self.first_failure, self.settings
         code = None
         if state == "FAILED":  # the rules apply to every run: 126/127 (retry_codes.py)
@@ -508,18 +465,16 @@ class JobController:
         return end.state
 
     def watch(self, attempt: int, started: float, clock_start: float) -> str | None:
-        """Wait for every process of the attempt; why the controller stopped it, if it did.
-        The timeout counts on the monotonic clock from the attempt's start (`clock_start`):
-        a jump of the wall clock neither ends nor stretches it."""
+        """Why the controller stopped the attempt, if it did. The timeout is monotonic: a
+        jump of the wall clock neither ends nor stretches it."""
         s = self.settings
         reason: str | None = "failure" if self.failed else None
         clock = AttemptClock(clock_start, s.timeout, s.warning)
+        from ..watch.gpu import idle_watch
+        from ..watch.straggler import watch as straggler_watch
+
         watch = None
-        from ..watch.gpu import idle_watch  # idle GPUs: None unless the spec asks
-
-        idle = idle_watch(s.run_dir, self.attempt_dir(attempt), started)
-        from ..watch.straggler import watch as straggler_watch  # every CHECK_S, batched
-
+        idle = idle_watch(s.run_dir, self.attempt_dir(attempt), started)  # None unless asked
         strag = straggler_watch(s.run_dir, self.attempt_dir(attempt), s.shape[2],
                                 s.shape[1] * s.shape[2])  # fmt: skip
         if s.hang_timeout:
@@ -584,9 +539,8 @@ class JobController:
             self.drain()
 
     def on_hang(self, attempt: int, info: Hang) -> bool:
-        """A hang, its stacks in (runtime/watch/hung.py): recorded and said, then on_hang: warn
-        goes on; fail stops the attempt; retry sends the checkpoint signal first and gives
-        the handlers the grace period before the teardown. True when it stops the attempt."""
+        """on_hang retry sends the checkpoint signal and gives the handlers the grace period
+        before the teardown. True when it stops the attempt."""
         action = self.settings.on_hang
         self.records.event("hang", attempt=attempt, action=action,
                            last_progress=info["last_progress"], detected_at=info["detected_at"],
@@ -612,10 +566,7 @@ class JobController:
         return os.path.join(self.settings.run_dir, f"attempt-{attempt}")
 
     def count_progress(self, attempt: int) -> None:
-        """After a failed, timed-out or hung attempt: one more in a row that kept no work,
-        or the count back to 0 (runtime/watch/marks.progressed; a run that never showed a
-        checkpoint leaves it as it is). Kept in the run's `no-progress` file, so that a
-        requeued Slurm job goes on counting."""
+        """Kept in the run's `no-progress` file, so that a requeued Slurm job goes on counting."""
         from ..watch.marks import progressed
 
         kept = progressed(self.settings.run_dir, attempt, self.started_at)
@@ -637,7 +588,6 @@ class JobController:
 
 
 def same_failure(a: FirstFailure, b: FirstFailure) -> bool:
-    """Two records of one failure: the same process (label, rank, node) in the same attempt."""
     keys = ("label", "rank", "node")
     return all(a.get(k) == b.get(k) for k in keys) and a.get("attempt", b.get("attempt")) == \
         b.get("attempt", a.get("attempt"))  # fmt: skip
@@ -647,7 +597,6 @@ NO_PROGRESS_FILE = "no-progress"
 
 
 def no_progress_count(run_dir: str) -> int:
-    """The attempts in a row that kept no work so far (a requeued job's restart reads it)."""
     from ..rundir.regular import read_text
 
     try:
@@ -658,7 +607,6 @@ def no_progress_count(run_dir: str) -> int:
 
 
 def spec_of(run_dir: str) -> dict[str, Any]:
-    """The run's spec.json (written at submission on every engine); {} when unreadable."""
     from ..rundir.records import read_json
 
     spec = read_json(os.path.join(run_dir, "spec.json"))
@@ -666,9 +614,7 @@ def spec_of(run_dir: str) -> dict[str, Any]:
 
 
 def notifier(run_dir: str) -> Notifier | None:
-    """The notifier of the spec's `notify:` webhooks (its spec.json, written at submission
-    on every engine); None without any, and then runtime/publish/webhooks.py is not even
-    imported."""
+    """None without webhooks, and then runtime/publish/webhooks.py is not even imported."""
     spec = spec_of(run_dir)
     if not spec.get("notify"):
         return None
@@ -678,6 +624,4 @@ def notifier(run_dir: str) -> Notifier | None:
 
 
 def signal_name(signum: int) -> str:
-    import signal
-
     return signal.Signals(signum).name

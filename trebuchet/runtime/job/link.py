@@ -8,9 +8,10 @@ next attempt (`park`), that it waits for the controller's word: `next <attempt>`
 attempt's ranks, in the same srun step) or `exit`. An agent whose rank failed says so
 (`failed`) and the controller tells every other agent of the attempt to stop its ranks
 (`stop <attempt>`: SIGTERM, the grace period, SIGKILL, by the agent), instead of a
-`scancel --signal=TERM` through slurmctld; an agent it cannot reach, or one that has not
-ended within the grace period, gets that scancel after all (Controller.watch_nodes). With it the
-controller:
+`scancel --signal=TERM` through slurmctld; so do the controller's own teardowns (a hang,
+the timeout, a cancel, a lost node: `stop_all`). An agent it cannot reach, or one that has
+not ended within the grace period, gets that scancel after all (Controller.watch_nodes).
+With it the controller:
 
 - goes on as soon as every agent has ended, instead of waiting for the engine to report
   the step's end (srun does so 0.1-0.15 s after its last task exited: most of a retry's
@@ -183,6 +184,20 @@ class Hub:
             self.fell_back = True
             return True
 
+    def stop_all(self) -> bool:
+        """The controller's own teardown (a hang, the timeout, a cancel, a lost node):
+        `stop <attempt>` to every agent of the attempt that has not ended, as on a rank's
+        `failed` (once per attempt). False when one cannot be reached (not connected, or
+        not yet heard): the caller scancels the step at once, and stop_overdue does not
+        ask again; one that does not end within the grace period, stop_overdue."""
+        with self.lock:
+            if self.stop_at is None:
+                self._stop_others(None)
+            if self.unreached and not self.fell_back:
+                self.fell_back = True
+                return False
+            return not self.unreached
+
     def take_stop(self) -> str | None:
         """The host whose agent's `failed` made this attempt's stop, once (for the log)."""
         with self.lock:
@@ -294,11 +309,12 @@ class Hub:
                 os.write(self.wake_fd, b"\0")
         return True
 
-    def _stop_others(self, failed: str) -> None:
-        """`stop <attempt>` to every agent of the attempt but the failed one's (under the
-        lock); one not connected, or not yet heard, leaves the stop to scancel."""
+    def _stop_others(self, failed: str | None) -> None:
+        """`stop <attempt>` to every agent of the attempt but the failed one's (None: the
+        controller's own stop), under the lock; one not connected, or not yet heard,
+        leaves the stop to scancel."""
         self.stop_at = time.monotonic()
-        self.stopped_by = self.tasks[failed].host
+        self.stopped_by = self.tasks[failed].host if failed is not None else None
         self.unreached = len(self.tasks) < self.count
         word = f"{STOP} {self.attempt}\n".encode()
         for task_id, task in self.tasks.items():

@@ -1,10 +1,8 @@
 """Which nodes an attempt runs on, decided once for every engine: the first `nodes` good ones
-of those the run holds (the engine's allocation or host list, in its order, the spares at
-its end), fewer down to `min_nodes` once too many were lost, none below that.
+of those the run holds, fewer down to `min_nodes` once too many were lost.
 
-A lost or unhealthy node is excluded for the rest of the run: its name goes into the run
-directory's `excluded-nodes` (one `host<TAB>why` a line), so that a requeued Slurm job or a
-restarted controller reads the same exclusions. Stdlib only, Python >= 3.8 (runtime file).
+A lost or unhealthy node is excluded for the rest of the run in the run directory's
+`excluded-nodes`, so a requeued Slurm job or a restarted controller reads the same.
 """
 
 from __future__ import annotations
@@ -19,14 +17,13 @@ EXCLUDED = "excluded-nodes"
 
 
 class Choice(NamedTuple):
-    """An attempt's nodes (in the holder's order: the first is the master), or why none."""
+    """The hosts in the holder's order (the first is the master), or why none."""
 
     hosts: list[str]
     why_not: str  # "" when hosts is the attempt's
 
 
 def excluded(run_dir: str) -> dict[str, str]:
-    """The run's excluded nodes and why, in the order they were excluded."""
     try:
         lines = read_text(os.path.join(run_dir, EXCLUDED), 1 << 20).splitlines()
     except OSError:
@@ -40,7 +37,6 @@ def excluded(run_dir: str) -> dict[str, str]:
 
 
 def exclude(run_dir: str, host: str, why: str) -> None:
-    """`host` is not used again by this run (written whole, then renamed)."""
     known = excluded(run_dir)
     if host in known:
         return
@@ -50,8 +46,6 @@ def exclude(run_dir: str, host: str, why: str) -> None:
 
 
 def choose(held: list[str], bad: dict[str, str] | set[str], want: int, least: int) -> Choice:
-    """The first `want` nodes of `held` not in `bad`; fewer, down to `least`; else none,
-    with the reason (the run ends with it)."""
     good = [h for h in held if h not in bad]
     if len(good) >= least:
         return Choice(good[:want], "")

@@ -1,14 +1,9 @@
 """Retry by cause: the spec's `no_retry_exit_codes` and `retry_exit_codes` (SkyPilot's
-recover_on_exit_codes, NVRx's "do not requeue" code), applied by the one rule
-(job/life.next_step) before the log policies and `retries`.
+recover_on_exit_codes, NVRx's "do not requeue" code), applied before the log policies.
 
-Why exit codes: a program knows when another attempt cannot help (bad data, a config
-error) and says so with its exit status, cheaper than a log pattern. The rules can only
-end a run, never grant it more attempts: a code that passes them is retried (or not) by
-the log policies and `retries` as before. Only a process's own exit counts: a lost or
-unhealthy node, a preemption, a hang or a timeout is no program's answer.
-
-Stdlib only, Python >= 3.8 (runtime file).
+A program knows when another attempt cannot help and says so with its exit status, cheaper
+than a log pattern. The rules can only end a run, never grant attempts, and only a
+process's own exit counts: a lost node, a preemption, a hang or a timeout is no answer.
 """
 
 from __future__ import annotations
@@ -18,8 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..rundir.records import attempt_records, claimed_first, first_failure, read_json
 
-PREEMPTED = "preempted"  # (JSON) runtime/node/fault.py writes it in the attempt's folder; no .json
-# name: not an outcome record
+PREEMPTED = "preempted"  # by runtime/node/fault.py; no .json name: not an outcome record
 
 if TYPE_CHECKING:
     from ..contracts.schema import FirstFailure
@@ -27,9 +21,8 @@ if TYPE_CHECKING:
 NOT_A_PROGRAM = ("node_lost", "node_unhealthy")  # causes without a program's exit status
 NO_RETRY = "no_retry_exit_codes"
 ONLY_RETRY = "retry_exit_codes"
-# The shell's "cannot start" statuses (POSIX: 126 found but not executable, 127 not found):
-# the next attempt runs the same command line on the same PATH, so it cannot start either.
-# Not retried unless `retry_exit_codes` names the code (a PATH a `pre` hook repairs).
+# The shell's "cannot start" statuses: the next attempt runs the same command on the same
+# PATH, so it cannot start either (unless retry_exit_codes names it: a `pre` hook repairs).
 CANNOT_START = {126: "not executable", 127: "command not found"}
 CANNOT_START_RULE = "command_cannot_start"
 
@@ -37,9 +30,7 @@ CANNOT_START_RULE = "command_cannot_start"
 def verdict(
     code: int | None, no_retry: Sequence[int], only: Sequence[int] | None
 ) -> tuple[str, str] | None:
-    """(rule, why) when the rules end the run after a failure with exit code `code`
-    (None: not a program's exit, no rule applies); else None. 126 and 127 end it unless
-    `only` names them (CANNOT_START)."""
+    """(rule, why) when the rules end the run after exit code `code`, else None."""
     if code is None:
         return None
     if code in no_retry:
@@ -56,10 +47,8 @@ def verdict(
 
 
 def cause_code(cause: FirstFailure | None, adir: str) -> int | None:
-    """The exit code the rules judge: the attempt's first failure's (the controller's, or
-    else the one on record in `adir`: records.claim_first, then the records Slurm's agents
-    write), None when it is no program's exit: a lost or unhealthy node, or a process that
-    ended after a preemption began (runtime/node/fault.py), which `retries` decide."""
+    """The first failure's exit code (else the one on record in `adir`); None when it is no
+    program's exit: a lost or unhealthy node, or an end after a preemption began."""
     if cause is None:
         cause = claimed_first(adir) or first_failure(attempt_records(adir))
     if not cause or cause.get("label") in NOT_A_PROGRAM or preempted(cause, adir):
@@ -69,8 +58,6 @@ def cause_code(cause: FirstFailure | None, adir: str) -> int | None:
 
 
 def preempted(cause: FirstFailure, adir: str) -> bool:
-    """The failure ended once a preemption of its attempt had begun (its record, written
-    before the first signal: fault.PREEMPTED)."""
     mark = read_json(os.path.join(adir, PREEMPTED))
     began = mark.get("time") if isinstance(mark, dict) else None
     ended = cause.get("ended_at")

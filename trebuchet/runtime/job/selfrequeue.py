@@ -1,18 +1,10 @@
-"""Trainers that requeue their own Slurm job, made to cooperate with the job controller.
+"""Trainers that requeue their own Slurm job (Lightning's auto-requeue, submitit), made to
+cooperate with the job controller, which requeues too and counts attempts: two requeues,
+or one it did not make, left the attempts wrong.
 
-Lightning's SLURM auto-requeue (and submitit-style handlers) catch a signal before the time
-limit, save a checkpoint and run `scontrol requeue $SLURM_JOB_ID` from rank 0. The job
-controller requeues the job too (controller.on_warning), and counts attempts: two requeues,
-or one the controller did not make, left the attempts wrong (a requeued job whose restart
-found no attempt left, a run ended FAILED).
-
-So exactly one of them requeues, the controller: the ranks find a `scontrol` first on their
-PATH (`<run dir>/bin/scontrol`, written here) that turns `scontrol requeue <this job>` into
-a request the controller reads (`<run dir>/requeue-request`: who asked), and runs the real
-scontrol for anything else. The controller then requeues the job as its own requeue (an
-attempt counted, the retries obeyed: with none left it says so and does not requeue).
-
-Stdlib only (runs in the Slurm batch step).
+So only the controller requeues: the ranks find a `scontrol` shim first on their PATH that
+turns `scontrol requeue <this job>` into a request the controller reads, and runs the real
+scontrol for anything else.
 """
 
 from __future__ import annotations
@@ -52,9 +44,7 @@ fi
 
 
 def install(run_dir: str) -> str:
-    """Write the shim, put its folder first on this process's PATH (the steps and ranks
-    inherit it) and forget an old request; the real scontrol's path for the controller's
-    own calls ('scontrol' when not found)."""
+    """The shim first on PATH (the steps and ranks inherit it); the real scontrol's path."""
     real = shutil.which("scontrol")
     folder = os.path.join(run_dir, SHIM_DIR)
     os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -68,8 +58,7 @@ def install(run_dir: str) -> str:
 
 
 def asked(run_dir: str) -> str | None:
-    """Who asked for a requeue since the last look ('rank 0 on tn1'), taking the request;
-    None when nobody did."""
+    """Who asked for a requeue since the last look ('rank 0 on tn1'), taking the request."""
     path = os.path.join(run_dir, REQUEST)
     if not os.path.exists(path):
         return None

@@ -142,8 +142,9 @@ class Agent:
         self.kill_at: float | None = None
         self.term_at: float | None = None  # an interrupt's SIGTERM step (teardown)
         self._unsynced: list[str] = []  # ENDED records not yet fsynced (sync_records)
-        # True where one loop drives many agents (the local supervisor): it syncs all their
-        # records at once when all have ended (take_unsynced), not each agent its own
+        # True where the caller syncs the records once all have ended (take_unsynced): the
+        # local supervisor, all its agents' at once; a parked Slurm node agent, after its
+        # word to the controller (runtime/node/task.py)
         self.defer_sync = False
         self._stop: int | None = None  # the stop signal this agent received
         self._forward: list[int] = []

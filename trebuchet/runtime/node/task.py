@@ -21,7 +21,7 @@ from ..contracts import rank_env as contract
 from ..job import batchloss
 from ..job import link as agent_link
 from ..process import procs
-from ..rundir.records import attempt_records, write_bytes, write_text
+from ..rundir.records import attempt_records, sync, write_bytes, write_text
 from ..rundir.regular import open_regular
 from . import barrier, health
 from .agent import STOP_EXIT_CODES, Agent, Proc
@@ -126,15 +126,19 @@ def slurm_task(job: JobFile) -> int:
 
     link = agent_link.open_link(attempt, task, host, controller_lost, timeout)
     while True:
-        code, healthy = slurm_attempt(job, link if park else None)
+        code, healthy, unsynced = slurm_attempt(job, link if park else None)
         if link is None or not park or not healthy or link.sock is None:
+            sync(unsynced)  # durable before its last word
             break
-        # what the ranks left behind (a daemon out of their process group) would outlive
-        # the attempt in a step that goes on: ended here, as the step's end would have
+        link.park(code)  # the attempt's end (its records are written), then the next word
+        # While the controller decides (a retry's critical path, issue 36): the records made
+        # durable, and what the ranks left behind (a daemon out of their process group),
+        # which would outlive the attempt in a step that goes on, ended as the step's end
+        # would have. Both before the next word is read: no next rank meets a leftover.
         from .per_node import end_strays
 
+        sync(unsynced)
         end_strays(str(job["run_id"]), _int_env("SLURM_NODEID"))
-        link.park(code)  # the attempt's end, then the controller's word
         following = link.wait_next(lambda: False)  # a TERM now is Slurm's: its KILL follows
         if following is None:
             link.close()
@@ -147,13 +151,16 @@ def slurm_task(job: JobFile) -> int:
     return code
 
 
-def slurm_attempt(job: JobFile, link: agent_link.Link | None) -> tuple[int, bool]:
+def slurm_attempt(job: JobFile, link: agent_link.Link | None) -> tuple[int, bool, list[str]]:
     """This task's part of one attempt (TREB_ATTEMPT): its node's checks, the barrier, its
-    ranks to their end. Its exit code, and whether its node was healthy. With a `link` (a
-    step the controller keeps: its agents stop their ranks themselves) a failure is said
-    on it and the controller's `stop` stops this node's ranks, without scancel."""
+    ranks to their end. Its exit code, whether its node was healthy, and the records it
+    wrote that are not yet durable (the caller syncs them: a parked agent after its word
+    to the controller). With a `link` (a step the controller keeps: its agents stop their
+    ranks themselves) a failure is said on it and the controller's `stop` stops this
+    node's ranks, without scancel."""
     agent = slurm_agent(job, link=link)
     agent.install_signals()
+    agent.defer_sync = True  # the caller's (take_unsynced below)
     if link is not None:
         link.on_stop = lambda: link_stop(agent)
         if link.stop_said:  # came before the hook: the attempt is already over
@@ -171,7 +178,7 @@ def slurm_attempt(job: JobFile, link: agent_link.Link | None) -> tuple[int, bool
     code = 128 + signal.SIGTERM if torn_down else 1 if unhealthy else agent.run()
     if link is not None:
         link.on_stop = None
-    return code, unhealthy is None
+    return code, unhealthy is None, agent.take_unsynced()
 
 
 def link_stop(agent: Agent) -> None:

@@ -1,15 +1,11 @@
-"""MLflow's REST API with the standard library (urllib): the launcher and the job
-controller on Slurm talk to a tracking server without importing mlflow (hundreds of MB
-and seconds of imports, and absent on the nodes).
+"""MLflow's REST API with urllib: mlflow itself is hundreds of MB, seconds of imports, and
+absent on the nodes.
 
-A client has a deadline for all its requests together (`budget`, from its creation), not
-only a timeout per request: a socket timeout does not bound a server that trickles its
-answer a byte at a time, nor a name lookup. Each request runs in a daemon thread that the
-caller waits for until the deadline, and no longer (Ctrl+C interrupts that wait); a
-request left behind is abandoned. Callers turn any MlflowError into a warning and an
-event, never into a failed run. Credentials come from the environment only
-(MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and _PASSWORD, as mlflow reads them)
-and are never written anywhere.
+A client has a deadline for all its requests together (`budget`): a socket timeout bounds
+neither a server that trickles its answer nor a name lookup, so each request runs in a
+daemon thread waited for until the deadline and then abandoned. Callers turn MlflowError
+into a warning and an event, never a failed run. Credentials come from the environment
+only, as mlflow reads them, and are never written.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence, Tuple
 
 TIMEOUT_S = 5.0  # a client's default budget: all its requests together
 # runs/log-batch limits of the server (MLflow's REST API documentation)
-MAX_METRICS, MAX_PARAMS, MAX_TAGS, MAX_ITEMS = 1000, 100, 100, 1000
+MAX_PARAMS, MAX_TAGS, MAX_ITEMS = 100, 100, 1000
 MAX_PARAM_VALUE, MAX_TAG_VALUE = 6000, 8000
 # trebuchet's states as MLflow run statuses
 STATUS = {"SUCCEEDED": "FINISHED", "FAILED": "FAILED", "TIMEOUT": "FAILED", "LOST": "FAILED",
@@ -31,9 +27,6 @@ Pairs = Sequence[Tuple[str, str]]
 
 
 class MlflowError(Exception):
-    """The server could not be reached (`unreachable`), or refused a request (`status`:
-    its HTTP status)."""
-
     def __init__(self, text: str, unreachable: bool = False, status: int | None = None) -> None:
         super().__init__(text)
         self.unreachable = unreachable
@@ -41,8 +34,7 @@ class MlflowError(Exception):
 
     @property
     def lasting(self) -> bool:
-        """The server refused the request itself (4xx but 429): sending it again would
-        get the same answer."""
+        """4xx but 429: sending it again would get the same answer."""
         return self.status is not None and 400 <= self.status < 500 and self.status != 429
 
 
@@ -62,18 +54,14 @@ class Mlflow:
         self, uri: str, environ: Mapping[str, str] = os.environ, timeout: float = TIMEOUT_S,
         budget: float | None = None,
     ) -> None:  # fmt: skip
-        """`budget`: seconds for all of this client's requests together (default: `timeout`),
-        counted from now; `timeout`: at most that per request."""
         self.uri = uri.rstrip("/")
         self.timeout = timeout
         self.budget = timeout if budget is None else budget
         self.deadline = time.monotonic() + self.budget
         self.headers = {"Content-Type": "application/json"}
         token = environ.get("MLFLOW_TRACKING_TOKEN")
-        user, password = (
-            environ.get("MLFLOW_TRACKING_USERNAME"),
-            environ.get("MLFLOW_TRACKING_PASSWORD"),
-        )
+        user = environ.get("MLFLOW_TRACKING_USERNAME")
+        password = environ.get("MLFLOW_TRACKING_PASSWORD")
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
         elif user and password:
@@ -83,16 +71,13 @@ class Mlflow:
             self.headers["Authorization"] = f"Basic {pair}"
         self.insecure = environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true"
 
-    # -- transport -----------------------------------------------------------------------
     def left(self) -> float:
-        """Seconds left of the client's budget."""
         return self.deadline - time.monotonic()
 
     def request(
         self, method: str, path: str, body: dict[str, Any] | None = None,
         data: bytes | None = None, headers: dict[str, str] | None = None,
     ) -> dict[str, Any]:  # fmt: skip
-        """One request, done by the deadline or abandoned (MlflowError, unreachable)."""
         import threading  # here: `treb run` without a tracker never pays for it
 
         left = self.left()
@@ -170,9 +155,7 @@ class Mlflow:
             path += "?" + urllib.parse.urlencode(query)
         return self.request(method, path, body)
 
-    # -- experiments and runs ------------------------------------------------------------
     def experiment_id(self, name: str) -> str:
-        """The experiment's id, created when it does not exist yet."""
         try:
             got = self.api("GET", "experiments/get-by-name", query={"experiment_name": name})
             return str(got["experiment"]["experiment_id"])
@@ -188,7 +171,6 @@ class Mlflow:
             return str(got["experiment"]["experiment_id"])
 
     def create_run(self, experiment_id: str, name: str, tags: Pairs) -> dict[str, Any]:
-        """A new RUNNING run; its `info` (run_id, artifact_uri, ...)."""
         body = {
             "experiment_id": experiment_id,
             "run_name": name,
@@ -206,8 +188,7 @@ class Mlflow:
         self, run_id: str, params: Pairs = (), tags: Pairs = (),
         metrics: Sequence[dict[str, Any]] = (), sent: Callable[[int], None] | None = None,
     ) -> None:  # fmt: skip
-        """In as many log-batch calls as the server's limits need; `sent(n)` after each call
-        that carried n metrics (the caller keeps how far it got)."""
+        """`sent(n)` after each call that carried n metrics: the caller keeps how far it got."""
         ps = [{"key": k, "value": _cut(v, MAX_PARAM_VALUE)} for k, v in params]
         ts = [{"key": k, "value": _cut(v, MAX_TAG_VALUE)} for k, v in tags]
         ms = list(metrics)
@@ -225,10 +206,8 @@ class Mlflow:
         self.api("POST", "runs/update", {"run_id": run_id, "status": status,
                                          "end_time": end_ms or now_ms()})  # fmt: skip
 
-    # -- artifacts -----------------------------------------------------------------------
     def upload(self, artifact_uri: str, name: str, data: bytes) -> None:
-        """One artifact file: through the server when it proxies artifacts
-        (`mlflow-artifacts:`), or written in place for a local path the server uses."""
+        """Through the server when it proxies artifacts, or in place at a local path it uses."""
         import urllib.parse
 
         parsed = urllib.parse.urlparse(artifact_uri)

@@ -1,15 +1,10 @@
 """A run's experiment trackers as the processes that run it see them (docs/tracking.md).
 
-The submitting side creates the tracker's run and writes `<run dir>/tracking.json` (ids
-and URIs only, never a credential: tokens stay in the environment, as secrets do). From
-it every process that starts ranks (the local supervisor, the Slurm job controller)
-gives the ranks MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_ID / MLFLOW_RUN_ID and the
-WANDB_* variables, so a script's own `mlflow.start_run()` or `wandb.init()` continues the
-same run on every attempt and requeue, and whoever sees the end of the run records the
-final status (`mark`). A tracker that does not answer costs a bounded wait (a deadline for
-all of a run's end requests together), an event in events.jsonl and nothing else: what did
-not get through is kept in `<run dir>/tracking-pending.json` (`defer`), and the next `treb`
-that sees the run sends it (trebuchet/tracking.py `flush`), the status first.
+Submission writes `tracking.json` (ids and URIs, never a credential); from it the ranks get
+the MLFLOW_* / WANDB_* variables, so a script's own `mlflow.start_run()` or `wandb.init()`
+continues the same run on every attempt and requeue. A tracker that does not answer costs a
+bounded wait and an event: what did not get through waits in `tracking-pending.json` for
+the next `treb` that sees the run (trebuchet/tracking.py `flush`), the status first.
 """
 
 from __future__ import annotations
@@ -56,11 +51,8 @@ def rank_env(info: dict[str, Any] | None) -> dict[str, str]:
 
 
 def mark(run_dir: str, state: str, reason: str = "", timeout: float = END_TIMEOUT_S) -> bool:
-    """Record `state` (trebuchet's) on the run's MLflow run: its status first (FINISHED,
-    FAILED, KILLED; RUNNING again for a requeued job), then the tags treb.state /
-    treb.reason, all within `timeout` seconds together. False (a `tracking_failed` event,
-    and the status kept in the pending file for the next `treb`) when the server did not
-    take it."""
+    """`state` on the run's MLflow run within `timeout`; False (an event, the status kept
+    pending for the next `treb`) when the server did not take it."""
     info = load(run_dir)
     ml = (info or {}).get("mlflow")
     if not ml:
@@ -80,20 +72,17 @@ def mark(run_dir: str, state: str, reason: str = "", timeout: float = END_TIMEOU
 
 
 def sent(run_dir: str, item: dict[str, Any]) -> None:
-    """The status reached the server: an event says so."""
     with contextlib.suppress(OSError):
         append_event(run_dir, "mlflow_status", state=item["state"],
                      status=STATUS.get(item["state"], "RUNNING"))  # fmt: skip
 
 
 def status_item(state: str, reason: str = "", at: float | None = None) -> dict[str, Any]:
-    """A status to send: trebuchet's state, its reason, the MLflow end time (ms) and when
-    it was decided (a later status replaces an earlier one that was not sent)."""
+    """`at`: when it was decided (a later status replaces an earlier one not sent)."""
     return {"state": state, "reason": reason, "end_ms": now_ms(), "at": at or time.time()}
 
 
 def send_status(client: Mlflow, run_id: str, item: dict[str, Any]) -> None:
-    """The status first (what a reader of MLflow sees), then its tags."""
     state, reason = item["state"], item.get("reason") or ""
     if state in ("RUNNING", "RETRYING"):
         client.api("POST", "runs/update", {"run_id": run_id, "status": "RUNNING"})
@@ -103,11 +92,9 @@ def send_status(client: Mlflow, run_id: str, item: dict[str, Any]) -> None:
     client.log_batch(run_id, tags=tags)
 
 
-# -- what did not get through: <run dir>/tracking-pending.json ---------------------------------
 @contextlib.contextmanager
 def _locked(run_dir: str) -> Iterator[None]:
-    """The pending file's lock (flock on a file beside it): held for a read-modify-write,
-    never across a request."""
+    """Held for a read-modify-write of the pending file, never across a request."""
     import fcntl
 
     fd = os.open(os.path.join(run_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o600)
@@ -119,14 +106,11 @@ def _locked(run_dir: str) -> Iterator[None]:
 
 
 def pending(run_dir: str) -> dict[str, Any]:
-    """The items not sent yet ({} when none)."""
     got = read_json(os.path.join(run_dir, PENDING))
     return got if isinstance(got, dict) else {}
 
 
 def update(run_dir: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    """Apply `change` to the pending items under the lock; the file removed when nothing
-    is left to send. Returns what is left."""
     path = os.path.join(run_dir, PENDING)
     with _locked(run_dir):
         items = pending(run_dir)
@@ -180,6 +164,5 @@ def settle(run_dir: str, key: str, done: Any = None) -> dict[str, Any]:
 
 
 def failed(run_dir: str, tracker: str, error: str) -> None:
-    """A tracker's failure, where `treb status` and a person reading events.jsonl see it."""
     with contextlib.suppress(OSError):
         append_event(run_dir, "tracking_failed", tracker=tracker, error=error)

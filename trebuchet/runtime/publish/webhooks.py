@@ -1,33 +1,15 @@
-"""The spec's `notify:` webhooks, sent by the job controller (runtime/job/life.py): a run's
-start, its end (succeeded, failed, timeout, cancelled), a hang when it is detected, and a
-log pattern when a rank prints it (docs/notify.md).
+"""The spec's `notify:` webhooks (docs/notify.md), sent by the job controller wherever it
+runs (locally, beside ssh hosts, in a Slurm batch step): hence stdlib urllib only.
 
-Why a module of the runtime: the controller runs locally, beside ssh hosts and in a Slurm
-batch step, so the sending is written once, with urllib (stdlib only, Python >= 3.8).
-Never delaying supervision: each webhook has a daemon thread that sends its events in
-order (a few retries with backoff on 5xx / 429 / connection errors, Retry-After honoured
-within a cap); the controller only puts events on its queue. A request's TIMEOUT_S is a
-deadline for all of it (lookup, connect, TLS, send, the answer's head), kept by sockets
-that wait in slices and look at the deadline between them (_Deadline): a receiver that
-trickles its answer a byte at a time holds nothing past it, and the run's end can move it
-earlier. At the run's end the controller waits at most END_WAIT_S for what is still
-queued (a request in flight with events behind it gets half of that); each event has
-exactly one outcome in events.jsonl (`notify_sent` or `notify_failed`), never lost.
-
-Receivers are not trusted: a redirect is never followed (the body and its signature go to
-the configured URL only: it is a `notify_failed`), the answer's body is never read, and a
-URL is only ever named as where() shows it (scheme://host[:port]/…): its path and query
-may be a credential, and no error quotes it.
-
-The HMAC key is the value of the environment variable the spec names (`secret`): it is
-read here, in the controller's process (which inherits the submitting environment on
-every engine: the supervisor, sbatch's --export=ALL), and never written anywhere. A URL
-may itself be a secret (`url: ${SLACK_HOOK}` with SLACK_HOOK under `secrets:`): it is
-resolved here the same way (and checked at submission: unsendable(), launcher/submit.py).
-
-Log patterns are searched by a child interpreter (policies.Matcher, the log policies'
-one) killed after a timeout, over the bytes new since the last look, every LOG_STEP_S:
-a pattern that backtracks costs a killed child, never the controller's time.
+Never delaying supervision: each webhook's daemon thread sends its events in order; a
+request's TIMEOUT_S bounds all of it (lookup, connect, TLS, send, the answer's head) through
+sockets that wait in slices (_Deadline), so a receiver trickling bytes holds nothing past it
+and the run's end can move it earlier. Each event gets exactly one outcome in events.jsonl.
+Receivers are not trusted: no redirect is followed (the signature goes to the configured
+URL only), no body read, and a URL is only named as where() shows it (its path may be a
+credential). The HMAC key and a `${NAME}` URL are read from the controller's environment
+(inherited on every engine), never written. Log patterns are searched by a killable child
+(policies.Matcher): a pattern that backtracks costs a child, never the controller's time.
 """
 
 from __future__ import annotations
@@ -44,7 +26,7 @@ import select
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, NamedTuple
 
 from ..contracts import secrets
 from ..contracts.schema import NOTIFY_EVENTS
@@ -66,7 +48,6 @@ END_WAIT_S = 5.0  # the run's end waits at most this long for queued sends
 WARM_AFTER_S = 1.0  # a sender idle this long imports urllib, ready for the run's end
 LOG_STEP_S = 2.0  # how often the logs are searched for the `log:` patterns
 LAST_LOOK_S = 1.0  # the attempt's end waits at most this long for the last look
-SCAN_BYTES = policies.SCAN_BYTES  # a log's new bytes read per look at most
 SIGNATURE = "X-Treb-Signature"
 SLACK_HOSTS = ("hooks.slack.com",)
 SECRET_REF = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")  # a URL that is itself a secret
@@ -75,21 +56,17 @@ Hook = Dict[str, Any]  # one item of the spec's notify: {url, on, secret}
 
 
 def hooks_of(spec: dict[str, Any]) -> list[Hook]:
-    """The spec's webhooks (its spec.json: secrets as names only)."""
     return [h for h in spec.get("notify") or [] if isinstance(h, dict) and h.get("url")]
 
 
 def signature(key: bytes, body: bytes) -> str:
-    """The X-Treb-Signature value: sha256=<hex HMAC-SHA256 of the exact body>."""
     import hashlib
     import hmac
 
     return "sha256=" + hmac.new(key, body, hashlib.sha256).hexdigest()
 
 
-# The URLs sent to: http(s), a host of letters, digits, dots and dashes (no user info), a
-# port, a path of printable ASCII. spec/notify.py refuses any other at submission (a URL
-# kept in a secret too: launcher/submit.py), and the sender sends to no other.
+# The only URLs sent to (no user info); spec/notify.py and launcher/submit.py refuse others.
 URL = re.compile(r"(https?)://([A-Za-z0-9.-]+)(?::([0-9]{1,5}))?(/[\x21-\x7e]*)?", re.I)
 
 
@@ -104,9 +81,8 @@ def url_problem(url: str) -> str | None:
 
 
 def unsendable(url: str, environ: Mapping[str, str]) -> str | None:
-    """At submission, why a webhook URL kept in a secret (`${NAME}`) holds no URL treb
-    sends to (unset, empty, another scheme, user info), naming NAME, never its value; None
-    when it does, or when the URL is not such a reference (the spec's model checked it)."""
+    """At submission, why the URL a `${NAME}` secret holds is not one treb sends to, naming
+    NAME, never its value (a plain URL was checked by the spec's model)."""
     if not SECRET_REF.fullmatch(url):
         return None
     name = url[2:-1]
@@ -120,8 +96,7 @@ def unsendable(url: str, environ: Mapping[str, str]) -> str | None:
 
 
 def where(url: str) -> str:
-    """`scheme://host[:port]` of a URL, with `/…` where a path or query followed: what events
-    and errors name (a hook's path may be its credential); "?" for anything else."""
+    """`scheme://host[:port]/…`: how events name a URL (a hook's path may be its credential)."""
     m = URL.fullmatch(url)
     if not m or url_problem(url):
         return "?"
@@ -131,8 +106,7 @@ def where(url: str) -> str:
 
 
 def shown(written: str, resolved: str) -> str:
-    """A hook's URL as events name it: where() of the URL sent, or the `${NAME}` written
-    when what NAME holds is no URL (never a mangled string, nor the value)."""
+    """where() of the URL sent, or the `${NAME}` written when NAME holds no URL (not its value)."""
     out = where(resolved)
     if out == "?" and SECRET_REF.fullmatch(written):
         return written
@@ -140,8 +114,7 @@ def shown(written: str, resolved: str) -> str:
 
 
 def scrub(text: str, url: str) -> str:
-    """`text` (an error's) without the URL, nor its path, query or their parts: a message
-    that quotes them would write a credential into events.jsonl."""
+    """An error's text without the URL's parts: they may be a credential."""
     m = URL.fullmatch(url)
     rest = (m.group(4) or "") if m else url
     pieces = {url, rest, *re.split(r"[/?#&=;:@]", rest)}
@@ -165,14 +138,11 @@ def patterns(hook: Hook) -> list[str]:
 
 
 def link(run_dir: str, run_id: str) -> str:
-    """The dashboard's page of the run when TREB_DASHBOARD_URL says where it is, else the
-    run directory."""
     base = os.environ.get("TREB_DASHBOARD_URL", "").rstrip("/")
     return f"{base}/runs/{run_id}" if base.startswith(("http://", "https://")) else run_dir
 
 
 def cause_text(cause: FirstFailure | None) -> str:
-    """A first failure in one phrase: its message, or who ended how and where."""
     if not cause:
         return ""
     if cause.get("message"):
@@ -188,7 +158,6 @@ def cause_text(cause: FirstFailure | None) -> str:
 
 
 def body(hook_url: str, payload: dict[str, Any]) -> bytes:
-    """The request's body: the payload as JSON, or Slack's {"text": ...} for a Slack hook."""
     if is_slack(hook_url):
         words = f"treb: run {payload['name']} ({payload['run_id']}) {payload['event']}"
         if payload.get("cause"):
@@ -211,8 +180,6 @@ class Item:
 
 
 class Sender(threading.Thread):
-    """One webhook's sends, in order, in a daemon thread (see the module's docstring)."""
-
     def __init__(self, run_dir: str, hook: Hook, names: list[str]) -> None:
         super().__init__(name="treb-notify", daemon=True)
         self.run_dir, self.hook, self.names = run_dir, hook, names
@@ -233,8 +200,6 @@ class Sender(threading.Thread):
             self.start()
 
     def until(self, item: Item, started: float) -> float:
-        """When `item`'s request must be over (monotonic): TIMEOUT_S after it started, the
-        run's end's deadline, the cut that leaves the later events their share."""
         ends = [started + TIMEOUT_S, self.deadline, item.cut]
         return min(t for t in ends if t is not None)
 
@@ -292,19 +257,16 @@ class Sender(threading.Thread):
         self.record("notify_failed", item, error=scrub(error, url), tries=tries)
 
     def shown(self) -> str:
-        """The hook's URL as events name it (shown())."""
         written = str(self.hook["url"])
         return shown(written, secrets.resolve(written, self.names, os.environ))
 
     def settle(self, item: Item) -> bool:
-        """Whether `item`'s outcome is still to be recorded (it is the caller's now)."""
         with self.lock:
             first, item.done = not item.done, True
         return first
 
     def record(self, kind: str, item: Item, **fields: Any) -> None:
-        """The event's one outcome: a second (a send that ended after the run's end gave it
-        up) is dropped."""
+        """A second outcome (a send that ended after the run's end gave it up) is dropped."""
         if not self.settle(item):
             return
         fields["url"] = self.shown()
@@ -312,36 +274,27 @@ class Sender(threading.Thread):
             append_event(self.run_dir, kind, notify=item.payload["event"], **fields)
 
     def give_up(self, wait: float) -> None:
-        """The run's end: what is not sent by now never will be (one record each)."""
         with self.lock:
             left = [i for i in self.pending if not i.done]
         for item in left:
             self.record("notify_failed", item, error=f"not sent within {wait:g} s of the run's end")
 
     def share(self, at: float) -> None:
-        """The run's end: the events queued before the last one (the end's, as a rule; one
-        in flight, a `started` that hangs) are over by `at` and not tried again after it,
-        so that the last one still goes out."""
+        """The run's end: the events before the last (the end's) are over by `at`, so that a
+        hanging earlier send still leaves the last one its time."""
         with self.lock:
             for item in self.pending[:-1]:
                 item.cut = at
 
 
-class Answer:
-    """One request's outcome: the HTTP status (None: no answer), what went wrong, the
-    Retry-After seconds, and whether trying again may help."""
-
-    __slots__ = ("status", "error", "after", "retry")
-
-    def __init__(self, status: int | None, error: str = "", after: float | None = None,
-                 retry: bool = False) -> None:  # fmt: skip
-        self.status, self.error, self.after, self.retry = status, error, after, retry
+class Answer(NamedTuple):
+    status: int | None  # None: no answer
+    error: str = ""
+    after: float | None = None  # Retry-After, seconds
+    retry: bool = False  # whether trying again may help
 
 
 def post(url: str, data: bytes, headers: dict[str, str], until: Callable[[], float]) -> Answer:
-    """One POST to `url` (checked by url_problem), over by `until()` (monotonic, read again
-    before each step: the lookup, connect, each send and each read); a redirect is not
-    followed, the answer's body is not read. Errors never quote the URL."""
     import http.client
     import urllib.error
     import urllib.request
@@ -372,8 +325,7 @@ def post(url: str, data: bytes, headers: dict[str, str], until: Callable[[], flo
 
 
 def _opener(url: str, until: Callable[[], float]) -> Any:
-    """urllib's opener without the redirect and error handlers (an answer is an answer,
-    whatever its status), the environment's proxies honoured, its sockets bound to `until`."""
+    """urllib's opener without the redirect and error handlers, its sockets bound to `until`."""
     import http.client
     import urllib.request
 
@@ -409,10 +361,9 @@ def _opener(url: str, until: Callable[[], float]) -> Any:
 
 
 class _Deadline:
-    """A socket's reads and TLS handshake wait in slices of at most SLICE_S, checking
-    `until()` between them, and its sends wait at most the time left: a receiver that
-    trickles its answer a byte at a time (which no per-read timeout ever ends) is cut at the
-    request's deadline, and a deadline moved earlier (the run's end) is seen at once."""
+    """Reads and the TLS handshake wait in slices of SLICE_S, checking `until()` between
+    them: no per-read timeout ends a receiver that trickles a byte at a time, and a deadline
+    moved earlier (the run's end) is seen at once."""
 
     until: Callable[[], float]
 
@@ -423,8 +374,6 @@ class _Deadline:
         self.settimeout(min(left, most))  # type: ignore[attr-defined]
 
     def sliced(self, step: Callable[[], Any]) -> Any:
-        """`step` (a read: nothing is lost when it times out) again until it is done or
-        the time is up."""
         while True:
             self.arm(SLICE_S)
             try:
@@ -450,7 +399,6 @@ class _Deadline:
         return super().sendall(*args)  # type: ignore[misc]
 
     def connect(self, addr: Any) -> None:
-        """A non-blocking connect, waited for in slices."""
         self.arm()
         self.setblocking(False)  # type: ignore[attr-defined]
         err = self.connect_ex(addr)  # type: ignore[attr-defined]
@@ -471,9 +419,7 @@ class _DeadlineSocket(_Deadline, socket.socket):
 
 def _connect(address: tuple[str, int], timeout: object = None, source: object = None, *,
              until: Callable[[], float]) -> socket.socket:  # fmt: skip
-    """socket.create_connection with a deadline: the name looked up in a thread given up
-    at the deadline (getaddrinfo cannot be interrupted), each address tried in the time
-    left."""
+    """socket.create_connection with a deadline (getaddrinfo cannot be interrupted: _lookup)."""
     host, port = address
     error: OSError = OSError("no address for the host")
     for family, kind, proto, _, addr in _lookup(host, port, until):
@@ -491,7 +437,6 @@ def _connect(address: tuple[str, int], timeout: object = None, source: object = 
 
 
 def _lookup(host: str, port: int, until: Callable[[], float]) -> list[Any]:
-    """getaddrinfo of a stream to host:port, by `until()`."""
     with contextlib.suppress(OSError):  # an address: no lookup
         return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
     box: list[Any] = []
@@ -524,8 +469,7 @@ def retry_after(value: str | None) -> float | None:
 
 
 class LogWatch(threading.Thread):
-    """One attempt's `log:` patterns, searched in its logs every LOG_STEP_S by a matcher
-    child; each pattern notifies at most once an attempt."""
+    """One attempt's `log:` patterns; each notifies at most once an attempt."""
 
     def __init__(self, notifier: Notifier, adir: str, attempt: int) -> None:
         super().__init__(name="treb-notify-logs", daemon=True)
@@ -533,7 +477,7 @@ class LogWatch(threading.Thread):
         self.stopped = threading.Event()
         self.offsets: dict[str, int] = {}
         self.left = sorted({p for h in notifier.hooks for p in patterns(h)})
-        self.matcher = LogMatcher()
+        self.matcher = policies.Matcher()
 
     def run(self) -> None:
         try:
@@ -572,69 +516,10 @@ def size_of(path: str) -> int:
         return 0
 
 
-class LogMatcher(policies.Matcher):
-    """The log policies' matcher child, answering LogWatch's requests (`_serve_logs`)."""
-
-    SERVE = (__name__, "_serve_logs")
-
-
-def _serve_logs() -> None:
-    """The child's side: {"patterns", "files": [[path, offset]]} a line on stdin, answered
-    with {"found": [[pattern index, line]], "offsets": [...]} (whole lines only)."""
-    import sys
-
-    for raw in sys.stdin:
-        try:
-            request = json.loads(raw)
-            found, offsets = _search_new(request["patterns"], request["files"])
-            answer: dict[str, Any] = {"found": found, "offsets": offsets}
-        except Exception:  # noqa: BLE001 - a bad request finds nothing, the child lives on
-            answer = {"found": [], "offsets": []}
-        sys.stdout.write(json.dumps(answer) + "\n")
-        sys.stdout.flush()
-
-
-def _search_new(pats: list[str], files: list[list[Any]]) -> tuple[list[Any], list[int]]:
-    from ..rundir.regular import open_regular
-
-    compiled = [re.compile(p, re.M) for p in pats]
-    found: dict[int, str] = {}
-    offsets = []
-    for path, offset in files:
-        offset = int(offset)
-        try:
-            with open_regular(path) as fh:
-                fh.seek(0, 2)
-                size = fh.tell()
-                offset = max(offset, size - SCAN_BYTES) if size >= offset else 0
-                fh.seek(offset)
-                data = fh.read(SCAN_BYTES)
-        except OSError:
-            offsets.append(offset)
-            continue
-        end = data.rfind(b"\n") + 1
-        if end == 0 and len(data) < SCAN_BYTES:
-            offsets.append(offset)  # no whole line yet
-            continue
-        chunk = data[: end or len(data)]
-        offsets.append(offset + len(chunk))
-        text = chunk.decode(errors="replace")
-        for i, rx in enumerate(compiled):
-            m = None if i in found else rx.search(text)
-            if m:
-                start = text.rfind("\n", 0, m.start()) + 1
-                stop = text.find("\n", m.end())
-                found[i] = text[start : stop if stop >= 0 else len(text)].strip()[:300]
-    return [[i, line] for i, line in sorted(found.items())], offsets
-
-
 class Notifier:
-    """What the job controller calls: `event` for a run's start, end and hang, `attempt`
-    around each attempt (the log patterns' watch), `close` at the run's end."""
+    """What the job controller calls; the run id is its directory's name on every engine."""
 
     def __init__(self, run_dir: str, spec: dict[str, Any]) -> None:
-        """`spec`: the run's spec.json; the run id is its directory's name, as every engine
-        lays runs out."""
         self.run_dir, self.run_id = run_dir, os.path.basename(run_dir)
         self.hooks = hooks_of(spec)
         self.name = str(spec.get("name") or self.run_id)
@@ -650,7 +535,6 @@ class Notifier:
                 **extra}  # fmt: skip
 
     def event(self, event: str, state: str, cause: str = "", **extra: Any) -> None:
-        """`event` (one of EVENTS) to the webhooks that asked for it; never blocks."""
         payload = None
         for sender in self.senders:
             if wanted(sender.hook, event):
@@ -665,8 +549,7 @@ class Notifier:
                 sender.put(payload)
 
     def attempt(self, attempt: int, adir: str) -> None:
-        """The attempt started: its logs are watched for the `log:` patterns; the
-        senders start (idle, they make ready for the end)."""
+        """The senders start now: idle, they import urllib before the run's end needs it."""
         self.end_attempt()
         for sender in self.senders:
             sender.begin()
@@ -680,9 +563,8 @@ class Notifier:
         return [w.matcher.pid for w in watches if w.matcher.pid is not None]
 
     def end_attempt(self) -> None:
-        """The attempt's processes ended: one last look at its logs, waited for at most
-        LAST_LOOK_S (before the supervisor ends what the attempt left: its child would
-        be one), then no more."""
+        """One last look at the logs, waited for at most LAST_LOOK_S (the supervisor then
+        ends what the attempt left, the matcher child among it)."""
         if self.watch is not None:
             self.watch.stopped.set()
             self.watch.join(LAST_LOOK_S)
@@ -691,8 +573,6 @@ class Notifier:
             self.watch = None
 
     def close(self, wait: float = END_WAIT_S) -> None:
-        """The run's end: at most `wait` seconds for the queued sends; what is left then
-        is recorded as given up. Once."""
         if self.closed:
             return
         self.closed = True

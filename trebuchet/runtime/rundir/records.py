@@ -34,12 +34,10 @@ _TMP_COUNT = itertools.count()
 
 
 def write_bytes(path: str, data: bytes, mode: int = 0o600, durable: bool = True) -> None:
-    """Replace `path` with `data` in one rename (a temp file of this process beside it;
-    not `tempfile`, whose imports would slow every agent's start). Readers see the old
-    bytes or the new, never a part. `durable=False` skips the fsync: for a record that a
-    later one replaces within the run (a rank's RUNNING record): 32 ranks' fsyncs were
-    ~0.1 s of a 32-rank start, and after an OS crash such a file is at worst unreadable,
-    which readers take as absent."""
+    """Replace `path` in one rename (not `tempfile`: its imports slow every agent's start).
+    `durable=False` skips the fsync, for a record a later one replaces within the run: 32
+    ranks' fsyncs were ~0.1 s of a 32-rank start, and after an OS crash such a file is at
+    worst unreadable, which readers take as absent."""
     folder, base = os.path.split(path)
     tmp = os.path.join(folder, f".{base}.{os.getpid()}.{next(_TMP_COUNT)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
@@ -61,13 +59,10 @@ SYNC_THREADS = 16
 
 
 def sync(paths: list[str]) -> None:
-    """fsync files written with `durable=False` and their folders (the renames). They are
-    synced from up to SYNC_THREADS threads side by side, the folders beside the files (both
-    must be durable when sync returns; neither needs the other first): one after another,
-    each waited for a journal commit of its own (512 records of a 128-node local run: 2.5 s,
-    on the retry's critical path; a 2-rank run's two records and their folder: ~11 ms
-    here); issued together, one commit carries many (0.1-0.2 s; ~4 ms). A file that is gone
-    (its run directory removed) is skipped."""
+    """fsync files written with `durable=False` and their folders, from up to SYNC_THREADS
+    threads side by side: one after another each waited for a journal commit of its own
+    (512 records of a 128-node run: 2.5 s, on the retry's critical path); together one
+    commit carries many (0.1-0.2 s). A file that is gone is skipped."""
     _fsync_all([*paths, *sorted({os.path.dirname(p) for p in paths})])
 
 
@@ -87,20 +82,12 @@ def _fsync_all(paths: list[str]) -> None:
 
 def _fsync_each(paths: list[str]) -> None:
     for path in paths:
-        _fsync_path(path)
-
-
-def _fsync_path(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def write_json(path: str, data: Any, durable: bool = True) -> None:
@@ -108,9 +95,7 @@ def write_json(path: str, data: Any, durable: bool = True) -> None:
 
 
 def read_json(path: str, limit: int = -1) -> Any:
-    """The JSON in `path` (its first `limit` bytes; -1: all); None when it is absent or
-    unreadable: not a regular file (a rank's FIFO never blocks), no JSON, or nested past
-    the recursion limit (RecursionError)."""
+    """None when absent or unreadable: not a regular file (a rank's FIFO), no JSON, too deep."""
     try:
         return json.loads(read_text(path, limit))
     except (OSError, ValueError, RecursionError):
@@ -120,20 +105,22 @@ def read_json(path: str, limit: int = -1) -> Any:
 def append_event(run_dir: str, event: str, **fields: Any) -> None:
     """One line of `events.jsonl` (O_APPEND: lines of concurrent writers do not mix)."""
     line = json.dumps({"time": now(), "event": event, **fields}, sort_keys=True) + "\n"
-    path = os.path.join(run_dir, "events.jsonl")
-    fd = writable_fd(path)
+    write_regular(os.path.join(run_dir, "events.jsonl"), line.encode())
+
+
+def write_regular(path: str, data: bytes, truncate: bool = False) -> None:
+    """`data` appended to `path` (or in place of what it held), a regular file (writable_fd)."""
+    fd = writable_fd(path, truncate)
     try:
-        os.write(fd, line.encode())
+        os.write(fd, data)
     finally:
         os.close(fd)
 
 
 def writable_fd(path: str, truncate: bool = False) -> int:
-    """`path` opened for appending (or emptied), a regular file: a rank can reach the run
-    directory and put a FIFO there, whose opening for writing waited forever for a reader
-    (the run never ended). Without waiting (O_NONBLOCK); anything but a regular file is
-    removed and the file made again, once; raises OSError (NotRegular) when it is not one
-    even then."""
+    """`path` opened for appending (or emptied), a regular file: a rank can put a FIFO in
+    the run directory, whose opening for writing waits forever for a reader. Anything but a
+    regular file is removed and the file made again, once; else NotRegular (an OSError)."""
     flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if truncate else os.O_APPEND)
     flags |= os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     for _ in range(2):
@@ -152,8 +139,7 @@ def writable_fd(path: str, truncate: bool = False) -> int:
 
 
 def exit_fields(returncode: int) -> tuple[int, str | None]:
-    """A Popen returncode as a record says it: exit code (128 + n for signal n, as a shell
-    reports it) and the signal's name."""
+    """A Popen returncode as a shell reports it (128 + n for signal n), and the signal's name."""
     if returncode >= 0:
         return returncode, None
     try:
@@ -164,8 +150,7 @@ def exit_fields(returncode: int) -> tuple[int, str | None]:
 
 
 def attempt_logs(adir: str, first: str | None = None) -> list[str]:
-    """What the log policies read after a failed attempt: its rank logs, then its node
-    agents' logs, the failing process's (`first`) ahead of them when it is one of them."""
+    """What the log policies read after a failed attempt, the failing process's (`first`) first."""
     names = sorted(os.listdir(adir))
     logs = [os.path.join(adir, name) for pattern in (r"rank-\d+\.log", r"node-\d+\.log")
             for name in names if re.fullmatch(pattern, name)]  # fmt: skip
@@ -174,11 +159,9 @@ def attempt_logs(adir: str, first: str | None = None) -> list[str]:
     return logs
 
 
-# An outcome record's fields and their types (contracts.Outcome). The records lie in the
-# attempt's folder, which a rank can reach (it runs in the run directory, and its
-# TORCHELASTIC_ERROR_FILE is there): what is read back is checked field by field, so a
-# record a rank wrote over (`{"exit_code": 1e30, "attempt": "z", "rank": {}}`) never
-# reaches a rule, SQLite or a view as anything but what the fields allow.
+# An outcome record's fields and their types (contracts.Outcome). A rank can reach the
+# attempt's folder: what is read back is checked field by field, so a record a rank wrote
+# over never reaches a rule, SQLite or a view as anything but what the fields allow.
 _INT = (int,)
 _FIELDS: dict[str, tuple[type, ...]] = {
     "label": (str,), "rank": _INT, "node": _INT, "local_rank": _INT, "pid": _INT,
@@ -193,8 +176,6 @@ INT_MAX = 1 << 31  # an exit code, rank, node, pid or attempt: what an INTEGER c
 
 
 def _fits(value: Any, kinds: tuple[type, ...]) -> bool:
-    """A value of one of `kinds` as a record field holds it: a bool only where bool is
-    meant, an int within INT_MAX, a finite float."""
     if isinstance(value, bool):
         return bool in kinds
     if isinstance(value, int):
@@ -203,10 +184,8 @@ def _fits(value: Any, kinds: tuple[type, ...]) -> bool:
 
 
 def outcome(rec: Any) -> Outcome | None:
-    """`rec` (JSON read back) as an outcome record: the known fields of the right type
-    (bool is no int; numbers finite, ints within INT_MAX; text cut at TEXT_MAX), the
-    others dropped; the process fields the views name present (None when unknown); None
-    when it is not a record at all (no label)."""
+    """`rec` (JSON read back) as an outcome record, the fields the views name present;
+    None when it is no record at all (no label)."""
     if not isinstance(rec, dict) or not isinstance(rec.get("label"), str):
         return None
     out: dict[str, Any] = {}
@@ -227,10 +206,8 @@ FIRST = "first-failure"  # an attempt's first failure (JSON), written once (clai
 
 
 def claim_first(adir: str, cause: FirstFailure) -> FirstFailure:
-    """Record `cause` as the attempt's first failure unless one is on record already; the
-    one on record. Written to a temp file, then linked to its name: link() refuses an
-    existing name, so of two writers (or a later event) the first wins, and a reader sees
-    the whole record or none."""
+    """The attempt's first failure on record: `cause` unless one was already. link() refuses
+    an existing name, so of two writers the first wins, and a reader sees all or none."""
     path = os.path.join(adir, FIRST)
     tmp = os.path.join(adir, f".{FIRST}.{os.getpid()}.{next(_TMP_COUNT)}.tmp")
     try:
@@ -247,7 +224,6 @@ def claim_first(adir: str, cause: FirstFailure) -> FirstFailure:
 
 
 def claimed_first(adir: str) -> FirstFailure | None:
-    """The attempt's first failure as claim_first recorded it; None when none was."""
     return outcome(read_json(os.path.join(adir, FIRST)))
 
 
@@ -260,9 +236,7 @@ def cause(
     log: str | None = None,
     host: str | None = None,
 ) -> FirstFailure:
-    """A run's first failure that no process record says (an environment build, a full
-    disk, an ssh connection, a node agent without a rank's record): the fields of a rank's
-    record, rank and signal None, then what is known of message, log and host."""
+    """A first failure no process record says (an environment build, a full disk, ssh)."""
     ff: FirstFailure = {"label": label, "rank": None, "node": node, "local_rank": None,
                         "exit_code": exit_code, "signal": None, "ended_at": now(),
                         "attempt": attempt}  # fmt: skip
@@ -276,9 +250,6 @@ def cause(
 
 
 def attempt_records(adir: str) -> list[Outcome]:
-    """The outcome records in an attempt's folder (rank-N, node-N, lost-N, ... .json; not
-    attempt.json nor the first failure's own record), by name; none when the folder is
-    gone."""
     try:
         names = sorted(os.listdir(adir))
     except OSError:
@@ -295,10 +266,9 @@ AFTER = "after_first_failure"  # a record of a node lost once the attempt had fa
 
 
 def first_failure(records: list[Outcome]) -> FirstFailure | None:
-    """The earliest non-zero outcome that was not a cascade (a process stopped by its
-    launcher, the teardown or the engine, or a node lost after the attempt's first failure
-    was known: AFTER); a rank's record before a node agent's; a lost node before all (its
-    peers' ranks fail because it is gone)."""
+    """The earliest non-zero outcome that was no cascade (stopped by the launcher, or a node
+    lost after the first failure: AFTER); a rank's before a node agent's; a lost node before
+    all (its peers' ranks fail because it is gone)."""
     failed = [
         r for r in records
         if r.get("exit_code") not in (None, 0) and not r.get("stopped_by_launcher")

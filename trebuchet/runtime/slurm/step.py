@@ -604,8 +604,23 @@ class Controller:
                 self.inline.signal_all(sig)
         elif self.step is not None and sig == signal.SIGINT:
             self.node_step("SIGINT")  # to each node's agents, never to every process
-        elif self.step is not None:
+        elif self.step is not None and not (sig == signal.SIGTERM and self.stop_over_link()):
             self.signal_steps(sig)
+
+    def stop_over_link(self) -> bool:
+        """The teardown's SIGTERM as the `stop` word to every node agent of the attempt
+        (agent_link.Hub.stop_all: each stops its ranks, the grace period, SIGKILL), as on a
+        rank's failure: no scancel through slurmctld. Only where the agents take the word
+        (they park: parks()); False (the caller scancels) where one cannot be reached;
+        one that has not ended within the grace period + 2 s gets the scancel then
+        (watch_nodes)."""
+        if self.link is None or not parks(self.job):
+            return False
+        if self.link.stop_all():
+            log("stopping the ranks over the agent link (no scancel)")
+            return True
+        log("a node agent cannot be reached over the link: scancel --signal=TERM")
+        return False
 
     @staticmethod
     def term_inline(agent: Agent) -> None:

@@ -1,18 +1,9 @@
 """The agent's log reader: when each of its ranks last made progress, and its last line.
 
-One reader per agent, stepped from its poll at most once a second (`STEP_S`). For each
-tracked process it reads the new bytes of its log (regular files only, at most
-`CHUNK` bytes a step: a rank that writes faster is skipped to the end of its log, its
-progress is plain anyway), splits them into lines (lines.py) and hands each line to
-`on_line` (the hook the metrics of issue 14 hang off; None: unused). It also looks at the
-rank's heartbeat file (`$TREB_HEARTBEAT`, touched by `trebuchet.dist.heartbeat()`).
-
-When a rank's progress advances, the reader records it where the deciding side (the local
-supervisor, the Slurm controller: runtime/watch/hung.py) reads it on every engine:
-`attempt-<n>/progress/<name>`, whose mtime is the last progress and whose content is the
-last line (at most `LINE_MAX` bytes; user output that is already in the log).
-
-Never blocking: a stat and at most one bounded read per file and step, no pipes.
+Stepped from the agent's poll, never blocking: a stat and one bounded read per file and
+step (a rank that writes faster is skipped to its log's end: its progress is plain
+anyway). Progress is recorded as `attempt-<n>/progress/<name>` (mtime: the last progress;
+content: the last line), which the controller's hang watch reads on every engine.
 """
 
 from __future__ import annotations
@@ -21,7 +12,7 @@ import os
 import time
 from typing import Callable
 
-from ..rundir.records import writable_fd
+from ..rundir.records import write_regular
 from ..rundir.regular import open_fd
 from .display_lines import Splitter
 
@@ -40,13 +31,10 @@ def progress_dir(adir: str) -> str:
 
 
 def heartbeat_path(adir: str, name: str) -> str:
-    """The file `$TREB_HEARTBEAT` names for one rank (the contract sets it)."""
     return os.path.join(progress_dir(adir), name + HEARTBEAT_SUFFIX)
 
 
 class Tracked:
-    """One process's log, heartbeat and last progress."""
-
     def __init__(self, name: str, log: str, heartbeat: str) -> None:
         self.name = name
         self.log = log
@@ -60,8 +48,6 @@ class Tracked:
 
 
 class Progress:
-    """The progress of an agent's processes (see the module's docstring)."""
-
     def __init__(self, adir: str, on_line: OnLine | None = None) -> None:
         self.adir = adir
         self.on_line = on_line
@@ -70,14 +56,12 @@ class Progress:
         self._dir_made = False
 
     def track(self, name: str) -> str:
-        """Follow the process `name` (its log is `<adir>/<name>.log`); returns the path of
-        its heartbeat file, for `$TREB_HEARTBEAT`."""
+        """The path of its heartbeat file, for `$TREB_HEARTBEAT`."""
         beat = heartbeat_path(self.adir, name)
         self.tracked.append(Tracked(name, os.path.join(self.adir, name + ".log"), beat))
         return beat
 
     def step(self, force: bool = False) -> None:
-        """Read what is new, at most once a second (`force`: now, e.g. at the end)."""
         mono = time.monotonic()
         if not force and mono < self.next_step:
             return
@@ -134,18 +118,13 @@ class Progress:
             t.dirty = True
 
     def _record(self, t: Tracked) -> None:
-        """progress/<name>: mtime = the last progress, content = the last line."""
         folder = progress_dir(self.adir)
         path = os.path.join(folder, t.name)
         try:
             if not self._dir_made:
                 os.makedirs(folder, mode=0o700, exist_ok=True)
                 self._dir_made = True
-            fd = writable_fd(path, truncate=True)  # a rank's FIFO there is replaced
-            try:
-                os.write(fd, t.last_line[-LINE_MAX:] + b"\n")
-            finally:
-                os.close(fd)
+            write_regular(path, t.last_line[-LINE_MAX:] + b"\n", truncate=True)
             stamp = t.last_progress or time.time()
             os.utime(path, (stamp, stamp))
         except OSError:

@@ -1,16 +1,11 @@
 """Rank output -> display lines: linear in the input, bounded, and inert on a terminal.
 
-Lines end at \\n or \\r (a progress bar redraws with \\r: each state becomes a line); empty
-lines are dropped. With `redraw` (the live terminal view) only \\n ends a line, and \\r
-overwrites: a line shows its latest state, and a pending state goes out when the line
-ends or the view flushes it (at most once a second), so a 1,000-step bar is a few lines.
-Each byte is searched for a line end once, and a partial line is kept as a list of pieces,
-so a rank writing megabytes without a newline costs what it writes, not its square. A
-line longer than `cap` goes out in pieces, each but the last ending with `CUT`. Control
-characters other than \\t (C0, DEL, and C1 as UTF-8 encodes them) are shown `cat -v`
-style (ESC as ^[), so a rank cannot move the cursor or retitle the terminal; U+2028/U+2029
-and the bidi controls (U+202A-U+202E, U+2066-U+2069) as `\\u202e`, so it cannot reorder
-or break what the terminal shows. The log files themselves keep exactly what was written.
+Lines end at \\n or \\r (each state of a progress bar is a line); with `redraw` (the live
+view) \\r overwrites, so a 1,000-step bar is a few lines. Each byte is searched for a line
+end once and a partial line is kept in pieces: a rank writing megabytes without a newline
+costs what it writes, not its square. Controls are shown `cat -v` style and separators and
+bidi controls as `\\u202e`, so a rank can neither move the cursor nor reorder what the
+terminal shows. The log files themselves keep exactly what was written.
 """
 
 from __future__ import annotations
@@ -35,18 +30,13 @@ def _caret(m: re.Match[bytes]) -> bytes:
     return b"^?" if b == b"\x7f" else b"^" + bytes([b[0] + 64])
 
 
-# The C0 controls and DEL that _CONTROL matches: deleting them (bytes.translate, a C loop)
-# tells in ~0.3 ms a MiB whether the substitution (~15 ms a MiB) has anything to do; the
-# three-byte ones only where an E2 is (a memchr), then a search of them alone (~1.6 ms a
-# MiB of text full of E2: quotes, ellipses, block bars).
+# bytes.translate (~0.3 ms a MiB) tells whether the substitution (~15 ms a MiB) has
+# anything to do; the three-byte ones are searched only where an E2 is.
 _C0 = bytes([*range(0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
 _SEPARATORS = re.compile(rb"\xe2\x80[\xa8-\xae]|\xe2\x81[\xa6-\xa9]")
 
 
 def inert(data: bytes) -> bytes:
-    """`data` with every control character but \\t, \\n and \\r made visible, and the
-    line/paragraph separators and bidi controls (a rank's U+202E reverses what the terminal
-    shows after it) shown as `\\u202e`, as `shown` writes them."""
     if (b"\xc2" not in data and len(data.translate(None, _C0)) == len(data)
             and (b"\xe2" not in data or not _SEPARATORS.search(data))):  # fmt: skip
         return data
@@ -70,10 +60,8 @@ def _shown_char(m: re.Match[str]) -> str:
 
 
 def shown(text: str, tab: bool = False) -> str:
-    """`text` (a name, a cause, a line that a program wrote) as one line a terminal shows
-    as text and UTF-8 encodes: controls as `inert` shows them in logs (ESC as ^[, U+009B as
-    M-^[, \\n as ^J; \\t too unless `tab`), separators, bidi overrides and lone surrogates
-    as `\\uXXXX`. The one place the views make text safe; idempotent."""
+    """Text a program wrote as one line a terminal shows as text and UTF-8 encodes (lone
+    surrogates too): the one place the views make text safe; idempotent."""
     if text.isprintable():  # the common case: a C-speed check (controls, Zl, Cs, Cf fail)
         return text
     if tab:
@@ -82,8 +70,6 @@ def shown(text: str, tab: bool = False) -> str:
 
 
 class Splitter:
-    """One stream's bytes in, display lines out (without their line ends)."""
-
     def __init__(self, cap: int = CAP, redraw: bool = False) -> None:
         self.cap = cap
         self.redraw = redraw
@@ -94,7 +80,6 @@ class Splitter:
 
     @property
     def pending(self) -> bool:
-        """Something not shown yet: a partial line, or (redraw) a state a \r ended."""
         return bool(self.partial_len or self.state)
 
     def feed(self, data: bytes) -> list[bytes]:
@@ -118,8 +103,7 @@ class Splitter:
         return lines
 
     def _feed_redraw(self, data: bytes) -> list[bytes]:
-        """feed() where \\r overwrites: each line ended by \\n shows its last non-empty
-        \\r-segment (so \\r\\n is a plain line end); what a \\r ended waits in `state`."""
+        """Each line ended by \\n shows its last non-empty \\r-segment (\\r\\n: a plain end)."""
         self.searched += len(data)
         lines: list[bytes] = []
         end = data.rfind(b"\n")
@@ -146,8 +130,6 @@ class Splitter:
         return lines
 
     def flush(self) -> list[bytes]:
-        """The partial line, as it stands (it went stale, or the stream ended); with
-        redraw, else the latest state a \\r ended."""
         if not self.partial_len:
             self.partial = []
             state, self.state = self.state, b""
@@ -157,13 +139,11 @@ class Splitter:
         return self._pieces(line)
 
     def reset(self) -> None:
-        """Forget the partial line (the view skipped past it)."""
         self.partial = []
         self.partial_len = 0
         self.state = b""
 
     def _cut_partial(self) -> list[bytes]:
-        """Whole `cap`-sized pieces of an overlong partial line; 1 to `cap` bytes stay."""
         buf = b"".join(self.partial)
         whole = (len(buf) - 1) // self.cap * self.cap
         rest = buf[whole:]
@@ -179,7 +159,6 @@ class Splitter:
 
 
 def _last_state(line: bytes) -> bytes:
-    """The last non-empty \\r-separated segment of a line: what a terminal would show."""
     for seg in reversed(line.split(b"\r")):
         if seg:
             return seg

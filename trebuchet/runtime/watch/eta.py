@@ -1,51 +1,27 @@
-"""A run's progress and ETA, from what its first rank already prints.
+"""A run's progress and ETA, from what its first rank already prints: a tqdm bar,
+`step 120/1000`, the HuggingFace Trainer's start lines and dicts, or the spec's
+`metrics.progress` regex (docs/metrics.md).
 
-The agent's one log reader (progress.py) hands every line to its hook; `Eta` is the part
-of that hook that looks at the first rank's lines only (rank-0, or node-0 where the
-launcher starts one process per node) and finds how far the run is:
-- a tqdm bar: `45%|####  | 450/1000 [00:10<00:12, 43.2it/s]` (each `\\r` state is a line);
-- `step 120/1000` (also `iter`, `iteration`, `batch`; `of` for `/`; `epoch 3/10` when no
-  step is given);
-- the HuggingFace Trainer: `Total optimization steps = 1,000`, `Num Epochs = 3` and the
-  steps an epoch has (`Num update steps per epoch = 512` in transformers 5; 4 gives `Num
-  examples` and `Total train batch size`) at its start (with log_level info), then its dicts
-  `{'loss': ..., 'epoch': 0.5}` (5 prints `'epoch': '0.5'`): step = epoch x steps an epoch;
-- the spec's `metrics.progress`, a regex with the named groups `step` and `total`.
 The run's progress is the training loop's bar, not whichever bar drew last: a bar of one
-item (a checkpoint's `Writing model shards: 1/1`) is none, once the Trainer's bar (of its
-`Total optimization steps`) runs a bar of another total is another loop's (evaluation: a
-printed total no bar has hides nothing), a bar named for such a
-loop (`Sanity Checking`, `Validation`, `Testing`, ...: `OTHER_LOOPS`) is none, and otherwise
-the main bar is the one with the largest total seen (Lightning's `Epoch N` bars are one).
-Each parser looks for a cheap marker (`/`, `epoch`, `steps =`) before any regex, and only
-the newest lines of a reader step are parsed, back to the first that reads: a rank that
-prints progress on every line costs one parse a second.
+item is none, a bar named for another loop (OTHER_LOOPS) is none, and once the Trainer's
+bar runs a bar of another total is evaluation's. Only the newest lines of a reader step
+are parsed, each after a cheap marker test: a rank printing progress on every line costs
+one parse a second.
 
-The latest reading goes to `<run dir>/progress.json` (temp file and rename, once per
-reader step at most, only when it changed), where every engine's controller and the CLI
-read it: `{attempt, step, total, fraction, rate (steps/s), eta_s, t, moved, gap_s}`. The rate
-is the steps over the last `WINDOW_S` seconds of readings, from the first step this attempt
-made on (a resumed bar jumps to its checkpoint's step at once: tqdm's own rate counts that
-jump, and stays high); tqdm's own rate and time left only until there are two such readings.
-`moved` is when the step last advanced (else the attempt's first reading: a step printed
-again and again is no advance) and `gap_s` the usual time between advances: a
-reader finds the run stalled (`stalled_s`, no ETA) when no step came for `STALL_GAPS` such
-gaps and at least `STALL_MIN_S` seconds, instead of counting the ETA down to 0.
-`from_log_tail` reads the same from the tail of a log, for engines whose agents' files stay
-on their nodes (the logs come back; this record does not).
-
-Total: a line yields a reading or nothing, never an exception.
+The rate is measured from the first step this attempt made on (a resumed bar jumps to its
+checkpoint's step: tqdm's own rate counts that jump). `moved` and `gap_s` let a reader
+call the run stalled instead of counting its ETA down to 0. Total: a line yields a
+reading or nothing, never an exception.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
 from typing import Any, Callable, Dict, Optional
 
-from ..rundir.records import write_json
+from ..rundir.records import read_json, write_json
 from ..rundir.regular import open_fd
 
 FILE = "progress.json"
@@ -93,7 +69,6 @@ def _scaled(num: bytes, suffix: bytes) -> float:
 
 
 def _seconds(clock: bytes) -> float | None:
-    """tqdm's `01:02:03` / `00:12` as seconds; None for `?`."""
     try:
         parts = [int(p) for p in clock.split(b":")]
     except ValueError:
@@ -111,7 +86,7 @@ def _count(m: re.Match[bytes]) -> float | None:
 
 
 class Parser:
-    """One rank's lines -> readings; keeps what the HuggingFace Trainer said at its start."""
+    """Keeps what the HuggingFace Trainer said at its start: its dicts need it."""
 
     def __init__(self, pattern: str | None = None) -> None:
         self.pattern = re.compile(pattern.encode()) if pattern else None
@@ -122,7 +97,6 @@ class Parser:
         self.main: tuple[bytes, float] | None = None  # the main bar: (its name, total)
 
     def parse(self, line: bytes) -> tuple[Reading | None, float | None]:
-        """(reading or None, seconds left when the line says it: tqdm's)."""
         try:
             reading, left = self._parse(line)
         except (ValueError, OverflowError, IndexError, ZeroDivisionError):
@@ -160,8 +134,7 @@ class Parser:
         return None, None
 
     def _hf_start(self, head: bytes) -> None:
-        """What the Trainer says at its start: the steps in all, the epochs, the steps an
-        epoch has (given by 5; examples over the total batch in 4)."""
+        """The steps an epoch has: given by transformers 5; examples over the batch in 4."""
         for rx, attr in (
             (_HF_TOTAL, "hf_total"),
             (_HF_EPOCHS, "hf_epochs"),
@@ -177,8 +150,6 @@ class Parser:
             self.hf_per_epoch = -(-self.hf_examples // batch)
 
     def _is_main(self, before: bytes, m: re.Match[bytes]) -> bool:
-        """Whether a bar is the training loop's (module docstring): it becomes the main one
-        when it is the first, or longer than the main one."""
         total = _scaled(m[3], m[4])
         if total <= 1 or (
             self.main is not None and self.main[1] == self.hf_total != total
@@ -194,7 +165,6 @@ class Parser:
 
     @staticmethod
     def _tqdm(m: re.Match[bytes]) -> tuple[Reading, float | None]:
-        """A bar's n/total, its rate (it/s, s/it, scaled units) and its own time left."""
         step, total = _scaled(m[1], m[2]), _scaled(m[3], m[4])
         rate = None
         if m["rate"] is not None:
@@ -207,7 +177,6 @@ class Parser:
         return {"step": step, "total": total, "rate": rate}, _seconds(m["left"])
 
     def _hf(self, head: bytes) -> Reading | None:
-        """A Trainer dict: its step and max_steps, else its epoch against Num Epochs."""
         keys = {k.decode(): float(v) for k, v in _HF_KEY.findall(head)}
         total = keys.get("max_steps") or self.hf_total
         step = keys.get("global_step", keys.get("step"))
@@ -225,8 +194,15 @@ class Parser:
         return {"step": epoch, "total": epochs, "rate": None}
 
 
+def parser(pattern: str | None) -> Parser:
+    """A spec's pattern that does not compile is none: never an agent's end."""
+    try:
+        return Parser(pattern)
+    except (re.error, TypeError, ValueError, RecursionError, OverflowError):
+        return Parser()
+
+
 def figures(reading: Reading, rate: float | None, left: float | None) -> dict[str, Any]:
-    """The record's numbers: fraction, rate and eta_s where they can be known."""
     step, total = reading["step"], reading["total"]
     fraction = None
     if step is not None and total and total > 0:
@@ -250,8 +226,7 @@ COUNT_MAX = float(1 << 53)  # past it a float counts no step exactly: no figure,
 
 
 def _sane(v: Any) -> bool:
-    """None, or a non-negative number a float counts exactly (a step, total, rate or
-    seconds left: a rank's 290-digit total is finite, and no progress)."""
+    """None, or a number a float counts exactly (a 290-digit total is finite, and no progress)."""
     if v is None:
         return True
     return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < COUNT_MAX
@@ -262,16 +237,11 @@ def _plain(v: float | None) -> float | int | None:
 
 
 class Eta:
-    """The reader's hook for the first rank's lines; `flush()` after each reader step."""
-
     def __init__(self, adir: str, pattern: str | None = None) -> None:
         self.run_dir = os.path.dirname(adir.rstrip("/"))
         base = os.path.basename(adir.rstrip("/"))
         self.attempt = int(base[8:]) if base[8:].isdigit() else 0
-        try:
-            self.parser = Parser(pattern)
-        except (re.error, TypeError, ValueError, RecursionError, OverflowError):
-            self.parser = Parser()
+        self.parser = parser(pattern)
         self.reading: Reading | None = None
         self.left: float | None = None
         self.samples: list[tuple[float, float]] = []  # (wall, step) over the window
@@ -281,9 +251,7 @@ class Eta:
         self.lines: list[bytes] = []  # the first rank's lines of this reader step
 
     def __call__(self, name: str, line: bytes) -> None:
-        """Keep the line for flush(), which parses from the newest back to the first that
-        reads (one parse a step when each line is progress); a Trainer's `steps = N` /
-        `Epochs = N` is read at once, as a later dict needs it."""
+        """A Trainer's `steps = N` is read at once (a later dict needs it); the rest in flush()."""
         if name not in FIRST:
             return
         if b" = " in line:
@@ -291,8 +259,6 @@ class Eta:
         self.lines.append(line)
 
     def flush(self) -> None:
-        """Record the latest reading, when the step's lines hold one (once per reader step
-        at most: the caller's)."""
         lines, self.lines = self.lines, []
         for line in reversed(lines):
             reading, left = self.parser.parse(line)
@@ -329,8 +295,7 @@ class Eta:
             return
 
     def _sample(self, now: float, step: float | None) -> None:
-        """Keep (now, step) for the rate: from the first advance on (a resumed bar's jump
-        to its checkpoint is no speed), a bar that starts again (an epoch's) anew."""
+        """From the first advance on: a resumed bar's jump to its checkpoint is no speed."""
         if step is None:
             return
         last = self.samples[-1][1] if self.samples else self.first
@@ -347,7 +312,6 @@ class Eta:
 
 
 def chain(first: Eta, then: Callable[[str, bytes], None] | None) -> Callable[[str, bytes], None]:
-    """One on_line for the reader: the ETA's, then the metrics' (None: the ETA's alone)."""
     if then is None:
         return first
 
@@ -359,32 +323,19 @@ def chain(first: Eta, then: Callable[[str, bytes], None] | None) -> Callable[[st
 
 
 def hook(adir: str, config: dict[str, Any] | None) -> Eta:
-    """The agent's Eta for an attempt directory (`config`: the run's metrics.json)."""
     pattern = (config or {}).get("progress")
     return Eta(adir, pattern if isinstance(pattern, str) else None)
 
 
 def read(run_dir: str, attempt: int | None = None) -> dict[str, Any] | None:
-    """The run's progress record (of `attempt` when given), its ETA counted down to now;
-    None when there is none."""
-    try:
-        fd = open_fd(os.path.join(run_dir, FILE))
-    except OSError:
-        return None
-    try:
-        data = json.loads(os.read(fd, 1 << 16))
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
+    data = read_json(os.path.join(run_dir, FILE), 1 << 16)
     if not isinstance(data, dict) or (attempt is not None and data.get("attempt") != attempt):
         return None
     return _aged(_checked(data))
 
 
 def _checked(data: dict[str, Any]) -> dict[str, Any]:
-    """The record's figures that are finite non-negative numbers (a fraction at most 1);
-    the others None: a rank can write this file too, and the views format these."""
+    """A rank can write this file too: figures that are no sane numbers read as None."""
     out = dict(data)
     for k in ("step", "total", "fraction", "rate", "eta_s", "t", "moved", "gap_s"):
         v = out.get(k)
@@ -393,8 +344,7 @@ def _checked(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _aged(data: dict[str, Any]) -> dict[str, Any]:
-    """The ETA counted down to now; none, and `stalled_s` instead, once no step came for
-    STALL_GAPS usual gaps (at least STALL_MIN_S): a hung run does not reach 0 s."""
+    """The ETA counted down to now, or `stalled_s` instead: a hung run does not reach 0 s."""
     now = time.time()
     eta, t = data.get("eta_s"), data.get("t")
     moved, gap = data.get("moved"), data.get("gap_s") or 0.0
@@ -409,8 +359,7 @@ def _aged(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def from_log_tail(path: str, pattern: str | None = None) -> dict[str, Any] | None:
-    """The last reading in the last `TAIL` bytes of a log (an engine whose agents' records
-    stay on their nodes); the rate only where the line gives it (a tqdm bar)."""
+    """For engines whose agents' records stay on their nodes: the logs come back."""
     try:
         fd = open_fd(path)
     except OSError:
@@ -423,13 +372,10 @@ def from_log_tail(path: str, pattern: str | None = None) -> dict[str, Any] | Non
         return None
     finally:
         os.close(fd)
-    try:
-        parser = Parser(pattern)
-    except (re.error, TypeError, ValueError, RecursionError, OverflowError):
-        parser = Parser()
+    reader = parser(pattern)
     last: tuple[Reading, float | None] | None = None
     for line in data.replace(b"\r", b"\n").split(b"\n"):
-        reading, left = parser.parse(line)
+        reading, left = reader.parse(line)
         if reading is not None:
             last = (reading, left)
     if last is None:

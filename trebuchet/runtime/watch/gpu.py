@@ -1,25 +1,13 @@
-"""GPU use of a run: each node's GPUs sampled by its agent, and the idle-GPU rule.
+"""GPU use of a run: each node's GPUs sampled by one of its agents, and the idle-GPU rule.
 
-Where the spec asks for GPUs (`gpus_per_node`, in the run's metrics.json as `gpus`), one
-agent per node (the one with local rank 0, or the node's own process under launcher none)
-samples its GPUs every `interval` seconds with
-`nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total --format=csv,
-noheader,nounits` (or `rocm-smi --showuse --showmeminfo vram --csv`). The query is a child
-process started from the agent's poll and read once it ended, killed past `QUERY_TIMEOUT_S`:
-the poll never waits for it (no thread either: the agent forks its ranks with preexec_fn).
-Only the GPUs of the node's mask (CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES of its first
-rank, when they are indices) count.
+The query (nvidia-smi, else rocm-smi) is a child started from the agent's poll and read
+once it ended, killed past QUERY_TIMEOUT_S: the poll never waits for it, and there is no
+thread either (the agent forks its ranks with preexec_fn). Only the GPUs of the node's
+mask count. Samples go to the run's metrics (`gpu.util.n<node>.g<index>`, `gpu.mem...`)
+and the node's latest state to `attempt-<n>/gpu/node-<node>.json`.
 
-Each sample goes to the run's metrics as `gpu.util.n<node>.g<index>` (percent) and
-`gpu.mem.n<node>.g<index>` (MiB used), in `attempt-<n>/metrics/gpu-<node>.jsonl` (the
-store ingests it as the other metrics files), and the node's latest state to
-`attempt-<n>/gpu/node-<node>.json` (temp file and rename): the samples, when any GPU was
-last busy (`busy`, utilisation above `IDLE_UTIL`), or why there are none (`error`).
-
-`IdleWatch` is the job controller's side (runtime/job/life.py): the attempt's GPUs are
-idle when every node that sampled had no busy GPU for `idle_gpu_timeout` seconds (counted
-from the attempt's start before the first busy sample); `idle_gpu_action` warn says so
-once per idle spell, fail ends the run.
+`IdleWatch`, the controller's side: the GPUs are idle when no node that sampled had a
+busy one for `idle_gpu_timeout` seconds; warn says so once per idle spell, fail ends the run.
 """
 
 from __future__ import annotations
@@ -51,7 +39,6 @@ Sample = Dict[str, Any]  # {index, util, mem, mem_total}
 
 
 def interval(config: dict[str, Any]) -> float:
-    """Seconds between samples: 10, less for a short idle_gpu_timeout (a quarter of it)."""
     idle = config.get("idle_gpu_timeout")
     if isinstance(idle, (int, float)) and idle > 0:
         return max(INTERVAL_MIN_S, min(INTERVAL_MAX_S, float(idle) / 4))
@@ -59,7 +46,6 @@ def interval(config: dict[str, Any]) -> float:
 
 
 def wanted(config: dict[str, Any] | None) -> bool:
-    """Whether the run asked for GPUs (gpus_per_node not 0; -1: all visible)."""
     gpus = (config or {}).get("gpus")
     return isinstance(gpus, int) and not isinstance(gpus, bool) and gpus != 0
 
@@ -73,7 +59,6 @@ def _number(text: str) -> float | None:
 
 
 def parse_nvidia(out: str) -> list[Sample]:
-    """nvidia-smi's csv lines -> samples (a line it cannot read is skipped)."""
     found = []
     for line in out.splitlines()[:64]:
         parts = line.split(",")
@@ -112,7 +97,6 @@ def parse_rocm(out: str) -> list[Sample]:
 
 
 def mask_of(env: dict[str, str]) -> set[int] | None:
-    """The GPU indices a rank's mask names; None: no mask, or not indices (UUIDs)."""
     for var in MASK_VARS:
         value = env.get(var)
         if value is not None:
@@ -122,8 +106,6 @@ def mask_of(env: dict[str, str]) -> set[int] | None:
 
 
 class Sampler:
-    """One node's GPU samples, stepped from its agent's poll (never waits)."""
-
     def __init__(self, adir: str, node: int, every: float, mask: set[int] | None) -> None:
         self.adir = adir
         self.node = node
@@ -232,7 +214,6 @@ class Sampler:
             return
 
     def _kill(self) -> None:
-        """The query's whole group (a wrapper script's children too)."""
         if self.child is not None:
             try:
                 os.killpg(self.child.pid, signal.SIGKILL)
@@ -252,8 +233,7 @@ class Sampler:
 
 
 def sampler(adir: str, config: dict[str, Any] | None, procs: list[Any]) -> Sampler | None:
-    """The agent's sampler, when the run asked for GPUs and this agent holds its node's
-    first process (local rank 0, or the node's own process under launcher none)."""
+    """One agent per node samples: the one holding its local rank 0 (or its node process)."""
     if not wanted(config):
         return None
     first = next((p for p in procs if p.record and (
@@ -265,9 +245,7 @@ def sampler(adir: str, config: dict[str, Any] | None, procs: list[Any]) -> Sampl
 
 
 def read_states(adir: str) -> list[dict[str, Any]]:
-    """Every node's latest GPU state of an attempt (gpu/node-<n>.json), as `_state` keeps
-    it: a rank can write these files too (it runs in the run directory), or put a FIFO
-    there (regular files only: regular.py)."""
+    """Every node's latest GPU state, checked (`_state`): a rank can write these files too."""
     folder = os.path.join(adir, STATE_DIR)
     try:
         names = sorted(os.listdir(folder))
@@ -289,9 +267,6 @@ def _finite(v: Any) -> float | None:
 
 
 def _state(data: Any) -> dict[str, Any] | None:
-    """A node's state as the readers format it: node and sample index ints (else None),
-    figures finite numbers (else None), samples dicts, the error a line of text; None when
-    it is no state at all."""
     if not isinstance(data, dict):
         return None
     node = data.get("node")
@@ -315,8 +290,6 @@ CHECK_S = 2.0
 
 
 class IdleWatch:
-    """The job controller's idle-GPU rule for one attempt (see the module's docstring)."""
-
     def __init__(self, adir: str, timeout: float, action: str, started: float) -> None:
         self.adir = adir
         self.timeout = float(timeout)
@@ -326,8 +299,7 @@ class IdleWatch:
         self.warned_for: float | None = None  # the busy time of the spell warned about
 
     def step(self, records: Any, attempt: int) -> bool:
-        """The controller's per-loop call: an idle spell found is said and recorded
-        (`records`: the job controller's Records); True when the run must fail of it."""
+        """True when the run must fail of an idle spell."""
         found = self.check()
         if found is None:
             return False
@@ -336,7 +308,6 @@ class IdleWatch:
         return self.action == "fail"
 
     def check(self, now: float | None = None) -> dict[str, Any] | None:
-        """None, or (once per idle spell) what the rule found: {idle_s, nodes, gpus}."""
         mono = time.monotonic()
         if mono < self.next_check:
             return None
@@ -362,7 +333,6 @@ def idle_text(info: dict[str, Any], timeout: float, action: str) -> str:
 
 
 def idle_settings(run_dir: str) -> tuple[float, str] | None:
-    """(idle_gpu_timeout, idle_gpu_action) from the run's metrics.json, or None."""
     data = read_json(os.path.join(run_dir, "metrics.json"), 1 << 20)
     if not isinstance(data, dict):
         return None
@@ -373,6 +343,5 @@ def idle_settings(run_dir: str) -> tuple[float, str] | None:
 
 
 def idle_watch(run_dir: str, adir: str, started: float) -> IdleWatch | None:
-    """The attempt's idle-GPU watch when the spec sets idle_gpu_timeout, else None."""
     found = idle_settings(run_dir)
     return IdleWatch(adir, found[0], found[1], started) if found else None

@@ -1,19 +1,10 @@
-"""Is the attempt hung? One decision for the local supervisor and the Slurm controller.
+"""Is the attempt hung? One decision for every engine's controller.
 
-The run is hung when no rank made progress (a log line, a heartbeat: runtime/watch/activity.py)
-for `hang_timeout` seconds: the newest progress of any rank counts, so a rank that is
-silent while the others progress (many programs print from rank 0 only) does not make a
-run hung. Before any progress, the attempt's start counts.
-
-On a hang the watcher asks every agent for its ranks' stacks (runtime/watch/stacks.py), waits
-for them (bounded), writes `attempt-<n>/hang.json` (the figures, which ranks answered)
-and says so; what to do then (on_hang: fail, retry, warn) is the caller's, since stopping
-differs per engine. With warn, it watches again once some rank progresses.
-
-The watch also keeps each rank's habit (`Habits`: how often its progress advanced, since
-when, its usual gap) and writes it into hang.json, so that the diagnosis judges a rank's
-silence against its own pace: under the HF Trainer only rank 0 prints, and rank 1, silent
-since its start, did not go "silent first" (diagnose/hang.py).
+Hung: no rank made progress for `hang_timeout` seconds. The newest progress of ANY rank
+counts: many programs print from rank 0 only. On a hang the watch asks for every rank's
+stacks, waits for them (bounded) and writes hang.json; acting on it is the caller's, as
+stopping differs per engine. Each rank's habit goes into hang.json too, so the diagnosis
+judges a rank's silence against its own pace (diagnose/hang.py).
 """
 
 from __future__ import annotations
@@ -30,17 +21,13 @@ if TYPE_CHECKING:
     from ..contracts.schema import Habit, Hang
 
 CHECK_S = 1.0
-# The action (teardown, retry) waits for the stacks at most this long after the hang is
-# detected: each agent's dumps end within stacks.DUMP_DEADLINE_S (all ranks at once), and
-# a stack that is not in by then is named missing in hang.json. Never longer.
-STACKS_WAIT_S = 8.0
+STACKS_WAIT_S = 8.0  # past stacks.DUMP_DEADLINE_S: a stack not in by then is named missing
 
 
 HABIT_KEEP = 64  # the progress times kept per rank: its usual gap is their median gap
 
 
 def progress_times(adir: str) -> dict[str, float]:
-    """Each rank's last progress ({rank-3: mtime of progress/rank-3})."""
     folder = progress_dir(adir)
     try:
         names = os.listdir(folder)
@@ -58,14 +45,10 @@ def progress_times(adir: str) -> dict[str, float]:
 
 
 def last_progress(adir: str, started: float) -> float:
-    """The newest progress of any rank of the attempt (its start before any)."""
     return max([started, *progress_times(adir).values()])
 
 
 class Habits:
-    """Each rank's progress as the watch saw it (once a second): how many times it
-    advanced, the first and last time, and the last HABIT_KEEP times (for its usual gap)."""
-
     def __init__(self) -> None:
         self.times: dict[str, list[float]] = {}
         self.count: dict[str, int] = {}
@@ -82,8 +65,6 @@ class Habits:
             self.first.setdefault(name, t)
 
     def record(self) -> dict[str, Habit]:
-        """{name: {count, first, last, gap}} for hang.json (gap: the median gap between
-        its progress times, None before two)."""
         out: dict[str, Habit] = {}
         for name, seen in self.times.items():
             gaps = sorted(b - a for a, b in zip(seen, seen[1:]))
@@ -94,13 +75,10 @@ class Habits:
 
 
 def is_hung(last: float, timeout: float, now: float) -> bool:
-    """The rule itself: no rank progressed for `timeout` seconds."""
     return now - last >= timeout
 
 
 class HangWatch:
-    """Steps of the deciding side's loop: watch, then request stacks, then decide."""
-
     def __init__(self, adir: str, timeout: float, action: str, expected: list[str],
                  started: float | None = None) -> None:  # fmt: skip
         self.adir = adir
@@ -116,8 +94,7 @@ class HangWatch:
         self.habits = Habits()
 
     def step(self) -> Hang | None:
-        """None, or once per hang the hang's record (written to hang.json) when its stacks
-        are in (or the wait for them is over)."""
+        """Once per hang its record, when its stacks are in (or the wait for them is over)."""
         mono = time.monotonic()
         if self.rid is not None:
             got = stacks.answered(self.adir, self.rid)  # other nodes' ranks, in a shared dir
@@ -157,15 +134,12 @@ class HangWatch:
 
 
 def expected_names(launcher: str, nodes: int, ppn: int) -> list[str]:
-    """The stack files of a whole attempt: one per rank, or per node under `none`."""
     if launcher == "none":
         return [f"node-{n}" for n in range(nodes)]
     return [f"rank-{r}" for r in range(nodes * ppn)]
 
 
 def describe(info: Hang) -> str:
-    """One line for a log: 'no rank made progress for 21s (hang_timeout 20s); stacks of
-    4/4 ranks in attempt-0/stacks'."""
     silent = info["detected_at"] - info["last_progress"]
     want = info.get("expected", [])
     got = len([n for n in info.get("stacks", []) if n in want])

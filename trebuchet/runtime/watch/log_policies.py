@@ -1,14 +1,10 @@
 """Log policies applied to a failed attempt's logs: the first policy whose pattern occurs
-decides (no_retry: final; retry: another attempt, bounded). The same code runs in the local
-supervisor and in the Slurm job controller, so a pattern means the same everywhere
-(Python's `re`, multiline).
+decides (no_retry: final; retry: another attempt, bounded), the same on every engine.
 
-A pattern is input from the spec, and Python's `re` backtracks: `(a+)+$` takes exponential
-time on one line of a's. So unsafe_pattern() refuses, at validation, the forms that
-backtrack exponentially (a repeat inside an unbounded repeat, an unbounded repeat of an
-alternation), and match() runs the search in a child interpreter killed after
-MATCH_TIMEOUT_S, so that no pattern (a polynomial `.*.*.*x` over a 4 MiB line included)
-can hold up supervision. Stdlib only, Python >= 3.8: no re2 where the runtime runs.
+Python's `re` backtracks (`(a+)+$` is exponential on a line of a's), and there is no re2
+where the runtime runs: unsafe_pattern() refuses the exponential forms at validation, and
+the search runs in a child interpreter killed after MATCH_TIMEOUT_S, so that no pattern (a
+polynomial `.*.*.*x` over a 4 MiB line included) can hold up supervision.
 """
 
 from __future__ import annotations
@@ -36,19 +32,14 @@ _BIG_REPEAT = 100  # a repeat allowing more than this many copies counts as unbo
 
 
 def unsafe_pattern(pattern: str) -> str | None:
-    """Why `pattern` cannot be a log policy (invalid, too long, exponential), or None."""
     if len(pattern) > MAX_PATTERN:
         return f"longer than {MAX_PATTERN} characters"
     try:
         re.compile(pattern, re.M)
     except (re.error, RecursionError, OverflowError) as exc:
         return f"not a valid regular expression: {exc}"
-    if sys.version_info >= (3, 11):
-        from re import _parser as parser
-    else:  # pragma: no cover - the nodes' older interpreters
-        import sre_parse as parser
     try:
-        tree = parser.parse(pattern, re.M)
+        tree = regex_tree(pattern, re.M)
     except Exception:  # noqa: BLE001 - compiled above, so only a parser difference
         return None
     if _exponential(tree, inside_unbounded=False):
@@ -59,8 +50,20 @@ def unsafe_pattern(pattern: str) -> str | None:
     return None
 
 
+if sys.version_info >= (3, 11):  # by version: mypy reads the condition, not a try
+    from re import _parser as sre_parser
+else:  # pragma: no cover - the nodes' older interpreters
+    import sre_parse as sre_parser
+
+MAXREPEAT = sre_parser.MAXREPEAT  # an unbounded repeat's upper bound
+
+
+def regex_tree(pattern: str | bytes, flags: int = 0) -> Any:
+    """sre's parse tree; a bytes pattern parses as re.compile reads it."""
+    return sre_parser.parse(pattern, flags)  # type: ignore[arg-type]
+
+
 def _exponential(items: Any, inside_unbounded: bool) -> bool:
-    """True when a repeat (or an alternation) sits inside an unbounded repeat."""
     for op, av in items:
         name = getattr(op, "name", str(op))
         if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
@@ -71,12 +74,12 @@ def _exponential(items: Any, inside_unbounded: bool) -> bool:
             continue
         if name == "BRANCH" and inside_unbounded:
             return True
-        if any(_exponential(b, inside_unbounded) for b in _bodies(name, av)):
+        if any(_exponential(b, inside_unbounded) for b in bodies(name, av)):
             return True
     return False
 
 
-def _bodies(name: str, av: Any) -> list[Any]:
+def bodies(name: str, av: Any) -> list[Any]:
     """The sub-patterns of one parsed item (sre_parse's layout, Python 3.8 to 3.13)."""
     if name == "BRANCH":
         return list(av[1])
@@ -103,7 +106,6 @@ def _tail(path: str) -> str:
 
 
 def _search(patterns: list[str], paths: list[str]) -> tuple[int, str] | None:
-    """(index of the first pattern found in any log, its line), unbounded in time."""
     texts = [_tail(p) for p in paths]
     for i, pattern in enumerate(patterns):
         rx = re.compile(pattern, re.M)
@@ -118,12 +120,8 @@ def _search(patterns: list[str], paths: list[str]) -> tuple[int, str] | None:
 
 class Matcher:
     """The child interpreter that searches the logs, one JSON request and answer a line.
-    The job controller starts it while an attempt runs (`start`), so that a retry does not
-    wait for a fresh interpreter (~40 ms); one that does not answer in time is killed and
-    the next search starts another. It ends with its stdin: when the controller does.
-    SERVE: the child's function (notify.py's log watch serves its own requests)."""
-
-    SERVE = (__name__, "_serve")
+    Started ahead (`start`), so that a retry does not wait for a fresh interpreter; killed
+    when it does not answer in time."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
@@ -135,12 +133,11 @@ class Matcher:
     def start(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             self.proc = subprocess.Popen(
-                procs.python_s(*self.SERVE), stdin=subprocess.PIPE,
+                procs.python_s(__name__, "_serve"), stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             )  # fmt: skip
 
     def search(self, request: str, timeout: float) -> Any:
-        """The child's answer to `request`; TimeoutError or OSError when it gives none."""
         self.start()
         proc = self.proc
         assert proc is not None and proc.stdin is not None and proc.stdout is not None
@@ -174,8 +171,6 @@ def match(
     timeout: float = MATCH_TIMEOUT_S,
     matcher: Matcher | None = None,
 ) -> tuple[LogPolicy, str] | None:
-    """The first policy (in order) whose pattern occurs in any log, with the matching line;
-    searched by `matcher` (a new one when None), killed after `timeout` (then: no match)."""
     paths = [str(p) for p in logs]
     if not policies or not paths:
         return None
@@ -199,16 +194,54 @@ def match(
 
 
 def _serve() -> None:
-    """The child's side of Matcher.search: a JSON request a line on stdin, each answered
-    with one line on stdout, until stdin ends."""
+    """The child's side: the log policies' {"patterns", "paths"}, or the webhooks' log watch's
+    {"patterns", "files": [[path, offset]]}, answered with {"found", "offsets"}."""
     for line in sys.stdin:
+        answer: Any = None
         try:
             request = json.loads(line)
-            found = _search(request["patterns"], request["paths"])
+            if "files" in request:
+                answer = {"found": [], "offsets": []}  # a bad request finds nothing
+                found, offsets = search_new(request["patterns"], request["files"])
+                answer = {"found": found, "offsets": offsets}
+            else:
+                answer = _search(request["patterns"], request["paths"])
         except Exception:  # noqa: BLE001 - a bad request gets no match, the child lives on
-            found = None
-        sys.stdout.write(json.dumps(found) + "\n")
+            pass
+        sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
+
+
+def search_new(pats: list[str], files: list[list[Any]]) -> tuple[list[Any], list[int]]:
+    compiled = [re.compile(p, re.M) for p in pats]
+    found: dict[int, str] = {}
+    offsets = []
+    for path, offset in files:
+        offset = int(offset)
+        try:
+            with open_regular(path) as fh:
+                fh.seek(0, 2)
+                size = fh.tell()
+                offset = max(offset, size - SCAN_BYTES) if size >= offset else 0
+                fh.seek(offset)
+                data = fh.read(SCAN_BYTES)
+        except OSError:
+            offsets.append(offset)
+            continue
+        end = data.rfind(b"\n") + 1
+        if end == 0 and len(data) < SCAN_BYTES:
+            offsets.append(offset)  # no whole line yet
+            continue
+        chunk = data[: end or len(data)]
+        offsets.append(offset + len(chunk))
+        text = chunk.decode(errors="replace")
+        for i, rx in enumerate(compiled):
+            m = None if i in found else rx.search(text)
+            if m:
+                start = text.rfind("\n", 0, m.start()) + 1
+                stop = text.find("\n", m.end())
+                found[i] = text[start : stop if stop >= 0 else len(text)].strip()[:300]
+    return [[i, line] for i, line in sorted(found.items())], offsets
 
 
 RETRY, FINAL, EXHAUSTED, NO_MATCH = "retry", "final", "exhausted", "no match"
@@ -220,12 +253,8 @@ def decide(
     granted: dict[str, int],
     matcher: Matcher | None = None,
 ) -> tuple[str, LogPolicy | None, str]:
-    """After a failed attempt, what the log policies say: (verdict, policy, line).
-
-    RETRY: a retry policy matched and grants one more attempt (counted in `granted`, which
-    the caller keeps: in memory locally, in a file on Slurm where a requeue restarts the
-    job); FINAL: a no_retry policy matched; EXHAUSTED: a retry policy matched but has
-    granted all it may (then the spec's retries decide, as for NO_MATCH)."""
+    """(verdict, policy, line); `granted` counts the retries each policy granted (the
+    caller keeps it across a Slurm requeue). EXHAUSTED: the spec's retries decide."""
     found = match(policies, logs, matcher=matcher)
     if not found:
         return NO_MATCH, None, ""

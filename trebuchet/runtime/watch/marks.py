@@ -1,23 +1,15 @@
-"""Step and checkpoint marks: what a rank says of its own training, and the checkpoints
-seen in `TREB_CHECKPOINT_DIR`, read by the goodput accounting (trebuchet/goodput/) and by
-the rule that stops a run whose attempts make no progress (job/life.next_step).
+"""Step and checkpoint marks, read by the goodput accounting (trebuchet/goodput/) and the
+no-progress rule (job/life.next_step).
 
-A rank may mark its steps and checkpoints exactly with one line of stdlib Python
-(`trebuchet.dist.mark("step", n)` does it): it appends `<unix time> <kind> <n>` to the
-file `$TREB_MARKS` (`attempt-<n>/marks/<rank name>`, which the agent sets for every rank).
-Without marks, the readers fall back on what treb records anyway: the metrics points
-(`attempt-<n>/metrics/*.jsonl`, whose `t` and `s` are a step's time and number) and the
-entries of the checkpoint folder (each one's mtime a checkpoint's time).
-
-Total and bounded: any bytes in these files give marks or nothing, never an exception;
-a time or number that is not finite is dropped; of a file longer than `READ_MAX`, its
-first `HEAD_MAX` and last `READ_MAX` bytes are read, whole lines only, and at most
-`ENTRIES_MAX` entries of the checkpoint folder.
-Stdlib only: it ships in the runtime file.
+A rank marks exactly with one line of stdlib Python (`trebuchet.dist.mark("step", n)`
+appends `<unix time> <kind> <n>` to `$TREB_MARKS`); without marks, the readers fall back
+on what treb records anyway: the metrics points and the checkpoint folder's mtimes.
+Total and bounded: any bytes give marks or nothing, never an exception.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -26,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 from ..rundir.regular import open_fd
 
@@ -40,22 +32,18 @@ ENTRIES_MAX = 4096  # entries of the checkpoint folder looked at
 
 
 class Mark(NamedTuple):
-    """One mark: its wall time, kind (step or checkpoint) and number (None: not given)."""
-
     t: float
     kind: str
     n: float | None
 
 
 def marks_path(adir: str, name: str) -> str:
-    """The file `$TREB_MARKS` names for one rank (the agent sets it)."""
     return os.path.join(adir, MARKS_DIR, name)
 
 
 def _ends(path: str, read_max: int = READ_MAX) -> bytes:
-    """A regular file's whole lines: all of it, or past READ_MAX bytes its first HEAD_MAX
-    and last READ_MAX bytes (the attempt's first step; its last checkpoint and step),
-    each without the line cut where it starts or stops; b"" when there is none."""
+    """A file's whole lines, or past `read_max` those of its first HEAD_MAX and last
+    `read_max` bytes: the attempt's first step, its last checkpoint and step."""
     try:
         fd = open_fd(path)
     except OSError:
@@ -76,7 +64,6 @@ def _ends(path: str, read_max: int = READ_MAX) -> bytes:
 
 
 def _number(word: object) -> float | None:
-    """A finite float from a word or JSON value; None otherwise (bools are no numbers)."""
     if isinstance(word, bool):
         return None
     try:
@@ -87,7 +74,6 @@ def _number(word: object) -> float | None:
 
 
 def parse_marks(data: bytes) -> list[Mark]:
-    """The marks of a marks file's bytes: lines `<time> <kind> [<n>]`; others skipped."""
     out: list[Mark] = []
     for raw in data.split(b"\n"):
         words = raw.split()
@@ -105,7 +91,6 @@ def parse_marks(data: bytes) -> list[Mark]:
 
 
 def parse_points(data: bytes) -> list[Mark]:
-    """The steps of a metrics file's bytes (watch/metric_reader.py: `{"t": .., "s": ..}`)."""
     out: list[Mark] = []
     for raw in data.split(b"\n"):
         if not raw.startswith(b"{") or len(raw) > (1 << 16):
@@ -142,7 +127,6 @@ ATTEMPT_READ_MAX = 256 << 20  # bytes read of all an attempt's files (each its s
 
 
 def _cut(data: bytes, lines: int, last: bool) -> int:
-    """Where the first (`last`: the last) `lines` lines of `data` end (start)."""
     at = len(data) if last else 0
     for _ in range(lines):
         at = data.rfind(b"\n", 0, max(0, at - 1)) + 1 if last else data.find(b"\n", at) + 1
@@ -152,10 +136,8 @@ def _cut(data: bytes, lines: int, last: bool) -> int:
 
 
 def _file_marks(data: bytes, points: bool, lines: int = LINES_MAX) -> list[Mark]:
-    """A file's marks at the cost of its ends: its first lines/8 and last lines/2 lines
-    (the first step, the last ones), and of the middle only the checkpoint lines (found by
-    one regex scan, in C), the last lines/2 of them: a rank that marks a million
-    checkpoints in a burst costs what `lines` marks do."""
+    """Its ends' lines, and of the middle only the checkpoint lines (one regex scan, in C):
+    a rank that marks a million checkpoints in a burst costs what `lines` marks do."""
     parse = parse_points if points else parse_marks
     head_end = _cut(data, lines // 8, last=False)
     tail_start = _cut(data, lines // 2, last=True)
@@ -170,8 +152,8 @@ def _file_marks(data: bytes, points: bool, lines: int = LINES_MAX) -> list[Mark]
 
 def attempt_marks(adir: str) -> list[Mark]:
     """Every rank's marks of one attempt, in time order; the metrics' steps when no rank
-    marked a step. At most ATTEMPT_READ_MAX bytes read and ATTEMPT_MARKS_MAX marks taken
-    however many files a rank wrote (the controller reads them between attempts)."""
+    marked one. Bounded however many files a rank wrote: the controller reads them
+    between attempts."""
 
     def each(paths: list[str], points: bool) -> list[Mark]:
         read = min(READ_MAX, max(SCAN, ATTEMPT_READ_MAX // max(1, len(paths))))
@@ -187,8 +169,7 @@ def attempt_marks(adir: str) -> list[Mark]:
 
 
 def folder_checkpoints(folder: str) -> list[Mark]:
-    """The checkpoint folder's entries as checkpoints at their mtime (a temporary or
-    hidden one, starting with '.', is not one yet), in time order."""
+    """A hidden entry ('.'), a checkpoint being written, is not one yet."""
     out: list[Mark] = []
     for path in _files(folder):
         try:
@@ -202,7 +183,6 @@ def folder_checkpoints(folder: str) -> list[Mark]:
 
 
 def checkpoint_folder(run_dir: str) -> str:
-    """The run's `TREB_CHECKPOINT_DIR` (the job's `checkpoint_dir`, else <run>/checkpoints)."""
     try:
         data = json.loads(_ends(os.path.join(run_dir, "job.json")) or b"null")
     except (ValueError, RecursionError):
@@ -213,10 +193,8 @@ def checkpoint_folder(run_dir: str) -> str:
 
 
 def progressed(run_dir: str, attempt: int, started: float) -> bool | None:
-    """Did attempt `attempt` (started at wall time `started`) keep any work: a checkpoint
-    past the run's last one before it (a marked checkpoint of a higher step, or an entry of
-    the checkpoint folder written since it started)? None when the run has shown no
-    checkpoint at all: then nothing says what progress is, and `retries` alone rule."""
+    """Did the attempt keep any work: a checkpoint past the run's last one before it? None
+    when the run has shown no checkpoint at all: nothing says what progress is then."""
     adir = os.path.join(run_dir, f"attempt-{attempt}")
     before: list[Mark] = []
     for a in range(attempt):
@@ -233,13 +211,8 @@ def progressed(run_dir: str, attempt: int, started: float) -> bool | None:
     return any(m.t >= started for m in folder)
 
 
-# -- checkpoints announced by a log line ------------------------------------------------
-# What common trainers print once they save (real lines: tests/fixtures/trainers/): the
-# HuggingFace Trainer `Saving model checkpoint to .../checkpoint-30`, Lightning's
-# ModelCheckpoint (verbose) `... saving model to '.../epoch=0-step=50.ckpt'`, Megatron-LM
-# `successfully saved checkpoint from iteration 100 to ...`, DeepSpeed `[Torch] Checkpoint
-# global_step10 is ready now!`, and a plain `checkpoint saved`. The spec's
-# `checkpoint_pattern` replaces it ("" turns it off); its group `step`, if any, is the number.
+# What the HuggingFace Trainer, Lightning, Megatron-LM and DeepSpeed print once they save
+# (real lines: tests/fixtures/trainers/). The spec's `checkpoint_pattern` replaces it.
 DEFAULT_CHECKPOINT_PATTERN = (
     r"(?i)saving model checkpoint to |saving model to |successfully saved checkpoint"
     r"|checkpoint \S+ is ready now|checkpoint saved"
@@ -255,7 +228,7 @@ SAME_MARK_S = 1.0  # the same checkpoint said again within this: one mark
 
 
 class _Slow(Exception):
-    """A spec's pattern took its CPU budget on a line (SIGVTALRM interrupts the regex)."""
+    """SIGVTALRM interrupts a spec's pattern that took its CPU budget on a line."""
 
 
 _ARMED = [False]  # a search runs under the timer: the signal interrupts it (one process)
@@ -268,16 +241,11 @@ def _ring(signum: int, frame: object) -> None:
 
 
 class LineCheckpoints:
-    """The agent's on_line hook that turns a checkpoint line of a process's log into a
-    checkpoint mark (marks/<name>.from-log), as if the rank had called
-    `trebuchet.dist.mark("checkpoint", n)` when the line was read (at most a second late).
+    """A checkpoint line of a log as a checkpoint mark, as if the rank had marked it.
 
-    A spec's own pattern is the spec author's code run on every line a rank prints: it
-    sees a line's first LINE_SCAN bytes, and each search runs under a CPU timer (in the
-    main thread: a catastrophic backtracking is interrupted); a pattern that took
-    PATTERN_CPU_S on a line, or PATTERN_TOTAL_S in all, is turned off for the attempt,
-    said once on stderr (the agent's log). The same checkpoint (number) said again within
-    SAME_MARK_S is one mark: a rank printing the line every millisecond writes no more."""
+    A spec's pattern runs on every line a rank prints: each search runs under a CPU timer
+    that interrupts catastrophic backtracking, and a pattern over its budget is turned off
+    for the attempt. One checkpoint said again within SAME_MARK_S is one mark."""
 
     def __init__(self, adir: str, pattern: str) -> None:
         self.adir = adir
@@ -288,7 +256,6 @@ class LineCheckpoints:
         self.last: dict[str, tuple[float | None, float]] = {}  # name: (n, time) last marked
 
     def _search(self, line: bytes) -> re.Match[bytes] | None:
-        """The pattern's match, within the budget (see the class's docstring)."""
         assert self.rx is not None
         if self.default:  # the default's words absent: no regex run (most lines)
             if b"heckpoint" not in line and b"aving model" not in line:
@@ -315,8 +282,7 @@ class LineCheckpoints:
         return m
 
     def _arm(self) -> bool:
-        """A CPU timer that interrupts the regex, where one can be had: the main thread,
-        SIGVTALRM not someone else's, its timer not running."""
+        """Only where SIGVTALRM and its timer are no one else's, in the main thread."""
         if threading.current_thread() is not threading.main_thread():
             return False
         try:
@@ -348,60 +314,41 @@ class LineCheckpoints:
         if said is not None and said[0] == n and 0 <= wall - said[1] < SAME_MARK_S:
             return
         self.last[name] = (n, wall)
-        from ..rundir.records import writable_fd
+        from ..rundir.records import write_regular
 
         text = f"{wall:.6f} {CHECKPOINT}" + ("" if n is None else f" {n:g}") + "\n"
-        try:
+        with contextlib.suppress(OSError):
             if not self.made:
                 os.makedirs(os.path.join(self.adir, MARKS_DIR), mode=0o700, exist_ok=True)
                 self.made = True
-            fd = writable_fd(marks_path(self.adir, name + LINE_MARKS))
-        except OSError:
-            return
-        try:
-            os.write(fd, text.encode())
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+            write_regular(marks_path(self.adir, name + LINE_MARKS), text.encode())
 
 
 def pattern_risk(pattern: str) -> str | None:
-    """Why a regular expression may backtrack catastrophically on a line, else None: a
-    repeat around an unbounded repeat (`(a+)+`, `(\\w+\\s?)*`, `(.*a){12}`: exponential or
-    a high power of the line's length), an unbounded repeat around alternatives (`(x|x)*`),
-    a backreference. The CPU budget (LineCheckpoints) bounds the rest; this says it at
-    `treb check` time, with the field's name."""
+    """Why a regex may backtrack catastrophically on a line (`(a+)+`, `(.*a){12}`, `(x|x)*`,
+    a backreference), else None: said at `treb check` time; the CPU budget bounds the rest."""
+    from .log_policies import MAXREPEAT, bodies, regex_tree
+
     try:
-        import re._parser as sre  # type: ignore[import-not-found,unused-ignore]
-        from re._constants import MAXREPEAT  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:  # Python 3.10
-        import sre_parse as sre  # type: ignore[no-redef,unused-ignore]
-        from sre_constants import MAXREPEAT  # type: ignore[no-redef,unused-ignore]
-    try:
-        tree = sre.parse(pattern.encode())
+        tree = regex_tree(pattern.encode())
     except (re.error, ValueError, RecursionError, OverflowError):
         return None  # the compile says what is wrong
 
-    def walk(items: object, within: int) -> str | None:
+    def walk(items: Any, within: int) -> str | None:
         """`within`: 0 outside repeats, 1 inside a bounded one, 2 an unbounded one."""
-        for op, av in items:  # type: ignore[attr-defined]
-            name, found = str(op), None
+        for op, av in items:
+            name = str(op)
             if name in ("GROUPREF", "GROUPREF_EXISTS"):
                 return "a backreference"
             if name in ("MAX_REPEAT", "MIN_REPEAT"):
-                high, body = av[1], av[2]
+                high = av[1]
                 if high == MAXREPEAT and within:
                     return "an unbounded repeat inside a repeat"
-                found = walk(body, max(within, 2 if high == MAXREPEAT else int(high > 1)))
-            elif name == "BRANCH":
-                if within == 2:
-                    return "alternatives inside an unbounded repeat"
-                found = next((w for b in av[1] if (w := walk(b, within))), None)
-            elif name in ("SUBPATTERN", "ASSERT", "ASSERT_NOT"):
-                found = walk(av[-1], within)
-            elif name == "ATOMIC_GROUP":
-                found = walk(av, within)
+                found = walk(av[2], max(within, 2 if high == MAXREPEAT else int(high > 1)))
+            elif name == "BRANCH" and within == 2:
+                return "alternatives inside an unbounded repeat"
+            else:
+                found = next((w for b in bodies(name, av) if (w := walk(b, within))), None)
             if found:
                 return found
         return None
@@ -410,8 +357,6 @@ def pattern_risk(pattern: str) -> str | None:
 
 
 def checkpoint_lines(adir: str, config: dict[str, object]) -> LineCheckpoints | None:
-    """The hook for the run's metrics.json `checkpoint_pattern` (absent: the default; "":
-    none); None when off or not a regular expression."""
     pattern = config.get("checkpoint_pattern")
     if pattern is None:
         pattern = DEFAULT_CHECKPOINT_PATTERN
@@ -424,7 +369,6 @@ def checkpoint_lines(adir: str, config: dict[str, object]) -> LineCheckpoints | 
 
 
 def chain(*hooks: Callable[[str, bytes], None] | None) -> Callable[[str, bytes], None] | None:
-    """One on_line of several (those not None); None when there is none."""
     found = [h for h in hooks if h is not None]
     if len(found) <= 1:
         return found[0] if found else None

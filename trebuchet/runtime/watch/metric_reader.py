@@ -1,53 +1,28 @@
-"""Metrics from rank log lines, read on the node by the agent's one log reader.
+"""Metrics from rank log lines, read on the node by the agent's one log reader
+(docs/metrics.md); the points go to `attempt-<n>/metrics/<name>.jsonl`, which the
+submitting side ingests: SQLite is never written from a node.
 
-`parse(line, config)` turns one display line (runtime/watch/display_lines.py) into metric
-values, with no side effect; `Metrics` is the agent's `on_line` hook
-(runtime/watch/activity.py): it keeps the chosen ranks' lines (rank 0 by default) and appends
-their points to
-`attempt-<n>/metrics/<name>.jsonl`, one JSON object a line:
-`{"t": wall time, "s": step, "m": {"loss": 2.1, ...}}`. The submitting side ingests
-those files into the run store (store/metrics.py); SQLite is never written from a node.
-
-What a line may hold, tried in this order (the first that yields a value wins):
-- `performance: <number> <metric>` (the results' reading, results/parse.py uses PERF);
-- a JSON object (`{"step": 10, "loss": 2.1}`), also after a prefix such as a logger's;
-- a Python dict literal as the HuggingFace Trainer prints it: transformers 4 its floats
-  (`{'loss': 2.1, 'epoch': 0.5}`), transformers 5 each float as a string of 4 significant
-  digits (`{'loss': '2.1', 'epoch': '0.5'}`); read with ast.literal_eval on at most
-  `LITERAL_MAX` bytes, never eval; a string that holds just a number is that number;
-- the spec's `patterns` (regexes whose named groups are metrics, `step` the step);
-- a progress bar's metrics: tqdm's postfix (`... 4/8 [00:01<00:01, 3.2it/s, loss=0.5]`,
-  Lightning's TQDMProgressBar) or rich's (`Epoch 1/9 ━━ 4/8 0:00:01 • 0:00:01 3.2it/s
-  train_loss: 0.5`, Lightning's RichProgressBar); `v_num` is the logger's version, no metric;
-- `key=value` / `key: value` pairs after the spec's `prefix` (none by default).
-The step is the value of `step` (or global_step, iteration, iter) when the line has one,
-else a dict's `epoch` (the Trainer's dicts carry no step), else an `epoch N` / `step N`
-before the dict (Accelerate's examples print `epoch 3: {'accuracy': 0.9}`), else a
-Lightning bar's global batch (`Epoch E` and `n/N`: E*N + n), else the last step an earlier
-line of the rank gave, else a per-name count. Numbers only: booleans and text are skipped.
-A name is kept as a terminal shows it (`lines.shown`: ESC as ^[, a lone surrogate as
-\\ud800), so no name can break SQLite, a view or a terminal, and the line's other values stay.
+A line is read as, in order: `performance: <number> <metric>`, a JSON object, the
+HuggingFace Trainer's dict repr (ast.literal_eval on at most LITERAL_MAX bytes, never
+eval), the spec's `patterns`, a tqdm or rich bar's metrics, `key=value` pairs after the
+spec's `prefix`. A name is kept as a terminal shows it (`shown`), so no name can break
+SQLite, a view or a terminal.
 
 Total: whatever a rank prints, a line yields points or nothing, never an exception (the
-reader runs inside the agent, whose death would end the run). A `{...}` nested deeper
-than `DEPTH_MAX` is not decoded (json and ast recurse), and a number that is no finite
-float (`1e999`, a 400-digit integer, NaN, Infinity) is dropped and counted: the point
-line carries `"x": {"nonfinite": n}`, and the store says how many (store/metrics.py).
-
-Bounded: a line is at most what the reader hands over (`progress.LINE_CAP`); a process
-writes at most `MAX_NAMES` distinct names (the values of later ones are counted in
-`"x": {"names": n}`, not written); a file past `SOFT_MAX` bytes keeps one point a name
-every `THIN_S` seconds, and stops at `HARD_MAX`.
+agent's death would end the run); a number that is no finite float is dropped and
+counted (`"x": {"nonfinite": n}`). Bounded: MAX_NAMES names a process, and a file past
+SOFT_MAX thinned, past HARD_MAX stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Iterable, Sequence
 
 from ..rundir.records import read_json, writable_fd
 from .display_lines import shown
@@ -99,8 +74,6 @@ Values = Dict[str, float]
 
 
 class Config:
-    """The spec's `metrics:` block as the runtime reads it from the plan or job file."""
-
     def __init__(
         self,
         ranks: Any = None,
@@ -121,7 +94,6 @@ class Config:
         )
 
     def wants(self, name: str) -> bool:
-        """Whether the process `name` (rank-3, node-0) is read for metrics."""
         if not self.enabled:
             return False
         kind, _, num = name.partition("-")
@@ -131,8 +103,8 @@ class Config:
 
 
 def _number(v: Any) -> float | None:
-    """A JSON or literal number as a float: inf when it does not fit (dropped later); a
-    string that holds just a number (transformers 5's `'loss': '2.1'`, `'nan'`) too."""
+    """inf when it does not fit (dropped later); a string that holds just a number too
+    (transformers 5's `'loss': '2.1'`)."""
     if isinstance(v, str):
         if len(v) > 400 or not _NUMERIC.fullmatch(v.strip()):
             return None
@@ -150,8 +122,7 @@ def _finite(v: float | None) -> float | None:
 
 
 def _too_deep(part: bytes) -> bool:
-    """Whether a `{...}` may nest deeper than DEPTH_MAX: brackets in strings count too
-    (a metrics line has none to speak of), so one linear pass decides."""
+    """json and ast recurse; brackets in strings count too, so one linear pass decides."""
     if part.count(b"{") + part.count(b"[") + part.count(b"(") <= DEPTH_MAX:
         return False
     depth = 0
@@ -163,26 +134,20 @@ def _too_deep(part: bytes) -> bool:
 
 
 def _from_mapping(d: Any) -> tuple[float | None, Values]:
-    """(step, values) of a decoded dict: its numeric top-level entries."""
     if not isinstance(d, dict):
         return None, {}
-    step = None
-    values: Values = {}
-    for k, v in d.items():
-        f = _number(v)
-        if f is None or not isinstance(k, str) or not k or len(k) > NAME_MAX:
-            continue
-        if k in STEP_KEYS and step is None:
-            step = f
-        else:
-            values[shown(k)] = f  # a JSON key may hold ESC, NUL or a lone surrogate
+    found = ((k, _number(v)) for k, v in d.items())
+    step, values = _split(
+        (shown(k), f)  # a JSON key may hold ESC, NUL or a lone surrogate
+        for k, f in found
+        if f is not None and isinstance(k, str) and k and len(k) <= NAME_MAX
+    )
     if step is None and EPOCH_KEY in values:
         step = values[EPOCH_KEY]
     return step, values
 
 
 def _dict_part(line: bytes) -> bytes | None:
-    """The `{...}` that ends the line (after a logger's prefix or a progress bar)."""
     if not line.endswith(b"}"):
         return None
     start = line.find(b"{")
@@ -190,20 +155,17 @@ def _dict_part(line: bytes) -> bytes | None:
 
 
 def parse(line: bytes, config: Config | None = None) -> tuple[float | None, Values]:
-    """(step or None, {name: value}) of one log line; ({} when it holds no metric)."""
     step, values, _ = read(line, config)
     return step, values
 
 
 def read(line: bytes, config: Config | None = None) -> tuple[float | None, Values, int]:
-    """parse(), and how many values it dropped as not finite; never raises."""
     step, raw = _parse(line, config)
     values = {k: v for k, v in raw.items() if math.isfinite(v)}
     return _finite(step), values, len(raw) - len(values)
 
 
 def _parse(line: bytes, config: Config | None) -> tuple[float | None, Values]:
-    """The first reading that yields values, not finite ones included."""
     if b"^[" in line:
         line = _ANSI.sub(b"", line)
     line = line.strip()
@@ -238,7 +200,6 @@ def _parse(line: bytes, config: Config | None) -> tuple[float | None, Values]:
 
 
 def _int(text: str) -> float:
-    """json's reading of an integer: inf past INT_DIGITS digits (_LONG_INT)."""
     if len(text.lstrip("-")) > INT_DIGITS:
         return -math.inf if text.startswith("-") else math.inf
     return int(text)
@@ -261,9 +222,8 @@ def _decoded(part: bytes) -> tuple[float | None, Values]:
 
 
 def _bar(line: bytes) -> tuple[float | None, Values]:
-    """A progress bar's metrics, after its rate: tqdm's postfix (`, k=v, ...]`) or rich's
-    columns (`k: v k: v` to the line's end, nothing else); the step is the bar's `n`, plus
-    `Epoch E` times its total when the bar names its epoch."""
+    """After the bar's rate: tqdm's postfix or rich's columns; the step is the bar's `n`,
+    plus `Epoch E` times its total (Lightning)."""
     tail = line[-SCAN_BAR:]
     rate = _RATE.search(tail)  # the bar's (its first): text printed after it cannot pose as one
     if rate is None:
@@ -293,34 +253,32 @@ def _bar(line: bytes) -> tuple[float | None, Values]:
     return step, values
 
 
-def _groups(m: re.Match[bytes]) -> tuple[float | None, Values]:
-    step = None
+def _split(
+    pairs: Iterable[tuple[str, float]], step_keys: Sequence[str] = STEP_KEYS
+) -> tuple[float | None, Values]:
+    """The first of `step_keys` found is the step; the rest are values."""
+    step: float | None = None
     values: Values = {}
-    for k, v in m.groupdict().items():
-        try:
-            f = float(v) if v is not None else None
-        except (ValueError, TypeError):
-            continue
-        if f is None:
-            continue
-        if k == "step":
+    for k, f in pairs:
+        if k in step_keys and step is None:
             step = f
         else:
             values[k] = f
     return step, values
 
 
+def _groups(m: re.Match[bytes]) -> tuple[float | None, Values]:
+    pairs = []
+    for k, v in m.groupdict().items():
+        with contextlib.suppress(ValueError, TypeError):
+            if v is not None:
+                pairs.append((k, float(v)))
+    return _split(pairs, ("step",))
+
+
 def _pairs(text: bytes) -> tuple[float | None, Values]:
-    step = None
-    values: Values = {}
-    for m in _PAIR.finditer(text):
-        key = m["key"].decode()[:NAME_MAX]
-        f = float(m["value"])
-        if key in STEP_KEYS and step is None:
-            step = f
-        else:
-            values[key] = f
-    return step, values
+    found = _PAIR.finditer(text)
+    return _split((m["key"].decode()[:NAME_MAX], float(m["value"])) for m in found)
 
 
 def metrics_dir(adir: str) -> str:
@@ -328,8 +286,6 @@ def metrics_dir(adir: str) -> str:
 
 
 class Writer:
-    """One process's metric points, appended to its .jsonl (bounded: module docstring)."""
-
     def __init__(self, path: str) -> None:
         self.path = path
         self.fd = -1
@@ -371,7 +327,6 @@ class Writer:
         self._write({"t": round(wall, 3), "s": s, "m": values})
 
     def _write(self, point: dict[str, Any]) -> None:
-        """One line; the values dropped since the last one ride along (`x`)."""
         if self.nonfinite or self.over_names:
             point["x"] = {"nonfinite": self.nonfinite, "names": self.over_names}
         data = (json.dumps(point) + "\n").encode()
@@ -393,8 +348,6 @@ class Writer:
 
 
 class Metrics:
-    """The agent's per-line hook: parse the chosen ranks' lines, write their points."""
-
     def __init__(self, adir: str, config: Config) -> None:
         self.folder = metrics_dir(adir)
         self.config = config
@@ -416,7 +369,6 @@ class Metrics:
             writer.add(step, values, time.time(), dropped)
 
     def close(self) -> None:
-        """Close the files (a later line opens its file again)."""
         for w in self.writers.values():
             if w is not None:
                 w.close()
@@ -433,17 +385,11 @@ CONFIG_FILE = "metrics.json"  # in the run directory, written at submission
 
 
 def read_config(adir: str) -> dict[str, Any] | None:
-    """The run's `metrics.json` beside an attempt directory (also what the agent's other
-    readers take: progress.py's ETA, gpu.py); None when absent or unreadable."""
-    # regular files only: a rank can put a FIFO there (regular.py)
     data = read_json(os.path.join(os.path.dirname(adir.rstrip("/")), CONFIG_FILE))
     return data if isinstance(data, dict) else None
 
 
 def hook(adir: str, data: dict[str, Any] | None = None) -> Metrics | None:
-    """The agent's on_line for an attempt directory: the run's `metrics.json` (`data`,
-    else read here; absent or unreadable: the defaults, rank 0); None when the spec turned
-    metrics off."""
     if data is None:
         data = read_config(adir)
     try:

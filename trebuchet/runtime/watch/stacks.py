@@ -1,25 +1,14 @@
-"""Stacks of every rank, on request: for a hang (runtime/watch/hung.py) and for `treb stacks RUN`.
+"""Stacks of every rank, on request: for a hang (runtime/watch/hung.py) and `treb stacks RUN`.
 
-The protocol works wherever every node's agent sees the run directory (local, Slurm):
-whoever wants stacks writes `attempt-<n>/stacks/request` (a request id); every agent looks
-at it each step and, for a new id, dumps the stacks of its own ranks into
-`attempt-<n>/stacks/<name>.txt` (rank-3.txt), each file whole once renamed, its first line
-`# request <id> ...` and the method used, then `# host <node>` and `# tried: ...` lines
-(so a diagnosis can say "no stacks on tn2: py-spy not found there"). The asker waits for
-the files (bounded).
+Whoever wants stacks writes `attempt-<n>/stacks/request`; every agent seeing the run
+directory dumps its own ranks' into `stacks/<name>.txt`, with `# host` and `# tried:` lines
+so a diagnosis can say "no stacks on tn2: py-spy not found there".
 
-How: `py-spy dump --pid P --native` (py-spy on PATH, beside sys.executable, or
-`$TREB_PY_SPY`; native frames tell where a rank waits inside C++: DDP's reducer, a NCCL
-kernel); without --native when that fails; then with --nonblocking (read without
-suspending the process: the only way into a stopped one, which a suspending py-spy cannot
-attach to, so a stopped rank gets it first, and its file says `# state stopped`); else
-faulthandler, when the program called `trebuchet.dist.enable_stacks()` (the agent sees
-the handler in /proc/<pid>/status SigCgt): the agent sends `STACKS_SIGNAL` and takes what
-the program wrote. py-spy runs as a child of the agent, never waited for: supervision goes
-on meanwhile. Every rank's dump runs at once and each has DUMP_DEADLINE_S in all, whatever
-its methods, so that what waits for the stacks (the hang watch: hang.STACKS_WAIT_S) waits
-a few seconds at most. A failed py-spy is said with its own reason (`pyspy_reason`: its
-`Error:` line and the causes under it), never the last line of a Rust backtrace.
+How: `py-spy dump --native` (native frames tell where a rank waits inside C++: DDP's
+reducer, a NCCL kernel), then without --native, then --nonblocking (the only way into a
+stopped rank, which gets it first); else faulthandler, where the program called
+`trebuchet.dist.enable_stacks()`. py-spy is never waited for, and each dump has
+DUMP_DEADLINE_S in all, so the hang watch waits a few seconds at most.
 """
 
 from __future__ import annotations
@@ -60,12 +49,10 @@ def stacks_dir(adir: str) -> str:
 
 
 def faulthandler_path(adir: str, name: str) -> str:
-    """Where `enable_stacks()` makes faulthandler write (`$TREB_STACKS_FILE`)."""
     return os.path.join(stacks_dir(adir), name + ".faulthandler")
 
 
 def request(adir: str) -> str:
-    """Ask every agent of the attempt for its ranks' stacks; returns the request id."""
     os.makedirs(stacks_dir(adir), mode=0o700, exist_ok=True)
     rid = f"{time.time():.6f}-{os.getpid()}"
     write_text(os.path.join(stacks_dir(adir), REQUEST), rid + "\n", durable=False)
@@ -80,10 +67,9 @@ def _asked_at(rid: str) -> float | None:
 
 
 def answered(adir: str, rid: str) -> dict[str, str]:
-    """The stack files that answer request `rid`, or a later request, so far: {name: path}.
-    A later one counts (its stacks are newer than asked for): where several deciders share
-    a run directory (the node agents of ssh hosts on a shared filesystem), the last request
-    written is the one the agents answer, and every decider must see those answers."""
+    """{name: path} of the stack files that answer `rid`, or a later request: where several
+    deciders share a run directory (ssh hosts on a shared filesystem), the agents answer
+    the last request written, and every decider must see those answers."""
     since = _asked_at(rid)
     folder = stacks_dir(adir)
     out: dict[str, str] = {}
@@ -107,7 +93,6 @@ def answered(adir: str, rid: str) -> dict[str, str]:
 
 
 def find_py_spy() -> str | None:
-    """py-spy: `$TREB_PY_SPY` (empty: do not use it), PATH, or beside this Python."""
     if "TREB_PY_SPY" in os.environ:
         return os.environ["TREB_PY_SPY"] or None
     found = shutil.which("py-spy")
@@ -118,8 +103,6 @@ def find_py_spy() -> str | None:
 
 
 class Dump:
-    """One process's dump in flight: py-spy (native, then plain), else faulthandler."""
-
     def __init__(self, adir: str, name: str, pid: int, rid: str) -> None:
         self.adir, self.name, self.pid, self.rid = adir, name, pid, rid
         self.out = os.path.join(stacks_dir(adir), f".{name}.py-spy")
@@ -133,8 +116,6 @@ class Dump:
         self.stopped = stopped(pid)  # SIGSTOP (`treb fault hang-rank`), a debugger
         spy = find_py_spy()
         if spy:
-            # --json: a thread name or a command line holds any text (lines like py-spy's
-            # own too); its JSON keeps them fields, which the file shows inert (render)
             base = [spy, "dump", "--json", "--full-filenames", "--pid", str(pid)]
             quiet = [*base, "--nonblocking"]  # reads the memory, never suspends the process
             self.methods = [quiet] if self.stopped else [[*base, "--native"], base, quiet]
@@ -145,7 +126,6 @@ class Dump:
         self._next()
 
     def _next(self) -> None:
-        """Start the next method, or finish with what is known."""
         if self.methods and time.monotonic() >= self.ends:
             self.tried.append(f"py-spy: no stacks within {DUMP_DEADLINE_S:g}s")
             self.methods = []
@@ -187,7 +167,6 @@ class Dump:
         self._finish("none", "")
 
     def step(self) -> bool:
-        """Advance; True once the file is written."""
         if self.done:
             return True
         now = time.monotonic()
@@ -240,8 +219,6 @@ class Dump:
 
 
 def _kill(popen: subprocess.Popen[bytes]) -> None:
-    """py-spy and whatever it started (its own session: a stand-in script's children
-    too), killed and waited for."""
     with contextlib.suppress(OSError):
         os.killpg(popen.pid, signal.SIGKILL)
     popen.kill()
@@ -249,10 +226,7 @@ def _kill(popen: subprocess.Popen[bytes]) -> None:
 
 
 def pyspy_reason(text: str) -> str:
-    """py-spy's own reason for a failed dump, one shown line: its last `Error:` line and
-    the causes listed under it ("Failed to get stack traces: Failed to suspend process:
-    unexpected waitpid result ..."), without a Rust backtrace; else its last line; '' when
-    it said nothing."""
+    """py-spy's last `Error:` line and the causes under it, never a Rust backtrace's last line."""
     lines = [ln.strip() for ln in text.splitlines()]
     at = max((i for i, ln in enumerate(lines) if ln[:6].lower() == "error:"), default=None)
     if at is None:
@@ -273,10 +247,8 @@ def pyspy_reason(text: str) -> str:
 
 
 def render(text: str, pid: int) -> str:
-    """py-spy's JSON dump as its text dump (`Thread T (idle): "name"`, then the frames
-    innermost first, `func (file:line)` or a native `func (lib)`), the main thread (its
-    id is the pid) first, every field one inert line (display_lines.shown); '' when
-    `text` is no such dump (a stand-in's garbage, a truncated one)."""
+    """py-spy's JSON dump as its text dump, the main thread first; '' when it is none. JSON:
+    a thread name or command line holds any text, which the file shows inert."""
     at = text.find("[")
     try:
         data, _ = json.JSONDecoder().raw_decode(text, at) if at >= 0 else (None, 0)
@@ -313,8 +285,6 @@ def _read(path: str, limit: int = 4 << 20) -> str:
 
 
 class Stacks:
-    """An agent's side: a new request -> a Dump per live tracked process."""
-
     def __init__(self, adir: str) -> None:
         self.adir = adir
         self.path = os.path.join(stacks_dir(adir), REQUEST)
@@ -323,7 +293,6 @@ class Stacks:
         self.dumps: list[Dump] = []
 
     def step(self, procs: dict[str, int]) -> None:
-        """`procs`: the live processes to dump ({name: pid})."""
         self.dumps = [d for d in self.dumps if not d.step()]
         try:
             mtime = os.stat(self.path).st_mtime

@@ -1,43 +1,21 @@
 """Stragglers: a rank whose steps stay slower than the other ranks' (docs/goodput.md).
 
-In lockstep training (DDP, FSDP, tensor parallel) every step ends in a collective that
-waits for the slowest rank, so the step's END is the same on every rank: a step mark or a
-progress line printed after the collective cannot tell the slow rank from the others. What
-differs is when each rank ARRIVES at the collective. A rank says so with
-`trebuchet.dist.mark("compute", n)` just before the step's collective (its own work for
-step n done); its time for step n is then its arrival less the step's start, the moment
-the previous step's collective let the last rank go (the latest mark of any rank for the
-previous step). Without `compute` marks, a rank's time for a step is the interval between
-its own step marks (or, read with `metrics: {ranks: all}`, its own progress lines, at the
-log reader's one-second resolution): exact where the ranks do not wait for each other,
-equal on every rank where they do (then nothing is named, rightly or not).
+In lockstep training every step ends in a collective that waits for the slowest rank, so
+a step's END is the same on every rank; what differs is when each rank ARRIVES at it.
+A rank says so with `trebuchet.dist.mark("compute", n)` before the collective: its time
+for step n is its arrival less the step's start (the previous step's latest mark).
+Without `compute` marks, the interval between its own step marks (or progress lines) is
+used: exact where ranks do not wait for each other, equal where they do.
 
-The score of a rank for one step is its time over the median of the OTHER ranks' times
-(leave-one-out: with two ranks the median of both would halve the gap), each plus a
-millisecond (so scheduling noise of sub-millisecond steps does not read as 2x); its score
-is the median of its last `WINDOW` step scores, and it is named a straggler once it has
-`MIN_STEPS` of them and its score is at least the threshold (`straggler_threshold`, 1.3 by
-default: 30 % slower than its peers, beyond the jitter of an even run); it is no longer one
-once its score falls below halfway between 1 and the threshold. A node's score is its
-worst rank's.
-
-Where: the job controller's watch loop (runtime/job/life.py) calls `StragglerWatch.step`
-at most every `CHECK_S` seconds (less often where a look took more than 2 % of that
-time: thousands of ranks, a slow shared file system), which reads what was appended to
-the attempt's marks files since (at most `READ_MAX` bytes a file a check, from its end
-when more came), keeps the last `KEEP` steps of each rank (in the order they were
-marked: a step number used again, a new epoch's, is the latest), and writes
-`attempt-<n>/stragglers.json`; a rank that becomes a straggler is one `straggler` event,
-one line, one webhook.
-`scores_of(adir)` computes the same from the files after the fact (status, the
-dashboard, ssh runs whose marks were fetched).
-
-Total: any bytes give durations or nothing; a time that is not finite, negative or past
-`HUGE_S` is ignored, so every score is finite. Stdlib only: it ships in the runtime file.
+A rank's step score is its time over the median of the OTHER ranks' (leave-one-out: with
+two ranks the median of both would halve the gap), each plus EPS (sub-millisecond noise
+is no 2x); it is named once the median of its last WINDOW scores reaches the threshold,
+and unnamed below halfway back to 1 (a threshold near 1 would flap).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -45,7 +23,7 @@ import os
 import time
 from typing import Any, Dict, List, Mapping, Sequence
 
-from ..rundir.records import attempt_records, now, writable_fd
+from ..rundir.records import attempt_records, now, read_json, write_regular
 from ..rundir.regular import open_fd
 from . import marks as rmarks
 
@@ -78,9 +56,6 @@ def _median(values: Sequence[float]) -> float:
 
 
 def step_scores(times: Mapping[str, Sequence[float | None]]) -> dict[str, list[float]]:
-    """Each rank's score for each step: `times[r][i]` is rank r's time for step i (None,
-    or a time that is not finite, negative or huge: not known), over the median of the
-    other ranks' times for that step; steps no other rank has are left out."""
     ranks = list(times)
     length = max((len(v) for v in times.values()), default=0)
     out: dict[str, list[float]] = {r: [] for r in ranks}
@@ -100,8 +75,7 @@ def step_scores(times: Mapping[str, Sequence[float | None]]) -> dict[str, list[f
 
 
 def _median_without(s: Sequence[float], at: int) -> float:
-    """The median of the sorted `s` less its element `at`, in O(1) (thousands of ranks:
-    each rank's peers' median without sorting them again)."""
+    """The median of the sorted `s` less its element `at`, in O(1): thousands of ranks."""
     m = len(s) - 1
 
     def pick(j: int) -> float:  # the j-th of the rest
@@ -111,23 +85,18 @@ def _median_without(s: Sequence[float], at: int) -> float:
 
 
 def score(times: Mapping[str, Sequence[float | None]], window: int = WINDOW) -> dict[str, float]:
-    """Each rank's straggler score: the median of its last `window` step scores (1.0: as
-    fast as its peers; 1.5: half again as slow); ranks without any are left out."""
     return {r: _median(s[-window:]) for r, s in step_scores(times).items() if s}
 
 
 def named(times: Mapping[str, Sequence[float | None]], threshold: float = THRESHOLD,
           min_steps: int = MIN_STEPS, window: int = WINDOW) -> dict[str, float]:  # fmt: skip
-    """The ranks whose score is at least `threshold` over at least `min_steps` steps."""
     found = step_scores(times)
     return {r: _median(s[-window:]) for r, s in found.items()
             if len(s) >= min_steps and _median(s[-window:]) >= threshold}  # fmt: skip
 
 
-# -- step times from marks ----------------------------------------------------------------
 class Rank:
-    """One rank's recent marks: step key -> time, for its compute and step marks (the key
-    is the mark's number, else its count among the rank's marks of that kind)."""
+    """Step key -> time: the mark's number, else its count among the rank's marks of that kind."""
 
     def __init__(self) -> None:
         self.compute: dict[float, float] = {}
@@ -147,9 +116,7 @@ class Rank:
 
 
 def durations(ranks: Mapping[str, Rank]) -> Durations:
-    """Each rank's time for each of the last KEEP steps (aligned by step key: NaN where a
-    rank has none): arrival less the step's start when any rank marks `compute`, else the
-    interval between its own step marks (see the module's docstring)."""
+    """Each rank's time for each of the last KEEP steps, aligned by step key (NaN: none)."""
     arrive = any(r.compute for r in ranks.values())
     first: dict[float, float] = {}  # each step key's earliest mark: steps in time order
     for r in ranks.values():
@@ -174,15 +141,12 @@ def durations(ranks: Mapping[str, Rank]) -> Durations:
 
 
 def rank_of(name: str) -> int | None:
-    """The rank of a marks or metrics file's name: `rank-3`, `rank-3.jsonl`; else None."""
     base = name[: -len(".jsonl")] if name.endswith(".jsonl") else name
     kind, _, num = base.partition("-")
     return int(num) if kind == "rank" and num.isdigit() and len(num) < 8 else None
 
 
 class Reader:
-    """What was appended to one marks or metrics file since the last read (whole lines)."""
-
     def __init__(self, path: str, points: bool) -> None:
         self.path, self.points = path, points
         self.offset = 0
@@ -190,7 +154,6 @@ class Reader:
         self.last_read = 0  # bytes the last read took
 
     def read(self, limit: int = READ_MAX) -> list[rmarks.Mark]:
-        """The marks appended since; at most `limit` bytes, the end of what came."""
         self.last_read = 0
         try:
             fd = open_fd(self.path)
@@ -217,11 +180,8 @@ class Reader:
 
 
 class Folder:
-    """Every rank's marks of one attempt, read incrementally: its marks files, and the
-    metrics files of the ranks that marked nothing (`metrics: {ranks: all}`). Only the
-    ranks of the job (`world`: its nodes times ranks per node) count: a rank's files for
-    ranks that do not exist are no peers (docs/goodput.md#trust). A check reads at most
-    CHECK_READ_MAX bytes in all, and follows at most RANKS_MAX ranks."""
+    """Every rank's marks of one attempt, read incrementally. Only the job's `world` ranks
+    count: files a rank wrote for ranks that do not exist are no peers (docs/goodput.md#trust)."""
 
     def __init__(self, adir: str, world: int | None = None) -> None:
         self.adir = adir
@@ -238,8 +198,7 @@ class Folder:
                     self.readers[key] = Reader(os.path.join(folder, name), points)
 
     def _names(self, folder: str, points: bool) -> list[str]:
-        """The rank files of `folder`: with `world` known, those of its ranks that exist
-        (a folder flooded with other names hides none); else its first ENTRIES_MAX."""
+        """With `world` known, by name: a folder flooded with other names hides none."""
         ext = ".jsonl" if points else ""
         if self.world is not None:
             sub = os.path.basename(folder)
@@ -254,8 +213,6 @@ class Folder:
         return [n for n in found if rank_of(n) is not None and n.endswith(".jsonl") == points]
 
     def read(self) -> dict[str, Rank]:
-        """The ranks' marks with what is new added; a rank's metrics only count while it
-        has no marks of its own."""
         self._scan()
         share = max(SHARE_MIN, min(READ_MAX, CHECK_READ_MAX // max(1, len(self.readers))))
         for key, reader in self.readers.items():
@@ -270,7 +227,6 @@ class Folder:
 
 
 def node_scores(scores: Mapping[str, float], ppn: int) -> dict[str, float]:
-    """Each node's score: its worst rank's (rank // procs_per_node is its node)."""
     out: dict[str, float] = {}
     for r, s in scores.items():
         node = str(int(r) // max(1, ppn))
@@ -278,9 +234,8 @@ def node_scores(scores: Mapping[str, float], ppn: int) -> dict[str, float]:
     return out
 
 
-def where(adir: str, ranks: Sequence[str], ppn: int) -> dict[str, tuple[int, str]]:
-    """(node, host) of each rank, from the attempt's process records (else rank // ppn and
-    this machine's name)."""
+def placed(adir: str, ranks: Sequence[str], scores: Mapping[str, Any], ppn: int) -> list[Any]:
+    """The named ranks as their events say them: node and host from the attempt's records."""
     known: dict[str, tuple[int, str]] = {}
     for rec in attempt_records(adir):
         rank = rec.get("rank")
@@ -289,15 +244,14 @@ def where(adir: str, ranks: Sequence[str], ppn: int) -> dict[str, tuple[int, str
             known[str(rank)] = (node if isinstance(node, int) else rank // max(1, ppn),
                                 str(rec.get("host") or ""))  # fmt: skip
     here = os.uname().nodename
-    out = {}
+    out = []
     for r in ranks:
         node, host = known.get(r, (int(r) // max(1, ppn), ""))
-        out[r] = (node, host or here)
+        out.append({"rank": int(r), "node": node, "host": host or here, "score": scores[r]})
     return out
 
 
 def report(ranks: Mapping[str, Rank], threshold: float, ppn: int) -> dict[str, Any]:
-    """What stragglers.json holds: every rank's and node's score, the stragglers named."""
     times = durations(ranks)
     scores = {r: round(s, 4) for r, s in score(times).items()}
     return {
@@ -308,9 +262,6 @@ def report(ranks: Mapping[str, Rank], threshold: float, ppn: int) -> dict[str, A
 
 
 def threshold_of(run_dir: str) -> float:
-    """straggler_threshold from the run's metrics.json (0: off); the default without it."""
-    from ..rundir.records import read_json
-
     conf = read_json(os.path.join(run_dir, "metrics.json"), 1 << 20)
     value = conf.get("straggler_threshold", THRESHOLD) if isinstance(conf, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -323,8 +274,6 @@ def threshold_of(run_dir: str) -> float:
 
 
 class StragglerWatch:
-    """The job controller's straggler rule for one attempt (see the module's docstring)."""
-
     def __init__(self, adir: str, threshold: float, ppn: int, world: int | None = None) -> None:
         self.adir, self.threshold, self.ppn = adir, threshold, ppn
         self.folder = Folder(adir, world)
@@ -334,8 +283,6 @@ class StragglerWatch:
         self.written: dict[str, Any] = {}
 
     def check(self, force: bool = False) -> list[dict[str, Any]]:
-        """The ranks that became stragglers since the last check, as their events' fields;
-        stragglers.json refreshed. At most every CHECK_S seconds (`force`: now)."""
         mono = time.monotonic()
         if mono < self.next_check and not force:
             return []
@@ -354,12 +301,9 @@ class StragglerWatch:
         if {k: v for k, v in found.items() if k != "time"} != self.written:
             self.written = {k: v for k, v in found.items() if k != "time"}
             write(self.adir, found)
-        places = where(self.adir, new, self.ppn) if new else {}
-        return [{"rank": int(r), "node": places[r][0], "host": places[r][1],
-                 "score": found["ranks"][r]} for r in new]  # fmt: skip
+        return placed(self.adir, new, found["ranks"], self.ppn) if new else []
 
     def step(self, records: Any, attempt: int, notifier: Any = None, force: bool = False) -> None:
-        """The controller's per-loop call: each new straggler an event, a line, a webhook."""
         try:
             found = self.check(force)
         except Exception:  # noqa: BLE001 - a straggler's figure never ends the supervision
@@ -373,40 +317,29 @@ class StragglerWatch:
 
 
 def printable(text: str) -> str:
-    """`text` with each character that is not printable (ESC, BEL, CSI, U+2028) escaped:
-    a host name is what a record says, and a record is a file a rank can write."""
+    """A host name comes from a record, which a rank can write: no control reaches a terminal."""
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def describe(f: Mapping[str, Any], threshold: float) -> str:
-    """`straggler: rank 1 (node 0, tn1) takes 1.52x its peers' median step (threshold 1.3)`"""
     return (f"straggler: rank {f['rank']} (node {f['node']}, {printable(str(f['host']))}) takes "
             f"{f['score']:.2f}x its peers' median step time (straggler_threshold "
             f"{threshold:g})")  # fmt: skip
 
 
 def write(adir: str, data: Mapping[str, Any]) -> None:
-    try:
-        fd = writable_fd(os.path.join(adir, FILE), truncate=True)
-    except OSError:
-        return
-    try:
-        os.write(fd, (json.dumps(data, sort_keys=True) + "\n").encode())
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    text = json.dumps(data, sort_keys=True) + "\n"
+    with contextlib.suppress(OSError):
+        write_regular(os.path.join(adir, FILE), text.encode(), truncate=True)
 
 
 def watch(run_dir: str, adir: str, ppn: int, world: int | None = None) -> StragglerWatch | None:
-    """The attempt's straggler watch; None when the spec turned it off."""
     threshold = threshold_of(run_dir)
     return StragglerWatch(adir, threshold, ppn, world) if threshold else None
 
 
 def _well_formed(data: object) -> bool:
-    """Whether a stragglers.json is what `write` writes: rank numbers with finite scores,
-    the named ones among them (a rank can write the file: anything else is recomputed)."""
+    """Whether a stragglers.json is what `write` writes (a rank can write the file too)."""
     if not isinstance(data, dict) or not isinstance(data.get("ranks"), dict):
         return False
     ranks, named_ = data["ranks"], data.get("stragglers")
@@ -418,10 +351,7 @@ def _well_formed(data: object) -> bool:
 
 def scores_of(adir: str, threshold: float = THRESHOLD, ppn: int = 1,
               world: int | None = None) -> dict[str, Any] | None:  # fmt: skip
-    """The attempt's stragglers: its stragglers.json, else computed from its marks now
-    (after the fact); None when no two ranks marked steps."""
-    from ..rundir.records import read_json
-
+    """stragglers.json, else computed now (after the fact: ssh runs whose marks were fetched)."""
     data = read_json(os.path.join(adir, FILE), 1 << 20)
     if _well_formed(data):
         return dict(data)
@@ -431,9 +361,7 @@ def scores_of(adir: str, threshold: float = THRESHOLD, ppn: int = 1,
 
 def summary(run_dir: str, attempt: int, ppn: int,
             world: int | None = None) -> dict[str, Any] | None:  # fmt: skip
-    """An attempt's stragglers as `treb status --json`, top and the dashboard show them:
-    {attempt, threshold, ranks, nodes, stragglers: [{rank, node, host, score}]}; None
-    when no two ranks marked steps (or the watch is off)."""
+    """An attempt's stragglers as `treb status --json`, top and the dashboard show them."""
     threshold = threshold_of(run_dir)
     if not threshold:
         return None
@@ -444,15 +372,12 @@ def summary(run_dir: str, attempt: int, ppn: int,
     found = data.get("ranks")
     ranks: dict[str, Any] = found if isinstance(found, dict) else {}
     names = [str(r) for r in data.get("stragglers") or [] if str(r) in ranks]
-    places = where(adir, names, ppn)
     return {"attempt": attempt, "threshold": threshold, "ranks": ranks,
             "nodes": data.get("nodes") or {},
-            "stragglers": [{"rank": int(r), "node": places[r][0], "host": places[r][1],
-                            "score": ranks[r]} for r in names]}  # fmt: skip
+            "stragglers": placed(adir, names, ranks, ppn)}  # fmt: skip
 
 
 def lines(data: Mapping[str, Any] | None) -> list[str]:
-    """`straggler: rank 1 (node 0, tn1) takes 1.52x ...` for each one named; none else."""
     if not data:
         return []
     return [describe(f, data["threshold"]) for f in data["stragglers"]]
