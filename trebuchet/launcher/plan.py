@@ -21,7 +21,6 @@ from trebuchet.launcher.runtime_file import file_name as runtime_file_name
 from trebuchet.plain import field, record
 from trebuchet.runtime.contracts.rank_env import elastic_vars, node_vars, omp_threads, rank_vars
 from trebuchet.runtime.contracts.schema import JobFile, LocalPlan, ProcPlan
-from trebuchet.runtime.node.horovodrun import horovodrun_argv
 
 # profile: nsys wraps each selected rank (RANK is known inside the rank, under any launcher).
 NSYS_OPTIONS = "--trace=cuda,nvtx,osrt,cudnn,cublas --sample=none --force-overwrite=true"
@@ -221,6 +220,8 @@ def mpi_argv(
     """`mpirun -np N -H host:slots,...` (OpenMPI) or `horovodrun` as Determined starts it."""
     host_list = ",".join(f"{h}:{slots}" for h in hosts)
     if launcher == "horovod":  # the controller and timeouts: the spec's HOROVOD_* env
+        from trebuchet.runtime.node.horovodrun import horovodrun_argv  # socket: horovod's
+
         return horovodrun_argv(np, hosts, slots, env)
     argv = ["mpirun", "-np", str(np), "-H", host_list, "--bind-to", "none"]
     for name in sorted(env):  # mpirun passes variables to remote ranks only with -x

@@ -142,7 +142,7 @@ class LocalBackend(SupervisedHere):
     def submit(self, sub: Submission, attach: bool) -> Submitted:
         plan = self.write_plan(sub)
         if attach:
-            from trebuchet.launcher.supervisor import Supervisor
+            from trebuchet.launcher.local_nodes import Supervisor
             from trebuchet.view.live import View
 
             view = View()

@@ -8,7 +8,23 @@ may be absent from a file: readers use .get().
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing import TypedDict
+else:
+
+    class TypedDict(dict):
+        """At run time a record below is a plain dict, as typing's TypedDict makes it; but
+        typing's compiles each field's annotation when the class is made (~150 fields:
+        ~3 ms of every launch, on the path to the first rank), for the type checker alone."""
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return dict(*args, **kwargs)
+
+        def __init_subclass__(cls, total: bool = True, **kwargs: Any) -> None:
+            super().__init_subclass__(**kwargs)
+
 
 # A run's state moves among the active ones until one of TERMINAL, which is final: the run
 # index refuses any other state after it (store/db.py), whoever asks.

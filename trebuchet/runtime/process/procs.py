@@ -80,12 +80,25 @@ def _is_zombie(pid: int) -> bool:
 
 
 def _prctl(option: int, value: int) -> int:
+    """libc's prctl(2), through _ctypes: `import ctypes` took ~2.5 ms of every local launch
+    (the supervisor becomes a subreaper before the first rank starts), for this one call;
+    the few lines below are what ctypes.CDLL(None).prctl builds (the C int result)."""
     global _libc
-    if _libc is None:
-        import ctypes  # here: the watchdog and most agents never call prctl
+    if _libc is None:  # here: the watchdog and most agents never call prctl
+        import _ctypes
 
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return int(_libc.prctl(option, value, 0, 0, 0))
+        class CInt(_ctypes._SimpleCData):  # type: ignore[type-arg]  # ctypes.c_int
+            _type_ = "i"
+
+        class Function(_ctypes.CFuncPtr):  # CDLL's function type: cdecl, C int result
+            _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+            _restype_ = CInt
+
+        class Libc:  # what CFuncPtr((name, library)) reads of a CDLL: its handle
+            _handle = _ctypes.dlopen(None, os.RTLD_LOCAL)  # type: ignore[arg-type]  # libc
+
+        _libc = Function(("prctl", Libc()))  # type: ignore[arg-type]  # a CDLL's handle
+    return int(_libc(option, value, 0, 0, 0))
 
 
 def die_with_parent() -> None:
