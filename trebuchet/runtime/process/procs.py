@@ -254,15 +254,21 @@ def _children_by_ppid() -> dict[int, list[int]]:
 
 
 def _children_file(pid: int) -> list[int] | None:
-    kids: list[int] = []
+    """`pid`'s children from its threads' children files; None where the kernel has none."""
     try:
-        for task in os.listdir(f"/proc/{pid}/task"):
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []  # gone
+    kids: list[int] = []
+    for task in tasks:
+        try:
             with open(f"/proc/{pid}/task/{task}/children") as fh:
                 kids += [int(x) for x in fh.read().split()]
-    except FileNotFoundError:
-        return None if os.path.isdir(f"/proc/{pid}/task") else []
-    except OSError:
-        return []
+        except FileNotFoundError:
+            if os.path.isdir(f"/proc/{pid}/task/{task}"):
+                return None  # the thread is there, its children file is not
+        except (OSError, ValueError):
+            continue  # the thread ended meanwhile
     return kids
 
 
