@@ -426,3 +426,41 @@ def test_the_sweep_finds_the_orphans_in_the_tree_and_leaves_the_agents_own_helpe
     got = json.loads(res.stdout)
     assert sorted(got["tree"]) == sorted(got["left"]) and got["helper"] not in got["tree"]
     assert sorted(got["by_ppid"]) == sorted(got["tree"])
+
+
+HOPPER = """
+import json, os, subprocess, sys, time
+from trebuchet.runtime.node.per_node import end_strays
+from trebuchet.runtime.process import procs
+assert procs.become_subreaper()
+# a daemon that never stays put: it forks, its parent exits at once, the child calls setsid
+# and does it again (for 4 s at most, so a failed sweep leaves nothing for long); beside it
+# a rank that left 300 sleeping children
+hop = ("import os, sys, time\\nend = time.monotonic() + 4\\nprint(os.getpid(), flush=True)\\n"
+       "os.close(1)\\nwhile time.monotonic() < end:\\n    if os.fork():\\n        os._exit(0)\\n"
+       "    os.setsid()\\n")
+rank = subprocess.Popen([sys.executable, "-S", "-c", hop], start_new_session=True,
+                        stdout=subprocess.PIPE, text=True)
+wide = subprocess.Popen(["bash", "-c", "for i in $(seq 300); do sleep 300 & done"],
+                        start_new_session=True, stdout=subprocess.DEVNULL)
+rank.stdout.readline()
+rank.wait()
+wide.wait()
+time.sleep(0.3)
+killed = end_strays("r", 0, tree=True)
+left = [p for p in procs.left_in_tree(os.getpid()) if not procs.zombie(p)]
+print(json.dumps({"killed": len(killed), "left": left}))
+"""
+
+
+def test_the_sweep_ends_a_daemon_that_keeps_forking_and_a_rank_with_hundreds_of_children() -> None:
+    """A leftover that forks a child and exits over and over (each hop a new pid, a new
+    session) is not outrun by the sweep: each process found is stopped before its children
+    are read, and the sweep goes on until nothing is left, not for a fixed count of passes."""
+    root = Path(__file__).resolve().parents[2]
+    for _ in range(3):
+        res = subprocess.run([sys.executable, "-c", HOPPER], capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "PYTHONPATH": str(root)})  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        got = json.loads(res.stdout)
+        assert got["left"] == [] and got["killed"] >= 300, got

@@ -61,6 +61,7 @@ PLACEMENT = ("NODE_RANK", "NUM_NODES", "MASTER_ADDR", "MASTER_PORT", "TREB_RUN_I
 TIMEOUT_EXIT = 124
 SETUP_ENV_VAR = "TREB_SETUP_ENV_FD"  # ssh: the fd of the environment setup made (`env -0`)
 SETUP_ENV_FD = 8
+STRAYS_S = 5.0  # the most a sweep of leftovers takes (a D-state one dies when it can)
 HANG_EXIT = 1  # the engine's retries (backoffLimitPerIndex, max_restarts) take it from here
 
 
@@ -257,14 +258,16 @@ def end_strays(run_id: str, node: int, tree: bool = False) -> list[int]:
             procs.signal_pid(pid, signal.SIGKILL)
         return found
     killed: list[int] = []
-    for _ in range(8):  # a leftover may fork while it is being ended: its child is ours too
-        left = procs.left_in_tree(me)
-        live = [pid for pid in left if not procs.zombie(pid)]
+    deadline = time.monotonic() + STRAYS_S
+    while True:  # until nothing is left: what a leftover forked before it stopped is ours
+        left = procs.left_in_tree(me, freeze=True)  # too, and so is an orphan re-parented
+        live = [pid for pid in left if not procs.zombie(pid)]  # after the walk read us
         for pid in live:
             procs.signal_pid(pid, signal.SIGKILL)
-        procs.reap(left, timeout=1.0 if live else 0.0)  # only our children: the others
-        killed += live  # come back as our zombies in the next pass
-        if not live:
+        wait = max(0.0, deadline - time.monotonic())
+        procs.reap(left, timeout=min(1.0 if live else 0.01, wait))  # only our children: the
+        killed += sorted(set(live) - set(killed))  # others come back as ours
+        if not left or not wait:
             break
     return killed
 
