@@ -279,3 +279,25 @@ def test_a_lost_controller_without_scontrol_or_scancel_is_still_recorded(
     assert "could not" in events
     if attempts == 1:
         assert '"FAILED"' in (tmp_path / "result.json").read_text()
+
+
+def test_a_stop_right_behind_the_next_word_reaches_the_parked_agents(hub, monkeypatch):
+    """The controller's own teardown (a cancel, the timeout) just after it told the parked
+    agents `next 1`: both words reach an agent in one read, before it took up attempt 1.
+    The stop is for attempt 1 and is kept, not dropped as another attempt's (which left
+    the ranks running until the grace period's scancel)."""
+    h, _ = hub
+    monkeypatch.setenv(agent_link.ENV, h.address("127.0.0.1"))
+    h.expect(attempt=0, tasks=2)
+    links = [agent_link.open_link(0, str(t), f"tn{t + 1}") for t in range(2)]
+    for link in links:
+        assert link is not None
+        link.park(0)
+    assert until(lambda: h.parked_count() == 2)
+    assert h.resume(1, 2)
+    assert h.stop_all()  # sent right behind `next 1`
+    for link in links:
+        assert link is not None and link.wait_next(lambda: False) == 1
+        link.next_attempt(1)
+        assert link.stop_said, "the stop for attempt 1 was dropped"
+        link.ended(143)

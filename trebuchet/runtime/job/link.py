@@ -394,6 +394,7 @@ class Link:
         # from the reading thread; the agent stops its ranks (task.py)
         self.on_stop: Callable[[], None] | None = None
         self.stop_said = False  # ... it came (also before on_stop was set)
+        self.stop_next = False  # parked: the next attempt's stop came right behind `next`
         if sock is not None:
             threading.Thread(target=self._beat, name="agent-beat", daemon=True).start()
 
@@ -483,6 +484,8 @@ class Link:
             self.stop_said = True
             if self.on_stop is not None:
                 self.on_stop()
+        elif self.parked and line == f"{STOP} {self.next}".encode():
+            self.stop_next = True  # right behind its `next`: next_attempt keeps it
 
     def failed(self) -> bool:
         """A rank of this node failed: the controller stops the other nodes' ranks (its
@@ -517,8 +520,9 @@ class Link:
 
     def next_attempt(self, attempt: int) -> None:
         """The next attempt begins on this link: its hello, a new go to wait for."""
-        self.attempt, self.parked, self.next = attempt, False, None
-        self.stop_said = False
+        with self.lock:  # not while _answer reads a stop for this attempt
+            self.attempt, self.parked, self.next = attempt, False, None
+            self.stop_said, self.stop_next = self.stop_next, False
         self.go.clear()
         self.word.clear()
         self._send("hello", self.host)
