@@ -53,3 +53,18 @@ def test_ctrl_c_before_the_supervisor_has_the_run_leaves_no_pending_run(tmp_path
     states = [row[0] for row in Store().conn.execute("SELECT state FROM runs")]
     assert "PENDING" not in states
     assert run_ids() == [] or [p.name for p in runs_dir().iterdir()] == run_ids()
+
+
+def test_an_attached_run_in_this_process_gives_back_the_signal_handlers(tmp_path: Path) -> None:
+    """A run supervised in the caller's process (an attached local run: each point of an
+    attached sweep, runner.start) takes SIGINT/SIGTERM/SIGHUP/SIGUSR1/2 for its supervisor;
+    once it ended they are the caller's again. Before, the ended supervisor's handler stayed:
+    a Ctrl+C after the run (between two sweep points, or in the caller's own code) cancelled
+    nothing and raised no KeyboardInterrupt."""
+    (tmp_path / "t.py").write_text("pass\n")
+    checked = runner.check(write_spec(tmp_path, "command: [python, t.py]\n"), "local")
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    runner.start(checked, attach=True)
+    assert {s: signal.getsignal(s) for s in before} == before
+    with pytest.raises(KeyboardInterrupt):
+        ctrl_c()

@@ -5,10 +5,13 @@ cancel is a SIGTERM to that supervisor, which ends every node's processes and se
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from trebuchet.backends.base import Backend
@@ -78,6 +81,27 @@ class SupervisedHere(Backend):
                 raise UserError(f"run {run.id} did not stop within the grace period")
         end_leftovers(run)  # what a supervisor that is gone left running
         lifecycle.ended(store, run.id, CANCELLED, "treb cancel")
+
+
+# What an attached run supervised in the caller's process takes for its supervisor.
+SUPERVISOR_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1,
+                      signal.SIGUSR2, signal.SIGCHLD)  # fmt: skip
+
+
+@contextlib.contextmanager
+def signals_lent() -> Iterator[None]:
+    """The caller's signal handlers (and wakeup fd) back once the run supervised in its
+    process has ended: the ended supervisor's handler left in place swallowed the next
+    Ctrl+C (between an attached sweep's points, or in the caller's own code)."""
+    handlers = {sig: signal.getsignal(sig) for sig in SUPERVISOR_SIGNALS}
+    wake = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(wake)
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(wake)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def start_detached(store: Store, run_id: str, run_dir: Path, module: str) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trebuchet.backends.base import SubmissionPoint, Submitted, SweepSubmitted
-from trebuchet.backends.supervised_here import SupervisedHere, start_detached
+from trebuchet.backends.supervised_here import SupervisedHere, signals_lent, start_detached
 from trebuchet.envs import gpus
 from trebuchet.envs.build import missing_tool
 from trebuchet.envs.recipe import recipe_for
@@ -147,12 +147,13 @@ class LocalBackend(SupervisedHere):
 
             view = View()
             sup = Supervisor(plan, sub.store, view)
-            sup.install_signals()
-            try:
-                state = sup.run()
-            finally:
-                view.close()
-                sup.reap()
+            with signals_lent():
+                sup.install_signals()
+                try:
+                    state = sup.run()
+                finally:
+                    view.close()
+                    sup.reap()
             rec = sub.store.get(sub.record.id) or sub.record
             return Submitted(rec.id, state, rec.exit_code, sup.cancel_signal)
         start_supervisor(sub.store, sub.record.id, sub.run_dir)

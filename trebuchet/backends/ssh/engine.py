@@ -29,7 +29,7 @@ from trebuchet.backends.job_file import (
     node_job,
     uses_secret,
 )
-from trebuchet.backends.supervised_here import SupervisedHere, start_detached
+from trebuchet.backends.supervised_here import SupervisedHere, signals_lent, start_detached
 from trebuchet.errors import UserError
 from trebuchet.runtime.rundir.regular import read_text
 
@@ -270,11 +270,12 @@ class SshBackend(SupervisedHere):
 
         view = View()
         run = SshRun(sub.run_dir, sub.store, view)
-        run.install_signals()
-        try:
-            state = run.run()
-        finally:
-            view.close()
+        with signals_lent():
+            run.install_signals()
+            try:
+                state = run.run()
+            finally:
+                view.close()
         rec = sub.store.get(sub.record.id) or sub.record
         return Submitted(rec.id, state, rec.exit_code, run.cancel_signal)
 
