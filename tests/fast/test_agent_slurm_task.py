@@ -434,13 +434,13 @@ from trebuchet.runtime.node.per_node import end_strays
 from trebuchet.runtime.process import procs
 assert procs.become_subreaper()
 # a daemon that never stays put: it forks, its parent exits at once, the child calls setsid
-# and does it again (for 4 s at most, so a failed sweep leaves nothing for long); beside it
-# a rank that left 300 sleeping children
-hop = ("import os, sys, time\\nend = time.monotonic() + 4\\nprint(os.getpid(), flush=True)\\n"
+# and does it again (for 20 s at most); each hop holds the pipe on its stderr, whose end
+# says whether one still lives. Beside it a rank that left 300 sleeping children.
+hop = ("import os, sys, time\\nend = time.monotonic() + 20\\nprint(os.getpid(), flush=True)\\n"
        "os.close(1)\\nwhile time.monotonic() < end:\\n    if os.fork():\\n        os._exit(0)\\n"
        "    os.setsid()\\n")
 rank = subprocess.Popen([sys.executable, "-S", "-c", hop], start_new_session=True,
-                        stdout=subprocess.PIPE, text=True)
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 wide = subprocess.Popen(["bash", "-c", "for i in $(seq 300); do sleep 300 & done"],
                         start_new_session=True, stdout=subprocess.DEVNULL)
 rank.stdout.readline()
@@ -449,18 +449,33 @@ wide.wait()
 time.sleep(0.3)
 killed = end_strays("r", 0, tree=True)
 left = [p for p in procs.left_in_tree(os.getpid()) if not procs.zombie(p)]
-print(json.dumps({"killed": len(killed), "left": left}))
+os.set_blocking(rank.stderr.fileno(), False)
+try:
+    hopping = os.read(rank.stderr.fileno(), 1) != b""
+except BlockingIOError:  # a hop still holds the pipe
+    hopping = True
+survived = hopping
+end = time.monotonic() + 20
+while hopping and time.monotonic() < end:  # what the failed sweep left, ended for good
+    for pid in procs.left_in_tree(os.getpid()):
+        procs.signal_pid(pid, 9)
+    procs.reap(procs.left_in_tree(os.getpid()))
+    try:
+        hopping = os.read(rank.stderr.fileno(), 1) != b""
+    except BlockingIOError:
+        pass
+print(json.dumps({"killed": len(killed), "left": left, "hopping": survived}))
 """
 
 
 def test_the_sweep_ends_a_daemon_that_keeps_forking_and_a_rank_with_hundreds_of_children() -> None:
     """A leftover that forks a child and exits over and over (each hop a new pid, a new
-    session) is not outrun by the sweep: each process found is stopped before its children
-    are read, and the sweep goes on until nothing is left, not for a fixed count of passes."""
+    session) is not outrun by the sweep: it goes on until nothing is left (at most 5 s), not
+    for 8 passes, nor ends at a pass that found only a parent that had just exited."""
     root = Path(__file__).resolve().parents[2]
     for _ in range(3):
         res = subprocess.run([sys.executable, "-c", HOPPER], capture_output=True, text=True,
                              timeout=60, env={**os.environ, "PYTHONPATH": str(root)})  # fmt: skip
         assert res.returncode == 0, res.stderr
         got = json.loads(res.stdout)
-        assert got["left"] == [] and got["killed"] >= 300, got
+        assert got["left"] == [] and not got["hopping"] and got["killed"] >= 300, got

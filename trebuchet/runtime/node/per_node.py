@@ -259,9 +259,11 @@ def end_strays(run_id: str, node: int, tree: bool = False) -> list[int]:
         return found
     killed: list[int] = []
     deadline = time.monotonic() + STRAYS_S
-    while True:  # until nothing is left: what a leftover forked before it stopped is ours
-        left = procs.left_in_tree(me, freeze=True)  # too, and so is an orphan re-parented
-        live = [pid for pid in left if not procs.zombie(pid)]  # after the walk read us
+    while True:  # until nothing is left, not a fixed count of passes: what a leftover
+        # forked before its kill, or a child whose parent exited behind the walk (a daemon
+        # that forks and exits over and over), is re-parented to us and found next pass
+        left = procs.left_in_tree(me)
+        live = [pid for pid in left if not procs.zombie(pid)]
         for pid in live:
             procs.signal_pid(pid, signal.SIGKILL)
         wait = max(0.0, deadline - time.monotonic())

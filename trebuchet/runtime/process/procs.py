@@ -272,7 +272,7 @@ def _children_file(pid: int) -> list[int] | None:
     return kids
 
 
-def left_in_tree(root: int, freeze: bool = False) -> list[int]:
+def left_in_tree(root: int) -> list[int]:
     """What `root`'s processes left below it, parents first: every descendant outside its
     own session. Linear in root's own descendants (their children files), never a read
     of every process on the machine, which on a cluster of simulated nodes (one /proc)
@@ -283,9 +283,7 @@ def left_in_tree(root: int, freeze: bool = False) -> list[int]:
     (a daemon that double-forked, called setsid, cleared its environment) is re-parented
     to `root`, so it stays in the tree, and nothing can join root's session from another,
     so what is in root's session is root's own helpers (squeue, scontrol), never a rank's.
-    Without the children files, one /proc/*/stat pass by ppid. `freeze`: each process
-    found is stopped (SIGSTOP) before its children are read, so none forks or exits behind
-    the walk (a daemon that forks and exits over and over would outrun it)."""
+    Without the children files, one /proc/*/stat pass by ppid."""
     mine = _stat_fields(root)
     if mine is None or len(mine) < 4:
         return []
@@ -303,8 +301,6 @@ def left_in_tree(root: int, freeze: bool = False) -> list[int]:
             fields = _stat_fields(kid)
             if fields is None or len(fields) < 4 or (pid == root and fields[3] == session):
                 continue  # gone, or root's own helper (and what it started)
-            if freeze:
-                signal_pid(kid, signal.SIGSTOP)
             found.append(kid)
             todo.append(kid)
     return found
