@@ -301,3 +301,23 @@ def test_a_stop_right_behind_the_next_word_reaches_the_parked_agents(hub, monkey
         link.next_attempt(1)
         assert link.stop_said, "the stop for attempt 1 was dropped"
         link.ended(143)
+
+
+@pytest.mark.parametrize("nodelist", ["n[a-b]", "n[", "n[1-200000]"])
+def test_a_lost_controller_with_a_nodelist_no_parser_reads_still_acts(
+    tmp_path, monkeypatch, nodelist
+):
+    """The step's nodelist only places the lost node (its NODE_RANK in the record): one that
+    neither python-hostlist nor the small parser reads (BadHostlist, ValueError) must not
+    end the agent's link thread after it took the loss's mark, with no requeue, no end
+    and no other agent to act: the loss is recorded at node 0 and the job requeued."""
+    from trebuchet.runtime.job import batchloss
+
+    (tmp_path / "attempt-0").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_STEP_NODELIST", nodelist)
+    job = {"run_dir": str(tmp_path), "max_attempts": 2}
+    batchloss.on_lost(job, 0, 5.0, time.time())  # type: ignore[arg-type]
+    events = (tmp_path / "events.jsonl").read_text()
+    assert "job_requeue" in events and "could not run scontrol requeue" in events

@@ -70,9 +70,14 @@ def _act(run_dir: str, attempt: int, argv: list[str]) -> None:
 
 
 def step_hosts() -> list[str]:
-    """This step's nodes, in order (their NODE_RANK)."""
+    """This step's nodes, in order (their NODE_RANK); none where the nodelist cannot be read
+    (python-hostlist's BadHostlist, the small parser's ValueError): it only places the lost
+    node, and on_lost, past its mark, must still requeue or end the job."""
     nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", "")
-    return expand_hostlist(nodelist) if nodelist else []
+    try:
+        return expand_hostlist(nodelist) if nodelist else []
+    except Exception:  # noqa: BLE001  # BadHostlist is python-hostlist's own Exception
+        return []
 
 
 def real_scontrol(run_dir: str) -> str:
