@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,15 @@ from trebuchet.launcher.submit import Submission, prepare
 from trebuchet.spec.load import load_spec
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.paths import runs_dir
+
+
+@pytest.fixture(autouse=True)
+def _python_handles_ctrl_c() -> Iterator[None]:
+    """Python's KeyboardInterrupt handler, as under a terminal: a test run started in the
+    background by a non-interactive shell inherits SIGINT ignored, and Python keeps it so."""
+    was = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, was)
 
 
 def ctrl_c() -> None:
