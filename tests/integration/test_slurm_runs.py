@@ -85,8 +85,11 @@ retries: 1
         ),
         "signal": write_spec(
             folder / "d",
+            # 2 minutes: Slurm may send a job's signal up to 60 s before the time asked
+            # (sbatch --signal); with 1, it came a second after the ranks' start, before
+            # rank 0's Python had its handler (a fresh-clone CI saw it)
             "command: python3 ck.py; echo after\nnodes: 2\n"
-            "procs_per_node: 2\ntimeout_warning: 30s\nslurm: {time: '1'}\n",
+            "procs_per_node: 2\ntimeout_warning: 30s\nslurm: {time: '2'}\n",
         ),
     }
 
