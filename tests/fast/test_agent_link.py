@@ -321,3 +321,46 @@ def test_a_lost_controller_with_a_nodelist_no_parser_reads_still_acts(
     batchloss.on_lost(job, 0, 5.0, time.time())  # type: ignore[arg-type]
     events = (tmp_path / "events.jsonl").read_text()
     assert "job_requeue" in events and "could not run scontrol requeue" in events
+
+
+def test_a_lost_nodes_spare_joins_the_parked_agents_told_their_new_place(hub, monkeypatch):
+    """Issue 36: after a lost node (tn1, node 0), the parked survivors run the next attempt
+    in their step, each told its node rank, the node count and the master in the `next`
+    word; the spare's agent, in a new step, joins by its hello (its step id tells it from
+    the parked task 0), and the attempt ends once all of them did, the spare's included."""
+    h, wake = hub
+    monkeypatch.setenv(agent_link.ENV, h.address("127.0.0.1"))
+    h.expect(attempt=0, tasks=3)
+    links = [agent_link.open_link(0, f"0.{t}", f"tn{t + 1}") for t in range(3)]
+    survivors = [link for link in links[1:] if link is not None]
+    for link in survivors:
+        link.park(0)
+    assert until(lambda: h.parked_count() == 2)
+    assert h.resume_on(1, ["tn1", "tn2"], "tn2", "29500") is None  # tn3 parked, not in use
+    assert h.parked_count() == 2
+    assert h.resume_on(1, ["tn2", "tn3", "tn4"], "tn2", "29500") == ["tn4"]
+    for node, link in enumerate(survivors):
+        assert link.wait_next(lambda: False) == 1
+        assert link.placement == agent_link.Placement(node, 3, "tn2", "29500")
+        link.next_attempt(1)
+        assert link.placement is None
+    spare = agent_link.open_link(1, "1.0", "tn4")
+    assert spare is not None
+    for link in survivors:
+        link.ended(0)
+    assert not woken(wake, 0.3) and h.ended() is None  # the spare has not ended
+    spare.ended(5)
+    assert woken(wake) and h.ended() == 5
+
+
+def test_a_garbled_next_word_is_no_word(monkeypatch):
+    """The parked agent reads only a well-formed `next`: a node rank past the node count, a
+    missing field or a non-number leaves it waiting, not running a wrong contract."""
+    link = agent_link.Link(None, "t", 0, "0.0")
+    for line in (b"next", b"next x", b"next 1 2 2 tn1 29500", b"next 1 0 2 tn1",
+                 b"next 1 0 2 tn1 port", b"next 1 a 2 tn1 1"):  # fmt: skip
+        link._answer(line)
+        assert not link.word.is_set() and link.placement is None, line
+    link._answer(b"next 1 1 2 tn1 1")
+    assert link.word.is_set() and link.next == 1
+    assert link.placement == agent_link.Placement(1, 2, "tn1", "1")

@@ -479,3 +479,80 @@ def test_the_sweep_ends_a_daemon_that_keeps_forking_and_a_rank_with_hundreds_of_
         assert res.returncode == 0, res.stderr
         got = json.loads(res.stdout)
         assert got["left"] == [] and not got["hopping"] and got["killed"] >= 300, got
+
+
+def test_a_parked_agent_and_a_spares_new_step_run_the_attempt_with_the_new_placement(
+    tmp_path: Path,
+) -> None:
+    """Issue 36, a lost node's spare: the survivor's agent, parked in its step as node 1 of
+    2 (tn2; node 0 was lost), is told its new place in the `next` word (node 0 of 2, a new
+    master); the spare's agent (tn3) runs in a step of its own, whose SLURM_NODEID is 0 and
+    SLURM_PROCID 0 as the parked one's: TREB_PLACEMENT gives its node rank, its step id
+    tells the two apart on the link (same id: the go never comes). Every rank of the
+    attempt once, with the attempt's rank contract, from the real `task` verb."""
+    from trebuchet.runtime.job import link as agent_link
+
+    run_dir = tmp_path / "run"
+    for attempt in (0, 1):
+        (run_dir / f"attempt-{attempt}").mkdir(parents=True)
+        (run_dir / f"attempt-{attempt}" / "attempt.json").write_text(
+            json.dumps({"job_id": "77", "attempt": attempt}))  # fmt: skip
+    runtime = ship(run_dir)
+    srun = ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1"]
+    show = ['bash', '-c', 'echo "$RANK $LOCAL_RANK $WORLD_SIZE $NODE_RANK $SLURM_NODEID '
+            '$MASTER_ADDR $MASTER_PORT"']  # fmt: skip
+    job = task_job(run_dir, tmp_path, "native", 2, show, srun=srun, grace=1, max_attempts=2)
+    r, w = os.pipe()
+    hub = agent_link.Hub(w)
+    agents: list[subprocess.Popen[bytes]] = []
+
+    def agent(host: str, step: str, node: str, nodes: str, attempt: int, **more: str) -> None:
+        env = {
+            "PATH": os.environ["PATH"], "HOME": str(tmp_path), "TREB_RUN_DIR": str(run_dir),
+            "TREB_WORKDIR": str(tmp_path), "TREB_ATTEMPT": str(attempt), "SLURM_JOB_ID": "77",
+            "SLURM_STEP_ID": step, "SLURM_NODEID": node, "SLURM_PROCID": "0",
+            "SLURM_LOCALID": "0", "SLURM_NNODES": nodes, "SLURMD_NODENAME": host,
+            "MASTER_ADDR": "localhost", "MASTER_PORT": "1", "TREB_RUN_ID": "r1",
+            agent_link.ENV: hub.address("127.0.0.1"), agent_link.PARK_ENV: "1", **more,
+        }  # fmt: skip
+        agents.append(subprocess.Popen([sys.executable, "-S", str(runtime), "task", str(job)],
+                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
+
+    def ended(code: int) -> None:
+        deadline = time.monotonic() + 60
+        while hub.ended() is None and time.monotonic() < deadline:
+            assert all(a.poll() is None for a in agents), [a.communicate() for a in agents]
+            time.sleep(0.02)
+        assert hub.ended() == code
+
+    try:
+        hub.expect(0, 1)  # attempt 0: this agent alone speaks (the lost tn1's is gone)
+        agent("tn2", "0", "1", "2", 0)
+        ended(0)
+        assert agents[0].poll() is None  # parked
+        assert hub.resume_on(1, ["tn2", "tn3"], "127.0.0.2", "2345") == ["tn3"]
+        agent("tn3", "1", "0", "1", 1, MASTER_ADDR="127.0.0.2", MASTER_PORT="2345",
+              TREB_PLACEMENT="2;tn3=1")  # fmt: skip
+        ended(0)
+        hub.release()
+        assert agents[0].wait(timeout=30) == 0, agents[0].communicate()
+        assert agents[1].wait(timeout=30) == 0, agents[1].communicate()
+    finally:
+        hub.close()
+        os.close(r)
+        os.close(w)
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+    said = {(a, rank): (run_dir / f"attempt-{a}" / f"rank-{rank}.log").read_text().split()
+            for a, rank in [(0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]}  # fmt: skip
+    assert said[0, 2] == ["2", "0", "4", "1", "1", "localhost", "1"]  # node 1 of 2 before
+    assert said[0, 3] == ["3", "1", "4", "1", "1", "localhost", "1"]
+    for rank in range(4):  # the attempt's contract on both agents: every rank once
+        node, local = divmod(rank, 2)
+        assert said[1, rank] == [str(rank), str(local), "4", str(node), str(node),
+                                 "127.0.0.2", "2345"], said  # fmt: skip
+    recs = {r: json.loads((run_dir / "attempt-1" / f"rank-{r}.json").read_text()) for r in range(4)}
+    assert [recs[r]["host"] for r in range(4)] == [os.uname().nodename] * 4  # this machine
+    assert [recs[r]["step_id"] for r in range(4)] == ["0", "0", "1", "1"]
+    assert not (run_dir / "attempt-1" / "rank-4.json").exists()

@@ -62,6 +62,16 @@ class Lost(NamedTuple):
     silent: float  # seconds
 
 
+class Placement(NamedTuple):
+    """A parked agent's node in the next attempt, when the nodes changed (a lost node's
+    spare): its node rank, the attempt's node count, the master's address and port."""
+
+    node: int
+    nodes: int
+    master: str
+    port: str
+
+
 class _Task:
     def __init__(self, host: str) -> None:
         self.host = host
@@ -141,6 +151,30 @@ class Hub:
                 with contextlib.suppress(OSError):
                     conn.send(word)
             return True
+
+    def resume_on(self, attempt: int, use: list[str], master: str, port: str) -> list[str] | None:
+        """The next attempt on the parked agents of the nodes it keeps after a lost node,
+        each told its new place (`next <attempt> <node rank> <nodes> <master> <port>`: its
+        ranks get the new rank contract), and on a new step's agents on the others (the
+        spares; their hello joins them to the attempt). The nodes that need that new step;
+        None (a whole new step) unless every parked agent is one node's and on a node of
+        `use` (in node-rank order, one agent per node), and at least one parked."""
+        with self.lock:
+            hosts = [host for host, _conn in self.parked.values()]
+            if (not hosts or len(set(hosts)) != len(hosts) or len(set(use)) != len(use)
+                    or not set(hosts) <= set(use)):  # fmt: skip
+                return None
+            parked, self.parked = self.parked, {}
+            self.attempt, self.count, self.ended_count, self.healthy_count = attempt, len(use), 0, 0
+            self.tasks = {}
+            self.stop_at, self.unreached, self.fell_back = None, False, False
+            for task_id, (host, conn) in parked.items():
+                task = self.tasks[task_id] = _Task(host)
+                task.sock = conn
+                word = f"{NEXT} {attempt} {use.index(host)} {len(use)} {master} {port}\n"
+                with contextlib.suppress(OSError):  # gone meanwhile: lost after node_timeout
+                    conn.send(word.encode("ascii", "replace"))
+            return [host for host in use if host not in hosts]
 
     def release(self) -> None:
         """`exit` to every parked agent: no attempt follows in their step."""
@@ -389,6 +423,7 @@ class Link:
         self._said = b""  # its answers' last, unfinished line
         self.word = threading.Event()  # parked: the controller's next word came
         self.next: int | None = None  # ... the attempt it said, None: exit
+        self.placement: Placement | None = None  # ... and this node's new place in it
         self.parked = False  # ended, waiting for the word (no batch-host loss then)
         # the controller's `stop` for this attempt (another node's rank failed): called
         # from the reading thread; the agent stops its ranks (task.py)
@@ -477,15 +512,28 @@ class Link:
             self.go.set()
         elif line + b"\n" == EXIT:
             self.word.set()
-        elif line.startswith(NEXT.encode() + b" ") and line[len(NEXT) + 1 :].isdigit():
-            self.next = int(line[len(NEXT) + 1 :])
-            self.word.set()
+        elif line.startswith(NEXT.encode() + b" "):
+            self._next(line.split(b" ")[1:])
         elif line == f"{STOP} {self.attempt}".encode() and not self.parked:
             self.stop_said = True
             if self.on_stop is not None:
                 self.on_stop()
         elif self.parked and line == f"{STOP} {self.next}".encode():
             self.stop_next = True  # right behind its `next`: next_attempt keeps it
+
+    def _next(self, words: list[bytes]) -> None:
+        """`next <attempt>`, or with the attempt's placement of this node (a lost node's
+        spare in a new step beside this one): `<node rank> <nodes> <master> <port>`."""
+        if len(words) not in (1, 5) or not all(w.isdigit() for w in words[:3]):
+            return
+        if len(words) == 5:
+            node, nodes, master, port = int(words[1]), int(words[2]), words[3], words[4]
+            if node >= nodes or not master or not port.isdigit():
+                return
+            self.placement = Placement(node, nodes, master.decode("ascii", "replace"),
+                                       port.decode())  # fmt: skip
+        self.next = int(words[0])
+        self.word.set()
 
     def failed(self) -> bool:
         """A rank of this node failed: the controller stops the other nodes' ranks (its
@@ -521,7 +569,7 @@ class Link:
     def next_attempt(self, attempt: int) -> None:
         """The next attempt begins on this link: its hello, a new go to wait for."""
         with self.lock:  # not while _answer reads a stop for this attempt
-            self.attempt, self.parked, self.next = attempt, False, None
+            self.attempt, self.parked, self.next, self.placement = attempt, False, None, None
             self.stop_said, self.stop_next = self.stop_next, False
         self.go.clear()
         self.word.clear()

@@ -33,6 +33,7 @@ NO_PYTHON = (  # a clear line, and exit 127, where a node (or its image) lacks p
     'command -v python3 >/dev/null 2>&1 || { echo "treb: no python3 (>= 3.8) on '
     '$(hostname): the node agent needs it (in the container image too)" >&2; exit 127; }'
 )
+PLACEMENT_ENV = "TREB_PLACEMENT"  # a spare's step: the attempt's node ranks (place)
 PYTHON_GUARD = NO_PYTHON + '; exec python3 -S "$@"'  # the first words of every srun step
 
 
@@ -115,7 +116,10 @@ def slurm_task(job: JobFile) -> int:
     heartbeat while it runs, its end once its records are written). Where the controller
     keeps the step (agent_link.PARK_ENV), the agent then waits for its word and runs the
     next attempt's ranks in the same step (a retry without a new srun step: issue 36)."""
-    task = os.environ.get("SLURM_PROCID", "?")
+    # the step's id too: a lost node's spare runs in a step of its own beside the parked
+    # agents' step, and both steps' first task is SLURM_PROCID 0
+    task = f"{os.environ.get('SLURM_STEP_ID', '?')}.{os.environ.get('SLURM_PROCID', '?')}"
+    place(os.environ.pop(PLACEMENT_ENV, ""))  # a spare's step: this node's place
     host = os.environ.get("SLURMD_NODENAME") or os.uname().nodename  # Slurm's name for it
     attempt = _int_env("TREB_ATTEMPT")
     timeout = float(job.get("node_timeout") or agent_link.NODE_TIMEOUT_S)
@@ -148,10 +152,25 @@ def slurm_task(job: JobFile) -> int:
             return code
         attempt = following
         os.environ["TREB_ATTEMPT"] = str(attempt)
+        if link.placement is not None:  # the nodes changed (a lost node's spare)
+            node, nodes, master, port = link.placement
+            os.environ.update(SLURM_NODEID=str(node), SLURM_NNODES=str(nodes),
+                              MASTER_ADDR=master, MASTER_PORT=port)  # fmt: skip
         link.next_attempt(attempt)
     if link is not None:
         link.ended(code)
     return code
+
+
+def place(value: str) -> None:
+    """A spare's step (Controller.spare_step): `<nodes>;<host>=<node rank>,...`, each
+    task's node rank in the attempt, not in its step of one or a few nodes; its step's
+    environment has the attempt's master already. Malformed or not this host's: as is."""
+    nodes, _, ranks = value.partition(";")
+    host = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+    mine = [r for h, _, r in (p.partition("=") for p in ranks.split(",")) if h == host]
+    if nodes.isdigit() and len(mine) == 1 and mine[0].isdigit() and int(mine[0]) < int(nodes):
+        os.environ.update(SLURM_NODEID=mine[0], SLURM_NNODES=nodes)
 
 
 def slurm_attempt(job: JobFile, link: agent_link.Link | None) -> tuple[int, bool, list[str]]:
