@@ -157,6 +157,26 @@ def test_a_spare_node_replaces_a_lost_one_and_the_run_resumes(
     assert f"node_lost: {first[1]}" in shown.stdout, shown.stdout
     started = max(r.get("started_at") or 0 for r in records(run_dir, 1).values())
     print(f"node killed -> every rank of the next attempt started: {started - killed_at:.1f}s")
+    # Issue 36: the survivor's agent ran the retry parked in its step (srun --no-kill), the
+    # spare's in a new step on the spare alone, each rank with the attempt's contract
+    ranks = {r["rank"]: r for r in records(run_dir, 1).values() if r.get("rank") is not None}
+    assert sorted(ranks) == [0, 1], ranks  # every rank once
+    before = {
+        r["host"]: r["step_id"] for r in records(run_dir, 0).values() if r.get("rank") is not None
+    }
+    assert ranks[0]["host"] == first[0] and ranks[0]["step_id"] == before[first[0]], ranks
+    assert ranks[1]["host"] == second[1] and ranks[1]["step_id"] != before[first[0]], ranks
+    for rank in ranks:  # what each rank said of its own environment
+        said = (Path(run_dir) / "attempt-1" / f"rank-{rank}.log").read_text()
+        assert f"world 2 node {rank} master {second[0]}" in said, said
+    batch = (Path(run_dir) / "batch.log").read_text()
+    assert f"a new step on {second[1]}" in batch and "kept for the other nodes'" in batch, batch
+    job_id = st["backend_id"]
+    deadline = time.monotonic() + 60
+    while slurm_state(job_id):  # the job ended: none of its steps is left, the lost one's too
+        assert time.monotonic() < deadline, slurm_state(job_id)
+        time.sleep(0.5)
+    assert not job_sruns(job_id), "an srun of the job outlived it"
 
 
 def test_a_node_range_goes_on_with_fewer_nodes(
@@ -253,3 +273,17 @@ def slurm_state(job_id: str) -> str:
     res = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
                          text=True, timeout=60)  # fmt: skip
     return res.stdout.strip()
+
+
+def job_sruns(job_id: str) -> list[int]:
+    """The srun processes of the job still on this machine (their environment names it)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if name == "srun" and f"SLURM_JOB_ID={job_id}".encode() in env:
+            found.append(int(pid))
+    return found

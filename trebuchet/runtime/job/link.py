@@ -239,10 +239,13 @@ class Hub:
             return host
 
     def settled(self, lost: list[str]) -> bool:
-        """Every agent of this attempt ended, but those on the `lost` hosts."""
+        """Every agent of this attempt ended, but those on the `lost` hosts (one that never
+        said hello counts too: a spare's step that ended before its agent spoke)."""
         with self.lock:
             gone = [t for t in self.tasks.values() if t.code is not None or t.host in lost]
-            return len(gone) >= self.count > 0
+            heard = {t.host for t in self.tasks.values()}
+            silent = [host for host in dict.fromkeys(lost) if host not in heard]
+            return len(gone) + len(silent) >= self.count > 0
 
     def close(self) -> None:
         self.closed = True

@@ -29,7 +29,7 @@ from ..job import life as lifecycle
 from ..job import link as agent_link
 from ..job import nodeloss, selfrequeue
 from ..node.agent import Agent
-from ..node.task import PYTHON_GUARD, node_agent
+from ..node.task import PLACEMENT_ENV, PYTHON_GUARD, node_agent
 from ..process import procs
 from ..publish import trackers as tracking
 from ..rundir.records import (
@@ -106,6 +106,13 @@ class Controller:
         self.lost_kill_at: float | None = None  # then srun is ended at this time
         self.lost_after = False  # ... lost after the attempt's first failure: not its cause
         self.lost_hosts: list[str] = []
+        # A lost node's step, its other agents parked in it (srun -k: it waits for the lost
+        # node's tasks until the job ends): the next attempt runs on them and a spare's
+        # step (spare_step); `kept` ends the attempt (poll); each is ended at the job's end
+        self.kept: subprocess.Popen[bytes] | None = None
+        self.lost_steps: list[subprocess.Popen[bytes]] = []
+        self.spare_hosts: list[str] = []  # this attempt's nodes in a spare's step
+        self.spare_end: float | None = None  # ... which ended early: the others' stop's end
         self.scancels: list[subprocess.Popen[bytes]] = []  # signals on their way (signal_steps)
         self.hosts: list[str] = []  # the allocation's nodes, in order
         self.inline: Agent | None = None  # the job's only task, run here (job["inline"])
@@ -143,16 +150,17 @@ class Controller:
         shape = self.lc.settings.shape
         self.lc.settings = self.lc.settings._replace(shape=(shape[0], len(self.use), shape[2]))
 
-    def step_args(self, base: list[str]) -> list[str]:
-        """An srun step's flags on this attempt's nodes: as rendered when they are the whole
-        allocation, else with their count, tasks and names (--nodelist)."""
-        if not self.use or (self.use == self.hosts and len(self.use) == int(self.job["nodes"])):
+    def step_args(self, base: list[str], use: list[str] | None = None) -> list[str]:
+        """An srun step's flags on this attempt's nodes (or `use`): as rendered when they
+        are the whole allocation, else with their count, tasks and names (--nodelist)."""
+        use = self.use if use is None else use
+        if not use or (use == self.hosts and len(use) == int(self.job["nodes"])):
             return base
-        n = len(self.use)
+        n = len(use)
         per_node = next((int(a.split("=", 1)[1]) for a in base
                          if a.startswith("--ntasks-per-node=")), 1)  # fmt: skip
         out = [a for a in base if not a.startswith(("--nodes=", "--ntasks="))]
-        return [f"--nodes={n}", f"--ntasks={n * per_node}", f"--nodelist={','.join(self.use)}",
+        return [f"--nodes={n}", f"--ntasks={n * per_node}", f"--nodelist={','.join(use)}",
                 *out]  # fmt: skip
 
     def pre_post(self, when: str, attempt: int) -> bool:
@@ -188,18 +196,70 @@ class Controller:
             self.inline.start_all()
         else:
             args = self.step_args(self.job["srun"])
-            if self.resume_step(attempt, args):
+            kept, self.kept = self.kept, None
+            self.spare_hosts, self.spare_end = [], None
+            if self.resume_step(attempt, args) or self.spare_step(attempt, args, kept):
                 return
             if self.link is not None:
                 self.link.release()  # the previous step's parked agents exit
                 self.link.expect(attempt, step_tasks(args))
+            self.end_lost_steps()
             self.finishing = [p for p in self.finishing if p.poll() is None]
             # a retry: the previous step may still hold its CPUs while srun reports its end
             # (or slurmctld has not yet taken them back): without --overlap srun would wait
             overlap = ["--overlap"] if self.finishing or self.stepped else []
             self.stepped = True
-            self.step = self.srun([*args, *overlap], "task")
+            self.step = self.srun([*args, *overlap, *self.no_kill()], "task")
             self.step_use = list(self.use)
+
+    def no_kill(self) -> list[str]:
+        """`srun --no-kill` where the agents park: a node's death then ends no task of the
+        step but the dead node's (without it srun ends the whole step once slurmctld marks
+        the node DOWN), so the survivors' agents stay parked for the spare's attempt."""
+        return ["--no-kill"] if self.link is not None and parks(self.job) else []
+
+    def spare_step(
+        self, attempt: int, args: list[str], kept: subprocess.Popen[bytes] | None
+    ) -> bool:
+        """After a lost node (its step `kept`, its other agents parked in it): the attempt on
+        those parked agents, each told its new node rank, node count and master over the
+        link (Hub.resume_on), and a step of one agent per node on the nodes that replace
+        the lost one (the spares) alone, not a whole new step of every node's agent. False
+        (a whole new step) where an agent did not park or the shape is not one agent per
+        node."""
+        if (kept is None or self.link is None or kept.poll() is not None
+                or step_tasks(args) != len(self.use)
+                or any(p.poll() is None for p in self.scancels)):  # fmt: skip
+            return False
+        master, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+        new = self.link.resume_on(attempt, self.use, master, port)
+        if new is None:
+            return False
+        self.step_use = list(self.use)
+        parked = len(self.use) - len(new)
+        if not new:  # fewer nodes (a node range): the parked agents alone
+            log(f"attempt {attempt + 1}: on the node agents of the previous attempt's srun step")
+            self.step = kept  # srun waits for the lost node's tasks: the link says the end
+            return True
+        places = ",".join(f"{host}={self.use.index(host)}" for host in new)
+        env = {**os.environ, PLACEMENT_ENV: f"{len(self.use)};{places}"}
+        log(f"attempt {attempt + 1}: on the {parked} node agent(s) parked in the previous "
+            f"attempt's srun step and a new step on {','.join(new)}")  # fmt: skip
+        self.spare_hosts = list(new)
+        self.step = self.srun([*self.step_args(self.job["srun"], new), "--overlap",
+                               *self.no_kill()], "task", env=env)  # fmt: skip
+        return True
+
+    def end_lost_steps(self) -> None:
+        """The lost nodes' steps, which srun keeps waiting for: their parked agents were
+        told to exit (Hub.release), no attempt runs on them any more."""
+        for step in self.lost_steps:
+            with contextlib.suppress(OSError):
+                step.kill()
+        for step in self.lost_steps:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                step.wait(timeout=30)
+        self.lost_steps = []
 
     def resume_step(self, attempt: int, args: list[str]) -> bool:
         """The attempt on the previous attempt's node agents, parked in their srun step
@@ -223,9 +283,13 @@ class Controller:
         if self.inline is not None:
             alive = self.inline.poll()
             self.rc = self.inline.exit_code()
+        elif self.step is not None and self.step is self.kept:  # a lost node's (watch_nodes)
+            alive, self.rc = False, -signal.SIGKILL  # as when srun was ended
         elif self.step is not None:
             alive = self.step.poll() is None
             self.rc = self.step.returncode or 0
+            if not alive and self.spare_hosts and self.link is not None:
+                alive = self.spare_ended()
             code = self.link.ended() if alive and self.link is not None else None
             if code is not None:  # every agent's records are in: srun's report is late
                 self.finishing.append(self.step)
@@ -235,6 +299,28 @@ class Controller:
         if not alive:
             self._handle_signals()
         return alive
+
+    def spare_ended(self) -> bool:
+        """The spares' step ended before every agent of the attempt said it ended (its srun
+        failed, its node died): the parked nodes' agents, in their own step, are stopped
+        over the link (scancel after the grace period + 2 s). Whether the attempt goes on."""
+        assert self.link is not None
+        if self.link.ended() is not None:
+            return False
+        if self.spare_end is None:
+            log(
+                f"the new step on {','.join(self.spare_hosts)} ended (srun exit {self.rc}) "
+                "before its node agents said so: stopping the other nodes' ranks"
+            )
+            self.spare_end = time.monotonic() + float(self.job["grace"]) + 2.0
+            if not self.link.stop_all():
+                self.signal_steps(signal.SIGTERM)
+        if self.link.settled(self.spare_hosts):
+            return False
+        if time.monotonic() < self.spare_end:
+            return True
+        self.signal_steps(signal.SIGTERM)
+        return False
 
     def checkpoint(self, signum: int) -> int:
         """The checkpoint signal to the ranks that handle it: for the timeout's warning or
@@ -405,6 +491,12 @@ class Controller:
                 return
             self.lost_kill_at = None
             why = "the other nodes' agents ended" if settled else "the grace period is over"
+            if settled and self.no_kill() and not self.terminating:
+                log(f"{why}; srun waits for the lost node's tasks: its step is kept for the "
+                    "other nodes' agents, parked in it for the next attempt")  # fmt: skip
+                self.kept = self.step
+                self.lost_steps.append(self.step)
+                return
             log(f"{why}; srun still waits for the lost node's tasks: ending it")
             with contextlib.suppress(OSError):
                 self.step.kill()
@@ -578,10 +670,11 @@ class Controller:
             self._signals.clear()
 
     # -- steps ---------------------------------------------------------------------------
-    def srun(self, srun_args: list[str], *words: str) -> subprocess.Popen[bytes]:
+    def srun(self, srun_args: list[str], *words: str,
+             env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
         """One srun step of node agents."""
         return subprocess.Popen(["srun", *srun_args, *self.agent_argv(*words)],
-                                stdin=subprocess.DEVNULL)  # fmt: skip
+                                stdin=subprocess.DEVNULL, env=env)  # fmt: skip
 
     def agent_argv(self, *words: str) -> list[str]:
         """What an srun task runs: this runtime's verb, started by the interpreter that runs
@@ -794,6 +887,7 @@ class Controller:
         state = self.lc.run(first=self.attempt)
         if self.link is not None:
             self.link.release()  # no attempt follows: the parked agents exit
+        self.end_lost_steps()
         for step in [*self.finishing, *self.scancels]:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 step.wait(timeout=30)
