@@ -93,6 +93,9 @@ def one_round(work: Path, node_timeout: float, nodes: int, procs: int) -> tuple[
         started = max(ready(stamps, 1))
         events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
         detected = next(float(e["time"]) for e in events if e.get("event") == "node_lost")
+        batch = (run_dir / "batch.log").read_text()
+        how = "a step on the spare alone" if "and a new step on" in batch else "a whole new step"
+        print(f"the next attempt: {how}", flush=True)
     finally:
         treb(home, "cancel", rid)
         bring_back(victim)
