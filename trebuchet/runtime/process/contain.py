@@ -22,13 +22,14 @@ import contextlib
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Iterable, Iterator
 
 from ..rundir.records import read_json, write_json
 from . import procs
 
+TYPE_CHECKING = False  # typing's, without its import (a node agent's start: issue 36)
 if TYPE_CHECKING:
     import threading
+    from typing import Iterable, Iterator
 
 RECORD = "cgroup.json"
 # Tests only: force the fallback on a host where cgroup v2 is writable.
