@@ -52,6 +52,7 @@ NOT_BEFORE_THE_FIRST_RANK = (
     "treb_runtime.job.life", "treb_runtime.node.per_node",  # the controller's; a parked end
     "treb_runtime.slurm.step", "treb_runtime.publish.webhooks",
     "ctypes",  # the subreaper's prctl goes through _ctypes alone (process/procs.py)
+    "encodings.idna", "unicodedata",  # a str host's getaddrinfo: ASCII names go as bytes
 )  # fmt: skip
 
 # The runtime's own modules imported before the first rank starts: 22 when this budget was

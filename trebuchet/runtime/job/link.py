@@ -559,8 +559,12 @@ def open_link(attempt: int, task: str, host: str,
     if target is None:
         return None
     address, port, token = target
+    dest = address.encode() if address.isascii() else address  # str: the idna codec, ~3 ms
     try:
-        sock: socket.socket | None = socket.create_connection((address, port), CONNECT_S)
+        sock: socket.socket | None = socket.create_connection(
+            (dest, port),  # type: ignore[arg-type]  # as bytes too (getaddrinfo's host)
+            CONNECT_S,
+        )
     except OSError:
         sock = None
     link = Link(sock, token, attempt, task, on_lost if sock is not None else None, timeout)
