@@ -51,6 +51,7 @@ NOT_BEFORE_THE_FIRST_RANK = (
     "treb_runtime.job.nodeloss", "treb_runtime.job.nodeset",  # an unhealthy node's
     "treb_runtime.job.life", "treb_runtime.node.per_node",  # the controller's; a parked end
     "treb_runtime.slurm.step", "treb_runtime.publish.webhooks",
+    "treb_runtime.contracts.schema",  # the records' types: the type checker's
     "ctypes",  # the subreaper's prctl goes through _ctypes alone (process/procs.py)
     "encodings.idna", "unicodedata",  # a str host's getaddrinfo: ASCII names go as bytes
 )  # fmt: skip

@@ -10,29 +10,8 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing's, without its import (a node agent's start: issue 36)
 if TYPE_CHECKING:
-    from typing import Any, NamedTuple, TypedDict
+    from typing import Any, TypedDict
 else:
-    from collections import namedtuple
-
-    class _NamedTupleType(type):
-        """typing.NamedTuple's result, a collections.namedtuple of the class's annotated
-        fields (their defaults, its docstring), without typing: its import is ~2 ms of
-        every node agent's start on the path to its first rank (issue 36)."""
-
-        def __new__(cls, name, bases, ns):  # noqa: ANN001, ANN204
-            if not bases:
-                return super().__new__(cls, name, bases, ns)
-            fields = list(ns.get("__annotations__", {}))
-            defaults = [ns[f] for f in fields if f in ns]
-            made = namedtuple(name, fields, defaults=defaults, module=ns["__module__"])  # noqa: PYI024
-            made.__doc__ = ns.get("__doc__") or made.__doc__
-            for key, value in ns.items():  # its methods and properties
-                if not key.startswith("__") and key not in fields:
-                    setattr(made, key, value)
-            return made
-
-    class NamedTuple(metaclass=_NamedTupleType):
-        """At run time: `class X(NamedTuple)` makes a collections.namedtuple (above)."""
 
     class TypedDict(dict):
         """At run time a record below is a plain dict, as typing's TypedDict makes it; but

@@ -43,7 +43,7 @@ TYPE_CHECKING = False  # typing's, without its import (a node agent's start: iss
 if TYPE_CHECKING:
     from typing import Callable, NamedTuple
 else:
-    from ..contracts.schema import NamedTuple
+    from ..contracts.named import NamedTuple
 
 ENV = "TREB_CONTROLLER_LINK"  # host:port:token, in the step's environment
 PARK_ENV = "TREB_AGENT_PARK"  # "1": the controller may run the next attempt on the parked agents

@@ -52,7 +52,7 @@ TYPE_CHECKING = False  # typing's, without its import (a node agent's start: iss
 if TYPE_CHECKING:
     from typing import Any, Callable, Mapping, NamedTuple
 else:
-    from ..contracts.schema import NamedTuple
+    from ..contracts.named import NamedTuple
 
 MIN_FREE_BYTES = 1 << 20  # a full disk: under 1 MiB free in the run dir, workdir, checkpoints
 MASTER_WAIT_S = 30.0  # a master not reached is tried again this long (its pod may start)
