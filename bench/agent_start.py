@@ -125,7 +125,7 @@ def main() -> int:
     ap.add_argument("--starts", type=int, default=25, help="starts per archive (median)")
     ap.add_argument("--procs", type=int, default=8, help="ranks on the agent's node")
     ap.add_argument("--archive", action="append", default=[], help="a treb-runtime-*.pyz")
-    ap.add_argument("--python", default=shutil.which("python3") or sys.executable)
+    ap.add_argument("--python", default=sys.executable, help="the nodes' python3")
     ap.add_argument("--modules", type=Path, help="write the first archive's modules here")
     ap.add_argument("--json", action="store_true", help="the figures as one JSON object")
     args = ap.parse_args()
