@@ -402,6 +402,7 @@ class Supervisor:
                 stopped_elsewhere=lambda p: self.job.stopped_by_warning(p.returncode),
                 on_start=(lambda p: watch(cast(int, p.pid))) if watch else None,  # started
                 cgroup=self.cgroup,
+                watched=watch is not None,  # the watchdog ends them if this process dies
             )  # fmt: skip
             for _, procs in sorted(by_node.items())
         ]
