@@ -289,3 +289,23 @@ def test_ranks_die_with_their_supervisor(treb_home: Path, tmp_path: Path) -> Non
         if sup.poll() is None:
             sup.kill()
             sup.wait()
+
+
+def test_without_a_cgroup_each_rank_keeps_its_parent_death_signal(
+    treb, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a cgroup the watchdog could not find a rank that left its group and cleared
+    its environment: each rank then gets the kernel's parent-death signal (SIGKILL), set by
+    setpriv (no preexec_fn, so subprocess can still vfork)."""
+    monkeypatch.setenv("TREB_TEST_NO_CGROUP", "1")  # tests only: force the fallback
+    script = tmp_path / "pdeath.py"
+    script.write_text(
+        "import ctypes\nv = ctypes.c_int()\n"
+        "ctypes.CDLL(None).prctl(2, ctypes.byref(v), 0, 0, 0)  # PR_GET_PDEATHSIG\n"
+        "print('pdeathsig', v.value)\n"
+    )
+    spec = write_spec(tmp_path, f"command: [python, {script}]\nprocs_per_node: 2\n")
+    res = treb("run", str(spec))
+    assert res.returncode == 0, res.stderr
+    for rank in ("0", "1"):
+        assert "pdeathsig 9" in treb("logs", "--rank", rank).stdout

@@ -1,11 +1,12 @@
 """A helper process that ends a run's processes if its supervisor dies (even by SIGKILL).
 
-It is the local ranks' parent-death guard (a PDEATHSIG per rank costs an exec of setpriv
-each, and reaches only a rank's first process): it kills the ranks' process groups the
-moment the supervisor's pipe ends, then what they started (the run's cgroup, the
-TREB_RUN_ID scan), and records the run as LOST at once instead of leaving it RUNNING. It
-is a fresh process in its own session (a forked copy of the supervisor could not use
-SQLite safely), so a Ctrl+C or a kill of the terminal's group does not take it down first.
+In a run with a cgroup it is the local ranks' parent-death guard (a PDEATHSIG per rank
+costs an exec of setpriv each, and reaches only a rank's first process): it kills the
+ranks' process groups the moment the supervisor's pipe ends, then what they started (the
+run's cgroup, the TREB_RUN_ID scan), and records the run as LOST at once instead of
+leaving it RUNNING. It is a fresh process in its own session (a forked copy of the
+supervisor could not use SQLite safely), so a Ctrl+C or a kill of the terminal's group does
+not take it down first.
 The supervisor writes `+PGID` lines to its stdin as it starts ranks, `=PID,START` for each
 orphan it adopts, and `done` when it finishes.
 
@@ -21,7 +22,7 @@ import sys
 
 # The shell's part: the stop signals ignored (inherited by the exec'd Python), the lines
 # gathered until `done` (leave) or the end of stdin: then the told groups killed at once
-# (the local ranks have no parent-death signal: this is it, without the Python's start),
+# (local ranks in a cgroup have no parent-death signal: this is it, before Python starts),
 # and exec "$@" with the lines. The lines are the supervisor's own (digits, `+`, `=`, `,`):
 # split on blanks, never globbed (set -f).
 WAIT = (
@@ -70,9 +71,9 @@ class Watchdog:
 
     def watch(self, pgid: int) -> None:
         """Buffered until flush(): a write and a wakeup of the watchdog per rank cost more
-        than the start itself. Until then, should the supervisor die, the cgroup or the
-        TREB_RUN_ID scan finds the started ranks and what they started (the local ranks
-        have no parent-death signal: the watchdog stands in, runtime/node/agent.py)."""
+        than the start itself. Until then, should the supervisor die, the cgroup finds the
+        started ranks and what they started (without a cgroup, the ranks' own death signal
+        and the TREB_RUN_ID scan)."""
         self._send(f"+{pgid}\n", flush=False)
 
     def flush(self) -> None:
