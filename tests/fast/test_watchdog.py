@@ -10,7 +10,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from trebuchet.launcher.watchdog import Watchdog
+from trebuchet.launcher.watchdog import NAME, WAIT, Watchdog
 from trebuchet.runtime.process.procs import start_time
 
 
@@ -72,3 +72,23 @@ def test_a_vanished_supervisor_has_its_groups_and_adopted_orphans_killed(tmp_pat
         if wd.proc.poll() is None:
             wd.proc.kill()
             wd.proc.wait()
+
+
+def test_the_shell_kills_the_told_groups_itself_before_its_python_starts() -> None:
+    """The local ranks have no parent-death signal (no setpriv exec per rank): the watchdog's
+    shell is their guard, so it kills the groups it was told the moment its pipe ends,
+    without waiting for its Python's start; here the Python part cannot start at all."""
+    rank = _sleeper()
+    shell = subprocess.Popen(["/bin/sh", "-c", WAIT, NAME, "/bin/false"], stdin=subprocess.PIPE,
+                             start_new_session=True)  # fmt: skip
+    try:
+        assert shell.stdin is not None
+        shell.stdin.write(f"+{rank.pid}\n".encode())
+        shell.stdin.close()  # the supervisor vanished
+        assert _wait_exit(shell) == 1  # /bin/false, exec'd with the lines
+        assert _wait_exit(rank) == -signal.SIGKILL
+    finally:
+        for p in (rank, shell):
+            if p.poll() is None:
+                p.kill()
+            p.wait()

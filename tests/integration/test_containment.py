@@ -188,8 +188,8 @@ def _watchdog_of(supervisor: int) -> int:
 def test_leftovers_after_supervisor_and_watchdog_are_killed(
     mode, daemons, treb, tmp_path: Path
 ) -> None:
-    """Both SIGKILLed: the ranks die with the supervisor (PDEATHSIG), their children and
-    daemons do not; the next `treb ps` finds and ends them and says so. Without a cgroup,
+    """Both SIGKILLed: the ranks, their children and daemons live on (the watchdog was the
+    local ranks' parent-death guard); the next `treb ps` finds and ends them and says so. Without a cgroup,
     only what still carries TREB_RUN_ID can be found once the supervisor (the subreaper)
     is gone, so there the ranks leave children (`sleep 3009 &`), not `env -i` daemons."""
     script = tmp_path / "rank.sh"

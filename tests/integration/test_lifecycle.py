@@ -265,9 +265,39 @@ def test_follow_logs_of_a_detached_run_until_it_ends(treb, tmp_path: Path) -> No
     ]  # fmt: skip
 
 
-def test_ranks_die_with_their_supervisor(treb, tmp_path: Path) -> None:
-    """Each rank gets the parent-death signal (SIGKILL) from the kernel, also where it is
-    started without a preexec_fn (setpriv sets it, so subprocess can vfork)."""
+def test_ranks_die_with_their_supervisor(treb_home: Path, tmp_path: Path) -> None:
+    """An attached `treb run` killed by SIGKILL: its ranks die with it. They have no
+    parent-death signal (no setpriv exec per rank); the run's watchdog, a shell outside the
+    run's process groups, kills their groups the moment the supervisor's pipe ends."""
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, time\n"
+        "open(os.path.join(os.environ['TREB_RUN_DIR'], 'rank-%s.pid' % os.environ['RANK']),"
+        " 'w').write(str(os.getpid()))\n"
+        "time.sleep(300)\n"
+    )
+    spec = write_spec(tmp_path, f"command: [python, {script}]\nprocs_per_node: 2\n")
+    sup = subprocess.Popen([sys.executable, "-m", "trebuchet", "run", str(spec)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        _wait_for(lambda: len(list(treb_home.glob("runs/*/rank-*.pid"))) == 2, 60, "the ranks")
+        pids = [int(f.read_text()) for f in treb_home.glob("runs/*/rank-*.pid")]
+        sup.kill()
+        sup.wait()
+        _wait_for(lambda: all(_gone(pid) for pid in pids), 10, "the ranks to die")
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+
+
+def test_without_a_cgroup_each_rank_keeps_its_parent_death_signal(
+    treb, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a cgroup the watchdog could not find a rank that left its group and cleared
+    its environment: each rank then gets the kernel's parent-death signal (SIGKILL), set by
+    setpriv (no preexec_fn, so subprocess can still vfork)."""
+    monkeypatch.setenv("TREB_TEST_NO_CGROUP", "1")  # tests only: force the fallback
     script = tmp_path / "pdeath.py"
     script.write_text(
         "import ctypes\nv = ctypes.c_int()\n"

@@ -402,6 +402,10 @@ class Supervisor:
                 stopped_elsewhere=lambda p: self.job.stopped_by_warning(p.returncode),
                 on_start=(lambda p: watch(cast(int, p.pid))) if watch else None,  # started
                 cgroup=self.cgroup,
+                # the watchdog and the cgroup end them if this process dies: no death signal
+                # per rank (without a cgroup, a rank that left its group and cleared its
+                # environment would be found by nothing else)
+                watched=watch is not None and self.cgroup is not None,
             )  # fmt: skip
             for _, procs in sorted(by_node.items())
         ]

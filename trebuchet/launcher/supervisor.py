@@ -4,7 +4,7 @@ timeout, records.
 It is the attached `treb run` itself, or a small background process for detached runs
 (`python -m trebuchet.cli.supervise RUN_DIR`). It imports neither torch nor pydantic.
 Every rank runs in the run's cgroup v2 where one can be created (runtime/process/contain.py), in
-its own process group, and dies with the supervisor (PDEATHSIG and the watchdog); at the
+its own process group, and dies with the supervisor (the watchdog kills its group); at the
 end of each attempt everything left in the cgroup, every process still carrying the run's
 TREB_RUN_ID and every orphan the supervisor adopted as a subreaper is killed, so a run
 never leaves orphans.

@@ -1,12 +1,14 @@
 """A helper process that ends a run's processes if its supervisor dies (even by SIGKILL).
 
-PDEATHSIG only reaches a rank's first process; the watchdog also ends what the ranks
-started (the run's cgroup, the process groups, the TREB_RUN_ID scan), and records the run
-as LOST at once instead of leaving it RUNNING. It is a fresh process in its own session
-(a forked copy of the supervisor could not use SQLite safely), so a Ctrl+C or a kill of
-the terminal's group does not take it down first. The supervisor writes `+PGID` lines to
-its stdin as it starts ranks, `=PID,START` for each orphan it adopts, and `done` when it
-finishes.
+In a run with a cgroup it is the local ranks' parent-death guard (a PDEATHSIG per rank
+costs an exec of setpriv each, and reaches only a rank's first process): it kills the
+ranks' process groups the moment the supervisor's pipe ends, then what they started (the
+run's cgroup, the TREB_RUN_ID scan), and records the run as LOST at once instead of
+leaving it RUNNING. It is a fresh process in its own session (a forked copy of the
+supervisor could not use SQLite safely), so a Ctrl+C or a kill of the terminal's group does
+not take it down first.
+The supervisor writes `+PGID` lines to its stdin as it starts ranks, `=PID,START` for each
+orphan it adopts, and `done` when it finishes.
 
 While the run goes on it only waits, so it waits as /bin/sh (WAIT below: ~1.6 MiB resident
 and ~1 ms of CPU beside the ranks, where a `python -S` took 8.6 MiB and ~15 ms). Only when
@@ -19,11 +21,15 @@ from __future__ import annotations
 import sys
 
 # The shell's part: the stop signals ignored (inherited by the exec'd Python), the lines
-# gathered until `done` (leave) or the end of stdin (exec "$@" with them). The lines are
-# the supervisor's own (digits, `+`, `=`, `,`): split on blanks, never globbed (set -f).
+# gathered until `done` (leave) or the end of stdin: then the told groups killed at once
+# (local ranks in a cgroup have no parent-death signal: this is it, before Python starts),
+# and exec "$@" with the lines. The lines are the supervisor's own (digits, `+`, `=`, `,`):
+# split on blanks, never globbed (set -f).
 WAIT = (
     "trap '' INT HUP TERM USR1 USR2; set -f; told=; while IFS= read -r line; do "
-    'case $line in done) exit 0;; [+=]*) told="$told $line";; esac; done; exec "$@" $told'
+    'case $line in done) exit 0;; [+=]*) told="$told $line";; esac; done; '
+    'for x in $told; do case $x in +*) kill -KILL "-${x#+}" 2>/dev/null;; esac; done; '
+    'exec "$@" $told'
 )
 # $0 of the shell: its command line names it (the containment tests and the memory bench
 # find the watchdog by it).
@@ -65,8 +71,9 @@ class Watchdog:
 
     def watch(self, pgid: int) -> None:
         """Buffered until flush(): a write and a wakeup of the watchdog per rank cost more
-        than the start itself. Until then the started ranks die with the supervisor by their
-        PDEATHSIG, and the cgroup or TREB_RUN_ID scan finds what they started."""
+        than the start itself. Until then, should the supervisor die, the cgroup finds the
+        started ranks and what they started (without a cgroup, the ranks' own death signal
+        and the TREB_RUN_ID scan)."""
         self._send(f"+{pgid}\n", flush=False)
 
     def flush(self) -> None:

@@ -128,6 +128,7 @@ class Agent:
         stopped_elsewhere: Callable[[Proc], bool] | None = None,
         on_start: Callable[[Proc], None] | None = None,
         cgroup: str | None = None,
+        watched: bool = False,
     ) -> None:
         self.procs = procs_
         self.adir = attempt_dir
@@ -140,6 +141,10 @@ class Agent:
         self.stopped_elsewhere = stopped_elsewhere
         self.on_start = on_start  # e.g. the local watchdog learns each pid
         self.cgroup = cgroup  # the run's cgroup v2 (contain.py): its processes start in it
+        # True where a watchdog outside this process ends its processes if it dies (the
+        # local supervisor's, launcher/watchdog.py): no parent-death signal, so no setpriv
+        # exec per rank (~0.8 ms of CPU each)
+        self.watched = watched
         self.stop_on_failure = True  # pre/post commands: every node's runs to its end
         self.first_failure: Proc | None = None
         self.kill_at: float | None = None
@@ -229,10 +234,10 @@ class Agent:
     def _plain_start(self, p: Proc, ignored: bool) -> list[str] | None:
         """The argv for a start without preexec_fn, or None when one is needed: a launcher
         (torchrun ignores the checkpoint signals), a signal this process ignores
-        (`ignored`), or no setpriv for the death signal."""
+        (`ignored`), or no setpriv for the death signal where no watchdog stands in."""
         if p.launcher or ignored:
             return None
-        return procs.with_pdeathsig(p.argv)
+        return p.argv if self.watched else procs.with_pdeathsig(p.argv)
 
     def start(self, p: Proc, ignored: bool = False, stdin: int = subprocess.DEVNULL) -> None:
         """Start one process; its record is the caller's to write (start_all). `stdin`: an
@@ -253,7 +258,8 @@ class Agent:
                 p.env.update(elastic)
         argv = self._plain_start(p, ignored)
         try:
-            if argv is not None and not procs.find_program(p.argv[0], p.env.get("PATH"), self.cwd):
+            wrapped = argv is not None and argv is not p.argv  # setpriv execs the command
+            if wrapped and not procs.find_program(p.argv[0], p.env.get("PATH"), self.cwd):
                 raise FileNotFoundError(2, "No such file or directory")
             p.popen = subprocess.Popen(
                 argv or p.argv,
