@@ -203,8 +203,8 @@ class Supervisor:
         log_path = self.run_dir / "environment.log"
         self._say(f"environment {recipe.name} ({recipe.kind}): checking")
         t0 = time.time()
-        try:
-            with open(log_path, "a") as log:
+        try:  # in the run's cgroup: should this process die, the watchdog ends the build too
+            with open(log_path, "a") as log, contain.inside(self.cgroup):
                 info = ensure(recipe, log)
         except (BuildError, OSError) as exc:
             cause = records.cause("environment", 1, 0, log=str(log_path), message=str(exc))
