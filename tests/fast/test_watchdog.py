@@ -10,6 +10,8 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import pytest
+
 from trebuchet.launcher.watchdog import NAME, WAIT, Watchdog
 from trebuchet.runtime.process.procs import start_time
 
@@ -92,3 +94,35 @@ def test_the_shell_kills_the_told_groups_itself_before_its_python_starts() -> No
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+def test_a_supervisor_dead_before_it_recorded_its_cgroup_leaves_none(tmp_path: Path) -> None:
+    """The supervisor made the run's cgroup (`treb-<run id>`) and died before cgroup.json
+    said so (SIGKILL during its imports, 2 of 15 random kills here): the watchdog finds
+    the cgroup by its name, ends what is in it and removes it (it stayed, empty, forever)."""
+    from trebuchet.runtime.process import contain
+
+    if not any(os.access(os.path.join(d, "cgroup.procs"), os.W_OK) for d in contain.candidates()):
+        pytest.skip("no writable cgroup v2 on this host")
+    run_id = uuid.uuid4().hex[:8]
+    wd = Watchdog(run_id, str(tmp_path))  # first, outside the cgroup (as begin() does)
+    path, how = contain.create(contain.cgroup_name(run_id))
+    assert path is not None, how
+    rank = _sleeper()
+    try:
+        Path(path, "cgroup.procs").write_text(str(rank.pid))
+        assert wd.proc.stdin is not None
+        wd.proc.stdin.close()  # no cgroup.json yet, no group told
+        assert _wait_exit(wd.proc) == 0
+        assert _wait_exit(rank) == -signal.SIGKILL
+        assert not os.path.exists(path)
+        assert not (tmp_path / contain.RECORD).exists()
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+        rank.wait()
+        if wd.proc.poll() is None:
+            wd.proc.kill()
+            wd.proc.wait()
+        if os.path.isdir(path):
+            contain.remove(path)

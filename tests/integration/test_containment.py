@@ -258,7 +258,7 @@ def test_supervisor_sigkill_during_an_environment_build_ends_the_build(
     if not _cgroup_v2_writable():
         pytest.skip("no writable cgroup v2 on this host")
     monkeypatch.delenv("TREB_TEST_NO_CGROUP", raising=False)
-    (tmp_path / "setup.sh").write_text(f'echo $$ > {tmp_path}/setup.pid\nexec sleep 3011\n')
+    (tmp_path / "setup.sh").write_text(f"echo $$ > {tmp_path}/setup.pid\nexec sleep 3011\n")
     spec = write_spec(tmp_path, "command: 'echo hi'\nenvironment:\n  setup: setup.sh\n")
     proc = subprocess.Popen([sys.executable, "-m", "trebuchet", "run", str(spec)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip

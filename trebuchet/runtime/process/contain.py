@@ -94,6 +94,11 @@ def candidates() -> list[str]:
     return dirs
 
 
+def cgroup_name(run_id: str) -> str:
+    """The name of a run's cgroup (the watchdog finds it by it before cgroup.json says it)."""
+    return f"treb-{run_id}"
+
+
 def create(name: str) -> tuple[str | None, str]:
     """A new cgroup `name` under this process's own: (path, how), or (None, why not)."""
     if os.environ.get(NO_CGROUP_ENV):
@@ -245,6 +250,16 @@ def recorded(run_dir: str) -> str | None:
     return path if path and os.path.isdir(path) else None
 
 
+def unrecorded(run_id: str) -> str | None:
+    """The run's cgroup under this process's own, found by its name: a supervisor that died
+    between making it and recording it (cgroup.json) left it there, empty or not."""
+    for base in candidates():
+        path = os.path.join(base, cgroup_name(run_id))
+        if os.path.isdir(path):
+            return path
+    return None
+
+
 def end_run(run_id: str, run_dir: str, exclude: Iterable[int] = (), keep: bool = False,
             scan: bool = True) -> dict[str, list[int]]:  # fmt: skip
     """SIGKILL what is left of a run: its cgroup's processes, then (unless not `scan`)
@@ -252,7 +267,9 @@ def end_run(run_id: str, run_dir: str, exclude: Iterable[int] = (), keep: bool =
     attempts). Returns the pids found, by method: {"cgroup": [...], "scan": [...]}."""
     skip = set(exclude)
     found: dict[str, list[int]] = {"cgroup": [], "scan": []}
-    path = recorded(run_dir)
+    path = recorded(run_dir) or (
+        None if os.path.exists(os.path.join(run_dir, RECORD)) else unrecorded(run_id)
+    )
     if path:
         found["cgroup"] = kill(path, skip)
     skip.update(found["cgroup"])
