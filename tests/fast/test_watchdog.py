@@ -126,3 +126,25 @@ def test_a_supervisor_dead_before_it_recorded_its_cgroup_leaves_none(tmp_path: P
             wd.proc.wait()
         if os.path.isdir(path):
             contain.remove(path)
+
+
+def test_a_group_said_ended_is_not_killed_but_one_told_again_is() -> None:
+    """`-PGID`: the group ended and its id may be another's by now (left alone); a group
+    told again after that (a later rank given the same pid) is the run's once more."""
+    gone, again, kept = _sleeper(), _sleeper(), _sleeper()
+    shell = subprocess.Popen(["/bin/sh", "-c", WAIT, NAME, "/bin/false"], stdin=subprocess.PIPE,
+                             start_new_session=True)  # fmt: skip
+    try:
+        assert shell.stdin is not None
+        lines = f"+{gone.pid}\n+{again.pid}\n+{kept.pid}\n-{gone.pid}\n-{again.pid}\n+{again.pid}\n"
+        shell.stdin.write(lines.encode())
+        shell.stdin.close()
+        assert _wait_exit(shell) == 1
+        assert _wait_exit(again) == -signal.SIGKILL
+        assert _wait_exit(kept) == -signal.SIGKILL
+        assert gone.poll() is None
+    finally:
+        for p in (gone, again, kept, shell):
+            if p.poll() is None:
+                p.kill()
+            p.wait()

@@ -309,3 +309,55 @@ def test_without_a_cgroup_each_rank_keeps_its_parent_death_signal(
     assert res.returncode == 0, res.stderr
     for rank in ("0", "1"):
         assert "pdeathsig 9" in treb("logs", "--rank", rank).stdout
+
+
+def test_a_reused_pid_of_an_ended_rank_is_not_killed_with_the_run(
+    treb_home: Path, tmp_path: Path
+) -> None:
+    """Rank 1 ends early; its pid (its group's id) is then another process's group (here a
+    sleeper given that pid through ns_last_pid; pid_max is 32768 on many hosts). The
+    supervisor is SIGKILLed: its watchdog kills the run's groups, never that stranger."""
+    last = Path("/proc/sys/kernel/ns_last_pid")
+    if not os.access(last, os.W_OK):
+        pytest.skip("cannot choose the next pid here (ns_last_pid needs CAP_SYS_ADMIN)")
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "open(os.path.join(os.environ['TREB_RUN_DIR'], 'rank-%s.pid' % os.environ['RANK']),"
+        " 'w').write(str(os.getpid()))\n"
+        "if os.environ['RANK'] == '0': time.sleep(300)\n"
+    )
+    spec = write_spec(tmp_path, f"command: [python, {script}]\nprocs_per_node: 2\n")
+    sup = subprocess.Popen([sys.executable, "-m", "trebuchet", "run", str(spec)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    stranger = None
+    try:
+        _wait_for(lambda: len(list(treb_home.glob("runs/*/rank-*.pid"))) == 2, 60, "the ranks")
+        run_dir = next(treb_home.glob("runs/*"))
+        ended = run_dir / "attempt-0" / "rank-1.json"
+        _wait_for(lambda: ended.exists() and '"ENDED"' in ended.read_text(), 30, "rank 1's end")
+        gone = int((run_dir / "rank-1.pid").read_text())
+        for _ in range(20):  # another process may take the pid first: try again
+            last.write_text(str(gone - 1))
+            stranger = subprocess.Popen(["sleep", "3019"], start_new_session=True)
+            if stranger.pid == gone:
+                break
+            stranger.kill()
+            stranger.wait()
+            stranger = None
+        if stranger is None:
+            pytest.skip(f"pid {gone} was taken by another process")
+        sup.kill()
+        sup.wait()
+        rank0 = int((run_dir / "rank-0.pid").read_text())
+        _wait_for(lambda: _gone(rank0), 10, "rank 0 to die")
+        events = run_dir / "events.jsonl"
+        _wait_for(lambda: "watchdog ended its processes" in events.read_text(), 30, "lost")
+        assert stranger.poll() is None, "the watchdog killed a process group not of the run"
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+        if stranger is not None and stranger.poll() is None:
+            stranger.kill()
+            stranger.wait()

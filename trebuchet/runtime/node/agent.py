@@ -124,6 +124,7 @@ class Agent:
         on_failure: Callable[[Proc], None] | None = None,
         stopped_elsewhere: Callable[[Proc], bool] | None = None,
         on_start: Callable[[Proc], None] | None = None,
+        on_end: Callable[[Proc], None] | None = None,
         cgroup: str | None = None,
         watched: bool = False,
     ) -> None:
@@ -137,6 +138,7 @@ class Agent:
         self.on_failure = on_failure
         self.stopped_elsewhere = stopped_elsewhere
         self.on_start = on_start  # e.g. the local watchdog learns each pid
+        self.on_end = on_end  # and forgets it once its group is gone (the id may be reused)
         self.cgroup = cgroup  # the run's cgroup v2 (contain.py): its processes start in it
         # True where a watchdog outside this process ends its processes if it dies (the
         # local supervisor's, launcher/watchdog.py): no parent-death signal, so no setpriv
@@ -318,6 +320,8 @@ class Agent:
                 continue
             p.returncode, p.ended_at = p.popen.returncode, now()
             procs.signal_group(p.popen.pid, signal.SIGKILL)  # leftovers of its group
+            if self.on_end:
+                self.on_end(p)
             if p.returncode != 0 and not p.stopped and self.stopped_elsewhere:
                 p.stopped = self.stopped_elsewhere(p)
             self.write_record(p)
