@@ -265,20 +265,25 @@ def test_follow_logs_of_a_detached_run_until_it_ends(treb, tmp_path: Path) -> No
     ]  # fmt: skip
 
 
-def test_ranks_die_with_their_supervisor(treb_home: Path, tmp_path: Path) -> None:
-    """An attached `treb run` killed by SIGKILL: its ranks die with it. They have no
-    parent-death signal (no setpriv exec per rank); the run's watchdog, a shell outside the
-    run's process groups, kills their groups the moment the supervisor's pipe ends."""
+def _attached_pid_ranks(tmp_path: Path, then: str) -> subprocess.Popen[bytes]:
+    """An attached `treb run` of 2 Python ranks that write `rank-N.pid` in the run
+    directory, then run `then`."""
     script = tmp_path / "rank.py"
     script.write_text(
         "import os, time\n"
         "open(os.path.join(os.environ['TREB_RUN_DIR'], 'rank-%s.pid' % os.environ['RANK']),"
-        " 'w').write(str(os.getpid()))\n"
-        "time.sleep(300)\n"
+        f" 'w').write(str(os.getpid()))\n{then}\n"
     )
     spec = write_spec(tmp_path, f"command: [python, {script}]\nprocs_per_node: 2\n")
-    sup = subprocess.Popen([sys.executable, "-m", "trebuchet", "run", str(spec)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    return subprocess.Popen([sys.executable, "-m", "trebuchet", "run", str(spec)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def test_ranks_die_with_their_supervisor(treb_home: Path, tmp_path: Path) -> None:
+    """An attached `treb run` killed by SIGKILL: its ranks die with it. They have no
+    parent-death signal (no setpriv exec per rank); the run's watchdog, a shell outside the
+    run's process groups, kills their groups the moment the supervisor's pipe ends."""
+    sup = _attached_pid_ranks(tmp_path, "time.sleep(300)")
     try:
         _wait_for(lambda: len(list(treb_home.glob("runs/*/rank-*.pid"))) == 2, 60, "the ranks")
         pids = [int(f.read_text()) for f in treb_home.glob("runs/*/rank-*.pid")]
@@ -320,16 +325,7 @@ def test_a_reused_pid_of_an_ended_rank_is_not_killed_with_the_run(
     last = Path("/proc/sys/kernel/ns_last_pid")
     if not os.access(last, os.W_OK):
         pytest.skip("cannot choose the next pid here (ns_last_pid needs CAP_SYS_ADMIN)")
-    script = tmp_path / "rank.py"
-    script.write_text(
-        "import os, sys, time\n"
-        "open(os.path.join(os.environ['TREB_RUN_DIR'], 'rank-%s.pid' % os.environ['RANK']),"
-        " 'w').write(str(os.getpid()))\n"
-        "if os.environ['RANK'] == '0': time.sleep(300)\n"
-    )
-    spec = write_spec(tmp_path, f"command: [python, {script}]\nprocs_per_node: 2\n")
-    sup = subprocess.Popen([sys.executable, "-m", "trebuchet", "run", str(spec)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    sup = _attached_pid_ranks(tmp_path, "if os.environ['RANK'] == '0': time.sleep(300)")
     stranger = None
     try:
         _wait_for(lambda: len(list(treb_home.glob("runs/*/rank-*.pid"))) == 2, 60, "the ranks")
