@@ -70,6 +70,25 @@ def test_death_by_signal_is_recorded(treb, tmp_path: Path) -> None:
     assert ff["signal"] == "SIGSEGV" and ff["exit_code"] == 139
 
 
+@pytest.mark.parametrize("cgroup", [True, False], ids=["cgroup", "fallback"])
+def test_a_command_that_cannot_be_executed_is_named_with_the_real_reason(
+    cgroup: bool, treb, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script without its x bit and a directory: exec says `Permission denied` for both,
+    with or without a cgroup (without one, each rank starts through setpriv, and the check
+    before it said `No such file or directory`, as for a missing program)."""
+    if not cgroup:
+        monkeypatch.setenv("TREB_TEST_NO_CGROUP", "1")  # tests only: force the fallback
+    (tmp_path / "plain.sh").write_text("echo hi\n")
+    (tmp_path / "folder").mkdir()
+    for name in ("./plain.sh", "./folder"):
+        spec = write_spec(tmp_path, f"command: [{name}]\nsnapshot: false\n")
+        res = treb("run", str(spec))
+        assert res.returncode == 1 and "Traceback" not in res.stderr
+        log = treb("logs", "--rank", "0").stdout
+        assert f"cannot start '{name}': Permission denied" in log, log
+
+
 def test_missing_executable_fails_cleanly(treb, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "command: [no-such-program-xyz, --flag]\n")
     res = treb("run", str(spec))

@@ -241,8 +241,9 @@ class Agent:
         argv = self._plain_start(p, ignored)
         try:
             wrapped = argv is not None and argv is not p.argv  # setpriv execs the command
-            if wrapped and not procs.find_program(p.argv[0], p.env.get("PATH"), self.cwd):
-                raise FileNotFoundError(2, "No such file or directory")
+            cannot = wrapped and procs.exec_error(p.argv[0], p.env.get("PATH"), self.cwd)
+            if cannot:
+                raise cannot
             p.popen = subprocess.Popen(
                 argv or p.argv,
                 env=p.env,
