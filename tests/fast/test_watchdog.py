@@ -148,3 +148,33 @@ def test_a_group_said_ended_is_not_killed_but_one_told_again_is() -> None:
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+PDEATHSIG = (
+    "import ctypes\nv = ctypes.c_int()\n"
+    "ctypes.CDLL(None).prctl(2, ctypes.byref(v), 0, 0, 0)  # PR_GET_PDEATHSIG\n"
+    "print('pdeathsig', v.value)\n"
+)
+
+
+def test_ranks_keep_their_death_signal_when_the_cgroup_move_fails(tmp_path: Path) -> None:
+    """A watched agent's ranks go without a parent-death signal because the run's cgroup
+    holds them; where the move into it fails (the cgroup is gone, a write refused), they
+    start outside it and get the signal as without a cgroup: a rank that left its group and
+    cleared its environment would otherwise be found by nothing once the supervisor died."""
+    import sys
+
+    from trebuchet.runtime.node.agent import Agent, Proc
+    from trebuchet.runtime.process.procs import SETPRIV
+
+    if SETPRIV is None:
+        pytest.skip("no setpriv here: every rank gets its death signal by a preexec_fn")
+    (tmp_path / "pdeath.py").write_text(PDEATHSIG)
+    proc = Proc("rank-0", "0:0", [sys.executable, str(tmp_path / "pdeath.py")],
+                {"PATH": os.environ["PATH"]}, rank=0)  # fmt: skip
+    gone = str(tmp_path / "no-such-cgroup")  # the move's write fails: no such directory
+    agent = Agent([proc], str(tmp_path), str(tmp_path), 0.3, cgroup=gone, watched=True)
+    agent.start_all()
+    assert proc.popen is not None
+    assert proc.popen.wait(timeout=60) == 0
+    assert "pdeathsig 9" in (tmp_path / "rank-0.log").read_text()

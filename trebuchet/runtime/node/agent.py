@@ -144,6 +144,7 @@ class Agent:
         # local supervisor's, launcher/watchdog.py): no parent-death signal, so no setpriv
         # exec per rank (~0.8 ms of CPU each)
         self.watched = watched
+        self.contained = True  # False while the move into `cgroup` failed (start_all)
         self.stop_on_failure = True  # pre/post commands: every node's runs to its end
         self.first_failure: Proc | None = None
         self.kill_at: float | None = None
@@ -216,10 +217,11 @@ class Agent:
     def _plain_start(self, p: Proc, ignored: bool) -> list[str] | None:
         """The argv for a start without preexec_fn, or None when one is needed: a launcher
         (torchrun ignores the checkpoint signals), a signal this process ignores
-        (`ignored`), or no setpriv for the death signal where no watchdog stands in."""
+        (`ignored`), or no setpriv for the death signal where no watchdog and cgroup stand
+        in (not `watched`, or the move into the cgroup failed)."""
         if p.launcher or ignored:
             return None
-        return p.argv if self.watched else procs.with_pdeathsig(p.argv)
+        return p.argv if self.watched and self.contained else procs.with_pdeathsig(p.argv)
 
     def start(self, p: Proc, ignored: bool = False, stdin: int = subprocess.DEVNULL) -> None:
         """Start one process; its record is the caller's to write (start_all). `stdin`: an
@@ -342,7 +344,7 @@ class Agent:
         ignored = self._signals_ignored()
         devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            with contain.inside(self.cgroup):
+            with contain.inside(self.cgroup) as self.contained:
                 for p in self.procs:
                     self.start(p, ignored, devnull)
                     if p.returncode is not None and self.first_failure is None:

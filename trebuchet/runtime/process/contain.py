@@ -166,14 +166,15 @@ def _enter(path: str) -> bool:
 
 
 @contextlib.contextmanager
-def inside(path: str | None) -> Iterator[None]:
+def inside(path: str | None) -> Iterator[bool]:
     """Move this process into the cgroup while it starts processes: they are in it from
     their fork (no preexec_fn, so subprocess may vfork), and what they fork stays in it.
     It moves back to the parent cgroup, where it was when it created `path`. If the move
-    fails, they start outside it, and the fallback still finds them."""
+    fails, they start outside it, and the fallback still finds them: it yields whether it
+    moved (the caller then gives them their own parent-death signal)."""
     moved = bool(path) and _enter(str(path))
     try:
-        yield
+        yield moved
     finally:
         if moved:
             _write(os.path.join(os.path.dirname(str(path)), "cgroup.procs"), str(os.getpid()))
