@@ -72,13 +72,13 @@ Begun = tuple[Watchdog, "str | None", str]  # the watchdog, the cgroup (None: no
 
 def begin(job: JobFile) -> Begun:
     """The run's watchdog, then its cgroup, with this process's move into it begun unless
-    an environment is built first (its processes stay outside). Called before the
-    Supervisor is made, so that the move's wait (an RCU grace period, 10-25 ms here) passes
-    during its setup instead of before the first start; nothing may fork or start a thread
-    until then (either waits for the move). If the process ends before the Supervisor runs,
-    the watchdog ends the run."""
+    an environment is built first (the build moves in itself: local_nodes.prepare). Called
+    before the Supervisor is made, so that the move's wait (an RCU grace period, 10-25 ms
+    here) passes during its setup instead of before the first start; nothing may fork or
+    start a thread until then (either waits for the move). If the process ends before the
+    Supervisor runs, the watchdog ends the run (and finds the cgroup by its name)."""
     watchdog = Watchdog(job["run_id"], job["run_dir"])  # before the cgroup move (a fork waits)
-    cgroup, how = contain.create(f"treb-{job['run_id']}")
+    cgroup, how = contain.create(contain.cgroup_name(job["run_id"]))
     if not job["plan"]["environment"]:
         contain.enter_early(cgroup)  # nothing forks until the first start
     return watchdog, cgroup, how

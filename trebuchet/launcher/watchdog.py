@@ -7,8 +7,9 @@ run's cgroup, the TREB_RUN_ID scan), and records the run as LOST at once instead
 leaving it RUNNING. It is a fresh process in its own session (a forked copy of the
 supervisor could not use SQLite safely), so a Ctrl+C or a kill of the terminal's group does
 not take it down first.
-The supervisor writes `+PGID` lines to its stdin as it starts ranks, `=PID,START` for each
-orphan it adopts, and `done` when it finishes.
+The supervisor writes `+PGID` lines to its stdin as it starts ranks, `-PGID` as each one's
+group ends (a pid is reused: the watchdog must not kill a stranger's group of that id),
+`=PID,START` for each orphan it adopts, and `done` when it finishes.
 
 While the run goes on it only waits, so it waits as /bin/sh (WAIT below: ~1.6 MiB resident
 and ~1 ms of CPU beside the ranks, where a `python -S` took 8.6 MiB and ~15 ms). Only when
@@ -23,11 +24,14 @@ import sys
 # The shell's part: the stop signals ignored (inherited by the exec'd Python), the lines
 # gathered until `done` (leave) or the end of stdin: then the told groups killed at once
 # (local ranks in a cgroup have no parent-death signal: this is it, before Python starts),
-# and exec "$@" with the lines. The lines are the supervisor's own (digits, `+`, `=`, `,`):
-# split on blanks, never globbed (set -f).
+# and exec "$@" with the lines. `-PGID` drops a group that ended (its id may be another
+# process's group by then). The lines are the supervisor's own (digits, `+-=,`): split on
+# blanks, never globbed (set -f).
 WAIT = (
     "trap '' INT HUP TERM USR1 USR2; set -f; told=; while IFS= read -r line; do "
-    'case $line in done) exit 0;; [+=]*) told="$told $line";; esac; done; '
+    'case $line in done) exit 0;; [+=]*) told="$told $line";; '
+    '-*) left=; for x in $told; do [ "$x" = "+${line#-}" ] || left="$left $x"; done; '
+    "told=$left;; esac; done; "
     'for x in $told; do case $x in +*) kill -KILL "-${x#+}" 2>/dev/null;; esac; done; '
     'exec "$@" $told'
 )
@@ -75,6 +79,11 @@ class Watchdog:
         started ranks and what they started (without a cgroup, the ranks' own death signal
         and the TREB_RUN_ID scan)."""
         self._send(f"+{pgid}\n", flush=False)
+
+    def forget(self, pgid: int) -> None:
+        """A group that ended (its leader reaped, the rest killed): its id is free for any
+        new process group, which the watchdog must not kill with the run."""
+        self._send(f"-{pgid}\n")
 
     def flush(self) -> None:
         """Tell the watchdog the groups announced so far (after each batch of starts)."""

@@ -127,6 +127,7 @@ class Agent:
         on_failure: Callable[[Proc], None] | None = None,
         stopped_elsewhere: Callable[[Proc], bool] | None = None,
         on_start: Callable[[Proc], None] | None = None,
+        on_end: Callable[[Proc], None] | None = None,
         cgroup: str | None = None,
         watched: bool = False,
     ) -> None:
@@ -140,11 +141,13 @@ class Agent:
         self.on_failure = on_failure
         self.stopped_elsewhere = stopped_elsewhere
         self.on_start = on_start  # e.g. the local watchdog learns each pid
+        self.on_end = on_end  # and forgets it once its group is gone (the id may be reused)
         self.cgroup = cgroup  # the run's cgroup v2 (contain.py): its processes start in it
         # True where a watchdog outside this process ends its processes if it dies (the
         # local supervisor's, launcher/watchdog.py): no parent-death signal, so no setpriv
         # exec per rank (~0.8 ms of CPU each)
         self.watched = watched
+        self.contained = True  # False while the move into `cgroup` failed (start_all)
         self.stop_on_failure = True  # pre/post commands: every node's runs to its end
         self.first_failure: Proc | None = None
         self.kill_at: float | None = None
@@ -234,10 +237,11 @@ class Agent:
     def _plain_start(self, p: Proc, ignored: bool) -> list[str] | None:
         """The argv for a start without preexec_fn, or None when one is needed: a launcher
         (torchrun ignores the checkpoint signals), a signal this process ignores
-        (`ignored`), or no setpriv for the death signal where no watchdog stands in."""
+        (`ignored`), or no setpriv for the death signal where no watchdog and cgroup stand
+        in (not `watched`, or the move into the cgroup failed)."""
         if p.launcher or ignored:
             return None
-        return p.argv if self.watched else procs.with_pdeathsig(p.argv)
+        return p.argv if self.watched and self.contained else procs.with_pdeathsig(p.argv)
 
     def start(self, p: Proc, ignored: bool = False, stdin: int = subprocess.DEVNULL) -> None:
         """Start one process; its record is the caller's to write (start_all). `stdin`: an
@@ -259,8 +263,9 @@ class Agent:
         argv = self._plain_start(p, ignored)
         try:
             wrapped = argv is not None and argv is not p.argv  # setpriv execs the command
-            if wrapped and not procs.find_program(p.argv[0], p.env.get("PATH"), self.cwd):
-                raise FileNotFoundError(2, "No such file or directory")
+            cannot = wrapped and procs.exec_error(p.argv[0], p.env.get("PATH"), self.cwd)
+            if cannot:
+                raise cannot
             p.popen = subprocess.Popen(
                 argv or p.argv,
                 env=p.env,
@@ -338,6 +343,8 @@ class Agent:
                 continue
             p.returncode, p.ended_at = p.popen.returncode, now()
             procs.signal_group(p.popen.pid, signal.SIGKILL)  # leftovers of its group
+            if self.on_end:
+                self.on_end(p)
             if p.returncode != 0 and not p.stopped and self.stopped_elsewhere:
                 p.stopped = self.stopped_elsewhere(p)
             self.write_record(p)
@@ -357,7 +364,7 @@ class Agent:
         ignored = self._signals_ignored()
         devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            with contain.inside(self.cgroup):
+            with contain.inside(self.cgroup) as self.contained:
                 for p in self.procs:
                     self.start(p, ignored, devnull)
                     if p.returncode is not None and self.first_failure is None:
