@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from trebuchet.launcher.watchdog import NAME, WAIT, Watchdog
+from trebuchet.runtime.process import contain
 from trebuchet.runtime.process.procs import start_time
 
 
@@ -76,24 +77,31 @@ def test_a_vanished_supervisor_has_its_groups_and_adopted_orphans_killed(tmp_pat
             wd.proc.wait()
 
 
-def test_the_shell_kills_the_told_groups_itself_before_its_python_starts() -> None:
-    """The local ranks have no parent-death signal (no setpriv exec per rank): the watchdog's
-    shell is their guard, so it kills the groups it was told the moment its pipe ends,
-    without waiting for its Python's start; here the Python part cannot start at all."""
-    rank = _sleeper()
+def test_the_shell_kills_the_runs_cgroup_itself_before_its_python_starts() -> None:
+    """Local ranks in a cgroup have no parent-death signal (no setpriv exec per rank): the
+    watchdog's shell is their guard, so it kills the run's cgroup (`@PATH`) the moment its
+    pipe ends, without waiting for its Python's start; here the Python part cannot start
+    at all. A line that names no absolute path is not a cgroup."""
+    cgroup, why = contain.create(f"treb-test-{uuid.uuid4().hex[:8]}")
+    if cgroup is None:
+        pytest.skip(f"no writable cgroup v2 here: {why}")
+    rank, outside = _sleeper(), _sleeper()
     shell = subprocess.Popen(["/bin/sh", "-c", WAIT, NAME, "/bin/false"], stdin=subprocess.PIPE,
                              start_new_session=True)  # fmt: skip
     try:
+        Path(cgroup, "cgroup.procs").write_text(str(rank.pid))
         assert shell.stdin is not None
-        shell.stdin.write(f"+{rank.pid}\n".encode())
+        shell.stdin.write(f"@relative\n@{cgroup}\n+{outside.pid}\n".encode())
         shell.stdin.close()  # the supervisor vanished
         assert _wait_exit(shell) == 1  # /bin/false, exec'd with the lines
         assert _wait_exit(rank) == -signal.SIGKILL
+        assert outside.poll() is None  # a told group is Python's to kill, not the shell's
     finally:
-        for p in (rank, shell):
+        for p in (rank, outside, shell):
             if p.poll() is None:
                 p.kill()
             p.wait()
+        contain.remove(cgroup)
 
 
 def test_a_supervisor_dead_before_it_recorded_its_cgroup_leaves_none(tmp_path: Path) -> None:
@@ -128,26 +136,32 @@ def test_a_supervisor_dead_before_it_recorded_its_cgroup_leaves_none(tmp_path: P
             contain.remove(path)
 
 
-def test_a_group_said_ended_is_not_killed_but_one_told_again_is() -> None:
+def test_a_group_said_ended_is_not_killed_but_one_told_again_is(tmp_path: Path) -> None:
     """`-PGID`: the group ended and its id may be another's by now (left alone); a group
     told again after that (a later rank given the same pid) is the run's once more."""
+    wd = Watchdog(uuid.uuid4().hex[:8], str(tmp_path))
     gone, again, kept = _sleeper(), _sleeper(), _sleeper()
-    shell = subprocess.Popen(["/bin/sh", "-c", WAIT, NAME, "/bin/false"], stdin=subprocess.PIPE,
-                             start_new_session=True)  # fmt: skip
     try:
-        assert shell.stdin is not None
-        lines = f"+{gone.pid}\n+{again.pid}\n+{kept.pid}\n-{gone.pid}\n-{again.pid}\n+{again.pid}\n"
-        shell.stdin.write(lines.encode())
-        shell.stdin.close()
-        assert _wait_exit(shell) == 1
+        for pid in (gone.pid, again.pid, kept.pid):
+            wd.watch(pid)
+        wd.forget(gone.pid)
+        wd.forget(again.pid)
+        wd.watch(again.pid)
+        wd.flush()
+        assert wd.proc.stdin is not None
+        wd.proc.stdin.close()  # the supervisor vanished
+        assert _wait_exit(wd.proc) == 0
         assert _wait_exit(again) == -signal.SIGKILL
         assert _wait_exit(kept) == -signal.SIGKILL
         assert gone.poll() is None
     finally:
-        for p in (gone, again, kept, shell):
+        for p in (gone, again, kept):
             if p.poll() is None:
                 p.kill()
             p.wait()
+        if wd.proc.poll() is None:
+            wd.proc.kill()
+            wd.proc.wait()
 
 
 PDEATHSIG = (

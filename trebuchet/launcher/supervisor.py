@@ -79,6 +79,8 @@ def begin(job: JobFile) -> Begun:
     Supervisor runs, the watchdog ends the run (and finds the cgroup by its name)."""
     watchdog = Watchdog(job["run_id"], job["run_dir"])  # before the cgroup move (a fork waits)
     cgroup, how = contain.create(contain.cgroup_name(job["run_id"]))
+    if cgroup is not None:
+        watchdog.cgroup(cgroup)
     if not job["plan"]["environment"]:
         contain.enter_early(cgroup)  # nothing forks until the first start
     return watchdog, cgroup, how
