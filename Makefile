@@ -128,6 +128,7 @@ bench-slurm: $(STAMP)
 SCALE_SLURM_NODES ?= 8 16 32 64
 bench-scale: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/fleet_sim.py --agents 4096
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/agent_start.py --starts 25
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/scale.py --on local --nodes 16,32,64,128 \
 		--procs 4 --steady 60
 	for n in $(SCALE_SLURM_NODES); do \

@@ -53,6 +53,10 @@ NOT_BEFORE_THE_FIRST_RANK = (
     "difflib",  # did-you-mean, on a mistyped option
     "trebuchet.runtime.node.horovodrun",  # socket and struct, for horovod's launches
     "trebuchet.runtime.publish.webhooks",  # notify: only
+    # what watches a running rank (its lines' parsers, GPUs, stacks): the agent makes them
+    # once its ranks started (Agent._watch, issue 36)
+    "trebuchet.runtime.watch.metric_reader", "trebuchet.runtime.watch.eta",
+    "trebuchet.runtime.watch.stacks",
 )  # fmt: skip
 
 # The Supervisor's own modules (launcher/local_nodes.py: the agent, its readers, the job
@@ -61,7 +65,6 @@ AFTER_THE_CGROUP_MOVE_BEGINS = (
     "trebuchet.launcher.local_nodes",
     "trebuchet.runtime.node.agent",
     "trebuchet.runtime.job.life",
-    "trebuchet.runtime.watch.metric_reader",
 )
 
 # trebuchet's own modules imported before the first rank starts: 106 when this budget was

@@ -288,3 +288,33 @@ def test_no_value_of_a_variable_reaches_the_cache(tmp_path: Path, treb_home: Pat
             not f.is_file() or b"s3cr3t" not in f.read_bytes() and b"hf_old" not in f.read_bytes()
         )
     assert not cached(load_spec(path, environ={**env, "EXPECTED": "other"}))
+
+
+def test_a_command_typed_as_for_torchrun_is_cached_as_a_spec_file_is(
+    spec_dir: Path, treb_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`treb run -n 2 script.py` again: no pydantic (0.33 s -> ~0.14 s here), the same spec
+    recorded; another flag, argument or folder is validated again."""
+    (spec_dir / "show.py").write_text(
+        "import os, sys\nprint(os.environ['WORLD_SIZE'], sys.argv[1:])\n"
+    )
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+
+    def run(*argv: str) -> set[str]:
+        out = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "trebuchet", "run", *argv],
+            cwd=spec_dir, capture_output=True, text=True, timeout=120, env=os.environ,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        return {line.split("|")[-1].strip() for line in out.stderr.splitlines()
+                if line.startswith("import time:")}  # fmt: skip
+
+    first, second = run("-n", "2", "show.py", "a"), run("-n", "2", "show.py", "a")
+    assert "pydantic" in first and "pydantic" not in second
+    assert "pydantic" in run("-n", "3", "show.py", "a")  # another flag: validated again
+    assert "pydantic" in run("-n", "2", "show.py", "b")  # another argument
+    dirs = sorted((treb_home / "runs").iterdir(), key=lambda d: d.stat().st_mtime)
+    specs = [(d / "spec.yaml").read_text() for d in dirs]
+    assert specs[0] == specs[1] and specs[1] != specs[2] and specs[1] != specs[3]
+    logs = [(d / "attempt-0" / "rank-0.log").read_text() for d in dirs]
+    assert logs == ["2 ['a']\n", "2 ['a']\n", "3 ['a']\n", "2 ['b']\n"]

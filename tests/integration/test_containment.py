@@ -188,8 +188,8 @@ def _watchdog_of(supervisor: int) -> int:
 def test_leftovers_after_supervisor_and_watchdog_are_killed(
     mode, daemons, treb, tmp_path: Path
 ) -> None:
-    """Both SIGKILLed: the ranks die with the supervisor (PDEATHSIG), their children and
-    daemons do not; the next `treb ps` finds and ends them and says so. Without a cgroup,
+    """Both SIGKILLed: the ranks, their children and daemons live on (the watchdog was the
+    local ranks' parent-death guard); the next `treb ps` finds and ends them and says so. Without a cgroup,
     only what still carries TREB_RUN_ID can be found once the supervisor (the subreaper)
     is gone, so there the ranks leave children (`sleep 3009 &`), not `env -i` daemons."""
     script = tmp_path / "rank.sh"
@@ -246,3 +246,36 @@ def test_supervisor_sigkill_alone_ends_daemons(mode, daemons, treb_home, tmp_pat
     daemons.assert_none_left(daemons.run_dir.name)
     events = daemons.run_dir / "events.jsonl"  # written by the watchdog after the kills
     _wait_for(lambda: "watchdog ended its processes" in events.read_text(), 30, "lost event")
+
+
+def test_supervisor_sigkill_during_an_environment_build_ends_the_build(
+    treb_home, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL of an attached `treb run` while its `environment:` builds (a setup script
+    that runs long): the build's processes are the run's too, in its cgroup, so the
+    watchdog ends them with the rest (they were outside it and lived on, even past `treb
+    ps`: nothing else knows them)."""
+    if not _cgroup_v2_writable():
+        pytest.skip("no writable cgroup v2 on this host")
+    monkeypatch.delenv("TREB_TEST_NO_CGROUP", raising=False)
+    (tmp_path / "setup.sh").write_text(f"echo $$ > {tmp_path}/setup.pid\nexec sleep 3011\n")
+    spec = write_spec(tmp_path, "command: 'echo hi'\nenvironment:\n  setup: setup.sh\n")
+    proc = subprocess.Popen([sys.executable, "-m", "trebuchet", "run", str(spec)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    pid_file = tmp_path / "setup.pid"
+    try:
+        _wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 120, "the build")
+        build = int(pid_file.read_text())
+        _wait_for(lambda: _running(build, b"sleep\x003011\x00"), 10, "the setup's sleep")
+        proc.kill()
+        proc.wait()
+        run_dir = next(treb_home.glob("runs/*"))
+        events = run_dir / "events.jsonl"
+        _wait_for(lambda: "watchdog ended its processes" in events.read_text(), 30, "lost")
+        _wait_for(lambda: not _running(build, b"sleep\x003011\x00"), 10, "the build to end")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if pid_file.exists() and _running(int(pid_file.read_text()), b"sleep\x003011\x00"):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)

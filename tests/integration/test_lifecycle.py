@@ -70,6 +70,25 @@ def test_death_by_signal_is_recorded(treb, tmp_path: Path) -> None:
     assert ff["signal"] == "SIGSEGV" and ff["exit_code"] == 139
 
 
+@pytest.mark.parametrize("cgroup", [True, False], ids=["cgroup", "fallback"])
+def test_a_command_that_cannot_be_executed_is_named_with_the_real_reason(
+    cgroup: bool, treb, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script without its x bit and a directory: exec says `Permission denied` for both,
+    with or without a cgroup (without one, each rank starts through setpriv, and the check
+    before it said `No such file or directory`, as for a missing program)."""
+    if not cgroup:
+        monkeypatch.setenv("TREB_TEST_NO_CGROUP", "1")  # tests only: force the fallback
+    (tmp_path / "plain.sh").write_text("echo hi\n")
+    (tmp_path / "folder").mkdir()
+    for name in ("./plain.sh", "./folder"):
+        spec = write_spec(tmp_path, f"command: [{name}]\nsnapshot: false\n")
+        res = treb("run", str(spec))
+        assert res.returncode == 1 and "Traceback" not in res.stderr
+        log = treb("logs", "--rank", "0").stdout
+        assert f"cannot start '{name}': Permission denied" in log, log
+
+
 def test_missing_executable_fails_cleanly(treb, tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "command: [no-such-program-xyz, --flag]\n")
     res = treb("run", str(spec))
@@ -265,9 +284,44 @@ def test_follow_logs_of_a_detached_run_until_it_ends(treb, tmp_path: Path) -> No
     ]  # fmt: skip
 
 
-def test_ranks_die_with_their_supervisor(treb, tmp_path: Path) -> None:
-    """Each rank gets the parent-death signal (SIGKILL) from the kernel, also where it is
-    started without a preexec_fn (setpriv sets it, so subprocess can vfork)."""
+def _attached_pid_ranks(tmp_path: Path, then: str) -> subprocess.Popen[bytes]:
+    """An attached `treb run` of 2 Python ranks that write `rank-N.pid` in the run
+    directory, then run `then`."""
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, time\n"
+        "open(os.path.join(os.environ['TREB_RUN_DIR'], 'rank-%s.pid' % os.environ['RANK']),"
+        f" 'w').write(str(os.getpid()))\n{then}\n"
+    )
+    spec = write_spec(tmp_path, f"command: [python, {script}]\nprocs_per_node: 2\n")
+    return subprocess.Popen([sys.executable, "-m", "trebuchet", "run", str(spec)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def test_ranks_die_with_their_supervisor(treb_home: Path, tmp_path: Path) -> None:
+    """An attached `treb run` killed by SIGKILL: its ranks die with it. They have no
+    parent-death signal (no setpriv exec per rank); the run's watchdog, a shell outside the
+    run's process groups, kills their groups the moment the supervisor's pipe ends."""
+    sup = _attached_pid_ranks(tmp_path, "time.sleep(300)")
+    try:
+        _wait_for(lambda: len(list(treb_home.glob("runs/*/rank-*.pid"))) == 2, 60, "the ranks")
+        pids = [int(f.read_text()) for f in treb_home.glob("runs/*/rank-*.pid")]
+        sup.kill()
+        sup.wait()
+        _wait_for(lambda: all(_gone(pid) for pid in pids), 10, "the ranks to die")
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+
+
+def test_without_a_cgroup_each_rank_keeps_its_parent_death_signal(
+    treb, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a cgroup the watchdog could not find a rank that left its group and cleared
+    its environment: each rank then gets the kernel's parent-death signal (SIGKILL), set by
+    setpriv (no preexec_fn, so subprocess can still vfork)."""
+    monkeypatch.setenv("TREB_TEST_NO_CGROUP", "1")  # tests only: force the fallback
     script = tmp_path / "pdeath.py"
     script.write_text(
         "import ctypes\nv = ctypes.c_int()\n"
@@ -279,3 +333,46 @@ def test_ranks_die_with_their_supervisor(treb, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     for rank in ("0", "1"):
         assert "pdeathsig 9" in treb("logs", "--rank", rank).stdout
+
+
+def test_a_reused_pid_of_an_ended_rank_is_not_killed_with_the_run(
+    treb_home: Path, tmp_path: Path
+) -> None:
+    """Rank 1 ends early; its pid (its group's id) is then another process's group (here a
+    sleeper given that pid through ns_last_pid; pid_max is 32768 on many hosts). The
+    supervisor is SIGKILLed: its watchdog kills the run's groups, never that stranger."""
+    last = Path("/proc/sys/kernel/ns_last_pid")
+    if not os.access(last, os.W_OK):
+        pytest.skip("cannot choose the next pid here (ns_last_pid needs CAP_SYS_ADMIN)")
+    sup = _attached_pid_ranks(tmp_path, "if os.environ['RANK'] == '0': time.sleep(300)")
+    stranger = None
+    try:
+        _wait_for(lambda: len(list(treb_home.glob("runs/*/rank-*.pid"))) == 2, 60, "the ranks")
+        run_dir = next(treb_home.glob("runs/*"))
+        ended = run_dir / "attempt-0" / "rank-1.json"
+        _wait_for(lambda: ended.exists() and '"ENDED"' in ended.read_text(), 30, "rank 1's end")
+        gone = int((run_dir / "rank-1.pid").read_text())
+        for _ in range(20):  # another process may take the pid first: try again
+            last.write_text(str(gone - 1))
+            stranger = subprocess.Popen(["sleep", "3019"], start_new_session=True)
+            if stranger.pid == gone:
+                break
+            stranger.kill()
+            stranger.wait()
+            stranger = None
+        if stranger is None:
+            pytest.skip(f"pid {gone} was taken by another process")
+        sup.kill()
+        sup.wait()
+        rank0 = int((run_dir / "rank-0.pid").read_text())
+        _wait_for(lambda: _gone(rank0), 10, "rank 0 to die")
+        events = run_dir / "events.jsonl"
+        _wait_for(lambda: "watchdog ended its processes" in events.read_text(), 30, "lost")
+        assert stranger.poll() is None, "the watchdog killed a process group not of the run"
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+        if stranger is not None and stranger.poll() is None:
+            stranger.kill()
+            stranger.wait()

@@ -203,8 +203,8 @@ class Supervisor:
         log_path = self.run_dir / "environment.log"
         self._say(f"environment {recipe.name} ({recipe.kind}): checking")
         t0 = time.time()
-        try:
-            with open(log_path, "a") as log:
+        try:  # in the run's cgroup: should this process die, the watchdog ends the build too
+            with open(log_path, "a") as log, contain.inside(self.cgroup):
                 info = ensure(recipe, log)
         except (BuildError, OSError) as exc:
             cause = records.cause("environment", 1, 0, log=str(log_path), message=str(exc))
@@ -392,6 +392,7 @@ class Supervisor:
                        p["local_rank"], record=record, launcher=launcher, cwd=p["cwd"])  # fmt: skip
             by_node.setdefault(p["node"], []).append(one)
         watch = self.watchdog.watch if self.watchdog else None
+        forget = self.watchdog.forget if self.watchdog else None
         agents = [
             Agent(
                 procs,
@@ -401,7 +402,12 @@ class Supervisor:
                 on_failure=self._on_failure,
                 stopped_elsewhere=lambda p: self.job.stopped_by_warning(p.returncode),
                 on_start=(lambda p: watch(cast(int, p.pid))) if watch else None,  # started
+                on_end=(lambda p: forget(cast(int, p.pid))) if forget else None,  # ended
                 cgroup=self.cgroup,
+                # the watchdog and the cgroup end them if this process dies: no death signal
+                # per rank (without a cgroup, a rank that left its group and cleared its
+                # environment would be found by nothing else)
+                watched=watch is not None and self.cgroup is not None,
             )  # fmt: skip
             for _, procs in sorted(by_node.items())
         ]

@@ -4,7 +4,7 @@ timeout, records.
 It is the attached `treb run` itself, or a small background process for detached runs
 (`python -m trebuchet.cli.supervise RUN_DIR`). It imports neither torch nor pydantic.
 Every rank runs in the run's cgroup v2 where one can be created (runtime/process/contain.py), in
-its own process group, and dies with the supervisor (PDEATHSIG and the watchdog); at the
+its own process group, and dies with the supervisor (the watchdog kills its group); at the
 end of each attempt everything left in the cgroup, every process still carrying the run's
 TREB_RUN_ID and every orphan the supervisor adopted as a subreaper is killed, so a run
 never leaves orphans.
@@ -72,13 +72,15 @@ Begun = tuple[Watchdog, "str | None", str]  # the watchdog, the cgroup (None: no
 
 def begin(job: JobFile) -> Begun:
     """The run's watchdog, then its cgroup, with this process's move into it begun unless
-    an environment is built first (its processes stay outside). Called before the
-    Supervisor is made, so that the move's wait (an RCU grace period, 10-25 ms here) passes
-    during its setup instead of before the first start; nothing may fork or start a thread
-    until then (either waits for the move). If the process ends before the Supervisor runs,
-    the watchdog ends the run."""
+    an environment is built first (the build moves in itself: local_nodes.prepare). Called
+    before the Supervisor is made, so that the move's wait (an RCU grace period, 10-25 ms
+    here) passes during its setup instead of before the first start; nothing may fork or
+    start a thread until then (either waits for the move). If the process ends before the
+    Supervisor runs, the watchdog ends the run (and finds the cgroup by its name)."""
     watchdog = Watchdog(job["run_id"], job["run_dir"])  # before the cgroup move (a fork waits)
-    cgroup, how = contain.create(f"treb-{job['run_id']}")
+    cgroup, how = contain.create(contain.cgroup_name(job["run_id"]))
+    if cgroup is not None:
+        watchdog.cgroup(cgroup)
     if not job["plan"]["environment"]:
         contain.enter_early(cgroup)  # nothing forks until the first start
     return watchdog, cgroup, how

@@ -21,10 +21,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TYPE_CHECKING
 
 from .rundir.regular import read_text
 
+TYPE_CHECKING = False  # typing's, without its import (a node agent's start: issue 36)
 if TYPE_CHECKING:
     from .contracts.schema import JobFile
 

@@ -7,6 +7,7 @@ nor yaml.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -167,9 +168,14 @@ def load_spec(
         text = read_spec(p)
         if cached and cache.usable():
             key = cache.entry_key(p.resolve(), text, list(overrides))
-            entry = cache.lookup(key, environ)
-            if entry is not None:
-                return _from_cache(entry, p)
+    elif data is not None and cached and cache.usable():  # a command's spec (cli/specless.py)
+        with contextlib.suppress(TypeError, ValueError):  # launch()'s dict of any objects
+            text_of_data = json.dumps(data, sort_keys=True, allow_nan=False)
+            key = cache.entry_key(Path("<command>"), text_of_data, list(overrides))
+    if key is not None:
+        entry = cache.lookup(key, environ)
+        if entry is not None:
+            return _from_cache(entry, p)
     if data is not None:
         located = Located(_copy(data), {(): 1}, source)
     else:

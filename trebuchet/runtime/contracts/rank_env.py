@@ -11,7 +11,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from typing import Mapping
+
+TYPE_CHECKING = False  # typing's, without its import (a node agent's start: issue 36)
+if TYPE_CHECKING:
+    from typing import Mapping
 
 __all__ = [
     "expand_hostlist", "init_env", "slurm_master_port", "rank_vars", "node_vars",

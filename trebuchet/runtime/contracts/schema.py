@@ -8,10 +8,9 @@ may be absent from a file: readers use .get().
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+TYPE_CHECKING = False  # typing's, without its import (a node agent's start: issue 36)
 if TYPE_CHECKING:
-    from typing import TypedDict
+    from typing import Any, TypedDict
 else:
 
     class TypedDict(dict):

@@ -38,7 +38,12 @@ import selectors
 import socket
 import threading
 import time
-from typing import Callable, NamedTuple
+
+TYPE_CHECKING = False  # typing's, without its import (a node agent's start: issue 36)
+if TYPE_CHECKING:
+    from typing import Callable, NamedTuple
+else:
+    from ..contracts.named import NamedTuple
 
 ENV = "TREB_CONTROLLER_LINK"  # host:port:token, in the step's environment
 PARK_ENV = "TREB_AGENT_PARK"  # "1": the controller may run the next attempt on the parked agents
@@ -605,8 +610,12 @@ def open_link(attempt: int, task: str, host: str,
     if target is None:
         return None
     address, port, token = target
+    dest = address.encode() if address.isascii() else address  # str: the idna codec, ~3 ms
     try:
-        sock: socket.socket | None = socket.create_connection((address, port), CONNECT_S)
+        sock: socket.socket | None = socket.create_connection(
+            (dest, port),  # type: ignore[arg-type]  # as bytes too (getaddrinfo's host)
+            CONNECT_S,
+        )
     except OSError:
         sock = None
     link = Link(sock, token, attempt, task, on_lost if sock is not None else None, timeout)

@@ -21,19 +21,22 @@ import select
 import signal
 import subprocess
 import time
-from typing import TYPE_CHECKING, Any, Callable
 
 from ..contracts import rank_env as contract
 from ..process import contain, procs, unstarted
 from ..rundir.records import exit_fields, now, sync, writable_fd, write_json
-from ..watch import eta, gpu
-from ..watch import metric_reader as metrics
 from ..watch.activity import Progress
-from ..watch.marks import chain, checkpoint_lines, marks_path
-from ..watch.stacks import Stacks, faulthandler_path
+from ..watch.paths import faulthandler_path, marks_path
 
+TYPE_CHECKING = False  # typing's, without its import (a node agent's start: issue 36)
 if TYPE_CHECKING:
+    from typing import Any, Callable
+
     from ..contracts.schema import Outcome
+    from ..watch.eta import Eta
+    from ..watch.gpu import Sampler
+    from ..watch.metric_reader import Metrics
+    from ..watch.stacks import Stacks
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 CHECKPOINT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -124,7 +127,9 @@ class Agent:
         on_failure: Callable[[Proc], None] | None = None,
         stopped_elsewhere: Callable[[Proc], bool] | None = None,
         on_start: Callable[[Proc], None] | None = None,
+        on_end: Callable[[Proc], None] | None = None,
         cgroup: str | None = None,
+        watched: bool = False,
     ) -> None:
         self.procs = procs_
         self.adir = attempt_dir
@@ -136,7 +141,13 @@ class Agent:
         self.on_failure = on_failure
         self.stopped_elsewhere = stopped_elsewhere
         self.on_start = on_start  # e.g. the local watchdog learns each pid
+        self.on_end = on_end  # and forgets it once its group is gone (the id may be reused)
         self.cgroup = cgroup  # the run's cgroup v2 (contain.py): its processes start in it
+        # True where a watchdog outside this process ends its processes if it dies (the
+        # local supervisor's, launcher/watchdog.py): no parent-death signal, so no setpriv
+        # exec per rank (~0.8 ms of CPU each)
+        self.watched = watched
+        self.contained = True  # False while the move into `cgroup` failed (start_all)
         self.stop_on_failure = True  # pre/post commands: every node's runs to its end
         self.first_failure: Proc | None = None
         self.kill_at: float | None = None
@@ -149,15 +160,32 @@ class Agent:
         self._stop: int | None = None  # the stop signal this agent received
         self._forward: list[int] = []
         self._wake_r = -1
-        conf = metrics.read_config(attempt_dir) or {}  # the run's metrics.json
-        self.metrics = metrics.hook(attempt_dir, conf)  # fed by the one reader's lines
-        self.eta = eta.hook(attempt_dir, conf)  # the first rank's progress, from them too
-        self.gpus = gpu.sampler(attempt_dir, conf, procs_)  # the node's GPUs, if asked for
-        checkpoints = checkpoint_lines(attempt_dir, conf)  # `Saving model checkpoint to`
-        on_line = eta.chain(self.eta, chain(self.metrics, checkpoints))
-        self.progress = Progress(attempt_dir, on_line=on_line)  # the agent's log reader
+        self.progress = Progress(attempt_dir)  # the agent's log reader (its hooks: _watch)
         self.marks_made = False  # attempt-<n>/marks, made at the first tracked start
-        self.stacks = Stacks(attempt_dir)
+        # What watches the processes once they run, made by _watch after their start: its
+        # modules (regexes, parsers) are no part of a rank's start (issue 36)
+        self.watching = False
+        self.metrics: Metrics | None = None
+        self.eta: Eta | None = None
+        self.gpus: Sampler | None = None
+        self.stacks: Stacks | None = None
+
+    def _watch(self) -> None:
+        """The watchers of the run's lines, GPUs and stack requests, once (after the start:
+        nothing they read exists before it)."""
+        from ..watch import eta, gpu
+        from ..watch import metric_reader as metrics
+        from ..watch.marks import chain, checkpoint_lines
+        from ..watch.stacks import Stacks
+
+        self.watching = True
+        conf = metrics.read_config(self.adir) or {}  # the run's metrics.json
+        self.metrics = metrics.hook(self.adir, conf)  # fed by the one reader's lines
+        self.eta = eta.hook(self.adir, conf)  # the first rank's progress, from them too
+        self.gpus = gpu.sampler(self.adir, conf, self.procs)  # the node's GPUs, if asked for
+        checkpoints = checkpoint_lines(self.adir, conf)  # `Saving model checkpoint to`
+        self.progress.on_line = eta.chain(self.eta, chain(self.metrics, checkpoints))
+        self.stacks = Stacks(self.adir)
 
     # -- signals (a standalone agent; in the local supervisor, the supervisor has them) ---
     def install_signals(self) -> None:
@@ -209,10 +237,11 @@ class Agent:
     def _plain_start(self, p: Proc, ignored: bool) -> list[str] | None:
         """The argv for a start without preexec_fn, or None when one is needed: a launcher
         (torchrun ignores the checkpoint signals), a signal this process ignores
-        (`ignored`), or no setpriv for the death signal."""
+        (`ignored`), or no setpriv for the death signal where no watchdog and cgroup stand
+        in (not `watched`, or the move into the cgroup failed)."""
         if p.launcher or ignored:
             return None
-        return procs.with_pdeathsig(p.argv)
+        return p.argv if self.watched and self.contained else procs.with_pdeathsig(p.argv)
 
     def start(self, p: Proc, ignored: bool = False, stdin: int = subprocess.DEVNULL) -> None:
         """Start one process; its record is the caller's to write (start_all). `stdin`: an
@@ -233,8 +262,10 @@ class Agent:
                 p.env.update(elastic)
         argv = self._plain_start(p, ignored)
         try:
-            if argv is not None and not procs.find_program(p.argv[0], p.env.get("PATH"), self.cwd):
-                raise FileNotFoundError(2, "No such file or directory")
+            wrapped = argv is not None and argv is not p.argv  # setpriv execs the command
+            cannot = wrapped and procs.exec_error(p.argv[0], p.env.get("PATH"), self.cwd)
+            if cannot:
+                raise cannot
             p.popen = subprocess.Popen(
                 argv or p.argv,
                 env=p.env,
@@ -312,6 +343,8 @@ class Agent:
                 continue
             p.returncode, p.ended_at = p.popen.returncode, now()
             procs.signal_group(p.popen.pid, signal.SIGKILL)  # leftovers of its group
+            if self.on_end:
+                self.on_end(p)
             if p.returncode != 0 and not p.stopped and self.stopped_elsewhere:
                 p.stopped = self.stopped_elsewhere(p)
             self.write_record(p)
@@ -331,7 +364,7 @@ class Agent:
         ignored = self._signals_ignored()
         devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            with contain.inside(self.cgroup):
+            with contain.inside(self.cgroup) as self.contained:
                 for p in self.procs:
                     self.start(p, ignored, devnull)
                     if p.returncode is not None and self.first_failure is None:
@@ -342,6 +375,7 @@ class Agent:
             os.close(devnull)
         for p in self.procs:
             self.write_record(p)
+        self._watch()
         if self.first_failure and self.stop_on_failure:
             self.teardown()
 
@@ -363,16 +397,21 @@ class Agent:
         if self.kill_at is not None and time.monotonic() >= self.kill_at:
             self.kill()
         alive = any(p.alive for p in self.procs)
+        if not self.watching:  # processes started one by one (start), not by start_all
+            self._watch()
         self.progress.step(force=not alive)  # all ended: their last lines now
-        self.eta.flush()  # the reading of that step, if it changed
+        if self.eta is not None:
+            self.eta.flush()  # the reading of that step, if it changed
         if self.gpus is not None:
             self.gpus.step() if alive else self.gpus.close()  # never waits for the query
         live = {p.name: p.pid for p in self.procs if p.tracked and p.alive and p.pid}
-        self.stacks.step(live)
+        if self.stacks is not None:
+            self.stacks.step(live)
         if not alive:
             if not self.defer_sync:
                 self.sync_records()
-            self.stacks.close()
+            if self.stacks is not None:
+                self.stacks.close()
             if self.metrics is not None:
                 self.metrics.close()
         return alive

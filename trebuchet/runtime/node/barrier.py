@@ -25,9 +25,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable
 
 from ..rundir.records import read_json
+
+TYPE_CHECKING = False  # typing's, without its import (a node agent's start: issue 36)
+if TYPE_CHECKING:
+    from typing import Callable
 
 HEALTHY = "treb-healthy"  # ssh: the agent's checks passed, it waits for GO
 GO = "go"  # the controller's word: every node is healthy, start the ranks

@@ -43,12 +43,16 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Mapping, NamedTuple
 
-from ..job import nodeloss, nodeset
 from ..rundir.records import read_json, write_json, write_text
 from ..rundir.regular import read_text
 from . import barrier
+
+TYPE_CHECKING = False  # typing's, without its import (a node agent's start: issue 36)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Mapping, NamedTuple
+else:
+    from ..contracts.named import NamedTuple
 
 MIN_FREE_BYTES = 1 << 20  # a full disk: under 1 MiB free in the run dir, workdir, checkpoints
 MASTER_WAIT_S = 30.0  # a master not reached is tried again this long (its pod may start)
@@ -308,6 +312,8 @@ def record(where: Where, checks: list[Check], extra: Mapping[str, Any] | None = 
         return None
     why = "; ".join(f"{c.name}: {c.detail}" for c in failed)
     message = f"{LABEL}: {where.host} ({why})"
+    from ..job import nodeloss  # an unhealthy node's only: not on a healthy one's start
+
     # a lost node's one path: lost-<node>.json, the event, the exclusion (nodeloss.py)
     nodeloss.record(where.run_dir, where.attempt, where.node, where.host, message,
                     time.time(), label=LABEL)  # fmt: skip
@@ -345,6 +351,8 @@ def exclude_recorded(run_dir: str, adir: str, hosts: list[str]) -> list[str]:
     """An engine whose nodes' run dirs are their own (ssh without a shared folder): the
     exclusions of the unhealthy nodes whose records were fetched into `adir`, under the
     engine's names for them (`hosts`, by node index). The hosts excluded."""
+    from ..job import nodeset  # the controller's, not the agents'
+
     out = []
     for name in sorted(os.listdir(adir)) if os.path.isdir(adir) else []:
         if not (name.startswith("lost-") and name.endswith(".json")):

@@ -15,10 +15,8 @@ import signal
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable
 
 from ..contracts import rank_env as contract
-from ..job import batchloss
 from ..job import link as agent_link
 from ..process import procs
 from ..rundir.records import attempt_records, sync, write_bytes, write_text
@@ -26,7 +24,10 @@ from ..rundir.regular import open_regular
 from . import barrier, health
 from .agent import STOP_EXIT_CODES, Agent, Proc
 
+TYPE_CHECKING = False  # typing's, without its import (a node agent's start: issue 36)
 if TYPE_CHECKING:
+    from typing import Any, Callable
+
     from ..contracts.schema import JobFile
 
 NO_PYTHON = (  # a clear line, and exit 127, where a node (or its image) lacks python3
@@ -126,6 +127,8 @@ def slurm_task(job: JobFile) -> int:
     park = os.environ.pop(agent_link.PARK_ENV, "") == "1"  # not the ranks' business
 
     def controller_lost(heard: float) -> None:  # Slurm's batch host died (batchloss.py)
+        from ..job import batchloss
+
         batchloss.on_lost(job, attempt, timeout, heard)
 
     link = agent_link.open_link(attempt, task, host, controller_lost, timeout)

@@ -22,13 +22,14 @@ import contextlib
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Iterable, Iterator
 
 from ..rundir.records import read_json, write_json
 from . import procs
 
+TYPE_CHECKING = False  # typing's, without its import (a node agent's start: issue 36)
 if TYPE_CHECKING:
     import threading
+    from typing import Iterable, Iterator
 
 RECORD = "cgroup.json"
 # Tests only: force the fallback on a host where cgroup v2 is writable.
@@ -92,6 +93,11 @@ def candidates() -> list[str]:
         if os.path.isfile(os.path.join(path, "cgroup.procs")):
             dirs.append(os.path.normpath(path))
     return dirs
+
+
+def cgroup_name(run_id: str) -> str:
+    """The name of a run's cgroup (the watchdog finds it by it before cgroup.json says it)."""
+    return f"treb-{run_id}"
 
 
 def create(name: str) -> tuple[str | None, str]:
@@ -161,14 +167,15 @@ def _enter(path: str) -> bool:
 
 
 @contextlib.contextmanager
-def inside(path: str | None) -> Iterator[None]:
+def inside(path: str | None) -> Iterator[bool]:
     """Move this process into the cgroup while it starts processes: they are in it from
     their fork (no preexec_fn, so subprocess may vfork), and what they fork stays in it.
     It moves back to the parent cgroup, where it was when it created `path`. If the move
-    fails, they start outside it, and the fallback still finds them."""
+    fails, they start outside it, and the fallback still finds them: it yields whether it
+    moved (the caller then gives them their own parent-death signal)."""
     moved = bool(path) and _enter(str(path))
     try:
-        yield
+        yield moved
     finally:
         if moved:
             _write(os.path.join(os.path.dirname(str(path)), "cgroup.procs"), str(os.getpid()))
@@ -245,6 +252,16 @@ def recorded(run_dir: str) -> str | None:
     return path if path and os.path.isdir(path) else None
 
 
+def unrecorded(run_id: str) -> str | None:
+    """The run's cgroup under this process's own, found by its name: a supervisor that died
+    between making it and recording it (cgroup.json) left it there, empty or not."""
+    for base in candidates():
+        path = os.path.join(base, cgroup_name(run_id))
+        if os.path.isdir(path):
+            return path
+    return None
+
+
 def end_run(run_id: str, run_dir: str, exclude: Iterable[int] = (), keep: bool = False,
             scan: bool = True) -> dict[str, list[int]]:  # fmt: skip
     """SIGKILL what is left of a run: its cgroup's processes, then (unless not `scan`)
@@ -252,7 +269,9 @@ def end_run(run_id: str, run_dir: str, exclude: Iterable[int] = (), keep: bool =
     attempts). Returns the pids found, by method: {"cgroup": [...], "scan": [...]}."""
     skip = set(exclude)
     found: dict[str, list[int]] = {"cgroup": [], "scan": []}
-    path = recorded(run_dir)
+    path = recorded(run_dir) or (
+        None if os.path.exists(os.path.join(run_dir, RECORD)) else unrecorded(run_id)
+    )
     if path:
         found["cgroup"] = kill(path, skip)
     skip.update(found["cgroup"])

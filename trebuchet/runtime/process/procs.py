@@ -4,6 +4,7 @@ adoption of orphaned descendants (child subreaper)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -143,18 +144,39 @@ def reap(pids: list[int], timeout: float = 0.0) -> None:
         time.sleep(0.01)
 
 
+def _candidates(name: str, path: str | None, cwd: str) -> list[tuple[str, str]]:
+    """(as exec is given it, as seen from here) for each file exec would try for `name`: a
+    name with a slash, relative to `cwd`; else each folder of `path`, the child's PATH (an
+    empty entry: its cwd)."""
+    if "/" in name:
+        return [(name, os.path.join(cwd, name))]
+    folders = (path if path is not None else os.defpath).split(os.pathsep)
+    return [
+        (full, os.path.join(cwd, full)) for full in (os.path.join(f or ".", name) for f in folders)
+    ]
+
+
 def find_program(name: str, path: str | None, cwd: str) -> str | None:
     """Where exec would find `name` (a name with a slash: relative to `cwd`; else on
-    `path`, the child's PATH), or None: the agent reports "cannot start" itself when a
-    helper execs the command (with_pdeathsig)."""
-    if "/" in name:
-        full = os.path.join(cwd, name)
-        return full if os.path.isfile(full) and os.access(full, os.X_OK) else None
-    for folder in (path if path is not None else os.defpath).split(os.pathsep):
-        full = os.path.join(folder or ".", name)
-        if os.path.isfile(os.path.join(cwd, full)) and os.access(os.path.join(cwd, full), os.X_OK):
-            return full
+    `path`, the child's PATH), or None."""
+    for full, here in _candidates(name, path, cwd):
+        if os.path.isfile(here) and os.access(here, os.X_OK):
+            return here if "/" in name else full
     return None
+
+
+def exec_error(name: str, path: str | None, cwd: str) -> OSError | None:
+    """The error exec would give for `name`, or None where it finds a program: the agent
+    reports "cannot start" itself when a helper execs the command (with_pdeathsig). As
+    execvp: Permission denied where a candidate exists but cannot be executed (no x bit, a
+    directory) and none can, else No such file or directory."""
+    denied = False
+    for _full, here in _candidates(name, path, cwd):
+        if os.path.isfile(here) and os.access(here, os.X_OK):
+            return None
+        denied = denied or os.path.exists(here)
+    code = errno.EACCES if denied else errno.ENOENT
+    return OSError(code, os.strerror(code))
 
 
 def _setpriv() -> str | None:

@@ -13,11 +13,13 @@ import re
 import signal
 import stat
 import time
-from typing import TYPE_CHECKING, Any, cast
 
 from .regular import NotRegular, read_text
 
+TYPE_CHECKING = False  # typing's, without its import (a node agent's start: issue 36)
 if TYPE_CHECKING:
+    from typing import Any
+
     from ..contracts.schema import FirstFailure, Outcome
 
 
@@ -198,7 +200,7 @@ def outcome(rec: Any) -> Outcome | None:
         out[key] = value[:TEXT_MAX] if isinstance(value, str) else value
     for key in _WHO:
         out.setdefault(key, None)
-    return cast("Outcome", out)
+    return out  # type: ignore[return-value]  # checked field by field above
 
 
 FIRST = "first-failure"  # an attempt's first failure (JSON), written once (claim_first); not

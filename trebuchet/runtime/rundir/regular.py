@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import BinaryIO
+
+TYPE_CHECKING = False  # typing's, without its import (a node agent's start: issue 36)
+if TYPE_CHECKING:
+    from typing import BinaryIO
 
 
 class NotRegular(OSError):

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
 
 from ..rundir.records import write_regular
 from ..rundir.regular import open_fd
-from .display_lines import Splitter
+
+TYPE_CHECKING = False  # typing's, without its import (a node agent's start: issue 36)
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from .display_lines import Splitter
+
+    OnLine = Callable[[str, bytes], None]  # (process name: rank-3, line)
 
 STEP_S = 1.0
 CHUNK = 256 << 10  # bytes read per file and step at most (~0.7 ms of splitting)
@@ -22,8 +28,6 @@ LINE_MAX = 512
 LINE_CAP = 16 << 10  # lines handed to on_line (a metrics line may be long: metrics.py)
 PROGRESS_DIR = "progress"
 HEARTBEAT_SUFFIX = ".heartbeat"
-
-OnLine = Callable[[str, bytes], None]  # (process name: rank-3, line)
 
 
 def progress_dir(adir: str) -> str:
@@ -40,7 +44,7 @@ class Tracked:
         self.log = log
         self.heartbeat = heartbeat
         self.offset = 0
-        self.splitter = Splitter(cap=LINE_CAP)
+        self.splitter: Splitter | None = None  # made at the first read (_read)
         self.beat_mtime = 0.0
         self.last_progress: float | None = None
         self.last_line = b""
@@ -74,6 +78,10 @@ class Progress:
                 self._record(t)
 
     def _read(self, t: Tracked, wall: float) -> None:
+        if t.splitter is None:  # not before the ranks' start: its module's regexes (issue 36)
+            from .display_lines import Splitter
+
+            t.splitter = Splitter(cap=LINE_CAP)
         try:
             fd = open_fd(t.log)  # a regular file only: never a FIFO (regular.py)
         except OSError:

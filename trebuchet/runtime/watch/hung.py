@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..rundir.records import write_json
-from . import stacks
+from . import paths, stacks
 from .activity import HEARTBEAT_SUFFIX, progress_dir
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ def describe(info: Hang) -> str:
     silent = info["detected_at"] - info["last_progress"]
     want = info.get("expected", [])
     got = len([n for n in info.get("stacks", []) if n in want])
-    where = os.path.join(info["attempt_dir"], stacks.STACKS_DIR)
+    where = os.path.join(info["attempt_dir"], paths.STACKS_DIR)
     limit = float(info["hang_timeout"])
     return (f"hang: no rank made progress for {silent:.0f}s (hang_timeout {limit:g}s); "
             f"stacks of {got}/{len(want)} ranks in {where}")  # fmt: skip

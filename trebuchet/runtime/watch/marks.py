@@ -21,8 +21,8 @@ import time
 from typing import Any, Callable, Iterator, NamedTuple
 
 from ..rundir.regular import open_fd
+from .paths import MARKS_DIR, marks_path
 
-MARKS_DIR = "marks"
 STEP, CHECKPOINT, COMPUTE = "step", "checkpoint", "compute"
 # compute: a rank reached its step's collective (runtime/watch/straggler.py)
 KINDS = (STEP, CHECKPOINT, COMPUTE)
@@ -35,10 +35,6 @@ class Mark(NamedTuple):
     t: float
     kind: str
     n: float | None
-
-
-def marks_path(adir: str, name: str) -> str:
-    return os.path.join(adir, MARKS_DIR, name)
 
 
 def _ends(path: str, read_max: int = READ_MAX) -> bytes:

@@ -27,8 +27,8 @@ from ..process.procs import handles, hostname, stopped
 from ..rundir.records import writable_fd, write_text
 from ..rundir.regular import open_regular, read_text
 from .display_lines import shown
+from .paths import faulthandler_path, stacks_dir
 
-STACKS_DIR = "stacks"
 REQUEST = "request"
 # Default action: ignore. The ranks run in sessions of their own, with no terminal that
 # could send it; the checkpoint signals (USR1/USR2) stay the checkpoint machinery's.
@@ -42,14 +42,6 @@ FIELD_MAX = 1000  # a name's or file's characters in a stack file
 CAUSE_NUMBER = re.compile(r"^\d+: ")
 # py-spy prints Rust's backtrace under its error when the environment asks for one
 PY_SPY_ENV = {"RUST_BACKTRACE": "0", "RUST_LIB_BACKTRACE": "0"}
-
-
-def stacks_dir(adir: str) -> str:
-    return os.path.join(adir, STACKS_DIR)
-
-
-def faulthandler_path(adir: str, name: str) -> str:
-    return os.path.join(stacks_dir(adir), name + ".faulthandler")
 
 
 def request(adir: str) -> str:

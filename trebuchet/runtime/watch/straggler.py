@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 from ..rundir.records import attempt_records, now, read_json, write_regular
 from ..rundir.regular import open_fd
 from . import marks as rmarks
+from .paths import MARKS_DIR
 
 COMPUTE = "compute"  # a rank's mark before its step's collective (its arrival)
 THRESHOLD = 1.3  # straggler_threshold's default
@@ -190,7 +191,7 @@ class Folder:
         self.ranks: dict[str, Rank] = {}
 
     def _scan(self) -> None:
-        for sub, points in ((rmarks.MARKS_DIR, False), ("metrics", True)):
+        for sub, points in ((MARKS_DIR, False), ("metrics", True)):
             folder = os.path.join(self.adir, sub)
             for name in self._names(folder, points):
                 key = f"{sub}/{name}"
@@ -218,7 +219,7 @@ class Folder:
         for key, reader in self.readers.items():
             name = str(rank_of(key.rpartition("/")[2]))
             found = reader.read(share)
-            if reader.points and f"{rmarks.MARKS_DIR}/rank-{name}" in self.readers:
+            if reader.points and f"{MARKS_DIR}/rank-{name}" in self.readers:
                 continue  # the rank marks its steps: its log lines are not needed
             rank = self.ranks.setdefault(name, Rank())
             for m in found:

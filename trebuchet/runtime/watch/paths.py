@@ -1,0 +1,26 @@
+"""The per-rank paths a rank is handed at its start (TREB_MARKS, TREB_STACKS_FILE), apart
+from the modules that read those files: the node agent computes them before its first
+rank starts, and imports the readers (their regexes, parsers) only once its ranks run
+(issue 36: 64 agents' start on one machine).
+
+Stdlib only, Python >= 3.8 (runtime file).
+"""
+
+from __future__ import annotations
+
+import os
+
+MARKS_DIR = "marks"  # attempt-<n>/marks/<name>: trebuchet.dist.mark's (watch/marks.py)
+STACKS_DIR = "stacks"  # attempt-<n>/stacks: dumps and faulthandler files (watch/stacks.py)
+
+
+def marks_path(adir: str, name: str) -> str:
+    return os.path.join(adir, MARKS_DIR, name)
+
+
+def stacks_dir(adir: str) -> str:
+    return os.path.join(adir, STACKS_DIR)
+
+
+def faulthandler_path(adir: str, name: str) -> str:
+    return os.path.join(stacks_dir(adir), name + ".faulthandler")
