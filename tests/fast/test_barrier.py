@@ -131,3 +131,69 @@ def test_a_nodes_other_tasks_wait_for_this_steps_verdict(tmp_path: Path, monkeyp
         assert health.slurm_gate(job) is None  # healthy: this step's verdict
     finally:
         later.join()
+
+
+def test_an_agent_with_its_link_reads_no_record_until_the_link_ends(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """64 agents each reading every node's record every FILES_S while they waited was
+    O(nodes^2) reads of the shared filesystem: an agent whose link holds waits for the
+    controller's go alone (the teardown marker aside); once its link ended, the records."""
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_STEP_ID", "1")
+    monkeypatch.setattr(barrier, "FILES_S", 0.01)
+    never = lambda wait: None  # noqa: E731 - the link's go has not come
+    records(tmp_path, "7.1", [True, True])
+    reads: list[str] = []
+    real = barrier.read_json
+    monkeypatch.setattr(barrier, "read_json", lambda path: reads.append(path) or real(path))
+    stops = iter([False] * 20 + [True])
+    assert (
+        barrier.slurm_wait(never, str(tmp_path), 0, 2, lambda: next(stops), lambda: False) is False
+    )
+    assert reads == []
+    linked = iter([True] * 5 + [False] * 100)  # its link ends after a few polls
+    verdict = barrier.slurm_wait(
+        never, str(tmp_path), 0, 2, lambda: False, lambda: not next(linked)
+    )
+    assert verdict is True and len(reads) == 2
+
+
+def test_the_controller_gives_the_go_for_a_task_without_a_link(tmp_path: Path, monkeypatch) -> None:
+    """Task 2's agent could not connect: it says its node is healthy in its record only.
+    The controller (one reader) reads the attempt's records and gives the go to the tasks
+    that said `health` on the link; one that says it later gets it at once. A record of
+    another step or an unhealthy node is no go."""
+    from types import SimpleNamespace
+
+    from trebuchet.runtime.slurm.step import Controller
+
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    r, w = os.pipe()
+    hub = agent_link.Hub(w)
+    try:
+        monkeypatch.setenv(agent_link.ENV, hub.address("127.0.0.1"))
+        hub.expect(attempt=0, tasks=4)
+        links = [agent_link.open_link(0, f"1.{t}", f"n{t}") for t in range(3)]
+        assert all(link is not None for link in links)
+        assert links[0].healthy() and links[1].healthy()  # type: ignore[union-attr]
+        ctl = SimpleNamespace(link=hub, step=object(), terminating=False, barrier_read_at=0.0,
+                              use=["n0", "n1", "n2", "n3"], hosts=[], adir=str(tmp_path),
+                              attempt=0)  # fmt: skip
+        assert hub.barrier_steps() == {"1"}
+        records(tmp_path, "7.1", [True, True, False, True])  # node 2 unhealthy: no go
+        Controller.barrier_files(ctl)  # type: ignore[arg-type]
+        records(tmp_path, "7.0", [True, True, True, True])  # another step's: no go
+        ctl.barrier_read_at = 0.0
+        Controller.barrier_files(ctl)  # type: ignore[arg-type]
+        assert links[0].wait_go(0.3) is None  # type: ignore[union-attr]
+        records(tmp_path, "7.1", [True, True, True, True])
+        ctl.barrier_read_at = 0.0
+        Controller.barrier_files(ctl)  # type: ignore[arg-type]
+        assert wait_go(links[0]) and wait_go(links[1])  # type: ignore[arg-type]
+        assert hub.barrier_steps() is None
+        assert links[2].healthy() and wait_go(links[2])  # type: ignore[union-attr, arg-type]
+    finally:
+        hub.close()
+        os.close(r)
+        os.close(w)

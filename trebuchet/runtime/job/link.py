@@ -109,6 +109,7 @@ class Hub:
         self.tasks: dict[str, _Task] = {}  # this attempt's, by task id
         self.ended_count = 0  # of this attempt's tasks (counted: no scan per `ended` line)
         self.healthy_count = 0  # of this attempt's tasks that said their node is healthy
+        self.go_given = False  # this attempt's go went out: a later `health` gets it at once
         # this attempt's agents that ended and wait for the next word: task id -> (host, conn)
         self.parked: dict[str, tuple[str, socket.socket]] = {}
         self.stop_at: float | None = None  # when this attempt's stop went out (`failed`)
@@ -128,7 +129,7 @@ class Hub:
         """A new step's attempt: its `tasks` agents will say hello."""
         with self.lock:
             self.attempt, self.count, self.tasks, self.ended_count = attempt, tasks, {}, 0
-            self.healthy_count = 0
+            self.healthy_count, self.go_given = 0, False
             self.parked = {}
             self.stop_at, self.unreached, self.fell_back = None, False, False
 
@@ -145,7 +146,7 @@ class Hub:
                 return False
             parked, self.parked = self.parked, {}
             self.attempt, self.count, self.ended_count, self.healthy_count = attempt, tasks, 0, 0
-            self.tasks = {}
+            self.tasks, self.go_given = {}, False
             self.stop_at, self.unreached, self.fell_back = None, False, False
             word = f"{NEXT} {attempt}\n".encode()
             for task_id, (host, conn) in parked.items():
@@ -171,7 +172,7 @@ class Hub:
                 return None
             parked, self.parked = self.parked, {}
             self.attempt, self.count, self.ended_count, self.healthy_count = attempt, len(use), 0, 0
-            self.tasks = {}
+            self.tasks, self.go_given = {}, False
             self.stop_at, self.unreached, self.fell_back = None, False, False
             for task_id, (host, conn) in parked.items():
                 task = self.tasks[task_id] = _Task(host)
@@ -375,12 +376,35 @@ class Hub:
             return
         task.conn = conn
         self.healthy_count += 1
-        if self.healthy_count < self.count:
-            return
-        for each in self.tasks.values() if self.healthy_count == self.count else [task]:
+        if self.go_given:
+            with contextlib.suppress(OSError):
+                conn.send(GO)
+        elif self.healthy_count >= self.count:
+            self._go()
+
+    def _go(self) -> None:
+        self.go_given = True
+        for each in self.tasks.values():
             if each.conn is not None:
                 with contextlib.suppress(OSError):
                     each.conn.send(GO)
+
+    def barrier_steps(self) -> set[str] | None:
+        """While this attempt's go waits for a task that said no `health` on the link (one
+        without a link, or still checking): the Slurm step ids of the tasks that said hello,
+        for the controller to read the nodes' health records of (Controller.barrier_files:
+        one reader, not every agent). None once the go went out."""
+        with self.lock:
+            if self.go_given or self.count <= 0 or self.healthy_count >= self.count:
+                return None
+            return {task_id.split(".", 1)[0] for task_id in self.tasks}
+
+    def go_all(self) -> None:
+        """The go to every task that said `health`, decided by the health records (a task
+        without a link said it in its record only); later ones get it as they say it."""
+        with self.lock:
+            if not self.go_given:
+                self._go()
 
 
 def _more_files() -> None:

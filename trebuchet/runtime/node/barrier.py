@@ -11,9 +11,12 @@ teardown), which stops the agents that wait, none of whose ranks started.
 - ssh: the agent's line HEALTHY on the session's stdout; the controller's GO line on the
   session's stdin (the lifeline, whose end stops the agent as before);
 - Slurm: a `health` line on the agent's link (job/link.py), answered by `go` once all
-  the step's tasks said it; where a task has no link (it could not connect), the shared
-  run directory's health-<node>.json records of the step are read instead, so a missing
-  link delays nothing by more than a poll;
+  the step's tasks said it; where a task has no link (it could not connect), it says so in
+  its health-<node>.json record only: the controller reads the attempt's records, one
+  reader every FILES_S, and gives the go to the others (Controller.barrier_files); the
+  task without a link reads them itself. An agent with a link reads none (64 agents each
+  reading 64 records every FILES_S while they waited: O(nodes^2) reads of the shared
+  filesystem an attempt), until its link ends;
 - local: the supervisor runs every simulated node's checks before it starts any rank
   (launcher/node_health.py): no line to wait for.
 
@@ -62,13 +65,15 @@ def step_id() -> str:
     return f"{os.environ.get('SLURM_JOB_ID', '')}.{os.environ.get('SLURM_STEP_ID', '')}"
 
 
-def nodes_verdict(adir: str, attempt: int, nnodes: int, step: str) -> bool | None:
-    """The step's nodes' health records in the shared attempt folder: True when every node
-    is healthy, False when one is not, None while one has not said."""
+def nodes_verdict(adir: str, attempt: int, nnodes: int, steps: set[str]) -> bool | None:
+    """The nodes' health records of the attempt's steps (`job.step`) in the shared attempt
+    folder: True when every node is healthy, False when one is not, None while one has not
+    said."""
     verdict: bool | None = True
     for node in range(nnodes):
         rec = read_json(os.path.join(adir, f"health-{node}.json"))
-        if not isinstance(rec, dict) or rec.get("attempt") != attempt or rec.get("step") != step:
+        if (not isinstance(rec, dict) or rec.get("attempt") != attempt
+                or rec.get("step") not in steps):  # fmt: skip
             verdict = None
         elif not rec.get("healthy"):
             return False
@@ -76,13 +81,15 @@ def nodes_verdict(adir: str, attempt: int, nnodes: int, step: str) -> bool | Non
 
 
 def slurm_wait(go: Callable[[float], bool | None], adir: str, attempt: int, nnodes: int,
-               stopped: Callable[[], bool]) -> bool:  # fmt: skip
+               stopped: Callable[[], bool],
+               files: Callable[[], bool] = lambda: True) -> bool:  # fmt: skip
     """A healthy Slurm task's wait for every node's verdict: True to start its rank, False
     when stopped (a SIGTERM, the attempt's teardown, an unhealthy node's record). `go`:
-    the link's word within a timeout (True, False, or None: not yet / no link)."""
+    the link's word within a timeout (True, False, or None: not yet / no link); `files`:
+    whether to read the nodes' records (no link, or it ended), else only the teardown's."""
     if nnodes <= 1:
         return True
-    step = step_id()
+    steps = {step_id()}
     next_files = 0.0
     teardown = os.path.join(adir, "teardown")
     while True:
@@ -96,6 +103,6 @@ def slurm_wait(go: Callable[[float], bool | None], adir: str, attempt: int, nnod
             next_files = now + FILES_S
             if os.path.exists(teardown):
                 return False
-            files = nodes_verdict(adir, attempt, nnodes, step)
-            if files is not None:
-                return files
+            verdict = nodes_verdict(adir, attempt, nnodes, steps) if files() else None
+            if verdict is not None:
+                return verdict

@@ -233,13 +233,17 @@ def slurm_go(job: JobFile, link: agent_link.Link | None, agent: Agent) -> bool:
     attempt, adir = _attempt_dir(job)
     said = link is not None and link.healthy()
 
+    def linked() -> bool:
+        return said and link is not None and link.sock is not None
+
     def go(wait: float) -> bool | None:
-        if not said or link is None:
+        if not linked() or link is None:
             time.sleep(wait)
             return None
         return link.wait_go(wait)
 
-    return barrier.slurm_wait(go, adir, attempt, _int_env("SLURM_NNODES", 1), agent.stop_requested)
+    return barrier.slurm_wait(go, adir, attempt, _int_env("SLURM_NNODES", 1),
+                              agent.stop_requested, lambda: not linked())  # fmt: skip
 
 
 def slurm_agent(job: JobFile, inline: bool = False,

@@ -28,6 +28,7 @@ from ..contracts import rank_env as contract
 from ..job import life as lifecycle
 from ..job import link as agent_link
 from ..job import nodeloss, selfrequeue
+from ..node import barrier
 from ..node.agent import Agent
 from ..node.task import PLACEMENT_ENV, PYTHON_GUARD, node_agent
 from ..process import procs
@@ -104,6 +105,7 @@ class Controller:
         self.node_timeout = float(job.get("node_timeout") or agent_link.NODE_TIMEOUT_S)
         self.lost: str | None = None  # this attempt's lost node, as said (node_lost: ...)
         self.lost_kill_at: float | None = None  # then srun is ended at this time
+        self.barrier_read_at = 0.0  # the nodes' health records read again (barrier_files)
         self.lost_after = False  # ... lost after the attempt's first failure: not its cause
         self.lost_hosts: list[str] = []
         # A lost node's step, its other agents parked in it (srun -k: it waits for the lost
@@ -458,6 +460,7 @@ class Controller:
                 log(f"the {self.sig} step failed (srun exit {self.signaller.returncode})")
             self.signaller = None
         self.scancels = [p for p in self.scancels if p.poll() is None]
+        self.barrier_files()
         self.watch_nodes()
         if not self.requeued and not self.terminating:
             self.job_requeue()
@@ -465,6 +468,26 @@ class Controller:
         if due and not self.terminating:
             self.requeue_at = None
             self.requeue()
+
+    def barrier_files(self) -> None:
+        """A task without a link says its node is healthy in its health record only, so
+        the go over the link would never come: while it waits, the controller reads the
+        attempt's records (one reader every barrier.FILES_S; agents with a link read none)
+        and gives the go once every node is healthy in them (runtime/node/barrier.py)."""
+        if self.link is None or self.step is None or self.terminating:
+            return
+        now = time.monotonic()
+        if now < self.barrier_read_at:
+            return
+        self.barrier_read_at = now + barrier.FILES_S
+        steps = self.link.barrier_steps()
+        if not steps:
+            return
+        job = os.environ.get("SLURM_JOB_ID", "")
+        nodes = len(self.use or self.hosts)
+        if barrier.nodes_verdict(self.adir, self.attempt, nodes, {f"{job}.{s}" for s in steps}):
+            log("every node's health record says healthy (a node agent without its link): go")
+            self.link.go_all()
 
     def watch_nodes(self) -> None:
         """A node whose agents fell silent for node_timeout (agent_link) ends the attempt
