@@ -259,6 +259,7 @@ def main() -> None:
     env["PYTHONPATH"] = str(REPO)
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     rows: dict[int, dict] = {}
+    rounds: dict[int, dict[str, list[float]]] = {}  # Slurm: every launch, treb's and srun's
     with tempfile.TemporaryDirectory(prefix="treb-bench-scale-") as tmp:
         work = Path(tmp)
         (work / "spec").mkdir()
@@ -276,6 +277,7 @@ def main() -> None:
                 row["launch s"] = statistics.median(launches)
                 row["srun launch s"] = statistics.median(srun)
                 row["treb - srun s"] = row["launch s"] - row["srun launch s"]
+                rounds[n] = {"treb": launches, "srun": srun}  # each round's, in --json
             else:
                 row = treb_round(work, env, args, n)
             rows[n] = row
@@ -290,7 +292,9 @@ def main() -> None:
         vals = [rows[n][k] for n in rows]
         print(f"| {k} | " + " | ".join(f"{v:.3g}" for v in vals) + f" | {fit(sizes, vals)} |")
     if args.json:
-        args.json.write_text(json.dumps({"on": args.on, "procs": args.procs, "rows": rows}))
+        args.json.write_text(
+            json.dumps({"on": args.on, "procs": args.procs, "rows": rows, "rounds": rounds})
+        )
 
 
 if __name__ == "__main__":
