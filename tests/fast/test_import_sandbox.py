@@ -439,6 +439,7 @@ def test_bash_ended_by_a_signal_is_a_named_error(box: Box) -> None:
 @given(body=st.text(max_size=300))
 @example(body="\u00a0")  # once exit 1: spec validation took bash's word U+00A0 for blank
 @example(body="\r")  # once exit 1: the importer split lines where bash does not
+@example(body="\x85")  # once exit 1: YAML folded the command's raw U+0085 into ' '
 def test_any_script_body_imports_or_is_refused_by_name(body: str) -> None:
     with tempfile.TemporaryDirectory(prefix="treb-sandbox-prop-") as tmp:
         script = Path(tmp) / "any.sbatch"

@@ -14,7 +14,14 @@ class BlockDumper(yaml.SafeDumper):
     pass
 
 
+# YAML's line breaks besides \n: raw in a plain, single-quoted or literal scalar they fold
+# into a space or a newline on load (a script's lone U+0085 became the command ' ')
+_BREAKS = ("\r", "\x85", "\u2028", "\u2029")
+
+
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    if any(c in value for c in _BREAKS):  # escaped in double quotes: \r, \N, \L, \P
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"')
     if "\n" in value and not any(line != line.rstrip() for line in value.split("\n")):
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
     return dumper.represent_scalar("tag:yaml.org,2002:str", value)
