@@ -29,6 +29,14 @@ def _wait_exit(proc: subprocess.Popen[bytes], limit: float = 30.0) -> int | None
         return None
 
 
+def _end(*procs: subprocess.Popen[bytes]) -> None:
+    """Whatever of the test's own processes still runs, killed and reaped (by pid)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
 def test_waits_as_a_shell_ignores_stop_signals_and_leaves_on_done(tmp_path: Path) -> None:
     wd = Watchdog(uuid.uuid4().hex[:8], str(tmp_path))
     rank = _sleeper()
@@ -46,11 +54,7 @@ def test_waits_as_a_shell_ignores_stop_signals_and_leaves_on_done(tmp_path: Path
         assert _wait_exit(wd.proc) == 0
         assert rank.poll() is None  # `done`: nothing of the run is killed
     finally:
-        rank.kill()
-        rank.wait()
-        if wd.proc.poll() is None:
-            wd.proc.kill()
-            wd.proc.wait()
+        _end(rank, wd.proc)
 
 
 def test_a_vanished_supervisor_has_its_groups_and_adopted_orphans_killed(tmp_path: Path) -> None:
@@ -68,13 +72,7 @@ def test_a_vanished_supervisor_has_its_groups_and_adopted_orphans_killed(tmp_pat
         assert _wait_exit(orphan) == -signal.SIGKILL
         assert reused.poll() is None
     finally:
-        for p in (rank, orphan, reused):
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        if wd.proc.poll() is None:
-            wd.proc.kill()
-            wd.proc.wait()
+        _end(rank, orphan, reused, wd.proc)
 
 
 def test_the_shell_kills_the_runs_cgroup_itself_before_its_python_starts() -> None:
@@ -97,10 +95,7 @@ def test_the_shell_kills_the_runs_cgroup_itself_before_its_python_starts() -> No
         assert _wait_exit(rank) == -signal.SIGKILL
         assert outside.poll() is None  # a told group is Python's to kill, not the shell's
     finally:
-        for p in (rank, outside, shell):
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        _end(rank, outside, shell)
         contain.remove(cgroup)
 
 
@@ -126,12 +121,7 @@ def test_a_supervisor_dead_before_it_recorded_its_cgroup_leaves_none(tmp_path: P
         assert not os.path.exists(path)
         assert not (tmp_path / contain.RECORD).exists()
     finally:
-        if rank.poll() is None:
-            rank.kill()
-        rank.wait()
-        if wd.proc.poll() is None:
-            wd.proc.kill()
-            wd.proc.wait()
+        _end(rank, wd.proc)
         if os.path.isdir(path):
             contain.remove(path)
 
@@ -155,13 +145,7 @@ def test_a_group_said_ended_is_not_killed_but_one_told_again_is(tmp_path: Path) 
         assert _wait_exit(kept) == -signal.SIGKILL
         assert gone.poll() is None
     finally:
-        for p in (gone, again, kept):
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        if wd.proc.poll() is None:
-            wd.proc.kill()
-            wd.proc.wait()
+        _end(gone, again, kept, wd.proc)
 
 
 PDEATHSIG = (
