@@ -56,7 +56,7 @@ def _load(source: Source, overrides: Sequence[str], cached: bool = True) -> Load
     from trebuchet.spec.load import load_spec
 
     if isinstance(source, dict):
-        return load_spec(data=source, overrides=overrides)
+        return load_spec(data=source, overrides=overrides, cached=cached)
     return load_spec(source, overrides, cached=cached)
 
 

@@ -318,3 +318,38 @@ def test_a_command_typed_as_for_torchrun_is_cached_as_a_spec_file_is(
     assert specs[0] == specs[1] and specs[1] != specs[2] and specs[1] != specs[3]
     logs = [(d / "attempt-0" / "rank-0.log").read_text() for d in dirs]
     assert logs == ["2 ['a']\n", "2 ['a']\n", "3 ['a']\n", "2 ['b']\n"]
+
+
+def test_a_dict_that_json_would_change_is_validated_not_served_from_the_cache(
+    spec_dir: Path, treb_home: Path
+) -> None:
+    """launch()'s dict: a tuple for a list, True or None for a key "true" or "null" write
+    the same JSON as the cached dict, but validation refuses them; a dict nested deeper
+    than a spec may be is refused by name, never a RecursionError from the JSON encoder."""
+    base = {"name": "x", "command": "python t.py"}
+    for good, bad in [({**base, "command": ["python", "t.py"]}, {**base, "command": ("python", "t.py")}),
+                      ({**base, "env": {"true": "1"}}, {**base, "env": {True: "1"}}),
+                      ({**base, "env": {"null": "1"}}, {**base, "env": {None: "1"}})]:  # fmt: skip
+        load_spec(data=good)
+        assert cached(load_spec(data=good))
+        with pytest.raises(SpecError):
+            load_spec(data=bad, cached=False)  # the oracle: validation refuses it
+        with pytest.raises(SpecError):
+            load_spec(data=bad)
+    deep: dict = {}
+    node = deep
+    for _ in range(5000):
+        node["a"] = node = {}
+    with pytest.raises(SpecError, match="nested deeper"):
+        load_spec(data={**base, "env": deep})
+
+
+def test_a_commands_sweep_points_are_not_cached(spec_dir: Path, treb_home: Path) -> None:
+    """A sweep's points are loaded uncached (they would crowd the cache out): a command's
+    (`treb run --sweep -o env.X=1,2,3 t.py`) as a spec file's, only its base is kept."""
+    from trebuchet import runner
+
+    data = {"name": "x", "command": "python t.py"}
+    checked = runner.check(data, "local", ["env.X=1,2,3,4"], preflight=False, multirun=True)
+    assert len(checked.points) == 4
+    assert len(entries(treb_home)) == 1

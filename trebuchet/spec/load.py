@@ -168,8 +168,9 @@ def load_spec(
         text = read_spec(p)
         if cached and cache.usable():
             key = cache.entry_key(p.resolve(), text, list(overrides))
-    elif data is not None and cached and cache.usable():  # a command's spec (cli/specless.py)
-        with contextlib.suppress(TypeError, ValueError):  # launch()'s dict of any objects
+    elif data is not None and cached and cache.usable() and _json_native(data):
+        # a command's spec (cli/specless.py), or launch()'s dict when JSON holds it as it is
+        with contextlib.suppress(ValueError):  # NaN, inf
             text_of_data = json.dumps(data, sort_keys=True, allow_nan=False)
             key = cache.entry_key(Path("<command>"), text_of_data, list(overrides))
     if key is not None:
@@ -247,6 +248,20 @@ def input_files(spec: Spec) -> list[tuple[tuple[str, ...], str]]:
     if env.conda and env.conda.environment_file:
         out.append((("environment", "conda", "environment_file"), env.conda.environment_file))
     return out
+
+
+def _json_native(data: Any, depth: int = 0) -> bool:
+    """Whether JSON writes `data` as it is: a tuple (written as a list) or a key True or
+    None (written "true", "null") would share a cached dict's key where validation refuses
+    them; nesting deeper than a spec may be is left to validation (not the JSON encoder's
+    RecursionError)."""
+    if depth > MAX_DEPTH:
+        return False
+    if type(data) is dict:
+        return all(type(k) is str and _json_native(v, depth + 1) for k, v in data.items())
+    if type(data) is list:
+        return all(_json_native(v, depth + 1) for v in data)
+    return data is None or type(data) in (str, int, float, bool)
 
 
 def _copy(data: Any, depth: int = 0) -> Any:
