@@ -176,3 +176,13 @@ def test_ranks_keep_their_death_signal_when_the_cgroup_move_fails(tmp_path: Path
     assert proc.popen is not None
     assert proc.popen.wait(timeout=60) == 0
     assert "pdeathsig 9" in (tmp_path / "rank-0.log").read_text()
+
+
+def test_a_new_attempt_empties_the_shells_list() -> None:
+    """`!` (each attempt after the first): the last attempt's lines go, so the list the
+    shell keeps (and execs its Python with) holds one attempt's, never a run's retries
+    (300,000 lines of a long run of retries took the shell minutes, past ARG_MAX)."""
+    lines = "".join(f"+{1000 + i}\n-{1000 + i}\n" for i in range(500)) + "!\n+7\n=8,9\n"
+    done = subprocess.run(["/bin/sh", "-c", WAIT, NAME, "/bin/sh", "-c", 'echo "$@"', "x"],
+                          input=lines.encode(), capture_output=True, timeout=60)  # fmt: skip
+    assert done.stdout.decode().split() == ["+7", "=8,9"]

@@ -238,6 +238,9 @@ class Supervisor:
 
     def start(self, attempt: int) -> None:
         adir = self.run_dir / f"attempt-{attempt}"
+        if attempt and self.watchdog:  # the last attempt's groups and orphans are gone
+            self.watchdog.reset()
+            self._adopted.clear()
         plans = self.local["procs"]
         if self.keepers is not None:  # the nodes left (a spare in; fewer: the world shrinks)
             before = list(self.keepers.active)

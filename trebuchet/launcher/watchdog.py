@@ -27,12 +27,14 @@ import sys
 # this is theirs, before Python starts), and exec "$@" with the other lines, for Python to
 # read in order (`-PGID` after `+PGID`: that group ended, its id free for a stranger's).
 # The shell only appends each line, never loops over the list (4,096 lines: ~75 ms of CPU
-# in all, dash reading a byte at a time). The lines are the supervisor's own (digits,
-# `+-=,@`, the cgroup's path): split on blanks, never globbed (set -f); the path quoted.
+# in all, dash reading a byte at a time), and `!` (a new attempt) empties it: it holds one
+# attempt's lines, never a whole run's retries (300,000 lines took minutes, past ARG_MAX).
+# The lines are the supervisor's own (digits, `+-=,@!`, the cgroup's path): split on
+# blanks, never globbed (set -f); the path quoted.
 WAIT = (
     "trap '' INT HUP TERM USR1 USR2; set -f; told=; cg=; while IFS= read -r line; do "
-    'case $line in done) exit 0;; [+=-]*) told="$told $line";; @/*) cg=${line#@};; esac; '
-    'done; [ -n "$cg" ] && echo 1 2>/dev/null >"$cg/cgroup.kill"; exec "$@" $told'
+    'case $line in done) exit 0;; !) told=;; [+=-]*) told="$told $line";; @/*) cg=${line#@};; '
+    'esac; done; [ -n "$cg" ] && echo 1 2>/dev/null >"$cg/cgroup.kill"; exec "$@" $told'
 )
 # $0 of the shell: its command line names it (the containment tests and the memory bench
 # find the watchdog by it).
@@ -84,6 +86,11 @@ class Watchdog:
         with a newline is never sent: its first line would name another cgroup)."""
         if path.startswith("/") and "\n" not in path:
             self._send(f"@{path}\n")
+
+    def reset(self) -> None:
+        """A new attempt: the last one's ranks were reaped and its strays killed, so what
+        the shell gathered for it goes; its list never grows with the run's retries."""
+        self._send("!\n")
 
     def forget(self, pgid: int) -> None:
         """A group that ended (its leader reaped, the rest killed): its id is free for any
