@@ -18,6 +18,7 @@ from trebuchet.runtime.contracts.schema import FirstFailure
 from trebuchet.runtime.job import retry_codes
 from trebuchet.runtime.job.life import JobController, Settings
 from trebuchet.runtime.rundir import records
+from trebuchet.store.states import describe_failure
 
 
 def rank(r: int, code: int, at: float, **more: Any) -> FirstFailure:
@@ -95,3 +96,31 @@ def test_a_preempted_rank_is_no_programs_exit(tmp_path: Path) -> None:
     records.write_json(os.path.join(adir, retry_codes.PREEMPTED), {"time": 9.0})
     assert retry_codes.cause_code(term, adir) is None
     assert retry_codes.cause_code(rank(0, 3, 8.0), adir) == 3  # failed before it began
+
+
+def test_the_rank_that_left_first_is_named_when_the_launcher_stopped_it() -> None:
+    """horovodrun under load (the records of a CI run, reproduced in
+    tests/integration/test_horovod.py): rank 1 left, rank 0 failed on horovod's shutdown
+    (after_peer), horovodrun stopped rank 1 in its exit. Rank 1 is named, marked left_first;
+    a stopped rank with no peer's word, or two such ranks, name nobody."""
+    peer = rank(0, 1, 1.48, stopped_by_launcher=True, after_peer=True)
+    left = rank(1, 143, 1.57, signal="SIGTERM", stopped_by_launcher=True)
+    launcher: FirstFailure = {"label": "0", "rank": None, "node": 0, "exit_code": 1}
+    found = records.first_failure([peer, left, launcher])
+    assert found is not None and found["rank"] == 1 and found.get("left_first")
+    assert "left first" in describe_failure(found) and "SIGTERM" in describe_failure(found)
+    assert records.first_failure([rank(0, 1, 1.0, stopped_by_launcher=True), left]) is None
+    two = rank(2, 143, 1.6, signal="SIGTERM", stopped_by_launcher=True)
+    assert records.first_failure([peer, left, two]) is None
+    own = rank(2, 3, 1.9)  # a rank that failed on its own still comes first
+    assert records.first_failure([peer, left, own]) == own
+
+
+def test_after_peer_and_left_first_survive_the_records_check(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.json"
+    path.write_text(json.dumps(rank(0, 1, 1.0, stopped_by_launcher=True, after_peer=True)))
+    assert records.outcome(records.read_json(str(path))) == rank(
+        0, 1, 1.0, stopped_by_launcher=True, after_peer=True
+    )
+    path.write_text(json.dumps(rank(0, 1, 1.0, after_peer="yes")))
+    assert "after_peer" not in (records.outcome(records.read_json(str(path))) or {})

@@ -112,7 +112,11 @@ REMEDIES: dict[str, str] = {
     "down (SIGABRT, `terminate called without an active exception`): torch's process group "
     "was still alive at exit, and its threads were torn down with the interpreter. Call "
     "`torch.distributed.destroy_process_group()` at the end of the program, on every rank, "
-    "after the last collective. Until then the exit status is a failure (as under torchrun): "
+    "after the last collective. Where it does (Accelerate's end_training() does), a model "
+    "wrapped in DistributedDataParallel still holds the group: free it first (`del model`, "
+    "and what refers to it, with gc.collect(); Accelerate: `accelerator.free_memory(model, "
+    "optimizer)`), then destroy the group (gloo's threads outlive the interpreter otherwise, "
+    "pytorch/pytorch#179291). Until then the exit status is a failure (as under torchrun): "
     "the run is FAILED and retries: starts it again; PYTHONFAULTHANDLER=1 in env: makes the "
     "diagnosis certain (the Python stack at the abort is empty).",
     "time_limit": "The attempt reached its time limit: raise timeout: (or slurm.time), or save "
@@ -164,7 +168,7 @@ TITLES: dict[str, str] = {
     "launch_env_missing": "script not started by a launcher",
     "segfault": "native crash (segmentation fault, illegal instruction, bus error)",
     "aborted": "aborted (SIGABRT: an uncaught C++ exception, a failed assertion)",
-    "exit_abort": "aborted at exit, after the program finished (no destroy_process_group())",
+    "exit_abort": "aborted at exit, after the program finished (its process group alive)",
     "time_limit": "time limit reached",
     "node_failure": "node failure",
     "scheduler_refusal": "the scheduler refused the job",

@@ -556,5 +556,12 @@ def _decide(case: Case) -> tuple[Diagnosis, Unit | None]:
                          log=u.log), u  # fmt: skip
     errors = [ln.raw for ln in (u.finding.errors if u.finding else [])][-5:] or _last_lines(u, 5)
     how = catalog.exit_meaning(u.exit_code, u.signal) if u.failed else "errors in its log"
+    ff = (case.run or {}).get("first_failure") or {}
+    if u is first and ff.get("left_first"):  # rundir/records.left_first
+        stop = u.signal or f"exit code {u.exit_code}"
+        how = (
+            f"it left first: the other ranks failed on its end, and the launcher stopped it "
+            f"({stop}) before its own exit ended, so its exit code is lost"
+        )
     return Diagnosis("unknown", f"{_who(u)} failed first ({how}); no known cause in its log",
                      u.rank, u.node, errors, log=u.log), u  # fmt: skip

@@ -515,15 +515,15 @@ class Supervisor:
         self.job.failure(cause, stop)
 
 
-WORKER_RECORD_WAIT_S = 3.0  # 0.5 s fell short once under a loaded CI (a fresh-clone run)
+WORKER_RECORD_WAIT_S = 0.5
 
 
 def _workers_first(adir: Path, node: int | None) -> FirstFailure | None:
-    """The failed worker behind its launcher's failure. horovodrun can end on a rank's end
-    before that rank's own agent has written its record (seen once in 4 CIs: the run's cause
-    was horovodrun's exit 1; again with 0.5 s of wait, on a machine running the Slurm and ssh
-    tests beside it): looked for again for up to WORKER_RECORD_WAIT_S, which only a launcher
-    failing with no failed worker (its own bad start) waits out in full."""
+    """The failed worker behind its launcher's failure, from the workers' records (each is
+    written before its worker exits, so before its launcher can end on it): looked for again
+    for up to WORKER_RECORD_WAIT_S, which only a launcher failing with no failed worker (its
+    own bad start) waits out in full. (Two CI failures blamed on a late record were the rank
+    that left first, stopped in its exit: rundir/records.left_first names it.)"""
     end = time.monotonic() + WORKER_RECORD_WAIT_S
     while (found := first_failure(rank_records(adir, node))) is None:
         if time.monotonic() >= end:

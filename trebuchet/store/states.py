@@ -52,6 +52,9 @@ def describe_failure(ff: FirstFailure | None) -> str:
         if ff.get("signal")
         else f"exited with code {ff.get('exit_code')}"
     )
+    if ff.get("left_first"):  # rundir/records.left_first
+        stop = ff.get("signal") or f"code {ff.get('exit_code')}"
+        how = f"left first (the others failed on its end), its exit cut short ({stop})"
     when = time.strftime("%H:%M:%S", time.localtime(ff["ended_at"])) if ff.get("ended_at") else "?"
     return f"{who} {how} at {when} (attempt {int(ff.get('attempt') or 0) + 1})"
 

@@ -5,11 +5,15 @@ that differs per rank; then the weights and an allreduce checked equal on every 
 the rank contract (trebuchet.dist.init_env) checked against horovod's own view. Prints
 `HVD OK rank=R size=S host=H w=...` on success; any mismatch raises (the rank fails).
 `HVD_FAIL_RANK=r`: that rank exits 3 after the first step (a failing rank).
+`HVD_SLOW_EXIT=S`: the failing rank's exit takes S seconds after horovod's own shutdown (a
+program whose atexit work is slow: its peers fail on horovod's shutdown and horovodrun
+stops it, SIGTERM, before its exit ends, as a loaded machine does to a plain sys.exit).
 """
 
 import os
 import socket
 import sys
+import time
 
 import horovod.torch as hvd
 import torch
@@ -44,6 +48,9 @@ for step in range(5):
     print(f"step {step + 1}/5 loss={loss.item():.4f}", flush=True)
     if fail is not None and int(fail) == rank:
         print(f"rank {rank} failing on purpose on {socket.gethostname()}", file=sys.stderr)
+        if os.environ.get("HVD_SLOW_EXIT"):  # horovod's shutdown, then the rest of the exit
+            hvd.shutdown()
+            time.sleep(float(os.environ["HVD_SLOW_EXIT"]))
         sys.exit(3)
 flat = torch.cat([p.detach().flatten() for p in model.parameters()])
 gathered = hvd.allgather(flat.unsqueeze(0), name="weights")

@@ -150,6 +150,8 @@ class Outcome(TypedDict, total=False):
     step_id: str
     message: str | None  # a cause's (below)
     after_first_failure: bool  # a node lost once the attempt had failed: never the cause
+    after_peer: bool  # its failure says another rank's came first (horovod's shutdown)
+    left_first: bool  # a first failure the launcher stopped in its own exit (records.py)
 
 
 FirstFailure = Outcome  # or a cause no process says, with `message` (rundir/records.cause)

@@ -76,6 +76,7 @@ class Proc:
         self.ended_at: float | None = None
         self.returncode: int | None = None
         self.stopped = False
+        self.after_peer = False  # its failure says another rank's came first (a cascade)
 
     @property
     def tracked(self) -> bool:
@@ -98,7 +99,7 @@ class Proc:
     def outcome(self) -> Outcome:
         """What its record and the run store say about it."""
         code, sig = (None, None) if self.returncode is None else exit_fields(self.returncode)
-        return {
+        out: Outcome = {
             "label": self.label,
             "rank": self.rank,
             "node": self.node,
@@ -110,6 +111,9 @@ class Proc:
             "ended_at": self.ended_at,
             "stopped_by_launcher": self.stopped,
         }
+        if self.after_peer:
+            out["after_peer"] = True
+        return out
 
 
 class Agent:

@@ -508,7 +508,8 @@ def _horovod_cascade(adir: str, other: Callable[[Proc], bool] | None) -> Callabl
     def stopped(p: Proc) -> bool:
         if other is not None and other(p):
             return True
-        return peer_shutdown(os.path.join(adir, p.name + ".log"))
+        p.after_peer = peer_shutdown(os.path.join(adir, p.name + ".log"))
+        return p.after_peer
 
     return stopped
 

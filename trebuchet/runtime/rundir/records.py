@@ -170,7 +170,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "exit_code": _INT, "signal": (str,), "started_at": (int, float), "ended_at": (int, float),
     "stopped_by_launcher": (bool,), "state": (str,), "log": (str,), "host": (str,),
     "attempt": _INT, "job_id": (str,), "step_id": (str,), "message": (str,),
-    "after_first_failure": (bool,),
+    "after_first_failure": (bool,), "after_peer": (bool,), "left_first": (bool,),
 }  # fmt: skip
 _WHO = ("rank", "node", "local_rank", "exit_code", "signal")  # the views read them all
 TEXT_MAX = 4096  # a message or path in a record, at most (a cause is one line or a few)
@@ -267,22 +267,40 @@ def attempt_records(adir: str) -> list[Outcome]:
 AFTER = "after_first_failure"  # a record of a node lost once the attempt had failed
 
 
+def left_first(records: list[Outcome]) -> FirstFailure | None:
+    """Where every failed rank was stopped: the one that left first. A rank that leaves
+    (sys.exit) ends horovod for all; its peers fail on that shutdown (`after_peer`), the
+    launcher (horovodrun, mpirun) wakes on their exit and stops what still runs: the rank
+    that left too, when its own exit is slow (a loaded machine), which loses its exit code.
+    The peers' logs say another rank came first; the one stopped rank whose log does not
+    is that rank. None when there is no such cascade or more than one such rank."""
+    ranks = [r for r in records if r.get("rank") is not None]
+    if not any(r.get("after_peer") for r in ranks):
+        return None
+    left = [
+        r for r in ranks
+        if r.get("exit_code") not in (None, 0) and r.get("stopped_by_launcher")
+        and not r.get("after_peer")
+    ]  # fmt: skip
+    return {**left[0], "left_first": True} if len(left) == 1 else None
+
+
 def first_failure(records: list[Outcome]) -> FirstFailure | None:
     """The earliest non-zero outcome that was no cascade (stopped by the launcher, or a node
-    lost after the first failure: AFTER); a rank's before a node agent's; a lost node before
-    all (its peers' ranks fail because it is gone)."""
+    lost after the first failure: AFTER): a lost node's before all (its peers' ranks fail
+    because it is gone), then a rank's, then the rank that left first, then a node agent's
+    (its launcher's exit only says some rank failed)."""
     failed = [
         r for r in records
         if r.get("exit_code") not in (None, 0) and not r.get("stopped_by_launcher")
         and not r.get(AFTER)
     ]  # fmt: skip
-    if not failed:
-        return None
-    return min(
-        failed,
-        key=lambda r: (
-            r.get("label") not in ("node_lost", "node_unhealthy"),
-            r.get("rank") is None,
-            r.get("ended_at") or 0.0,
-        ),
-    )
+    lost = [r for r in failed if r.get("label") in ("node_lost", "node_unhealthy")]
+    ranks = [r for r in failed if r.get("rank") is not None]
+    for group in (lost, ranks):
+        if group:
+            return min(group, key=lambda r: r.get("ended_at") or 0.0)
+    left = left_first(records)
+    if left is not None or not failed:
+        return left
+    return min(failed, key=lambda r: r.get("ended_at") or 0.0)
