@@ -78,10 +78,6 @@ class Progress:
                 self._record(t)
 
     def _read(self, t: Tracked, wall: float) -> None:
-        if t.splitter is None:  # not before the ranks' start: its module's regexes (issue 36)
-            from .display_lines import Splitter
-
-            t.splitter = Splitter(cap=LINE_CAP)
         try:
             fd = open_fd(t.log)  # a regular file only: never a FIFO (regular.py)
         except OSError:
@@ -90,12 +86,12 @@ class Progress:
             st = os.fstat(fd)
             if st.st_size < t.offset:  # truncated: start again
                 t.offset = 0
-                t.splitter.reset()
+                t.splitter = None
             if st.st_size == t.offset:
                 return
             if st.st_size - t.offset > CHUNK:  # more than a step reads: to the end
                 t.offset = st.st_size - CHUNK
-                t.splitter.reset()
+                t.splitter = None
             data = os.pread(fd, CHUNK, t.offset)
         except OSError:
             return
@@ -103,6 +99,10 @@ class Progress:
             os.close(fd)
         if not data:
             return
+        if t.splitter is None:  # at the first output: its module's regexes (a silent run
+            from .display_lines import Splitter  # never needs them)
+
+            t.splitter = Splitter(cap=LINE_CAP)
         t.offset += len(data)
         lines = t.splitter.feed(data)
         if lines:

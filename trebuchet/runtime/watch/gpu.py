@@ -17,11 +17,13 @@ import os
 import signal
 import subprocess
 import time
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict
 
 from ..rundir.records import read_json, write_json
 from .display_lines import shown
-from .metric_reader import Writer, metrics_dir
+
+if TYPE_CHECKING:
+    from .metric_reader import Writer
 
 IDLE_UTIL = 5.0  # percent: at or below it a GPU is idle
 QUERY_TIMEOUT_S = 5.0
@@ -196,6 +198,8 @@ class Sampler:
                     values[f"gpu.mem.{tag}"] = s["mem"]
             self.count += 1
             if self.writer is None:
+                from .metric_reader import Writer, metrics_dir  # its regexes: a sample's
+
                 try:
                     os.makedirs(metrics_dir(self.adir), mode=0o700, exist_ok=True)
                     self.writer = Writer(
