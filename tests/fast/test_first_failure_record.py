@@ -124,3 +124,21 @@ def test_after_peer_and_left_first_survive_the_records_check(tmp_path: Path) -> 
     )
     path.write_text(json.dumps(rank(0, 1, 1.0, after_peer="yes")))
     assert "after_peer" not in (records.outcome(records.read_json(str(path))) or {})
+
+
+def test_no_exit_code_rule_acts_on_the_code_of_a_rank_that_left_first(tmp_path: Path) -> None:
+    """The rank that left first was stopped in its own exit: its 143 is the launcher's
+    SIGTERM, its own code (sys.exit(3)) is lost. `retry_exit_codes: [3]` must not end the
+    run on "exit code 143 is not in retry_exit_codes", nor `no_retry_exit_codes: [143]`
+    act on it: no program said that code (as for a lost node, `retries` decide)."""
+    peer = rank(0, 1, 1.48, stopped_by_launcher=True, after_peer=True)
+    left = rank(1, 143, 1.57, signal="SIGTERM", stopped_by_launcher=True)
+    found = records.first_failure([peer, left])
+    assert found is not None and found.get("left_first")
+    assert retry_codes.cause_code(found, str(tmp_path)) is None
+    records.claim_first(str(tmp_path), found)  # as the controller reads it back
+    assert retry_codes.cause_code(None, str(tmp_path)) is None
+    for rec in (peer, left):
+        records.write_json(str(tmp_path / f"rank-{rec['rank']}.json"), rec)
+    os.unlink(tmp_path / records.FIRST)
+    assert retry_codes.cause_code(None, str(tmp_path)) is None  # from the ranks' records

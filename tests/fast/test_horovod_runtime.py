@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trebuchet.runtime.node import horovodrun as horovod
 
@@ -92,3 +95,64 @@ def test_horovods_own_failures_are_classified(line: str, category: str) -> None:
 
     rule = catalog.match(line, True)
     assert rule is not None and rule.category == category
+
+
+REAL_CASCADE = (  # a rank's log end under horovodrun (gloo), rank 1 having left first
+    b"step 1/5 loss=2.2965\nTraceback (most recent call last):\n"
+    b'  File "mpi_ops.py", line 1285, in synchronize\n'
+    b"    mpi_lib.horovod_torch_wait_and_clear(handle)\n"
+    b"RuntimeError: " + horovod.SHUTDOWN + b" or an attempt to allreduce.\n\n"
+    b"During handling of the above exception, another exception occurred:\n\n"
+    b"Traceback (most recent call last):\n"
+    b'  File "train.py", line 47, in <module>\n    opt.step()\n'
+    b"horovod.common.exceptions.HorovodInternalError: " + horovod.SHUTDOWN + b" or an.\n"
+)
+
+
+def test_a_log_that_quotes_horovods_shutdown_is_no_cascade(tmp_path: Path) -> None:
+    """A rank that printed horovod's shutdown text itself (a hint it echoes, an earlier
+    error it caught and logged) and then failed on its own (its traceback says another
+    error) is no cascade: else it is no failure of its own, and its peer that horovodrun
+    stopped is named as the rank that left first (records.left_first), the wrong rank."""
+    from trebuchet.runtime.node.agent import Proc
+    from trebuchet.runtime.node.task import _horovod_cascade
+    from trebuchet.runtime.rundir import records
+
+    (tmp_path / "rank-0.log").write_bytes(
+        b"hint: if you see '" + horovod.SHUTDOWN + b"', look above\nstep 1/5\n"
+        b'Traceback (most recent call last):\n  File "train.py", line 9, in <module>\n'
+        b"ValueError: bad batch at step 2\n"
+    )
+    p = Proc("rank-0", "0:0", ["x"], {}, rank=0, node=0, local_rank=0)
+    p.returncode, p.ended_at = 1, 1.0
+    assert not _horovod_cascade(str(tmp_path), None)(p)
+    left = {"label": "0:1", "rank": 1, "node": 0, "exit_code": 143, "signal": "SIGTERM",
+            "ended_at": 1.1, "stopped_by_launcher": True}  # fmt: skip
+    found = records.first_failure([{**p.outcome(), "stopped_by_launcher": p.stopped}, left])
+    assert found is not None and found["rank"] == 0 and not found.get("left_first"), found
+
+
+def test_horovods_own_cascade_is_read_through_its_chain_and_what_follows(tmp_path: Path) -> None:
+    log = tmp_path / "rank-0.log"
+    for tail in (b"", b"Exception ignored in: <function X.__del__>\nTraceback (most recent "
+                 b"call last):\n  File \"x.py\", line 1\nOSError: closed\n",
+                 b"[W gloo] connection closed by peer\n"):  # fmt: skip
+        log.write_bytes(REAL_CASCADE + tail)
+        assert horovod.peer_shutdown(str(log)), tail
+    log.write_bytes(REAL_CASCADE + b"The above exception was the direct cause of the "
+                    b"following exception:\n\nTraceback (most recent call last):\n"
+                    b"MyTrainingError: training failed\n")  # fmt: skip
+    assert horovod.peer_shutdown(str(log))  # raised from horovod's: still its cascade
+    log.write_bytes(REAL_CASCADE + b"step 1/5 resumed\n" * 3 + b"Traceback (most recent "
+                    b"call last):\nValueError: mine\n")  # fmt: skip
+    assert not horovod.peer_shutdown(str(log))  # caught, went on, failed on its own
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from([horovod.SHUTDOWN, horovod.TRACEBACK, *horovod.CHAINED,
+                                 horovod.IGNORED + b": x", b"\n", b"\x00", b"\r", b"y" * 50,
+                                 "\u2028".encode(), b"\xff\xfe"]), max_size=30))  # fmt: skip
+def test_any_log_is_read_without_an_exception(tmp_path_factory: Any, parts: list[bytes]) -> None:
+    log = tmp_path_factory.mktemp("h") / "rank-0.log"
+    log.write_bytes(b"".join(parts))
+    assert horovod.peer_shutdown(str(log)) in (True, False)

@@ -48,10 +48,13 @@ def verdict(
 
 def cause_code(cause: FirstFailure | None, adir: str) -> int | None:
     """The first failure's exit code (else the one on record in `adir`); None when it is no
-    program's exit: a lost or unhealthy node, or an end after a preemption began."""
+    program's exit: a lost or unhealthy node, an end after a preemption began, or the rank
+    that left first (records.left_first: its code is the launcher's SIGTERM, its own lost)."""
     if cause is None:
         cause = claimed_first(adir) or first_failure(attempt_records(adir))
-    if not cause or cause.get("label") in NOT_A_PROGRAM or preempted(cause, adir):
+    if not cause or cause.get("label") in NOT_A_PROGRAM or cause.get("left_first"):
+        return None
+    if preempted(cause, adir):
         return None
     code = cause.get("exit_code")
     return code if isinstance(code, int) and not isinstance(code, bool) else None

@@ -236,16 +236,50 @@ def node_procs(job: JobFile, env: dict[str, str], adir: str, node: int, nnodes: 
 SHUTDOWN = b"Horovod has been shut down. This was caused by an exception on one of the ranks"
 
 
+TRACEBACK = b"Traceback (most recent call last):"
+CHAINED = (  # what Python prints between the tracebacks of one chain of exceptions
+    b"During handling of the above exception, another exception occurred:",
+    b"The above exception was the direct cause of the following exception:",
+)
+IGNORED = b"Exception ignored in"  # a __del__'s traceback at exit: after the real one
+QUOTE_LINES = 5  # no traceback: horovod's word within the last lines (caught and printed)
+
+
 def peer_shutdown(log: str) -> bool:
     """Whether a rank's log ends with horovod's word that another rank failed first (its
     own exception is then a cascade: under the MPI controller it can exit before the rank
-    that caused it, which must stay the first failure). The log's last 64 KiB."""
+    that caused it, which must stay the first failure). The log's last 64 KiB: the word in
+    its last chain of tracebacks (horovod's RuntimeError, then HorovodInternalError, or an
+    error raised from it), or, with no traceback, in its last lines. A log that quotes it
+    (a hint the program prints, an error it caught and went on) and then fails on an
+    error of its own is no cascade: that rank is its own failure, never its stopped peer
+    (records.left_first would name it)."""
     from ..rundir.regular import open_regular
 
     try:
         with open_regular(log) as fh:
             size = os.fstat(fh.fileno()).st_size
             fh.seek(max(0, size - 65536))
-            return SHUTDOWN in fh.read(65536)
+            data = fh.read(65536)
     except OSError:
         return False
+    if SHUTDOWN not in data:
+        return False
+    start = _last_chain(data)
+    if start is None:
+        return SHUTDOWN in b"\n".join(data.rstrip().splitlines()[-QUOTE_LINES:])
+    return SHUTDOWN in data[start:]
+
+
+def _last_chain(data: bytes) -> int | None:
+    """Where the log's last chain of tracebacks starts (those of `Exception ignored in`,
+    printed at exit after it, are no part of it); None without a traceback."""
+    starts, at = [], data.find(TRACEBACK)
+    while at >= 0:
+        line = data[data.rfind(b"\n", 0, max(at - 1, 0)) + 1 : at]
+        if IGNORED not in line:
+            starts.append(at)
+        at = data.find(TRACEBACK, at + 1)
+    while len(starts) > 1 and data[: starts[-1]].rstrip().endswith(CHAINED):
+        starts.pop()
+    return starts[-1] if starts else None
