@@ -142,3 +142,20 @@ def test_no_exit_code_rule_acts_on_the_code_of_a_rank_that_left_first(tmp_path: 
         records.write_json(str(tmp_path / f"rank-{rec['rank']}.json"), rec)
     os.unlink(tmp_path / records.FIRST)
     assert retry_codes.cause_code(None, str(tmp_path)) is None  # from the ranks' records
+
+
+def test_no_rank_left_first_where_the_stopped_rank_ended_before_its_peers_failed() -> None:
+    """A stop from outside (Ctrl+C, `treb cancel`, the timeout, the hang watch) stops
+    every rank; one that horovodrun's SIGTERM reached first ends horovod for the others,
+    and a peer whose own SIGTERM came later fails on that shutdown first (after_peer).
+    That rank was stopped before any peer failed: it left first in no sense, and a
+    cancelled or timed-out run must get no first failure invented. Only a rank stopped
+    after a peer failed on its end is named."""
+    peer = rank(0, 1, 2.0, stopped_by_launcher=True, after_peer=True)
+    stopped_first = rank(1, 143, 1.9, signal="SIGTERM", stopped_by_launcher=True)
+    assert records.first_failure([peer, stopped_first]) is None
+    no_time = rank(1, 143, None, signal="SIGTERM", stopped_by_launcher=True)  # type: ignore[arg-type]
+    assert records.first_failure([peer, no_time]) is None
+    later = rank(1, 143, 2.1, signal="SIGTERM", stopped_by_launcher=True)
+    found = records.first_failure([peer, later])
+    assert found is not None and found["rank"] == 1 and found.get("left_first")

@@ -273,16 +273,25 @@ def left_first(records: list[Outcome]) -> FirstFailure | None:
     launcher (horovodrun, mpirun) wakes on their exit and stops what still runs: the rank
     that left too, when its own exit is slow (a loaded machine), which loses its exit code.
     The peers' logs say another rank came first; the one stopped rank whose log does not
-    is that rank. None when there is no such cascade or more than one such rank."""
+    is that rank, where it ended after a peer failed (the launcher stopped it on that
+    failure): a stop from outside (a cancel, the timeout, the hang watch) that reached it
+    before its peers, whose horovod then shut down, names none. None when there is no such
+    cascade or more than one such rank."""
     ranks = [r for r in records if r.get("rank") is not None]
-    if not any(r.get("after_peer") for r in ranks):
+    peers = [r.get("ended_at") for r in ranks if r.get("after_peer")]
+    if not peers:
         return None
     left = [
         r for r in ranks
         if r.get("exit_code") not in (None, 0) and r.get("stopped_by_launcher")
         and not r.get("after_peer")
     ]  # fmt: skip
-    return {**left[0], "left_first": True} if len(left) == 1 else None
+    if len(left) != 1:
+        return None
+    ended, failed = left[0].get("ended_at"), min((t for t in peers if t is not None), default=None)
+    if ended is None or failed is None or ended < failed:
+        return None
+    return {**left[0], "left_first": True}
 
 
 def first_failure(records: list[Outcome]) -> FirstFailure | None:
