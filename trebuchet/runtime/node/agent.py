@@ -24,9 +24,9 @@ import time
 
 from ..contracts import rank_env as contract
 from ..process import contain, procs, unstarted
-from ..rundir.records import exit_fields, now, sync, writable_fd, write_json
+from ..rundir.records import exit_fields, now, read_json, sync, writable_fd, write_json
 from ..watch.activity import Progress
-from ..watch.paths import faulthandler_path, marks_path
+from ..watch.paths import faulthandler_path, marks_path, metrics_config
 
 TYPE_CHECKING = False  # typing's, without its import (a node agent's start: issue 36)
 if TYPE_CHECKING:
@@ -182,11 +182,13 @@ class Agent:
         if self.progress.on_line is not None:
             self.progress.on_line(name, line)
 
-    def _watch(self) -> None:
+    def _watch(self, conf: dict[str, Any] | None = None) -> None:
         """The watchers of the run's lines, GPUs and stack requests, once: at the first
         line, or WATCH_AFTER_S after the start (a run that prints nothing still has its GPUs
-        sampled and its stacks answered). A run that ends sooner, silent, never imports
-        their modules (~4 ms of regexes: a 2-rank launch's ratio to torchrun)."""
+        sampled and its stacks answered); at the start where the run asks for GPUs (start_all:
+        sampled from the start, a run that ends within the second too). A CPU run that ends
+        sooner, silent, never imports their modules (~4 ms of regexes: a 2-rank launch's
+        ratio to torchrun). `conf`: the run's metrics.json, where read already."""
         if self.watching:
             return
         from ..watch import eta, gpu
@@ -195,7 +197,7 @@ class Agent:
         from ..watch.stacks import Stacks
 
         self.watching = True
-        conf = metrics.read_config(self.adir) or {}  # the run's metrics.json
+        conf = conf or metrics.read_config(self.adir) or {}  # the run's metrics.json
         self.metrics = metrics.hook(self.adir, conf)  # fed by the one reader's lines
         self.eta = eta.hook(self.adir, conf)  # the first rank's progress, from them too
         self.gpus = gpu.sampler(self.adir, conf, self.procs)  # the node's GPUs, if asked for
@@ -392,6 +394,9 @@ class Agent:
         for p in self.procs:
             self.write_record(p)
         self.watch_at = time.monotonic() + WATCH_AFTER_S
+        conf = read_json(metrics_config(self.adir))  # a json read: no watcher's module
+        if isinstance(conf, dict) and conf.get("gpus"):  # GPUs asked for (watch/gpu.wanted)
+            self._watch(conf)
         if self.first_failure and self.stop_on_failure:
             self.teardown()
 

@@ -26,6 +26,7 @@ from typing import Any, Dict, Iterable, Sequence
 
 from ..rundir.records import read_json, writable_fd
 from .display_lines import shown
+from .paths import METRICS_CONFIG, metrics_config
 
 NUMBER = rb"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 PERF = re.compile(
@@ -381,11 +382,11 @@ class Metrics:
         return Writer(os.path.join(self.folder, name + ".jsonl"))
 
 
-CONFIG_FILE = "metrics.json"  # in the run directory, written at submission
+CONFIG_FILE = METRICS_CONFIG  # in the run directory, written at submission
 
 
 def read_config(adir: str) -> dict[str, Any] | None:
-    data = read_json(os.path.join(os.path.dirname(adir.rstrip("/")), CONFIG_FILE))
+    data = read_json(metrics_config(adir))
     return data if isinstance(data, dict) else None
 
 

@@ -12,10 +12,16 @@ import os
 
 MARKS_DIR = "marks"  # attempt-<n>/marks/<name>: trebuchet.dist.mark's (watch/marks.py)
 STACKS_DIR = "stacks"  # attempt-<n>/stacks: dumps and faulthandler files (watch/stacks.py)
+METRICS_CONFIG = "metrics.json"  # in the run directory, written at submission (metric_reader)
 
 
 def marks_path(adir: str, name: str) -> str:
     return os.path.join(adir, MARKS_DIR, name)
+
+
+def metrics_config(adir: str) -> str:
+    """The run's metrics.json (its metrics, progress and GPU watch) of an attempt's folder."""
+    return os.path.join(os.path.dirname(adir.rstrip("/")), METRICS_CONFIG)
 
 
 def stacks_dir(adir: str) -> str:
