@@ -159,3 +159,20 @@ def test_no_rank_left_first_where_the_stopped_rank_ended_before_its_peers_failed
     later = rank(1, 143, 2.1, signal="SIGTERM", stopped_by_launcher=True)
     found = records.first_failure([peer, later])
     assert found is not None and found["rank"] == 1 and found.get("left_first")
+
+
+def test_a_left_first_rank_is_said_the_same_by_the_notification_and_status() -> None:
+    """The webhook's cause (and the run's end line, life.py) said `rank 1 (node 1) killed
+    by SIGTERM` (a stop from outside, in words) where `treb status` says it left first."""
+    from trebuchet.runtime.publish.webhooks import cause_text
+
+    peer = rank(0, 1, 1.48, stopped_by_launcher=True, after_peer=True)
+    left = rank(1, 143, 1.57, signal="SIGTERM", stopped_by_launcher=True, host="tn2")
+    found = records.first_failure([peer, left])
+    assert found is not None
+    said = cause_text(found)
+    assert said.startswith("rank 1 (node 1) left first (the others failed on its end)"), said
+    assert "its exit cut short (SIGTERM)" in said and said.endswith(" on tn2"), said
+    assert "left first (the others failed on its end), its exit cut short (SIGTERM)" in (
+        describe_failure(found)
+    )

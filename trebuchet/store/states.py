@@ -6,7 +6,10 @@ import time
 
 from trebuchet.runtime.contracts import schema as contracts
 from trebuchet.runtime.contracts.schema import FirstFailure
-from trebuchet.runtime.rundir.records import first_failure  # noqa: F401 (one definition, shared)
+from trebuchet.runtime.rundir.records import (
+    first_failure,  # noqa: F401 (one definition, shared)
+    left_first_how,
+)
 
 PENDING = "PENDING"
 RUNNING = "RUNNING"
@@ -53,8 +56,7 @@ def describe_failure(ff: FirstFailure | None) -> str:
         else f"exited with code {ff.get('exit_code')}"
     )
     if ff.get("left_first"):  # rundir/records.left_first
-        stop = ff.get("signal") or f"code {ff.get('exit_code')}"
-        how = f"left first (the others failed on its end), its exit cut short ({stop})"
+        how = left_first_how(ff)
     when = time.strftime("%H:%M:%S", time.localtime(ff["ended_at"])) if ff.get("ended_at") else "?"
     return f"{who} {how} at {when} (attempt {int(ff.get('attempt') or 0) + 1})"
 

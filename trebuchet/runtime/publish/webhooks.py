@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, NamedTuple
 
 from ..contracts import secrets
 from ..contracts.schema import NOTIFY_EVENTS
-from ..rundir.records import append_event
+from ..rundir.records import append_event, left_first_how
 from ..watch import log_policies as policies
 
 if TYPE_CHECKING:
@@ -153,6 +153,8 @@ def cause_text(cause: FirstFailure | None) -> str:
         who = f"rank {rank}" + (f" (node {node})" if node is not None else "")
     how = (f"killed by {cause['signal']}" if cause.get("signal")
            else f"exited with code {cause.get('exit_code')}")  # fmt: skip
+    if cause.get("left_first"):  # its SIGTERM is the launcher's (records.left_first)
+        how = left_first_how(cause)
     host = f" on {cause['host']}" if cause.get("host") else ""
     return f"{who} {how}{host}"
 

@@ -294,6 +294,12 @@ def left_first(records: list[Outcome]) -> FirstFailure | None:
     return {**left[0], "left_first": True}
 
 
+def left_first_how(ff: Outcome) -> str:
+    """How a rank that left first ended, in words (status, webhooks, Slurm's reason)."""
+    stop = ff.get("signal") or f"code {ff.get('exit_code')}"
+    return f"left first (the others failed on its end), its exit cut short ({stop})"
+
+
 def first_failure(records: list[Outcome]) -> FirstFailure | None:
     """The earliest non-zero outcome that was no cascade (stopped by the launcher, or a node
     lost after the first failure: AFTER): a lost node's before all (its peers' ranks fail

@@ -38,6 +38,7 @@ from ..rundir.records import (
     attempt_logs,
     attempt_records,
     first_failure,
+    left_first_how,
     now,
     read_json,
     write_text,
@@ -795,6 +796,8 @@ class Controller:
             if first.get("signal")
             else (f"exited with code {first['exit_code']}")
         )
+        if first.get("left_first"):  # its SIGTERM is the launcher's (records.left_first)
+            how = left_first_how(first)
         return f"{who} on {first.get('host', '?')} {how}"
 
     # -- the job -------------------------------------------------------------------------
