@@ -176,3 +176,15 @@ def test_a_left_first_rank_is_said_the_same_by_the_notification_and_status() -> 
     assert "left first (the others failed on its end), its exit cut short (SIGTERM)" in (
         describe_failure(found)
     )
+
+
+def test_a_rank_cannot_say_of_itself_that_it_left_first(tmp_path: Path) -> None:
+    """left_first is the reading of all the records (records.left_first), never a field a
+    record brings: a rank that writes one into its own record (it runs in the attempt's
+    folder) is its own failure with its own code, which the exit-code rules still read."""
+    forged = rank(0, 3, 1.0, left_first=True)
+    records.write_json(str(tmp_path / "rank-0.json"), forged)
+    found = records.first_failure(records.attempt_records(str(tmp_path)))
+    assert found is not None and found["exit_code"] == 3 and not found.get("left_first")
+    assert "left first" not in describe_failure(found)
+    assert retry_codes.cause_code(None, str(tmp_path)) == 3

@@ -305,6 +305,10 @@ def first_failure(records: list[Outcome]) -> FirstFailure | None:
     lost after the first failure: AFTER): a lost node's before all (its peers' ranks fail
     because it is gone), then a rank's, then the rank that left first, then a node agent's
     (its launcher's exit only says some rank failed)."""
+    records = [  # left_first is this reading's, never a record's own (a rank writes them)
+        {k: v for k, v in r.items() if k != "left_first"} if "left_first" in r else r  # type: ignore[misc]
+        for r in records
+    ]
     failed = [
         r for r in records
         if r.get("exit_code") not in (None, 0) and not r.get("stopped_by_launcher")
