@@ -130,6 +130,12 @@ def test_a_log_that_quotes_horovods_shutdown_is_no_cascade(tmp_path: Path) -> No
             "ended_at": 1.1, "stopped_by_launcher": True}  # fmt: skip
     found = records.first_failure([{**p.outcome(), "stopped_by_launcher": p.stopped}, left])
     assert found is not None and found["rank"] == 0 and not found.get("left_first"), found
+    (tmp_path / "rank-0.log").write_bytes(  # quoted, then its own sys.exit(3): no traceback
+        b"hint: if you see '" + horovod.SHUTDOWN + b"', look above\nleaving on purpose\n"
+    )
+    assert not _horovod_cascade(str(tmp_path), None)(p)
+    (tmp_path / "rank-0.log").write_bytes(horovod.SHUTDOWN + b" or an attempt.\n")
+    assert _horovod_cascade(str(tmp_path), None)(p)  # caught, printed (print(e)), exited
 
 
 def test_horovods_own_cascade_is_read_through_its_chain_and_what_follows(tmp_path: Path) -> None:

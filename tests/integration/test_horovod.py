@@ -101,8 +101,9 @@ def check_host() -> str:
 def test_local_failing_rank_is_named(controller: str, treb: TrebFn, tmp_path: Path) -> None:
     """Rank 1 exits 3 after a step: it is the first failure (not rank 0, whose horovod
     shut down after it, nor horovodrun's `one or more processes exited` summary), the others
-    were stopped, nothing of the run is left."""
-    extra = f", HOROVOD_CONTROLLER: {controller}, HVD_FAIL_RANK: '1'"
+    were stopped, nothing of the run is left. It prints horovod's shutdown text itself
+    first (HVD_QUOTE_SHUTDOWN): its own words, no cascade (horovodrun.peer_shutdown)."""
+    extra = f", HOROVOD_CONTROLLER: {controller}, HVD_FAIL_RANK: '1', HVD_QUOTE_SHUTDOWN: '1'"
     res = treb("run", str(local_spec(tmp_path, 1, 2, extra)))
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
     st = status_json(treb)

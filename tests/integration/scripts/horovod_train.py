@@ -5,6 +5,8 @@ that differs per rank; then the weights and an allreduce checked equal on every 
 the rank contract (trebuchet.dist.init_env) checked against horovod's own view. Prints
 `HVD OK rank=R size=S host=H w=...` on success; any mismatch raises (the rank fails).
 `HVD_FAIL_RANK=r`: that rank exits 3 after the first step (a failing rank).
+`HVD_QUOTE_SHUTDOWN=1`: the failing rank prints horovod's shutdown text before it exits (a
+program's own words: no cascade, it stays the first failure).
 `HVD_SLOW_EXIT=S`: the failing rank's exit takes S seconds after horovod's own shutdown (a
 program whose atexit work is slow: its peers fail on horovod's shutdown and horovodrun
 stops it, SIGTERM, before its exit ends, as a loaded machine does to a plain sys.exit).
@@ -47,6 +49,9 @@ for step in range(5):
     opt.step()
     print(f"step {step + 1}/5 loss={loss.item():.4f}", flush=True)
     if fail is not None and int(fail) == rank:
+        if os.environ.get("HVD_QUOTE_SHUTDOWN"):  # its own words quote horovod's cascade
+            print("hint: 'Horovod has been shut down. This was caused by an exception on one "
+                  "of the ranks' in a log is a peer's failure", file=sys.stderr)  # fmt: skip
         print(f"rank {rank} failing on purpose on {socket.gethostname()}", file=sys.stderr)
         if os.environ.get("HVD_SLOW_EXIT"):  # horovod's shutdown, then the rest of the exit
             hvd.shutdown()

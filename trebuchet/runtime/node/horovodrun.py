@@ -253,7 +253,9 @@ def peer_shutdown(log: str) -> bool:
     error raised from it), or, with no traceback, in its last lines. A log that quotes it
     (a hint the program prints, an error it caught and went on) and then fails on an
     error of its own is no cascade: that rank is its own failure, never its stopped peer
-    (records.left_first would name it)."""
+    (records.left_first would name it). The word counts as horovod's exception says it: at
+    a line's start, or after the exception's name (`HorovodInternalError: `), never inside
+    a line of the program's own (`hint: if you see 'Horovod has been shut down...'`)."""
     from ..rundir.regular import open_regular
 
     try:
@@ -265,10 +267,13 @@ def peer_shutdown(log: str) -> bool:
         return False
     if SHUTDOWN not in data:
         return False
+    import re
+
+    said = re.compile(rb"(?m)^(?:[\w.]*(?:Error|Exception)\w*: )?" + re.escape(SHUTDOWN))
     start = _last_chain(data)
     if start is None:
-        return SHUTDOWN in b"\n".join(data.rstrip().splitlines()[-QUOTE_LINES:])
-    return SHUTDOWN in data[start:]
+        return said.search(b"\n".join(data.rstrip().splitlines()[-QUOTE_LINES:])) is not None
+    return said.search(data, start) is not None
 
 
 def _last_chain(data: bytes) -> int | None:
