@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trebuchet.diagnose.codepaths import CodeMap
 from trebuchet.launcher.outputs import lines as output_lines
 from trebuchet.runtime.watch.display_lines import shown
 from trebuchet.spec.duration import human
@@ -105,6 +104,8 @@ def final_summary(store: Store, rec: RunRecord, colour: bool = False) -> str:
             out.append(f"{len(stopped)} other process(es) were stopped by the launcher after it")
         log = ff.get("log")
         if log:
+            from trebuchet.diagnose.codepaths import CodeMap  # a failure's: filecmp, the map
+
             tail = tail_text(Path(log))
             code = CodeMap.for_run(rec.run_dir)  # tracebacks name the user's files
             tail = code.lines(tail) if code else tail

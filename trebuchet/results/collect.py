@@ -8,14 +8,17 @@ import json
 import shlex
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trebuchet.results import parse, table
+from trebuchet.results import table
 from trebuchet.runtime.process.procs import hostname
 from trebuchet.runtime.rundir.records import read_json
 from trebuchet.runtime.rundir.regular import read_text
 from trebuchet.store.states import ACTIVE
 from trebuchet.view.follow import attempt_logs
+
+if TYPE_CHECKING:
+    from trebuchet.results import parse
 
 RANKS = ("rank0", "sum", "mean")
 DEFAULT_FILE = "results.csv"
@@ -68,10 +71,18 @@ def _git(workdir: str | None, created_at: float) -> str | None:
 
 
 def _rank_logs(adir: Path) -> dict[int, Path]:
-    """rank-<r>.log of the attempt; node-<n>.log (the unit under launcher none) otherwise."""
+    """rank-<r>.log of the attempt; node-<n>.log (the unit under launcher none) otherwise:
+    those that hold something (a silent run's end never imports the parsers)."""
     logs = attempt_logs(adir)
     kind = "rank" if any(k == "rank" for k, _, _ in logs) else "node"
-    return {num: path for k, num, path in logs if k == kind}
+    return {num: path for k, num, path in logs if k == kind and _size(path)}
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def aggregate(values: dict[int, parse.Value], how: str) -> tuple[float, str, str] | None:
@@ -170,6 +181,8 @@ def compute(store: Any, rec: Any) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     path = _csv_path(file, run_dir, cwd, rec.started_at)
     if path is not None:
+        from trebuchet.results import parse
+
         try:
             for r in parse.results_csv(path):
                 rows.append({**base, "model": f"{rec.name}_{r.model}", "performance": r.value,
@@ -180,6 +193,16 @@ def compute(store: Any, rec: Any) -> list[dict[str, Any]]:
     if rows:
         return rows
     logs = _rank_logs(adir)
+    found = _from_logs(logs, how) if logs else None
+    value, metric, source = found if found else (None, None, None)
+    return [{**base, "model": rec.name, "performance": value, "metric": metric, "source": source,
+             "status": table.status(rec.state, value)}]  # fmt: skip
+
+
+def _from_logs(logs: dict[int, Path], how: str) -> tuple[float, str, str] | None:
+    """The ranks' `performance:` lines, else the HF Trainer's train_samples_per_second."""
+    from trebuchet.results import parse
+
     values = {r: v for r, p in logs.items() if (v := parse.performance(p))}
     found = aggregate(values, how)
     if found is None:
@@ -187,9 +210,7 @@ def compute(store: Any, rec: Any) -> list[dict[str, Any]]:
         found = aggregate(values, how)
         if found:
             found = (found[0], found[1], found[2] + ", train_samples_per_second")
-    value, metric, source = found if found else (None, None, None)
-    return [{**base, "model": rec.name, "performance": value, "metric": metric, "source": source,
-             "status": table.status(rec.state, value)}]  # fmt: skip
+    return found
 
 
 def collect(store: Any, rec: Any, force: bool = False) -> list[dict[str, Any]]:

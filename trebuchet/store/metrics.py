@@ -24,7 +24,7 @@ from typing import Any
 from trebuchet.plain import record
 from trebuchet.runtime.rundir.regular import open_regular
 from trebuchet.runtime.watch.display_lines import shown
-from trebuchet.runtime.watch.metric_reader import MAX_NAMES
+from trebuchet.runtime.watch.paths import MAX_NAMES
 from trebuchet.store.db import RunRecord, Store
 from trebuchet.store.files import append_event
 

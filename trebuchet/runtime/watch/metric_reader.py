@@ -26,7 +26,7 @@ from typing import Any, Dict, Iterable, Sequence
 
 from ..rundir.records import read_json, writable_fd
 from .display_lines import shown
-from .paths import METRICS_CONFIG, metrics_config
+from .paths import MAX_NAMES, METRICS_CONFIG, metrics_config
 
 NUMBER = rb"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 PERF = re.compile(
@@ -65,7 +65,6 @@ LITERAL_MAX = 16 << 10
 SCAN_BAR = 2048  # bytes of a line's end a bar's metrics are looked for in
 DEPTH_MAX = 32  # nesting of a `{...}` decoded at most (json and ast recurse per level)
 NAME_MAX = 100
-MAX_NAMES = 256  # distinct metric names a process writes, and a run keeps (docs/metrics.md)
 METRICS_DIR = "metrics"
 SOFT_MAX = 64 << 20
 HARD_MAX = 256 << 20

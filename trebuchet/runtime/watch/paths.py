@@ -1,7 +1,7 @@
-"""The per-rank paths a rank is handed at its start (TREB_MARKS, TREB_STACKS_FILE), apart
-from the modules that read those files: the node agent computes them before its first
-rank starts, and imports the readers (their regexes, parsers) only once its ranks run
-(issue 36: 64 agents' start on one machine).
+"""The per-rank paths a rank is handed at its start (TREB_MARKS, TREB_STACKS_FILE), and the
+metrics' cap a run's end reads, apart from the modules that read those files: the node agent
+computes them before its first rank starts, and imports the readers (their regexes, parsers)
+only once its ranks run (issue 36: 64 agents' start on one machine).
 
 Stdlib only, Python >= 3.8 (runtime file).
 """
@@ -13,6 +13,7 @@ import os
 MARKS_DIR = "marks"  # attempt-<n>/marks/<name>: trebuchet.dist.mark's (watch/marks.py)
 STACKS_DIR = "stacks"  # attempt-<n>/stacks: dumps and faulthandler files (watch/stacks.py)
 METRICS_CONFIG = "metrics.json"  # in the run directory, written at submission (metric_reader)
+MAX_NAMES = 256  # distinct metric names a process writes, and a run keeps (docs/metrics.md)
 
 
 def marks_path(adir: str, name: str) -> str:
