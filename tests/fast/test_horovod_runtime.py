@@ -152,6 +152,9 @@ def test_horovods_own_cascade_is_read_through_its_chain_and_what_follows(tmp_pat
     log.write_bytes(REAL_CASCADE + b"step 1/5 resumed\n" * 3 + b"Traceback (most recent "
                     b"call last):\nValueError: mine\n")  # fmt: skip
     assert not horovod.peer_shutdown(str(log))  # caught, went on, failed on its own
+    for line in (b"Error" * 12000, b"x.Error" * 8500):  # a hostile line before the word
+        log.write_bytes(line + b" " + horovod.SHUTDOWN + b"\n")
+        assert not horovod.peer_shutdown(str(log))
 
 
 @settings(max_examples=100, deadline=None)

@@ -269,7 +269,10 @@ def peer_shutdown(log: str) -> bool:
         return False
     import re
 
-    said = re.compile(rb"(?m)^(?:[\w.]*(?:Error|Exception)\w*: )?" + re.escape(SHUTDOWN))
+    # bounded: an exception's name is short (`[\w.]*` on a 64 KiB line of `ErrorError...`
+    # backtracked for ~0.8 s of the agent's reap)
+    name = rb"[\w.]{0,200}(?:Error|Exception)\w{0,40}: "
+    said = re.compile(rb"(?m)^(?:" + name + rb")?" + re.escape(SHUTDOWN))
     start = _last_chain(data)
     if start is None:
         return said.search(b"\n".join(data.rstrip().splitlines()[-QUOTE_LINES:])) is not None
