@@ -79,6 +79,24 @@ def test_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert specless.build(_args("echo", "x", no_python=True))["command"] == ["echo", "x"]
 
 
+def test_a_module_runs_in_place_as_a_script_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`treb run -m pkg.trainer` (torchrun's --module): python -m runs from the folder it was
+    typed in, as `treb run train.py` does (torchrun runs both there); it kept the spec's
+    default snapshot, so its ranks ran in `<run dir>/code` and wrote their files there."""
+    from trebuchet.cli.torchrun_flags import Translated
+
+    monkeypatch.chdir(tmp_path)
+    args = argparse.Namespace(command=["pkg.trainer", "--lr", "1"],
+                              torchrun=Translated(mode="module"))  # fmt: skip
+    built = specless.build(args)
+    assert built["command"] == ["python", "-m", "pkg.trainer", "--lr", "1"]
+    assert built["snapshot"] is False, built
+    args.on = "ssh"  # where the code travels, the snapshot stays (launcher/outputs.in_place)
+    assert "snapshot" not in specless.build(args)
+
+
 def test_flags_are_overrides() -> None:
     parser = specless.verb_parser(build_parser("run"), "run")
     ns = parser.parse_args(["run", "--standalone", "-n", "4", "--max-restarts", "2",

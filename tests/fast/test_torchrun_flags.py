@@ -90,6 +90,7 @@ def test_program_flags_make_the_first_word_the_program(here: Path) -> None:
     assert specless.build(args) == {
         "name": "train",
         "command": ["python", "-m", "pkg.train", "--lr", "1", "--name", "x"],
+        "snapshot": False,  # in this folder, as torchrun runs it (test_specless.py)
     }
     args, command = parse("--no-python", "./run.sh", "--prepared-data", "/d")
     args.torchrun = torchrun_flags.translate(args, None, True)

@@ -193,10 +193,13 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
 
     t: Translated = getattr(args, "torchrun", None) or Translated(
         mode="as-is" if getattr(args, "no_python", False) else "python")  # fmt: skip
+    from trebuchet.launcher.outputs import in_place  # runs in this folder, as torchrun
+
+    here = in_place(getattr(args, "on", None), os.getcwd())
     command = list(args.command)
     if t.mode == "module":  # torchrun -m: python -m MODULE ARG...
         name = default_name(Path(command[0].rsplit(".", 1)[-1]))
-        return {"name": name, "command": wrap_command(t, [PYTHON, "-m", *command])}
+        return {"name": name, "command": wrap_command(t, [PYTHON, "-m", *command]), **here}
     script = _script(command) if t.mode != "as-is" or command[0].lower().endswith(".py") else None
     if t.mode == "run-path":
         script = command[0]
@@ -216,10 +219,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
         name = default_name(Path(command[2].rsplit(".", 1)[-1]))
     else:
         name = default_name(Path(os.path.basename(command[0])))
-    from trebuchet.launcher.outputs import in_place  # runs in this folder, as torchrun
-
-    return {"name": name, "command": wrap_command(t, command),
-            **in_place(getattr(args, "on", None), os.getcwd())}  # fmt: skip
+    return {"name": name, "command": wrap_command(t, command), **here}
 
 
 def spec_yaml(data: dict[str, Any], validated: dict[str, Any], typed: list[str]) -> str:
