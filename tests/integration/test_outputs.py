@@ -50,11 +50,15 @@ def written_here(folder: Path) -> list[str]:
     )
 
 
-def test_specless_run_writes_in_the_folder_it_was_typed_in(treb: TrebFn, tmp_path: Path) -> None:
-    """`treb run -n 2 train.py`: the ranks' working directory is the user's folder, as under
-    torchrun; no code snapshot, nothing said about outputs."""
+@pytest.mark.parametrize("form", [["train.py"], ["-m", "train"]])
+def test_specless_run_writes_in_the_folder_it_was_typed_in(
+    form: list[str], treb: TrebFn, tmp_path: Path
+) -> None:
+    """`treb run -n 2 train.py` and `treb run -n 2 -m train` (torchrun's --module): the ranks'
+    working directory is the user's folder, as under torchrun; no code snapshot, nothing said
+    about outputs (-m ran in `<run dir>/code` before)."""
     w = project(tmp_path)
-    res = treb("run", "-n", "2", "train.py", cwd=w, timeout=GUARD_S)
+    res = treb("run", "-n", "2", *form, cwd=w, timeout=GUARD_S)
     assert res.returncode == 0, res.stderr
     assert f"cwd={w}" in res.stdout
     assert written_here(w) == [
