@@ -49,7 +49,10 @@ def test_an_unhealthy_host_starts_no_rank(treb: TrebFn, ssh_config: str, tmp_pat
     adir = Path(st["run_dir"]) / "attempt-0"
     assert not (adir / "rank-2.json").exists() and not (adir / "rank-3.json").exists()
     assert (adir / "health-1.log").read_text() == "no scratch on ts2\n"
-    assert [(h["node"], h["healthy"]) for h in st["health"]["1"]] == [(0, True), (1, False)]
+    # node 0's checks may still run when node 1's failure stops the attempt (then it has no
+    # record: 1 run in 6-8 here, the first after the hosts start); where they ended, healthy
+    found = {h["node"]: h["healthy"] for h in st["health"]["1"]}
+    assert found[1] is False and found.get(0, True) is True, st["health"]
     assert (Path(st["run_dir"]) / "excluded-nodes").read_text().startswith("ts2\t")
     assert_nothing_left(run)
 
