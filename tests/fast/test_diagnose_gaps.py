@@ -100,6 +100,28 @@ def test_srun_refusal_in_a_console_log() -> None:
     assert any("Requested node configuration is not available" in e for e in d.evidence)
 
 
+def test_a_step_slurm_stopped_without_saying_why() -> None:
+    # Slurm's real output (stop 44's CI): the time limit ended the step, srun printed its
+    # abort and both tasks' SIGTERM, and slurmstepd's DUE TO TIME LIMIT line was lost.
+    d = diagnose_paths([CAPTURED / "slurm-2.out"])
+    assert d.category == "stopped_by_slurm", d.summary
+    assert (d.rank, d.node) == (None, None)
+    assert "none failed on its own" in d.summary
+    assert "`sacct -j 2 -o JobID,State,Reason,Elapsed,Timelimit`" in d.summary
+    assert "sacct -j 2 " in d.remedy and "JOBID" not in d.remedy
+    assert d.evidence[0].startswith("srun: Job step aborted")
+    assert {d.roles[id(u)] for u in d.units} == {"stopped"}
+
+
+def test_a_stopped_step_with_a_failed_task_is_that_task(tmp_path: Path) -> None:
+    # the same log, one task having exited 1 before the abort: that task is the failure
+    text = (CAPTURED / "slurm-2.out").read_text()
+    log = tmp_path / "slurm-7.out"
+    log.write_text(text.replace("tn2: task 1: Terminated", "tn2: task 1: Exited with exit code 1"))
+    d = diagnose_paths([log])
+    assert d.category == "unknown" and d.rank == 1, d.summary
+
+
 def _timeout_run(tmp_path: Path, silent_s: float, ran_s: float, printed: bool = True) -> dict:
     """A TIMEOUT run directory of 2 ranks whose logs were last written `silent_s` before
     the attempt's end (their mtimes are set as the kernel would have left them)."""

@@ -21,7 +21,7 @@ def test_categories_are_the_issues_names() -> None:
         "network_unreachable", "missing_module", "bad_command", "launcher_missing",
         "missing_file", "disk_full",
         "environment_build", "setup_failed", "node_unhealthy", "node_lost", "launch_env_missing", "segfault", "aborted", "exit_abort", "time_limit",
-        "node_failure", "scheduler_refusal", "cancelled", "unknown",
+        "node_failure", "scheduler_refusal", "cancelled", "stopped_by_slurm", "unknown",
     )  # fmt: skip
     assert all(catalog.REMEDIES[c] and "\n" not in catalog.REMEDIES[c] for c in catalog.CATEGORIES)
     assert {r.category for r in catalog.RULES} <= set(catalog.CATEGORIES) | {"cascade"}

@@ -137,10 +137,16 @@ def test_scancel_is_cancelled(slurm_env, tmp_path: Path) -> None:
 def test_time_limit(time_limited) -> None:
     log, proc = time_limited
     proc.wait(timeout=240)
-    assert "DUE TO TIME LIMIT" in log.read_text()
+    text = log.read_text()
     data = diagnose(log)
-    assert data["root_cause"]["category"] == "time_limit"
     assert {r["role"] for r in data["ranks"]} == {"stopped"}
+    if "DUE TO TIME LIMIT" in text:
+        assert data["root_cause"]["category"] == "time_limit"
+    else:
+        # Slurm lost slurmstepd's line (srun ended before it was forwarded: once in stop 44's
+        # CI, never in 16 tries under load): the log says only that Slurm stopped the step.
+        assert "srun: Job step aborted" in text
+        assert data["root_cause"]["category"] == "stopped_by_slurm", data["root_cause"]
 
 
 def test_a_failed_run_on_the_slurm_backend(slurm_env, treb, tmp_path: Path) -> None:

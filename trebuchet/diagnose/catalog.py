@@ -129,6 +129,14 @@ REMEDIES: dict[str, str] = {
     "some of these before submitting.",
     "cancelled": "Nothing failed: the run was cancelled (treb cancel, Ctrl+C, scancel or a "
     "preemption); resubmit it when wanted.",
+    "stopped_by_slurm": "Nothing in the log failed: Slurm stopped every task because the job "
+    "ended from outside (its time limit, a scancel, a preemption, a lost node, or Ctrl+C on "
+    "srun), and "
+    "slurmstepd's line saying which (`*** ... CANCELLED AT ... DUE TO ...`) did not reach "
+    "this log (srun can end before it is forwarded). Ask Slurm: `sacct -j JOBID -o "
+    "JobID,State,Reason,Elapsed,Timelimit`. TIMEOUT: raise the time limit, or checkpoint on "
+    "the warning signal and resume with retries:; CANCELLED: nothing failed; NODE_FAIL or "
+    "PREEMPTED: resubmit (retries: with checkpoints rides it out).",
     "unknown": "No known cause was found: read the evidence lines and the failing rank's "
     f"whole log ({LOGS_HINT}).",
 }
@@ -173,6 +181,7 @@ TITLES: dict[str, str] = {
     "node_failure": "node failure",
     "scheduler_refusal": "the scheduler refused the job",
     "cancelled": "cancelled",
+    "stopped_by_slurm": "stopped by Slurm, why not in the log (time limit, cancel, node)",
     "unknown": "unknown",
 }
 

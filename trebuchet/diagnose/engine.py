@@ -32,6 +32,9 @@ NO_TS = float("inf")
 HUNG_SILENCE_S = 600.0
 HUNG_SHARE = 0.5
 LOOPBACK = re.compile(r"\b127\.\d+\.\d+\.\d+|\[::1\]")
+STEP_ABORTED = re.compile(r"^srun: Job step aborted\b")  # srun, told its job is over
+SLURM_OUT_NAME = re.compile(r"^slurm-(?P<job>\d{1,12})(?:_\d{1,9})?\.out$")
+SRUN_TASK_STOPPED = re.compile(r"^srun: error: \S+: tasks? [\d,-]+: (?:Terminated|Killed)$")
 
 
 @dataclass
@@ -452,6 +455,25 @@ def decide(case: Case) -> Diagnosis:
     return d
 
 
+def _stopped_by_slurm(case: Case) -> Diagnosis | None:
+    """A job log where srun aborted the step and every task died of a stop signal: Slurm
+    ended the job (its time limit, scancel, a preemption, a lost node, Ctrl+C on srun), and
+    slurmstepd's line saying which never reached the log (srun can end before it is
+    forwarded: seen in CI, 2 tasks SIGTERMed at their time limit, no line)."""
+    aborted = next((ln for ln in case.unattributed if STEP_ABORTED.search(ln.text)), None)
+    signals = {catalog.signal_of(u.exit_code, u.signal) for u in case.units}
+    if aborted is None or not signals or not signals <= catalog.STOP_SIGNALS:
+        return None
+    m = SLURM_OUT_NAME.search(Path(case.source).name)  # sbatch's default: slurm-%j.out
+    job = m["job"] if m else "JOBID"
+    summary = (f"Slurm stopped every task and none failed on its own; this log does not say "
+               f"why (`sacct -j {job} -o JobID,State,Reason,Elapsed,Timelimit` does)")  # fmt: skip
+    stops = [ln.raw for ln in case.unattributed if SRUN_TASK_STOPPED.search(ln.text)]
+    evidence = [aborted.raw, *stops[:2]]
+    fix = catalog.REMEDIES["stopped_by_slurm"].replace("JOBID", job)
+    return Diagnosis("stopped_by_slurm", summary, evidence=evidence, fix=fix)
+
+
 def _decide(case: Case) -> tuple[Diagnosis, Unit | None]:
     """The diagnosis, and the unit it blames (None: no unit)."""
     u: Unit | None  # each unit in turn; at the end, the one the diagnosis blames (or none)
@@ -545,6 +567,10 @@ def _decide(case: Case) -> tuple[Diagnosis, Unit | None]:
     u = first or next((x for x in case.units if x.failed and id(x) not in victims), None)
     if u is None and case.units and not any_failed:
         u = next((x for x in case.units if x.finding and x.finding.errors), None)
+    if u is None and not case.run:
+        stopped = _stopped_by_slurm(case)
+        if stopped:
+            return stopped, None
     if u is None:
         errors = [ln.raw for ln in loose.errors[-5:]]
         if not errors and not case.run:  # logs that show no failure at all
