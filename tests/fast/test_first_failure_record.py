@@ -178,6 +178,28 @@ def test_a_left_first_rank_is_said_the_same_by_the_notification_and_status() -> 
     )
 
 
+def test_diagnose_says_the_left_first_rank_in_the_same_words(tmp_path: Path) -> None:
+    """`treb diagnose` of that run names rank 1 with status's words, not its own."""
+    from trebuchet.diagnose.report import diagnose_run
+
+    peer = rank(0, 1, 1.48, stopped_by_launcher=True, after_peer=True, node=0)
+    left = rank(1, 143, 1.57, signal="SIGTERM", stopped_by_launcher=True, node=0)
+    adir = tmp_path / "attempt-0"
+    adir.mkdir()
+    for rec in (peer, left):
+        records.write_json(str(adir / f"rank-{rec['rank']}.json"), rec)
+        (adir / f"rank-{rec['rank']}.log").write_text("step 1\n")
+    found = records.first_failure([peer, left])
+    assert found is not None
+    run = {"id": "ab12", "run_dir": str(tmp_path), "state": "FAILED", "attempt": 0,
+           "backend": "local", "first_failure": {**found, "attempt": 0}}  # fmt: skip
+    d = diagnose_run(run)
+    assert d.rank == 1, d.summary
+    assert "left first (the others failed on its end), its exit cut short (SIGTERM)" in (
+        d.summary
+    ), d.summary
+
+
 def test_a_rank_cannot_say_of_itself_that_it_left_first(tmp_path: Path) -> None:
     """left_first is the reading of all the records (records.left_first), never a field a
     record brings: a rank that writes one into its own record (it runs in the attempt's

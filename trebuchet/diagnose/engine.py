@@ -25,6 +25,7 @@ from trebuchet.diagnose.catalog import CASCADE, CAUSE, TIMEOUT
 from trebuchet.diagnose.classify import Finding, Hit, classify, exit_abort
 from trebuchet.diagnose.errorfile import RankError
 from trebuchet.diagnose.sources import Case, Unit
+from trebuchet.runtime.rundir.records import left_first_how
 
 NO_TS = float("inf")
 # A time limit reached after the ranks wrote nothing for this long, or for this share of
@@ -583,11 +584,8 @@ def _decide(case: Case) -> tuple[Diagnosis, Unit | None]:
     errors = [ln.raw for ln in (u.finding.errors if u.finding else [])][-5:] or _last_lines(u, 5)
     how = catalog.exit_meaning(u.exit_code, u.signal) if u.failed else "errors in its log"
     ff = (case.run or {}).get("first_failure") or {}
+    said = f"{_who(u)} failed first ({how})"
     if u is first and ff.get("left_first"):  # rundir/records.left_first
-        stop = u.signal or f"exit code {u.exit_code}"
-        how = (
-            f"it left first: the other ranks failed on its end, and the launcher stopped it "
-            f"({stop}) before its own exit ended, so its exit code is lost"
-        )
-    return Diagnosis("unknown", f"{_who(u)} failed first ({how}); no known cause in its log",
-                     u.rank, u.node, errors, log=u.log), u  # fmt: skip
+        said = f"{_who(u)} {left_first_how(ff)}, so its own exit code is lost"
+    return Diagnosis("unknown", f"{said}; no known cause in its log", u.rank, u.node, errors,
+                     log=u.log), u  # fmt: skip

@@ -209,14 +209,6 @@ def signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
 def signal_name(returncode: int) -> str | None:
     """'SIGKILL' for a Popen returncode of -9; None for a normal exit."""
     if returncode >= 0:

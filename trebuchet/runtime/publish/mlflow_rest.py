@@ -180,10 +180,6 @@ class Mlflow:
         info: dict[str, Any] = self.api("POST", "runs/create", body)["run"]["info"]
         return info
 
-    def get_run(self, run_id: str) -> dict[str, Any]:
-        run: dict[str, Any] = self.api("GET", "runs/get", query={"run_id": run_id})["run"]
-        return run
-
     def log_batch(
         self, run_id: str, params: Pairs = (), tags: Pairs = (),
         metrics: Sequence[dict[str, Any]] = (), sent: Callable[[int], None] | None = None,
