@@ -18,7 +18,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from trebuchet.diagnose import catalog
 from trebuchet.diagnose.catalog import CASCADE, CAUSE, TIMEOUT
@@ -27,6 +27,9 @@ from trebuchet.diagnose.errorfile import RankError
 from trebuchet.diagnose.sources import Case, Unit
 from trebuchet.runtime.rundir.records import left_first_how
 
+if TYPE_CHECKING:
+    from trebuchet.runtime.contracts.schema import Outcome
+
 NO_TS = float("inf")
 # A time limit reached after the ranks wrote nothing for this long, or for this share of
 # the attempt (whichever is shorter), is called likely hung.
@@ -34,8 +37,19 @@ HUNG_SILENCE_S = 600.0
 HUNG_SHARE = 0.5
 LOOPBACK = re.compile(r"\b127\.\d+\.\d+\.\d+|\[::1\]")
 STEP_ABORTED = re.compile(r"^srun: Job step aborted\b")  # srun, told its job is over
-SLURM_OUT_NAME = re.compile(r"^slurm-(?P<job>\d{1,12})(?:_\d{1,9})?\.out$")
-SRUN_TASK_STOPPED = re.compile(r"^srun: error: \S+: tasks? [\d,-]+: (?:Terminated|Killed)$")
+# A job id: Slurm's are 32-bit, in ASCII digits; an array task's is sbatch's %A_%a, which
+# sacct takes as it is (`sacct -j 7_3` is that task, `-j 7` all of the array's).
+SLURM_OUT_NAME = re.compile(r"^slurm-(?P<job>[0-9]{1,10}(?:_[0-9]{1,10})?)\.out$")
+SRUN_JOB = re.compile(r"^(?:srun|salloc): job (?P<job>[0-9]{1,10}) (?:queued and waiting for "
+                      r"resources|has been allocated resources)$")  # fmt: skip
+# slurmstepd saying the step failed (slurmstepd/req.c): Slurm did say why, a task failed
+STEP_FAILED = re.compile(
+    r"\*\*\* (?:JOB|STEP) \S+ ON \S+ (?:FAILED \(|CANCELLED AT \S+ DUE TO TASK FAILURE)"
+)
+SRUN_TASK_STOPPED = re.compile(
+    r"^srun: error: \S+: tasks? [\d,-]+: (?:Terminated|Killed|Interrupt|Hangup)"
+    r"(?: \(core dumped\))?$"
+)
 
 
 @dataclass
@@ -462,10 +476,16 @@ def _stopped_by_slurm(case: Case) -> Diagnosis | None:
     slurmstepd's line saying which never reached the log (srun can end before it is
     forwarded: seen in CI, 2 tasks SIGTERMed at their time limit, no line)."""
     aborted = next((ln for ln in case.unattributed if STEP_ABORTED.search(ln.text)), None)
-    signals = {catalog.signal_of(u.exit_code, u.signal) for u in case.units}
-    if aborted is None or not signals or not signals <= catalog.STOP_SIGNALS:
+    signals = {
+        "stopped" if u.stopped_by_launcher else catalog.signal_of(u.exit_code, u.signal)
+        for u in case.units
+    }  # stopped_by_launcher: srun killed it after its abort
+    if aborted is None or not signals or not signals <= catalog.STOP_SIGNALS | {"stopped"}:
         return None
-    m = SLURM_OUT_NAME.search(Path(case.source).name)  # sbatch's default: slurm-%j.out
+    if any(STEP_FAILED.search(ln.text) for ln in case.unattributed):
+        return None
+    said = next((m for ln in case.unattributed if (m := SRUN_JOB.search(ln.text))), None)
+    m = said or SLURM_OUT_NAME.search(Path(case.source).name)  # sbatch's default: slurm-%j.out
     job = m["job"] if m else "JOBID"
     summary = (f"Slurm stopped every task and none failed on its own; this log does not say "
                f"why (`sacct -j {job} -o JobID,State,Reason,Elapsed,Timelimit` does)")  # fmt: skip
@@ -583,9 +603,9 @@ def _decide(case: Case) -> tuple[Diagnosis, Unit | None]:
                          log=u.log), u  # fmt: skip
     errors = [ln.raw for ln in (u.finding.errors if u.finding else [])][-5:] or _last_lines(u, 5)
     how = catalog.exit_meaning(u.exit_code, u.signal) if u.failed else "errors in its log"
-    ff = (case.run or {}).get("first_failure") or {}
-    said = f"{_who(u)} failed first ({how})"
+    ff = cast("Outcome", (case.run or {}).get("first_failure") or {})
+    words = f"{_who(u)} failed first ({how})"
     if u is first and ff.get("left_first"):  # rundir/records.left_first
-        said = f"{_who(u)} {left_first_how(ff)}, so its own exit code is lost"
-    return Diagnosis("unknown", f"{said}; no known cause in its log", u.rank, u.node, errors,
+        words = f"{_who(u)} {left_first_how(ff)}, so its own exit code is lost"
+    return Diagnosis("unknown", f"{words}; no known cause in its log", u.rank, u.node, errors,
                      log=u.log), u  # fmt: skip

@@ -20,7 +20,7 @@ from typing import Any
 from trebuchet import registry
 from trebuchet.diagnose import errorfile
 from trebuchet.diagnose import scan as scanner
-from trebuchet.diagnose.catalog import SIGNAL_NAMES
+from trebuchet.diagnose.catalog import SIGNAL_NAMES, STOP_SIGNALS
 from trebuchet.diagnose.classify import Finding
 from trebuchet.diagnose.errorfile import RankError
 from trebuchet.diagnose.lines import LogLine, parse
@@ -33,20 +33,28 @@ NODE_CAUSES = ("node_lost", "node_unhealthy")  # a node's, not a process's: no r
 SRUN_TASK = re.compile(
     r"^(?:(?:srun|salloc): error: )?(?:(?P<node>[\w.-]+): )?tasks? (?P<tasks>\d+(?:[-,]\d+)*): "
     r"(?P<what>Exited with exit code (?P<code>\d+)|Killed|Terminated|Segmentation fault|Aborted"
-    r"|Illegal instruction|Bus error|Floating point exception|Out Of Memory)"
+    r"|Illegal instruction|Bus error|Floating point exception|Out Of Memory|Interrupt|Hangup)"
 )
 SRUN_WHAT = {
     "Killed": (137, "SIGKILL"), "Terminated": (143, "SIGTERM"),
     "Segmentation fault": (139, "SIGSEGV"), "Aborted": (134, "SIGABRT"),
     "Illegal instruction": (132, "SIGILL"), "Bus error": (135, "SIGBUS"),
     "Floating point exception": (136, "SIGFPE"), "Out Of Memory": (137, "SIGKILL"),
+    "Interrupt": (130, "SIGINT"), "Hangup": (129, "SIGHUP"),  # strsignal's words, as srun's
 }  # fmt: skip
 MPI_NOTICED = re.compile(
     r"process rank (?P<rank>\d+) with PID \d+ on node (?P<node>\S+) exited on signal (?P<sig>\d+)"
 )
 SLURM_EVENT = re.compile(
     r"(?:slurmstepd(?:-(?P<host>[\w.-]+))?: error: )?\*\*\* (?:JOB|STEP) \S+ (?:ON (?P<node>\S+) )?"
-    r"CANCELLED AT (?P<at>\S+)(?: DUE TO (?P<why>[A-Z ]+?))?(?:,[^*]*)? \*\*\*"
+    r"CANCELLED AT (?P<at>\S+)(?: DUE [Tt][Oo] (?P<why>[A-Za-z ]+?))?(?:,[^*]*)? \*\*\*"
+)  # Slurm 25.05 words a scancel `DUE to SIGNAL Terminated` (slurmstepd/req.c)
+# What srun and salloc say when the job is stopped from outside (Slurm's srun/signals.c,
+# salloc/salloc.c): the user's Ctrl+C on srun, and the allocation's end.
+SRUN_CTRL_C = re.compile(r"^srun: sending Ctrl-C to ")
+SALLOC_REVOKED = re.compile(
+    r"^salloc: Job (?:\d+ has exceeded its (?P<limit>time limit) and its allocation|allocation \d+)"
+    r" has been revoked"
 )
 NODE_FAIL = re.compile(r"Node failure on (?P<node>[\w.-]+)")
 SRUN_MARK = re.compile(r"^(?:srun|salloc|slurmstepd)[:-]|^\s*\d+: ", re.M)
@@ -262,11 +270,14 @@ def merged_log(path: Path, node_hint: str | None = None) -> Case:
         u.lines += extra
     identity = all(k == v for k, v in local_map.items())
     job_pos = None
+    aborted = False  # srun said `Job step aborted`: it sends the step SIGKILL (step_launch.c)
     for ln in lines:
         t = ln.text
+        aborted = aborted or t.startswith("srun: Job step aborted")
         m = SRUN_TASK.match(t)
         if m:
             code, sig = (int(m["code"]), None) if m["code"] else SRUN_WHAT[m["what"]]
+            by_srun = aborted and m["what"] == "Killed"  # srun's own kill, not the OOM killer
             for r in _expand(m["tasks"]):
                 u = _unit(units, r)
                 if m["node"]:
@@ -274,9 +285,12 @@ def merged_log(path: Path, node_hint: str | None = None) -> Case:
                     hosts.add(m["node"])
                 if not u.failed:
                     u.exit_code, u.signal = code, sig
+                    if by_srun:
+                        u.stopped_by_launcher = True
                 if u.order is None and (code or sig):
                     u.order = ln.pos
-            if (code or sig) and sig not in ("SIGTERM",) and job_pos is None:
+            stopped = by_srun or sig in STOP_SIGNALS
+            if (code or sig) and not stopped and job_pos is None:
                 job_pos = ln.pos
             continue
         m = MPI_NOTICED.search(t)
@@ -287,10 +301,14 @@ def merged_log(path: Path, node_hint: str | None = None) -> Case:
             u.exit_code = 128 + int(m["sig"])
             u.order = ln.pos if u.order is None else u.order
         m = SLURM_EVENT.search(t)
-        if m:
+        if m and (m["why"] or "").strip() != "TASK FAILURE":  # that task's failure: a cascade
             why = (m["why"] or "").strip()
             cat = {"TIME LIMIT": "time_limit", "NODE FAILURE": "node_failure"}.get(why, "cancelled")
             case.events.append(JobEvent(cat, ln.raw, ln.pos, m["node"] or m["host"]))
+        m = SALLOC_REVOKED.search(t)
+        if m or SRUN_CTRL_C.search(t):
+            cat = "time_limit" if m and m["limit"] else "cancelled"
+            case.events.append(JobEvent(cat, ln.raw, ln.pos))
         m = NODE_FAIL.search(t)
         if m:
             case.events.append(JobEvent("node_failure", ln.raw, ln.pos, m["node"]))
