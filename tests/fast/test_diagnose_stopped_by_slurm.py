@@ -186,3 +186,12 @@ def test_slurm_saying_a_failure_is_not_said_to_say_nothing(tmp_path: Path, said:
     d = _diagnose(tmp_path, UP + said + "\n" + ABORTED + STOPPED)
     assert d.category != "stopped_by_slurm", d.summary
     assert said in d.evidence
+
+
+@pytest.mark.parametrize("tasks", ["0-4294967295", "0-99999999999999999999", "5-1,0-1"])
+def test_a_hostile_task_range_is_read_without_building_it(tmp_path: Path, tasks: str) -> None:
+    """`tasks 0-4294967295` (Slurm's task ids are 32-bit; a log can say anything): the
+    range is not built in memory (it raised MemoryError), and the tasks it names are read."""
+    d = _diagnose(tmp_path, UP + ABORTED + f"srun: error: tn1: tasks {tasks}: Terminated\n")
+    assert d.category == "stopped_by_slurm", d.summary
+    assert {0, 1} <= {u.rank for u in d.units}

@@ -119,15 +119,21 @@ class Case:
 
 
 # -- helpers -------------------------------------------------------------------------------
+MAX_TASKS = 1 << 17  # of one srun line: a log's `tasks 0-4294967295` is not built whole
+
+
 def _expand(tasks: str) -> list[int]:
     out: list[int] = []
     for part in tasks.split(","):
         if "-" in part:
             a, b = part.split("-", 1)
-            out += range(int(a), int(b) + 1)
+            first = int(a)
+            out += range(first, min(int(b), first + MAX_TASKS - len(out) - 1) + 1)
         elif part:
             out.append(int(part))
-    return out
+        if len(out) >= MAX_TASKS:
+            break
+    return out[:MAX_TASKS]
 
 
 def _sig(exit_code: int | None) -> str | None:
