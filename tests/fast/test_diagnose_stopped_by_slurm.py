@@ -195,3 +195,39 @@ def test_a_hostile_task_range_is_read_without_building_it(tmp_path: Path, tasks:
     d = _diagnose(tmp_path, UP + ABORTED + f"srun: error: tn1: tasks {tasks}: Terminated\n")
     assert d.category == "stopped_by_slurm", d.summary
     assert {0, 1} <= {u.rank for u in d.units}
+
+
+TORCHRUN_STOPPED = """\
+{r}: [2026-12-06 21:00:00,000] torch.distributed.elastic.agent.server.api: [WARNING] Received \
+Signals.SIGTERM death signal, shutting down workers
+{r}: Traceback (most recent call last):
+{r}:   File "/usr/bin/torchrun", line 8, in <module>
+{r}:     sys.exit(main())
+{r}: torch.distributed.elastic.multiprocessing.api.SignalException: Process 12{r}0 got signal: 15
+"""
+
+
+def test_torchrun_inside_srun_stopped_by_slurm(tmp_path: Path) -> None:
+    """torchrun under srun at a time limit: slurmstepd's SIGTERM reaches each node's torchrun,
+    which stops its workers and raises SignalException (torch's elastic agent), so srun
+    reports `Exited with exit code 1`. Nothing failed: stopped_by_slurm, not 'rank 0 failed
+    first (exit code 1)'."""
+    srun_end = ("srun: error: tn1: task 0: Exited with exit code 1\n"
+                "srun: error: tn2: task 1: Exited with exit code 1\n")  # fmt: skip
+    text = UP + ABORTED + TORCHRUN_STOPPED.format(r=0) + TORCHRUN_STOPPED.format(r=1) + srun_end
+    d = _diagnose(tmp_path, text)
+    assert d.category == "stopped_by_slurm", d.summary
+    assert {d.roles[id(u)] for u in d.units} == {"stopped"}
+    assert any("got signal: 15" in e for e in d.evidence), d.evidence
+
+
+def test_torchrun_whose_worker_failed_is_that_failure(tmp_path: Path) -> None:
+    """The same job where node 0's worker raised first: node 1's torchrun was stopped, and
+    node 0's error is the diagnosis."""
+    failed = ("0: [rank0]: Traceback (most recent call last):\n"
+              '0: [rank0]:   File "train.py", line 9, in <module>\n'
+              "0: [rank0]: ValueError: bad batch\n")  # fmt: skip
+    srun_end = ("srun: error: tn1: task 0: Exited with exit code 1\n"
+                "srun: error: tn2: task 1: Exited with exit code 1\n")  # fmt: skip
+    d = _diagnose(tmp_path, UP + failed + ABORTED + TORCHRUN_STOPPED.format(r=1) + srun_end)
+    assert d.category == "python_exception" and d.rank == 0, d.summary

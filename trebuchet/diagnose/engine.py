@@ -24,7 +24,7 @@ from trebuchet.diagnose import catalog
 from trebuchet.diagnose.catalog import CASCADE, CAUSE, TIMEOUT
 from trebuchet.diagnose.classify import Finding, Hit, classify, exit_abort
 from trebuchet.diagnose.errorfile import RankError
-from trebuchet.diagnose.sources import Case, Unit
+from trebuchet.diagnose.sources import TORCHRUN_STOPPED, Case, Unit
 from trebuchet.runtime.rundir.records import left_first_how
 
 if TYPE_CHECKING:
@@ -490,6 +490,7 @@ def _stopped_by_slurm(case: Case) -> Diagnosis | None:
     summary = (f"Slurm stopped every task and none failed on its own; this log does not say "
                f"why (`sacct -j {job} -o JobID,State,Reason,Elapsed,Timelimit` does)")  # fmt: skip
     stops = [ln.raw for ln in case.unattributed if SRUN_TASK_STOPPED.search(ln.text)]
+    stops += [ln.raw for u in case.units for ln in u.lines if TORCHRUN_STOPPED.search(ln.text)]
     evidence = [aborted.raw, *stops[:2]]
     fix = catalog.REMEDIES["stopped_by_slurm"].replace("JOBID", job)
     return Diagnosis("stopped_by_slurm", summary, evidence=evidence, fix=fix)

@@ -56,6 +56,8 @@ SALLOC_REVOKED = re.compile(
     r"^salloc: Job (?:\d+ has exceeded its (?P<limit>time limit) and its allocation|allocation \d+)"
     r" has been revoked"
 )
+# torchrun (torch's elastic agent) told to stop: it stops its workers and exits 1
+TORCHRUN_STOPPED = re.compile(r"SignalException: Process \d+ got signal: (?:1|2|15)$")
 NODE_FAIL = re.compile(r"Node failure on (?P<node>[\w.-]+)")
 SRUN_MARK = re.compile(r"^(?:srun|salloc|slurmstepd)[:-]|^\s*\d+: ", re.M)
 ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
@@ -330,6 +332,13 @@ def merged_log(path: Path, node_hint: str | None = None) -> Case:
             _unit(units, rank).lines.append(ln)
     for u in units.values():
         u.lines.sort(key=lambda x: x.pos)
+        if (
+            aborted
+            and u.failed
+            and u.signal is None
+            and any(TORCHRUN_STOPPED.search(ln.text) for ln in u.lines)
+        ):  # srun aborted the step and this task's torchrun was told to stop: no failure
+            u.stopped_by_launcher = True
         if u.log is None:
             u.log = str(path)
         if u.node is None:
