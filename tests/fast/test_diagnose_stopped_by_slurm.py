@@ -231,3 +231,16 @@ def test_torchrun_whose_worker_failed_is_that_failure(tmp_path: Path) -> None:
                 "srun: error: tn2: task 1: Exited with exit code 1\n")  # fmt: skip
     d = _diagnose(tmp_path, UP + failed + ABORTED + TORCHRUN_STOPPED.format(r=1) + srun_end)
     assert d.category == "python_exception" and d.rank == 0, d.summary
+
+
+def test_a_log_that_is_no_file_is_a_named_error(tmp_path: Path) -> None:
+    """A FIFO (or a device) named like a job log is not read, and not silently skipped
+    either: `no failure found in ` with no name and exit 0 said nothing true."""
+    import os
+
+    fifo = tmp_path / "slurm-3.out"
+    os.mkfifo(fifo)
+    cmd = [sys.executable, "-m", "trebuchet", "diagnose", str(fifo)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert str(fifo) in out.stderr and "Traceback" not in out.stderr

@@ -22,6 +22,9 @@ def main(args: argparse.Namespace) -> int:
     if paths and len(paths) != len(targets):
         missing = [t for t in targets if not Path(t).exists()]
         raise UserError(f"no such file or directory: {', '.join(missing)}")
+    odd = [str(p) for p in paths if not (p.is_file() or p.is_dir())]
+    if odd:  # a FIFO, a socket, a device: not read, and not silently skipped either
+        raise UserError(f"not a regular file or a directory: {', '.join(odd)}")
     if paths:
         d = report.diagnose_paths(paths)
     else:
