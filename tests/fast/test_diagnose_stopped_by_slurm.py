@@ -85,6 +85,9 @@ def test_a_core_dumping_stop_is_evidence(tmp_path: Path) -> None:
         ("train.log", None, "2"),
         # an array task (sbatch's slurm-%A_%a.out): sacct -j 1_2 is that task, -j 1 all
         ("slurm-1_2.out", UP + ABORTED + STOPPED, "1_2"),
+        # srun's own line of the step it force-terminated (%ps: StepId=7.0, or JobId=7)
+        ("train.log", UP + ABORTED + STOPPED + "srun: Force Terminated StepId=7.0\n", "7"),
+        ("train.log", UP + ABORTED + STOPPED + "srun: Force Terminated JobId=7\n", "7"),
     ],
 )
 def test_the_sacct_line_names_the_job_the_log_is_of(

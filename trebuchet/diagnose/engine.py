@@ -40,8 +40,12 @@ STEP_ABORTED = re.compile(r"^srun: Job step aborted\b")  # srun, told its job is
 # A job id: Slurm's are 32-bit, in ASCII digits; an array task's is sbatch's %A_%a, which
 # sacct takes as it is (`sacct -j 7_3` is that task, `-j 7` all of the array's).
 SLURM_OUT_NAME = re.compile(r"^slurm-(?P<job>[0-9]{1,10}(?:_[0-9]{1,10})?)\.out$")
-SRUN_JOB = re.compile(r"^(?:srun|salloc): job (?P<job>[0-9]{1,10}) (?:queued and waiting for "
-                      r"resources|has been allocated resources)$")  # fmt: skip
+# the job srun ran in, in its own words (api/allocate.c; step_launch.c's %ps)
+SRUN_JOB = re.compile(
+    r"^(?:srun|salloc): job (?P<job>[0-9]{1,10}) (?:queued and waiting for resources"
+    r"|has been allocated resources)$"
+    r"|^srun: Force Terminated (?:StepId|JobId)=(?P<step>[0-9]{1,10})\b"
+)
 # slurmstepd saying the step failed (slurmstepd/req.c): Slurm did say why, a task failed
 STEP_FAILED = re.compile(
     r"\*\*\* (?:JOB|STEP) \S+ ON \S+ (?:FAILED \(|CANCELLED AT \S+ DUE TO TASK FAILURE)"
@@ -485,8 +489,8 @@ def _stopped_by_slurm(case: Case) -> Diagnosis | None:
     if any(STEP_FAILED.search(ln.text) for ln in case.unattributed):
         return None
     said = next((m for ln in case.unattributed if (m := SRUN_JOB.search(ln.text))), None)
-    m = said or SLURM_OUT_NAME.search(Path(case.source).name)  # sbatch's default: slurm-%j.out
-    job = m["job"] if m else "JOBID"
+    named = SLURM_OUT_NAME.search(Path(case.source).name)  # sbatch's default: slurm-%j.out
+    job = (said["job"] or said["step"]) if said else named["job"] if named else "JOBID"
     summary = (f"Slurm stopped every task and none failed on its own; this log does not say "
                f"why (`sacct -j {job} -o JobID,State,Reason,Elapsed,Timelimit` does)")  # fmt: skip
     stops = [ln.raw for ln in case.unattributed if SRUN_TASK_STOPPED.search(ln.text)]
