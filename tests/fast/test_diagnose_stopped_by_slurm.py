@@ -247,3 +247,13 @@ def test_a_log_that_is_no_file_is_a_named_error(tmp_path: Path) -> None:
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
     assert out.returncode == 2, out.stdout + out.stderr
     assert str(fifo) in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_task_killed_after_the_abort_in_an_oom_log_is_the_oom_victim(tmp_path: Path) -> None:
+    """slurmstepd's oom-kill line (slurm's cgroup plugin) in the log: the task that ended
+    `Killed` is the OOM killer's, wherever srun's abort line fell; it stays the root cause."""
+    oom = ("slurmstepd: error: Detected 1 oom-kill event(s) in StepId=4.0 cgroup. Some of "
+           "your processes may have been killed by the cgroup out-of-memory handler.\n")  # fmt: skip
+    killed = "srun: error: tn1: task 0: Killed\nsrun: error: tn2: task 1: Terminated\n"
+    d = _diagnose(tmp_path, UP + ABORTED + killed + oom)
+    assert (d.category, d.rank) == ("killed", 0), d.summary

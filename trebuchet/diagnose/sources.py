@@ -56,6 +56,7 @@ SALLOC_REVOKED = re.compile(
     r"^salloc: Job (?:\d+ has exceeded its (?P<limit>time limit) and its allocation|allocation \d+)"
     r" has been revoked"
 )
+OOM_KILL = re.compile(r"oom-kill|oom_kill|Out of memory: Killed process|invoked oom-killer")
 # torchrun (torch's elastic agent) told to stop: it stops its workers and exits 1
 TORCHRUN_STOPPED = re.compile(r"SignalException: Process \d+ got signal: (?:1|2|15)$")
 NODE_FAIL = re.compile(r"Node failure on (?P<node>[\w.-]+)")
@@ -279,6 +280,7 @@ def merged_log(path: Path, node_hint: str | None = None) -> Case:
     identity = all(k == v for k, v in local_map.items())
     job_pos = None
     aborted = False  # srun said `Job step aborted`: it sends the step SIGKILL (step_launch.c)
+    killed_by_srun: list[Unit] = []
     for ln in lines:
         t = ln.text
         aborted = aborted or t.startswith("srun: Job step aborted")
@@ -294,7 +296,7 @@ def merged_log(path: Path, node_hint: str | None = None) -> Case:
                 if not u.failed:
                     u.exit_code, u.signal = code, sig
                     if by_srun:
-                        u.stopped_by_launcher = True
+                        killed_by_srun.append(u)
                 if u.order is None and (code or sig):
                     u.order = ln.pos
             stopped = by_srun or sig in STOP_SIGNALS
@@ -322,6 +324,9 @@ def merged_log(path: Path, node_hint: str | None = None) -> Case:
             case.events.append(JobEvent("node_failure", ln.raw, ln.pos, m["node"]))
             hosts.add(m["node"])
     case.failure_pos = job_pos
+    if not any(OOM_KILL.search(ln.text) for ln in lines):  # else the OOM killer's SIGKILL
+        for u in killed_by_srun:
+            u.stopped_by_launcher = True
     for ln in lines:
         rank = ln.rank
         if rank is None and ln.local_rank is not None:
