@@ -257,3 +257,8 @@ def test_a_task_killed_after_the_abort_in_an_oom_log_is_the_oom_victim(tmp_path:
     killed = "srun: error: tn1: task 0: Killed\nsrun: error: tn2: task 1: Terminated\n"
     d = _diagnose(tmp_path, UP + ABORTED + killed + oom)
     assert (d.category, d.rank) == ("killed", 0), d.summary
+    # the kernel's own words, as a node's console or dmesg copied into the log has them: the
+    # same as the catalog's `killed` rule reads (catalog.OOM_KILLED, one pattern for both)
+    kernel = "Memory cgroup out of memory: Killed process 4242 (python) total-vm:9000kB\n"
+    d = _diagnose(tmp_path, UP + ABORTED + killed + kernel)
+    assert (d.category, d.rank) == ("killed", 0), d.summary

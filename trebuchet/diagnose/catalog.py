@@ -240,6 +240,13 @@ class Rule:
     loopback: bool = False  # only a fault when the ranks span several hosts
 
 
+# The kernel's or Slurm's word that the OOM killer struck (a SIGKILL is then its, not srun's).
+OOM_KILLED = (
+    r"oom-kill|oom_kill|Out of memory: Killed process|invoked oom-killer"
+    r"|Memory cgroup out of memory"
+)
+
+
 def _rule(category: str, strength: int, pattern: str, loopback: bool = False) -> Rule:
     return Rule(category, strength, re.compile(pattern), loopback)
 
@@ -249,8 +256,7 @@ RULES: tuple[Rule, ...] = (
     _rule("gpu_oom", CAUSE, r"(?:CUDA|HIP) out of memory|torch\.(?:cuda\.)?OutOfMemoryError"
           r"|CUBLAS_STATUS_ALLOC_FAILED|HIP_ERROR_OutOfMemory|hipErrorOutOfMemory"
           r"|cudaErrorMemoryAllocation|CUDA error: out of memory|Cuda failure 'out of memory'"),
-    _rule("killed", CAUSE, r"oom-kill|oom_kill|Out of memory: Killed process|invoked oom-killer"
-          r"|Memory cgroup out of memory"),
+    _rule("killed", CAUSE, OOM_KILLED),
     _rule("environment_build", CAUSE, r"was not found in the package registry|there is no "
           r"version of \S+|No matching distribution found for|Could not find a version that "
           r"satisfies the requirement|PackagesNotFoundError|nothing provides requested"

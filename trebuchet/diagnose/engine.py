@@ -36,7 +36,6 @@ NO_TS = float("inf")
 HUNG_SILENCE_S = 600.0
 HUNG_SHARE = 0.5
 LOOPBACK = re.compile(r"\b127\.\d+\.\d+\.\d+|\[::1\]")
-STEP_ABORTED = re.compile(r"^srun: Job step aborted\b")  # srun, told its job is over
 # A job id: Slurm's are 32-bit, in ASCII digits; an array task's is sbatch's %A_%a, which
 # sacct takes as it is (`sacct -j 7_3` is that task, `-j 7` all of the array's).
 SLURM_OUT_NAME = re.compile(r"^slurm-(?P<job>[0-9]{1,10}(?:_[0-9]{1,10})?)\.out$")
@@ -479,7 +478,7 @@ def _stopped_by_slurm(case: Case) -> Diagnosis | None:
     ended the job (its time limit, scancel, a preemption, a lost node, Ctrl+C on srun), and
     slurmstepd's line saying which never reached the log (srun can end before it is
     forwarded: seen in CI, 2 tasks SIGTERMed at their time limit, no line)."""
-    aborted = next((ln for ln in case.unattributed if STEP_ABORTED.search(ln.text)), None)
+    aborted = case.aborted
     signals = {
         "stopped" if u.stopped_by_launcher else catalog.signal_of(u.exit_code, u.signal)
         for u in case.units

@@ -20,7 +20,7 @@ from typing import Any
 from trebuchet import registry
 from trebuchet.diagnose import errorfile
 from trebuchet.diagnose import scan as scanner
-from trebuchet.diagnose.catalog import SIGNAL_NAMES, STOP_SIGNALS
+from trebuchet.diagnose.catalog import OOM_KILLED, SIGNAL_NAMES, STOP_SIGNALS
 from trebuchet.diagnose.classify import Finding
 from trebuchet.diagnose.errorfile import RankError
 from trebuchet.diagnose.lines import LogLine, parse
@@ -56,7 +56,8 @@ SALLOC_REVOKED = re.compile(
     r"^salloc: Job (?:\d+ has exceeded its (?P<limit>time limit) and its allocation|allocation \d+)"
     r" has been revoked"
 )
-OOM_KILL = re.compile(r"oom-kill|oom_kill|Out of memory: Killed process|invoked oom-killer")
+OOM_KILL = re.compile(OOM_KILLED)
+STEP_ABORTED = re.compile(r"^srun: Job step aborted\b")  # srun, told its job is over
 # torchrun (torch's elastic agent) told to stop: it stops its workers and exits 1
 TORCHRUN_STOPPED = re.compile(r"SignalException: Process \d+ got signal: (?:1|2|15)$")
 NODE_FAIL = re.compile(r"Node failure on (?P<node>[\w.-]+)")
@@ -118,6 +119,7 @@ class Case:
     first_failure: int | None = None  # index into units of the launcher's first failure
     failure_pos: int | None = None  # position of the first task failure line (merged logs)
     notes: list[str] = field(default_factory=list)
+    aborted: LogLine | None = None  # srun's `Job step aborted` (it then SIGKILLs the step)
     in_store: bool = False  # a run the store knows: `treb logs RUN` reads its logs
 
 
@@ -279,15 +281,16 @@ def merged_log(path: Path, node_hint: str | None = None) -> Case:
         u.lines += extra
     identity = all(k == v for k, v in local_map.items())
     job_pos = None
-    aborted = False  # srun said `Job step aborted`: it sends the step SIGKILL (step_launch.c)
     killed_by_srun: list[Unit] = []
     for ln in lines:
         t = ln.text
-        aborted = aborted or t.startswith("srun: Job step aborted")
+        if case.aborted is None and STEP_ABORTED.search(t):
+            case.aborted = ln  # from here srun sends the step SIGKILL (step_launch.c)
         m = SRUN_TASK.match(t)
         if m:
             code, sig = (int(m["code"]), None) if m["code"] else SRUN_WHAT[m["what"]]
-            by_srun = aborted and m["what"] == "Killed"  # srun's own kill, not the OOM killer
+            # after its abort a Killed task is srun's own kill (unless the OOM killer's: below)
+            by_srun = case.aborted is not None and m["what"] == "Killed"
             for r in _expand(m["tasks"]):
                 u = _unit(units, r)
                 if m["node"]:
@@ -338,7 +341,7 @@ def merged_log(path: Path, node_hint: str | None = None) -> Case:
     for u in units.values():
         u.lines.sort(key=lambda x: x.pos)
         if (
-            aborted
+            case.aborted is not None
             and u.failed
             and u.signal is None
             and any(TORCHRUN_STOPPED.search(ln.text) for ln in u.lines)
@@ -728,6 +731,7 @@ def paths_case(paths: list[Path]) -> Case:
         combined.events += c.events
         combined.unattributed += c.unattributed
         combined.notes += c.notes
+        combined.aborted = combined.aborted or c.aborted
         for u in c.units:
             key = u.rank if u.rank is not None else f"{u.log}"
             if key in by_rank and u.rank is not None:
