@@ -69,3 +69,45 @@ def test_an_ssh_host_with_a_port_is_marked_and_skipped_as_its_host(
     assert res.returncode == 0 and "node gpu1: history cleared" in res.stdout, res.stderr
     listed = ["gpu1:2222", "gpu2", "gpu3"]
     assert choose(listed, listed, 2, [], "job.yaml: ssh.hosts") == ["gpu1:2222", "gpu2"]
+
+
+def test_a_clear_forgets_the_marks_it_saw_whatever_the_clocks_say(treb: TrebFn) -> None:
+    """The clear and the marks are dated by different machines' clocks. A clear made where
+    the clock is an hour fast forgot the next real loss (dated before it); one made where
+    it is an hour slow forgot nothing. A clear forgets the marks the index held when it
+    was made, and a rebuilt index forgets the same ones."""
+    from trebuchet.store.db import Store
+    from trebuchet.store.nodes import clear, sync
+
+    plant("cccc0001", [lost("tn2", NOW - 60), lost("tn3", NOW - 60)])
+    store = Store()
+    sync(store)
+    clear(store, ["tn2"], when=NOW + 3600)  # a clock an hour fast
+    clear(store, ["tn3"], when=NOW - 3600)  # an hour slow
+    store.close()
+    plant("cccc0002", [lost("tn2", NOW - 30)])  # lost again, after the clear
+    for _ in range(2):
+        got = by_host(nodes_json(treb))
+        assert got["tn2"]["counts"]["lost"] == 1 and got["tn2"]["excluded"], got["tn2"]
+        assert got["tn3"]["counts"]["lost"] == 0 and not got["tn3"]["excluded"], got["tn3"]
+        assert treb("doctor", "--rebuild-index").returncode == 0
+
+
+def test_a_clear_from_before_the_marks_were_kept_still_forgets_by_its_time(
+    treb: TrebFn, treb_home: Path
+) -> None:
+    """An index, or a nodes-cleared.jsonl line, from before a clear kept its marks: the
+    clear forgets the marks not later than its time, once (as it did then)."""
+    import sqlite3
+
+    plant("cccc0003", [lost("tn5", NOW - 60), lost("tn6", NOW - 60)])
+    assert treb("nodes", "--clear", "tn5").returncode == 0
+    with sqlite3.connect(treb_home / "runs.db") as db:  # the index as it was before
+        db.execute("DROP TABLE node_cleared")
+        db.execute("INSERT OR REPLACE INTO node_clears (host, time) VALUES ('tn6', ?)", (NOW,))
+    (treb_home / "nodes-cleared.jsonl").write_text("".join(
+        json.dumps({"host": h, "time": NOW}) + "\n" for h in ("tn5", "tn6")))  # fmt: skip
+    for _ in range(2):
+        got = by_host(nodes_json(treb))
+        assert got["tn5"]["counts"]["lost"] == 0 and got["tn6"]["counts"]["lost"] == 0, got
+        assert treb("doctor", "--rebuild-index").returncode == 0  # from the old line
