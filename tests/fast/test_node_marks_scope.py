@@ -9,9 +9,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from tests.conftest import TrebFn
 from tests.fast.test_node_history import NOW, by_host, lost, nodes_json, plant
 from trebuchet.runtime.rundir.records import FIRST
+from trebuchet.store import node_events
 
 
 def ignored_events(run_dir: Path) -> list[dict[str, Any]]:
@@ -111,3 +115,17 @@ def test_a_clear_from_before_the_marks_were_kept_still_forgets_by_its_time(
         got = by_host(nodes_json(treb))
         assert got["tn5"]["counts"]["lost"] == 0 and got["tn6"]["counts"]["lost"] == 0, got
         assert treb("doctor", "--rebuild-index").returncode == 0  # from the old line
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="tn09[],-.x", max_size=40) | st.text(max_size=40), st.integers(1, 6))
+def test_any_nodelist_gives_at_most_its_width_of_node_names(expr: str, width: int) -> None:
+    """A record's `nodes` is whatever a rank wrote: names or nothing, never more than the
+    run's nodes, never an exception, never a range expanded past them."""
+    names = node_events.hostlist(expr, width)
+    assert len(names) <= width and all(node_events.valid_host(n) for n in names), names
+
+
+def test_a_nodelist_of_many_ranges_is_no_recursion_error() -> None:
+    assert node_events.hostlist("tn" + "[0-1]" * 5000, 4) == []
+    assert node_events.hostlist("tn[1-2]x[3-4]", 3) == ["tn1x3", "tn1x4", "tn2x3"]

@@ -51,6 +51,7 @@ _MARKED = re.compile(
 STARTED, IGNORED = "attempt_started", "node_marks_ignored"
 SAID_MAX = 20  # hosts a node_marks_ignored event names (its count: all of them)
 RECORD_MAX = 1 << 20  # bytes of an attempt.json read
+BRACKETS_MAX = 8  # ranges in one hostlist item (Slurm's names have a few; each one recurses)
 
 
 @dataclass(frozen=True)
@@ -227,6 +228,8 @@ def hostlist(expr: Any, limit: int) -> list[str]:
         return []
     out: list[str] = []
     for item in re.findall(_ITEM, expr):
+        if item.count("[") > BRACKETS_MAX:
+            continue
         for name in _expand(item):
             if len(out) >= limit:
                 return out
