@@ -128,4 +128,5 @@ def test_any_nodelist_gives_at_most_its_width_of_node_names(expr: str, width: in
 
 def test_a_nodelist_of_many_ranges_is_no_recursion_error() -> None:
     assert node_events.hostlist("tn" + "[0-1]" * 5000, 4) == []
+    assert node_events.hostlist("-[1-999999999],tn1", 4) == []  # 4 names, none a node's
     assert node_events.hostlist("tn[1-2]x[3-4]", 3) == ["tn1x3", "tn1x4", "tn2x3"]

@@ -226,16 +226,15 @@ def hostlist(expr: Any, limit: int) -> list[str]:
     What is no hostlist of node names gives none."""
     if not isinstance(expr, str) or len(expr) > RECORD_MAX or not _HOSTLIST.fullmatch(expr):
         return []
-    out: list[str] = []
+    out: list[str] = []  # the first `limit` names, then those that name a node
     for item in re.findall(_ITEM, expr):
         if item.count("[") > BRACKETS_MAX:
             continue
         for name in _expand(item):
             if len(out) >= limit:
-                return out
-            if valid_host(name):
-                out.append(name)
-    return out
+                break
+            out.append(name)
+    return [name for name in out if valid_host(name)]
 
 
 _ITEM = r"(?:[^,\[\]]|\[[^\[\]]*\])+"  # a hostlist's item: a name, ranges in brackets
@@ -271,11 +270,11 @@ def ran_on(run_dir: Path, seen: RunNodes, attempt: int, width: int) -> set[str]:
     widens it no further."""
     hosts = seen.started.get(attempt)
     if isinstance(hosts, list):
-        names = [n for h in hosts[: width * 4] if (n := node_name(h))]
+        names = [n for h in hosts[:width] if (n := node_name(h))]
     else:
         rec = read_json(str(run_dir / f"attempt-{attempt}" / "attempt.json"), RECORD_MAX)
         names = hostlist(rec.get("nodes") if isinstance(rec, dict) else None, width)
-    return set(list(dict.fromkeys(names))[:width])
+    return set(names)
 
 
 def scoped(run_dir: Path, seen: RunNodes, marks: list[NodeEvent], attempts: int,
