@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trebuchet.diagnose import catalog
-from trebuchet.diagnose.lines import parse
+from trebuchet.diagnose.lines import parse, visible
 from trebuchet.runtime.rundir.regular import open_regular
 
 CHUNK = 64 << 10
@@ -80,8 +80,9 @@ def _block_starts(low: bytes) -> set[int]:
 
 
 def _line(buf: bytes, start: int) -> str:
+    """The line at `start` as a terminal shows it (lines.visible: no colour codes)."""
     e = buf.find(b"\n", start)
-    return buf[start : e if e >= 0 else len(buf)].decode(errors="replace").rstrip("\r")
+    return visible(buf[start : e if e >= 0 else len(buf)].decode(errors="replace"))
 
 
 def _first_error(data: bytes, starts: set[int]) -> int | None:
@@ -126,5 +127,6 @@ def scan(path: Path, chunk: int = CHUNK, max_bytes: int = MAX_BYTES) -> Scan:
     starts |= {s for s in _block_starts(buf.lower()) if s >= cut}
     lines = [_line(buf, s) for s in sorted(starts)]
     tail = buf[max(cut, len(buf) - 4096) :].decode(errors="replace").splitlines()
-    last = [ln for ln in (tail[1:] if len(buf) - cut > 4096 else tail) if ln.strip()][-5:]
+    tail = [visible(ln) for ln in (tail[1:] if len(buf) - cut > 4096 else tail)]
+    last = [ln for ln in tail if ln.strip()][-5:]
     return Scan(Path(path), size, pos + cut, lines, last)
