@@ -24,7 +24,7 @@ from trebuchet.diagnose import catalog
 from trebuchet.diagnose.catalog import CASCADE, CAUSE, TIMEOUT
 from trebuchet.diagnose.classify import Finding, Hit, classify, exit_abort
 from trebuchet.diagnose.errorfile import RankError
-from trebuchet.diagnose.sources import TORCHRUN_STOPPED, Case, Unit
+from trebuchet.diagnose.sources import SLURM_OUT_NAME, TORCHRUN_STOPPED, Case, Unit
 from trebuchet.runtime.rundir.records import left_first_how
 
 if TYPE_CHECKING:
@@ -36,9 +36,8 @@ NO_TS = float("inf")
 HUNG_SILENCE_S = 600.0
 HUNG_SHARE = 0.5
 LOOPBACK = re.compile(r"\b127\.\d+\.\d+\.\d+|\[::1\]")
-# A job id: Slurm's are 32-bit, in ASCII digits; an array task's is sbatch's %A_%a, which
-# sacct takes as it is (`sacct -j 7_3` is that task, `-j 7` all of the array's).
-SLURM_OUT_NAME = re.compile(r"^slurm-(?P<job>[0-9]{1,10}(?:_[0-9]{1,10})?)\.out$")
+# A job id (sources.SLURM_OUT_NAME): an array task's is sbatch's %A_%a, which sacct takes
+# as it is (`sacct -j 7_3` is that task, `-j 7` all of the array's).
 # the job srun ran in, in its own words (api/allocate.c; step_launch.c's %ps)
 SRUN_JOB = re.compile(
     r"^(?:srun|salloc): job (?P<job>[0-9]{1,10}) (?:queued and waiting for resources"

@@ -70,6 +70,9 @@ RANK_IN_NAME = (
     re.compile(r"[-_.](\d+)\.(?:log|out|err|txt)$"),
 )
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
+# sbatch's default output file, slurm-%j.out (an array task's: slurm-%A_%a.out): one job's
+# log, its number the job's id (Slurm's are 32-bit, in ASCII digits), not a rank's
+SLURM_OUT_NAME = re.compile(r"^slurm-(?P<job>[0-9]{1,10}(?:_[0-9]{1,10})?)\.out$")
 
 
 @dataclass
@@ -148,11 +151,28 @@ def _sig(exit_code: int | None) -> str | None:
 
 
 def rank_from_name(rel: str) -> int | None:
+    """The rank a per-rank log's name holds; None for other names (a job's log included)."""
+    if SLURM_OUT_NAME.match(Path(rel).name):
+        return None
     for rx in RANK_IN_NAME:
         m = rx.search(rel)
         if m:
             return int(m.group(1))
     return None
+
+
+def _one_job(files: list[Path]) -> None:
+    """Refuse the logs of several Slurm jobs read as one: their tasks would be taken for one
+    job's ranks, and one diagnosis of two jobs is neither's."""
+    jobs = [p for p in files if SLURM_OUT_NAME.match(p.name)]
+    if len(jobs) > 1:
+        from trebuchet.errors import UserError
+
+        raise UserError(
+            f"{', '.join(map(str, jobs))} are the logs of {len(jobs)} Slurm jobs (sbatch's "
+            f"slurm-JOBID.out), not of one job's ranks: diagnose each on its own "
+            f"(treb diagnose {jobs[0]})"
+        )
 
 
 def _scan_lines(path: Path, srun_labels: bool | None = None) -> tuple[list[LogLine], list[str]]:
@@ -376,6 +396,7 @@ def log_dir(root: Path) -> Case:
     base = _latest_attempt(root)
     files = sorted(p for p in base.rglob("*") if p.is_file() and (
         p.suffix in LOG_SUFFIXES or p.name == "error.json"))  # fmt: skip
+    _one_job(files)
     case = Case(source=str(root))
     units: dict[int, Unit] = {}
     loose: list[Path] = []
@@ -402,6 +423,7 @@ def log_dir(root: Path) -> Case:
         sub = merged_log(p)
         case.events += sub.events
         case.unattributed += sub.unattributed
+        case.aborted = case.aborted or sub.aborted  # a job log's (slurm-%j.out) srun abort
         for su in sub.units:
             if su.rank is not None and su.rank in units:
                 u = units[su.rank]
@@ -711,6 +733,7 @@ def paths_case(paths: list[Path]) -> Case:
             return run_dir_case(paths[0])
         return log_dir(paths[0])
     files = [p for p in paths if p.is_file()]
+    _one_job(files)
     named = {p: rank_from_name(p.name) for p in files}
     if len(files) > 1 and all(r is not None for r in named.values()):
         case = Case(source=", ".join(str(p) for p in files))
