@@ -20,7 +20,13 @@ from typing import Any
 from trebuchet import registry
 from trebuchet.diagnose import errorfile
 from trebuchet.diagnose import scan as scanner
-from trebuchet.diagnose.catalog import OOM_KILLED, SIGNAL_NAMES, STOP_SIGNALS
+from trebuchet.diagnose.catalog import (
+    CANCEL_WHY,
+    OOM_KILLED,
+    SIGNAL_NAMES,
+    SLURM_CANCELLED,
+    STOP_SIGNALS,
+)
 from trebuchet.diagnose.classify import Finding
 from trebuchet.diagnose.errorfile import RankError
 from trebuchet.diagnose.lines import LogLine, parse
@@ -45,10 +51,7 @@ SRUN_WHAT = {
 MPI_NOTICED = re.compile(
     r"process rank (?P<rank>\d+) with PID \d+ on node (?P<node>\S+) exited on signal (?P<sig>\d+)"
 )
-SLURM_EVENT = re.compile(
-    r"(?:slurmstepd(?:-(?P<host>[\w.-]+))?: error: )?\*\*\* (?:JOB|STEP) \S+ (?:ON (?P<node>\S+) )?"
-    r"CANCELLED AT (?P<at>\S+)(?: DUE [Tt][Oo] (?P<why>[A-Za-z ]+?))?(?:,[^*]*)? \*\*\*"
-)  # Slurm 25.05 words a scancel `DUE to SIGNAL Terminated` (slurmstepd/req.c)
+SLURM_EVENT = re.compile(r"(?:slurmstepd(?:-(?P<host>[\w.-]+))?: error: )?" + SLURM_CANCELLED)
 # What srun and salloc say when the job is stopped from outside (Slurm's srun/signals.c,
 # salloc/salloc.c): the user's Ctrl+C on srun, and the allocation's end.
 SRUN_CTRL_C = re.compile(r"^srun: sending Ctrl-C to ")
@@ -333,10 +336,9 @@ def merged_log(path: Path, node_hint: str | None = None) -> Case:
             u.signal = SIGNAL_NAMES.get(int(m["sig"]), f"SIG{m['sig']}")
             u.exit_code = 128 + int(m["sig"])
             u.order = ln.pos if u.order is None else u.order
-        m = SLURM_EVENT.search(t)
-        if m and (m["why"] or "").strip() != "TASK FAILURE":  # that task's failure: a cascade
-            why = (m["why"] or "").strip()
-            cat = {"TIME LIMIT": "time_limit", "NODE FAILURE": "node_failure"}.get(why, "cancelled")
+        m = SLURM_EVENT.search(t)  # (not DUE TO TASK FAILURE: that task's, the cascade)
+        if m:
+            cat = CANCEL_WHY.get(m["why"] or "", "cancelled")
             case.events.append(JobEvent(cat, ln.raw, ln.pos, m["node"] or m["host"]))
         m = SALLOC_REVOKED.search(t)
         if m or SRUN_CTRL_C.search(t):
