@@ -125,7 +125,7 @@ def test_reduced_task_exit_lines_read_as_the_tasks_they_name(tmp_path: Path) -> 
     tn1's were, have no line. A task without its own line ended as the line before it (or
     with 0, which srun never prints): no failure that keeps stopped_by_slurm from firing."""
     up = UP + "2: task 2 up\n3: task 3 up\n"
-    said = "".join(f"{r}: caught signal 15 (SIGTERM), stopping\n" for r in range(4))  # each task's own word
+    said = "".join(f"{r}: caught signal 15 (SIGTERM), stopping\n" for r in range(4))
     d = _diagnose(tmp_path, up + ABORTED + said + "srun: error: tn1: tasks 0-1: Terminated\n")
     assert {u.rank for u in d.units} == {0, 1, 2, 3}
     assert d.category == "stopped_by_slurm", d.summary

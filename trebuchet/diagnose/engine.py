@@ -521,7 +521,7 @@ def _decide(case: Case) -> tuple[Diagnosis, Unit | None]:
         if case.failure_pos is not None and case.failure_pos < ev.pos:
             continue  # e.g. the step cancelled because a task failed: the cascade
         text = ev.line
-        summary = text.split("error: ", 1)[-1].strip(" *")
+        summary = ev.summary or text.split("error: ", 1)[-1].strip(" *")
         return Diagnosis(ev.category, summary, None, ev.node, [text]), None
 
     victims = {id(u) for u in case.units if _victim(u, any_failed)}

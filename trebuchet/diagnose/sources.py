@@ -54,7 +54,7 @@ MPI_NOTICED = re.compile(
 SLURM_EVENT = re.compile(r"(?:slurmstepd(?:-(?P<host>[\w.-]+))?: error: )?" + SLURM_CANCELLED)
 # What srun and salloc say when the job is stopped from outside (Slurm's srun/signals.c,
 # salloc/salloc.c): the user's Ctrl+C on srun, and the allocation's end.
-SRUN_CTRL_C = re.compile(r"^srun: sending Ctrl-C to ")
+SRUN_CTRL_C = re.compile(r"^srun: sending Ctrl-C to (?P<step>\S+)")
 SALLOC_REVOKED = re.compile(
     r"^salloc: Job (?:\d+ has exceeded its (?P<limit>time limit) and its allocation|allocation \d+)"
     r" has been revoked"
@@ -110,6 +110,7 @@ class JobEvent:
     line: str
     pos: int
     node: str | None = None
+    summary: str | None = None  # treb's words for it, where the line is no sentence
 
 
 @dataclass
@@ -341,9 +342,13 @@ def merged_log(path: Path, node_hint: str | None = None) -> Case:
             cat = CANCEL_WHY.get(m["why"] or "", "cancelled")
             case.events.append(JobEvent(cat, ln.raw, ln.pos, m["node"] or m["host"]))
         m = SALLOC_REVOKED.search(t)
-        if m or SRUN_CTRL_C.search(t):
-            cat = "time_limit" if m and m["limit"] else "cancelled"
+        if m:
+            cat = "time_limit" if m["limit"] else "cancelled"
             case.events.append(JobEvent(cat, ln.raw, ln.pos))
+        m = SRUN_CTRL_C.search(t)
+        if m:  # worded as treb words a run cancelled (engine._state_diag)
+            said = f"the job step {m['step']} was cancelled (Ctrl+C on srun); nothing failed"
+            case.events.append(JobEvent("cancelled", ln.raw, ln.pos, summary=said))
         m = NODE_FAIL.search(t)
         if m:
             case.events.append(JobEvent("node_failure", ln.raw, ln.pos, m["node"]))
