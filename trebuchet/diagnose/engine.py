@@ -476,11 +476,15 @@ def _stopped_by_slurm(case: Case) -> Diagnosis | None:
     """A job log where srun aborted the step and every task died of a stop signal: Slurm
     ended the job (its time limit, scancel, a preemption, a lost node, Ctrl+C on srun), and
     slurmstepd's line saying which never reached the log (srun can end before it is
-    forwarded: seen in CI, 2 tasks SIGTERMed at their time limit, no line)."""
+    forwarded: seen in CI, 2 tasks SIGTERMed at their time limit, no line). A task with no
+    exit line of its own is not read: srun prints no exit 0, and with
+    SLURM_SRUN_REDUCE_TASK_EXIT_MSG set none that repeats the previous task's status
+    (srun/launch.c, _task_finish): it ended as a line before it says, or well."""
     aborted = case.aborted
     signals = {
         "stopped" if u.stopped_by_launcher else catalog.signal_of(u.exit_code, u.signal)
         for u in case.units
+        if u.failed or u.stopped_by_launcher
     }  # stopped_by_launcher: srun killed it after its abort
     if aborted is None or not signals or not signals <= catalog.STOP_SIGNALS | {"stopped"}:
         return None
