@@ -144,10 +144,13 @@ def test_a_task_killed_in_a_later_step_is_not_the_earlier_aborts_kill(tmp_path: 
     step2 = "0: step 2 up\n1: step 2 up\nsrun: error: tn1: task 0: Killed\n"
     d = _diagnose(tmp_path, UP + ABORTED + STOPPED + step2)
     assert (d.category, d.rank) == ("killed", 0), d.summary
-    # srun's own end of the step (step_launch.c: Force Terminated) closes it too
-    step2 = "srun: error: tn2: task 2: Killed\n"
-    d = _diagnose(tmp_path, UP + ABORTED + STOPPED + "srun: Force Terminated StepId=2.0\n" + step2)
-    assert (d.category, d.rank) == ("killed", 2), d.summary
+    # srun's own end of the step (step_launch.c: Force Terminated), or the next step's start
+    # (srun/launch.c: Step created for), closes it too
+    for said in ("srun: Force Terminated StepId=2.0\n", "srun: Step created for StepId=2.1\n"):
+        d = _diagnose(
+            tmp_path, UP + ABORTED + STOPPED + said + "srun: error: tn2: task 2: Killed\n"
+        )
+        assert (d.category, d.rank) == ("killed", 2), (said, d.summary)
     # within the aborted step a Killed task is still srun's kill
     d = _diagnose(tmp_path, UP + ABORTED + "srun: error: tn1: task 0: Killed\n"
                   "srun: error: tn2: task 1: Terminated\n")  # fmt: skip

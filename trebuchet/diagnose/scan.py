@@ -29,8 +29,8 @@ KEYWORDS = (
     b"no such file", b"can't open", b"no space left", b"quota exceeded", b"permission denied",
     b"unexpected eof",
     # srun's and salloc's words on the job (diagnose/engine._stopped_by_slurm, sources.py):
-    # the job id they ran in, a Ctrl+C, an allocation revoked
-    b"allocated resources", b"waiting for resources", b"ctrl-c", b"revoked",
+    # the job id they ran in, a Ctrl+C, an allocation revoked, a step begun (sources._Steps)
+    b"allocated resources", b"waiting for resources", b"ctrl-c", b"revoked", b"step created for",
 )  # fmt: skip
 # A header and how many following lines belong to it (frames, report fields).
 BLOCKS = ((b"traceback (most recent call last)", 120), (b"root cause (first observed", 60),

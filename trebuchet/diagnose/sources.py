@@ -61,6 +61,12 @@ SALLOC_REVOKED = re.compile(
 )
 OOM_KILL = re.compile(OOM_KILLED)
 STEP_ABORTED = re.compile(r"^srun: Job step aborted\b")  # srun, told its job is over
+# srun's words that a step is over (api/step_launch.c: its tasks are gone, or it gave up) or
+# that another one begins (api/allocate.c, srun/launch.c)
+STEP_OVER = re.compile(
+    r"^srun: (?:Force Terminated \S|error: Timed out waiting for job step to complete"
+    r"|job \d+ (?:queued and waiting for|has been allocated) resources|Step created for \S)"
+)
 # torchrun (torch's elastic agent) told to stop: it stops its workers and exits 1
 TORCHRUN_STOPPED = re.compile(r"SignalException: Process \d+ got signal: (?:1|2|15)$")
 NODE_FAIL = re.compile(r"Node failure on (?P<node>[\w.-]+)")
@@ -269,6 +275,36 @@ def error_file_lines(path: str) -> list[LogLine]:
 
 
 # -- merged logs: torchrun console, srun, mpirun, anything with prefixes ---------------------
+@dataclass
+class _Steps:
+    """A job log's srun steps, one after another (a batch script's sruns): srun's abort and
+    the SIGKILL it then sends (api/step_launch.c) are its own step's. That step is over when
+    srun says so (STEP_OVER), or when a task srun already reported ended is reported again:
+    a later step's. (Not when it writes again: srun may forward its last output after its
+    exit.)"""
+
+    aborted: bool = False  # inside an aborted step
+    done: set[int] = field(default_factory=set)  # tasks reported since the abort
+    stops: set[int] = field(default_factory=set)  # tasks whose last status is a stop
+
+    def see(self, ln: LogLine) -> None:
+        if STEP_ABORTED.search(ln.text):
+            self.aborted, self.done = True, set()
+        elif STEP_OVER.search(ln.text):
+            self.aborted = False
+
+    def aborted_now(self, tasks: list[int]) -> bool:
+        """Whether srun's line of these tasks is the aborted step's."""
+        if self.aborted and self.done.intersection(tasks):
+            self.aborted = False
+        return self.aborted
+
+    def ended(self, task: int, stop: bool) -> None:
+        if self.aborted:
+            self.done.add(task)
+        (self.stops.add if stop else self.stops.discard)(task)
+
+
 def merged_log(path: Path, node_hint: str | None = None) -> Case:
     """One log holding many ranks' lines (a console log, a job's output file)."""
     lines, last = _scan_lines(path)
@@ -305,25 +341,32 @@ def merged_log(path: Path, node_hint: str | None = None) -> Case:
         u.lines += extra
     identity = all(k == v for k, v in local_map.items())
     job_pos = None
-    killed_by_srun: list[Unit] = []
+    killed_by_srun: dict[int, Unit] = {}
+    steps = _Steps()
     for ln in lines:
         t = ln.text
         if case.aborted is None and STEP_ABORTED.search(t):
             case.aborted = ln  # from here srun sends the step SIGKILL (step_launch.c)
+        steps.see(ln)
         m = SRUN_TASK.match(t)
         if m:
             code, sig = (int(m["code"]), None) if m["code"] else SRUN_WHAT[m["what"]]
-            # after its abort a Killed task is srun's own kill (unless the OOM killer's: below)
-            by_srun = case.aborted is not None and m["what"] == "Killed"
-            for r in _expand(m["tasks"]):
+            tasks = _expand(m["tasks"])
+            # after its abort a Killed task of its step is srun's own kill (unless the OOM
+            # killer's: below)
+            by_srun = steps.aborted_now(tasks) and m["what"] == "Killed"
+            for r in tasks:
                 u = _unit(units, r)
                 if m["node"]:
                     u.node = m["node"]
                     hosts.add(m["node"])
-                if not u.failed:
+                if not u.failed or r in steps.stops:  # an earlier step's stop: replaced
+                    u.order = ln.pos if r in steps.stops and (code or sig) else u.order
                     u.exit_code, u.signal = code, sig
+                    steps.ended(r, stop=by_srun or sig in STOP_SIGNALS)
+                    killed_by_srun.pop(r, None)
                     if by_srun:
-                        killed_by_srun.append(u)
+                        killed_by_srun[r] = u
                 if u.order is None and (code or sig):
                     u.order = ln.pos
             stopped = by_srun or sig in STOP_SIGNALS
@@ -355,7 +398,7 @@ def merged_log(path: Path, node_hint: str | None = None) -> Case:
             hosts.add(m["node"])
     case.failure_pos = job_pos
     if not any(OOM_KILL.search(ln.text) for ln in lines):  # else the OOM killer's SIGKILL
-        for u in killed_by_srun:
+        for u in killed_by_srun.values():
             u.stopped_by_launcher = True
     for ln in lines:
         rank = ln.rank
