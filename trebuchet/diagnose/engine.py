@@ -24,7 +24,7 @@ from trebuchet.diagnose import catalog
 from trebuchet.diagnose.catalog import CASCADE, CAUSE, TIMEOUT
 from trebuchet.diagnose.classify import Finding, Hit, classify, exit_abort
 from trebuchet.diagnose.errorfile import RankError
-from trebuchet.diagnose.sources import SLURM_OUT_NAME, TORCHRUN_STOPPED, Case, Unit
+from trebuchet.diagnose.sources import SLURM_OUT_NAME, TORCHRUN_STOPPED, Case, Unit, srun_stop
 from trebuchet.runtime.rundir.records import left_first_how
 
 if TYPE_CHECKING:
@@ -47,10 +47,6 @@ SRUN_JOB = re.compile(
 # slurmstepd saying the step failed (slurmstepd/req.c): Slurm did say why, a task failed
 STEP_FAILED = re.compile(
     r"\*\*\* (?:JOB|STEP) \S+ ON \S+ (?:FAILED \(|CANCELLED AT \S+ DUE TO TASK FAILURE)"
-)
-SRUN_TASK_STOPPED = re.compile(
-    r"^srun: error: \S+: tasks? [\d,-]+: (?:Terminated|Killed|Interrupt|Hangup)"
-    r"(?: \(core dumped\))?$"
 )
 
 
@@ -495,7 +491,7 @@ def _stopped_by_slurm(case: Case) -> Diagnosis | None:
     job = (said["job"] or said["step"]) if said else named["job"] if named else "JOBID"
     summary = (f"Slurm stopped every task and none failed on its own; this log does not say "
                f"why (`sacct -j {job} -o JobID,State,Reason,Elapsed,Timelimit` does)")  # fmt: skip
-    stops = [ln.raw for ln in case.unattributed if SRUN_TASK_STOPPED.search(ln.text)]
+    stops = [ln.raw for ln in case.unattributed if srun_stop(ln.text)]
     stops += [ln.raw for u in case.units for ln in u.lines if TORCHRUN_STOPPED.search(ln.text)]
     evidence = [aborted.raw, *stops[:2]]
     fix = catalog.REMEDIES["stopped_by_slurm"].replace("JOBID", job)

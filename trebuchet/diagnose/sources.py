@@ -48,6 +48,17 @@ SRUN_WHAT = {
     "Floating point exception": (136, "SIGFPE"), "Out Of Memory": (137, "SIGKILL"),
     "Interrupt": (130, "SIGINT"), "Hangup": (129, "SIGHUP"),  # strsignal's words, as srun's
 }  # fmt: skip
+
+
+def srun_stop(text: str) -> bool:
+    """srun's line of tasks ended by a stop: a stop signal, or `Killed` (srun's SIGKILL
+    after its abort, where no OOM killer struck)."""
+    m = SRUN_TASK.match(text)
+    if m is None or m["code"]:
+        return False
+    return m["what"] == "Killed" or SRUN_WHAT[m["what"]][1] in STOP_SIGNALS
+
+
 MPI_NOTICED = re.compile(
     r"process rank (?P<rank>\d+) with PID \d+ on node (?P<node>\S+) exited on signal (?P<sig>\d+)"
 )
