@@ -14,20 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.fast.test_diagnose_stopped_by_slurm import ABORTED, CAPTURED, STOPPED, UP, _diagnose
 from trebuchet.diagnose import catalog
 from trebuchet.diagnose.report import diagnose_paths
-
-CAPTURED = Path(__file__).resolve().parent.parent / "fixtures" / "diagnose" / "captured"
-UP = "0: task 0 up\n1: task 1 up\n"
-# api/step_launch.c: srun told its step is over; it then SIGKILLs the step
-ABORTED = "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
-STOPPED = "srun: error: tn2: task 1: Terminated\nsrun: error: tn1: task 0: Terminated\n"
-
-
-def _diagnose(tmp_path: Path, text: str, name: str = "slurm-2.out"):  # type: ignore[no-untyped-def]
-    log = tmp_path / name
-    log.write_text(text)
-    return diagnose_paths([log])
 
 
 def _treb(*args: str) -> subprocess.CompletedProcess[str]:
