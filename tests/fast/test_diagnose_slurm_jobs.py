@@ -6,16 +6,17 @@ slurmstepd/req.c, api/allocate.c, salloc/salloc.c)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.fast.test_diagnose_stopped_by_slurm import ABORTED, CAPTURED, STOPPED, UP, _diagnose
-from trebuchet.diagnose import catalog
+from trebuchet.diagnose import catalog, lines
 from trebuchet.diagnose.report import diagnose_paths
 
 
@@ -194,3 +195,101 @@ def test_each_of_slurmstepds_cancel_lines_reads_the_same_in_both(
         assert d.category not in ("cancelled", "stopped_by_slurm"), d.summary
     else:
         assert d.category == category and line in d.evidence, d.summary
+
+
+# -- 7. attacked: job logs by other names, bars before a traceback, strsignal's words ---------
+TRACEBACK = ('Traceback (most recent call last):\n1:   File "/w/train.py", line 3, in <module>\n'
+             "1:     1/0\n1: ZeroDivisionError: division by zero\n")  # fmt: skip
+FAILED_1 = "srun: error: tn2: task 1: Exited with exit code 1\n"
+
+
+def _bar(updates: int) -> str:
+    """tqdm's bar as it reaches a file: one line of carriage-return-separated updates."""
+    return "".join(f"\r{i / 10:5.1f}%|{'#' * (i // 50):<20}| {i}/1000 [00:{i % 60:02d}<00:10, "
+                   f"99.0it/s]" for i in range(updates))  # fmt: skip
+
+
+@pytest.mark.parametrize("updates", [30, 4000])
+def test_a_traceback_after_an_srun_labelled_progress_bar_stays_its_ranks(
+    tmp_path: Path, updates: int
+) -> None:
+    """tqdm writes its bar to stderr with no newline, so the traceback Python writes next
+    shares its line, and srun -l labels that line once, before the bar: `1:  0.0%|...\\r...
+    Traceback (most recent call last):`. The traceback is rank 1's, with its frame; after a
+    bar of 4000 updates too (240 kB: longer than the chunks the scanner had read when it
+    found that line's end, so its start was cut off with the traceback's header)."""
+    before = "".join(f"0: step {i} loss 1.0\n1: step {i} loss 1.0\n" for i in range(2000))
+    d = _diagnose(tmp_path, before + "1: " + _bar(updates) + TRACEBACK + FAILED_1)
+    assert (d.category, d.rank) == ("python_exception", 1), d.summary
+    assert d.frame is not None and "train.py:3" in d.frame, (d.frame, d.summary)
+
+
+def test_a_job_logs_other_names_are_not_a_ranks(tmp_path: Path) -> None:
+    """sbatch -e slurm-%j.err (srun's own lines go to the job's stderr) and -o %x-%j.out:
+    in a folder each is the job's log, read for srun's task lines, never rank 4242's."""
+    srun_said = "1: " + TRACEBACK + FAILED_1 + ABORTED + "srun: error: tn1: task 0: Killed\n"
+    for files in ({"slurm-4242.out": "0: up\n1: up\n", "slurm-4242.err": srun_said},
+                  {"train-4242.out": srun_said}):  # fmt: skip
+        folder = tmp_path / "-".join(files)
+        folder.mkdir()
+        for name, text in files.items():
+            (folder / name).write_text(text)
+        d = diagnose_paths([folder])
+        assert (d.category, d.rank) == ("python_exception", 1), (files, d.summary)
+        assert 4242 not in {u.rank for u in d.units}, files
+
+
+def test_per_task_logs_named_slurm_N_out_are_ranks(tmp_path: Path) -> None:
+    """srun -o slurm-%t.out writes a task's output to slurm-0.out, slurm-1.out: no job's
+    logs (Slurm numbers its jobs from 1), so a folder of them is read as ranks, not refused."""
+    (tmp_path / "slurm-0.out").write_text("step 1\n")
+    (tmp_path / "slurm-1.out").write_text("step 1\n" + TRACEBACK.replace("1: ", ""))
+    for args in ([str(tmp_path)], [str(tmp_path / "slurm-0.out"), str(tmp_path / "slurm-1.out")]):
+        out = _treb("--json", *args)
+        assert out.returncode == 0, out.stderr
+        d = json.loads(out.stdout)["root_cause"]
+        assert (d["category"], d["rank"]) == ("python_exception", 1), d["summary"]
+
+
+def test_a_job_log_given_beside_rank_logs_keeps_their_ranks(tmp_path: Path) -> None:
+    """`treb diagnose slurm-5.out rank-0.log rank-1.log` reads as the folder holding them:
+    each rank log is its rank's (its traceback rank 1's, with its frame), the job log is
+    read for srun's lines."""
+    (tmp_path / "slurm-5.out").write_text(UP + FAILED_1 + ABORTED + "srun: error: tn1: task 0: "
+                                          "Killed\n")  # fmt: skip
+    (tmp_path / "rank-0.log").write_text("step 1\n")
+    (tmp_path / "rank-1.log").write_text("step 1\n" + TRACEBACK.replace("1: ", ""))
+    folder = diagnose_paths([tmp_path])
+    files = diagnose_paths(sorted(tmp_path.iterdir()))
+    for d in (folder, files):
+        assert (d.category, d.rank) == ("python_exception", 1), d.summary
+        assert d.frame is not None and "train.py:3" in d.frame, d.frame
+
+
+@pytest.mark.parametrize(
+    ("said", "signal"),
+    [("User defined signal 1", "SIGUSR1"), ("Broken pipe", "SIGPIPE"), ("Quit", "SIGQUIT"),
+     ("CPU time limit exceeded", "SIGXCPU"), ("Segmentation fault (core dumped)", "SIGSEGV")],
+)  # fmt: skip
+def test_every_signal_srun_names_is_a_task_failure(tmp_path: Path, said: str, signal: str) -> None:
+    """srun names a task's signal by strsignal() (srun/launch.c, _task_finish): SIGUSR1 (an
+    sbatch --signal=USR1 no handler caught), SIGPIPE, SIGQUIT, SIGXCPU are failures of that
+    task too, not a log 'read as one process'. SIGXCPU is the process's CPU-time rlimit
+    (ulimit -t), not the job's time limit."""
+    d = _diagnose(tmp_path, UP + f"srun: error: tn2: task 1: {said}\n")
+    assert d.rank == 1 and d.node == "tn2", d.summary
+    assert d.category != "time_limit", d.summary
+    assert {u.rank: u.signal for u in d.units}[1] == signal
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["\r", "\x1b", "[", "]", ";", "?", "0", "12", ": ", " ", "P1 ",
+                                 "[rank1]:", "[1,2]<stderr>:", "a", "\t", "\x07", "\x9b",
+                                 "\u2028", "\\"]) | st.characters()).map("".join))  # fmt: skip
+@example("[rank1]:\ra\rb")
+def test_visible_leaves_no_control_whatever_the_line(line: str) -> None:
+    """Any line: what lines.visible leaves holds no carriage return and no ESC (a label it
+    keeps included), is no longer than the line, and reads the same a second time."""
+    shown = lines.visible(line)
+    assert "\r" not in shown and "\x1b" not in shown, (line, shown)
+    assert len(shown) <= len(line) and lines.visible(shown) == shown, (line, shown)

@@ -320,7 +320,7 @@ RULES: tuple[Rule, ...] = (
     _rule("scheduler_refusal", CAUSE, r"Batch job submission failed|Unable to allocate "
           r"resources|sbatch refused the job|Memory specification can not be satisfied"
           r"|Invalid generic resource \(gres\) specification"),
-    _rule("time_limit", CAUSE, r"DUE TO TIME LIMIT|[Tt]ime limit (?:reached|exceeded)"),
+    _rule("time_limit", CAUSE, r"DUE TO TIME LIMIT|(?<!CPU )[Tt]ime limit (?:reached|exceeded)"),
     _rule("node_failure", CAUSE, r"DUE TO NODE FAILURE|Node failure on|NODE_FAIL"
           r"|Communication connection failure|not responding, setting DOWN"),
     _rule("cancelled", CAUSE, SLURM_CANCELLED),  # after time_limit and node_failure's

@@ -111,6 +111,9 @@ def scan(path: Path, chunk: int = CHUNK, max_bytes: int = MAX_BYTES) -> Scan:
             fh.seek(pos)
             data = fh.read(step)
             parts.append(data)
+            if first == pos + step:  # the earliest error line was cut at the last chunk's
+                nl = data.rfind(b"\n")  # start: it begins here, or earlier still (a
+                first = pos + nl + 1 if nl >= 0 else pos  # progress bar's long line)
             starts = _keyword_starts(data.lower())
             found.update(pos + s for s in starts)
             off = _first_error(data, starts)
