@@ -16,7 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.fast.test_diagnose_stopped_by_slurm import ABORTED, CAPTURED, STOPPED, UP, _diagnose
-from trebuchet.diagnose import catalog, lines
+from trebuchet.diagnose import catalog, lines, scan
 from trebuchet.diagnose.report import diagnose_paths
 
 
@@ -159,6 +159,9 @@ def test_the_ctrl_c_summary_is_treb_words_not_sruns_line(tmp_path: Path) -> None
     assert not d.summary.startswith("srun"), d.summary
     assert "Ctrl+C" in d.summary and "StepId=2.0" in d.summary and "nothing failed" in d.summary
     assert "srun: sending Ctrl-C to StepId=2.0" in d.evidence
+    # Slurm before 20.11 (srun/signals.c: "sending Ctrl-C to job %u.%u") named it so
+    d = _diagnose(tmp_path, UP + "srun: sending Ctrl-C to job 2.0\n" + ABORTED + STOPPED)
+    assert d.category == "cancelled" and "the job step 2.0 was cancelled" in d.summary, d.summary
 
 
 # -- 6. Slurm 25.05's scancel line in a rank's log ---------------------------------------------
@@ -239,6 +242,20 @@ def test_a_job_logs_other_names_are_not_a_ranks(tmp_path: Path) -> None:
         assert 4242 not in {u.rank for u in d.units}, files
 
 
+def test_a_folder_among_several_paths_is_refused_by_name(tmp_path: Path) -> None:
+    """Two jobs' folders (or a folder and a log) given together: only files were read, a
+    folder silently not, and `treb diagnose job1/ job2/` said 'no failure found in ' (no
+    name), exit 0. A folder is read alone; given among others it is refused, named."""
+    for job, text in (("job1", "slurm-7.out"), ("job2", "slurm-8.out")):
+        (tmp_path / job).mkdir()
+        (tmp_path / job / text).write_text(UP + FAILED_1)
+    for args in ([tmp_path / "job1", tmp_path / "job2"], [tmp_path / "job1", tmp_path / "job2"
+                                                          / "slurm-8.out"]):  # fmt: skip
+        out = _treb(*map(str, args))
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert str(tmp_path / "job1") in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 def test_per_task_logs_named_slurm_N_out_are_ranks(tmp_path: Path) -> None:
     """srun -o slurm-%t.out writes a task's output to slurm-0.out, slurm-1.out: no job's
     logs (Slurm numbers its jobs from 1), so a folder of them is read as ranks, not refused."""
@@ -293,3 +310,16 @@ def test_visible_leaves_no_control_whatever_the_line(line: str) -> None:
     shown = lines.visible(line)
     assert "\r" not in shown and "\x1b" not in shown, (line, shown)
     assert len(shown) <= len(line) and lines.visible(shown) == shown, (line, shown)
+
+
+@pytest.mark.parametrize("cut", [16, 18, 19])
+def test_a_line_across_the_scanners_chunk_boundary_is_read(tmp_path: Path, cut: int) -> None:
+    """The scanner reads a log backwards in chunks (scan.CHUNK from the end first) and finds
+    its candidate lines by keyword in each: `srun: Job step a|borted` with the boundary
+    inside `abort` was in neither chunk, and the stop read as no failure at all."""
+    tail = ABORTED[cut:] + STOPPED
+    pad = "x" * (scan.CHUNK - len(tail) - 1) + "\n"  # the boundary falls at ABORTED[cut]
+    before = "".join(f"0: step {i}\n1: step {i}\n" for i in range(2000))
+    d = _diagnose(tmp_path, before + UP + ABORTED[:cut] + tail + pad)
+    assert d.category == "stopped_by_slurm", d.summary
+    assert ABORTED.strip() in d.evidence, d.evidence

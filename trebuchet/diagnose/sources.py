@@ -73,7 +73,7 @@ MPI_NOTICED = re.compile(
 SLURM_EVENT = re.compile(r"(?:slurmstepd(?:-(?P<host>[\w.-]+))?: error: )?" + SLURM_CANCELLED)
 # What srun and salloc say when the job is stopped from outside (Slurm's srun/signals.c,
 # salloc/salloc.c): the user's Ctrl+C on srun, and the allocation's end.
-SRUN_CTRL_C = re.compile(r"^srun: sending Ctrl-C to (?P<step>\S+)")
+SRUN_CTRL_C = re.compile(r"^srun: sending Ctrl-C to (?:job )?(?P<step>\S+)")  # job: before 20.11
 SALLOC_REVOKED = re.compile(
     r"^salloc: Job (?:\d+ has exceeded its (?P<limit>time limit) and its allocation|allocation \d+)"
     r" has been revoked"
@@ -822,6 +822,12 @@ def paths_case(paths: list[Path]) -> Case:
         if is_run_dir(paths[0]):
             return run_dir_case(paths[0])
         return log_dir(paths[0])
+    folders = [str(p) for p in paths if p.is_dir()]
+    if folders:  # never silently left unread (only files were read)
+        from trebuchet.errors import UserError
+
+        raise UserError(f"{', '.join(folders)}: a folder is diagnosed on its own, not among "
+                        f"other paths: treb diagnose {folders[0]}")  # fmt: skip
     files = [p for p in paths if p.is_file()]
     jobs = job_logs(files)
     if len(files) > 1 and any(p not in jobs and rank_from_name(p.name) is not None
