@@ -323,3 +323,21 @@ def test_a_line_across_the_scanners_chunk_boundary_is_read(tmp_path: Path, cut: 
     d = _diagnose(tmp_path, before + UP + ABORTED[:cut] + tail + pad)
     assert d.category == "stopped_by_slurm", d.summary
     assert ABORTED.strip() in d.evidence, d.evidence
+
+
+def test_a_logs_last_lines_are_the_lines_a_terminal_shows(tmp_path: Path) -> None:
+    """A log's last lines (the 'last line:' evidence, exit_abort's test) are its lines as
+    visible reads them: a progress bar's updates are one line, its last, not one line each
+    (str.splitlines cut at every carriage return), and Windows line ends read the same."""
+    for end in ("\n", "\r\n"):
+        log = tmp_path / "rank-0.log"
+        log.write_text(f"loss 1.0{end}" + _bar(40) + end)
+        last = scan.scan(log).last_lines
+        assert last == ["loss 1.0", _bar(40).rsplit("\r", 1)[-1]], last
+        # past the 4 kB the last lines are read from: a cut line is left out, a bar's end kept
+        log.write_text("y" * 5000 + end + "x" * 5000 + end + "loss 1.0" + end)
+        assert scan.scan(log).last_lines == ["loss 1.0"]
+        log.write_text("y" * 5000 + end + "loss 1.0" + end + _bar(40) + end)
+        assert scan.scan(log).last_lines == ["loss 1.0", _bar(40).rsplit("\r", 1)[-1]]
+        log.write_text("loss 1.0" + end + _bar(200) + end)  # 12 kB of bar: its end is the line
+        assert scan.scan(log).last_lines == [_bar(200).rsplit("\r", 1)[-1]]

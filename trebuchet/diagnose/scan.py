@@ -131,7 +131,10 @@ def scan(path: Path, chunk: int = CHUNK, max_bytes: int = MAX_BYTES) -> Scan:
     starts = {buf.rfind(b"\n", 0, a - pos) + 1 for a in found if a - pos >= cut}
     starts |= {s for s in _block_starts(buf.lower()) if s >= cut}
     lines = [_line(buf, s) for s in sorted(starts)]
-    tail = buf[max(cut, len(buf) - 4096) :].decode(errors="replace").splitlines()
-    tail = [visible(ln) for ln in (tail[1:] if len(buf) - cut > 4096 else tail)]
+    # lines as a terminal shows them: cut at newlines only (a progress bar's carriage
+    # returns are its updates); a line the window cut keeps its end where that is a bar's
+    tail = buf[max(cut, len(buf) - 4096) :].decode(errors="replace").split("\n")
+    cut_line = len(buf) - cut > 4096 and "\r" not in tail[0].rstrip("\r")
+    tail = [visible(ln) for ln in (tail[1:] if cut_line else tail)]
     last = [ln for ln in tail if ln.strip()][-5:]
     return Scan(Path(path), size, pos + cut, lines, last)
