@@ -341,3 +341,20 @@ def test_a_logs_last_lines_are_the_lines_a_terminal_shows(tmp_path: Path) -> Non
         assert scan.scan(log).last_lines == ["loss 1.0", _bar(40).rsplit("\r", 1)[-1]]
         log.write_text("loss 1.0" + end + _bar(200) + end)  # 12 kB of bar: its end is the line
         assert scan.scan(log).last_lines == [_bar(200).rsplit("\r", 1)[-1]]
+
+
+def test_a_step_srun_could_not_create_is_the_jobs_failure(tmp_path: Path) -> None:
+    """A batch script's later step asking for more than the job has (srun/launch.c: `Unable
+    to create step for job %u: %m`): Slurm refused it, nothing of it ran. After srun's
+    abort, `Job/step already completing` is the job's end, no refusal: stopped_by_slurm."""
+    refused = (
+        "srun: error: Unable to create step for job 5: More processors requested than permitted\n"  # noqa: E501
+    )
+    d = _diagnose(tmp_path, UP + refused)
+    assert d.category == "scheduler_refusal", d.summary
+    assert refused.strip() in d.evidence, d.evidence
+    ended = (
+        "srun: error: Unable to create step for job 5: Job/step already completing or completed\n"  # noqa: E501
+    )
+    d = _diagnose(tmp_path, UP + ABORTED + STOPPED + ended)
+    assert d.category == "stopped_by_slurm", d.summary
