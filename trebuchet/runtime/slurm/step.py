@@ -122,6 +122,7 @@ class Controller:
         self.signaller: subprocess.Popen[bytes] | None = None  # delivers the warning
         self.rc = 0  # the attempt's step (or inline agent) exit status
         self.warned = self.requeued = self.terminating = False
+        self.self_cancel = False  # the run ended cancelled: this job's own scancel is on its way
         self.requeue_at: float | None = None
         self.scontrol = "scontrol"  # the real one: the ranks' PATH has selfrequeue's first
         self._signals: list[int] = []
@@ -389,8 +390,10 @@ class Controller:
                 log(f"the next attempt cannot run: {left}")
                 return lifecycle.Ending("FAILED", f"{self.lost}; {left}", final=True)
             return lifecycle.Ending("FAILED", self.lost)
-        if reason == "cancel":  # Ctrl+C on `treb run` (SIGINT to this controller)
+        if reason == "cancel" and self.lc.cancel_signal == signal.SIGINT:  # Ctrl+C on `treb run`
             state, why = "CANCELLED", "cancelled (Ctrl+C): SIGINT to the ranks"
+        elif reason == "cancel":  # `treb cancel` (SIGTERM to this controller alone: on_term)
+            state, why = "CANCELLED", "cancelled (treb cancel)"
         elif reason in ("hang", "idle_gpu"):
             state, why = "FAILED", reason
         elif reason == "timeout" or (rc != 0 and self.lc.warned and self.died_of_warning()):
@@ -589,12 +592,20 @@ class Controller:
     def on_term(self) -> None:
         """Cancelled, time limit, preemption, requeue: record why, at once (Slurm's SIGKILL
         follows after KillWait)."""
-        if self.requeued or self.terminating:
+        if self.requeued or self.terminating or self.self_cancel:
+            return
+        asked = os.path.exists(os.path.join(self.run_dir, "cancel-requested"))
+        if asked and self.lc.cancel_signal is None and self.slurm_state()[0].startswith("RUNNING"):
+            # `treb cancel` (scancel --signal=TERM --batch: this process alone): the ranks
+            # are stopped as a local cancel stops them (SIGTERM, the spec's grace_period,
+            # SIGKILL), not by Slurm's SIGTERM and its SIGKILL after KillWait
+            log(f"treb cancel: stopping the ranks (grace {self.job['grace']}s)")
+            self.lc.cancel(signal.SIGTERM)
             return
         self.terminating = True
         self.lc.cancel(signal.SIGTERM)  # the controller stops; the records are written here
         state, reason = "CANCELLED", ""
-        if os.path.exists(os.path.join(self.run_dir, "cancel-requested")):
+        if asked:
             reason = "cancelled (treb cancel)"
         else:
             info = self.slurm_state()[0]
@@ -919,7 +930,22 @@ class Controller:
                 step.wait(timeout=30)
         if self.terminating:
             return 143
+        if state == "CANCELLED" and self.lc.cancel_signal is not None:
+            self.cancel_own_job()
         return {"SUCCEEDED": 0, "CANCELLED": 130}.get(state, 1)  # 130: Ctrl+C's, as treb run
+
+    def cancel_own_job(self) -> None:
+        """A run the user cancelled (Ctrl+C on `treb run`, `treb cancel`: a signal to this
+        controller alone, which stopped the ranks as a local cancel does) ends CANCELLED in
+        Slurm too, as after `scancel`: without this the batch step's exit (130) made the
+        job FAILED in squeue and sacct. Its records are written; the SIGTERM that follows
+        (on_term) changes nothing."""
+        if not self.job_id:
+            return
+        self.self_cancel = True
+        log(f"the run was cancelled: scancel {self.job_id} (Slurm records it CANCELLED)")
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(["scancel", self.job_id], stdin=subprocess.DEVNULL, timeout=60)
 
 
 def parks(job: JobFile) -> bool:
