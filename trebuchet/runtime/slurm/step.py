@@ -199,7 +199,7 @@ class Controller:
             self.inline = slurm_agent(self.job, inline=True)
             self.inline.start_all()
         else:
-            args = self.step_args(self.job["srun"])
+            args = self.step_args(self.task_srun())
             kept, self.kept = self.kept, None
             self.spare_hosts, self.spare_end = [], None
             if self.resume_step(attempt, args) or self.spare_step(attempt, args, kept):
@@ -213,14 +213,21 @@ class Controller:
             # (or slurmctld has not yet taken them back): without --overlap srun would wait
             overlap = ["--overlap"] if self.finishing or self.stepped else []
             self.stepped = True
-            self.step = self.srun([*args, *overlap, *self.no_kill()], "task")
+            self.step = self.srun([*args, *overlap], "task")
             self.step_use = list(self.use)
 
-    def no_kill(self) -> list[str]:
-        """`srun --no-kill` where the agents park: a node's death then ends no task of the
-        step but the dead node's (without it srun ends the whole step once slurmctld marks
-        the node DOWN), so the survivors' agents stay parked for the spare's attempt."""
-        return ["--no-kill"] if self.link is not None and parks(self.job) else []
+    def no_kill(self) -> bool:
+        """`srun --no-kill` where the agents park (rendered in job.json's `srun`:
+        backends/slurm/script.py): a node's death then ends no task of the step but the
+        dead node's (without it srun ends the whole step once slurmctld marks the node
+        DOWN), so the survivors' agents stay parked for the spare's attempt. Not without
+        the agent link (no socket here): the agents do not park then."""
+        return self.link is not None and "--no-kill" in self.job["srun"]
+
+    def task_srun(self) -> list[str]:
+        """The ranks' srun flags as rendered, less `--no-kill` where no agent parks."""
+        srun = self.job["srun"]
+        return srun if self.no_kill() else [a for a in srun if a != "--no-kill"]
 
     def spare_step(
         self, attempt: int, args: list[str], kept: subprocess.Popen[bytes] | None
@@ -250,8 +257,8 @@ class Controller:
         log(f"attempt {attempt + 1}: on the {parked} node agent(s) parked in the previous "
             f"attempt's srun step and a new step on {','.join(new)}")  # fmt: skip
         self.spare_hosts = list(new)
-        self.step = self.srun([*self.step_args(self.job["srun"], new), "--overlap",
-                               *self.no_kill()], "task", env=env)  # fmt: skip
+        self.step = self.srun([*self.step_args(self.task_srun(), new), "--overlap"], "task",
+                              env=env)  # fmt: skip
         return True
 
     def end_lost_steps(self) -> None:
