@@ -197,3 +197,19 @@ def test_an_array_excludes_the_nodes_treb_marked_bad(
         events = (Path(r["run_dir"]) / "events.jsonl").read_text().splitlines()
         avoided = [json.loads(e) for e in events if '"nodes_avoided"' in e]
         assert [e["hosts"] for e in avoided] == [["tn2", "tn3"]], events
+
+
+def test_points_that_avoid_different_nodes_are_refused(
+    fake_slurm: Path, tmp_path: Path, treb_home: Path
+) -> None:
+    """One array has one --exclude: a sweep over allow_nodes is a named refusal (exit 2),
+    nothing submitted, no point left PENDING."""
+    from tests.fast.test_node_history import lost, plant
+
+    plant("aaaa0005", [lost("tn2"), lost("tn3", attempt=1)])
+    res = _sweep(tmp_path, SPEC, "-o", "allow_nodes=tn2,tn3")
+    assert res.returncode == 2, res.stderr
+    assert "the nodes to avoid differ between points" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and not fake_slurm.exists()
+    runs = json.loads(_treb("ps", "--all", "--json", cwd=tmp_path).stdout)
+    assert {r["state"] for r in runs if r["id"] != "aaaa0005"} == {"FAILED"}, runs
