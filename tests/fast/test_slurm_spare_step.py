@@ -32,7 +32,9 @@ printf '%s\\n' "${TREB_PLACEMENT:-none}" >>"$CALLS/placement"
 while [ ! -e "$CALLS/srun-exit" ]; do sleep 0.05; done
 exit 1
 """
-SQUEUE = "#!/bin/sh\necho 77.0\necho 77.1\n"
+SQUEUE = """#!/bin/sh
+case "$*" in *%N*) echo 'tn[2-4]' ;; *) echo 77.0; echo 77.1 ;; esac
+"""
 SCANCEL = '#!/bin/sh\nprintf \'%s\\n\' "$*" >>"$CALLS/scancel"\n'
 SRUN_ARGS = ["--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
              "--export=ALL", "--whole", "--no-kill"]  # fmt: skip
@@ -102,6 +104,22 @@ class Setup:
     def placements(self) -> list[str]:
         return (self.calls / "placement").read_text().splitlines()
 
+    def spare_step_ends(self, spoke: bool) -> None:
+        """Attempt 1 on tn2, tn3 (parked, now running) and the spare tn4, whose step then
+        ends (srun exit 1); `spoke`: the spare's agent said hello before."""
+        self.ctl.use = ["tn2", "tn3", "tn4"]
+        self.ctl.start(1)
+        assert until(lambda: len(self.srun_calls()) == 1)
+        for link in self.survivors:
+            assert link.wait_next(lambda: False) == 1
+            link.next_attempt(1)
+        if spoke:
+            assert agent_link.open_link(1, "1.0", "tn4") is not None
+            assert until(lambda: len(self.hub.tasks) == 3)
+        (self.calls / "srun-exit").touch()
+        assert self.ctl.step is not None
+        self.ctl.step.wait(timeout=10)
+
     def close(self) -> None:
         (self.calls / "srun-exit").touch()
         for p in [self.kept, self.ctl.step]:
@@ -136,11 +154,12 @@ def test_the_spare_gets_a_step_of_its_own_and_the_survivors_their_new_place(setu
     argv = setup.srun_calls()[0].split()
     assert argv[:3] == ["--nodes=1", "--ntasks=1", "--nodelist=tn4"], argv
     assert "--overlap" in argv and "--no-kill" in argv and "task" in argv, argv
-    assert setup.placements() == ["3;tn4=2"]
+    assert setup.placements() == ["3;tn4=2;tn2,tn3,tn4;tn[2-4]"]  # the job's: Slurm's word
     assert ctl.spare_hosts == ["tn4"] and ctl.step_use == ["tn2", "tn3", "tn4"]
     for node, link in enumerate(setup.survivors):
         assert link.wait_next(lambda: False) == 1
-        assert link.placement == agent_link.Placement(node, 3, "tn2", "29555")
+        assert link.placement == agent_link.Placement(node, 3, "tn2", "29555", "tn2,tn3,tn4",
+                                                      "tn[2-4]")  # fmt: skip
     assert ctl.step is not None and ctl.step is not setup.kept
 
 
@@ -154,7 +173,8 @@ def test_fewer_nodes_run_on_the_parked_agents_alone(setup: Setup) -> None:
     assert setup.srun_calls() == []
     for node, link in enumerate(setup.survivors):
         assert link.wait_next(lambda: False) == 1
-        assert link.placement == agent_link.Placement(node, 2, "tn2", "29555")
+        assert link.placement == agent_link.Placement(node, 2, "tn2", "29555", "tn2,tn3",
+                                                      "tn[2-4]")  # fmt: skip
 
 
 @pytest.mark.parametrize("why", ["kept step ended", "a scancel on its way", "parked elsewhere"])
@@ -196,15 +216,7 @@ def test_a_spares_step_that_ends_first_stops_the_others_then_the_attempt_ends(
     ends with srun's code (once they ended: not after the grace period, a minute here)."""
     ctl = setup.ctl
     ctl.job["grace"] = 60
-    ctl.use = ["tn2", "tn3", "tn4"]
-    ctl.start(1)
-    assert until(lambda: len(setup.srun_calls()) == 1)
-    for link in setup.survivors:
-        assert link.wait_next(lambda: False) == 1
-        link.next_attempt(1)
-    (setup.calls / "srun-exit").touch()
-    assert ctl.step is not None
-    ctl.step.wait(timeout=10)
+    setup.spare_step_ends(spoke=False)
     assert ctl.poll()  # the others still run: the attempt goes on
     assert until(lambda: sorted(setup.stopped) == ["tn2", "tn3"])
     assert until(lambda: scancelled(setup) == ["--signal=TERM 77.0", "--signal=TERM 77.1"])
@@ -221,18 +233,7 @@ def test_a_spares_step_whose_others_do_not_end_is_scancelled_after_the_grace(
     the parked agents never end: after the grace period + 2 s the steps get scancel
     --signal=TERM, and the attempt ends."""
     ctl = setup.ctl
-    ctl.use = ["tn2", "tn3", "tn4"]
-    ctl.start(1)
-    assert until(lambda: len(setup.srun_calls()) == 1)
-    for link in setup.survivors:
-        assert link.wait_next(lambda: False) == 1
-        link.next_attempt(1)
-    spare = agent_link.open_link(1, "1.0", "tn4")
-    assert spare is not None
-    assert until(lambda: len(setup.hub.tasks) == 3)
-    (setup.calls / "srun-exit").touch()
-    assert ctl.step is not None
-    ctl.step.wait(timeout=10)
+    setup.spare_step_ends(spoke=True)
     assert ctl.poll()
     assert until(lambda: sorted(setup.stopped) == ["tn2", "tn3"])
     assert until(lambda: not ctl.poll())

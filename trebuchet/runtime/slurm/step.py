@@ -243,7 +243,8 @@ class Controller:
                 or any(p.poll() is None for p in self.scancels)):  # fmt: skip
             return False
         master, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-        new = self.link.resume_on(attempt, self.use, master, port)
+        job_nodes = self.job_nodelist()
+        new = self.link.resume_on(attempt, self.use, master, port, job_nodes)
         if new is None:
             return False
         self.step_use = list(self.use)
@@ -253,13 +254,30 @@ class Controller:
             self.step = kept  # srun waits for the lost node's tasks: the link says the end
             return True
         places = ",".join(f"{host}={self.use.index(host)}" for host in new)
-        env = {**os.environ, PLACEMENT_ENV: f"{len(self.use)};{places}"}
+        where = f"{len(self.use)};{places};{','.join(self.use)};{job_nodes}"  # task.place
+        env = {**os.environ, PLACEMENT_ENV: where}
         log(f"attempt {attempt + 1}: on the {parked} node agent(s) parked in the previous "
             f"attempt's srun step and a new step on {','.join(new)}")  # fmt: skip
         self.spare_hosts = list(new)
         self.step = self.srun([*self.step_args(self.task_srun(), new), "--overlap"], "task",
                               env=env)  # fmt: skip
         return True
+
+    def job_nodelist(self) -> str:
+        """The job's nodes as Slurm has them now (squeue %N: with --no-kill a lost node
+        leaves the job), for every rank's SLURM_JOB_NODELIST after a loss (a parked
+        survivor's step began before it); else the allocation less the lost nodes."""
+        try:
+            out = subprocess.run(
+                ["squeue", "-h", "-j", self.job_id, "-o", "%N"],
+                capture_output=True, text=True, timeout=30,
+            ).stdout.split()  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            out = []
+        if len(out) == 1 and re.fullmatch(r"[A-Za-z0-9._\-\[\],]+", out[0]):
+            return out[0]
+        lost = set(self.lost_hosts)
+        return ",".join(h for h in self.hosts if h not in lost)
 
     def end_lost_steps(self) -> None:
         """The lost nodes' steps, which srun keeps waiting for: their parked agents were
@@ -602,11 +620,13 @@ class Controller:
         if self.requeued or self.terminating or self.self_cancel:
             return
         asked = os.path.exists(os.path.join(self.run_dir, "cancel-requested"))
-        if asked and self.lc.cancel_signal is None and self.slurm_state()[0].startswith("RUNNING"):
+        if asked and self.slurm_state()[0].startswith("RUNNING"):
             # `treb cancel` (scancel --signal=TERM --batch: this process alone): the ranks
             # are stopped as a local cancel stops them (SIGTERM, the spec's grace_period,
-            # SIGKILL), not by Slurm's SIGTERM and its SIGKILL after KillWait
-            log(f"treb cancel: stopping the ranks (grace {self.job['grace']}s)")
+            # SIGKILL), not by Slurm's SIGTERM and its SIGKILL after KillWait; a second
+            # cancel (or one after Ctrl+C) kills what is left, as locally
+            if self.lc.cancel_signal is None:
+                log(f"treb cancel: stopping the ranks (grace {self.job['grace']}s)")
             self.lc.cancel(signal.SIGTERM)
             return
         self.terminating = True
