@@ -306,6 +306,7 @@ def test_cancel_a_running_job(streb, tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir()) == [f"saved-{r}" for r in range(4)], st
     assert st["state"] == "CANCELLED" and st["first_failure"] is None
     assert st["attempts"][0]["state"] == "CANCELLED"
+    assert st["attempts"][0]["reason"] == "cancelled (treb cancel)", st["attempts"]
     q = slurm("squeue", "-h", "-t", "all", "-j", st["backend_id"], "-o", "%T")
     assert q.stdout.strip() == "CANCELLED", q
     assert len(st["procs"]) == 4, st["procs"]
@@ -338,6 +339,7 @@ def test_ctrl_c_on_attached_run_cancels_the_job(streb, tmp_path: Path) -> None:
     assert st["state"] == "CANCELLED"
     # Slurm says what the user did, as after `scancel` or `treb cancel` (not FAILED, 130)
     assert slurm_state(st["backend_id"]) == "CANCELLED", st
+    assert st["attempts"][0]["reason"].startswith("cancelled (Ctrl+C)"), st["attempts"]
     assert st["procs"][0]["signal"] == "SIGINT" and st["procs"][0]["stopped_by_launcher"]
 
 
