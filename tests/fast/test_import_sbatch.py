@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from tests.fast.import_helpers import FIXTURES, imported, notes_at, run_import
+from tests.fast.import_helpers import ENVIRON, FIXTURES, imported, notes_at, run_import
+from trebuchet.spec.load import load_spec
 
 SBATCH = sorted(p.name for p in FIXTURES.glob("*.sbatch"))
 
@@ -339,3 +340,22 @@ def test_usage_is_an_option_without_a_value() -> None:
     opts, rest = sbatch.parse_options(["--usage", "--nodes=2", "python", "x.py"], True)
     assert [(name, value) for name, value, _ in opts] == [("usage", None), ("nodes", "2")]
     assert rest == 2
+
+
+def test_a_variable_set_where_the_import_ran_stays_optional_as_in_bash(
+    capsys, tmp_path, monkeypatch
+) -> None:
+    """Megatron's `PYTHONPATH=...:${PYTHONPATH:-}`: bash gives "" where PYTHONPATH is unset.
+    Imported where it was set, the spec read it back as a required `${PYTHONPATH}`, which
+    then failed to load on a machine without it: the import depended on the importer's
+    environment. It reads `${PYTHONPATH:-}` wherever the import ran."""
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/of/mine")
+    out, err, code = run_import(capsys, "sbatch", "megatron-mlm.sbatch")
+    assert code == 0, err
+    path = tmp_path / "job.yaml"
+    path.write_text(out)
+    spec = load_spec(path, environ={**ENVIRON}).spec  # PYTHONPATH not set here
+    assert "/3rdparty/Megatron-LM:" in spec.env["PYTHONPATH"], spec.env
+    assert "/somewhere/of/mine" not in out
+    spec = load_spec(path, environ={**ENVIRON, "PYTHONPATH": "/theirs"}).spec
+    assert spec.env["PYTHONPATH"].endswith("/3rdparty/Megatron-LM:/theirs"), spec.env

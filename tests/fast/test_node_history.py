@@ -26,21 +26,45 @@ NOW = time.time()
 
 
 def plant(run_id: str, events: list[Any], state: str = "FAILED", raw: bytes = b"",
-          backend: str = "slurm", attempts: int = 3) -> Path:  # fmt: skip
+          backend: str = "slurm", attempts: int = 3,
+          ran_on: dict[int, list[str]] | None = None) -> Path:  # fmt: skip
     """A run as an engine leaves it: its directory with events.jsonl, and its index row
-    (`attempts`: its max_attempts; a mark of a later attempt does not count)."""
+    (`attempts`: its max_attempts; a mark of a later attempt does not count). `ran_on`:
+    each attempt's nodes as the engine records them (Slurm: attempt-<n>/attempt.json's
+    `nodes`; ssh: the `attempt_started` event's `hosts`); by default the hosts `events`
+    name, each in its attempt (a mark on a host its run did not run on does not count)."""
     from trebuchet.store.db import RunRecord, Store
     from trebuchet.store.paths import runs_dir
 
     run_dir = runs_dir() / run_id
     run_dir.mkdir()
-    events = [{"event": "submitted", "time": NOW - 100, "backend": backend}, *events]
+    if ran_on is None:
+        ran_on = {}
+        for e in events:
+            a = e.get("attempt") if isinstance(e.get("attempt"), int) else 0
+            if isinstance(e.get("host"), str) and 0 <= a < attempts:
+                ran_on.setdefault(a, []).append(e["host"])
+    started = []
+    for a, hosts in sorted(ran_on.items()):
+        if backend == "ssh":
+            started.append({"event": "attempt_started", "time": NOW - 90, "attempt": a,
+                            "hosts": hosts})  # fmt: skip
+        else:
+            (run_dir / f"attempt-{a}").mkdir()
+            (run_dir / f"attempt-{a}" / "attempt.json").write_text(
+                json.dumps({"attempt": a, "state": state, "nodes": ",".join(dict.fromkeys(hosts))})
+            )
+    width = max([2, *(len(set(h)) for h in ran_on.values())])
+    events = [{"event": "submitted", "time": NOW - 100, "backend": backend}, *started, *events]
     lines = b"".join(json.dumps(e).encode() + b"\n" for e in events)
     (run_dir / "events.jsonl").write_bytes(lines + raw)
-    (run_dir / "spec.yaml").write_text(f"retries: {attempts - 1}\n")  # what a rebuild reads
+    (run_dir / "spec.yaml").write_text(
+        f"retries: {attempts - 1}\nnodes: {width}\n"
+    )  # a rebuild reads it
     store = Store()
     store.insert_run(RunRecord(id=run_id, name="x", backend=backend, launcher="native",
-                               state=state, nodes=2, procs_per_node=1, run_dir=str(run_dir), max_attempts=attempts,
+                               state=state, nodes=width, procs_per_node=1, run_dir=str(run_dir),
+                               max_attempts=attempts,
                                created_at=NOW))  # fmt: skip
     store.close()
     return run_dir

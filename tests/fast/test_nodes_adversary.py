@@ -55,7 +55,7 @@ def test_a_huge_events_file_is_read_in_bounded_memory(treb_home: Path) -> None:
     """A run's events.jsonl of 160 MiB (one line of it 32 MiB): the marks are found, and the
     reader's memory does not grow with the file (before: the whole file, its text and its
     lines at once, ~5x its size)."""
-    run_dir = plant("aaaa0103", [])
+    run_dir = plant("aaaa0103", [], ran_on={0: ["tn5", "tn6"]})
     pad = json.dumps({"event": "progress", "time": time.time(), "pad": "x" * 400}) + "\n"
     with open(run_dir / "events.jsonl", "a") as fh:
         fh.write('{"event": "node_lost", "pad": "' + "y" * (32 << 20) + '"}\n')
@@ -172,10 +172,10 @@ def test_an_attempt_folder_numbered_in_other_digits_is_no_attempt(treb: TrebFn) 
     ValueError traceback. Only ASCII digits number an attempt."""
     from trebuchet.runtime.rundir.records import FIRST
 
-    run_dir = plant("aaaa0107", [])
+    run_dir = plant("aaaa0107", [], ran_on={1: ["tn4"]})
     for name in ("attempt-\u00b2", "attempt-\u0663", "attempt-1"):
         adir = run_dir / name
-        adir.mkdir()
+        adir.mkdir(exist_ok=True)
         rec = {"label": "rank 0", "rank": 0, "node": 0, "exit_code": 1, "ended_at": NOW,
                "host": "tn4", "state": "ENDED"}  # fmt: skip
         (adir / FIRST).write_text(json.dumps(rec))
@@ -206,7 +206,7 @@ def test_a_run_marks_a_node_at_most_once_per_attempt_it_had(treb: TrebFn) -> Non
 
     for a in (0, 7):  # attempt-7 of a one-attempt run: a folder a rank made
         adir = run_dir / f"attempt-{a}"
-        adir.mkdir()
+        adir.mkdir(exist_ok=True)
         rec = {"rank": 0, "node": 0, "exit_code": 1, "ended_at": NOW, "host": "tn3"}
         (adir / FIRST).write_text(json.dumps(rec))
         (adir / "rank-0.log").write_text("NVRM: Xid (PCI:0000:3b:00): 79\n")

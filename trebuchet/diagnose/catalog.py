@@ -246,6 +246,17 @@ OOM_KILLED = (
     r"|Memory cgroup out of memory"
 )
 
+# slurmstepd's word that it cancelled a job or step (slurmstepd/req.c): `*** STEP 2.0 ON tn1
+# CANCELLED AT <time> DUE TO TIME LIMIT ***` (PREEMPTION, NODE FAILURE, JOB REQUEUE, none);
+# Slurm 25.05 words a scancel `DUE to SIGNAL Terminated`. `DUE TO TASK FAILURE` is no cancel
+# but a task's failure (--kill-on-bad-exit), and is left out. One pattern: the rules below
+# read it in a rank's log, sources.merged_log in a job's; CANCEL_WHY is what the why means.
+SLURM_CANCELLED = (
+    r"\*\*\* (?:JOB|STEP) \S+ (?:ON (?P<node>\S+) )?CANCELLED AT (?P<at>\S+)"
+    r"(?: DUE [Tt][Oo] (?!TASK FAILURE)(?P<why>[A-Za-z ]+?))?(?:,[^*]*)? \*\*\*"
+)
+CANCEL_WHY = {"TIME LIMIT": "time_limit", "NODE FAILURE": "node_failure"}  # else cancelled
+
 
 def _rule(category: str, strength: int, pattern: str, loopback: bool = False) -> Rule:
     return Rule(category, strength, re.compile(pattern), loopback)
@@ -312,8 +323,7 @@ RULES: tuple[Rule, ...] = (
     _rule("time_limit", CAUSE, r"DUE TO TIME LIMIT|[Tt]ime limit (?:reached|exceeded)"),
     _rule("node_failure", CAUSE, r"DUE TO NODE FAILURE|Node failure on|NODE_FAIL"
           r"|Communication connection failure|not responding, setting DOWN"),
-    _rule("cancelled", CAUSE,
-          r"DUE TO PREEMPTION|CANCELLED AT [0-9T:-]+(?: DUE TO JOB REQUEUE)? \*\*\*"),
+    _rule("cancelled", CAUSE, SLURM_CANCELLED),  # after time_limit and node_failure's
     _rule("cascade", CASCADE, r"SIGTERM|Signal 15 \(|Terminated|Connection closed by peer"
           r"|Connection reset by peer|Broken pipe|communicator was aborted|has been aborted"
           r"|closing signal|SignalException|ChildFailedError|watchdog thread terminated"

@@ -24,7 +24,7 @@ from trebuchet.diagnose import catalog
 from trebuchet.diagnose.catalog import CASCADE, CAUSE, TIMEOUT
 from trebuchet.diagnose.classify import Finding, Hit, classify, exit_abort
 from trebuchet.diagnose.errorfile import RankError
-from trebuchet.diagnose.sources import TORCHRUN_STOPPED, Case, Unit
+from trebuchet.diagnose.sources import SLURM_OUT_NAME, TORCHRUN_STOPPED, Case, Unit, srun_stop
 from trebuchet.runtime.rundir.records import left_first_how
 
 if TYPE_CHECKING:
@@ -36,9 +36,8 @@ NO_TS = float("inf")
 HUNG_SILENCE_S = 600.0
 HUNG_SHARE = 0.5
 LOOPBACK = re.compile(r"\b127\.\d+\.\d+\.\d+|\[::1\]")
-# A job id: Slurm's are 32-bit, in ASCII digits; an array task's is sbatch's %A_%a, which
-# sacct takes as it is (`sacct -j 7_3` is that task, `-j 7` all of the array's).
-SLURM_OUT_NAME = re.compile(r"^slurm-(?P<job>[0-9]{1,10}(?:_[0-9]{1,10})?)\.out$")
+# A job id (sources.SLURM_OUT_NAME): an array task's is sbatch's %A_%a, which sacct takes
+# as it is (`sacct -j 7_3` is that task, `-j 7` all of the array's).
 # the job srun ran in, in its own words (api/allocate.c; step_launch.c's %ps)
 SRUN_JOB = re.compile(
     r"^(?:srun|salloc): job (?P<job>[0-9]{1,10}) (?:queued and waiting for resources"
@@ -48,10 +47,6 @@ SRUN_JOB = re.compile(
 # slurmstepd saying the step failed (slurmstepd/req.c): Slurm did say why, a task failed
 STEP_FAILED = re.compile(
     r"\*\*\* (?:JOB|STEP) \S+ ON \S+ (?:FAILED \(|CANCELLED AT \S+ DUE TO TASK FAILURE)"
-)
-SRUN_TASK_STOPPED = re.compile(
-    r"^srun: error: \S+: tasks? [\d,-]+: (?:Terminated|Killed|Interrupt|Hangup)"
-    r"(?: \(core dumped\))?$"
 )
 
 
@@ -477,11 +472,15 @@ def _stopped_by_slurm(case: Case) -> Diagnosis | None:
     """A job log where srun aborted the step and every task died of a stop signal: Slurm
     ended the job (its time limit, scancel, a preemption, a lost node, Ctrl+C on srun), and
     slurmstepd's line saying which never reached the log (srun can end before it is
-    forwarded: seen in CI, 2 tasks SIGTERMed at their time limit, no line)."""
+    forwarded: seen in CI, 2 tasks SIGTERMed at their time limit, no line). A task with no
+    exit line of its own is not read: srun prints no exit 0, and with
+    SLURM_SRUN_REDUCE_TASK_EXIT_MSG set none that repeats the previous task's status
+    (srun/launch.c, _task_finish): it ended as a line before it says, or well."""
     aborted = case.aborted
     signals = {
         "stopped" if u.stopped_by_launcher else catalog.signal_of(u.exit_code, u.signal)
         for u in case.units
+        if u.failed or u.stopped_by_launcher
     }  # stopped_by_launcher: srun killed it after its abort
     if aborted is None or not signals or not signals <= catalog.STOP_SIGNALS | {"stopped"}:
         return None
@@ -492,7 +491,7 @@ def _stopped_by_slurm(case: Case) -> Diagnosis | None:
     job = (said["job"] or said["step"]) if said else named["job"] if named else "JOBID"
     summary = (f"Slurm stopped every task and none failed on its own; this log does not say "
                f"why (`sacct -j {job} -o JobID,State,Reason,Elapsed,Timelimit` does)")  # fmt: skip
-    stops = [ln.raw for ln in case.unattributed if SRUN_TASK_STOPPED.search(ln.text)]
+    stops = [ln.raw for ln in case.unattributed if srun_stop(ln.text)]
     stops += [ln.raw for u in case.units for ln in u.lines if TORCHRUN_STOPPED.search(ln.text)]
     evidence = [aborted.raw, *stops[:2]]
     fix = catalog.REMEDIES["stopped_by_slurm"].replace("JOBID", job)
@@ -522,7 +521,7 @@ def _decide(case: Case) -> tuple[Diagnosis, Unit | None]:
         if case.failure_pos is not None and case.failure_pos < ev.pos:
             continue  # e.g. the step cancelled because a task failed: the cascade
         text = ev.line
-        summary = text.split("error: ", 1)[-1].strip(" *")
+        summary = ev.summary or text.split("error: ", 1)[-1].strip(" *")
         return Diagnosis(ev.category, summary, None, ev.node, [text]), None
 
     victims = {id(u) for u in case.units if _victim(u, any_failed)}

@@ -24,6 +24,13 @@ ISO_TS = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T_](\d{2}):(\d{2})(?::(\d{2})(?:[
 GLOG_TS = re.compile(r"^\[?[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?")
 
 
+# Terminal control a log can hold before (or inside) a line: colour codes and other CSI
+# sequences, OSC titles, two-character escapes, and the C0 controls a terminal does not
+# show (NUL, BEL, BS: not TAB, not CR, which shown() reads below).
+TERMINAL = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]?"
+    r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
+)
 TEXT_MAX = 2048  # characters of a line diagnosis reads
 DIGITS_MAX = 18  # a rank, a size or a sequence number of more digits is no number
 
@@ -58,6 +65,17 @@ def parse_ts(text: str) -> float | None:
     except (OverflowError, ValueError):
         return None
     return base + (float(f"0.{frac}") if frac else 0.0)
+
+
+def visible(line: str) -> str:
+    """The line as a terminal leaves it: without its control sequences, and of the parts a
+    carriage return separates, the last one with text (a progress bar's `50%|##\r` before
+    `srun: Job step aborted` is overwritten). The scanner reads every log line through it
+    (scan.py), so each anchored pattern (`^srun: `, the catalog's) sees what the user saw."""
+    line = TERMINAL.sub("", line)
+    if "\r" in line:
+        line = next((p for p in reversed(line.split("\r")) if p.strip()), "")
+    return line
 
 
 def parse(raw: str, pos: int = 0, srun_labels: bool = False) -> LogLine:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trebuchet.diagnose import catalog
-from trebuchet.diagnose.lines import parse
+from trebuchet.diagnose.lines import parse, visible
 from trebuchet.runtime.rundir.regular import open_regular
 
 CHUNK = 64 << 10
@@ -29,8 +29,8 @@ KEYWORDS = (
     b"no such file", b"can't open", b"no space left", b"quota exceeded", b"permission denied",
     b"unexpected eof",
     # srun's and salloc's words on the job (diagnose/engine._stopped_by_slurm, sources.py):
-    # the job id they ran in, a Ctrl+C, an allocation revoked
-    b"allocated resources", b"waiting for resources", b"ctrl-c", b"revoked",
+    # the job id they ran in, a Ctrl+C, an allocation revoked, a step begun (sources._Steps)
+    b"allocated resources", b"waiting for resources", b"ctrl-c", b"revoked", b"step created for",
 )  # fmt: skip
 # A header and how many following lines belong to it (frames, report fields).
 BLOCKS = ((b"traceback (most recent call last)", 120), (b"root cause (first observed", 60),
@@ -80,8 +80,9 @@ def _block_starts(low: bytes) -> set[int]:
 
 
 def _line(buf: bytes, start: int) -> str:
+    """The line at `start` as a terminal shows it (lines.visible: no colour codes)."""
     e = buf.find(b"\n", start)
-    return buf[start : e if e >= 0 else len(buf)].decode(errors="replace").rstrip("\r")
+    return visible(buf[start : e if e >= 0 else len(buf)].decode(errors="replace"))
 
 
 def _first_error(data: bytes, starts: set[int]) -> int | None:
@@ -126,5 +127,6 @@ def scan(path: Path, chunk: int = CHUNK, max_bytes: int = MAX_BYTES) -> Scan:
     starts |= {s for s in _block_starts(buf.lower()) if s >= cut}
     lines = [_line(buf, s) for s in sorted(starts)]
     tail = buf[max(cut, len(buf) - 4096) :].decode(errors="replace").splitlines()
-    last = [ln for ln in (tail[1:] if len(buf) - cut > 4096 else tail) if ln.strip()][-5:]
+    tail = [visible(ln) for ln in (tail[1:] if len(buf) - cut > 4096 else tail)]
+    last = [ln for ln in tail if ln.strip()][-5:]
     return Scan(Path(path), size, pos + cut, lines, last)

@@ -20,7 +20,13 @@ from typing import Any
 from trebuchet import registry
 from trebuchet.diagnose import errorfile
 from trebuchet.diagnose import scan as scanner
-from trebuchet.diagnose.catalog import OOM_KILLED, SIGNAL_NAMES, STOP_SIGNALS
+from trebuchet.diagnose.catalog import (
+    CANCEL_WHY,
+    OOM_KILLED,
+    SIGNAL_NAMES,
+    SLURM_CANCELLED,
+    STOP_SIGNALS,
+)
 from trebuchet.diagnose.classify import Finding
 from trebuchet.diagnose.errorfile import RankError
 from trebuchet.diagnose.lines import LogLine, parse
@@ -42,22 +48,36 @@ SRUN_WHAT = {
     "Floating point exception": (136, "SIGFPE"), "Out Of Memory": (137, "SIGKILL"),
     "Interrupt": (130, "SIGINT"), "Hangup": (129, "SIGHUP"),  # strsignal's words, as srun's
 }  # fmt: skip
+
+
+def srun_stop(text: str) -> bool:
+    """srun's line of tasks ended by a stop: a stop signal, or `Killed` (srun's SIGKILL
+    after its abort, where no OOM killer struck)."""
+    m = SRUN_TASK.match(text)
+    if m is None or m["code"]:
+        return False
+    return m["what"] == "Killed" or SRUN_WHAT[m["what"]][1] in STOP_SIGNALS
+
+
 MPI_NOTICED = re.compile(
     r"process rank (?P<rank>\d+) with PID \d+ on node (?P<node>\S+) exited on signal (?P<sig>\d+)"
 )
-SLURM_EVENT = re.compile(
-    r"(?:slurmstepd(?:-(?P<host>[\w.-]+))?: error: )?\*\*\* (?:JOB|STEP) \S+ (?:ON (?P<node>\S+) )?"
-    r"CANCELLED AT (?P<at>\S+)(?: DUE [Tt][Oo] (?P<why>[A-Za-z ]+?))?(?:,[^*]*)? \*\*\*"
-)  # Slurm 25.05 words a scancel `DUE to SIGNAL Terminated` (slurmstepd/req.c)
+SLURM_EVENT = re.compile(r"(?:slurmstepd(?:-(?P<host>[\w.-]+))?: error: )?" + SLURM_CANCELLED)
 # What srun and salloc say when the job is stopped from outside (Slurm's srun/signals.c,
 # salloc/salloc.c): the user's Ctrl+C on srun, and the allocation's end.
-SRUN_CTRL_C = re.compile(r"^srun: sending Ctrl-C to ")
+SRUN_CTRL_C = re.compile(r"^srun: sending Ctrl-C to (?P<step>\S+)")
 SALLOC_REVOKED = re.compile(
     r"^salloc: Job (?:\d+ has exceeded its (?P<limit>time limit) and its allocation|allocation \d+)"
     r" has been revoked"
 )
 OOM_KILL = re.compile(OOM_KILLED)
 STEP_ABORTED = re.compile(r"^srun: Job step aborted\b")  # srun, told its job is over
+# srun's words that a step is over (api/step_launch.c: its tasks are gone, or it gave up) or
+# that another one begins (api/allocate.c, srun/launch.c)
+STEP_OVER = re.compile(
+    r"^srun: (?:Force Terminated \S|error: Timed out waiting for job step to complete"
+    r"|job \d+ (?:queued and waiting for|has been allocated) resources|Step created for \S)"
+)
 # torchrun (torch's elastic agent) told to stop: it stops its workers and exits 1
 TORCHRUN_STOPPED = re.compile(r"SignalException: Process \d+ got signal: (?:1|2|15)$")
 NODE_FAIL = re.compile(r"Node failure on (?P<node>[\w.-]+)")
@@ -70,6 +90,9 @@ RANK_IN_NAME = (
     re.compile(r"[-_.](\d+)\.(?:log|out|err|txt)$"),
 )
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
+# sbatch's default output file, slurm-%j.out (an array task's: slurm-%A_%a.out): one job's
+# log, its number the job's id (Slurm's are 32-bit, in ASCII digits), not a rank's
+SLURM_OUT_NAME = re.compile(r"^slurm-(?P<job>[0-9]{1,10}(?:_[0-9]{1,10})?)\.out$")
 
 
 @dataclass
@@ -104,6 +127,7 @@ class JobEvent:
     line: str
     pos: int
     node: str | None = None
+    summary: str | None = None  # treb's words for it, where the line is no sentence
 
 
 @dataclass
@@ -148,11 +172,28 @@ def _sig(exit_code: int | None) -> str | None:
 
 
 def rank_from_name(rel: str) -> int | None:
+    """The rank a per-rank log's name holds; None for other names (a job's log included)."""
+    if SLURM_OUT_NAME.match(Path(rel).name):
+        return None
     for rx in RANK_IN_NAME:
         m = rx.search(rel)
         if m:
             return int(m.group(1))
     return None
+
+
+def _one_job(files: list[Path]) -> None:
+    """Refuse the logs of several Slurm jobs read as one: their tasks would be taken for one
+    job's ranks, and one diagnosis of two jobs is neither's."""
+    jobs = [p for p in files if SLURM_OUT_NAME.match(p.name)]
+    if len(jobs) > 1:
+        from trebuchet.errors import UserError
+
+        raise UserError(
+            f"{', '.join(map(str, jobs))} are the logs of {len(jobs)} Slurm jobs (sbatch's "
+            f"slurm-JOBID.out), not of one job's ranks: diagnose each on its own "
+            f"(treb diagnose {jobs[0]})"
+        )
 
 
 def _scan_lines(path: Path, srun_labels: bool | None = None) -> tuple[list[LogLine], list[str]]:
@@ -245,6 +286,36 @@ def error_file_lines(path: str) -> list[LogLine]:
 
 
 # -- merged logs: torchrun console, srun, mpirun, anything with prefixes ---------------------
+@dataclass
+class _Steps:
+    """A job log's srun steps, one after another (a batch script's sruns): srun's abort and
+    the SIGKILL it then sends (api/step_launch.c) are its own step's. That step is over when
+    srun says so (STEP_OVER), or when a task srun already reported ended is reported again:
+    a later step's. (Not when it writes again: srun may forward its last output after its
+    exit.)"""
+
+    aborted: bool = False  # inside an aborted step
+    done: set[int] = field(default_factory=set)  # tasks reported since the abort
+    stops: set[int] = field(default_factory=set)  # tasks whose last status is a stop
+
+    def see(self, ln: LogLine) -> None:
+        if STEP_ABORTED.search(ln.text):
+            self.aborted, self.done = True, set()
+        elif STEP_OVER.search(ln.text):
+            self.aborted = False
+
+    def aborted_now(self, tasks: list[int]) -> bool:
+        """Whether srun's line of these tasks is the aborted step's."""
+        if self.aborted and self.done.intersection(tasks):
+            self.aborted = False
+        return self.aborted
+
+    def ended(self, task: int, stop: bool) -> None:
+        if self.aborted:
+            self.done.add(task)
+        (self.stops.add if stop else self.stops.discard)(task)
+
+
 def merged_log(path: Path, node_hint: str | None = None) -> Case:
     """One log holding many ranks' lines (a console log, a job's output file)."""
     lines, last = _scan_lines(path)
@@ -281,25 +352,32 @@ def merged_log(path: Path, node_hint: str | None = None) -> Case:
         u.lines += extra
     identity = all(k == v for k, v in local_map.items())
     job_pos = None
-    killed_by_srun: list[Unit] = []
+    killed_by_srun: dict[int, Unit] = {}
+    steps = _Steps()
     for ln in lines:
         t = ln.text
         if case.aborted is None and STEP_ABORTED.search(t):
             case.aborted = ln  # from here srun sends the step SIGKILL (step_launch.c)
+        steps.see(ln)
         m = SRUN_TASK.match(t)
         if m:
             code, sig = (int(m["code"]), None) if m["code"] else SRUN_WHAT[m["what"]]
-            # after its abort a Killed task is srun's own kill (unless the OOM killer's: below)
-            by_srun = case.aborted is not None and m["what"] == "Killed"
-            for r in _expand(m["tasks"]):
+            tasks = _expand(m["tasks"])
+            # after its abort a Killed task of its step is srun's own kill (unless the OOM
+            # killer's: below)
+            by_srun = steps.aborted_now(tasks) and m["what"] == "Killed"
+            for r in tasks:
                 u = _unit(units, r)
                 if m["node"]:
                     u.node = m["node"]
                     hosts.add(m["node"])
-                if not u.failed:
+                if not u.failed or r in steps.stops:  # an earlier step's stop: replaced
+                    u.order = ln.pos if r in steps.stops and (code or sig) else u.order
                     u.exit_code, u.signal = code, sig
+                    steps.ended(r, stop=by_srun or sig in STOP_SIGNALS)
+                    killed_by_srun.pop(r, None)
                     if by_srun:
-                        killed_by_srun.append(u)
+                        killed_by_srun[r] = u
                 if u.order is None and (code or sig):
                     u.order = ln.pos
             stopped = by_srun or sig in STOP_SIGNALS
@@ -313,22 +391,25 @@ def merged_log(path: Path, node_hint: str | None = None) -> Case:
             u.signal = SIGNAL_NAMES.get(int(m["sig"]), f"SIG{m['sig']}")
             u.exit_code = 128 + int(m["sig"])
             u.order = ln.pos if u.order is None else u.order
-        m = SLURM_EVENT.search(t)
-        if m and (m["why"] or "").strip() != "TASK FAILURE":  # that task's failure: a cascade
-            why = (m["why"] or "").strip()
-            cat = {"TIME LIMIT": "time_limit", "NODE FAILURE": "node_failure"}.get(why, "cancelled")
+        m = SLURM_EVENT.search(t)  # (not DUE TO TASK FAILURE: that task's, the cascade)
+        if m:
+            cat = CANCEL_WHY.get(m["why"] or "", "cancelled")
             case.events.append(JobEvent(cat, ln.raw, ln.pos, m["node"] or m["host"]))
         m = SALLOC_REVOKED.search(t)
-        if m or SRUN_CTRL_C.search(t):
-            cat = "time_limit" if m and m["limit"] else "cancelled"
+        if m:
+            cat = "time_limit" if m["limit"] else "cancelled"
             case.events.append(JobEvent(cat, ln.raw, ln.pos))
+        m = SRUN_CTRL_C.search(t)
+        if m:  # worded as treb words a run cancelled (engine._state_diag)
+            said = f"the job step {m['step']} was cancelled (Ctrl+C on srun); nothing failed"
+            case.events.append(JobEvent("cancelled", ln.raw, ln.pos, summary=said))
         m = NODE_FAIL.search(t)
         if m:
             case.events.append(JobEvent("node_failure", ln.raw, ln.pos, m["node"]))
             hosts.add(m["node"])
     case.failure_pos = job_pos
     if not any(OOM_KILL.search(ln.text) for ln in lines):  # else the OOM killer's SIGKILL
-        for u in killed_by_srun:
+        for u in killed_by_srun.values():
             u.stopped_by_launcher = True
     for ln in lines:
         rank = ln.rank
@@ -376,6 +457,7 @@ def log_dir(root: Path) -> Case:
     base = _latest_attempt(root)
     files = sorted(p for p in base.rglob("*") if p.is_file() and (
         p.suffix in LOG_SUFFIXES or p.name == "error.json"))  # fmt: skip
+    _one_job(files)
     case = Case(source=str(root))
     units: dict[int, Unit] = {}
     loose: list[Path] = []
@@ -402,6 +484,7 @@ def log_dir(root: Path) -> Case:
         sub = merged_log(p)
         case.events += sub.events
         case.unattributed += sub.unattributed
+        case.aborted = case.aborted or sub.aborted  # a job log's (slurm-%j.out) srun abort
         for su in sub.units:
             if su.rank is not None and su.rank in units:
                 u = units[su.rank]
@@ -711,6 +794,7 @@ def paths_case(paths: list[Path]) -> Case:
             return run_dir_case(paths[0])
         return log_dir(paths[0])
     files = [p for p in paths if p.is_file()]
+    _one_job(files)
     named = {p: rank_from_name(p.name) for p in files}
     if len(files) > 1 and all(r is not None for r in named.values()):
         case = Case(source=", ".join(str(p) for p in files))

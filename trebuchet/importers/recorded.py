@@ -568,8 +568,8 @@ def _carry_env(
         base = rec.baseline.get(name, "")
         if name == "PATH":
             base = ":".join(p for p in base.split(":") if p != rec.bin_dir)
-        if base and len(base) > 1 and base in value:
-            text = value.replace(base, "\0").replace("${", "$${").replace("\0", "${" + name + "}")
+        if base and len(base) > 1 and base in value:  # optional, as bash reads an unset one
+            text = value.replace(base, "\0").replace("${", "$${").replace("\0", "${" + name + ":-}")
         marker = next((m for m in rec.markers if m in value), None)
         if marker:
             text = text.replace(marker, "${" + rec.markers[marker] + "}")

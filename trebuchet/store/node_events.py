@@ -7,6 +7,7 @@ the rank's number, never by a path a record gives. Any bytes give events or noth
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -16,7 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trebuchet.runtime.rundir.records import FIRST, attempt_records, first_failure, read_json
+from trebuchet.runtime.rundir.records import (
+    FIRST,
+    append_event,
+    attempt_records,
+    first_failure,
+    read_json,
+)
 from trebuchet.runtime.rundir.regular import open_regular
 
 # Slurm's node names (and DNS's host names): letters, digits, `.`, `_`, `-`; not starting
@@ -38,7 +45,13 @@ HARDWARE = (
 )  # fmt: skip
 LOG_TAIL = 64 * 1024  # of the failing rank's log: where its last words are
 LINE_MAX = 1 << 20  # an event line longer than this is no node's mark (skipped unread)
-_MARKED = re.compile(rb'"(?:node_lost|node_unhealthy|straggler)"')
+_MARKED = re.compile(
+    rb'"(?:node_lost|node_unhealthy|straggler|attempt_started|node_marks_ignored)"'
+)
+STARTED, IGNORED = "attempt_started", "node_marks_ignored"
+SAID_MAX = 20  # hosts a node_marks_ignored event names (its count: all of them)
+RECORD_MAX = 1 << 20  # bytes of an attempt.json read
+BRACKETS_MAX = 8  # ranges in one hostlist item (Slurm's names have a few; each one recurses)
 
 
 @dataclass(frozen=True)
@@ -61,10 +74,16 @@ def valid_host(value: Any) -> str | None:
     return None
 
 
+_PORTED = re.compile(r"\[([^\[\]]+)\](?::[0-9]{1,5})?|([^:\[\]]+):[0-9]{1,5}")
+
+
 def node_name(value: Any) -> str | None:
-    """The node a host names: an ssh host's `user@` left out, then valid_host."""
+    """The node a host names: an ssh host's `user@` and `:port` (`[host]:port`) left out,
+    then valid_host. An IPv6 address (colons, no brackets) names no node."""
     if isinstance(value, str) and "@" in value:
         value = value.rsplit("@", 1)[1]
+    if isinstance(value, str) and (m := _PORTED.fullmatch(value)):
+        value = m[1] or m[2]
     return valid_host(value)
 
 
@@ -164,6 +183,130 @@ def marking_events(run_dir: Path) -> Iterator[dict[str, Any]]:
                 yield event
 
 
+@dataclass
+class RunNodes:
+    """What one run directory says about its nodes."""
+
+    marks: list[NodeEvent]
+    started: dict[int, Any]  # each attempt's first attempt_started `hosts` (ssh's record)
+    said: int = 0  # the most hosts a node_marks_ignored event of the run counted
+
+
+def read_run(run_dir: Path, attempts: int = 1_000_000) -> RunNodes:
+    """The run's marks, and what its events say of its nodes, in one read of events.jsonl.
+    The first attempt_started of an attempt is the controller's (written before its ranks
+    start): a later one for the same attempt is a rank's."""
+    seen = RunNodes([], {})
+
+    def marking() -> Iterator[dict[str, Any]]:
+        for ev in marking_events(run_dir):
+            kind = ev.get("event")
+            if kind == STARTED:
+                a = _small_int(ev.get("attempt"))
+                if a is not None and a < attempts:
+                    seen.started.setdefault(a, ev.get("hosts"))
+            elif kind == IGNORED:
+                count = _small_int(ev.get("count"))
+                seen.said = max(seen.said, count or 0)
+            else:
+                yield ev
+
+    seen.marks = from_events(marking()) + from_failures(run_dir)
+    return seen
+
+
 def of_run(run_dir: Path) -> list[NodeEvent]:
     """Every node mark one run directory holds."""
-    return from_events(marking_events(run_dir)) + from_failures(run_dir)
+    return read_run(run_dir).marks
+
+
+def hostlist(expr: Any, limit: int) -> list[str]:
+    """The first `limit` node names of a Slurm hostlist (`tn1,tn[3-5,7]`, as attempt.json
+    keeps the nodes); never more are made: a rewritten record may say tn[1-999999999].
+    What is no hostlist of node names gives none."""
+    if not isinstance(expr, str) or len(expr) > RECORD_MAX or not _HOSTLIST.fullmatch(expr):
+        return []
+    out: list[str] = []  # the first `limit` names, then those that name a node
+    for item in re.findall(_ITEM, expr):
+        if item.count("[") > BRACKETS_MAX:
+            continue
+        for name in _expand(item):
+            if len(out) >= limit:
+                break
+            out.append(name)
+    return [name for name in out if valid_host(name)]
+
+
+_ITEM = r"(?:[^,\[\]]|\[[^\[\]]*\])+"  # a hostlist's item: a name, ranges in brackets
+_HOSTLIST = re.compile(f"{_ITEM}(?:,{_ITEM})*")
+_RANGE = re.compile(r"([0-9]{1,9})(?:-([0-9]{1,9}))?")
+
+
+def _expand(item: str) -> Iterator[str]:
+    """One hostlist item's names, lazily; an item whose brackets are not ranges (or a range
+    that runs backwards) gives none, so that each range gives a name at every step."""
+    m = re.fullmatch(r"([^\[\]]*)\[([^\[\]]*)\](.*)", item)
+    if m is None:
+        if "[" not in item and "]" not in item:
+            yield item
+        return
+    head, ranges, rest = m.groups()
+    parts = [_RANGE.fullmatch(p) for p in ranges.split(",")]
+    if not all(p and int(p[1]) <= int(p[2] or p[1]) for p in parts):
+        return
+    if next(_expand(rest), None) is None:
+        return
+    for p in parts:
+        assert p is not None
+        for n in range(int(p[1]), int(p[2] or p[1]) + 1):
+            for tail in _expand(rest):
+                yield f"{head}{n:0{len(p[1])}d}{tail}"
+
+
+def ran_on(run_dir: Path, seen: RunNodes, attempt: int, width: int) -> set[str]:
+    """The nodes an attempt ran on, as its records say: the ssh controller's attempt_started
+    (`hosts`), else the Slurm controller's attempt-<n>/attempt.json (`nodes`). At most the
+    run's `width` nodes (its index row's), the first named: a record rewritten by a rank
+    widens it no further."""
+    hosts = seen.started.get(attempt)
+    if isinstance(hosts, list):
+        names = [n for h in hosts[:width] if (n := node_name(h))]
+    else:
+        rec = read_json(str(run_dir / f"attempt-{attempt}" / "attempt.json"), RECORD_MAX)
+        names = hostlist(rec.get("nodes") if isinstance(rec, dict) else None, width)
+    return set(names)
+
+
+def scoped(run_dir: Path, seen: RunNodes, marks: list[NodeEvent], attempts: int,
+           width: int) -> tuple[list[NodeEvent], list[NodeEvent]]:  # fmt: skip
+    """The marks on nodes their attempt ran on (a mark with no attempt: any attempt of the
+    run), and the others: a rank can write a mark for any host, and one run must not take
+    more nodes out than it held."""
+    held: dict[int, set[str]] = {}
+
+    def hosts(a: int) -> set[str]:
+        if a not in held:
+            held[a] = ran_on(run_dir, seen, a, width)
+        return held[a]
+
+    kept: list[NodeEvent] = []
+    ignored: list[NodeEvent] = []
+    for ev in marks:
+        if ev.attempt is not None:
+            ok = ev.host in hosts(ev.attempt)
+        else:
+            ok = any(ev.host in hosts(a) for a in range(min(attempts, 1000)))
+        (kept if ok else ignored).append(ev)
+    return kept, ignored
+
+
+def say_ignored(run_dir: Path, ignored: list[NodeEvent], said: int) -> None:
+    """Once in the run's events: the hosts whose marks did not count (more of them than
+    said before; the first SAID_MAX named)."""
+    hosts = sorted({ev.host for ev in ignored})
+    if len(hosts) <= said:
+        return
+    why = ("marks of nodes the run's records do not name among its attempts' nodes: not "
+           "counted (docs/nodes.md)")  # fmt: skip
+    with contextlib.suppress(OSError):  # another user's run, a full disk: not said
+        append_event(str(run_dir), IGNORED, count=len(hosts), hosts=hosts[:SAID_MAX], why=why)

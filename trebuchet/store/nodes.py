@@ -3,8 +3,9 @@ score that halves every half-life, and the nodes a new submission avoids.
 
 The marks come from the run directories (node_events.py), kept once per (run, mark): it
 does not matter how often a run is read, nor whether the index was rebuilt. `treb nodes
---clear` is a time per node, kept also in TREB_HOME/nodes-cleared.jsonl so that a rebuilt
-index keeps it.
+--clear` forgets the marks the index holds of a node then, by their (run, key), never by
+comparing their times with the clear's (each is dated by another machine's clock); kept
+also in TREB_HOME/nodes-cleared.jsonl so that a rebuilt index forgets the same ones.
 """
 
 from __future__ import annotations
@@ -48,6 +49,16 @@ CREATE TABLE IF NOT EXISTS node_clears (
     host TEXT PRIMARY KEY,
     time REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS node_cleared (
+    run_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    PRIMARY KEY (run_id, key)
+);
+"""
+# An index from before node_cleared: its clears forget what they did then, by time, once.
+BY_TIME = """
+INSERT OR IGNORE INTO node_cleared (run_id, key) SELECT e.run_id, e.key FROM node_events e
+JOIN node_clears c ON c.host = e.host WHERE e.time <= c.time
 """
 # What one mark weighs: a loss (or an unhealthy node, a hardware failure) is twice the
 # default threshold, so one keeps its node out for one half-life; a straggler, a quarter.
@@ -140,12 +151,13 @@ _SANE = "WHERE typeof(host) = 'text' AND typeof(time) IN ('real', 'integer')"
 
 # -- the tables ------------------------------------------------------------------------------
 def _tables(store: Store) -> None:
-    have = store.conn.execute(
-        "SELECT COUNT(*) FROM sqlite_master WHERE name IN ('node_events', 'node_scans', "
-        "'node_clears')"
-    ).fetchone()[0]
-    if have < 3:
+    have = {name for (name,) in store.conn.execute(
+        "SELECT name FROM sqlite_master WHERE name IN ('node_events', 'node_scans', "
+        "'node_clears', 'node_cleared')")}  # fmt: skip
+    if len(have) < 4:
         store.create_tables(TABLES)
+        if "node_clears" in have and "node_cleared" not in have:
+            store.create_tables(BY_TIME)
 
 
 def _guarded(store: Store) -> None:
@@ -163,11 +175,17 @@ def _size(run_dir: Path) -> int:
         return 0
 
 
-def record_run(store: Store, run_id: str, run_dir: Path, ended: bool, attempts: int) -> int:
+def record_run(store: Store, run_id: str, run_dir: Path, ended: bool, attempts: int,
+               width: int) -> int:  # fmt: skip
     """One run's marks into the index (each once); how many were new. A mark of an attempt
     past the `attempts` the index says the run had is no mark: a rank can write the files,
-    and would let one run count against a node 10^6 times."""
-    found = [e for e in node_events.of_run(run_dir) if e.attempt is None or e.attempt < attempts]
+    and would let one run count against a node 10^6 times. Nor is a mark of a node the
+    attempt did not run on (at most `width` of them, the run's nodes): said once in the
+    run's events."""
+    seen = node_events.read_run(run_dir, attempts)
+    found = [e for e in seen.marks if e.attempt is None or e.attempt < attempts]
+    found, ignored = node_events.scoped(run_dir, seen, found, attempts, width)
+    node_events.say_ignored(run_dir, ignored, seen.said)
     now = time.time()  # a mark dated in the future (a rank can write the events) is now
     new = 0
     with store.transaction() as c:
@@ -190,12 +208,12 @@ def sync(store: Store) -> int:
     _guarded(store)
     rows = store.conn.execute(
         "SELECT r.id, r.run_dir, r.state, r.backend, s.size, "
-        "MAX(r.attempt + 1, r.max_attempts) FROM runs r "
+        "MAX(r.attempt + 1, r.max_attempts), r.nodes FROM runs r "
         "LEFT JOIN node_scans s ON s.run_id = r.id WHERE s.done IS NULL OR s.done = 0"
     ).fetchall()
     new = 0
     simulated = {r.name for r in registry.registry.values() if not r.real_nodes}
-    for run_id, run_dir, state, backend, size, attempts in rows:
+    for run_id, run_dir, state, backend, size, attempts, width in rows:
         path = Path(run_dir)
         ended = state in TERMINAL
         if size is not None and not ended and size == _size(path):
@@ -204,12 +222,13 @@ def sync(store: Store) -> int:
             store.conn.execute("INSERT OR REPLACE INTO node_scans (run_id, size, done) "
                                "VALUES (?, 0, 1)", (run_id,))  # fmt: skip
             continue
-        new += record_run(store, run_id, path, ended, int(attempts or 1))
+        new += record_run(store, run_id, path, ended, int(attempts or 1), int(width or 1))
     return new
 
 
 def clear(store: Store, hosts: list[str], when: float | None = None) -> None:
-    """Marks of these nodes up to now no longer count."""
+    """The marks of these nodes the index holds now (call sync first) no longer count; a
+    mark read later does, whatever its time says. `when` is only shown."""
     _guarded(store)
     when = time.time() if when is None else when
     path = store.path.parent / CLEARS
@@ -222,20 +241,30 @@ def clear(store: Store, hosts: list[str], when: float | None = None) -> None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise UserError(f"{path}: not a regular file: remove it (it keeps the clears "
                             "for a rebuilt index)")  # fmt: skip
+        lines = []
         with store.transaction() as c:
             for host in hosts:
                 c.execute("INSERT OR REPLACE INTO node_clears (host, time) VALUES (?, ?)",
                           (host, when))  # fmt: skip
-        os.write(fd, "".join(json.dumps({"host": h, "time": when}) + "\n" for h in hosts).encode())
+                marks = [(r, k) for r, k in c.execute(
+                    "SELECT run_id, key FROM node_events WHERE host = ? AND "
+                    "typeof(run_id) = 'text' AND typeof(key) = 'text'", (host,))]  # fmt: skip
+                c.executemany("INSERT OR IGNORE INTO node_cleared (run_id, key) VALUES (?, ?)",
+                              marks)  # fmt: skip
+                lines.append({"host": host, "time": when, "marks": [list(m) for m in marks]})
+        os.write(fd, "".join(json.dumps(line) + "\n" for line in lines).encode())
     finally:
         os.close(fd)
 
 
 def restore_clears(store: Store, home: Path) -> int:
-    """The clears TREB_HOME/nodes-cleared.jsonl keeps (a rebuild); how many hosts have one."""
+    """The clears TREB_HOME/nodes-cleared.jsonl keeps (a rebuild, after sync): the marks
+    each forgot (a line from before they were kept: those not later than its time); how
+    many hosts have one."""
     _guarded(store)
     text = node_events.tail(home / CLEARS, 4 << 20)  # a regular file's last 4 MiB only
     latest: dict[str, float] = {}
+    forgot: set[tuple[str, str]] = set()
     for line in text.splitlines():
         try:
             rec = json.loads(line)
@@ -244,11 +273,21 @@ def restore_clears(store: Store, home: Path) -> int:
         if not isinstance(rec, dict):
             continue
         host, when = node_events.valid_host(rec.get("host")), rec.get("time")
-        if host and isinstance(when, (int, float)) and math.isfinite(when):
-            latest[host] = max(latest.get(host, 0.0), float(when))
+        if not (host and isinstance(when, (int, float)) and math.isfinite(when)):
+            continue
+        latest[host] = max(latest.get(host, 0.0), float(when))
+        marks = rec.get("marks")
+        if not isinstance(marks, list):
+            forgot.update((r, k) for r, k in store.conn.execute(
+                f"SELECT run_id, key FROM node_events {_SANE} AND typeof(run_id) = 'text' "
+                "AND typeof(key) = 'text' AND host = ? AND time <= ?", (host, when)))  # fmt: skip
+            continue
+        forgot.update((m[0], m[1]) for m in marks if isinstance(m, list) and len(m) == 2
+                      and isinstance(m[0], str) and isinstance(m[1], str))  # fmt: skip
     with store.transaction() as c:
         for host, when in latest.items():
             c.execute("INSERT OR REPLACE INTO node_clears (host, time) VALUES (?, ?)", (host, when))
+        c.executemany("INSERT OR IGNORE INTO node_cleared (run_id, key) VALUES (?, ?)", forgot)
     return len(latest)
 
 
@@ -260,18 +299,19 @@ def nodes(store: Store, settings: Settings, now: float | None = None) -> list[No
     # (a time that is text, a host that is no node name) is no mark, never an exception.
     clears = {h: t for h, t in store.conn.execute(f"SELECT host, time FROM node_clears {_SANE}")
               if node_events.valid_host(h) and math.isfinite(t)}  # fmt: skip
+    forgot = {(r, k) for r, k in store.conn.execute("SELECT run_id, key FROM node_cleared")}
     out: dict[str, Node] = {}
     marks: dict[str, list[tuple[str, float]]] = {}
     rows = store.conn.execute(
-        f"SELECT host, kind, time, run_id, detail FROM node_events {_SANE} ORDER BY time"
+        f"SELECT host, kind, time, run_id, detail, key FROM node_events {_SANE} ORDER BY time"
     ).fetchall()
-    for host, kind, when, run_id, detail in rows:
+    for host, kind, when, run_id, detail, key in rows:
         if kind not in WEIGHTS or not node_events.valid_host(host) or not math.isfinite(when):
             continue
-        run_id, detail = str(run_id), detail if isinstance(detail, str) else ""
         node = out.setdefault(host, Node(host, cleared=clears.get(host)))
-        if node.cleared is not None and when <= node.cleared:
+        if (run_id, key) in forgot:
             continue
+        run_id, detail = str(run_id), detail if isinstance(detail, str) else ""
         node.counts[kind] = node.counts.get(kind, 0) + 1
         node.last_time, node.last_kind, node.last_run = when, kind, run_id
         node.last_detail = detail or ""

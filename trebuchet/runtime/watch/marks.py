@@ -188,22 +188,43 @@ def checkpoint_folder(run_dir: str) -> str:
     return os.path.join(run_dir, "checkpoints")
 
 
+def checkpoint_steps(marks: list[Mark]) -> list[float]:
+    """The step each checkpoint of one attempt's marks (in time order) holds: its own
+    number, else the highest step marked before it (the ranks' marks, or the metrics').
+    A checkpoint with neither is left out: a line that names no step ("checkpoint saved")
+    cannot tell a resumed attempt that moved on from a crash loop that saves the same
+    state again, so it proves no progress by itself."""
+    reached: float | None = None
+    out: list[float] = []
+    for m in marks:
+        if m.kind == STEP and m.n is not None:
+            reached = m.n if reached is None else max(reached, m.n)
+        elif m.kind == CHECKPOINT:
+            held = m.n if m.n is not None else reached
+            if held is not None:
+                out.append(held)
+    return out
+
+
 def progressed(run_dir: str, attempt: int, started: float) -> bool | None:
-    """Did the attempt keep any work: a checkpoint past the run's last one before it? None
-    when the run has shown no checkpoint at all: nothing says what progress is then."""
-    adir = os.path.join(run_dir, f"attempt-{attempt}")
-    before: list[Mark] = []
+    """Did the attempt keep any work: a checkpoint of a step past the run's last one
+    before it (checkpoint_steps), or an entry of the checkpoint folder written since it
+    started? None when the run has shown no checkpoint at all: nothing says what progress
+    is then."""
+    shown = False
+    before: list[float] = []
     for a in range(attempt):
-        before += [m for m in attempt_marks(os.path.join(run_dir, f"attempt-{a}"))
-                   if m.kind == CHECKPOINT]  # fmt: skip
-    mine = [m for m in attempt_marks(adir) if m.kind == CHECKPOINT]
+        marks = attempt_marks(os.path.join(run_dir, f"attempt-{a}"))
+        shown = shown or any(m.kind == CHECKPOINT for m in marks)
+        before += checkpoint_steps(marks)
+    marks = attempt_marks(os.path.join(run_dir, f"attempt-{attempt}"))
+    shown = shown or any(m.kind == CHECKPOINT for m in marks)
     folder = folder_checkpoints(checkpoint_folder(run_dir))
-    if not (before or mine or folder):
+    if not (shown or folder):
         return None
-    best = max((m.n for m in before if m.n is not None), default=None)
-    for m in mine:
-        if m.n is None or best is None or m.n > best:
-            return True
+    best = max(before, default=None)
+    if any(best is None or n > best for n in checkpoint_steps(marks)):
+        return True
     return any(m.t >= started for m in folder)
 
 

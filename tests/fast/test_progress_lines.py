@@ -1,0 +1,92 @@
+"""The no-progress rule (runtime/watch/marks.progressed, runtime/job/life.py) against
+checkpoint lines: a line that names no step ("checkpoint saved", a spec's "Saving
+checkpoint") proves no progress by itself, so a crash loop that prints one every attempt
+is still stopped by max_attempts_without_progress; the real trainers' lines, which carry
+their step, keep deciding it as before."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import TrebFn, status_json, write_spec
+from trebuchet.runtime.watch.marks import DEFAULT_CHECKPOINT_PATTERN, LineCheckpoints, progressed
+
+# What the trainers print once they saved (their source: transformers' Trainer._save_checkpoint,
+# Lightning's ModelCheckpoint(verbose=True), Megatron-LM's save_checkpoint, DeepSpeed's engine)
+HF = b"Saving model checkpoint to /ckpt/checkpoint-%d"
+LIGHTNING = (b"Epoch 0, global step %d: 'val_loss' reached 0.81250 (best 0.81250), saving "
+             b"model to '/ckpt/epoch=0-step=%d.ckpt' as top 1")  # fmt: skip
+MEGATRON = b"  successfully saved checkpoint from iteration %7d to /ckpt [ t 1/1, p 1/1 ]"
+DEEPSPEED = b"[Torch] Checkpoint global_step%d is ready now!"
+
+
+def say(run: Path, attempt: int, line: bytes, pattern: str = DEFAULT_CHECKPOINT_PATTERN) -> None:
+    """A rank's log line, read by the agent's hook as it reads it (marks/rank-0.from-log)."""
+    adir = run / f"attempt-{attempt}"
+    adir.mkdir(parents=True, exist_ok=True)
+    LineCheckpoints(str(adir), pattern)("rank-0", line)
+
+
+def steps(run: Path, attempt: int, *numbers: int) -> None:
+    """The rank's own step marks (trebuchet.dist.mark("step", n)), a little before now."""
+    folder = run / f"attempt-{attempt}" / "marks"
+    folder.mkdir(parents=True, exist_ok=True)
+    t = time.time() - 5
+    (folder / "rank-0").write_text("".join(f"{t + i * 0.1:.6f} step {n}\n"
+                                           for i, n in enumerate(numbers)))  # fmt: skip
+
+
+def test_a_checkpoint_line_without_a_step_is_no_progress_by_itself(tmp_path: Path) -> None:
+    for pattern, line in ((DEFAULT_CHECKPOINT_PATTERN, b"rank 0: checkpoint saved"),
+                          ("Saving checkpoint", b"Saving checkpoint ...")):  # fmt: skip
+        run = tmp_path / pattern[:4]
+        for attempt in range(3):
+            say(run, attempt, line, pattern)
+            assert progressed(str(run), attempt, time.time() - 60) is False, (pattern, attempt)
+
+
+def test_the_trainers_lines_carry_their_step_and_decide_progress(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    said = [(HF % 500, True), (HF % 500, False), (MEGATRON % 600, True),
+            (LIGHTNING % (600, 600), False), (LIGHTNING % (700, 700), True),
+            (DEEPSPEED % 800, True), (DEEPSPEED % 800, False)]  # fmt: skip
+    for attempt, (line, kept) in enumerate(said):
+        say(run, attempt, line)
+        assert progressed(str(run), attempt, time.time() - 60) is kept, (attempt, line)
+
+
+def test_a_line_without_a_step_takes_the_step_the_rank_had_reached(tmp_path: Path) -> None:
+    """Its step is the last one marked before it (the rank's marks, or the metrics'): a
+    resumed attempt that saves past the last checkpoint made progress, a loop that saves
+    the same step again did not."""
+    run = tmp_path / "run"
+    steps(run, 0, 1, 2, 3)
+    say(run, 0, b"checkpoint saved")
+    assert progressed(str(run), 0, time.time() - 60) is True
+    steps(run, 1, 3)
+    say(run, 1, b"checkpoint saved")
+    assert progressed(str(run), 1, time.time() - 60) is False  # step 3 again
+    steps(run, 2, 3, 4, 5)
+    say(run, 2, b"checkpoint saved")
+    assert progressed(str(run), 2, time.time() - 60) is True
+
+
+CRASH_LOOP = "import sys; print('checkpoint saved', flush=True); sys.exit(3)"
+
+
+def test_a_crash_loop_that_says_checkpoint_saved_is_stopped_by_the_rule(
+    treb: TrebFn, tmp_path: Path
+) -> None:
+    """retries: 5, each attempt prints a numberless checkpoint line and fails: the run ends
+    after max_attempts_without_progress (3) attempts, not after all 6."""
+    spec = write_spec(tmp_path, f"command: [{sys.executable}, -c, {CRASH_LOOP!r}]\n"
+                                "retries: 5\n")  # fmt: skip
+    res = treb("run", str(spec), timeout=240)
+    assert res.returncode == 1, res.stdout + res.stderr
+    st = status_json(treb)
+    assert st["state"] == "FAILED"
+    assert len(st["attempts"]) == 3, st["attempts"]
+    assert st["attempts"][-1]["reason"] == "no_progress: no_retry", st["attempts"]
+    assert "3 attempts in a row kept no work" in res.stdout + res.stderr
