@@ -26,9 +26,11 @@ import pytest
 from trebuchet.runtime.job import link as agent_link
 from trebuchet.runtime.slurm.step import Controller
 
+# the srun line last: the tests wait for it, then read the placement (written first, or
+# read before this stand-in wrote it under load: FileNotFoundError)
 SRUN = """#!/bin/sh
-printf '%s\\n' "$*" >>"$CALLS/srun"
 printf '%s\\n' "${TREB_PLACEMENT:-none}" >>"$CALLS/placement"
+printf '%s\\n' "$*" >>"$CALLS/srun"
 while [ ! -e "$CALLS/srun-exit" ]; do sleep 0.05; done
 exit 1
 """
