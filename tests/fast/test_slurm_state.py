@@ -303,3 +303,29 @@ def test_a_rank_killed_before_it_could_record_its_end_is_stopped(treb_home, fake
     procs = {p["rank"]: p for p in store.procs("mk")}
     assert procs[1]["stopped_by_launcher"] and procs[1]["exit_code"] is None
     assert procs[0]["stopped_by_launcher"] and procs[0]["exit_code"] == 143
+
+
+def test_a_cancel_the_controller_never_answers_closes_the_attempt_too(
+    treb_home: Path, fake_slurm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`treb cancel` whose job controller never ends the run (hung, SIGSTOPped: seen on the
+    test cluster): after TREB_SLURM_CANCEL_WAIT_S + 2 x grace a plain scancel, and the run
+    CANCELLED with its running attempt, not a CANCELLED run whose attempt 0 stays RUNNING
+    in `treb status` for ever (the run is no longer refreshed once ended)."""
+    scancel = fake_slurm / "fakebin" / "scancel"
+    scancel.write_text('#!/bin/bash\necho "$*" >> "$FAKE_SLURM/scancel.calls"\n')
+    scancel.chmod(0o755)
+    monkeypatch.setenv("TREB_SLURM_CANCEL_WAIT_S", "0.2")
+    store = Store()
+    run_dir = add_run(store, treb_home, "hung", "86", nodes=1, ppn=1)
+    write(run_dir / "job.json", {"grace": 0.1})
+    write(run_dir / "attempt-0" / "attempt.json",
+          {"attempt": 0, "state": "RUNNING", "started_at": time.time()})  # fmt: skip
+    (fake_slurm / "squeue.out").write_text("86|RUNNING|None|tn1\n")
+    SlurmBackend().refresh(store, store.list(active_only=True))
+    assert [a["state"] for a in store.attempts("hung")] == ["RUNNING"]
+    SlurmBackend().cancel(store, store.get("hung"))
+    said = (fake_slurm / "scancel.calls").read_text().splitlines()
+    assert said == ["--signal=TERM --batch 86", "86"], said
+    assert store.get("hung").state == "CANCELLED"
+    assert [a["state"] for a in store.attempts("hung")] == ["CANCELLED"], store.attempts("hung")

@@ -478,7 +478,7 @@ class SlurmBackend(Backend):
                 if cancelled_at is not None and (presses > 1 or now - cancelled_at > give_up_s):
                     if presses > 1:
                         self._scancel(rec, "KILL")
-                    lifecycle.ended(store, rec.id, CANCELLED, "treb cancel (Ctrl+C)")
+                    _give_up(store, rec.id, "treb cancel (Ctrl+C)")
                     break
                 time.sleep(0.1)
         finally:
@@ -576,7 +576,7 @@ class SlurmBackend(Backend):
             time.sleep(0.5)
         if grace is not None:  # the controller did not end it: Slurm's own cancel
             self._scancel(run)
-        lifecycle.ended(store, run.id, CANCELLED, "treb cancel: Slurm did not say in time")
+        _give_up(store, run.id, "treb cancel: Slurm did not say in time")
 
     def cancel_sweep(self, store: Store, runs: list[RunRecord]) -> None:
         """`treb cancel SWEEP`: one scancel for a sweep's job array, then wait for all."""
@@ -590,6 +590,15 @@ class SlurmBackend(Backend):
         from trebuchet.backends.slurm.diagnosis import explain
 
         return explain(run)
+
+
+def _give_up(store: Store, run_id: str, reason: str) -> None:
+    """A cancelled run ended here, its job's controller silent (hung, stopped, SIGKILLed by
+    a second Ctrl+C): its open attempt ends with it, or `treb status` shows that attempt
+    RUNNING for ever under a CANCELLED run (an ended run is no longer refreshed)."""
+    rows = store.attempts(run_id)
+    open_ = [a["attempt"] for a in rows if a.get("state") in (None, "RUNNING")]
+    lifecycle.ended(store, run_id, CANCELLED, reason, attempt=open_[-1] if open_ else None)
 
 
 def streams(rec: RunRecord) -> list[tuple[str, str]]:
