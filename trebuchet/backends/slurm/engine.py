@@ -8,13 +8,16 @@ other trace) plus reading small files; `treb logs -f` reads the rank logs direct
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +61,7 @@ def call_sbatch(path: Path, cwd: Path, what: str) -> tuple[str | None, str]:
     try:
         res = subprocess.run(
             ["sbatch", "--parsable", str(path)], cwd=cwd, capture_output=True, text=True,
-            timeout=120,
+            timeout=120, start_new_session=True,  # a Ctrl+C is treb's (held_signals)
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"sbatch did not answer: {exc}"
@@ -67,6 +70,25 @@ def call_sbatch(path: Path, cwd: Path, what: str) -> tuple[str | None, str]:
         return job_id, ""
     why = res.stderr.strip() or res.stdout.strip() or f"exit {res.returncode}"
     return None, f"sbatch refused {what}: {why.splitlines()[-1]}"
+
+
+@contextlib.contextmanager
+def held_signals() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM held (the signals that came, in order) while a job is submitted:
+    a Ctrl+C then would lose the id of a job sbatch had already handed to slurmctld, which
+    would run with no run knowing it. sbatch runs in a session of its own (call_sbatch),
+    out of the terminal's reach. Outside the main thread (no handler there): nothing held."""
+    pressed: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
+    held = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, lambda n, _f: pressed.append(n)) for s in held}
+    try:
+        yield pressed
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 class SlurmBackend(Backend):
@@ -200,32 +222,56 @@ class SlurmBackend(Backend):
 
     # -- submission --------------------------------------------------------------------------
     def submit(self, sub: Submission, attach: bool) -> Submitted:
-        recipe = self.recipe(sub.loaded)
-        if recipe:  # built (or reused) before the job is queued; the nodes use it in place
-            self.build_environment(sub, recipe)
-        spec, workdir = sub.loaded.spec, sub.loaded.workdir
-        deps = self._dependencies(sub)
+        try:  # Ctrl+C before sbatch: the recorded run ends CANCELLED, not PENDING (then LOST)
+            recipe, deps, avoid = self._before_sbatch(sub)
+        except KeyboardInterrupt:
+            lifecycle.ended(sub.store, sub.record.id, CANCELLED, "cancelled before it was "
+                            "submitted (Ctrl+C)", attempt=0)  # fmt: skip
+            raise
         if deps is None:
             return Submitted(sub.record.id, CANCELLED)
-        try:  # nodes with a bad history (docs/nodes.md)
-            avoid, hosts = exclude(spec, sub.store)
-        except UserError as exc:  # the run is recorded: it ends, never PENDING forever
-            lifecycle.ended(sub.store, sub.record.id, FAILED, str(exc), "sbatch_failed", attempt=0)
-            raise
-        if hosts:
-            append_event(sub.run_dir, "nodes_avoided", hosts=hosts, how="sbatch --exclude")
-        path = write_job(spec, workdir, sub.record.id, sub.run_dir, recipe,
-                         dependency.sbatch_lines(deps) + avoid)  # fmt: skip
-        job_id = self._sbatch(sub, path)
-        sub.store.update_run(sub.record.id, backend_id=job_id, host=hostname())
-        append_event(sub.run_dir, "sbatch", job_id=job_id, backend_id=job_id)
+        with held_signals() as pressed:  # the job id first: no job of ours runs unknown
+            path = write_job(sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir,
+                             recipe, dependency.sbatch_lines(deps) + avoid)  # fmt: skip
+            job_id = self._sbatch(sub, path)
+            sub.store.update_run(sub.record.id, backend_id=job_id, host=hostname())
+            append_event(sub.run_dir, "sbatch", job_id=job_id, backend_id=job_id)
         print(f"treb: Slurm job {job_id}; script {path}", file=sys.stderr)
+        if pressed:  # Ctrl+C (or SIGTERM) while sbatch ran: that job is cancelled at once
+            print(f"treb: interrupted while submitting: cancelling Slurm job {job_id}",
+                  file=sys.stderr)  # fmt: skip
+            rec = sub.store.get(sub.record.id) or sub.record
+            self._scancel(rec)
+            lifecycle.ended(sub.store, rec.id, CANCELLED, "cancelled while it was submitted "
+                            "(Ctrl+C)", attempt=0)  # fmt: skip
+            self.cancel_signal = pressed[0]
+            return Submitted(rec.id, CANCELLED, None, pressed[0])
         if not attach:
             return Submitted(sub.record.id)
         rec = sub.store.get(sub.record.id) or sub.record
         state = self._attach(sub.store, rec)
         rec = sub.store.get(sub.record.id) or rec
         return Submitted(rec.id, state, rec.exit_code, self.cancel_signal)
+
+    def _before_sbatch(
+        self, sub: Submission
+    ) -> tuple[Recipe | None, list[dict[str, Any]] | None, list[str]]:
+        """The environment built, the dependencies decided (None: not submitted), the
+        nodes to avoid (docs/nodes.md): what the job's script needs."""
+        recipe = self.recipe(sub.loaded)
+        if recipe:  # built (or reused) before the job is queued; the nodes use it in place
+            self.build_environment(sub, recipe)
+        deps = self._dependencies(sub)
+        if deps is None:
+            return recipe, None, []
+        try:  # nodes with a bad history (docs/nodes.md)
+            avoid, hosts = exclude(sub.loaded.spec, sub.store)
+        except UserError as exc:  # the run is recorded: it ends, never PENDING forever
+            lifecycle.ended(sub.store, sub.record.id, FAILED, str(exc), "sbatch_failed", attempt=0)
+            raise
+        if hosts:
+            append_event(sub.run_dir, "nodes_avoided", hosts=hosts, how="sbatch --exclude")
+        return recipe, deps, avoid
 
     def _dependencies(self, sub: Submission) -> list[dict[str, Any]] | None:
         """--after: the Slurm jobs the job still waits for (those that ended are decided

@@ -1,0 +1,48 @@
+"""Attacks on cancelling a Slurm run (docs/backends/slurm.md, "Following, logs, cancel"),
+with stand-ins for sbatch, squeue and scancel that record what they were asked (no Slurm
+in the fast suite; tests/integration/test_slurm_interrupt.py runs Ctrl+C on the cluster).
+
+Why: Ctrl+C while `treb run --on slurm` submits (the run recorded, its job id not yet)
+left the run PENDING with no job (LOST two minutes later, a failure that was a cancel),
+and the terminal's SIGINT reached sbatch too: a job slurmctld had accepted before sbatch
+died ran on with no run knowing its id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from tests.conftest import TrebFn, write_spec
+
+# sbatch as a terminal's Ctrl+C meets it: SIGINT to treb while the job is being accepted
+SBATCH = """#!/bin/sh
+kill -INT "$PPID"
+sleep 0.5
+echo 4242
+"""
+SCANCEL = '#!/bin/sh\necho "$*" >>"$CALLS/scancel"\n'
+SQUEUE = "#!/bin/sh\necho '4242|CANCELLED|None|tn1'\n"
+
+
+def test_ctrl_c_while_sbatch_runs_cancels_the_job_it_submitted(
+    treb: TrebFn, tmp_path: Path
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("sbatch", SBATCH), ("scancel", SCANCEL), ("squeue", SQUEUE)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path)}
+    spec = write_spec(tmp_path, "command: python3 train.py\nnodes: 1\nsnapshot: false\n")
+    res = treb("run", str(spec), "--on", "slurm", env=env)
+    assert res.returncode == 130, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    scancelled = (
+        (tmp_path / "scancel").read_text().split() if (tmp_path / "scancel").exists() else []
+    )
+    assert scancelled == ["4242"], (scancelled, res.stderr)  # the job sbatch accepted
+    runs = json.loads(treb("ps", "--json").stdout)
+    assert [(r["state"], r["backend_id"]) for r in runs] == [("CANCELLED", "4242")], runs
+    assert "4242" in res.stderr and "cancel" in res.stderr.lower(), res.stderr
