@@ -366,3 +366,23 @@ def test_a_garbled_next_word_is_no_word(monkeypatch):
     link._answer(b"next 1 1 2 tn1 1")
     assert link.word.is_set() and link.next == 1
     assert link.placement == agent_link.Placement(1, 2, "tn1", "1")
+
+
+def test_a_next_word_with_bytes_no_environment_holds_is_no_placement(monkeypatch):
+    """The node lists (and the master) of a `next` word become the ranks' environment
+    (runtime/node/task.py: slurm_place): a NUL in one made os.environ raise ValueError in
+    the parked agent, which died instead of running the attempt. A list that is no hostlist
+    is left unsaid (the ranks keep theirs); a master that is no host name is no word."""
+    from trebuchet.runtime.node import task
+
+    monkeypatch.setenv("SLURM_STEP_NODELIST", "tn[1-2]")
+    link = agent_link.Link(None, "t", 0, "0.0")
+    link._answer(b"next 1 1 2 t\x00n1 1 tn1,tn2 tn[1-2]")
+    assert not link.word.is_set() and link.placement is None
+    link._answer(b"next 1 1 2 tn1 1 tn1,a\x00b tn\x1b]0;x\x07")
+    assert link.word.is_set() and link.placement == agent_link.Placement(1, 2, "tn1", "1", "", "")
+    for name in ("SLURM_NODEID", "SLURM_NNODES", "SLURM_STEP_NUM_NODES", "SLURM_JOB_NODELIST",
+                 "SLURM_NODELIST", "SLURM_JOB_NUM_NODES"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    task.slurm_place(*link.placement[:2], *link.placement[4:])
+    assert os.environ["SLURM_STEP_NODELIST"] == "tn[1-2]" and os.environ["SLURM_NODEID"] == "1"

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import select
 import selectors
 import socket
@@ -65,6 +66,9 @@ class Lost(NamedTuple):
     host: str
     last_seen: float
     silent: float  # seconds
+
+
+_HOST = re.compile(rb"[A-Za-z0-9._:\-\[\],]+")  # a host name or address, a Slurm hostlist
 
 
 class Placement(NamedTuple):
@@ -568,9 +572,10 @@ class Link:
             return
         if len(words) > 1:
             node, nodes, master, port = int(words[1]), int(words[2]), words[3], words[4]
-            if node >= nodes or not master or not port.isdigit():
+            if node >= nodes or not _HOST.fullmatch(master) or not port.isdigit():
                 return
-            lists = [w.decode("ascii", "replace") for w in words[5:]] or ["", ""]
+            # the ranks' environment: what no hostlist holds (a NUL: os.environ raises) unsaid
+            lists = [w.decode() if _HOST.fullmatch(w) else "" for w in words[5:]] or ["", ""]
             self.placement = Placement(node, nodes, master.decode("ascii", "replace"),
                                        port.decode(), *lists)  # fmt: skip
         self.next = int(words[0])
