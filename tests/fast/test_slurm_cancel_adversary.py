@@ -46,3 +46,32 @@ def test_ctrl_c_while_sbatch_runs_cancels_the_job_it_submitted(
     runs = json.loads(treb("ps", "--json").stdout)
     assert [(r["state"], r["backend_id"]) for r in runs] == [("CANCELLED", "4242")], runs
     assert "4242" in res.stderr and "cancel" in res.stderr.lower(), res.stderr
+
+
+def test_a_cancelled_array_task_scancels_itself_not_its_array(tmp_path: Path, monkeypatch) -> None:
+    """A cancelled run's controller scancels its own job so that Slurm says CANCELLED. In a
+    job array (a sweep), SLURM_JOB_ID is the task's own id, which scancel refuses on
+    Slurm 22.05 ('Invalid job id specified': the task then ended FAILED), and the last
+    task's equals the array's id: `scancel 50` cancelled every point of the sweep. The
+    task is named as the array's (`50_1`)."""
+    from trebuchet.runtime.slurm.step import Controller
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scancel").write_text(SCANCEL)
+    (bin_dir / "scancel").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("CALLS", str(tmp_path))
+    job = {"run_id": "r1", "run_dir": str(tmp_path), "workdir": str(tmp_path),
+           "launcher": "native", "nodes": 1, "ppn": 1, "grace": 1,
+           "checkpoint_signal": "SIGUSR2", "command": ["true"], "mpi_env": [],
+           "max_attempts": 1, "srun": [], "srun_hook": [], "inline": False,
+           "spec_env": [], "secrets": []}  # fmt: skip
+    for job_id, array, task, said in (("50", "50", "1", "50_1"), ("51", "50", "0", "50_0"),
+                                      ("52", "", "", "52")):  # fmt: skip
+        monkeypatch.setenv("SLURM_JOB_ID", job_id)
+        monkeypatch.setenv("SLURM_ARRAY_JOB_ID", array)
+        monkeypatch.setenv("SLURM_ARRAY_TASK_ID", task)
+        ctl = Controller(job, str(tmp_path / "job.json"), str(tmp_path / "rt.pyz"))  # type: ignore[arg-type]
+        ctl.cancel_own_job()
+        assert (tmp_path / "scancel").read_text().split()[-1] == said

@@ -969,10 +969,14 @@ class Controller:
         (on_term) changes nothing."""
         if not self.job_id:
             return
+        # a job array's task by the array's name: scancel refuses its own id (22.05), and
+        # the last task's own id is the array's (every task of the sweep)
+        array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+        mine = f"{array}_{task}" if array and task else self.job_id
         self.self_cancel = True
-        log(f"the run was cancelled: scancel {self.job_id} (Slurm records it CANCELLED)")
+        log(f"the run was cancelled: scancel {mine} (Slurm records it CANCELLED)")
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(["scancel", self.job_id], stdin=subprocess.DEVNULL, timeout=60)
+            subprocess.run(["scancel", mine], stdin=subprocess.DEVNULL, timeout=60)
 
 
 def parks(job: JobFile) -> bool:
