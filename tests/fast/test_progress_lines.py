@@ -90,3 +90,55 @@ def test_a_crash_loop_that_says_checkpoint_saved_is_stopped_by_the_rule(
     assert len(st["attempts"]) == 3, st["attempts"]
     assert st["attempts"][-1]["reason"] == "no_progress: no_retry", st["attempts"]
     assert "3 attempts in a row kept no work" in res.stdout + res.stderr
+
+
+def trains(run: Path, attempt: int, *lines: bytes) -> None:
+    """A rank's log lines as the agent reads them: its metrics (metric_reader's hook) and
+    its checkpoint lines (the default pattern), in order; a `None` line waits past
+    SAME_MARK_S, so that the next checkpoint line is another save."""
+    from trebuchet.runtime.watch import metric_reader
+    from trebuchet.runtime.watch.marks import SAME_MARK_S
+
+    adir = run / f"attempt-{attempt}"
+    adir.mkdir(parents=True, exist_ok=True)
+    metrics = metric_reader.Metrics(str(adir), metric_reader.Config())
+    saves = LineCheckpoints(str(adir), DEFAULT_CHECKPOINT_PATTERN)
+    for line in lines:
+        if not line:
+            time.sleep(SAME_MARK_S + 0.05)
+            continue
+        metrics("rank-0", line)
+        saves("rank-0", line)
+        time.sleep(0.002)  # a metrics point's time is kept to the millisecond
+    metrics.close()
+
+
+def test_metrics_without_a_step_lend_no_step_to_a_checkpoint_line(tmp_path: Path) -> None:
+    """A log's metrics that name no step (`{"loss": 0.5}`) are numbered by how many points each
+    attempt printed, from 1 again in every attempt: no step that a numberless checkpoint
+    line can hold. Held, a resumed attempt shorter than the first never progressed (a
+    healthy run stopped as a crash loop), and a crash loop that printed more lines than
+    before did."""
+    run = tmp_path / "run"
+    loss = b'{"loss": 0.5}'
+    trains(run, 0, *[loss] * 10, b"checkpoint saved")
+    # resumed, trained and saved twice: kept work, however few lines it printed
+    trains(run, 1, *[loss] * 3, b"checkpoint saved", b"", *[loss] * 3, b"checkpoint saved")
+    assert progressed(str(run), 1, time.time() - 60) is True
+    # a crash loop's attempt: more lines than any before, the one save: nothing proven
+    trains(run, 2, *[loss] * 30, b"checkpoint saved")
+    assert progressed(str(run), 2, time.time() - 60) is False
+
+
+def test_an_attempt_that_saved_twice_without_steps_kept_work(tmp_path: Path) -> None:
+    """No step anywhere (a trainer's `checkpoint saved`, no step marks nor metrics): an
+    attempt whose rank saved twice, a while apart, trained in between, and kept work; one
+    save per attempt (the crash loop that saves as it starts, or as it dies) proves none."""
+    run = tmp_path / "run"
+    trains(run, 0, b"checkpoint saved", b"", b"checkpoint saved")
+    assert progressed(str(run), 0, time.time() - 60) is True
+    trains(run, 1, b"checkpoint saved", b"", b"checkpoint saved")
+    assert progressed(str(run), 1, time.time() - 60) is True
+    for attempt in (2, 3):
+        trains(run, attempt, b"checkpoint saved", b"checkpoint saved")  # one save, said twice
+        assert progressed(str(run), attempt, time.time() - 60) is False

@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable, Iterator, NamedTuple
 
 from ..rundir.regular import open_fd
-from .paths import MARKS_DIR, marks_path
+from .paths import COUNTED, MARKS_DIR, marks_path
 
 STEP, CHECKPOINT, COMPUTE = "step", "checkpoint", "compute"
 # compute: a rank reached its step's collective (runtime/watch/straggler.py)
@@ -98,6 +98,8 @@ def parse_points(data: bytes) -> list[Mark]:
         if not isinstance(point, dict):
             continue
         t, s = _number(point.get("t")), _number(point.get("s"))
+        if point.get(COUNTED):  # a count of points (metric_reader.Writer), no step
+            s = None
         if t is not None and t >= 0:
             out.append(Mark(t, STEP, s))
     return out
@@ -217,7 +219,8 @@ def progressed(run_dir: str, attempt: int, started: float) -> bool | None:
         marks = attempt_marks(os.path.join(run_dir, f"attempt-{a}"))
         shown = shown or any(m.kind == CHECKPOINT for m in marks)
         before += checkpoint_steps(marks)
-    marks = attempt_marks(os.path.join(run_dir, f"attempt-{attempt}"))
+    adir = os.path.join(run_dir, f"attempt-{attempt}")
+    marks = attempt_marks(adir)
     shown = shown or any(m.kind == CHECKPOINT for m in marks)
     folder = folder_checkpoints(checkpoint_folder(run_dir))
     if not (shown or folder):
@@ -225,7 +228,21 @@ def progressed(run_dir: str, attempt: int, started: float) -> bool | None:
     best = max(before, default=None)
     if any(best is None or n > best for n in checkpoint_steps(marks)):
         return True
+    if not any(m.kind == STEP and m.n is not None for m in marks) and _saved_again(adir):
+        return True
     return any(m.t >= started for m in folder)
+
+
+def _saved_again(adir: str) -> bool:
+    """Did a rank say a checkpoint without a step twice, SAME_MARK_S apart or more? It
+    trained between the two saves: work kept, though no step says how much. One save an
+    attempt (a crash loop's, as it starts or as it dies) proves none."""
+    for path in _files(os.path.join(adir, MARKS_DIR)):
+        times = [m.t for m in _file_marks(_ends(path, SCAN), False, 64)
+                 if m.kind == CHECKPOINT and m.n is None]  # fmt: skip
+        if times and max(times) - min(times) >= SAME_MARK_S:
+            return True
+    return False
 
 
 # What the HuggingFace Trainer, Lightning, Megatron-LM and DeepSpeed print once they save
