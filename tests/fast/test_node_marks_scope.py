@@ -6,6 +6,7 @@ host written `host:port` is the node its marks name, for marking and for skippin
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +131,19 @@ def test_a_nodelist_of_many_ranges_is_no_recursion_error() -> None:
     assert node_events.hostlist("tn" + "[0-1]" * 5000, 4) == []
     assert node_events.hostlist("-[1-999999999],tn1", 4) == []  # 4 names, none a node's
     assert node_events.hostlist("tn[1-2]x[3-4]", 3) == ["tn1x3", "tn1x4", "tn2x3"]
+
+
+def test_attempts_that_never_ran_name_no_nodes(treb: TrebFn, treb_home: Path) -> None:
+    """A one-attempt run allowed 1000 (retries: 999) whose rank wrote the records of the
+    attempts to come (Slurm: attempt-<n>/attempt.json; ssh: their attempt_started, before
+    the controller's) and a loss of each one's node: only the attempt that ran names
+    nodes, or one run takes out its width times its retries."""
+    forged = [lost("tn1")] + [lost(f"tn{100 + a}", attempt=a) for a in range(1, 31)]
+    ran_on = {0: ["tn1"], **{a: [f"tn{100 + a}"] for a in range(1, 31)}}
+    plant("dddd0001", forged, ran_on=ran_on, attempts=1000)
+    ssh = [lost("gpu1")] + [lost(f"gpu{100 + a}", attempt=a) for a in range(1, 31)]
+    ran_on = {0: ["gpu1"], **{a: [f"gpu{100 + a}"] for a in range(1, 31)}}
+    plant("dddd0002", ssh, backend="ssh", ran_on=ran_on, attempts=1000)
+    with sqlite3.connect(treb_home / "runs.db") as db:  # as the controller left the index
+        db.execute("UPDATE runs SET attempt = 0")
+    assert sorted(by_host(nodes_json(treb))) == ["gpu1", "tn1"]

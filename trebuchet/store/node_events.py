@@ -281,12 +281,13 @@ def scoped(run_dir: Path, seen: RunNodes, marks: list[NodeEvent], attempts: int,
            width: int) -> tuple[list[NodeEvent], list[NodeEvent]]:  # fmt: skip
     """The marks on nodes their attempt ran on (a mark with no attempt: any attempt of the
     run), and the others: a rank can write a mark for any host, and one run must not take
-    more nodes out than it held."""
+    more nodes out than it held. `attempts`: those that started; the records of the others
+    are a rank's."""
     held: dict[int, set[str]] = {}
 
     def hosts(a: int) -> set[str]:
         if a not in held:
-            held[a] = ran_on(run_dir, seen, a, width)
+            held[a] = ran_on(run_dir, seen, a, width) if a < attempts else set()
         return held[a]
 
     kept: list[NodeEvent] = []
