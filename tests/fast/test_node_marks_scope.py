@@ -147,3 +147,23 @@ def test_attempts_that_never_ran_name_no_nodes(treb: TrebFn, treb_home: Path) ->
     with sqlite3.connect(treb_home / "runs.db") as db:  # as the controller left the index
         db.execute("UPDATE runs SET attempt = 0")
     assert sorted(by_host(nodes_json(treb))) == ["gpu1", "tn1"]
+
+
+def test_a_mark_by_a_nodes_full_name_counts_on_the_name_its_run_knows(treb: TrebFn) -> None:
+    """A rank's records name its machine as uname(2) does, an FQDN on many clusters
+    (tn1.cluster.example), where Slurm's NodeName is tn1: its hardware failure and its
+    straggler mark count against tn1 (the name --exclude takes), not ignored. Over ssh, a
+    host listed by its FQDN is marked by that name for a rank that says the short one.
+    An address is no name: 10.0.0.1 is not 10.0.0.2."""
+    run_dir = plant("eeee0001", [{"event": "straggler", "time": NOW, "attempt": 0,
+                                  "host": "tn2.cluster.example"}],
+                    ran_on={0: ["tn1", "tn2"]})  # fmt: skip
+    rec = {"rank": 0, "node": 0, "exit_code": 1, "ended_at": NOW, "host": "tn1.cluster.example"}
+    (run_dir / "attempt-0" / FIRST).write_text(json.dumps(rec))
+    (run_dir / "attempt-0" / "rank-0.log").write_text("NVRM: Xid (PCI:0000:3b:00): 79\n")
+    plant("eeee0002", [lost("gpu1"), lost("10.0.0.1")], backend="ssh",
+          ran_on={0: ["gpu1.example.com", "10.0.0.2"]})  # fmt: skip
+    got = by_host(nodes_json(treb))
+    assert sorted(got) == ["gpu1.example.com", "tn1", "tn2"], got
+    assert got["tn1"]["counts"]["hardware"] == 1 and got["tn2"]["counts"]["straggler"] == 1
+    assert not ignored_events(run_dir)
