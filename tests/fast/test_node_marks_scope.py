@@ -167,3 +167,26 @@ def test_a_mark_by_a_nodes_full_name_counts_on_the_name_its_run_knows(treb: Treb
     assert sorted(got) == ["gpu1.example.com", "tn1", "tn2"], got
     assert got["tn1"]["counts"]["hardware"] == 1 and got["tn2"]["counts"]["straggler"] == 1
     assert not ignored_events(run_dir)
+
+
+def test_a_clear_after_a_damaged_line_survives_a_rebuild(treb: TrebFn, treb_home: Path) -> None:
+    """nodes-cleared.jsonl left with a half line (a crash or a full disk mid-write) or NULs
+    (a filesystem's crash): the next clear's line is its own line, and a rebuilt index
+    forgets what `treb nodes --clear` forgot. A FIFO in its place: a named error, exit 2."""
+    import os
+
+    plant("ffff0001", [lost("tn5", NOW - 60), lost("tn6", NOW - 60)])
+    for damage in (b'{"host": "tn9", "ti', b"\0" * 4096):
+        (treb_home / "nodes-cleared.jsonl").write_bytes(damage)
+        assert treb("nodes", "--clear", "tn5").returncode == 0
+        assert treb("doctor", "--rebuild-index").returncode == 0
+        got = by_host(nodes_json(treb))
+        assert got["tn5"]["counts"]["lost"] == 0, (damage[:4], got["tn5"])
+        assert got["tn6"]["counts"]["lost"] == 1, got["tn6"]
+    (treb_home / "nodes-cleared.jsonl").unlink()
+    os.mkfifo(treb_home / "nodes-cleared.jsonl")
+    res = treb("nodes", "--clear", "tn6")
+    assert res.returncode == 2 and "nodes-cleared.jsonl" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    assert by_host(nodes_json(treb))["tn6"]["counts"]["lost"] == 1
+    assert treb("doctor", "--rebuild-index").returncode == 0

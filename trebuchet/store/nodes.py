@@ -238,7 +238,7 @@ def clear(store: Store, hosts: list[str], when: float | None = None) -> None:
     when = time.time() if when is None else when
     path = store.path.parent / CLEARS
     try:  # opened first: a FIFO there fails at once (no reader), and nothing is cleared
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o600)
     except OSError as exc:
         raise UserError(f"{path}: {exc.strerror or exc}: remove it (it keeps the clears "
                         "for a rebuilt index)") from None  # fmt: skip
@@ -257,7 +257,16 @@ def clear(store: Store, hosts: list[str], when: float | None = None) -> None:
                 c.executemany("INSERT OR IGNORE INTO node_cleared (run_id, key) VALUES (?, ?)",
                               marks)  # fmt: skip
                 lines.append({"host": host, "time": when, "marks": [list(m) for m in marks]})
-        os.write(fd, "".join(json.dumps(line) + "\n" for line in lines).encode())
+        data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":  # a half line (a crash, a full
+                data = b"\n" + data  # disk) ends there: ours is a line of its own
+            while data:
+                data = data[os.write(fd, data) :]  # a short write is no clear kept
+        except OSError as exc:
+            raise UserError(f"{path}: {exc.strerror or exc}: the marks are cleared in the "
+                            "index, but a rebuilt index will not know it") from None  # fmt: skip
     finally:
         os.close(fd)
 
