@@ -122,7 +122,7 @@ def test_metrics_without_a_step_lend_no_step_to_a_checkpoint_line(tmp_path: Path
     run = tmp_path / "run"
     loss = b'{"loss": 0.5}'
     trains(run, 0, *[loss] * 10, b"checkpoint saved")
-    # resumed, trained and saved twice: kept work, however few lines it printed
+    # resumed, saved, trained and saved again: kept work, however few lines it printed
     trains(run, 1, *[loss] * 3, b"checkpoint saved", b"", *[loss] * 3, b"checkpoint saved")
     assert progressed(str(run), 1, time.time() - 60) is True
     # a crash loop's attempt: more lines than any before, the one save: nothing proven
@@ -130,15 +130,17 @@ def test_metrics_without_a_step_lend_no_step_to_a_checkpoint_line(tmp_path: Path
     assert progressed(str(run), 2, time.time() - 60) is False
 
 
-def test_an_attempt_that_saved_twice_without_steps_kept_work(tmp_path: Path) -> None:
-    """No step anywhere (a trainer's `checkpoint saved`, no step marks nor metrics): an
-    attempt whose rank saved twice, a while apart, trained in between, and kept work; one
-    save per attempt (the crash loop that saves as it starts, or as it dies) proves none."""
+def test_an_attempt_that_trained_between_two_saves_kept_work(tmp_path: Path) -> None:
+    """No step anywhere (a trainer's `checkpoint saved`, metrics lines that name none): an
+    attempt whose rank saved, trained (printed metrics) and saved again kept work; one save
+    an attempt (the crash loop that saves as it starts, or as it dies), or one save's two
+    lines, proves none."""
     run = tmp_path / "run"
-    trains(run, 0, b"checkpoint saved", b"", b"checkpoint saved")
-    assert progressed(str(run), 0, time.time() - 60) is True
-    trains(run, 1, b"checkpoint saved", b"", b"checkpoint saved")
-    assert progressed(str(run), 1, time.time() - 60) is True
-    for attempt in (2, 3):
-        trains(run, attempt, b"checkpoint saved", b"checkpoint saved")  # one save, said twice
-        assert progressed(str(run), attempt, time.time() - 60) is False
+    loss = b'{"loss": 0.5}'
+    for attempt in (0, 1):
+        trains(run, attempt, b"checkpoint saved", b"", loss, b"checkpoint saved")
+        assert progressed(str(run), attempt, time.time() - 60) is True
+    trains(run, 2, loss, b"checkpoint saved", b"checkpoint saved", loss)  # said twice at once
+    assert progressed(str(run), 2, time.time() - 60) is False
+    trains(run, 3, loss, b"Saving model to /ckpt", b"", b"checkpoint saved", loss)  # one save
+    assert progressed(str(run), 3, time.time() - 60) is False

@@ -9,6 +9,7 @@ Total and bounded: any bytes give marks or nothing, never an exception.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import math
@@ -228,20 +229,24 @@ def progressed(run_dir: str, attempt: int, started: float) -> bool | None:
     best = max(before, default=None)
     if any(best is None or n > best for n in checkpoint_steps(marks)):
         return True
-    if not any(m.kind == STEP and m.n is not None for m in marks) and _saved_again(adir):
+    if not any(m.kind == STEP and m.n is not None for m in marks) and _saved_again(adir, marks):
         return True
     return any(m.t >= started for m in folder)
 
 
-def _saved_again(adir: str) -> bool:
-    """Did a rank say a checkpoint without a step twice, SAME_MARK_S apart or more? It
-    trained between the two saves: work kept, though no step says how much. One save an
-    attempt (a crash loop's, as it starts or as it dies) proves none."""
+def _saved_again(adir: str, marks: list[Mark]) -> bool:
+    """Did a rank say a checkpoint without a step, train (a step mark or a metrics line
+    of any rank, numbered or not), and say one again? Work kept, though no step says how
+    much. One save an attempt (a crash loop's, as it starts or as it dies), or a save's
+    two lines (`Saving model to ...`, then `checkpoint saved`), proves none."""
+    trained = sorted(m.t for m in marks if m.kind == STEP)
     for path in _files(os.path.join(adir, MARKS_DIR)):
-        times = [m.t for m in _file_marks(_ends(path, SCAN), False, 64)
-                 if m.kind == CHECKPOINT and m.n is None]  # fmt: skip
-        if times and max(times) - min(times) >= SAME_MARK_S:
-            return True
+        times = sorted(m.t for m in _file_marks(_ends(path, SCAN), False, 64)
+                       if m.kind == CHECKPOINT and m.n is None)  # fmt: skip
+        for a, b in zip(times, times[1:]):
+            at = bisect.bisect_right(trained, a)
+            if at < len(trained) and trained[at] < b:
+                return True
     return False
 
 
