@@ -144,3 +144,23 @@ def test_an_attempt_that_trained_between_two_saves_kept_work(tmp_path: Path) -> 
     assert progressed(str(run), 2, time.time() - 60) is False
     trains(run, 3, loss, b"Saving model to /ckpt", b"", b"checkpoint saved", loss)  # one save
     assert progressed(str(run), 3, time.time() - 60) is False
+
+
+HEALTHY = ("import json, sys, time; p = lambda s: print(s, flush=True); p('checkpoint saved'); "
+           "time.sleep(2.5); p(json.dumps({'loss': 0.5})); p('checkpoint saved'); sys.exit(3)")  # fmt: skip
+
+
+def test_a_run_that_trains_between_numberless_saves_is_not_stopped(
+    treb: TrebFn, tmp_path: Path
+) -> None:
+    """The healthy twin of the crash loop above: each attempt saves, trains (a metrics
+    line without a step) and saves again before a failure; all retries: 2 are run, none
+    stopped as no progress (the saves 2.5 s apart: the agent reads a log in bursts, and one
+    checkpoint said twice within SAME_MARK_S of its reading is one)."""
+    spec = write_spec(tmp_path, f"command: [{sys.executable}, -c, {HEALTHY!r}]\nretries: 2\n"
+                      "max_attempts_without_progress: 2\n")  # fmt: skip
+    res = treb("run", str(spec), timeout=240)
+    assert res.returncode == 1, res.stdout + res.stderr
+    st = status_json(treb)
+    assert len(st["attempts"]) == 3, st["attempts"]
+    assert all("no_progress" not in str(a.get("reason")) for a in st["attempts"]), st["attempts"]

@@ -234,6 +234,9 @@ def progressed(run_dir: str, attempt: int, started: float) -> bool | None:
     return any(m.t >= started for m in folder)
 
 
+POINT_T = 0.001  # a metrics point's time is kept to the ms: read with the save, it may be later
+
+
 def _saved_again(adir: str, marks: list[Mark]) -> bool:
     """Did a rank say a checkpoint without a step, train (a step mark or a metrics line
     of any rank, numbered or not), and say one again? Work kept, though no step says how
@@ -245,7 +248,7 @@ def _saved_again(adir: str, marks: list[Mark]) -> bool:
                        if m.kind == CHECKPOINT and m.n is None)  # fmt: skip
         for a, b in zip(times, times[1:]):
             at = bisect.bisect_right(trained, a)
-            if at < len(trained) and trained[at] < b:
+            if at < len(trained) and trained[at] <= b + POINT_T:
                 return True
     return False
 
