@@ -6,16 +6,17 @@ slurmstepd/req.c, api/allocate.c, salloc/salloc.c)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.fast.test_diagnose_stopped_by_slurm import ABORTED, CAPTURED, STOPPED, UP, _diagnose
-from trebuchet.diagnose import catalog
+from trebuchet.diagnose import catalog, lines, scan
 from trebuchet.diagnose.report import diagnose_paths
 
 
@@ -158,6 +159,9 @@ def test_the_ctrl_c_summary_is_treb_words_not_sruns_line(tmp_path: Path) -> None
     assert not d.summary.startswith("srun"), d.summary
     assert "Ctrl+C" in d.summary and "StepId=2.0" in d.summary and "nothing failed" in d.summary
     assert "srun: sending Ctrl-C to StepId=2.0" in d.evidence
+    # Slurm before 20.11 (srun/signals.c: "sending Ctrl-C to job %u.%u") named it so
+    d = _diagnose(tmp_path, UP + "srun: sending Ctrl-C to job 2.0\n" + ABORTED + STOPPED)
+    assert d.category == "cancelled" and "the job step 2.0 was cancelled" in d.summary, d.summary
 
 
 # -- 6. Slurm 25.05's scancel line in a rank's log ---------------------------------------------
@@ -194,3 +198,163 @@ def test_each_of_slurmstepds_cancel_lines_reads_the_same_in_both(
         assert d.category not in ("cancelled", "stopped_by_slurm"), d.summary
     else:
         assert d.category == category and line in d.evidence, d.summary
+
+
+# -- 7. attacked: job logs by other names, bars before a traceback, strsignal's words ---------
+TRACEBACK = ('Traceback (most recent call last):\n1:   File "/w/train.py", line 3, in <module>\n'
+             "1:     1/0\n1: ZeroDivisionError: division by zero\n")  # fmt: skip
+FAILED_1 = "srun: error: tn2: task 1: Exited with exit code 1\n"
+
+
+def _bar(updates: int) -> str:
+    """tqdm's bar as it reaches a file: one line of carriage-return-separated updates."""
+    return "".join(f"\r{i / 10:5.1f}%|{'#' * (i // 50):<20}| {i}/1000 [00:{i % 60:02d}<00:10, "
+                   f"99.0it/s]" for i in range(updates))  # fmt: skip
+
+
+@pytest.mark.parametrize("updates", [30, 4000])
+def test_a_traceback_after_an_srun_labelled_progress_bar_stays_its_ranks(
+    tmp_path: Path, updates: int
+) -> None:
+    """tqdm writes its bar to stderr with no newline, so the traceback Python writes next
+    shares its line, and srun -l labels that line once, before the bar: `1:  0.0%|...\\r...
+    Traceback (most recent call last):`. The traceback is rank 1's, with its frame; after a
+    bar of 4000 updates too (240 kB: longer than the chunks the scanner had read when it
+    found that line's end, so its start was cut off with the traceback's header)."""
+    before = "".join(f"0: step {i} loss 1.0\n1: step {i} loss 1.0\n" for i in range(2000))
+    d = _diagnose(tmp_path, before + "1: " + _bar(updates) + TRACEBACK + FAILED_1)
+    assert (d.category, d.rank) == ("python_exception", 1), d.summary
+    assert d.frame is not None and "train.py:3" in d.frame, (d.frame, d.summary)
+
+
+def test_a_job_logs_other_names_are_not_a_ranks(tmp_path: Path) -> None:
+    """sbatch -e slurm-%j.err (srun's own lines go to the job's stderr) and -o %x-%j.out:
+    in a folder each is the job's log, read for srun's task lines, never rank 4242's."""
+    srun_said = "1: " + TRACEBACK + FAILED_1 + ABORTED + "srun: error: tn1: task 0: Killed\n"
+    for files in ({"slurm-4242.out": "0: up\n1: up\n", "slurm-4242.err": srun_said},
+                  {"train-4242.out": srun_said}):  # fmt: skip
+        folder = tmp_path / "-".join(files)
+        folder.mkdir()
+        for name, text in files.items():
+            (folder / name).write_text(text)
+        d = diagnose_paths([folder])
+        assert (d.category, d.rank) == ("python_exception", 1), (files, d.summary)
+        assert 4242 not in {u.rank for u in d.units}, files
+
+
+def test_a_folder_among_several_paths_is_refused_by_name(tmp_path: Path) -> None:
+    """Two jobs' folders (or a folder and a log) given together: only files were read, a
+    folder silently not, and `treb diagnose job1/ job2/` said 'no failure found in ' (no
+    name), exit 0. A folder is read alone; given among others it is refused, named."""
+    for job, text in (("job1", "slurm-7.out"), ("job2", "slurm-8.out")):
+        (tmp_path / job).mkdir()
+        (tmp_path / job / text).write_text(UP + FAILED_1)
+    for args in ([tmp_path / "job1", tmp_path / "job2"], [tmp_path / "job1", tmp_path / "job2"
+                                                          / "slurm-8.out"]):  # fmt: skip
+        out = _treb(*map(str, args))
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert str(tmp_path / "job1") in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_per_task_logs_named_slurm_N_out_are_ranks(tmp_path: Path) -> None:
+    """srun -o slurm-%t.out writes a task's output to slurm-0.out, slurm-1.out: no job's
+    logs (Slurm numbers its jobs from 1), so a folder of them is read as ranks, not refused."""
+    (tmp_path / "slurm-0.out").write_text("step 1\n")
+    (tmp_path / "slurm-1.out").write_text("step 1\n" + TRACEBACK.replace("1: ", ""))
+    for args in ([str(tmp_path)], [str(tmp_path / "slurm-0.out"), str(tmp_path / "slurm-1.out")]):
+        out = _treb("--json", *args)
+        assert out.returncode == 0, out.stderr
+        d = json.loads(out.stdout)["root_cause"]
+        assert (d["category"], d["rank"]) == ("python_exception", 1), d["summary"]
+
+
+def test_a_job_log_given_beside_rank_logs_keeps_their_ranks(tmp_path: Path) -> None:
+    """`treb diagnose slurm-5.out rank-0.log rank-1.log` reads as the folder holding them:
+    each rank log is its rank's (its traceback rank 1's, with its frame), the job log is
+    read for srun's lines."""
+    (tmp_path / "slurm-5.out").write_text(UP + FAILED_1 + ABORTED + "srun: error: tn1: task 0: "
+                                          "Killed\n")  # fmt: skip
+    (tmp_path / "rank-0.log").write_text("step 1\n")
+    (tmp_path / "rank-1.log").write_text("step 1\n" + TRACEBACK.replace("1: ", ""))
+    folder = diagnose_paths([tmp_path])
+    files = diagnose_paths(sorted(tmp_path.iterdir()))
+    for d in (folder, files):
+        assert (d.category, d.rank) == ("python_exception", 1), d.summary
+        assert d.frame is not None and "train.py:3" in d.frame, d.frame
+
+
+@pytest.mark.parametrize(
+    ("said", "signal"),
+    [("User defined signal 1", "SIGUSR1"), ("Broken pipe", "SIGPIPE"), ("Quit", "SIGQUIT"),
+     ("CPU time limit exceeded", "SIGXCPU"), ("Segmentation fault (core dumped)", "SIGSEGV")],
+)  # fmt: skip
+def test_every_signal_srun_names_is_a_task_failure(tmp_path: Path, said: str, signal: str) -> None:
+    """srun names a task's signal by strsignal() (srun/launch.c, _task_finish): SIGUSR1 (an
+    sbatch --signal=USR1 no handler caught), SIGPIPE, SIGQUIT, SIGXCPU are failures of that
+    task too, not a log 'read as one process'. SIGXCPU is the process's CPU-time rlimit
+    (ulimit -t), not the job's time limit."""
+    d = _diagnose(tmp_path, UP + f"srun: error: tn2: task 1: {said}\n")
+    assert d.rank == 1 and d.node == "tn2", d.summary
+    assert d.category != "time_limit", d.summary
+    assert {u.rank: u.signal for u in d.units}[1] == signal
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["\r", "\x1b", "[", "]", ";", "?", "0", "12", ": ", " ", "P1 ",
+                                 "[rank1]:", "[1,2]<stderr>:", "a", "\t", "\x07", "\x9b",
+                                 "\u2028", "\\"]) | st.characters()).map("".join))  # fmt: skip
+@example("[rank1]:\ra\rb")
+def test_visible_leaves_no_control_whatever_the_line(line: str) -> None:
+    """Any line: what lines.visible leaves holds no carriage return and no ESC (a label it
+    keeps included), is no longer than the line, and reads the same a second time."""
+    shown = lines.visible(line)
+    assert "\r" not in shown and "\x1b" not in shown, (line, shown)
+    assert len(shown) <= len(line) and lines.visible(shown) == shown, (line, shown)
+
+
+@pytest.mark.parametrize("cut", [16, 18, 19])
+def test_a_line_across_the_scanners_chunk_boundary_is_read(tmp_path: Path, cut: int) -> None:
+    """The scanner reads a log backwards in chunks (scan.CHUNK from the end first) and finds
+    its candidate lines by keyword in each: `srun: Job step a|borted` with the boundary
+    inside `abort` was in neither chunk, and the stop read as no failure at all."""
+    tail = ABORTED[cut:] + STOPPED
+    pad = "x" * (scan.CHUNK - len(tail) - 1) + "\n"  # the boundary falls at ABORTED[cut]
+    before = "".join(f"0: step {i}\n1: step {i}\n" for i in range(2000))
+    d = _diagnose(tmp_path, before + UP + ABORTED[:cut] + tail + pad)
+    assert d.category == "stopped_by_slurm", d.summary
+    assert ABORTED.strip() in d.evidence, d.evidence
+
+
+def test_a_logs_last_lines_are_the_lines_a_terminal_shows(tmp_path: Path) -> None:
+    """A log's last lines (the 'last line:' evidence, exit_abort's test) are its lines as
+    visible reads them: a progress bar's updates are one line, its last, not one line each
+    (str.splitlines cut at every carriage return), and Windows line ends read the same."""
+    for end in ("\n", "\r\n"):
+        log = tmp_path / "rank-0.log"
+        log.write_text(f"loss 1.0{end}" + _bar(40) + end)
+        last = scan.scan(log).last_lines
+        assert last == ["loss 1.0", _bar(40).rsplit("\r", 1)[-1]], last
+        # past the 4 kB the last lines are read from: a cut line is left out, a bar's end kept
+        log.write_text("y" * 5000 + end + "x" * 5000 + end + "loss 1.0" + end)
+        assert scan.scan(log).last_lines == ["loss 1.0"]
+        log.write_text("y" * 5000 + end + "loss 1.0" + end + _bar(40) + end)
+        assert scan.scan(log).last_lines == ["loss 1.0", _bar(40).rsplit("\r", 1)[-1]]
+        log.write_text("loss 1.0" + end + _bar(200) + end)  # 12 kB of bar: its end is the line
+        assert scan.scan(log).last_lines == [_bar(200).rsplit("\r", 1)[-1]]
+
+
+def test_a_step_srun_could_not_create_is_the_jobs_failure(tmp_path: Path) -> None:
+    """A batch script's later step asking for more than the job has (srun/launch.c: `Unable
+    to create step for job %u: %m`): Slurm refused it, nothing of it ran. After srun's
+    abort, `Job/step already completing` is the job's end, no refusal: stopped_by_slurm."""
+    refused = (
+        "srun: error: Unable to create step for job 5: More processors requested than permitted\n"  # noqa: E501
+    )
+    d = _diagnose(tmp_path, UP + refused)
+    assert d.category == "scheduler_refusal", d.summary
+    assert refused.strip() in d.evidence, d.evidence
+    ended = (
+        "srun: error: Unable to create step for job 5: Job/step already completing or completed\n"  # noqa: E501
+    )
+    d = _diagnose(tmp_path, UP + ABORTED + STOPPED + ended)
+    assert d.category == "stopped_by_slurm", d.summary

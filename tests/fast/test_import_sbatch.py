@@ -342,20 +342,22 @@ def test_usage_is_an_option_without_a_value() -> None:
     assert rest == 2
 
 
+@pytest.mark.parametrize("mine", ["/somewhere/of/mine", "."])
 def test_a_variable_set_where_the_import_ran_stays_optional_as_in_bash(
-    capsys, tmp_path, monkeypatch
+    mine, capsys, tmp_path, monkeypatch
 ) -> None:
     """Megatron's `PYTHONPATH=...:${PYTHONPATH:-}`: bash gives "" where PYTHONPATH is unset.
     Imported where it was set, the spec read it back as a required `${PYTHONPATH}`, which
     then failed to load on a machine without it: the import depended on the importer's
-    environment. It reads `${PYTHONPATH:-}` wherever the import ran."""
-    monkeypatch.setenv("PYTHONPATH", "/somewhere/of/mine")
+    environment (a one-character value, `.`, was written into the spec as it was). It reads
+    `${PYTHONPATH:-}` wherever the import ran."""
+    monkeypatch.setenv("PYTHONPATH", mine)
     out, err, code = run_import(capsys, "sbatch", "megatron-mlm.sbatch")
     assert code == 0, err
     path = tmp_path / "job.yaml"
     path.write_text(out)
     spec = load_spec(path, environ={**ENVIRON}).spec  # PYTHONPATH not set here
-    assert "/3rdparty/Megatron-LM:" in spec.env["PYTHONPATH"], spec.env
+    assert spec.env["PYTHONPATH"].endswith("/3rdparty/Megatron-LM:"), spec.env
     assert "/somewhere/of/mine" not in out
     spec = load_spec(path, environ={**ENVIRON, "PYTHONPATH": "/theirs"}).spec
     assert spec.env["PYTHONPATH"].endswith("/3rdparty/Megatron-LM:/theirs"), spec.env

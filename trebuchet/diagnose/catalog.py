@@ -319,8 +319,11 @@ RULES: tuple[Rule, ...] = (
           r"|SIGABRT|Signal 6 \(|Aborted \(core dumped\)"),
     _rule("scheduler_refusal", CAUSE, r"Batch job submission failed|Unable to allocate "
           r"resources|sbatch refused the job|Memory specification can not be satisfied"
-          r"|Invalid generic resource \(gres\) specification"),
-    _rule("time_limit", CAUSE, r"DUE TO TIME LIMIT|[Tt]ime limit (?:reached|exceeded)"),
+          r"|Invalid generic resource \(gres\) specification"
+          # a batch script's step asking for more than its job has (srun/launch.c); not
+          # `Job/step already completing`: the job's end
+          r"|Unable to create step for job \d+: (?!Job/step already completing)"),
+    _rule("time_limit", CAUSE, r"DUE TO TIME LIMIT|(?<!CPU )[Tt]ime limit (?:reached|exceeded)"),
     _rule("node_failure", CAUSE, r"DUE TO NODE FAILURE|Node failure on|NODE_FAIL"
           r"|Communication connection failure|not responding, setting DOWN"),
     _rule("cancelled", CAUSE, SLURM_CANCELLED),  # after time_limit and node_failure's

@@ -165,6 +165,9 @@ def exit_abort(lines: list[LogLine], last: list[str] | None = None) -> str | Non
     return "likely" if tail and tail[-1] == EXIT_ABORT else None
 
 
+TB_HEADER = "Traceback (most recent call last)"
+
+
 def classify(lines: list[LogLine], multi_host: bool | None = None) -> Finding:
     """Read one stream of lines (in order) into a Finding."""
     out = Finding()
@@ -176,7 +179,9 @@ def classify(lines: list[LogLine], multi_host: bool | None = None) -> Finding:
         ln = lines[i]
         text = ln.text
         stripped = text.strip()
-        if stripped.startswith("Traceback (most recent call last)"):
+        # (or after a progress bar: tqdm's last update has no newline, Python's traceback
+        # follows it on its line)
+        if stripped.startswith(TB_HEADER) or stripped.endswith(TB_HEADER + ":"):
             frames: list[tuple[str, str, str, str]] = []
             j = i + 1
             while j < n:

@@ -67,14 +67,29 @@ def parse_ts(text: str) -> float | None:
     return base + (float(f"0.{frac}") if frac else 0.0)
 
 
+# A launcher's label, written once at a line's start (srun -l's `3: `, a heterogeneous
+# job's `P1 3: `, torch's `[rank3]:`, torchrun's `[default0]:`, OpenMPI's `[1,3]<stderr>:`):
+# the whole line's, not only what precedes its first carriage return.
+LABEL = re.compile(
+    r"[ \t]*(?:P\d+ )?\d+: |\[[\w=, -]{1,40}\]:[ \t]?|\[\d+,\d+\]<std(?:out|err)>:[ \t]?"
+)
+
+
 def visible(line: str) -> str:
     """The line as a terminal leaves it: without its control sequences, and of the parts a
     carriage return separates, the last one with text (a progress bar's `50%|##\r` before
-    `srun: Job step aborted` is overwritten). The scanner reads every log line through it
-    (scan.py), so each anchored pattern (`^srun: `, the catalog's) sees what the user saw."""
+    `srun: Job step aborted` is overwritten), still behind the launcher's label the line
+    began with (`1:  50%|##\rTraceback` is rank 1's). The scanner reads every log line
+    through it (scan.py), so each anchored pattern (`^srun: `, the catalog's) sees what the
+    user saw. Linear: no list of parts (a line of ten million carriage returns)."""
     line = TERMINAL.sub("", line)
     if "\r" in line:
-        line = next((p for p in reversed(line.split("\r")) if p.strip()), "")
+        label = m.group() if (m := LABEL.match(line)) else ""
+        end = len(line.rstrip())  # just past the last character with text
+        start = line.rfind("\r", 0, end) + 1
+        stop = line.find("\r", end)
+        part = line[start : stop if stop >= 0 else len(line)] if end else ""
+        line = part if start <= len(label) or part.startswith(label) else label + part
     return line
 
 

@@ -19,6 +19,7 @@ from trebuchet.runtime.rundir.regular import open_regular
 CHUNK = 64 << 10
 QUIET = 16 << 10  # this much output without an error before the first one: episode found
 MAX_BYTES = 128 << 20  # per file; a log bigger than this is read only this far back
+OVERLAP = 64  # bytes of the chunk after, searched with each: longer than any keyword
 
 KEYWORDS = (
     b"error", b"exception", b"traceback", b"kill", b"signal", b"exit", b"timed out",
@@ -110,8 +111,12 @@ def scan(path: Path, chunk: int = CHUNK, max_bytes: int = MAX_BYTES) -> Scan:
             pos -= step
             fh.seek(pos)
             data = fh.read(step)
+            ahead = parts[-1][:OVERLAP] if parts else b""  # a keyword across the boundary
             parts.append(data)
-            starts = _keyword_starts(data.lower())
+            if first == pos + step:  # the earliest error line was cut at the last chunk's
+                nl = data.rfind(b"\n")  # start: it begins here, or earlier still (a
+                first = pos + nl + 1 if nl >= 0 else pos  # progress bar's long line)
+            starts = {s for s in _keyword_starts((data + ahead).lower()) if s < step}
             found.update(pos + s for s in starts)
             off = _first_error(data, starts)
             if off is not None:
@@ -126,7 +131,10 @@ def scan(path: Path, chunk: int = CHUNK, max_bytes: int = MAX_BYTES) -> Scan:
     starts = {buf.rfind(b"\n", 0, a - pos) + 1 for a in found if a - pos >= cut}
     starts |= {s for s in _block_starts(buf.lower()) if s >= cut}
     lines = [_line(buf, s) for s in sorted(starts)]
-    tail = buf[max(cut, len(buf) - 4096) :].decode(errors="replace").splitlines()
-    tail = [visible(ln) for ln in (tail[1:] if len(buf) - cut > 4096 else tail)]
+    # lines as a terminal shows them: cut at newlines only (a progress bar's carriage
+    # returns are its updates); a line the window cut keeps its end where that is a bar's
+    tail = buf[max(cut, len(buf) - 4096) :].decode(errors="replace").split("\n")
+    cut_line = len(buf) - cut > 4096 and "\r" not in tail[0].rstrip("\r")
+    tail = [visible(ln) for ln in (tail[1:] if cut_line else tail)]
     last = [ln for ln in tail if ln.strip()][-5:]
     return Scan(Path(path), size, pos + cut, lines, last)

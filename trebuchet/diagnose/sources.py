@@ -35,19 +35,27 @@ from trebuchet.runtime.rundir.regular import read_text
 
 NODE_CAUSES = ("node_lost", "node_unhealthy")  # a node's, not a process's: no rank's log
 
-# srun: "srun: error: tn2: task 3: Exited with exit code 1", "srun: error: tn1: tasks 0-1: Killed"
-SRUN_TASK = re.compile(
-    r"^(?:(?:srun|salloc): error: )?(?:(?P<node>[\w.-]+): )?tasks? (?P<tasks>\d+(?:[-,]\d+)*): "
-    r"(?P<what>Exited with exit code (?P<code>\d+)|Killed|Terminated|Segmentation fault|Aborted"
-    r"|Illegal instruction|Bus error|Floating point exception|Out Of Memory|Interrupt|Hangup)"
-)
+# srun's word for a task's end (srun/launch.c, _task_finish: strsignal() of its signal, or
+# Out Of Memory): (its exit code as a shell's, its signal)
 SRUN_WHAT = {
     "Killed": (137, "SIGKILL"), "Terminated": (143, "SIGTERM"),
     "Segmentation fault": (139, "SIGSEGV"), "Aborted": (134, "SIGABRT"),
     "Illegal instruction": (132, "SIGILL"), "Bus error": (135, "SIGBUS"),
     "Floating point exception": (136, "SIGFPE"), "Out Of Memory": (137, "SIGKILL"),
-    "Interrupt": (130, "SIGINT"), "Hangup": (129, "SIGHUP"),  # strsignal's words, as srun's
+    "Interrupt": (130, "SIGINT"), "Hangup": (129, "SIGHUP"), "Quit": (131, "SIGQUIT"),
+    "Trace/breakpoint trap": (133, "SIGTRAP"), "User defined signal 1": (138, "SIGUSR1"),
+    "User defined signal 2": (140, "SIGUSR2"), "Broken pipe": (141, "SIGPIPE"),
+    "Alarm clock": (142, "SIGALRM"), "Stack fault": (144, "SIGSTKFLT"),
+    "CPU time limit exceeded": (152, "SIGXCPU"), "File size limit exceeded": (153, "SIGXFSZ"),
+    "Virtual timer expired": (154, "SIGVTALRM"), "Profiling timer expired": (155, "SIGPROF"),
+    "I/O possible": (157, "SIGIO"), "Power failure": (158, "SIGPWR"),
+    "Bad system call": (159, "SIGSYS"),
 }  # fmt: skip
+# srun: "srun: error: tn2: task 3: Exited with exit code 1", "srun: error: tn1: tasks 0-1: Killed"
+SRUN_TASK = re.compile(
+    r"^(?:(?:srun|salloc): error: )?(?:(?P<node>[\w.-]+): )?tasks? (?P<tasks>\d+(?:[-,]\d+)*): "
+    r"(?P<what>Exited with exit code (?P<code>\d+)|" + "|".join(map(re.escape, SRUN_WHAT)) + ")"
+)
 
 
 def srun_stop(text: str) -> bool:
@@ -65,7 +73,7 @@ MPI_NOTICED = re.compile(
 SLURM_EVENT = re.compile(r"(?:slurmstepd(?:-(?P<host>[\w.-]+))?: error: )?" + SLURM_CANCELLED)
 # What srun and salloc say when the job is stopped from outside (Slurm's srun/signals.c,
 # salloc/salloc.c): the user's Ctrl+C on srun, and the allocation's end.
-SRUN_CTRL_C = re.compile(r"^srun: sending Ctrl-C to (?P<step>\S+)")
+SRUN_CTRL_C = re.compile(r"^srun: sending Ctrl-C to (?:job )?(?P<step>\S+)")  # job: before 20.11
 SALLOC_REVOKED = re.compile(
     r"^salloc: Job (?:\d+ has exceeded its (?P<limit>time limit) and its allocation|allocation \d+)"
     r" has been revoked"
@@ -90,9 +98,13 @@ RANK_IN_NAME = (
     re.compile(r"[-_.](\d+)\.(?:log|out|err|txt)$"),
 )
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
-# sbatch's default output file, slurm-%j.out (an array task's: slurm-%A_%a.out): one job's
-# log, its number the job's id (Slurm's are 32-bit, in ASCII digits), not a rank's
-SLURM_OUT_NAME = re.compile(r"^slurm-(?P<job>[0-9]{1,10}(?:_[0-9]{1,10})?)\.out$")
+# sbatch's default output file, slurm-%j.out (an array task's: slurm-%A_%a.out; its stderr
+# apart: slurm-%j.err): one job's log, its number the job's id (Slurm's are 32-bit, in ASCII
+# digits, from 1), not a rank's
+SLURM_OUT_NAME = re.compile(r"^slurm-(?P<job>[0-9]{1,10}(?:_[0-9]{1,10})?)\.(?:out|err)\Z")
+# srun's and salloc's own lines: only the job's log holds them (a task's own output, srun -o
+# rank-%t.log, has none), whatever its name (sbatch -o %x-%j.out)
+JOB_LOG_LINE = re.compile(r"^(?:srun|salloc): ")
 
 
 @dataclass
@@ -172,9 +184,8 @@ def _sig(exit_code: int | None) -> str | None:
 
 
 def rank_from_name(rel: str) -> int | None:
-    """The rank a per-rank log's name holds; None for other names (a job's log included)."""
-    if SLURM_OUT_NAME.match(Path(rel).name):
-        return None
+    """The rank a per-rank log's name holds; None for other names (job_logs says which
+    names are a job's)."""
     for rx in RANK_IN_NAME:
         m = rx.search(rel)
         if m:
@@ -182,18 +193,25 @@ def rank_from_name(rel: str) -> int | None:
     return None
 
 
-def _one_job(files: list[Path]) -> None:
-    """Refuse the logs of several Slurm jobs read as one: their tasks would be taken for one
+def job_logs(files: list[Path]) -> set[Path]:
+    """The files named as a Slurm job's log (slurm-JOBID.out, .err); none where one is
+    slurm-0.*: Slurm has no job 0, so they are a job's per-task logs (srun -o slurm-%t.out).
+    The logs of several jobs read as one are refused: their tasks would be taken for one
     job's ranks, and one diagnosis of two jobs is neither's."""
-    jobs = [p for p in files if SLURM_OUT_NAME.match(p.name)]
+    named = {p: m["job"] for p in files if (m := SLURM_OUT_NAME.match(p.name))}
+    if any(int(job.split("_")[0]) == 0 for job in named.values()):
+        return set()
+    jobs = sorted(set(named.values()))
     if len(jobs) > 1:
         from trebuchet.errors import UserError
 
+        logs = [p for p in files if p in named]
         raise UserError(
-            f"{', '.join(map(str, jobs))} are the logs of {len(jobs)} Slurm jobs (sbatch's "
+            f"{', '.join(map(str, logs))} are the logs of {len(jobs)} Slurm jobs (sbatch's "
             f"slurm-JOBID.out), not of one job's ranks: diagnose each on its own "
-            f"(treb diagnose {jobs[0]})"
+            f"(treb diagnose {logs[0]})"
         )
+    return set(named)
 
 
 def _scan_lines(path: Path, srun_labels: bool | None = None) -> tuple[list[LogLine], list[str]]:
@@ -457,15 +475,23 @@ def log_dir(root: Path) -> Case:
     base = _latest_attempt(root)
     files = sorted(p for p in base.rglob("*") if p.is_file() and (
         p.suffix in LOG_SUFFIXES or p.name == "error.json"))  # fmt: skip
-    _one_job(files)
-    case = Case(source=str(root))
+    return _rank_logs(str(root), files, base)
+
+
+def _rank_logs(source: str, files: list[Path], base: Path | None) -> Case:
+    """Per-rank logs, one Unit per rank, and the job's or launcher's logs beside them
+    (named as a job's, or holding srun's own lines) read for their task lines; `base`: the
+    folder their names are read in (None: files given one by one, by their own names)."""
+    jobs = job_logs(files)
+    case = Case(source=source)
     units: dict[int, Unit] = {}
     loose: list[Path] = []
     for p in files:
-        rel = str(p.relative_to(base))
-        rank = rank_from_name(rel)
+        rel = str(p.relative_to(base)) if base else p.name
+        rank = None if p in jobs else rank_from_name(rel)
         if p.name == "error.json":
-            rank = rank_from_name(str(p.parent.relative_to(base)) + "/stderr.log")
+            folder = p.parent.relative_to(base) if base else Path(p.parent.name)
+            rank = rank_from_name(f"{folder}/stderr.log")
             if rank is not None:
                 u = _unit(units, rank)
                 u.lines = error_file_lines(str(p)) + u.lines
@@ -475,6 +501,9 @@ def log_dir(root: Path) -> Case:
             loose.append(p)
             continue
         lines, last = _scan_lines(p)
+        if any(JOB_LOG_LINE.match(ln.text) for ln in lines):  # a job's log, by another name
+            loose.append(p)
+            continue
         u = _unit(units, rank)
         u.lines += lines
         u.last_lines = last or u.last_lines
@@ -793,19 +822,17 @@ def paths_case(paths: list[Path]) -> Case:
         if is_run_dir(paths[0]):
             return run_dir_case(paths[0])
         return log_dir(paths[0])
+    folders = [str(p) for p in paths if p.is_dir()]
+    if folders:  # never silently left unread (only files were read)
+        from trebuchet.errors import UserError
+
+        raise UserError(f"{', '.join(folders)}: a folder is diagnosed on its own, not among "
+                        f"other paths: treb diagnose {folders[0]}")  # fmt: skip
     files = [p for p in paths if p.is_file()]
-    _one_job(files)
-    named = {p: rank_from_name(p.name) for p in files}
-    if len(files) > 1 and all(r is not None for r in named.values()):
-        case = Case(source=", ".join(str(p) for p in files))
-        units: dict[int, Unit] = {}
-        for p, r in named.items():
-            lines, last = _scan_lines(p)
-            u = _unit(units, r)  # type: ignore[arg-type]
-            u.lines += lines
-            u.last_lines, u.log = last, str(p)
-        case.units = sorted(units.values(), key=lambda u: u.rank or 0)
-        return case
+    jobs = job_logs(files)
+    if len(files) > 1 and any(p not in jobs and rank_from_name(p.name) is not None
+                              for p in files):  # fmt: skip
+        return _rank_logs(", ".join(str(p) for p in files), files, None)  # as their folder
     cases = [merged_log(p) for p in files]
     if len(cases) == 1:
         return cases[0]

@@ -568,14 +568,28 @@ def _carry_env(
         base = rec.baseline.get(name, "")
         if name == "PATH":
             base = ":".join(p for p in base.split(":") if p != rec.bin_dir)
-        if base and len(base) > 1 and base in value:  # optional, as bash reads an unset one
-            text = value.replace(base, "\0").replace("${", "$${").replace("\0", "${" + name + ":-}")
+        held = _holding(value, base)
+        if held is not None:  # optional, as bash reads an unset one
+            text = held.replace("${", "$${").replace("\0", "${" + name + ":-}")
         marker = next((m for m in rec.markers if m in value), None)
         if marker:
             text = text.replace(marker, "${" + rec.markers[marker] + "}")
         env_or_secret(res, name, text, line)
         carried[name] = value
     return carried
+
+
+def _holding(value: str, base: str) -> str | None:
+    """`value` with the inherited `base` as NUL, or None where it holds none: a list's
+    first or last entry (`x:$PYTHONPATH`, whatever its length: `.` too), else anywhere when
+    longer than a character (one character would be found everywhere)."""
+    if not base:
+        return None
+    if value.endswith(":" + base):
+        return value[: -len(base)] + "\0"
+    if value.startswith(base + ":"):
+        return "\0" + value[len(base) :]
+    return value.replace(base, "\0") if len(base) > 1 and base in value else None
 
 
 def _torchrun(c: Call, res: ImportResult, words: Words) -> tuple[list[str], int | None]:
