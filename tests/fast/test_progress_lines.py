@@ -164,3 +164,19 @@ def test_a_run_that_trains_between_numberless_saves_is_not_stopped(
     st = status_json(treb)
     assert len(st["attempts"]) == 3, st["attempts"]
     assert all("no_progress" not in str(a.get("reason")) for a in st["attempts"]), st["attempts"]
+
+
+def test_a_checkpoint_lines_step_is_its_last_number_not_its_folders(tmp_path: Path) -> None:
+    """HF's line names the checkpoint's path, whose folders may look like a step of their
+    own (an output_dir `/exp/step_2/`, `/exp/from-checkpoint-7/`): the step is the last
+    one the line gives (checkpoint-500), or every save held 2 and a healthy run was
+    stopped as a crash loop."""
+    for folder in ("/exp/step_2", "/exp/from-checkpoint-7", "/exp/global_step3"):
+        run = tmp_path / folder.rsplit("/", 1)[1]
+        for attempt, step in enumerate((500, 600, 700)):
+            say(run, attempt, f"Saving model checkpoint to {folder}/checkpoint-{step}".encode())
+            assert progressed(str(run), attempt, time.time() - 60) is True, (folder, step)
+    run = tmp_path / "megatron"
+    for attempt, step in enumerate((500, 600)):
+        say(run, attempt, MEGATRON % step)
+        assert progressed(str(run), attempt, time.time() - 60) is True

@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from typing import Any, Callable, Iterator, NamedTuple
 
 from ..rundir.regular import open_fd
@@ -347,7 +348,9 @@ class LineCheckpoints:
         if m is None:
             return
         step = m.groupdict().get("step")
-        found = _CHECKPOINT_N.search(line) if step is None else None
+        # the line's last step-like number: a path's folders come before its checkpoint's
+        last = deque(_CHECKPOINT_N.finditer(line) if step is None else (), maxlen=1)
+        found = last[0] if last else None
         n = _number(step.decode("ascii", "replace")) if step is not None else None
         if found is not None:
             n = _number(found[1].decode())
