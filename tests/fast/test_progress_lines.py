@@ -180,3 +180,12 @@ def test_a_checkpoint_lines_step_is_its_last_number_not_its_folders(tmp_path: Pa
     for attempt, step in enumerate((500, 600)):
         say(run, attempt, MEGATRON % step)
         assert progressed(str(run), attempt, time.time() - 60) is True
+
+
+def test_a_dropped_value_at_the_end_lends_no_step(tmp_path: Path) -> None:
+    """A metrics line whose only value is not finite (`{"loss": NaN}`) is counted at the
+    file's close, in a point of step 0 when no line named a step: no step either."""
+    run = tmp_path / "run"
+    loss = b'{"loss": 0.5}'
+    trains(run, 0, b"checkpoint saved", b"", loss, b"checkpoint saved", b'{"loss": NaN}')
+    assert progressed(str(run), 0, time.time() - 60) is True

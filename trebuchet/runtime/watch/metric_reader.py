@@ -345,7 +345,10 @@ class Writer:
 
     def close(self) -> None:
         if (self.nonfinite or self.over_names) and self.size < HARD_MAX:
-            self._write({"t": round(time.time(), 3), "s": self.step or 0, "m": {}})
+            point: dict[str, Any] = {"t": round(time.time(), 3), "s": self.step or 0, "m": {}}
+            if self.step is None:  # no step of the rank's
+                point[COUNTED] = 1
+            self._write(point)
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
