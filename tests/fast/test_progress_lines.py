@@ -6,9 +6,13 @@ their step, keep deciding it as before."""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import TrebFn, status_json, write_spec
 from trebuchet.runtime.watch.marks import DEFAULT_CHECKPOINT_PATTERN, LineCheckpoints, progressed
@@ -189,3 +193,33 @@ def test_a_dropped_value_at_the_end_lends_no_step(tmp_path: Path) -> None:
     loss = b'{"loss": 0.5}'
     trains(run, 0, b"checkpoint saved", b"", loss, b"checkpoint saved", b'{"loss": NaN}')
     assert progressed(str(run), 0, time.time() - 60) is True
+
+
+_WORDS = st.sampled_from([b"checkpoint", b"step", b"compute", b"nan", b"1e999", b"-1", b"inf",
+                          b"9" * 400, b"1e308", b"\0", b"\xed\xa0\x80", b"\n", b" ", b"1.5"])  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(_WORDS, max_size=5).map(b" ".join), max_size=8),
+       st.lists(st.binary(max_size=60) | st.sampled_from(
+           [b'{"t": 1, "s": 1e999, "m": {}}', b'{"t": NaN, "s": 1}', b'{"t": 5, "s": 3, "c": 1}',
+            b'{"t": 1e999, "s": 1}', b'{"t": 2, "s": ' + b"9" * 400 + b"}"]), max_size=6))  # fmt: skip
+def test_any_marks_and_points_give_a_verdict(marks: list[bytes], points: list[bytes]) -> None:
+    """Whatever a rank wrote in its marks and metrics files: progressed answers True, False
+    or None, never an exception, and every step it holds is finite."""
+    import tempfile
+
+    from trebuchet.runtime.watch.marks import attempt_marks, checkpoint_steps
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp)
+        for attempt in (0, 1):
+            adir = run / f"attempt-{attempt}"
+            (adir / "marks").mkdir(parents=True)
+            (adir / "metrics").mkdir()
+            (adir / "marks" / "rank-0").write_bytes(b"\n".join(marks))
+            (adir / "marks" / "rank-1.from-log").write_bytes(b"\n".join(marks[::-1]))
+            (adir / "metrics" / "rank-0.jsonl").write_bytes(b"\n".join(points))
+            assert progressed(str(run), attempt, 0.0) in (True, False, None)
+            held = checkpoint_steps(attempt_marks(str(adir)))
+            assert all(math.isfinite(n) for n in held), held
