@@ -33,12 +33,12 @@ def say(run: Path, attempt: int, line: bytes, pattern: str = DEFAULT_CHECKPOINT_
     LineCheckpoints(str(adir), pattern)("rank-0", line)
 
 
-def steps(run: Path, attempt: int, *numbers: int) -> None:
+def steps(run: Path, attempt: int, *numbers: int, kind: str = "step") -> None:
     """The rank's own step marks (trebuchet.dist.mark("step", n)), a little before now."""
     folder = run / f"attempt-{attempt}" / "marks"
     folder.mkdir(parents=True, exist_ok=True)
     t = time.time() - 5
-    (folder / "rank-0").write_text("".join(f"{t + i * 0.1:.6f} step {n}\n"
+    (folder / "rank-0").write_text("".join(f"{t + i * 0.1:.6f} {kind} {n}\n"
                                            for i, n in enumerate(numbers)))  # fmt: skip
 
 
@@ -223,3 +223,13 @@ def test_any_marks_and_points_give_a_verdict(marks: list[bytes], points: list[by
             assert progressed(str(run), attempt, 0.0) in (True, False, None)
             held = checkpoint_steps(attempt_marks(str(adir)))
             assert all(math.isfinite(n) for n in held), held
+
+
+def test_a_rank_that_marks_only_compute_has_its_steps(tmp_path: Path) -> None:
+    """docs/goodput.md's straggler loop marks `compute` with the step (`step` optional):
+    a numberless checkpoint line holds that step, as it holds a `step` mark's."""
+    run = tmp_path / "run"
+    for attempt, numbers, kept in ((0, (1, 2, 3), True), (1, (3,), False), (2, (3, 4, 5), True)):
+        steps(run, attempt, *numbers, kind="compute")
+        say(run, attempt, b"checkpoint saved")
+        assert progressed(str(run), attempt, time.time() - 60) is kept, attempt

@@ -194,14 +194,15 @@ def checkpoint_folder(run_dir: str) -> str:
 
 def checkpoint_steps(marks: list[Mark]) -> list[float]:
     """The step each checkpoint of one attempt's marks (in time order) holds: its own
-    number, else the highest step marked before it (the ranks' marks, or the metrics').
+    number, else the highest step marked before it (the ranks' step or compute marks, or
+    the metrics').
     A checkpoint with neither is left out: a line that names no step ("checkpoint saved")
     cannot tell a resumed attempt that moved on from a crash loop that saves the same
     state again, so it proves no progress by itself."""
     reached: float | None = None
     out: list[float] = []
     for m in marks:
-        if m.kind == STEP and m.n is not None:
+        if m.kind in (STEP, COMPUTE) and m.n is not None:  # compute n: step n's collective
             reached = m.n if reached is None else max(reached, m.n)
         elif m.kind == CHECKPOINT:
             held = m.n if m.n is not None else reached
@@ -230,7 +231,8 @@ def progressed(run_dir: str, attempt: int, started: float) -> bool | None:
     best = max(before, default=None)
     if any(best is None or n > best for n in checkpoint_steps(marks)):
         return True
-    if not any(m.kind == STEP and m.n is not None for m in marks) and _saved_again(adir, marks):
+    numbered = any(m.kind in (STEP, COMPUTE) and m.n is not None for m in marks)
+    if not numbered and _saved_again(adir, marks):
         return True
     return any(m.t >= started for m in folder)
 
@@ -243,7 +245,7 @@ def _saved_again(adir: str, marks: list[Mark]) -> bool:
     of any rank, numbered or not), and say one again? Work kept, though no step says how
     much. One save an attempt (a crash loop's, as it starts or as it dies), or a save's
     two lines (`Saving model to ...`, then `checkpoint saved`), proves none."""
-    trained = sorted(m.t for m in marks if m.kind == STEP)
+    trained = sorted(m.t for m in marks if m.kind in (STEP, COMPUTE))
     for path in _files(os.path.join(adir, MARKS_DIR)):
         times = sorted(m.t for m in _file_marks(_ends(path, SCAN), False, 64)
                        if m.kind == CHECKPOINT and m.n is None)  # fmt: skip
