@@ -342,7 +342,8 @@ def test_a_lost_nodes_spare_joins_the_parked_agents_told_their_new_place(hub, mo
     assert h.resume_on(1, ["tn2", "tn3", "tn4"], "tn2", "29500") == ["tn4"]
     for node, link in enumerate(survivors):
         assert link.wait_next(lambda: False) == 1
-        assert link.placement == agent_link.Placement(node, 3, "tn2", "29500")
+        assert link.placement == agent_link.Placement(node, 3, "tn2", "29500", "tn2,tn3,tn4",
+                                                      "tn2,tn3,tn4")  # fmt: skip
         link.next_attempt(1)
         assert link.placement is None
     spare = agent_link.open_link(1, "1.0", "tn4")

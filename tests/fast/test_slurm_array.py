@@ -169,3 +169,47 @@ def test_sbatch_refusal_fails_every_point(tmp_path: Path, treb_home: Path, monke
 
 def test_array_tasks_are_asked_for_by_their_array() -> None:
     assert base_ids(["12_3", "12_0", "9", "12_1", "10_0"]) == ["10", "12", "9"]
+
+
+def test_an_array_excludes_the_nodes_treb_marked_bad(
+    fake_slurm: Path, tmp_path: Path, treb_home: Path
+) -> None:
+    """A sweep's job array keeps off the nodes with a bad history as a single job does
+    (docs/nodes.md): one `#SBATCH --exclude` after the shared header, which holds the
+    spec's own excludes too, and each point's run records the `nodes_avoided` event.
+    Before, the array got no --exclude at all."""
+    from tests.fast.test_node_history import lost, plant
+
+    plant("aaaa0005", [lost("tn2"), lost("tn3", attempt=1)])
+    spec = SPEC.replace("  partition: debug\n",
+                        "  partition: debug\n  sbatch_args: ['--exclude=gpu1']\n")  # fmt: skip
+    res = _sweep(tmp_path, spec, "-o", "env.LR=1,2")
+    assert res.returncode == 0, res.stderr
+    text = (treb_home / "sweeps" / f"{res.stdout.strip()}.sbatch").read_text()
+    excludes = [ln for ln in text.splitlines() if ln.startswith("#SBATCH --exclude")]
+    assert excludes[-1] == "#SBATCH --exclude=gpu1,tn2,tn3", text  # sbatch takes the last
+    assert text.index(excludes[-1]) < text.index("#SBATCH --array"), text
+    assert sum("avoiding" in ln for ln in res.stderr.splitlines()) == 1, res.stderr
+    runs = json.loads(_treb("ps", "--json", cwd=tmp_path).stdout)
+    for r in runs:
+        if r["id"] == "aaaa0005":
+            continue
+        events = (Path(r["run_dir"]) / "events.jsonl").read_text().splitlines()
+        avoided = [json.loads(e) for e in events if '"nodes_avoided"' in e]
+        assert [e["hosts"] for e in avoided] == [["tn2", "tn3"]], events
+
+
+def test_points_that_avoid_different_nodes_are_refused(
+    fake_slurm: Path, tmp_path: Path, treb_home: Path
+) -> None:
+    """One array has one --exclude: a sweep over allow_nodes is a named refusal (exit 2),
+    nothing submitted, no point left PENDING."""
+    from tests.fast.test_node_history import lost, plant
+
+    plant("aaaa0005", [lost("tn2"), lost("tn3", attempt=1)])
+    res = _sweep(tmp_path, SPEC, "-o", "allow_nodes=tn2,tn3")
+    assert res.returncode == 2, res.stderr
+    assert "the nodes to avoid differ between points" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and not fake_slurm.exists()
+    runs = json.loads(_treb("ps", "--all", "--json", cwd=tmp_path).stdout)
+    assert {r["state"] for r in runs if r["id"] != "aaaa0005"} == {"FAILED"}, runs

@@ -375,3 +375,28 @@ def test_native_runs_one_node_agent_per_node_unless_srun_starts_each_rank(
     assert job["srun"][:3] == ["--nodes=2", "--ntasks=4", "--ntasks-per-node=2"]
     assert "--mpi=pmix" in job["srun"] and "--whole" not in job["srun"]
     assert "--cpus-per-task=4" in job["srun"]
+
+
+@pytest.mark.parametrize(
+    "extra,no_kill",
+    [
+        ("nodes: 2", True),  # one node agent per node: they park, a lost node ends no other
+        ("nodes: 2\nlauncher: torchrun", True),
+        ("nodes: 2\nlauncher: none", True),
+        ("nodes: 2\npre: 'true'", False),  # pre/post: the agents do not park
+        ("nodes: 2\nprocs_per_node: 2\nslurm: {mpi: pmix}", False),  # srun starts each rank
+        ("nodes: 2\nlauncher: mpirun", False),
+        ("", False),  # the job's only task runs in the batch step: no srun step
+    ],
+)
+def test_the_rendered_srun_is_the_one_that_runs(
+    extra: str, no_kill: bool, tmp_path: Path, treb_home: Path
+) -> None:
+    """`treb render` shows the ranks' srun flags as the controller runs them: `--no-kill`
+    where the node agents park in their step (before, the controller added it at run
+    time and the render did not show it)."""
+    rc, out, err = _render(tmp_path, f"name: x\ncommand: python t.py\n{extra}\n")
+    assert rc == 0, err
+    job = _split(out)[1]
+    assert ("--no-kill" in job["srun"]) is no_kill, job["srun"]
+    assert "--no-kill" not in job["srun_hook"]  # pre/post steps end with their node

@@ -40,7 +40,7 @@ exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json" 8< <(env -0)
   "run_id": "RUN_ID",
   "secrets": [],
   "spec_env": [],
-  "srun": ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--export=ALL", "--whole"],
+  "srun": ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--export=ALL", "--whole", "--no-kill"],
   "srun_hook": ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--export=ALL"],
   "workdir": "$WORKDIR"
 }

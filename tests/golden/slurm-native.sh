@@ -53,7 +53,7 @@ exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json" 8< <(env -0)
   "run_id": "RUN_ID",
   "secrets": ["HF_TOKEN"],
   "spec_env": ["FROM_SECRET", "OMP_NUM_THREADS", "QUOTED"],
-  "srun": ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--export=ALL", "--whole"],
+  "srun": ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--export=ALL", "--whole", "--no-kill"],
   "srun_hook": ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--export=ALL"],
   "workdir": "$WORKDIR"
 }

@@ -42,7 +42,7 @@ exec python3 -S "$TREB_RUNTIME" controller "$TREB_RUN_DIR/job.json" 8< <(env -0)
   "run_id": "RUN_ID",
   "secrets": [],
   "spec_env": [],
-  "srun": ["--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--export=ALL", "--cpus-per-task=48", "--mpi=pmi2"],
+  "srun": ["--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--export=ALL", "--cpus-per-task=48", "--mpi=pmi2", "--no-kill"],
   "srun_hook": ["--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--export=ALL"],
   "timeout": 7200.0,
   "warning": 60.0,

@@ -97,6 +97,17 @@ def slurm(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
 
 
+def slurm_state(job_id: str, timeout: float = 60) -> str:
+    """Slurm's own final state of a job (squeue -t all, as sacct would say it), once it
+    has left RUNNING and COMPLETING."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = slurm("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T").stdout.strip()
+        if state not in ("RUNNING", "COMPLETING", "") or time.monotonic() > deadline:
+            return state
+        time.sleep(0.5)
+
+
 def release_requeued(job_id: str) -> None:
     """Start a requeued (PENDING) job now, not at the BeginTime Slurm gave it (~2 min). Not
     in the second of the requeue: slurmd revoked the job's credential then, refuses a launch

@@ -34,6 +34,7 @@ from tests.integration.slurm_support import (  # noqa: F401 (fixtures)
     wait_for,
     wait_ranks_running,
 )
+from trebuchet.runtime.contracts.rank_env import expand_hostlist
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
@@ -79,6 +80,9 @@ ckpt = os.path.join(os.environ["TREB_CHECKPOINT_DIR"], "step")
 start = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
 print(f"start {start} world {world} node {os.environ['NODE_RANK']} "
       f"master {os.environ['MASTER_ADDR']}", flush=True)
+print("slurm " + " ".join(f"{k}={os.environ.get(k, '-')}" for k in (
+    "SLURM_NODEID", "SLURM_NNODES", "SLURM_STEP_NUM_NODES", "SLURM_NODELIST",
+    "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES")), flush=True)
 for step in range(start, 40):
     t = torch.ones(1)
     dist.all_reduce(t)
@@ -166,9 +170,21 @@ def test_a_spare_node_replaces_a_lost_one_and_the_run_resumes(
     }
     assert ranks[0]["host"] == first[0] and ranks[0]["step_id"] == before[first[0]], ranks
     assert ranks[1]["host"] == second[1] and ranks[1]["step_id"] != before[first[0]], ranks
+    jobs = set()
     for rank in ranks:  # what each rank said of its own environment
         said = (Path(run_dir) / "attempt-1" / f"rank-{rank}.log").read_text()
         assert f"world 2 node {rank} master {second[0]}" in said, said
+        # Slurm's variables agree with the attempt's placement on the parked survivor as on
+        # the spare (before, the survivor kept its old step's node lists, the lost node in)
+        line = next(ln for ln in said.splitlines() if ln.startswith("slurm "))
+        env = dict(word.split("=", 1) for word in line.split()[1:])
+        assert (env["SLURM_NODEID"], env["SLURM_NNODES"]) == (str(rank), "2"), line
+        assert env["SLURM_STEP_NUM_NODES"] == "2", line
+        assert expand_hostlist(env["SLURM_STEP_NODELIST"]) == second, line
+        assert env["SLURM_NODELIST"] == env["SLURM_JOB_NODELIST"], line  # Slurm's alias
+        assert set(second) <= set(expand_hostlist(env["SLURM_JOB_NODELIST"])), line
+        jobs.add((env["SLURM_JOB_NODELIST"], env["SLURM_JOB_NUM_NODES"]))
+    assert len(jobs) == 1, jobs  # the job's nodes, as every rank sees them
     batch = (Path(run_dir) / "batch.log").read_text()
     assert f"a new step on {second[1]}" in batch and "kept for the other nodes'" in batch, batch
     job_id = st["backend_id"]

@@ -18,7 +18,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TrebFn, write_spec
-from tests.integration.slurm_support import slurm_conf, status, streb  # noqa: F401 (fixtures)
+from tests.integration.slurm_support import (  # noqa: F401 (fixtures)
+    slurm_conf,
+    slurm_state,
+    status,
+    streb,
+)
 from tests.integration.test_interrupt import RANK_PY, interrupt
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
@@ -49,6 +54,7 @@ def test_ctrl_c_is_keyboard_interrupt_then_term_then_kill(streb: TrebFn, tmp_pat
     assert (out / "signals-3").read_text() == "SIGINT\nSIGTERM\n"
     st = status(streb)
     assert st["state"] == "CANCELLED" and st["first_failure"] is None, st
+    assert slurm_state(st["backend_id"]) == "CANCELLED", st  # as scancel's, not FAILED (130)
     by_rank = {p["rank"]: p for p in st["procs"]}
     assert [by_rank[r]["signal"] for r in (0, 2)] == ["SIGINT", "SIGINT"], by_rank
     assert by_rank[1]["exit_code"] == 143 and by_rank[3]["signal"] == "SIGKILL", by_rank

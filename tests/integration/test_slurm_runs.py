@@ -27,6 +27,7 @@ from tests.integration.slurm_support import (  # noqa: F401 (fixtures)
     release_requeued,
     slurm,
     slurm_conf,
+    slurm_state,
     status,
     streb,
     wait_for,
@@ -286,8 +287,14 @@ def test_failing_rank_on_node_two_is_the_root_cause(streb, tmp_path: Path) -> No
 
 
 def test_cancel_a_running_job(streb, tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, "name: long\ncommand: 'echo up; sleep 600'\nnodes: 2\n"
-                                "procs_per_node: 2\n")  # fmt: skip
+    """`treb cancel` gives the ranks what a local cancel gives: SIGTERM, then the spec's
+    grace_period (not Slurm's KillWait, 5 s on the test cluster) before SIGKILL: a rank
+    that traps SIGTERM and saves for 7 s saves; the job ends CANCELLED in Slurm too."""
+    out = tmp_path / "out"
+    out.mkdir()
+    save = f"sleep 7; echo saved > {out}/saved-$RANK; exit 143"
+    spec = write_spec(tmp_path, "name: long\nnodes: 2\nprocs_per_node: 2\ngrace_period: 20s\n"
+                                f"command: 'trap \"{save}\" TERM; echo up; sleep 600 & wait'\n")  # fmt: skip
     res = streb("run", str(spec), "--on", "slurm", "--detach")
     assert res.returncode == 0, res.stderr
     rid = res.stdout.strip()
@@ -296,8 +303,10 @@ def test_cancel_a_running_job(streb, tmp_path: Path) -> None:
     res = streb("cancel", rid)
     assert res.returncode == 0 and "CANCELLED" in res.stdout, res.stderr
     st = status(streb, rid)
+    assert sorted(p.name for p in out.iterdir()) == [f"saved-{r}" for r in range(4)], st
     assert st["state"] == "CANCELLED" and st["first_failure"] is None
     assert st["attempts"][0]["state"] == "CANCELLED"
+    assert st["attempts"][0]["reason"] == "cancelled (treb cancel)", st["attempts"]
     q = slurm("squeue", "-h", "-t", "all", "-j", st["backend_id"], "-o", "%T")
     assert q.stdout.strip() == "CANCELLED", q
     assert len(st["procs"]) == 4, st["procs"]
@@ -328,6 +337,9 @@ def test_ctrl_c_on_attached_run_cancels_the_job(streb, tmp_path: Path) -> None:
     assert "[0:0] up" in out and "interrupted: SIGINT to the ranks" in err, err
     st = status(streb)
     assert st["state"] == "CANCELLED"
+    # Slurm says what the user did, as after `scancel` or `treb cancel` (not FAILED, 130)
+    assert slurm_state(st["backend_id"]) == "CANCELLED", st
+    assert st["attempts"][0]["reason"].startswith("cancelled (Ctrl+C)"), st["attempts"]
     assert st["procs"][0]["signal"] == "SIGINT" and st["procs"][0]["stopped_by_launcher"]
 
 

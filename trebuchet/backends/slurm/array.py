@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trebuchet.backends.slurm.avoid import exclude
 from trebuchet.backends.slurm.script import _directive, q, sbatch_lines, write_job
 from trebuchet.errors import TrebError, UserError
 from trebuchet.runtime.process.procs import hostname
@@ -79,8 +80,10 @@ def _show(flag: str, point: dict[str, str], lines: dict[str, str]) -> str:
     return f"{line} at {params}"
 
 
-def render_array(sweep_id: str, subs: list[Submission], parallel: int | None, log_dir: Path) -> str:
-    """The array script: the shared header, --array, and the dispatch to each point."""
+def render_array(sweep_id: str, subs: list[Submission], parallel: int | None, log_dir: Path,
+                 avoid: list[str] | None = None) -> str:  # fmt: skip
+    """The array script: the shared header, --array, and the dispatch to each point;
+    `avoid`: the --exclude line of the nodes with a bad history (avoid.py)."""
     first = subs[0].loaded.spec
     names = {s.loaded.spec.name for s in subs}
     name = first.name if len(names) == 1 else f"treb-sweep-{sweep_id}"
@@ -93,6 +96,7 @@ def render_array(sweep_id: str, subs: list[Submission], parallel: int | None, lo
         "# Array task i runs point i's own script, with its output in the point's batch.log.",
         _directive("--job-name", name),
         *shared_lines(first, Path("/RUN_DIR")),
+        *(avoid or []),  # after the spec's own --exclude: sbatch takes the last
         _directive("--output", out),
         _directive("--open-mode", "append"),
         _directive("--array", f"0-{len(subs) - 1}{limit}"),
@@ -115,6 +119,7 @@ def submit(
     backend: Any, sweep_id: str, subs: list[Submission], parallel: int | None, log_dir: Path
 ) -> str:
     """Render every point's script and the array script, one sbatch; returns the job id."""
+    avoid, hosts = avoided(subs)
     for sub in subs:  # as SlurmBackend.submit: an environment is built (or reused) first
         recipe = backend.recipe(sub.loaded)
         if recipe:
@@ -123,9 +128,11 @@ def submit(
             except TrebError as exc:  # no array without every point: none is submitted
                 _fail([s for s in subs if s is not sub], f"not submitted: {exc}")
                 raise
-        write_job(sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir, recipe)
+        write_job(sub.loaded.spec, sub.loaded.workdir, sub.record.id, sub.run_dir, recipe, avoid)
+        if hosts:
+            append_event(sub.run_dir, "nodes_avoided", hosts=hosts, how="sbatch --exclude")
     path = log_dir / f"{sweep_id}.sbatch"
-    write_atomic(path, render_array(sweep_id, subs, parallel, log_dir))
+    write_atomic(path, render_array(sweep_id, subs, parallel, log_dir, avoid))
     job_id = _sbatch(subs, path)
     host = hostname()
     for i, sub in enumerate(subs):
@@ -166,6 +173,26 @@ def submit_sweep(
         return SweepSubmitted(sweep_id, len(runs))
     failed, sig = follow(backend, subs[0].store, job_id, runs)
     return SweepSubmitted(sweep_id, len(runs), failed, sig or None)
+
+
+def avoided(subs: list[Submission]) -> tuple[list[str], list[str]]:
+    """The array's --exclude line and hosts: the nodes with a bad history, as a single
+    job's (avoid.py, docs/nodes.md), said once. One line for the whole array, so the
+    points must agree on it (allow_nodes alike); a named refusal where they do not."""
+    try:
+        first = exclude(subs[0].loaded.spec, subs[0].store)
+        for sub in subs[1:]:
+            other = exclude(sub.loaded.spec, sub.store, say=False)
+            if other != first:
+                raise UserError(
+                    f"sweep on slurm: the nodes to avoid differ between points ({first[1]} vs "
+                    f"{other[1]}: allow_nodes): a sweep is one job array with one --exclude; "
+                    "sweep allow_nodes in separate `treb run`s"
+                )
+    except UserError as exc:  # the runs are recorded: they end, never PENDING forever
+        _fail(subs, str(exc))
+        raise
+    return first
 
 
 def _sbatch(subs: list[Submission], path: Path) -> str:

@@ -491,10 +491,22 @@ class SlurmBackend(Backend):
     # -- cancel ------------------------------------------------------------------------------
     def _interrupt(self, rec: RunRecord, view: Any) -> float | None:
         """Ctrl+C on an attached run whose job controller runs an attempt: SIGINT to the
-        controller alone (`scancel --signal=INT --batch`), which hands it on as torchrun
-        does (runtime/slurm/step.py: SIGINT to the ranks, SIGTERM after the grace period,
-        SIGKILL after another) and ends the run CANCELLED. The grace period, or None when
-        the job runs no attempt yet (pending, or its script still sets up): then scancel."""
+        controller alone, which hands it on as torchrun does (runtime/slurm/step.py: SIGINT
+        to the ranks, SIGTERM after the grace period, SIGKILL after another) and ends the
+        run CANCELLED, the job too (its own scancel). The grace period, or None (scancel)."""
+        grace = self._signal_controller(rec, "INT")
+        if grace is not None:
+            view.say(f"interrupted: SIGINT to the ranks of Slurm job {rec.backend_id}; SIGTERM "
+                     f"to what still runs in {grace:g}s, SIGKILL in {2 * grace:g}s; Ctrl+C "
+                     "again to kill them now")  # fmt: skip
+        return grace
+
+    def _signal_controller(self, rec: RunRecord, sig: str) -> float | None:
+        """`sig` to the job's controller alone (`scancel --signal=SIG --batch`), which
+        stops the ranks as a local cancel does (the spec's grace period, not Slurm's
+        KillWait) and ends the run and the job CANCELLED. The grace period, or None when
+        the job runs no attempt yet (pending, or its script still sets up), has ended, or
+        scancel refused: then the caller scancels."""
         run_dir = Path(rec.run_dir)
         files = st.read_job_files(run_dir)
         if not rec.backend_id or not files.attempts or files.result is not None:
@@ -504,17 +516,12 @@ class SlurmBackend(Backend):
         except (OSError, ValueError, KeyError, TypeError):
             return None
         write_atomic(run_dir / "cancel-requested", f"{time.time()}\n")
-        cmd = ["scancel", "--signal=INT", "--batch", rec.backend_id]
+        cmd = ["scancel", f"--signal={sig}", "--batch", rec.backend_id]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired):
             return None
-        if res.returncode != 0:
-            return None
-        view.say(f"interrupted: SIGINT to the ranks of Slurm job {rec.backend_id}; SIGTERM to "
-                 f"what still runs in {grace:g}s, SIGKILL in {2 * grace:g}s; Ctrl+C again to "
-                 "kill them now")  # fmt: skip
-        return grace
+        return grace if res.returncode == 0 else None
 
     def _scancel(self, rec: RunRecord, sig: str | None = None) -> None:
         """One scancel; the marker file tells the job's own trap that it was cancelled."""
@@ -551,18 +558,24 @@ class SlurmBackend(Backend):
             from trebuchet.backends.slurm.array import cancel_point
 
             cancel_point(store, run)
-        else:
-            self._scancel(run)
+            grace = None
+        else:  # as a local cancel: SIGTERM, the spec's grace period, SIGKILL (the controller)
+            grace = self._signal_controller(run, "TERM")
+            if grace is None:
+                self._scancel(run)
         if not run.backend_id:  # never reached sbatch: nothing runs anywhere
             lifecycle.ended(store, run.id, CANCELLED, "treb cancel before sbatch")
             return
-        deadline = time.time() + float(os.environ.get("TREB_SLURM_CANCEL_WAIT_S", "60"))
+        wait = float(os.environ.get("TREB_SLURM_CANCEL_WAIT_S", "60"))
+        deadline = time.time() + wait + (2 * grace if grace is not None else 0.0)
         while time.time() < deadline:
             self.refresh(store, [run])
             rec = store.get(run.id)
             if rec is None or rec.state in TERMINAL:
                 return
             time.sleep(0.5)
+        if grace is not None:  # the controller did not end it: Slurm's own cancel
+            self._scancel(run)
         lifecycle.ended(store, run.id, CANCELLED, "treb cancel: Slurm did not say in time")
 
     def cancel_sweep(self, store: Store, runs: list[RunRecord]) -> None:

@@ -309,6 +309,10 @@ def job_file(spec: Any, workdir: Path, run_id: str, run_dir: Path,
         if spec.launcher in ("mpirun", "horovod") else [],
         "inline": inline(spec),
     }  # fmt: skip
+    from trebuchet.runtime.slurm.step import parks
+
+    if not slurm["inline"] and parks(slurm):  # as the controller runs it (its no_kill)
+        slurm["srun"].append("--no-kill")
     return slurm
 
 

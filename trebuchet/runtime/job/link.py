@@ -69,12 +69,16 @@ class Lost(NamedTuple):
 
 class Placement(NamedTuple):
     """A parked agent's node in the next attempt, when the nodes changed (a lost node's
-    spare): its node rank, the attempt's node count, the master's address and port."""
+    spare): its node rank, the attempt's node count, the master's address and port, and
+    the node lists its ranks' Slurm variables say (the attempt's nodes in node-rank order,
+    the job's as Slurm has them now; "" from a controller that did not say them)."""
 
     node: int
     nodes: int
     master: str
     port: str
+    step_nodes: str = ""
+    job_nodes: str = ""
 
 
 class _Task:
@@ -158,10 +162,12 @@ class Hub:
                     conn.send(word)
             return True
 
-    def resume_on(self, attempt: int, use: list[str], master: str, port: str) -> list[str] | None:
+    def resume_on(self, attempt: int, use: list[str], master: str, port: str,
+                  job_nodes: str = "") -> list[str] | None:  # fmt: skip
         """The next attempt on the parked agents of the nodes it keeps after a lost node,
-        each told its new place (`next <attempt> <node rank> <nodes> <master> <port>`: its
-        ranks get the new rank contract), and on a new step's agents on the others (the
+        each told its new place (`next <attempt> <node rank> <nodes> <master> <port>
+        <attempt's nodes> <job's nodes>`: its ranks get the new rank contract and Slurm
+        variables), and on a new step's agents on the others (the
         spares; their hello joins them to the attempt). The nodes that need that new step;
         None (a whole new step) unless every parked agent is one node's and on a node of
         `use` (in node-rank order, one agent per node), and at least one parked."""
@@ -177,7 +183,8 @@ class Hub:
             for task_id, (host, conn) in parked.items():
                 task = self.tasks[task_id] = _Task(host)
                 task.sock = conn
-                word = f"{NEXT} {attempt} {use.index(host)} {len(use)} {master} {port}\n"
+                word = (f"{NEXT} {attempt} {use.index(host)} {len(use)} {master} {port} "
+                        f"{','.join(use)} {job_nodes or ','.join(use)}\n")  # fmt: skip
                 with contextlib.suppress(OSError):  # gone meanwhile: lost after node_timeout
                     conn.send(word.encode("ascii", "replace"))
             return [host for host in use if host not in hosts]
@@ -555,15 +562,17 @@ class Link:
 
     def _next(self, words: list[bytes]) -> None:
         """`next <attempt>`, or with the attempt's placement of this node (a lost node's
-        spare in a new step beside this one): `<node rank> <nodes> <master> <port>`."""
-        if len(words) not in (1, 5) or not all(w.isdigit() for w in words[:3]):
+        spare in a new step beside this one): `<node rank> <nodes> <master> <port>`, then
+        the attempt's and the job's node lists (a controller before them: without)."""
+        if len(words) not in (1, 5, 7) or not all(w.isdigit() for w in words[:3]):
             return
-        if len(words) == 5:
+        if len(words) > 1:
             node, nodes, master, port = int(words[1]), int(words[2]), words[3], words[4]
             if node >= nodes or not master or not port.isdigit():
                 return
+            lists = [w.decode("ascii", "replace") for w in words[5:]] or ["", ""]
             self.placement = Placement(node, nodes, master.decode("ascii", "replace"),
-                                       port.decode())  # fmt: skip
+                                       port.decode(), *lists)  # fmt: skip
         self.next = int(words[0])
         self.word.set()
 

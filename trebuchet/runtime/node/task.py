@@ -156,9 +156,9 @@ def slurm_task(job: JobFile) -> int:
         attempt = following
         os.environ["TREB_ATTEMPT"] = str(attempt)
         if link.placement is not None:  # the nodes changed (a lost node's spare)
-            node, nodes, master, port = link.placement
-            os.environ.update(SLURM_NODEID=str(node), SLURM_NNODES=str(nodes),
-                              MASTER_ADDR=master, MASTER_PORT=port)  # fmt: skip
+            node, nodes, master, port, step_nodes, job_nodes = link.placement
+            os.environ.update(MASTER_ADDR=master, MASTER_PORT=port)
+            slurm_place(node, nodes, step_nodes, job_nodes)
         link.next_attempt(attempt)
     if link is not None:
         link.ended(code)
@@ -166,14 +166,31 @@ def slurm_task(job: JobFile) -> int:
 
 
 def place(value: str) -> None:
-    """A spare's step (Controller.spare_step): `<nodes>;<host>=<node rank>,...`, each
-    task's node rank in the attempt, not in its step of one or a few nodes; its step's
-    environment has the attempt's master already. Malformed or not this host's: as is."""
-    nodes, _, ranks = value.partition(";")
+    """A spare's step (Controller.spare_step): `<nodes>;<host>=<node rank>,...;<attempt's
+    nodes>;<job's nodes>`, each task's node rank in the attempt, not in its step of one or
+    a few nodes; its step's environment has the attempt's master already. Malformed or not
+    this host's: as is."""
+    nodes, ranks, step_nodes, job_nodes = [*value.split(";"), "", "", ""][:4]
     host = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
     mine = [r for h, _, r in (p.partition("=") for p in ranks.split(",")) if h == host]
     if nodes.isdigit() and len(mine) == 1 and mine[0].isdigit() and int(mine[0]) < int(nodes):
-        os.environ.update(SLURM_NODEID=mine[0], SLURM_NNODES=nodes)
+        slurm_place(int(mine[0]), int(nodes), step_nodes, job_nodes)
+
+
+def slurm_place(node: int, nodes: int, step_nodes: str, job_nodes: str) -> None:
+    """This node's place in an attempt after a lost node, in the Slurm variables its ranks
+    inherit, alike on a parked survivor (whose step began with the lost node) and on a
+    spare (whose step holds the spares alone): its node id and count, and where the
+    controller said them, the attempt's nodes as the step's node list, and the job's
+    (SLURM_NODELIST is Slurm's older name of SLURM_JOB_NODELIST)."""
+    os.environ.update(SLURM_NODEID=str(node), SLURM_NNODES=str(nodes),
+                      SLURM_STEP_NUM_NODES=str(nodes))  # fmt: skip
+    if step_nodes:
+        os.environ["SLURM_STEP_NODELIST"] = step_nodes
+    if job_nodes:
+        os.environ.update(SLURM_JOB_NODELIST=job_nodes, SLURM_NODELIST=job_nodes)
+        with contextlib.suppress(Exception):  # python-hostlist's BadHostlist, ValueError
+            os.environ["SLURM_JOB_NUM_NODES"] = str(len(contract.expand_hostlist(job_nodes)))
 
 
 def slurm_attempt(job: JobFile, link: agent_link.Link | None) -> tuple[int, bool, list[str]]:

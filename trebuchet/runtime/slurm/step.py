@@ -122,6 +122,7 @@ class Controller:
         self.signaller: subprocess.Popen[bytes] | None = None  # delivers the warning
         self.rc = 0  # the attempt's step (or inline agent) exit status
         self.warned = self.requeued = self.terminating = False
+        self.self_cancel = False  # the run ended cancelled: this job's own scancel is on its way
         self.requeue_at: float | None = None
         self.scontrol = "scontrol"  # the real one: the ranks' PATH has selfrequeue's first
         self._signals: list[int] = []
@@ -198,7 +199,7 @@ class Controller:
             self.inline = slurm_agent(self.job, inline=True)
             self.inline.start_all()
         else:
-            args = self.step_args(self.job["srun"])
+            args = self.step_args(self.task_srun())
             kept, self.kept = self.kept, None
             self.spare_hosts, self.spare_end = [], None
             if self.resume_step(attempt, args) or self.spare_step(attempt, args, kept):
@@ -212,14 +213,21 @@ class Controller:
             # (or slurmctld has not yet taken them back): without --overlap srun would wait
             overlap = ["--overlap"] if self.finishing or self.stepped else []
             self.stepped = True
-            self.step = self.srun([*args, *overlap, *self.no_kill()], "task")
+            self.step = self.srun([*args, *overlap], "task")
             self.step_use = list(self.use)
 
-    def no_kill(self) -> list[str]:
-        """`srun --no-kill` where the agents park: a node's death then ends no task of the
-        step but the dead node's (without it srun ends the whole step once slurmctld marks
-        the node DOWN), so the survivors' agents stay parked for the spare's attempt."""
-        return ["--no-kill"] if self.link is not None and parks(self.job) else []
+    def no_kill(self) -> bool:
+        """`srun --no-kill` where the agents park (rendered in job.json's `srun`:
+        backends/slurm/script.py): a node's death then ends no task of the step but the
+        dead node's (without it srun ends the whole step once slurmctld marks the node
+        DOWN), so the survivors' agents stay parked for the spare's attempt. Not without
+        the agent link (no socket here): the agents do not park then."""
+        return self.link is not None and "--no-kill" in self.job["srun"]
+
+    def task_srun(self) -> list[str]:
+        """The ranks' srun flags as rendered, less `--no-kill` where no agent parks."""
+        srun = self.job["srun"]
+        return srun if self.no_kill() else [a for a in srun if a != "--no-kill"]
 
     def spare_step(
         self, attempt: int, args: list[str], kept: subprocess.Popen[bytes] | None
@@ -235,7 +243,8 @@ class Controller:
                 or any(p.poll() is None for p in self.scancels)):  # fmt: skip
             return False
         master, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-        new = self.link.resume_on(attempt, self.use, master, port)
+        job_nodes = self.job_nodelist()
+        new = self.link.resume_on(attempt, self.use, master, port, job_nodes)
         if new is None:
             return False
         self.step_use = list(self.use)
@@ -245,13 +254,30 @@ class Controller:
             self.step = kept  # srun waits for the lost node's tasks: the link says the end
             return True
         places = ",".join(f"{host}={self.use.index(host)}" for host in new)
-        env = {**os.environ, PLACEMENT_ENV: f"{len(self.use)};{places}"}
+        where = f"{len(self.use)};{places};{','.join(self.use)};{job_nodes}"  # task.place
+        env = {**os.environ, PLACEMENT_ENV: where}
         log(f"attempt {attempt + 1}: on the {parked} node agent(s) parked in the previous "
             f"attempt's srun step and a new step on {','.join(new)}")  # fmt: skip
         self.spare_hosts = list(new)
-        self.step = self.srun([*self.step_args(self.job["srun"], new), "--overlap",
-                               *self.no_kill()], "task", env=env)  # fmt: skip
+        self.step = self.srun([*self.step_args(self.task_srun(), new), "--overlap"], "task",
+                              env=env)  # fmt: skip
         return True
+
+    def job_nodelist(self) -> str:
+        """The job's nodes as Slurm has them now (squeue %N: with --no-kill a lost node
+        leaves the job), for every rank's SLURM_JOB_NODELIST after a loss (a parked
+        survivor's step began before it); else the allocation less the lost nodes."""
+        try:
+            out = subprocess.run(
+                ["squeue", "-h", "-j", self.job_id, "-o", "%N"],
+                capture_output=True, text=True, timeout=30,
+            ).stdout.split()  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            out = []
+        if len(out) == 1 and re.fullmatch(r"[A-Za-z0-9._\-\[\],]+", out[0]):
+            return out[0]
+        lost = set(self.lost_hosts)
+        return ",".join(h for h in self.hosts if h not in lost)
 
     def end_lost_steps(self) -> None:
         """The lost nodes' steps, which srun keeps waiting for: their parked agents were
@@ -389,8 +415,10 @@ class Controller:
                 log(f"the next attempt cannot run: {left}")
                 return lifecycle.Ending("FAILED", f"{self.lost}; {left}", final=True)
             return lifecycle.Ending("FAILED", self.lost)
-        if reason == "cancel":  # Ctrl+C on `treb run` (SIGINT to this controller)
+        if reason == "cancel" and self.lc.cancel_signal == signal.SIGINT:  # Ctrl+C on `treb run`
             state, why = "CANCELLED", "cancelled (Ctrl+C): SIGINT to the ranks"
+        elif reason == "cancel":  # `treb cancel` (SIGTERM to this controller alone: on_term)
+            state, why = "CANCELLED", "cancelled (treb cancel)"
         elif reason in ("hang", "idle_gpu"):
             state, why = "FAILED", reason
         elif reason == "timeout" or (rc != 0 and self.lc.warned and self.died_of_warning()):
@@ -589,12 +617,22 @@ class Controller:
     def on_term(self) -> None:
         """Cancelled, time limit, preemption, requeue: record why, at once (Slurm's SIGKILL
         follows after KillWait)."""
-        if self.requeued or self.terminating:
+        if self.requeued or self.terminating or self.self_cancel:
+            return
+        asked = os.path.exists(os.path.join(self.run_dir, "cancel-requested"))
+        if asked and self.slurm_state()[0].startswith("RUNNING"):
+            # `treb cancel` (scancel --signal=TERM --batch: this process alone): the ranks
+            # are stopped as a local cancel stops them (SIGTERM, the spec's grace_period,
+            # SIGKILL), not by Slurm's SIGTERM and its SIGKILL after KillWait; a second
+            # cancel (or one after Ctrl+C) kills what is left, as locally
+            if self.lc.cancel_signal is None:
+                log(f"treb cancel: stopping the ranks (grace {self.job['grace']}s)")
+            self.lc.cancel(signal.SIGTERM)
             return
         self.terminating = True
         self.lc.cancel(signal.SIGTERM)  # the controller stops; the records are written here
         state, reason = "CANCELLED", ""
-        if os.path.exists(os.path.join(self.run_dir, "cancel-requested")):
+        if asked:
             reason = "cancelled (treb cancel)"
         else:
             info = self.slurm_state()[0]
@@ -919,7 +957,22 @@ class Controller:
                 step.wait(timeout=30)
         if self.terminating:
             return 143
+        if state == "CANCELLED" and self.lc.cancel_signal is not None:
+            self.cancel_own_job()
         return {"SUCCEEDED": 0, "CANCELLED": 130}.get(state, 1)  # 130: Ctrl+C's, as treb run
+
+    def cancel_own_job(self) -> None:
+        """A run the user cancelled (Ctrl+C on `treb run`, `treb cancel`: a signal to this
+        controller alone, which stopped the ranks as a local cancel does) ends CANCELLED in
+        Slurm too, as after `scancel`: without this the batch step's exit (130) made the
+        job FAILED in squeue and sacct. Its records are written; the SIGTERM that follows
+        (on_term) changes nothing."""
+        if not self.job_id:
+            return
+        self.self_cancel = True
+        log(f"the run was cancelled: scancel {self.job_id} (Slurm records it CANCELLED)")
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(["scancel", self.job_id], stdin=subprocess.DEVNULL, timeout=60)
 
 
 def parks(job: JobFile) -> bool:
