@@ -29,7 +29,8 @@ def plant(run_id: str, events: list[Any], state: str = "FAILED", raw: bytes = b"
           backend: str = "slurm", attempts: int = 3,
           ran_on: dict[int, list[str]] | None = None) -> Path:  # fmt: skip
     """A run as an engine leaves it: its directory with events.jsonl, and its index row
-    (`attempts`: its max_attempts; a mark of a later attempt does not count). `ran_on`:
+    (`attempts`: its max_attempts; a mark of a later attempt does not count; its attempt:
+    the last `ran_on` names). `ran_on`:
     each attempt's nodes as the engine records them (Slurm: attempt-<n>/attempt.json's
     `nodes`; ssh: the `attempt_started` event's `hosts`); by default the hosts `events`
     name, each in its attempt (a mark on a host its run did not run on does not count)."""
@@ -64,7 +65,7 @@ def plant(run_id: str, events: list[Any], state: str = "FAILED", raw: bytes = b"
     store = Store()
     store.insert_run(RunRecord(id=run_id, name="x", backend=backend, launcher="native",
                                state=state, nodes=width, procs_per_node=1, run_dir=str(run_dir),
-                               max_attempts=attempts,
+                               max_attempts=attempts, attempt=max([0, *ran_on]),
                                created_at=NOW))  # fmt: skip
     store.close()
     return run_dir

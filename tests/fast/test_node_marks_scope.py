@@ -6,6 +6,7 @@ host written `host:port` is the node its marks name, for marking and for skippin
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +131,62 @@ def test_a_nodelist_of_many_ranges_is_no_recursion_error() -> None:
     assert node_events.hostlist("tn" + "[0-1]" * 5000, 4) == []
     assert node_events.hostlist("-[1-999999999],tn1", 4) == []  # 4 names, none a node's
     assert node_events.hostlist("tn[1-2]x[3-4]", 3) == ["tn1x3", "tn1x4", "tn2x3"]
+
+
+def test_attempts_that_never_ran_name_no_nodes(treb: TrebFn, treb_home: Path) -> None:
+    """A one-attempt run allowed 1000 (retries: 999) whose rank wrote the records of the
+    attempts to come (Slurm: attempt-<n>/attempt.json; ssh: their attempt_started, before
+    the controller's) and a loss of each one's node: only the attempt that ran names
+    nodes, or one run takes out its width times its retries."""
+    forged = [lost("tn1")] + [lost(f"tn{100 + a}", attempt=a) for a in range(1, 31)]
+    ran_on = {0: ["tn1"], **{a: [f"tn{100 + a}"] for a in range(1, 31)}}
+    plant("dddd0001", forged, ran_on=ran_on, attempts=1000)
+    ssh = [lost("gpu1")] + [lost(f"gpu{100 + a}", attempt=a) for a in range(1, 31)]
+    ran_on = {0: ["gpu1"], **{a: [f"gpu{100 + a}"] for a in range(1, 31)}}
+    plant("dddd0002", ssh, backend="ssh", ran_on=ran_on, attempts=1000)
+    with sqlite3.connect(treb_home / "runs.db") as db:  # as the controller left the index
+        db.execute("UPDATE runs SET attempt = 0")
+    assert sorted(by_host(nodes_json(treb))) == ["gpu1", "tn1"]
+
+
+def test_a_mark_by_a_nodes_full_name_counts_on_the_name_its_run_knows(treb: TrebFn) -> None:
+    """A rank's records name its machine as uname(2) does, an FQDN on many clusters
+    (tn1.cluster.example), where Slurm's NodeName is tn1: its hardware failure and its
+    straggler mark count against tn1 (the name --exclude takes), not ignored. Over ssh, a
+    host listed by its FQDN is marked by that name for a rank that says the short one.
+    An address is no name: 10.0.0.1 is not 10.0.0.2."""
+    run_dir = plant("eeee0001", [{"event": "straggler", "time": NOW, "attempt": 0,
+                                  "host": "tn2.cluster.example"}],
+                    ran_on={0: ["tn1", "tn2"]})  # fmt: skip
+    rec = {"rank": 0, "node": 0, "exit_code": 1, "ended_at": NOW, "host": "tn1.cluster.example"}
+    (run_dir / "attempt-0" / FIRST).write_text(json.dumps(rec))
+    (run_dir / "attempt-0" / "rank-0.log").write_text("NVRM: Xid (PCI:0000:3b:00): 79\n")
+    plant("eeee0002", [lost("gpu1"), lost("10.0.0.1")], backend="ssh",
+          ran_on={0: ["gpu1.example.com", "10.0.0.2"]})  # fmt: skip
+    got = by_host(nodes_json(treb))
+    assert sorted(got) == ["gpu1.example.com", "tn1", "tn2"], got
+    assert got["tn1"]["counts"]["hardware"] == 1 and got["tn2"]["counts"]["straggler"] == 1
+    assert not ignored_events(run_dir)
+
+
+def test_a_clear_after_a_damaged_line_survives_a_rebuild(treb: TrebFn, treb_home: Path) -> None:
+    """nodes-cleared.jsonl left with a half line (a crash or a full disk mid-write) or NULs
+    (a filesystem's crash): the next clear's line is its own line, and a rebuilt index
+    forgets what `treb nodes --clear` forgot. A FIFO in its place: a named error, exit 2."""
+    import os
+
+    plant("ffff0001", [lost("tn5", NOW - 60), lost("tn6", NOW - 60)])
+    for damage in (b'{"host": "tn9", "ti', b"\0" * 4096):
+        (treb_home / "nodes-cleared.jsonl").write_bytes(damage)
+        assert treb("nodes", "--clear", "tn5").returncode == 0
+        assert treb("doctor", "--rebuild-index").returncode == 0
+        got = by_host(nodes_json(treb))
+        assert got["tn5"]["counts"]["lost"] == 0, (damage[:4], got["tn5"])
+        assert got["tn6"]["counts"]["lost"] == 1, got["tn6"]
+    (treb_home / "nodes-cleared.jsonl").unlink()
+    os.mkfifo(treb_home / "nodes-cleared.jsonl")
+    res = treb("nodes", "--clear", "tn6")
+    assert res.returncode == 2 and "nodes-cleared.jsonl" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    assert by_host(nodes_json(treb))["tn6"]["counts"]["lost"] == 1
+    assert treb("doctor", "--rebuild-index").returncode == 0

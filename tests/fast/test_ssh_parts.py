@@ -330,3 +330,32 @@ def test_treb_fault_reads_the_hosts_of_ssh_json(tmp_path: Path) -> None:
     info = {**_info(tmp_path, []), "hosts": ["h0", "h1", "h2"], "nodes": 2}
     (tmp_path / "run" / "ssh.json").write_text(json.dumps(info))
     assert fault.nodes(types.SimpleNamespace(run_dir=str(tmp_path / "run"))) == ["h0", "h1"]
+
+
+@pytest.mark.parametrize("host", ["gpu1:2222", "alice@gpu1:2222", "[gpu1]:2222", "[::1]:22"])
+def test_a_host_with_a_port_is_refused_at_load_with_how_to_give_it(
+    treb: TrebFn, tmp_path: Path, host: str
+) -> None:
+    """OpenSSH reads `gpu1:2222` as a host NAME (`ssh -G gpu1:2222`: hostname gpu1:2222,
+    port 22): such a spec could never connect. A named error, exit 2, that says how."""
+    spec = write_spec(tmp_path, f"name: s\ncommand: x\nssh:\n  hosts: [gpu0, {json.dumps(host)}]\n"
+                      )  # fmt: skip
+    (tmp_path / "hosts.txt").write_text(f"gpu0\n{host} slots=1\n")
+    spec2 = tmp_path / "two.yaml"
+    spec2.write_text("name: s\ncommand: x\nssh: {hostfile: hosts.txt}\n")
+    for path, where in ((spec, f"{spec}:4"), (spec2, f"{tmp_path / 'hosts.txt'}:2")):
+        for verb, rc, said in ((("check",), 1, f"{where}: error: {host!r}: "),
+                               (("run", "--no-check"), 2, f"{where}: {host!r}: ")):  # fmt: skip
+            res = treb(*verb, str(path), "--on", "ssh")
+            assert res.returncode == rc, (verb, res.stdout, res.stderr)
+            assert "Traceback" not in res.stderr
+            assert said in res.stderr + res.stdout, res.stderr + res.stdout
+            assert "ssh.port" in res.stderr + res.stdout and "Port" in res.stderr + res.stdout
+    assert not (tmp_path / "treb-home" / "runs").exists()
+
+
+def test_ipv6_hosts_are_still_hosts(treb: TrebFn, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "name: s\ncommand: x\nssh:\n  hosts: ['::1', 'fe80::1%eth0']\n")
+    res = treb("check", str(spec), "--on", "ssh")
+    assert "is not a host name" not in res.stdout + res.stderr
+    assert "ssh.port" not in res.stdout + res.stderr, res.stdout + res.stderr

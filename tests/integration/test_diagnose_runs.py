@@ -291,7 +291,7 @@ def test_environment_build_with_a_package_not_in_the_registry(treb, tmp_path: Pa
     root = diagnose(treb)["root_cause"]
     assert root["category"] == "environment_build", root
     assert "treb-no-such-package-xyz was not found in the package index" in root["summary"]
-    assert any("pip install" in e for e in root["evidence"])  # uv pip, or pip without uv
+    assert any("pip install" in e for e in root["evidence"]), root  # uv pip, or pip without uv
     assert "  cause: environment_build: the environment build failed" in res.stderr
     assert "environment.requirements" in root["remedy"]
 

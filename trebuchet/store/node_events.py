@@ -13,7 +13,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -281,23 +281,42 @@ def scoped(run_dir: Path, seen: RunNodes, marks: list[NodeEvent], attempts: int,
            width: int) -> tuple[list[NodeEvent], list[NodeEvent]]:  # fmt: skip
     """The marks on nodes their attempt ran on (a mark with no attempt: any attempt of the
     run), and the others: a rank can write a mark for any host, and one run must not take
-    more nodes out than it held."""
+    more nodes out than it held. `attempts`: those that started; the records of the others
+    are a rank's."""
     held: dict[int, set[str]] = {}
 
     def hosts(a: int) -> set[str]:
         if a not in held:
-            held[a] = ran_on(run_dir, seen, a, width)
+            held[a] = ran_on(run_dir, seen, a, width) if a < attempts else set()
         return held[a]
 
     kept: list[NodeEvent] = []
     ignored: list[NodeEvent] = []
     for ev in marks:
         if ev.attempt is not None:
-            ok = ev.host in hosts(ev.attempt)
+            names = hosts(ev.attempt)
         else:
-            ok = any(ev.host in hosts(a) for a in range(min(attempts, 1000)))
-        (kept if ok else ignored).append(ev)
+            names = set().union(*(hosts(a) for a in range(min(attempts, 1000))))
+        node = same_node(ev.host, names)
+        if node is None:
+            ignored.append(ev)
+        else:
+            kept.append(ev if node == ev.host else replace(ev, host=node))
     return kept, ignored
+
+
+def same_node(host: str, names: set[str]) -> str | None:
+    """The one of `names` that `host` is: itself, or the same machine by its short or its
+    full name (a rank's uname says tn1.cluster.example where Slurm's NodeName is tn1, or
+    an ssh host is listed by its FQDN): the name the run's records give it, which Slurm's
+    --exclude and the ssh hosts take. An address is no name (10.0.0.1 is not 10.0.0.2)."""
+    if host in names:
+        return host
+    short = host.split(".", 1)[0]
+    if short.isdigit():
+        return None
+    found = [n for n in names if n == short or (n.split(".", 1)[0] == host and "." in n)]
+    return found[0] if len(found) == 1 else None
 
 
 def say_ignored(run_dir: Path, ignored: list[NodeEvent], said: int) -> None:

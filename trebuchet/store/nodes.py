@@ -176,15 +176,19 @@ def _size(run_dir: Path) -> int:
 
 
 def record_run(store: Store, run_id: str, run_dir: Path, ended: bool, attempts: int,
-               width: int) -> int:  # fmt: skip
+               width: int, ran: int | None = None) -> int:  # fmt: skip
     """One run's marks into the index (each once); how many were new. A mark of an attempt
     past the `attempts` the index says the run had is no mark: a rank can write the files,
     and would let one run count against a node 10^6 times. Nor is a mark of a node the
-    attempt did not run on (at most `width` of them, the run's nodes): said once in the
-    run's events."""
+    attempt did not run on (at most `width` of them, the run's nodes; an attempt past the
+    `ran` the index has seen start ran on none: a rank can write the records of the
+    attempts to come): said once in the run's events (of those to come: once it ended)."""
+    ran = attempts if ran is None else max(1, min(ran, attempts))
     seen = node_events.read_run(run_dir, attempts)
     found = [e for e in seen.marks if e.attempt is None or e.attempt < attempts]
-    found, ignored = node_events.scoped(run_dir, seen, found, attempts, width)
+    found, ignored = node_events.scoped(run_dir, seen, found, ran, width)
+    if not ended:  # an attempt the index has not seen start yet may be starting now
+        ignored = [e for e in ignored if e.attempt is None or e.attempt < ran]
     node_events.say_ignored(run_dir, ignored, seen.said)
     now = time.time()  # a mark dated in the future (a rank can write the events) is now
     new = 0
@@ -208,12 +212,12 @@ def sync(store: Store) -> int:
     _guarded(store)
     rows = store.conn.execute(
         "SELECT r.id, r.run_dir, r.state, r.backend, s.size, "
-        "MAX(r.attempt + 1, r.max_attempts), r.nodes FROM runs r "
+        "MAX(r.attempt + 1, r.max_attempts), r.nodes, r.attempt + 1 FROM runs r "
         "LEFT JOIN node_scans s ON s.run_id = r.id WHERE s.done IS NULL OR s.done = 0"
     ).fetchall()
     new = 0
     simulated = {r.name for r in registry.registry.values() if not r.real_nodes}
-    for run_id, run_dir, state, backend, size, attempts, width in rows:
+    for run_id, run_dir, state, backend, size, attempts, width, ran in rows:
         path = Path(run_dir)
         ended = state in TERMINAL
         if size is not None and not ended and size == _size(path):
@@ -222,7 +226,8 @@ def sync(store: Store) -> int:
             store.conn.execute("INSERT OR REPLACE INTO node_scans (run_id, size, done) "
                                "VALUES (?, 0, 1)", (run_id,))  # fmt: skip
             continue
-        new += record_run(store, run_id, path, ended, int(attempts or 1), int(width or 1))
+        new += record_run(store, run_id, path, ended, int(attempts or 1), int(width or 1),
+                          int(ran or 1))  # fmt: skip
     return new
 
 
@@ -233,7 +238,7 @@ def clear(store: Store, hosts: list[str], when: float | None = None) -> None:
     when = time.time() if when is None else when
     path = store.path.parent / CLEARS
     try:  # opened first: a FIFO there fails at once (no reader), and nothing is cleared
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o600)
     except OSError as exc:
         raise UserError(f"{path}: {exc.strerror or exc}: remove it (it keeps the clears "
                         "for a rebuilt index)") from None  # fmt: skip
@@ -252,7 +257,16 @@ def clear(store: Store, hosts: list[str], when: float | None = None) -> None:
                 c.executemany("INSERT OR IGNORE INTO node_cleared (run_id, key) VALUES (?, ?)",
                               marks)  # fmt: skip
                 lines.append({"host": host, "time": when, "marks": [list(m) for m in marks]})
-        os.write(fd, "".join(json.dumps(line) + "\n" for line in lines).encode())
+        data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":  # a half line (a crash, a full
+                data = b"\n" + data  # disk) ends there: ours is a line of its own
+            while data:
+                data = data[os.write(fd, data) :]  # a short write is no clear kept
+        except OSError as exc:
+            raise UserError(f"{path}: {exc.strerror or exc}: the marks are cleared in the "
+                            "index, but a rebuilt index will not know it") from None  # fmt: skip
     finally:
         os.close(fd)
 

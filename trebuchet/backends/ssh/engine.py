@@ -52,6 +52,10 @@ from trebuchet.backends.ssh.script import (
     ssh_argv,
 )
 
+# `gpu1:2222`, `[gpu1]:2222`, `[::1]:22`: a port after the host, which OpenSSH takes as part
+# of the name (an IPv6 address has two colons or more, unbracketed)
+_PORTED = re.compile(r"\[([^\[\]]+)\]:([0-9]+)|([^:\[\]]+):([0-9]+)")
+
 
 @dataclass(frozen=True)
 class Host:
@@ -106,6 +110,14 @@ class SshBackend(SupervisedHere):
         for h in found:
             if not _HOST.fullmatch(h.name) or h.name.startswith("-"):
                 raise UserError(f"{h.where}: {h.name!r} is not a host name")
+            if m := _PORTED.fullmatch(h.name.rsplit("@", 1)[-1]):
+                name, port = m[1] or m[3], m[2] or m[4]
+                raise UserError(
+                    f"{h.where}: {h.name!r}: ssh reads `host:port` as a host name, not a "
+                    f"port: give the port as ssh.port (every host: ssh -p {port}) or in "
+                    f"~/.ssh/config (`Host {name}` then `Port {port}`), and list the host "
+                    "alone"
+                )
             if h.slots is not None and h.slots < spec.ranks_per_node:
                 raise UserError(
                     f"{h.where}: {h.name} has slots={h.slots}, fewer than procs_per_node "

@@ -9,6 +9,7 @@ Total and bounded: any bytes give marks or nothing, never an exception.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import math
@@ -18,10 +19,11 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from typing import Any, Callable, Iterator, NamedTuple
 
 from ..rundir.regular import open_fd
-from .paths import MARKS_DIR, marks_path
+from .paths import COUNTED, MARKS_DIR, marks_path
 
 STEP, CHECKPOINT, COMPUTE = "step", "checkpoint", "compute"
 # compute: a rank reached its step's collective (runtime/watch/straggler.py)
@@ -98,6 +100,8 @@ def parse_points(data: bytes) -> list[Mark]:
         if not isinstance(point, dict):
             continue
         t, s = _number(point.get("t")), _number(point.get("s"))
+        if point.get(COUNTED):  # a count of points (metric_reader.Writer), no step
+            s = None
         if t is not None and t >= 0:
             out.append(Mark(t, STEP, s))
     return out
@@ -190,14 +194,15 @@ def checkpoint_folder(run_dir: str) -> str:
 
 def checkpoint_steps(marks: list[Mark]) -> list[float]:
     """The step each checkpoint of one attempt's marks (in time order) holds: its own
-    number, else the highest step marked before it (the ranks' marks, or the metrics').
+    number, else the highest step marked before it (the ranks' step or compute marks, or
+    the metrics').
     A checkpoint with neither is left out: a line that names no step ("checkpoint saved")
     cannot tell a resumed attempt that moved on from a crash loop that saves the same
     state again, so it proves no progress by itself."""
     reached: float | None = None
     out: list[float] = []
     for m in marks:
-        if m.kind == STEP and m.n is not None:
+        if m.kind in (STEP, COMPUTE) and m.n is not None:  # compute n: step n's collective
             reached = m.n if reached is None else max(reached, m.n)
         elif m.kind == CHECKPOINT:
             held = m.n if m.n is not None else reached
@@ -217,7 +222,8 @@ def progressed(run_dir: str, attempt: int, started: float) -> bool | None:
         marks = attempt_marks(os.path.join(run_dir, f"attempt-{a}"))
         shown = shown or any(m.kind == CHECKPOINT for m in marks)
         before += checkpoint_steps(marks)
-    marks = attempt_marks(os.path.join(run_dir, f"attempt-{attempt}"))
+    adir = os.path.join(run_dir, f"attempt-{attempt}")
+    marks = attempt_marks(adir)
     shown = shown or any(m.kind == CHECKPOINT for m in marks)
     folder = folder_checkpoints(checkpoint_folder(run_dir))
     if not (shown or folder):
@@ -225,7 +231,29 @@ def progressed(run_dir: str, attempt: int, started: float) -> bool | None:
     best = max(before, default=None)
     if any(best is None or n > best for n in checkpoint_steps(marks)):
         return True
+    numbered = any(m.kind in (STEP, COMPUTE) and m.n is not None for m in marks)
+    if not numbered and _saved_again(adir, marks):
+        return True
     return any(m.t >= started for m in folder)
+
+
+POINT_T = 0.001  # a metrics point's time is kept to the ms: read with the save, it may be later
+
+
+def _saved_again(adir: str, marks: list[Mark]) -> bool:
+    """Did a rank say a checkpoint without a step, train (a step mark or a metrics line
+    of any rank, numbered or not), and say one again? Work kept, though no step says how
+    much. One save an attempt (a crash loop's, as it starts or as it dies), or a save's
+    two lines (`Saving model to ...`, then `checkpoint saved`), proves none."""
+    trained = sorted(m.t for m in marks if m.kind in (STEP, COMPUTE))
+    for path in _files(os.path.join(adir, MARKS_DIR)):
+        times = sorted(m.t for m in _file_marks(_ends(path, SCAN), False, 64)
+                       if m.kind == CHECKPOINT and m.n is None)  # fmt: skip
+        for a, b in zip(times, times[1:]):
+            at = bisect.bisect_right(trained, a)
+            if at < len(trained) and trained[at] <= b + POINT_T:
+                return True
+    return False
 
 
 # What the HuggingFace Trainer, Lightning, Megatron-LM and DeepSpeed print once they save
@@ -322,7 +350,9 @@ class LineCheckpoints:
         if m is None:
             return
         step = m.groupdict().get("step")
-        found = _CHECKPOINT_N.search(line) if step is None else None
+        # the line's last step-like number: a path's folders come before its checkpoint's
+        last = deque(_CHECKPOINT_N.finditer(line) if step is None else (), maxlen=1)
+        found = last[0] if last else None
         n = _number(step.decode("ascii", "replace")) if step is not None else None
         if found is not None:
             n = _number(found[1].decode())

@@ -26,7 +26,7 @@ from typing import Any, Dict, Iterable, Sequence
 
 from ..rundir.records import read_json, writable_fd
 from .display_lines import shown
-from .paths import MAX_NAMES, METRICS_CONFIG, metrics_config
+from .paths import COUNTED, MAX_NAMES, METRICS_CONFIG, metrics_config
 
 NUMBER = rb"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 PERF = re.compile(
@@ -314,6 +314,7 @@ class Writer:
             values = {k: v for k, v in values.items() if wall - self.last.get(k, 0.0) >= THIN_S}
             if not values:
                 return
+        counted = step is None and self.step is None
         if step is None:  # the rank's last step, else how many points the names had
             step = (
                 self.step if self.step is not None else max(self.counts.get(k, 0) for k in values)
@@ -324,7 +325,10 @@ class Writer:
             self.counts[k] = self.counts.get(k, 0) + 1
             self.last[k] = wall
         s = int(step) if float(step).is_integer() else step
-        self._write({"t": round(wall, 3), "s": s, "m": values})
+        point: dict[str, Any] = {"t": round(wall, 3), "s": s, "m": values}
+        if counted:  # no step of the rank's: a count, from 0 again in every attempt
+            point[COUNTED] = 1
+        self._write(point)
 
     def _write(self, point: dict[str, Any]) -> None:
         if self.nonfinite or self.over_names:
@@ -341,7 +345,10 @@ class Writer:
 
     def close(self) -> None:
         if (self.nonfinite or self.over_names) and self.size < HARD_MAX:
-            self._write({"t": round(time.time(), 3), "s": self.step or 0, "m": {}})
+            point: dict[str, Any] = {"t": round(time.time(), 3), "s": self.step or 0, "m": {}}
+            if self.step is None:  # no step of the rank's
+                point[COUNTED] = 1
+            self._write(point)
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

@@ -31,3 +31,6 @@ def stacks_dir(adir: str) -> str:
 
 def faulthandler_path(adir: str, name: str) -> str:
     return os.path.join(stacks_dir(adir), name + ".faulthandler")
+
+
+COUNTED = "c"  # a metrics point's key: its step is a count of points, no step the rank gave
