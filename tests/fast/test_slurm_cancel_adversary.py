@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import TrebFn, write_spec
 
@@ -48,30 +49,73 @@ def test_ctrl_c_while_sbatch_runs_cancels_the_job_it_submitted(
     assert "4242" in res.stderr and "cancel" in res.stderr.lower(), res.stderr
 
 
+def _controller(tmp_path: Path) -> Any:
+    from trebuchet.runtime.slurm.step import Controller
+
+    job = {"run_id": "r1", "run_dir": str(tmp_path), "workdir": str(tmp_path),
+           "launcher": "native", "nodes": 1, "ppn": 1, "grace": 1,
+           "checkpoint_signal": "SIGUSR2", "command": ["true"], "mpi_env": [],
+           "max_attempts": 1, "srun": [], "srun_hook": [], "inline": False,
+           "spec_env": [], "secrets": []}  # fmt: skip
+    return Controller(job, str(tmp_path / "job.json"), str(tmp_path / "rt.pyz"))  # type: ignore[arg-type]
+
+
+def test_an_array_tasks_controller_reads_its_own_state_not_the_arrays(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The last task of a job array has the array's id as its SLURM_JOB_ID, and `squeue -j
+    60` lists every task of the array (seen on the test cluster): its controller read
+    another point's state as its own (a scancel of this point read as RUNNING: taken for
+    treb cancel's signal, then `scancel 60` cancelled the sweep). It asks for `60_1`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = ('#!/bin/sh\ncase "$*" in *"-j 60_1 "*) echo "CANCELLED None" ;;\n'
+              '*"-j 60 "*) printf "RUNNING None\\nCANCELLED None\\n" ;; esac\n')  # fmt: skip
+    (bin_dir / "squeue").write_text(squeue)
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "60")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "60")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
+    assert _controller(tmp_path).slurm_state()[0] == "CANCELLED None"
+
+
 def test_a_cancelled_array_task_scancels_itself_not_its_array(tmp_path: Path, monkeypatch) -> None:
     """A cancelled run's controller scancels its own job so that Slurm says CANCELLED. In a
     job array (a sweep), SLURM_JOB_ID is the task's own id, which scancel refuses on
     Slurm 22.05 ('Invalid job id specified': the task then ended FAILED), and the last
     task's equals the array's id: `scancel 50` cancelled every point of the sweep. The
     task is named as the array's (`50_1`)."""
-    from trebuchet.runtime.slurm.step import Controller
-
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scancel").write_text(SCANCEL)
     (bin_dir / "scancel").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("CALLS", str(tmp_path))
-    job = {"run_id": "r1", "run_dir": str(tmp_path), "workdir": str(tmp_path),
-           "launcher": "native", "nodes": 1, "ppn": 1, "grace": 1,
-           "checkpoint_signal": "SIGUSR2", "command": ["true"], "mpi_env": [],
-           "max_attempts": 1, "srun": [], "srun_hook": [], "inline": False,
-           "spec_env": [], "secrets": []}  # fmt: skip
     for job_id, array, task, said in (("50", "50", "1", "50_1"), ("51", "50", "0", "50_0"),
                                       ("52", "", "", "52")):  # fmt: skip
         monkeypatch.setenv("SLURM_JOB_ID", job_id)
         monkeypatch.setenv("SLURM_ARRAY_JOB_ID", array)
         monkeypatch.setenv("SLURM_ARRAY_TASK_ID", task)
-        ctl = Controller(job, str(tmp_path / "job.json"), str(tmp_path / "rt.pyz"))  # type: ignore[arg-type]
-        ctl.cancel_own_job()
+        _controller(tmp_path).cancel_own_job()
         assert (tmp_path / "scancel").read_text().split()[-1] == said
+
+
+def test_an_array_tasks_requeue_requeues_that_task_alone(tmp_path: Path, monkeypatch) -> None:
+    """`scontrol requeue 64` (the last task's own id, the array's) requeued every task of
+    the array on the test cluster: each point of the sweep restarted when one asked for a
+    new allocation (time limit, a trainer's requeue). It asks for `64_1`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/sh\necho "$*" >>"$CALLS/scontrol"\nexit 1\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("CALLS", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "64")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "64")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
+    ctl = _controller(tmp_path)
+    ctl.adir = str(tmp_path / "attempt-0")
+    os.makedirs(ctl.adir)
+    ctl.requeue()  # refused here (exit 1): returns, the attempt recorded TIMEOUT
+    assert (tmp_path / "scontrol").read_text().split() == ["requeue", "64_1"]

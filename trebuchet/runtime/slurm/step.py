@@ -95,6 +95,10 @@ class Controller:
         self.runtime = runtime  # this .pyz: what the srun steps start on every node
         self.run_dir: str = job["run_dir"]
         self.job_id = os.environ.get("SLURM_JOB_ID", "")
+        # what squeue and scancel call this job: a job array's task by the array's name, as
+        # the last task's own id is the array's (squeue -j lists, scancel cancels, them all)
+        array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+        self.slurm_job = f"{array}_{task}" if self.job_id and array and task else self.job_id
         self.sig = job["checkpoint_signal"]  # e.g. SIGUSR2
         self.step: subprocess.Popen[bytes] | None = None
         # steps whose agents all said they ended (agent_link) while srun still reports the
@@ -269,7 +273,7 @@ class Controller:
         survivor's step began before it); else the allocation less the lost nodes."""
         try:
             out = subprocess.run(
-                ["squeue", "-h", "-j", self.job_id, "-o", "%N"],
+                ["squeue", "-h", "-j", self.slurm_job, "-o", "%N"],
                 capture_output=True, text=True, timeout=30,
             ).stdout.split()  # fmt: skip
         except (OSError, subprocess.SubprocessError):
@@ -581,7 +585,7 @@ class Controller:
         running = self.step is not None or self.inline is not None
         if self.attempt + 1 < self.rec.attempts_allowed() and running:
             margin = int(self.job["requeue_margin"])
-            left = time_left(self.job_id)
+            left = time_left(self.slurm_job)
             left = left - margin if left > margin + 1 else 1
             log(f"requeueing when the ranks stop, at the latest in {left}s")
             self.requeue_at = time.monotonic() + left
@@ -656,7 +660,7 @@ class Controller:
         and whether squeue was killed: Slurm's sweep over the job's processes takes it too."""
         try:
             res = subprocess.run(
-                ["squeue", "-h", "-j", self.job_id, "-o", "%T %r"],
+                ["squeue", "-h", "-j", self.slurm_job, "-o", "%T %r"],
                 capture_output=True,
                 text=True,
                 timeout=10,
@@ -716,8 +720,8 @@ class Controller:
             now(),
             "batch",
         )
-        log(f"requeueing job {self.job_id} for attempt {self.attempt + 2}")
-        if subprocess.run([self.scontrol, "requeue", self.job_id]).returncode == 0:
+        log(f"requeueing job {self.slurm_job} for attempt {self.attempt + 2}")
+        if subprocess.run([self.scontrol, "requeue", self.slurm_job]).returncode == 0:
             self._sleep(REQUEUE_WAIT_S)  # Slurm ends this step; the next start goes on
             sys.exit(0)
         self.requeued = False
@@ -969,14 +973,10 @@ class Controller:
         (on_term) changes nothing."""
         if not self.job_id:
             return
-        # a job array's task by the array's name: scancel refuses its own id (22.05), and
-        # the last task's own id is the array's (every task of the sweep)
-        array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-        mine = f"{array}_{task}" if array and task else self.job_id
-        self.self_cancel = True
-        log(f"the run was cancelled: scancel {mine} (Slurm records it CANCELLED)")
+        self.self_cancel = True  # slurm_job: scancel refuses a task's own id (22.05)
+        log(f"the run was cancelled: scancel {self.slurm_job} (Slurm records it CANCELLED)")
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(["scancel", mine], stdin=subprocess.DEVNULL, timeout=60)
+            subprocess.run(["scancel", self.slurm_job], stdin=subprocess.DEVNULL, timeout=60)
 
 
 def parks(job: JobFile) -> bool:
