@@ -119,3 +119,44 @@ def test_an_array_tasks_requeue_requeues_that_task_alone(tmp_path: Path, monkeyp
     os.makedirs(ctl.adir)
     ctl.requeue()  # refused here (exit 1): returns, the attempt recorded TIMEOUT
     assert (tmp_path / "scontrol").read_text().split() == ["requeue", "64_1"]
+
+
+def test_a_cancel_wait_that_is_no_number_is_named_before_anything_is_signalled(
+    treb: TrebFn, treb_home: Path, tmp_path: Path
+) -> None:
+    """TREB_SLURM_CANCEL_WAIT_S=abc made `treb cancel` print a ValueError traceback after it
+    had signalled the job (exit 1, the run left RUNNING); nan and inf never ended its wait.
+    Now: exit 2 naming the variable, no scancel, the run as it was."""
+    import time
+
+    from trebuchet.store.db import RunRecord, Store
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    running = "#!/bin/sh\necho '4242|RUNNING|None|tn1'\n"
+    for name, text in (("scancel", SCANCEL), ("squeue", running)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    run_dir = treb_home / "runs" / "cw1"
+    (run_dir / "attempt-0").mkdir(parents=True)
+    (run_dir / "job.json").write_text(json.dumps({"grace": 1}))
+    (run_dir / "attempt-0" / "attempt.json").write_text(
+        json.dumps({"attempt": 0, "state": "RUNNING"})
+    )
+    store = Store()
+    store.insert_run(RunRecord(
+        id="cw1", name="x", backend="slurm", launcher="native", state="RUNNING", nodes=1,
+        procs_per_node=1, run_dir=str(run_dir), created_at=time.time(), backend_id="4242",
+    ))  # fmt: skip
+    store.close()
+    path = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path)}
+    for bad in ("abc", "nan", "inf", "-1", "1e999", "\x1b]0;x\x07"):
+        res = treb("cancel", "cw1", env={**path, "TREB_SLURM_CANCEL_WAIT_S": bad}, timeout=60)
+        assert res.returncode == 2, (bad, res.stderr)
+        assert "TREB_SLURM_CANCEL_WAIT_S" in res.stderr and "Traceback" not in res.stderr, (
+            res.stderr
+        )
+        assert "\x1b" not in res.stderr, res.stderr
+    assert not (tmp_path / "scancel").exists()
+    runs = json.loads(treb("ps", "--json", env=path).stdout)
+    assert [r["state"] for r in runs] == ["RUNNING"], runs

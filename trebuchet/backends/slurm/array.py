@@ -324,8 +324,10 @@ def cancel_point(store: Any, run: Any) -> None:
 def cancel_sweep(backend: Any, store: Any, runs: list[Any]) -> None:
     """Cancel these sweep points: one scancel per job array (its job id when every active
     task of it is cancelled), then wait until each has ended (one squeue per poll)."""
-    import os
 
+    from trebuchet.backends.slurm.state import cancel_wait_s
+
+    wait = cancel_wait_s()  # a bad value named before anything is signalled
     active = [r for r in runs if r.state not in TERMINAL]
     arrays: dict[str, list[Any]] = {}
     for r in active:
@@ -341,7 +343,7 @@ def cancel_sweep(backend: Any, store: Any, runs: list[Any]) -> None:
         ids += [job] if not others else [str(m.backend_id) for m in members]
     if ids:
         scancel(ids)
-    deadline = time.time() + float(os.environ.get("TREB_SLURM_CANCEL_WAIT_S", "60"))
+    deadline = time.time() + wait
     left = [r for r in active if r.backend_id]
     while left and time.time() < deadline:
         backend.refresh(store, left)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -600,6 +599,7 @@ class SlurmBackend(Backend):
         return check(folder, n, spec, token)
 
     def cancel(self, store: Store, run: RunRecord) -> None:
+        wait = st.cancel_wait_s()  # a bad value named before anything is signalled
         if run.sweep_id and "_" in (run.backend_id or ""):  # a task of a sweep's job array
             from trebuchet.backends.slurm.array import cancel_point
 
@@ -612,7 +612,6 @@ class SlurmBackend(Backend):
         if not run.backend_id:  # never reached sbatch: nothing runs anywhere
             lifecycle.ended(store, run.id, CANCELLED, "treb cancel before sbatch")
             return
-        wait = float(os.environ.get("TREB_SLURM_CANCEL_WAIT_S", "60"))
         deadline = time.time() + wait + (2 * grace if grace is not None else 0.0)
         while time.time() < deadline:
             self.refresh(store, [run])

@@ -206,3 +206,27 @@ def final_state(files: JobFiles, info: QueueInfo | None, job_id: str) -> tuple[s
         f"job {job_id} left the queue without an outcome record: is TREB_HOME on a "
         "filesystem the nodes share, and did the job start at all? (see batch.log)"
     )
+
+
+CANCEL_WAIT_ENV = "TREB_SLURM_CANCEL_WAIT_S"
+
+
+def cancel_wait_s() -> float:
+    """How long `treb cancel` waits for Slurm to say a cancelled job ended (TREB_SLURM_CANCEL_
+    WAIT_S, default 60 s): read before anything is signalled, so a value that is no finite
+    number of seconds >= 0 is a named error (exit 2), never a traceback after the signal
+    or a wait that never ends (nan, inf)."""
+    import math
+    import os
+
+    from trebuchet.errors import UserError
+
+    raw = os.environ.get(CANCEL_WAIT_ENV, "60")
+    try:
+        wait = float(raw)
+    except ValueError:
+        wait = math.nan
+    if not math.isfinite(wait) or wait < 0:
+        raise UserError(f"{CANCEL_WAIT_ENV}={ascii(raw)[:80]}: not a number of seconds >= 0 "
+                        "(unset it for the default, 60)")  # fmt: skip
+    return wait
