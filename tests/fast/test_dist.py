@@ -347,3 +347,10 @@ def test_in_subprocess_like_srun() -> None:
         timeout=60,
     ).stdout
     assert out.split() == ["3", "nodeA", "16337"]
+
+
+def test_builtin_expansion_of_brackets_that_hold_no_range_gives_no_name() -> None:
+    """What python-hostlist refuses (BadHostlist) gives the fallback no name to start a rank
+    on; it raised ValueError before (`int('a')`)."""
+    assert dist._expand_builtin("tn[a-b],tn1") == ["tn1"]
+    assert dist._expand_builtin("tn[3-1]") == []

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from trebuchet.runtime.contracts.rank_env import HOSTLIST_ITEM, item_names
 from trebuchet.runtime.rundir.records import (
     FIRST,
     append_event,
@@ -220,6 +221,9 @@ def of_run(run_dir: Path) -> list[NodeEvent]:
     return read_run(run_dir).marks
 
 
+_HOSTLIST = re.compile(f"{HOSTLIST_ITEM}(?:,{HOSTLIST_ITEM})*")
+
+
 def hostlist(expr: Any, limit: int) -> list[str]:
     """The first `limit` node names of a Slurm hostlist (`tn1,tn[3-5,7]`, as attempt.json
     keeps the nodes); never more are made: a rewritten record may say tn[1-999999999].
@@ -227,40 +231,14 @@ def hostlist(expr: Any, limit: int) -> list[str]:
     if not isinstance(expr, str) or len(expr) > RECORD_MAX or not _HOSTLIST.fullmatch(expr):
         return []
     out: list[str] = []  # the first `limit` names, then those that name a node
-    for item in re.findall(_ITEM, expr):
+    for item in re.findall(HOSTLIST_ITEM, expr):
         if item.count("[") > BRACKETS_MAX:
             continue
-        for name in _expand(item):
+        for name in item_names(item):
             if len(out) >= limit:
                 break
             out.append(name)
     return [name for name in out if valid_host(name)]
-
-
-_ITEM = r"(?:[^,\[\]]|\[[^\[\]]*\])+"  # a hostlist's item: a name, ranges in brackets
-_HOSTLIST = re.compile(f"{_ITEM}(?:,{_ITEM})*")
-_RANGE = re.compile(r"([0-9]{1,9})(?:-([0-9]{1,9}))?")
-
-
-def _expand(item: str) -> Iterator[str]:
-    """One hostlist item's names, lazily; an item whose brackets are not ranges (or a range
-    that runs backwards) gives none, so that each range gives a name at every step."""
-    m = re.fullmatch(r"([^\[\]]*)\[([^\[\]]*)\](.*)", item)
-    if m is None:
-        if "[" not in item and "]" not in item:
-            yield item
-        return
-    head, ranges, rest = m.groups()
-    parts = [_RANGE.fullmatch(p) for p in ranges.split(",")]
-    if not all(p and int(p[1]) <= int(p[2] or p[1]) for p in parts):
-        return
-    if next(_expand(rest), None) is None:
-        return
-    for p in parts:
-        assert p is not None
-        for n in range(int(p[1]), int(p[2] or p[1]) + 1):
-            for tail in _expand(rest):
-                yield f"{head}{n:0{len(p[1])}d}{tail}"
 
 
 def ran_on(run_dir: Path, seen: RunNodes, attempt: int, width: int) -> set[str]:

@@ -14,7 +14,7 @@ import subprocess
 
 TYPE_CHECKING = False  # typing's, without its import (a node agent's start: issue 36)
 if TYPE_CHECKING:
-    from typing import Mapping
+    from typing import Iterator, Mapping
 
 __all__ = [
     "expand_hostlist", "init_env", "slurm_master_port", "rank_vars", "node_vars",
@@ -152,28 +152,33 @@ def expand_hostlist(expr: str) -> list[str]:
 
 
 def _expand_builtin(expr: str) -> list[str]:
-    items: list[str] = []
-    depth, start = 0, 0
-    for i, char in enumerate(expr + ","):
-        depth += (char == "[") - (char == "]")
-        if char == "," and depth == 0:
-            if expr[start:i].strip():
-                items.append(expr[start:i].strip())
-            start = i + 1
-    hosts: list[str] = []
-    for item in items:
-        variants = [""]
-        for text, ranges in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", item):
-            choices = [text]
-            if ranges:
-                choices = []
-                for part in ranges.split(","):
-                    lo, _, hi = part.partition("-")
-                    hi = hi or lo
-                    choices += [f"{text}{n:0{len(lo)}d}" for n in range(int(lo), int(hi) + 1)]
-            variants = [v + c for v in variants for c in choices]
-        hosts += variants
-    return hosts
+    return [name for item in re.findall(HOSTLIST_ITEM, expr) for name in item_names(item.strip())]
+
+
+HOSTLIST_ITEM = r"(?:[^,\[\]]|\[[^\[\]]*\])+"  # a hostlist's item: a name, ranges in brackets
+_RANGE = re.compile(r"([0-9]{1,9})(?:-([0-9]{1,9}))?")
+
+
+def item_names(item: str) -> Iterator[str]:
+    """One hostlist item's names (`tn[1-2]x[3-4]`: tn1x3 tn1x4 tn2x3 tn2x4), lazily: a
+    reader of a record a rank may have rewritten takes the first few of tn[1-999999999].
+    An item whose brackets are not ranges, or a range that runs backwards, gives none."""
+    m = re.fullmatch(r"([^\[\]]*)\[([^\[\]]*)\](.*)", item)
+    if m is None:
+        if "[" not in item and "]" not in item:
+            yield item
+        return
+    head, ranges, rest = m.groups()
+    parts = [_RANGE.fullmatch(p) for p in ranges.split(",")]
+    if not all(p and int(p[1]) <= int(p[2] or p[1]) for p in parts):
+        return
+    if next(item_names(rest), None) is None:
+        return
+    for p in parts:
+        assert p is not None
+        for n in range(int(p[1]), int(p[2] or p[1]) + 1):
+            for tail in item_names(rest):
+                yield f"{head}{n:0{len(p[1])}d}{tail}"
 
 
 def slurm_master_port(job_id: str) -> int:
