@@ -47,6 +47,9 @@ def test_ctrl_c_while_sbatch_runs_cancels_the_job_it_submitted(
     runs = json.loads(treb("ps", "--json").stdout)
     assert [(r["state"], r["backend_id"]) for r in runs] == [("CANCELLED", "4242")], runs
     assert "4242" in res.stderr and "cancel" in res.stderr.lower(), res.stderr
+    # the Ctrl+C is answered at once, though it waits for sbatch (up to its 120 s timeout)
+    assert "interrupted: waiting for sbatch" in res.stderr, res.stderr
+    assert res.stderr.index("waiting for sbatch") < res.stderr.index("Slurm job 4242"), res.stderr
 
 
 def _controller(tmp_path: Path) -> Any:

@@ -81,8 +81,15 @@ def held_signals() -> Iterator[list[int]]:
     if threading.current_thread() is not threading.main_thread():
         yield pressed
         return
+
+    def hold(signum: int, _frame: object) -> None:
+        if not pressed:  # answered at once: sbatch may take its time (up to its timeout)
+            print("treb: interrupted: waiting for sbatch to answer, then its job is cancelled",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        pressed.append(signum)
+
     held = (signal.SIGINT, signal.SIGTERM)
-    old = {s: signal.signal(s, lambda n, _f: pressed.append(n)) for s in held}
+    old = {s: signal.signal(s, hold) for s in held}
     try:
         yield pressed
     finally:
