@@ -41,6 +41,24 @@ def test_environment_build_package_not_found_uv(tmp_path: Path) -> None:
     assert "environment.requirements" in d.remedy and "`treb logs" not in d.remedy
 
 
+def test_environment_build_names_its_command_whatever_the_installer_printed_after(
+    tmp_path: Path,
+) -> None:
+    """The failed command (`$ uv pip install ...`) was looked for in the log's last five
+    lines only: uv's hints and warnings after its error pushed it out (the integration test
+    of this failure lost it once under load)."""
+    run_dir = shutil.copytree(CAPTURED / "env_not_found_run", tmp_path / "c00a6230")
+    with open(run_dir / "environment.log", "a") as fh:
+        fh.write("\n      hint: Packages were unavailable because the network was slow\n"
+                 "      hint: Pre-releases are available for none of the requirements\n"
+                 "warning: Failed to read the cache entry: retrying\n"
+                 "warning: Failed to read the cache entry: retrying\n"
+                 "warning: Failed to read the cache entry: retrying\n")  # fmt: skip
+    d = diagnose_paths([run_dir])
+    assert d.category == "environment_build", d
+    assert any("uv pip install" in e for e in d.evidence), d.evidence
+
+
 def test_environment_build_package_not_found_pip(tmp_path: Path) -> None:
     d = diagnose_paths([CAPTURED / "pip_not_found.log"])
     assert d.category == "environment_build"

@@ -24,8 +24,10 @@ from trebuchet.diagnose import catalog
 from trebuchet.diagnose.catalog import CASCADE, CAUSE, TIMEOUT
 from trebuchet.diagnose.classify import Finding, Hit, classify, exit_abort
 from trebuchet.diagnose.errorfile import RankError
+from trebuchet.diagnose.lines import visible
 from trebuchet.diagnose.sources import SLURM_OUT_NAME, TORCHRUN_STOPPED, Case, Unit, srun_stop
 from trebuchet.runtime.rundir.records import left_first_how
+from trebuchet.runtime.rundir.regular import open_regular
 
 if TYPE_CHECKING:
     from trebuchet.runtime.contracts.schema import Outcome
@@ -294,7 +296,7 @@ def _env_diag(u: Unit) -> Diagnosis:
     could not find when its log says so, else the build's own message."""
     finding = u.finding
     hits = [h for h in (finding.hits if finding else []) if h.category == "environment_build"]
-    evidence = [ln for ln in u.last_lines if ln.startswith("$ ")][-1:]
+    evidence = _build_command(u)
     for h in hits:
         m = catalog.PACKAGE_MISSING.search(h.line.text)
         if m:
@@ -307,6 +309,21 @@ def _env_diag(u: Unit) -> Diagnosis:
     evidence += errors[-4:] or u.last_lines[-3:]
     message = u.lines[-1].text.removeprefix("treb: ") if u.lines else "environment build failed"
     return Diagnosis("environment_build", message, None, None, evidence, log=u.log)
+
+
+def _build_command(u: Unit) -> list[str]:
+    """The build's last command (treb writes each as a `$ ` line): from the log's last
+    lines, else from its last MiB (the installer's hints and warnings after its error)."""
+    said = [ln for ln in u.last_lines if ln.startswith("$ ")][-1:]
+    if said or not u.log:
+        return said
+    try:
+        with open_regular(u.log) as fh:
+            fh.seek(max(0, fh.seek(0, 2) - (1 << 20)))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return []
+    return [visible(ln) for ln in text.split("\n") if ln.startswith("$ ")][-1:]
 
 
 def _setup_diag(u: Unit, message: str) -> Diagnosis:
